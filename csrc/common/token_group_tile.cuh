@@ -1,0 +1,48 @@
+// Thread mapping of the per-token-group kernels: a block covers BLOCK_ROWS rows of one group column.
+#pragma once
+
+#include <cstdint>
+
+#include "common/macros.cuh"
+
+namespace deep_kernels {
+
+// Each thread owns kVec consecutive elements; kLanesPerGroup lanes cover one row's group, so a warp
+// covers 32 / kLanesPerGroup rows. The block's warps stack rows, and kPasses repeats the stack so each
+// thread has several independent loads in flight. Rows of a block are consecutive, so the scales of a
+// group column (MN-major) are written as one contiguous run.
+template <int GROUP_SIZE, int kVec, int kNumWarps, int kPasses>
+struct TokenGroupTile {
+    static constexpr int kLanesPerGroup = GROUP_SIZE / kVec;
+    DK_STATIC_ASSERT(GROUP_SIZE % kVec == 0, "the group must hold whole vectors");
+    DK_STATIC_ASSERT(kLanesPerGroup >= 1 && kLanesPerGroup <= 32 && (kLanesPerGroup & (kLanesPerGroup - 1)) == 0,
+                     "a group spans a power-of-two number of lanes within one warp");
+    static constexpr int kRowsPerWarp = 32 / kLanesPerGroup;
+    static constexpr int kRowsPerPass = kRowsPerWarp * kNumWarps;
+    static constexpr int BLOCK_ROWS = kRowsPerPass * kPasses;
+    static constexpr int kNumThreads = kNumWarps * 32;
+
+    uint32_t first_row;   // of this thread's pass 0
+    uint32_t column;      // of this thread's first element
+    bool is_group_leader; // the lane that writes the group's scale
+
+    DK_DEVICE TokenGroupTile() {
+        const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        first_row = blockIdx.x * BLOCK_ROWS + warp * kRowsPerWarp + lane / kLanesPerGroup;
+        column = blockIdx.y * GROUP_SIZE + (lane % kLanesPerGroup) * kVec;
+        is_group_leader = lane % kLanesPerGroup == 0;
+    }
+
+    DK_DEVICE uint32_t row(int pass) const { return first_row + pass * kRowsPerPass; }
+
+    // Reduce over the lanes of one group (all 32 lanes take part, so call it unconditionally).
+    template <typename Op>
+    DK_DEVICE static float group_reduce(float value, Op op) {
+        #pragma unroll
+        for (int offset = kLanesPerGroup / 2; offset > 0; offset /= 2)
+            value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
+        return value;
+    }
+};
+
+}  // namespace deep_kernels

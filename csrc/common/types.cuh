@@ -1,0 +1,13 @@
+// Enums shared with Python (deep_kernels/quant.py mirrors them by value).
+#pragma once
+
+namespace deep_kernels {
+
+// Where the scale of (row m, group g) lives; M_ALIGNED is M rounded up to 4 (16 bytes of FP32 or int32).
+enum class ScaleLayout : int {
+    RowMajor = 0,            // FP32 [M, G], offset m * G + g
+    MNMajor = 1,             // FP32 [M, G] with strides (1, M_ALIGNED): what the FP8 GEMM reads via TMA
+    MNMajorPackedUE8M0 = 2,  // int32 [M, ceil(G / 4)], strides (1, M_ALIGNED); byte g % 4 holds group g's exponent
+};
+
+}  // namespace deep_kernels

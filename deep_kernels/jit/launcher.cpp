@@ -1,0 +1,207 @@
+// The hot path of a kernel call, in native code: encode TMA descriptors and launch on a stream.
+//
+// Python does the validation and picks the kernel; this extension does the two driver calls that
+// cost microseconds through cuda-python. The driver is opened with dlopen, so the extension builds
+// and imports on a machine without a GPU. Built on first use by deep_kernels/jit/launcher.py.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+struct Driver {
+    decltype(&::cuLaunchKernelEx) launch_kernel_ex = nullptr;
+    decltype(&::cuTensorMapEncodeTiled) tensor_map_encode_tiled = nullptr;
+    decltype(&::cuGetErrorName) get_error_name = nullptr;
+    decltype(&::cuCtxSetCurrent) ctx_set_current = nullptr;
+    decltype(&::cuDeviceGet) device_get = nullptr;
+    decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain = nullptr;
+};
+
+Driver g_driver;
+bool g_driver_loaded = false;
+
+bool load_driver() {
+    if (g_driver_loaded)
+        return true;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+        PyErr_Format(PyExc_RuntimeError, "deep_kernels: cannot open the CUDA driver (libcuda.so.1): %s", dlerror());
+        return false;
+    }
+    const auto resolve = [&](auto& fn, const char* name) {
+        fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+        return fn != nullptr;
+    };
+    if (!(resolve(g_driver.launch_kernel_ex, "cuLaunchKernelEx") &&
+          resolve(g_driver.tensor_map_encode_tiled, "cuTensorMapEncodeTiled") &&
+          resolve(g_driver.get_error_name, "cuGetErrorName") &&
+          resolve(g_driver.ctx_set_current, "cuCtxSetCurrent") &&
+          resolve(g_driver.device_get, "cuDeviceGet") &&
+          resolve(g_driver.primary_ctx_retain, "cuDevicePrimaryCtxRetain_v2"))) {
+        PyErr_SetString(PyExc_RuntimeError, "deep_kernels: the CUDA driver lacks an entry point (needs CUDA 12.4+)");
+        return false;
+    }
+    g_driver_loaded = true;
+    return true;
+}
+
+PyObject* raise_cuda_error(CUresult result, const char* what) {
+    const char* name = "unknown";
+    g_driver.get_error_name(result, &name);
+    PyErr_Format(PyExc_RuntimeError, "deep_kernels: %s failed with %s (%d)", what, name, static_cast<int>(result));
+    return nullptr;
+}
+
+// Reads a tuple of `count` Python ints into `out`.
+template <typename T>
+bool read_ints(PyObject* tuple, Py_ssize_t count, T* out, const char* what) {
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != count) {
+        PyErr_Format(PyExc_ValueError, "deep_kernels: %s must be a tuple of %zd ints", what, count);
+        return false;
+    }
+    for (Py_ssize_t i = 0; i < count; ++i) {
+        out[i] = static_cast<T>(PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(tuple, i)));
+        if (PyErr_Occurred())
+            return false;
+    }
+    return true;
+}
+
+// encode_tiled(address, dtype, dims, strides_bytes, box, swizzle) -> bytes of one CUtensorMap.
+// dims and box are innermost first; strides_bytes has rank - 1 entries (the innermost is dense).
+PyObject* encode_tiled(PyObject*, PyObject* args) {
+    unsigned long long address;
+    int dtype, swizzle;
+    PyObject *dims_obj, *strides_obj, *box_obj;
+    if (!PyArg_ParseTuple(args, "KiO!O!O!i", &address, &dtype, &PyTuple_Type, &dims_obj, &PyTuple_Type,
+                          &strides_obj, &PyTuple_Type, &box_obj, &swizzle))
+        return nullptr;
+    if (!load_driver())
+        return nullptr;
+    const Py_ssize_t rank = PyTuple_GET_SIZE(dims_obj);
+    if (rank < 1 || rank > 5) {
+        PyErr_SetString(PyExc_ValueError, "deep_kernels: a tensor map has rank 1 to 5");
+        return nullptr;
+    }
+    cuuint64_t dims[5], strides[5];
+    cuuint32_t box[5], element_strides[5] = {1, 1, 1, 1, 1};
+    if (!read_ints(dims_obj, rank, dims, "dims") || !read_ints(strides_obj, rank - 1, strides, "strides") ||
+        !read_ints(box_obj, rank, box, "box"))
+        return nullptr;
+    CUtensorMap tensor_map;
+    const CUresult result = g_driver.tensor_map_encode_tiled(
+        &tensor_map, static_cast<CUtensorMapDataType>(dtype), static_cast<cuuint32_t>(rank),
+        reinterpret_cast<void*>(address), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        static_cast<CUtensorMapSwizzle>(swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (result != CUDA_SUCCESS)
+        return raise_cuda_error(result, "cuTensorMapEncodeTiled");
+    return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&tensor_map), sizeof(tensor_map));
+}
+
+constexpr int kMaxParams = 32;
+
+// One kernel parameter's storage; CUtensorMap needs its 64-byte alignment.
+union alignas(64) ParamSlot {
+    CUtensorMap tensor_map;
+    uint64_t u64;
+    uint32_t u32;
+    float f32;
+};
+
+// launch(kernel, grid, block, smem_bytes, cluster, device, stream, kinds, params)
+// kinds holds one letter per parameter: T tensor map (bytes), P pointer / u64, I u32, i i32, f f32.
+PyObject* launch(PyObject*, PyObject* args) {
+    unsigned long long kernel, stream;
+    unsigned int grid_x, grid_y, grid_z, block, smem_bytes, cluster;
+    int device;
+    const char* kinds;
+    Py_ssize_t num_kinds;
+    PyObject* params;
+    if (!PyArg_ParseTuple(args, "K(III)IIIiKs#O!", &kernel, &grid_x, &grid_y, &grid_z, &block, &smem_bytes,
+                          &cluster, &device, &stream, &kinds, &num_kinds, &PyTuple_Type, &params))
+        return nullptr;
+    const Py_ssize_t num_params = PyTuple_GET_SIZE(params);
+    if (num_params != num_kinds || num_params > kMaxParams) {
+        PyErr_Format(PyExc_ValueError, "deep_kernels: %zd parameters for a signature of %zd (at most %d)",
+                     num_params, num_kinds, kMaxParams);
+        return nullptr;
+    }
+
+    ParamSlot slots[kMaxParams];
+    void* param_ptrs[kMaxParams];
+    for (Py_ssize_t i = 0; i < num_params; ++i) {
+        PyObject* value = PyTuple_GET_ITEM(params, i);
+        param_ptrs[i] = &slots[i];
+        switch (kinds[i]) {
+            case 'T':
+                if (!PyBytes_Check(value) || PyBytes_GET_SIZE(value) != sizeof(CUtensorMap)) {
+                    PyErr_Format(PyExc_TypeError, "deep_kernels: parameter %zd must be an encoded tensor map", i);
+                    return nullptr;
+                }
+                std::memcpy(&slots[i].tensor_map, PyBytes_AS_STRING(value), sizeof(CUtensorMap));
+                break;
+            case 'P': slots[i].u64 = PyLong_AsUnsignedLongLong(value); break;
+            case 'I': slots[i].u32 = static_cast<uint32_t>(PyLong_AsUnsignedLong(value)); break;
+            case 'i': slots[i].u32 = static_cast<uint32_t>(static_cast<int32_t>(PyLong_AsLong(value))); break;
+            case 'f': slots[i].f32 = static_cast<float>(PyFloat_AsDouble(value)); break;
+            default:
+                PyErr_Format(PyExc_ValueError, "deep_kernels: unknown parameter kind '%c'", kinds[i]);
+                return nullptr;
+        }
+        if (PyErr_Occurred())
+            return nullptr;
+    }
+
+    CUlaunchAttribute attributes[1];
+    attributes[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attributes[0].value.clusterDim.x = cluster;
+    attributes[0].value.clusterDim.y = 1;
+    attributes[0].value.clusterDim.z = 1;
+    CUlaunchConfig config;
+    config.gridDimX = grid_x;
+    config.gridDimY = grid_y;
+    config.gridDimZ = grid_z;
+    config.blockDimX = block;
+    config.blockDimY = 1;
+    config.blockDimZ = 1;
+    config.sharedMemBytes = smem_bytes;
+    config.hStream = reinterpret_cast<CUstream>(stream);
+    config.attrs = attributes;
+    config.numAttrs = cluster > 1 ? 1 : 0;
+
+    if (!load_driver())
+        return nullptr;
+    const auto function = reinterpret_cast<CUfunction>(kernel);
+    CUresult result = g_driver.launch_kernel_ex(&config, function, param_ptrs, nullptr);
+    if (result == CUDA_ERROR_INVALID_CONTEXT) {
+        // NOTE: a thread that never made a CUDA runtime call has no current context; torch works in
+        // the device's primary context, so make that one current and try again.
+        CUdevice cu_device;
+        CUcontext context = nullptr;
+        if (g_driver.device_get(&cu_device, device) == CUDA_SUCCESS &&
+            g_driver.primary_ctx_retain(&context, cu_device) == CUDA_SUCCESS &&
+            g_driver.ctx_set_current(context) == CUDA_SUCCESS)
+            result = g_driver.launch_kernel_ex(&config, function, param_ptrs, nullptr);
+    }
+    if (result != CUDA_SUCCESS)
+        return raise_cuda_error(result, "cuLaunchKernelEx");
+    Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"encode_tiled", encode_tiled, METH_VARARGS, "Encode a tiled CUtensorMap; returns its 128 bytes."},
+    {"launch", launch, METH_VARARGS, "Launch a kernel with cuLaunchKernelEx on a stream."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_dk_launcher", "deep_kernels launch hot path", -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__dk_launcher() { return PyModule_Create(&module); }

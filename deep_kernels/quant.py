@@ -1,0 +1,241 @@
+"""Quantization kernels: per-token-group FP8 cast and its inverse.
+
+Numerics (bit-exact with deep_kernels.reference.quant):
+    amax  = max |x| over the group, clamped below by amax_clamp (NaN propagates)
+    scale = amax / 448,                q = RNE(x * (448 / amax))       (both IEEE divisions)
+    ue8m0: scale = 2^ceil(log2(amax / 448)), q = RNE(x * (1 / scale))  (no value saturates)
+Scale layouts (ScaleLayout, mirrored from csrc/common/types.cuh), with M_ALIGNED = M rounded up to 4:
+    "mn_major"      FP32 [M, G], strides (1, M_ALIGNED): transposed and TMA-aligned, what the FP8 GEMM reads
+    "row_major"     FP32 [M, G], strides (G, 1)
+    "packed_ue8m0"  int32 [M, ceil(G / 4)], strides (1, M_ALIGNED): byte g % 4 of word g // 4 is group g's
+                    UE8M0 exponent (little-endian); unused bytes of the last word are zero
+"""
+
+import functools
+from enum import IntEnum
+
+import torch
+
+from deep_kernels.jit.runtime import get_kernel
+from deep_kernels.jit.source import KernelSpec
+from deep_kernels.validation import (
+    check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div, tma_aligned_size,
+)
+
+E4M3_MAX = 448.0
+DEFAULT_AMAX_CLAMP = 1e-4
+
+
+class ScaleLayout(IntEnum):
+    row_major = 0
+    mn_major = 1
+    packed_ue8m0 = 2
+
+    @property
+    def cpp(self) -> str:
+        return "deep_kernels::ScaleLayout::" + ("RowMajor", "MNMajor", "MNMajorPackedUE8M0")[self.value]
+
+
+_CPP_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float32: "float"}
+_NUM_WARPS = 8
+_PASSES = 4
+
+
+def supported_group_sizes(dtype: torch.dtype) -> tuple:
+    """Group sizes of the per-token kernels: a group spans 1 to 32 lanes of 16-byte vectors."""
+    vector = 16 // dtype.itemsize
+    return tuple(vector * lanes for lanes in (1, 2, 4, 8, 16, 32))
+
+
+def _block_rows(group_size: int, vector: int) -> int:
+    # Mirrors TokenGroupTile::BLOCK_ROWS (csrc/common/token_group_tile.cuh).
+    return (32 // (group_size // vector)) * _NUM_WARPS * _PASSES
+
+
+def empty_scales(m: int, num_groups: int, layout: ScaleLayout, device) -> torch.Tensor:
+    """An uninitialised scale tensor of [m, num_groups] groups in `layout`."""
+    if layout == ScaleLayout.row_major:
+        return torch.empty((m, num_groups), dtype=torch.float32, device=device)
+    if layout == ScaleLayout.mn_major:
+        return torch.empty((num_groups, tma_aligned_size(m, 4)), dtype=torch.float32, device=device).t()[:m]
+    return torch.empty((ceil_div(num_groups, 4), tma_aligned_size(m, 4)), dtype=torch.int32, device=device).t()[:m]
+
+
+def scale_layout_of(scales: torch.Tensor, m: int, num_groups: int) -> ScaleLayout:
+    """The layout of an existing scale tensor (as this module writes them), or a clear error."""
+    aligned_m = tma_aligned_size(m, 4)
+    if scales.dtype == torch.int32:
+        layout, columns = ScaleLayout.packed_ue8m0, ceil_div(num_groups, 4)
+    elif scales.dtype == torch.float32:
+        columns = num_groups
+        # Only the strides of dimensions longer than 1 matter; they tell the two FP32 layouts apart.
+        transposed = scales.stride(0) == 1 if m > 1 else scales.stride(-1) != 1
+        layout = ScaleLayout.mn_major if transposed and columns > 1 else ScaleLayout.row_major
+    else:
+        raise TypeError(f"scales must be float32 or int32 (packed UE8M0), got {scales.dtype}")
+    expected = (columns, 1) if layout == ScaleLayout.row_major else (1, aligned_m)
+    if tuple(scales.shape) != (m, columns) or any(
+        size > 1 and stride != want for size, stride, want in zip(scales.shape, scales.stride(), expected)
+    ):
+        raise ValueError(
+            f"scales must have shape {(m, columns)} with strides {expected} ({layout.name}), "
+            f"got shape {tuple(scales.shape)} strides {tuple(scales.stride())}"
+        )
+    return layout
+
+
+def _parse_layout(scale_layout, ue8m0: bool) -> ScaleLayout:
+    try:
+        layout = ScaleLayout[scale_layout]
+    except KeyError:
+        raise ValueError(
+            f"scale_layout must be one of {[layout.name for layout in ScaleLayout]}, got {scale_layout!r}"
+        ) from None
+    if layout == ScaleLayout.packed_ue8m0 and not ue8m0:
+        raise ValueError("scale_layout='packed_ue8m0' needs ue8m0=True (packed scales are powers of two)")
+    return layout
+
+
+def _check_group_size(group_size, k: int, dtype: torch.dtype, argument: str) -> None:
+    if not isinstance(group_size, int) or group_size not in supported_group_sizes(dtype):
+        raise ValueError(
+            f"group_size must be one of {supported_group_sizes(dtype)} for {dtype}, got {group_size!r}"
+        )
+    if k % group_size != 0:
+        raise ValueError(f"{argument}.shape[1] (K = {k}) must be a multiple of group_size = {group_size}")
+
+
+def _check_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> None:
+    check_dtype(t, name, (dtype,))
+    if tuple(t.shape) != shape or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous tensor of shape {shape}, got shape {tuple(t.shape)} "
+                         f"strides {tuple(t.stride())}")
+    check_cuda_device(t, name, like=like)
+
+
+def _cast_spec(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLayout) -> KernelSpec:
+    return KernelSpec(
+        "kernels/smxx_per_token_cast.cuh", "smxx_per_token_cast_impl",
+        (_CPP_TYPES[dtype], group_size, str(ue8m0).lower(), layout.cpp, _NUM_WARPS, _PASSES),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _cast_kernel(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLayout):
+    return get_kernel(_cast_spec(dtype, group_size, ue8m0, layout), param_kinds="PPPIIIIf",
+                      block_threads=_NUM_WARPS * 32)
+
+
+def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = False,
+                          scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP, out=None):
+    """Cast x [M, K] (bf16 or fp32) to FP8 e4m3 with one scale per row and group of `group_size` columns.
+
+    Args:
+        x: [M, K] bfloat16 or float32 CUDA tensor; rows contiguous, row stride >= K and 16-byte aligned.
+        group_size: columns per scale; K must be a multiple of it (see supported_group_sizes).
+        ue8m0: round each scale up to a power of two (the UE8M0 recipe).
+        scale_layout: "mn_major" (default, what fp8_gemm_nt reads), "row_major" or "packed_ue8m0".
+        amax_clamp: lower bound of amax, so all-zero groups get a finite scale.
+        out: optional (q, scales) to write into, shaped, typed and strided as the ones returned.
+
+    Returns:
+        (q, scales): q [M, K] float8_e4m3fn, contiguous; scales as the module docstring describes.
+
+    Notes:
+        Deterministic; bit-exact with deep_kernels.reference.quant.per_token_cast_to_fp8.
+    """
+    check_dtype(x, "x", (torch.bfloat16, torch.float32))
+    check_rank(x, "x", 2)
+    m, k = x.shape
+    _check_group_size(group_size, k, x.dtype, "x")
+    check_row_major_rows(x, "x")
+    layout = _parse_layout(scale_layout, ue8m0)
+    if not (isinstance(amax_clamp, (int, float)) and 0 < amax_clamp < float("inf")):
+        raise ValueError(f"amax_clamp must be a positive finite number, got {amax_clamp!r}")
+    check_cuda_device(x, "x")
+
+    num_groups = k // group_size
+    if out is None:
+        q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+        scales = empty_scales(m, num_groups, layout, x.device)
+    else:
+        q, scales = out
+        _check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
+        check_rank(scales, "out[1]", 2)
+        if scale_layout_of(scales, m, num_groups) != layout:
+            raise ValueError(f"out[1] must be scales in the {layout.name} layout")
+        check_cuda_device(scales, "out[1]", like=x)
+    if m == 0 or k == 0:
+        return q, scales
+
+    kernel = _cast_kernel(x.dtype, group_size, ue8m0, layout)
+    scale_stride = num_groups if layout == ScaleLayout.row_major else scales.stride(1)
+    grid = (ceil_div(m, _block_rows(group_size, 16 // x.element_size())), num_groups, 1)
+    kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), scale_stride,
+                         float(amax_clamp)), x.device.index)
+    return q, scales
+
+
+def _cast_back_spec(out_dtype: torch.dtype, group_size: int, layout: ScaleLayout) -> KernelSpec:
+    return KernelSpec(
+        "kernels/smxx_per_token_cast_back.cuh", "smxx_per_token_cast_back_impl",
+        (_CPP_TYPES[out_dtype], group_size, layout.cpp, _NUM_WARPS, _PASSES),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _cast_back_kernel(out_dtype: torch.dtype, group_size: int, layout: ScaleLayout):
+    return get_kernel(_cast_back_spec(out_dtype, group_size, layout), param_kinds="PPPIII",
+                      block_threads=_NUM_WARPS * 32)
+
+
+def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int = 128,
+                        out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor = None) -> torch.Tensor:
+    """Dequantize per_token_cast_to_fp8's output: y = RNE(float(q) * scale) as out_dtype [M, K].
+
+    Args:
+        q: [M, K] float8_e4m3fn, contiguous.
+        scales: in any layout per_token_cast_to_fp8 writes (recognised from dtype and strides).
+        group_size: columns per scale, as in the cast (8 to 256, a power of two).
+        out_dtype: torch.bfloat16 or torch.float32.
+        out: optional contiguous [M, K] tensor of out_dtype to write into.
+    """
+    check_dtype(q, "q", (torch.float8_e4m3fn,))
+    check_rank(q, "q", 2)
+    if out_dtype not in _CPP_TYPES:
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    m, k = q.shape
+    _check_group_size(group_size, k, torch.bfloat16, "q")
+    if not q.is_contiguous():
+        raise ValueError(f"q must be contiguous, got strides {tuple(q.stride())}")
+    num_groups = k // group_size
+    check_rank(scales, "scales", 2)
+    layout = scale_layout_of(scales, m, num_groups)
+    check_cuda_device(q, "q")
+    check_cuda_device(scales, "scales", like=q)
+
+    if out is None:
+        y = torch.empty((m, k), dtype=out_dtype, device=q.device)
+    else:
+        y = out
+        _check_output(y, "out", (m, k), out_dtype, q)
+    if m == 0 or k == 0:
+        return y
+    kernel = _cast_back_kernel(out_dtype, group_size, layout)
+    scale_stride = num_groups if layout == ScaleLayout.row_major else tma_aligned_size(m, 4)
+    grid = (ceil_div(m, _block_rows(group_size, 8)), num_groups, 1)
+    kernel.launch(grid, (q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, scale_stride), q.device.index)
+    return y
+
+
+def precompile_specs() -> list:
+    """The specializations `python -m deep_kernels precompile` builds for this family."""
+    cast_variants = [(False, ScaleLayout.mn_major), (False, ScaleLayout.row_major), (True, ScaleLayout.mn_major),
+                     (True, ScaleLayout.row_major), (True, ScaleLayout.packed_ue8m0)]
+    specs = []
+    for dtype in _CPP_TYPES:
+        for ue8m0, layout in cast_variants:
+            specs.append(_cast_spec(dtype, 128, ue8m0, layout))
+        for layout in ScaleLayout:
+            specs.append(_cast_back_spec(dtype, 128, layout))
+    return specs

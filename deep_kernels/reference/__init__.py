@@ -1,0 +1,1 @@
+"""Plain-torch references of every kernel, with the same names and arguments as the public API."""

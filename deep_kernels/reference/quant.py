@@ -1,0 +1,70 @@
+"""Plain-torch reference of deep_kernels.quant: the definition the kernels match bit for bit.
+
+Runs on any device. Divisions are tensor-by-tensor on purpose: torch turns a division by a Python
+scalar into a multiplication by its reciprocal, which is not the IEEE quotient the kernels compute.
+"""
+
+import torch
+
+from deep_kernels.quant import DEFAULT_AMAX_CLAMP, E4M3_MAX, ScaleLayout, empty_scales, scale_layout_of
+from deep_kernels.validation import ceil_div
+
+
+def ceil_to_power_of_two(s: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two >= s for finite positive FP32 s; inf and NaN pass through."""
+    bits = s.view(torch.int32)
+    exponent = (bits >> 23) & 0xFF
+    rounded = ((exponent + ((bits & 0x7FFFFF) != 0).int()) << 23).view(torch.float32)
+    return torch.where(exponent >= 0xFF, s, rounded)
+
+
+def ue8m0_to_float(exponents: torch.Tensor) -> torch.Tensor:
+    """UE8M0 bytes (as int32 0..255) to FP32 2^(e - 127); e = 0 is the subnormal 2^-127."""
+    bits = torch.where(exponents == 0, torch.full_like(exponents, 0x00400000), exponents << 23)
+    return bits.view(torch.float32)
+
+
+def pack_scales(scales: torch.Tensor, layout: ScaleLayout) -> torch.Tensor:
+    """FP32 scales [M, G] written into `layout` exactly as the kernels write them."""
+    m, num_groups = scales.shape
+    out = empty_scales(m, num_groups, layout, scales.device)
+    if layout == ScaleLayout.packed_ue8m0:
+        exponents = ((scales.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+        padded = torch.zeros((m, ceil_div(num_groups, 4) * 4), dtype=torch.uint8, device=scales.device)
+        padded[:, :num_groups] = exponents
+        out.copy_(padded.view(torch.int32))
+    else:
+        out.copy_(scales)
+    return out
+
+
+def unpack_scales(scales: torch.Tensor, m: int, num_groups: int) -> torch.Tensor:
+    """Scales in any layout back to FP32 [M, G]."""
+    if scale_layout_of(scales, m, num_groups) != ScaleLayout.packed_ue8m0:
+        return scales.float().contiguous()
+    words = scales.new_empty(scales.shape).copy_(scales)  # row-major, whatever the input strides
+    exponents = words.view(torch.uint8).view(m, -1)[:, :num_groups].int()
+    return ue8m0_to_float(exponents)
+
+
+def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = False,
+                          scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP):
+    m, k = x.shape
+    groups = x.float().reshape(m, k // group_size, group_size)
+    amax = groups.abs().amax(dim=2).clamp(min=amax_clamp)
+    if ue8m0:
+        scale = ceil_to_power_of_two(amax / torch.full_like(amax, E4M3_MAX))
+        multiplier = torch.ones_like(scale) / scale
+    else:
+        scale = amax / torch.full_like(amax, E4M3_MAX)
+        multiplier = torch.full_like(amax, E4M3_MAX) / amax
+    q = (groups * multiplier.unsqueeze(2)).to(torch.float8_e4m3fn).reshape(m, k)
+    return q, pack_scales(scale, ScaleLayout[scale_layout])
+
+
+def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int = 128,
+                        out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    m, k = q.shape
+    scale = unpack_scales(scales, m, k // group_size)
+    y = q.float().reshape(m, k // group_size, group_size) * scale.unsqueeze(2)
+    return y.reshape(m, k).to(out_dtype)

@@ -1,0 +1,43 @@
+"""Helpers shared by the tests and the benchmarks: input generation, comparisons, poisoning."""
+
+import torch
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Similarity error 1 - 2 sum(xy) / sum(x^2 + y^2) in float64: 0 for equal tensors."""
+    x, y = x.double(), y.double()
+    denominator = (x * x + y * y).sum()
+    return float(1 - 2 * (x * y).sum() / denominator) if denominator > 0 else 0.0
+
+
+def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, name: str = "tensor") -> None:
+    """Same dtype, shape, strides (of dimensions longer than 1) and bytes of every element."""
+    assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    for dim, size in enumerate(actual.shape):
+        assert size <= 1 or actual.stride(dim) == expected.stride(dim), (
+            f"{name}: strides {actual.stride()} != {expected.stride()}"
+        )
+    a = actual.contiguous().view(torch.uint8) if actual.numel() else actual
+    e = expected.contiguous().view(torch.uint8) if expected.numel() else expected
+    if actual.numel() and not torch.equal(a, e):
+        mismatch = (a.view(-1) != e.view(-1)).nonzero()
+        raise AssertionError(f"{name}: {mismatch.numel()} of {a.numel()} bytes differ, first at byte {int(mismatch[0])}")
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill every byte of t's storage with 0xFF (NaN for floating types), so unwritten outputs fail checks."""
+    t.untyped_storage().fill_(0xFF)
+    return t
+
+
+def random_activations(m: int, k: int, dtype=torch.bfloat16, device="cuda", seed=None) -> torch.Tensor:
+    """Normal values with per-row magnitudes spread over several decades, as real activations have."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    x = torch.randn((m, k), generator=generator, device=device, dtype=torch.float32)
+    row_scale = torch.exp2(torch.randint(-8, 8, (m, 1), generator=generator, device=device).float())
+    return (x * row_scale).to(dtype)

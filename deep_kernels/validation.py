@@ -1,0 +1,54 @@
+"""Input checks shared by the public API: each raises before launch with a message that names the
+argument and says what was expected. Device checks come last, so every other check also runs (and is
+tested) on CPU tensors."""
+
+import torch
+
+
+def ceil_div(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def tma_aligned_size(n: int, element_size: int) -> int:
+    """n rounded up so that n elements of element_size bytes fill whole 16-byte TMA units."""
+    per_unit = 16 // element_size
+    return ceil_div(n, per_unit) * per_unit
+
+
+def check_tensor(t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_dtype(t, name: str, dtypes: tuple) -> None:
+    check_tensor(t, name)
+    if t.dtype not in dtypes:
+        expected = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name} must be {expected}, got {t.dtype}")
+
+
+def check_rank(t, name: str, rank: int) -> None:
+    check_tensor(t, name)
+    if t.dim() != rank:
+        raise ValueError(f"{name} must be {rank}-D, got shape {tuple(t.shape)}")
+
+
+def check_row_major_rows(t: torch.Tensor, name: str) -> None:
+    """Last dimension contiguous; rows start 16-byte aligned (row stride >= row length)."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    if cols > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension, got strides {tuple(t.stride())}")
+    if rows > 1 and (t.stride(-2) < cols or t.stride(-2) * t.element_size() % 16 != 0):
+        raise ValueError(
+            f"{name} rows must be 16-byte aligned and not overlap: row stride {t.stride(-2)} elements "
+            f"for rows of {cols} {t.dtype} elements"
+        )
+    if t.data_ptr() % 16 != 0:
+        raise ValueError(f"{name} must start at a 16-byte aligned address")
+
+
+def check_cuda_device(t: torch.Tensor, name: str, like: torch.Tensor = None) -> None:
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {t.device}")
+    if like is not None and t.device != like.device:
+        raise ValueError(f"{name} is on {t.device} but the other inputs are on {like.device}")

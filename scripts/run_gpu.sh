@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU runner: in one call on an H200, install the wheels carried in .whl/, run the whole test suite
+# and the benchmarks, write logs and benchmark JSON under $OUT, and print a short table last.
+# Usage (device): DK_COMMIT=<sha> bash scripts/run_gpu.sh [bench suites...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/deep_kernels_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# NOTE: the image's $CXX wrapper has built extensions that crash at their first call.
+export DK_JIT_HOST_CXX=/usr/bin/g++
+
+cutlass_source=$(python3 -c "import importlib.util as u, os; print(os.path.join(u.find_spec('cutlass_library').submodule_search_locations[0], 'source'))") || exit 1
+mkdir -p third_party && ln -sfn "$cutlass_source" third_party/cutlass
+
+python3 -m deep_kernels info | head -8
+start=$(date +%s)
+python3 -m pytest tests -q -rs --maxfail=30 -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -n 25
+echo "tests took $(( $(date +%s) - start )) s"
+
+suites=()
+for suite in "$@"; do suites+=(--suite "$suite"); done
+python3 -m deep_kernels bench --out "$OUT/results" --commit "${DK_COMMIT:-unknown}" "${suites[@]}" 2>&1 | tee "$OUT/bench.log" | grep -v "^wrote"
+echo
+echo "pytest: $(tail -n 1 "$OUT/pytest.log")"

@@ -1,0 +1,202 @@
+"""Per-token-group FP8 cast and cast-back: the reference's definition (CPU), input validation (CPU),
+and the kernels bit-exact against the reference (GPU)."""
+
+import math
+
+import pytest
+import torch
+
+import deep_kernels
+from deep_kernels.quant import supported_group_sizes
+from deep_kernels.reference import quant as reference
+from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
+
+from conftest import FULL
+
+LAYOUTS = [(False, "mn_major"), (False, "row_major"), (True, "mn_major"), (True, "row_major"), (True, "packed_ue8m0")]
+
+
+# ---- the reference (CPU) ----
+
+def test_reference_known_values():
+    x = torch.ones((2, 256), dtype=torch.bfloat16)
+    x[1, 128:] = 0
+    q, scales = reference.per_token_cast_to_fp8(x, 128, scale_layout="row_major")
+    assert q.view(torch.uint8)[0].tolist() == [0x7E] * 256  # 1 * 448 / 1 = 448, e4m3's largest finite
+    assert q.view(torch.uint8)[1, 128:].tolist() == [0] * 128
+    fp32 = lambda v: torch.tensor(v, dtype=torch.float32)
+    assert torch.equal(scales[0], torch.full((2,), 1 / 448, dtype=torch.float32))
+    assert torch.equal(scales[1, 1], fp32(1e-4) / fp32(448.0))  # the clamped amax
+
+    q, scales = reference.per_token_cast_to_fp8(x[:1], 128, ue8m0=True, scale_layout="packed_ue8m0")
+    assert scales.tolist() == [[0x7777]]  # 2^-8 = ceil_pow2(1/448): exponent 119 = 0x77 twice, unused bytes 0
+    assert q.view(torch.uint8)[0].tolist() == [0x78] * 256  # 1 * 2^8 = 256
+
+
+def test_ceil_to_power_of_two_is_exact_at_boundaries():
+    exact = torch.tensor([2.0 ** -20, 0.5, 1.0, 2.0 ** 20], dtype=torch.float32)
+    above = torch.nextafter(exact, torch.full_like(exact, math.inf))
+    assert torch.equal(reference.ceil_to_power_of_two(exact), exact)
+    assert torch.equal(reference.ceil_to_power_of_two(above), exact * 2)
+    special = torch.tensor([math.inf, math.nan], dtype=torch.float32)
+    result = reference.ceil_to_power_of_two(special)
+    assert result[0] == math.inf and math.isnan(result[1])
+
+
+@pytest.mark.parametrize("ue8m0,layout", LAYOUTS)
+def test_reference_round_trip_error_bound(ue8m0, layout):
+    x = random_activations(33, 512, torch.float32, device="cpu", seed=1)
+    q, scales = reference.per_token_cast_to_fp8(x, 128, ue8m0=ue8m0, scale_layout=layout)
+    y = reference.per_token_cast_back(q, scales, 128, torch.float32)
+    group_amax = x.abs().view(33, 4, 128).amax(dim=2, keepdim=True)
+    # e4m3 keeps 3 mantissa bits: a relative step of 2^-4 of the value; subnormals 2^-9 of the scale.
+    bound = torch.maximum(x.abs().view(33, 4, 128) * 2.0 ** -4, group_amax * 2.0 ** -9 * (2 if ue8m0 else 1))
+    assert ((y - x).abs().view(33, 4, 128) <= bound).all()
+
+
+def test_reference_layouts_agree():
+    x = random_activations(9, 640, torch.bfloat16, device="cpu", seed=2)
+    q_row, row_major = reference.per_token_cast_to_fp8(x, 128, ue8m0=True, scale_layout="row_major")
+    for layout in ("mn_major", "packed_ue8m0"):
+        q, scales = reference.per_token_cast_to_fp8(x, 128, ue8m0=True, scale_layout=layout)
+        assert_bitwise_equal(q, q_row)
+        assert torch.equal(reference.unpack_scales(scales, 9, 5), row_major)
+    _, mn_major = reference.per_token_cast_to_fp8(x, 128, ue8m0=True)
+    assert mn_major.stride() == (1, 12)  # 9 rows padded to 12: whole 16-byte TMA units
+
+
+# ---- validation (CPU tensors: every check that precedes the device check) ----
+
+@pytest.mark.parametrize("x,kwargs,error,match", [
+    (torch.ones(4, 256, dtype=torch.float16), {}, TypeError, "x must be"),
+    (torch.ones(4, 256, dtype=torch.int32), {}, TypeError, "x must be"),
+    (torch.ones(256, dtype=torch.bfloat16), {}, ValueError, "x must be 2-D"),
+    (torch.ones(4, 200, dtype=torch.bfloat16), {}, ValueError, "multiple of group_size"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"group_size": 100}, ValueError, "group_size must be one of"),
+    (torch.ones(4, 256, dtype=torch.float32), {"group_size": 256}, ValueError, "group_size must be one of"),
+    (torch.ones(256, 4, dtype=torch.bfloat16).t(), {}, ValueError, "contiguous last dimension"),
+    (torch.ones(4, 260, dtype=torch.bfloat16)[:, :256], {}, ValueError, "16-byte aligned"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_layout": "col"}, ValueError, "scale_layout must be"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_layout": "packed_ue8m0"}, ValueError, "needs ue8m0"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": 0.0}, ValueError, "amax_clamp"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {}, ValueError, "must be a CUDA tensor"),
+    ("not a tensor", {}, TypeError, "torch.Tensor"),
+])
+def test_cast_rejects_bad_input(x, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        deep_kernels.per_token_cast_to_fp8(x, **kwargs)
+
+
+def test_cast_back_rejects_bad_input():
+    q = torch.zeros(4, 256, dtype=torch.float8_e4m3fn)
+    good = torch.ones(4, 2)
+    with pytest.raises(TypeError, match="q must be"):
+        deep_kernels.per_token_cast_back(q.view(torch.uint8), good)
+    with pytest.raises(TypeError, match="out_dtype"):
+        deep_kernels.per_token_cast_back(q, good, out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="scales must have shape"):
+        deep_kernels.per_token_cast_back(q, torch.ones(4, 3))
+    with pytest.raises(TypeError, match="scales must be float32 or int32"):
+        deep_kernels.per_token_cast_back(q, good.half())
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.per_token_cast_back(q, good)
+
+
+# ---- kernels against the reference (GPU) ----
+
+def _special_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows of all-equal values, zeros, tiny and huge magnitudes, and mixed signs among random rows."""
+    x = x.clone()
+    big = 1e30 if x.dtype == torch.float32 else 1e37
+    specials = [1.5, 0.0, -3.0e-30 if x.dtype == torch.float32 else -1e-38, big, -big]
+    for i, value in enumerate(specials[: x.shape[0]]):
+        x[i * 7 % x.shape[0]] = value
+    return x
+
+
+SHAPES = [(1, 128), (7, 7168), (64, 1536), (4001, 7168)] + ([(8001, 4096), (3, 512)] if FULL else [])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("ue8m0,layout", LAYOUTS)
+def test_cast_matches_reference(m, k, dtype, ue8m0, layout):
+    x = _special_rows(random_activations(m, k, dtype))
+    kwargs = dict(group_size=128, ue8m0=ue8m0, scale_layout=layout)
+    q_ref, scales_ref = reference.per_token_cast_to_fp8(x, **kwargs)
+    out = (poison_(torch.empty_like(q_ref)), poison_(torch.empty_like(scales_ref)))
+    q, scales = deep_kernels.per_token_cast_to_fp8(x, out=out, **kwargs)
+    assert q is out[0] and scales is out[1]
+    assert_bitwise_equal(q, q_ref, "q")
+    assert_bitwise_equal(scales, scales_ref, "scales")
+    # The allocating path gives the same bytes, shapes and strides.
+    q2, scales2 = deep_kernels.per_token_cast_to_fp8(x, **kwargs)
+    assert_bitwise_equal(q2, q_ref, "q")
+    assert_bitwise_equal(scales2, scales_ref, "scales")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_cast_group_sizes_and_row_stride(dtype, group_size):
+    assert group_size in supported_group_sizes(dtype)
+    wide = random_activations(301, 1024 + 64, dtype)
+    x = wide[:, :1024]  # row stride larger than K
+    kwargs = dict(group_size=group_size, ue8m0=True, scale_layout="packed_ue8m0")
+    q, scales = deep_kernels.per_token_cast_to_fp8(x, **kwargs)
+    q_ref, scales_ref = reference.per_token_cast_to_fp8(x, **kwargs)
+    assert_bitwise_equal(q, q_ref, "q")
+    assert_bitwise_equal(scales, scales_ref, "scales")
+    y = deep_kernels.per_token_cast_back(q, scales, group_size)
+    assert_bitwise_equal(y, reference.per_token_cast_back(q_ref, scales_ref, group_size), "y")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k", SHAPES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("ue8m0,layout", LAYOUTS)
+def test_cast_back_matches_reference(m, k, out_dtype, ue8m0, layout):
+    x = random_activations(m, k, torch.bfloat16)
+    q, scales = reference.per_token_cast_to_fp8(x, 128, ue8m0=ue8m0, scale_layout=layout)
+    out = poison_(torch.empty((m, k), dtype=out_dtype, device="cuda"))
+    y = deep_kernels.per_token_cast_back(q, scales, 128, out_dtype, out=out)
+    assert y is out
+    assert_bitwise_equal(y, reference.per_token_cast_back(q, scales, 128, out_dtype), "y")
+
+
+@pytest.mark.gpu
+def test_empty_input():
+    x = torch.empty((0, 7168), dtype=torch.bfloat16, device="cuda")
+    q, scales = deep_kernels.per_token_cast_to_fp8(x)
+    assert q.shape == (0, 7168) and q.dtype == torch.float8_e4m3fn and scales.shape == (0, 56)
+    assert deep_kernels.per_token_cast_back(q, scales).shape == (0, 7168)
+
+
+@pytest.mark.gpu
+def test_deterministic_and_graph_capturable():
+    x = random_activations(1000, 4096, torch.bfloat16)
+    first = deep_kernels.per_token_cast_to_fp8(x, ue8m0=True)
+    out = (torch.empty_like(first[0]), torch.empty_like(first[1]))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.per_token_cast_to_fp8(x, ue8m0=True, out=out)
+    for _ in range(2):
+        poison_(out[0])
+        poison_(out[1])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_bitwise_equal(out[0], first[0], "q")
+        assert_bitwise_equal(out[1], first[1], "scales")
+
+
+@pytest.mark.gpu
+def test_mismatched_devices_and_bad_out_are_rejected():
+    x = random_activations(8, 256, torch.bfloat16)
+    q, scales = deep_kernels.per_token_cast_to_fp8(x)
+    with pytest.raises(ValueError, match="out\\[0\\] must be a contiguous tensor of shape"):
+        deep_kernels.per_token_cast_to_fp8(x, out=(q[:4], scales))
+    with pytest.raises(ValueError, match="out\\[1\\] must be scales in the mn_major layout"):
+        deep_kernels.per_token_cast_to_fp8(x, scale_layout="row_major", out=(q, scales))
+    with pytest.raises(ValueError, match="scales is on cpu"):
+        deep_kernels.per_token_cast_back(q, scales.cpu())
