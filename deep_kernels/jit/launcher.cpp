@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -33,8 +34,11 @@ bool load_driver() {
         PyErr_Format(PyExc_RuntimeError, "deep_kernels: cannot open the CUDA driver (libcuda.so.1): %s", dlerror());
         return false;
     }
+    const char* missing = nullptr;
     const auto resolve = [&](auto& fn, const char* name) {
         fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+        if (fn == nullptr)
+            missing = name;
         return fn != nullptr;
     };
     if (!(resolve(g_driver.launch_kernel_ex, "cuLaunchKernelEx") &&
@@ -42,8 +46,8 @@ bool load_driver() {
           resolve(g_driver.get_error_name, "cuGetErrorName") &&
           resolve(g_driver.ctx_set_current, "cuCtxSetCurrent") &&
           resolve(g_driver.device_get, "cuDeviceGet") &&
-          resolve(g_driver.primary_ctx_retain, "cuDevicePrimaryCtxRetain_v2"))) {
-        PyErr_SetString(PyExc_RuntimeError, "deep_kernels: the CUDA driver lacks an entry point (needs CUDA 12.4+)");
+          resolve(g_driver.primary_ctx_retain, "cuDevicePrimaryCtxRetain"))) {
+        PyErr_Format(PyExc_RuntimeError, "deep_kernels: the CUDA driver lacks %s (needs a CUDA 12.4+ driver)", missing);
         return false;
     }
     g_driver_loaded = true;
