@@ -41,10 +41,16 @@ _NUM_WARPS = 8
 _PASSES = 4
 
 
+# A group spans 1 to 32 lanes of 16-byte vectors (8 elements for cast-back, whatever its output).
+_GROUP_SIZES = {dtype: tuple(16 // dtype.itemsize * lanes for lanes in (1, 2, 4, 8, 16, 32))
+                for dtype in (torch.bfloat16, torch.float32)}
+# CUDA's limit on gridDim.y, where the row blocks go.
+_MAX_ROW_BLOCKS = 65535
+
+
 def supported_group_sizes(dtype: torch.dtype) -> tuple:
-    """Group sizes of the per-token kernels: a group spans 1 to 32 lanes of 16-byte vectors."""
-    vector = 16 // dtype.itemsize
-    return tuple(vector * lanes for lanes in (1, 2, 4, 8, 16, 32))
+    """Group sizes of the per-token kernels for a bf16 or fp32 input."""
+    return _GROUP_SIZES[dtype]
 
 
 def _block_rows(group_size: int, vector: int) -> int:
@@ -56,9 +62,9 @@ def empty_scales(m: int, num_groups: int, layout: ScaleLayout, device) -> torch.
     """An uninitialised scale tensor of [m, num_groups] groups in `layout`."""
     if layout == ScaleLayout.row_major:
         return torch.empty((m, num_groups), dtype=torch.float32, device=device)
-    if layout == ScaleLayout.mn_major:
-        return torch.empty((num_groups, tma_aligned_size(m, 4)), dtype=torch.float32, device=device).t()[:m]
-    return torch.empty((ceil_div(num_groups, 4), tma_aligned_size(m, 4)), dtype=torch.int32, device=device).t()[:m]
+    dtype, columns = ((torch.float32, num_groups) if layout == ScaleLayout.mn_major
+                      else (torch.int32, ceil_div(num_groups, 4)))
+    return torch.empty_strided((m, columns), (1, tma_aligned_size(m, 4)), dtype=dtype, device=device)
 
 
 def scale_layout_of(scales: torch.Tensor, m: int, num_groups: int) -> ScaleLayout:
@@ -96,13 +102,13 @@ def _parse_layout(scale_layout, ue8m0: bool) -> ScaleLayout:
     return layout
 
 
-def _check_group_size(group_size, k: int, dtype: torch.dtype, argument: str) -> None:
-    if not isinstance(group_size, int) or group_size not in supported_group_sizes(dtype):
-        raise ValueError(
-            f"group_size must be one of {supported_group_sizes(dtype)} for {dtype}, got {group_size!r}"
-        )
+def _check_group_size(group_size, m: int, k: int, dtype: torch.dtype, argument: str) -> None:
+    if group_size not in _GROUP_SIZES[dtype] or not isinstance(group_size, int):
+        raise ValueError(f"group_size must be one of {_GROUP_SIZES[dtype]} for {dtype}, got {group_size!r}")
     if k % group_size != 0:
         raise ValueError(f"{argument}.shape[1] (K = {k}) must be a multiple of group_size = {group_size}")
+    if ceil_div(m, _block_rows(group_size, 16 // dtype.itemsize)) > _MAX_ROW_BLOCKS:
+        raise ValueError(f"{argument} has too many rows ({m}) for one launch: split it")
 
 
 def _check_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> None:
@@ -147,7 +153,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
     check_dtype(x, "x", (torch.bfloat16, torch.float32))
     check_rank(x, "x", 2)
     m, k = x.shape
-    _check_group_size(group_size, k, x.dtype, "x")
+    _check_group_size(group_size, m, k, x.dtype, "x")
     check_row_major_rows(x, "x")
     layout = _parse_layout(scale_layout, ue8m0)
     if not (isinstance(amax_clamp, (int, float)) and 0 < amax_clamp < float("inf")):
@@ -170,7 +176,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
 
     kernel = _cast_kernel(x.dtype, group_size, ue8m0, layout)
     scale_stride = num_groups if layout == ScaleLayout.row_major else scales.stride(1)
-    grid = (ceil_div(m, _block_rows(group_size, 16 // x.element_size())), num_groups, 1)
+    grid = (num_groups, ceil_div(m, _block_rows(group_size, 16 // x.element_size())), 1)
     kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), scale_stride,
                          float(amax_clamp)), x.device.index)
     return q, scales
@@ -205,7 +211,7 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
     if out_dtype not in _CPP_TYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
     m, k = q.shape
-    _check_group_size(group_size, k, torch.bfloat16, "q")
+    _check_group_size(group_size, m, k, torch.bfloat16, "q")
     if not q.is_contiguous():
         raise ValueError(f"q must be contiguous, got strides {tuple(q.stride())}")
     num_groups = k // group_size
@@ -223,7 +229,7 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
         return y
     kernel = _cast_back_kernel(out_dtype, group_size, layout)
     scale_stride = num_groups if layout == ScaleLayout.row_major else tma_aligned_size(m, 4)
-    grid = (ceil_div(m, _block_rows(group_size, 8)), num_groups, 1)
+    grid = (num_groups, ceil_div(m, _block_rows(group_size, 8)), 1)
     kernel.launch(grid, (q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, scale_stride), q.device.index)
     return y
 

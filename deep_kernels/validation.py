@@ -35,12 +35,13 @@ def check_rank(t, name: str, rank: int) -> None:
 
 def check_row_major_rows(t: torch.Tensor, name: str) -> None:
     """Last dimension contiguous; rows start 16-byte aligned (row stride >= row length)."""
-    rows, cols = t.shape[-2], t.shape[-1]
-    if cols > 1 and t.stride(-1) != 1:
+    rows, cols = t.shape[-2:]
+    row_stride, col_stride = t.stride()[-2:]
+    if cols > 1 and col_stride != 1:
         raise ValueError(f"{name} must have a contiguous last dimension, got strides {tuple(t.stride())}")
-    if rows > 1 and (t.stride(-2) < cols or t.stride(-2) * t.element_size() % 16 != 0):
+    if rows > 1 and (row_stride < cols or row_stride * t.element_size() % 16 != 0):
         raise ValueError(
-            f"{name} rows must be 16-byte aligned and not overlap: row stride {t.stride(-2)} elements "
+            f"{name} rows must be 16-byte aligned and not overlap: row stride {row_stride} elements "
             f"for rows of {cols} {t.dtype} elements"
         )
     if t.data_ptr() % 16 != 0:

@@ -9,7 +9,7 @@ import torch
 import deep_kernels
 from deep_kernels.quant import supported_group_sizes
 from deep_kernels.reference import quant as reference
-from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
+from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
 
 from conftest import FULL
 
@@ -125,7 +125,7 @@ def test_cast_matches_reference(m, k, dtype, ue8m0, layout):
     x = _special_rows(random_activations(m, k, dtype))
     kwargs = dict(group_size=128, ue8m0=ue8m0, scale_layout=layout)
     q_ref, scales_ref = reference.per_token_cast_to_fp8(x, **kwargs)
-    out = (poison_(torch.empty_like(q_ref)), poison_(torch.empty_like(scales_ref)))
+    out = (poison_(empty_like_strided(q_ref)), poison_(empty_like_strided(scales_ref)))
     q, scales = deep_kernels.per_token_cast_to_fp8(x, out=out, **kwargs)
     assert q is out[0] and scales is out[1]
     assert_bitwise_equal(q, q_ref, "q")
@@ -177,7 +177,7 @@ def test_empty_input():
 def test_deterministic_and_graph_capturable():
     x = random_activations(1000, 4096, torch.bfloat16)
     first = deep_kernels.per_token_cast_to_fp8(x, ue8m0=True)
-    out = (torch.empty_like(first[0]), torch.empty_like(first[1]))
+    out = (empty_like_strided(first[0]), empty_like_strided(first[1]))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         deep_kernels.per_token_cast_to_fp8(x, ue8m0=True, out=out)
@@ -196,7 +196,7 @@ def test_mismatched_devices_and_bad_out_are_rejected():
     q, scales = deep_kernels.per_token_cast_to_fp8(x)
     with pytest.raises(ValueError, match="out\\[0\\] must be a contiguous tensor of shape"):
         deep_kernels.per_token_cast_to_fp8(x, out=(q[:4], scales))
-    with pytest.raises(ValueError, match="out\\[1\\] must be scales in the mn_major layout"):
+    with pytest.raises(ValueError, match="out\\[1\\] must be scales in the row_major layout"):
         deep_kernels.per_token_cast_to_fp8(x, scale_layout="row_major", out=(q, scales))
     with pytest.raises(ValueError, match="scales is on cpu"):
         deep_kernels.per_token_cast_back(q, scales.cpu())

@@ -1,4 +1,5 @@
-// Thread mapping of the per-token-group kernels: a block covers BLOCK_ROWS rows of one group column.
+// Thread mapping of the per-token-group kernels: a block covers BLOCK_ROWS rows of one group column;
+// blockIdx.x is the group column and blockIdx.y the row block.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,8 @@ namespace deep_kernels {
 // covers 32 / kLanesPerGroup rows. The block's warps stack rows, and kPasses repeats the stack so each
 // thread has several independent loads in flight. Rows of a block are consecutive, so the scales of a
 // group column (MN-major) are written as one contiguous run.
+// NOTE: the group column is the fast grid index so that blocks running together read neighbouring
+// segments of the same rows (DRAM pages) rather than one narrow column down many rows.
 template <int GROUP_SIZE, int kVec, int kNumWarps, int kPasses>
 struct TokenGroupTile {
     static constexpr int kLanesPerGroup = GROUP_SIZE / kVec;
@@ -28,8 +31,8 @@ struct TokenGroupTile {
 
     DK_DEVICE TokenGroupTile() {
         const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        first_row = blockIdx.x * BLOCK_ROWS + warp * kRowsPerWarp + lane / kLanesPerGroup;
-        column = blockIdx.y * GROUP_SIZE + (lane % kLanesPerGroup) * kVec;
+        first_row = blockIdx.y * BLOCK_ROWS + warp * kRowsPerWarp + lane / kLanesPerGroup;
+        column = blockIdx.x * GROUP_SIZE + (lane % kLanesPerGroup) * kVec;
         is_group_leader = lane % kLanesPerGroup == 0;
     }
 

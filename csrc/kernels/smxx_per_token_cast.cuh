@@ -81,14 +81,14 @@ smxx_per_token_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, voi
             *reinterpret_cast<uint32_t*>(q_row) = *reinterpret_cast<const uint32_t*>(codes);
 
         if (tile.is_group_leader) {
-            const uint32_t group = blockIdx.y;
+            const uint32_t group = blockIdx.x;
             const uint64_t offset = scale_offset<kLayout>(row, group, scale_stride);
             if constexpr (kLayout == ScaleLayout::MNMajorPackedUE8M0) {
                 uint8_t* bytes = static_cast<uint8_t*>(scales);
                 bytes[offset] = ue8m0_byte(scale);
                 // NOTE: the last group also zeroes the unused bytes of its int32, so the packed word is
                 // fully defined without a memset launch.
-                if (group + 1 == gridDim.y)
+                if (group + 1 == gridDim.x)
                     for (uint32_t pad = group % 4 + 1; pad < 4; ++pad)
                         bytes[offset - group % 4 + pad] = 0;
             } else {

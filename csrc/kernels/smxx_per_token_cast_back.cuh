@@ -32,7 +32,7 @@ smxx_per_token_cast_back_impl(const uint8_t* __restrict__ q, const void* __restr
         const uint32_t row = tile.row(pass);
         if (row < shape_m) {
             codes[pass] = __ldg(reinterpret_cast<const uint2*>(q + static_cast<uint64_t>(row) * shape_k + tile.column));
-            const uint64_t offset = scale_offset<kLayout>(row, blockIdx.y, scale_stride);
+            const uint64_t offset = scale_offset<kLayout>(row, blockIdx.x, scale_stride);
             if constexpr (kLayout == ScaleLayout::MNMajorPackedUE8M0)
                 scale[pass] = ue8m0_to_float(__ldg(static_cast<const uint8_t*>(scales) + offset));
             else

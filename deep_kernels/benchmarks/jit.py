@@ -14,6 +14,7 @@ from deep_kernels import quant
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.device import target_arch
 from deep_kernels.jit import runtime
+from deep_kernels.testing import empty_like_strided
 from deep_kernels.testing.bench import host_time_us
 
 _FIRST_CALL = """
@@ -71,8 +72,13 @@ def run(ctx: BenchContext) -> list:
     torch_us = host_time_us(lambda: small.add_(1))
     ours_us = host_time_us(lambda: deep_kernels.per_token_cast_to_fp8(small))
     q, scales = deep_kernels.per_token_cast_to_fp8(small)
-    out = (torch.empty_like(q), torch.empty_like(scales))
+    out = (empty_like_strided(q), empty_like_strided(scales))
     ours_out_us = host_time_us(lambda: deep_kernels.per_token_cast_to_fp8(small, out=out))
+    kernel = quant._cast_kernel(small.dtype, 128, False, quant.ScaleLayout.mn_major)
+    params = (small.data_ptr(), q.data_ptr(), scales.data_ptr(), 16, 256, 256, 16, 1e-4)
+    launch_us = host_time_us(lambda: kernel.launch((2, 1, 1), params, 0))
+    rows.append(_row("host_overhead", {"m": 16, "k": 256}, "Kernel.launch alone (stream + cuLaunchKernelEx)",
+                     launch_us, "torch x.add_(1)", torch_us))
     rows.append(_row("host_overhead", {"m": 16, "k": 256}, "per_token_cast_to_fp8 (allocates outputs)", ours_us,
                      "torch x.add_(1)", torch_us))
     rows.append(_row("host_overhead", {"m": 16, "k": 256}, "per_token_cast_to_fp8(out=...)", ours_out_us,

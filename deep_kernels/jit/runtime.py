@@ -64,12 +64,15 @@ class Kernel:
     def launch(self, grid, params: tuple, device_index: int) -> None:
         """Launch on torch's current stream of the device."""
         stream = torch._C._cuda_getCurrentRawStream(device_index)
-        _native().launch(self.handle, grid, self.block_threads, self.smem_bytes, self.cluster_size,
-                         device_index, stream, self.param_kinds, params)
+        _native_launch(self.handle, grid, self.block_threads, self.smem_bytes, self.cluster_size,
+                       device_index, stream, self.param_kinds, params)
 
 
-def _native():
-    return launcher.load()
+def _native_launch(*args) -> None:
+    # Rebinds itself to the native function on first use: no lookup on later calls.
+    global _native_launch
+    _native_launch = launcher.load().launch
+    _native_launch(*args)
 
 
 def load_kernel(binary: bytes, name: str, *, param_kinds: str, block_threads: int, smem_bytes: int,
@@ -114,5 +117,5 @@ def encode_tensor_map(tensor: torch.Tensor, box: tuple, swizzle_bytes: int = 0) 
     element = tensor.element_size()
     dims = tuple(reversed(tensor.shape))
     strides = tuple(s * element for s in reversed(tensor.stride()[:-1]))
-    return _native().encode_tiled(tensor.data_ptr(), TMA_DTYPES[tensor.dtype], dims, strides,
+    return launcher.load().encode_tiled(tensor.data_ptr(), TMA_DTYPES[tensor.dtype], dims, strides,
                                   tuple(reversed(box)), SWIZZLE_MODES[swizzle_bytes])

@@ -18,11 +18,23 @@ def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, name: str
         assert size <= 1 or actual.stride(dim) == expected.stride(dim), (
             f"{name}: strides {actual.stride()} != {expected.stride()}"
         )
-    a = actual.contiguous().view(torch.uint8) if actual.numel() else actual
-    e = expected.contiguous().view(torch.uint8) if expected.numel() else expected
-    if actual.numel() and not torch.equal(a, e):
+    if actual.numel() == 0:
+        return
+    a, e = _dense_bytes(actual), _dense_bytes(expected)
+    if not torch.equal(a, e):
         mismatch = (a.view(-1) != e.view(-1)).nonzero()
         raise AssertionError(f"{name}: {mismatch.numel()} of {a.numel()} bytes differ, first at byte {int(mismatch[0])}")
+
+
+def _dense_bytes(t: torch.Tensor) -> torch.Tensor:
+    # NOTE: not contiguous(): it keeps odd strides of size-1 dimensions, which view(uint8) rejects.
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t).view(-1).view(torch.uint8)
+
+
+def empty_like_strided(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor with t's shape, dtype, device and exact strides (empty_like drops
+    the strides of non-dense views such as TMA-aligned scales)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
