@@ -58,35 +58,45 @@ def _block_rows(group_size: int, vector: int) -> int:
     return (32 // (group_size // vector)) * _NUM_WARPS * _PASSES
 
 
-def empty_scales(m: int, num_groups: int, layout: ScaleLayout, device) -> torch.Tensor:
-    """An uninitialised scale tensor of [m, num_groups] groups in `layout`."""
+def _scale_geometry(m: int, num_groups: int, layout: ScaleLayout) -> tuple:
+    """(dtype, shape, strides) of the scales of [m, num_groups] groups in `layout`."""
     if layout == ScaleLayout.row_major:
-        return torch.empty((m, num_groups), dtype=torch.float32, device=device)
-    dtype, columns = ((torch.float32, num_groups) if layout == ScaleLayout.mn_major
-                      else (torch.int32, ceil_div(num_groups, 4)))
-    return torch.empty_strided((m, columns), (1, tma_aligned_size(m, 4)), dtype=dtype, device=device)
+        return torch.float32, (m, num_groups), (num_groups, 1)
+    if layout == ScaleLayout.mn_major:
+        return torch.float32, (m, num_groups), (1, tma_aligned_size(m, 4))
+    return torch.int32, (m, ceil_div(num_groups, 4)), (1, tma_aligned_size(m, 4))
+
+
+def empty_scales(m: int, num_groups: int, layout: ScaleLayout, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised scale tensor of [m, num_groups] groups in `layout`, on like's device."""
+    dtype, shape, strides = _scale_geometry(m, num_groups, layout)
+    return like.new_empty_strided(shape, strides, dtype=dtype)
+
+
+def check_scales(scales: torch.Tensor, name: str, m: int, num_groups: int, layout: ScaleLayout) -> None:
+    """scales has the dtype, shape and strides (of dimensions longer than 1) of `layout`."""
+    dtype, shape, strides = _scale_geometry(m, num_groups, layout)
+    check_dtype(scales, name, (dtype,))
+    if tuple(scales.shape) != shape or any(
+        size > 1 and stride != want for size, stride, want in zip(shape, scales.stride(), strides)
+    ):
+        raise ValueError(
+            f"{name} must have shape {shape} with strides {strides} ({layout.name} scales), "
+            f"got shape {tuple(scales.shape)} strides {tuple(scales.stride())}"
+        )
 
 
 def scale_layout_of(scales: torch.Tensor, m: int, num_groups: int) -> ScaleLayout:
     """The layout of an existing scale tensor (as this module writes them), or a clear error."""
-    aligned_m = tma_aligned_size(m, 4)
+    check_dtype(scales, "scales", (torch.float32, torch.int32))
+    check_rank(scales, "scales", 2)
     if scales.dtype == torch.int32:
-        layout, columns = ScaleLayout.packed_ue8m0, ceil_div(num_groups, 4)
-    elif scales.dtype == torch.float32:
-        columns = num_groups
-        # Only the strides of dimensions longer than 1 matter; they tell the two FP32 layouts apart.
-        transposed = scales.stride(0) == 1 if m > 1 else scales.stride(-1) != 1
-        layout = ScaleLayout.mn_major if transposed and columns > 1 else ScaleLayout.row_major
+        layout = ScaleLayout.packed_ue8m0
     else:
-        raise TypeError(f"scales must be float32 or int32 (packed UE8M0), got {scales.dtype}")
-    expected = (columns, 1) if layout == ScaleLayout.row_major else (1, aligned_m)
-    if tuple(scales.shape) != (m, columns) or any(
-        size > 1 and stride != want for size, stride, want in zip(scales.shape, scales.stride(), expected)
-    ):
-        raise ValueError(
-            f"scales must have shape {(m, columns)} with strides {expected} ({layout.name}), "
-            f"got shape {tuple(scales.shape)} strides {tuple(scales.stride())}"
-        )
+        # Only strides of dimensions longer than 1 matter; with one group both FP32 layouts coincide.
+        transposed = scales.stride(0) == 1 if m > 1 else scales.stride(-1) != 1
+        layout = ScaleLayout.mn_major if transposed and num_groups > 1 else ScaleLayout.row_major
+    check_scales(scales, "scales", m, num_groups, layout)
     return layout
 
 
@@ -162,14 +172,12 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
 
     num_groups = k // group_size
     if out is None:
-        q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-        scales = empty_scales(m, num_groups, layout, x.device)
+        q = x.new_empty((m, k), dtype=torch.float8_e4m3fn)
+        scales = empty_scales(m, num_groups, layout, x)
     else:
         q, scales = out
         _check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
-        check_rank(scales, "out[1]", 2)
-        if scale_layout_of(scales, m, num_groups) != layout:
-            raise ValueError(f"out[1] must be scales in the {layout.name} layout")
+        check_scales(scales, "out[1]", m, num_groups, layout)
         check_cuda_device(scales, "out[1]", like=x)
     if m == 0 or k == 0:
         return q, scales
@@ -178,7 +186,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
     scale_stride = num_groups if layout == ScaleLayout.row_major else scales.stride(1)
     grid = (num_groups, ceil_div(m, _block_rows(group_size, 16 // x.element_size())), 1)
     kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), scale_stride,
-                         float(amax_clamp)), x.device.index)
+                         float(amax_clamp)), x.get_device())
     return q, scales
 
 
@@ -215,13 +223,12 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
     if not q.is_contiguous():
         raise ValueError(f"q must be contiguous, got strides {tuple(q.stride())}")
     num_groups = k // group_size
-    check_rank(scales, "scales", 2)
     layout = scale_layout_of(scales, m, num_groups)
     check_cuda_device(q, "q")
     check_cuda_device(scales, "scales", like=q)
 
     if out is None:
-        y = torch.empty((m, k), dtype=out_dtype, device=q.device)
+        y = q.new_empty((m, k), dtype=out_dtype)
     else:
         y = out
         _check_output(y, "out", (m, k), out_dtype, q)
@@ -230,7 +237,7 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
     kernel = _cast_back_kernel(out_dtype, group_size, layout)
     scale_stride = num_groups if layout == ScaleLayout.row_major else tma_aligned_size(m, 4)
     grid = (num_groups, ceil_div(m, _block_rows(group_size, 8)), 1)
-    kernel.launch(grid, (q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, scale_stride), q.device.index)
+    kernel.launch(grid, (q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, scale_stride), q.get_device())
     return y
 
 

@@ -49,7 +49,7 @@ def check_row_major_rows(t: torch.Tensor, name: str) -> None:
 
 
 def check_cuda_device(t: torch.Tensor, name: str, like: torch.Tensor = None) -> None:
-    if t.device.type != "cuda":
+    if not t.is_cuda:
         raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {t.device}")
-    if like is not None and t.device != like.device:
+    if like is not None and t.get_device() != like.get_device():
         raise ValueError(f"{name} is on {t.device} but the other inputs are on {like.device}")

@@ -27,7 +27,7 @@ def ue8m0_to_float(exponents: torch.Tensor) -> torch.Tensor:
 def pack_scales(scales: torch.Tensor, layout: ScaleLayout) -> torch.Tensor:
     """FP32 scales [M, G] written into `layout` exactly as the kernels write them."""
     m, num_groups = scales.shape
-    out = empty_scales(m, num_groups, layout, scales.device)
+    out = empty_scales(m, num_groups, layout, scales)
     if layout == ScaleLayout.packed_ue8m0:
         exponents = ((scales.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
         padded = torch.zeros((m, ceil_div(num_groups, 4) * 4), dtype=torch.uint8, device=scales.device)
