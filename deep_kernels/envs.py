@@ -52,6 +52,8 @@ VARIABLES = {
                "print ptxas resource usage (registers, shared memory, spills) of each compile"),
         EnvVar("DK_JIT_HOST_CXX", _optional_str, None,
                "host C++ compiler for the launcher extension (default: /usr/bin/g++, then g++ on PATH)"),
+        EnvVar("DK_FP8_GEMM_CONFIG", _optional_str, None,
+               "override the FP8 GEMM heuristics for experiments, e.g. block_m=128,block_n=112,stages=5,multicast=2"),
         EnvVar("DK_NUM_SMS", _optional_int, None,
                "number of SMs the persistent kernels use (default: all of the device's)"),
     )

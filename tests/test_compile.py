@@ -3,13 +3,14 @@ for matrix kernels, the tensor-core instructions they are written for."""
 
 import pytest
 
+from deep_kernels import gemm
 from deep_kernels.__main__ import FAMILIES, _family_specs
 from deep_kernels.jit import cache
 from deep_kernels.jit.precompile import precompile
 from deep_kernels.testing import sass
 
 # SASS mnemonics a kernel must contain, by kernel name (matrix kernels on the tensor cores).
-REQUIRED_INSTRUCTIONS = {}
+REQUIRED_INSTRUCTIONS = {"sm90_fp8_gemm": ("QGMMA",)}
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def compiled(tmp_path_factory):
     previous = os.environ.get("DK_JIT_CACHE_DIR")
     os.environ["DK_JIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
     try:
-        specs = _family_specs(FAMILIES)
+        specs = _family_specs(FAMILIES) + gemm.compile_coverage_specs()
         entries = precompile(specs, arch="90a", progress=False)
         yield list(zip(specs, entries))
     finally:
@@ -31,7 +32,7 @@ def compiled(tmp_path_factory):
 
 def test_every_family_has_kernels(compiled):
     names = {spec.name for spec, _ in compiled}
-    assert {"smxx_per_token_cast", "smxx_per_token_cast_back"} <= names
+    assert {"smxx_per_token_cast", "smxx_per_token_cast_back", "sm90_fp8_gemm"} <= names
 
 
 def test_no_stack_frame_or_local_memory(compiled):

@@ -139,3 +139,11 @@ def test_launcher_builds_and_imports(tmp_cache):
     assert callable(module.launch) and callable(module.encode_tiled)
     with pytest.raises((TypeError, ValueError)):
         module.launch(0, (1, 1, 1), 32, 0, 1, 0, 0, "PP", (1,))
+
+
+def test_tensor_map_arguments_are_checked_before_the_driver(tmp_cache):
+    module = launcher.load.__wrapped__()
+    with pytest.raises(ValueError, match="innermost dimension must be dense"):
+        module.encode_tiled(0, 0, 1, (4, 256), (1, 256), (1, 128), 3)
+    with pytest.raises(ValueError, match="rank 1 to 5"):
+        module.encode_tiled(0, 0, 1, (), (), (), 0)

@@ -14,6 +14,7 @@ from deep_kernels import quant
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.device import target_arch
 from deep_kernels.jit import runtime
+from deep_kernels.reference.quant import per_block_cast_to_fp8
 from deep_kernels.testing import empty_like_strided
 from deep_kernels.testing.bench import host_time_us
 
@@ -83,4 +84,12 @@ def run(ctx: BenchContext) -> list:
                      "torch x.add_(1)", torch_us))
     rows.append(_row("host_overhead", {"m": 16, "k": 256}, "per_token_cast_to_fp8(out=...)", ours_out_us,
                      "torch x.add_(1)", torch_us))
+
+    # A decode-sized FP8 GEMM: validation, 4 tensor-map encodings and the launch.
+    a = deep_kernels.per_token_cast_to_fp8(torch.randn(1, 7168, device="cuda", dtype=torch.bfloat16))
+    b = per_block_cast_to_fp8(torch.randn(2112, 7168, device="cuda", dtype=torch.bfloat16))
+    d = torch.empty(1, 2112, device="cuda", dtype=torch.bfloat16)
+    gemm_us = host_time_us(lambda: deep_kernels.fp8_gemm_nt(a, b, d), calls=1000)
+    rows.append(_row("host_overhead", {"m": 1, "n": 2112, "k": 7168}, "fp8_gemm_nt (4 tensor maps + launch)",
+                     gemm_us, "torch x.add_(1)", torch_us))
     return rows

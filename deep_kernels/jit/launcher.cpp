@@ -61,41 +61,49 @@ PyObject* raise_cuda_error(CUresult result, const char* what) {
     return nullptr;
 }
 
-// Reads a tuple of `count` Python ints into `out`.
+// Reads a sequence (tuple, torch.Size) of `count` Python ints into `out`, innermost (last) first.
 template <typename T>
-bool read_ints(PyObject* tuple, Py_ssize_t count, T* out, const char* what) {
-    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != count) {
+bool read_reversed(PyObject* sequence, Py_ssize_t count, T* out, const char* what) {
+    if (!PyTuple_Check(sequence) || PyTuple_GET_SIZE(sequence) != count) {
         PyErr_Format(PyExc_ValueError, "deep_kernels: %s must be a tuple of %zd ints", what, count);
         return false;
     }
     for (Py_ssize_t i = 0; i < count; ++i) {
-        out[i] = static_cast<T>(PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(tuple, i)));
+        out[i] = static_cast<T>(PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(sequence, count - 1 - i)));
         if (PyErr_Occurred())
             return false;
     }
     return true;
 }
 
-// encode_tiled(address, dtype, dims, strides_bytes, box, swizzle) -> bytes of one CUtensorMap.
-// dims and box are innermost first; strides_bytes has rank - 1 entries (the innermost is dense).
+// encode_tiled(address, dtype, element_bytes, shape, strides, box, swizzle) -> bytes of one CUtensorMap.
+// shape, strides (in elements) and box are given outermost first, like torch's; the innermost
+// dimension must be dense.
 PyObject* encode_tiled(PyObject*, PyObject* args) {
     unsigned long long address;
-    int dtype, swizzle;
-    PyObject *dims_obj, *strides_obj, *box_obj;
-    if (!PyArg_ParseTuple(args, "KiO!O!O!i", &address, &dtype, &PyTuple_Type, &dims_obj, &PyTuple_Type,
-                          &strides_obj, &PyTuple_Type, &box_obj, &swizzle))
+    int dtype, element_bytes, swizzle;
+    PyObject *shape_obj, *strides_obj, *box_obj;
+    if (!PyArg_ParseTuple(args, "KiiOOOi", &address, &dtype, &element_bytes, &shape_obj, &strides_obj, &box_obj,
+                          &swizzle))
         return nullptr;
-    if (!load_driver())
-        return nullptr;
-    const Py_ssize_t rank = PyTuple_GET_SIZE(dims_obj);
+    const Py_ssize_t rank = PyTuple_Check(shape_obj) ? PyTuple_GET_SIZE(shape_obj) : 0;
     if (rank < 1 || rank > 5) {
         PyErr_SetString(PyExc_ValueError, "deep_kernels: a tensor map has rank 1 to 5");
         return nullptr;
     }
     cuuint64_t dims[5], strides[5];
     cuuint32_t box[5], element_strides[5] = {1, 1, 1, 1, 1};
-    if (!read_ints(dims_obj, rank, dims, "dims") || !read_ints(strides_obj, rank - 1, strides, "strides") ||
-        !read_ints(box_obj, rank, box, "box"))
+    if (!read_reversed(shape_obj, rank, dims, "shape") || !read_reversed(strides_obj, rank, strides, "strides") ||
+        !read_reversed(box_obj, rank, box, "box"))
+        return nullptr;
+    if (strides[0] != 1) {
+        PyErr_SetString(PyExc_ValueError, "deep_kernels: a tensor map's innermost dimension must be dense");
+        return nullptr;
+    }
+    // The driver takes the rank - 1 outer strides, in bytes.
+    for (Py_ssize_t i = 1; i < rank; ++i)
+        strides[i - 1] = strides[i] * element_bytes;
+    if (!load_driver())
         return nullptr;
     CUtensorMap tensor_map;
     const CUresult result = g_driver.tensor_map_encode_tiled(

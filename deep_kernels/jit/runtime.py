@@ -110,12 +110,14 @@ def get_kernel(spec: KernelSpec, *, param_kinds: str, block_threads: int, smem_b
 
 
 def encode_tensor_map(tensor: torch.Tensor, box: tuple, swizzle_bytes: int = 0) -> bytes:
-    """A tiled TMA descriptor of a tensor whose last dimension is contiguous.
+    """A tiled TMA descriptor of a tensor whose last dimension is dense; box is outermost first like
+    the tensor's shape."""
+    return _native_encode(tensor.data_ptr(), TMA_DTYPES[tensor.dtype], tensor.element_size(), tensor.shape,
+                          tensor.stride(), box, SWIZZLE_MODES[swizzle_bytes])
 
-    box is given outermost first like the tensor's shape; the descriptor lists dims innermost first.
-    """
-    element = tensor.element_size()
-    dims = tuple(reversed(tensor.shape))
-    strides = tuple(s * element for s in reversed(tensor.stride()[:-1]))
-    return launcher.load().encode_tiled(tensor.data_ptr(), TMA_DTYPES[tensor.dtype], dims, strides,
-                                  tuple(reversed(box)), SWIZZLE_MODES[swizzle_bytes])
+
+def _native_encode(*args) -> bytes:
+    # Rebinds itself to the native function on first use, like _native_launch.
+    global _native_encode
+    _native_encode = launcher.load().encode_tiled
+    return _native_encode(*args)

@@ -24,6 +24,15 @@ def ue8m0_to_float(exponents: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
+def scale_and_multiplier(amax: torch.Tensor, ue8m0: bool):
+    """(scale, quantizing multiplier) of clamped amax values: amax / 448 and 448 / amax, or with ue8m0
+    the power of two >= amax / 448 and its exact reciprocal."""
+    if ue8m0:
+        scale = ceil_to_power_of_two(amax / torch.full_like(amax, E4M3_MAX))
+        return scale, torch.ones_like(scale) / scale
+    return amax / torch.full_like(amax, E4M3_MAX), torch.full_like(amax, E4M3_MAX) / amax
+
+
 def pack_scales(scales: torch.Tensor, layout: ScaleLayout) -> torch.Tensor:
     """FP32 scales [M, G] written into `layout` exactly as the kernels write them."""
     m, num_groups = scales.shape
@@ -51,13 +60,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
                           scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP):
     m, k = x.shape
     groups = x.float().reshape(m, k // group_size, group_size)
-    amax = groups.abs().amax(dim=2).clamp(min=amax_clamp)
-    if ue8m0:
-        scale = ceil_to_power_of_two(amax / torch.full_like(amax, E4M3_MAX))
-        multiplier = torch.ones_like(scale) / scale
-    else:
-        scale = amax / torch.full_like(amax, E4M3_MAX)
-        multiplier = torch.full_like(amax, E4M3_MAX) / amax
+    scale, multiplier = scale_and_multiplier(groups.abs().amax(dim=2).clamp(min=amax_clamp), ue8m0)
     q = (groups * multiplier.unsqueeze(2)).to(torch.float8_e4m3fn).reshape(m, k)
     return q, pack_scales(scale, ScaleLayout[scale_layout])
 
@@ -68,3 +71,17 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
     scale = unpack_scales(scales, m, k // group_size)
     y = q.float().reshape(m, k // group_size, group_size) * scale.unsqueeze(2)
     return y.reshape(m, k).to(out_dtype)
+
+
+def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = False,
+                          amax_clamp: float = DEFAULT_AMAX_CLAMP):
+    """x [N, K] to e4m3 with one FP32 scale per block_size x block_size block: (q [N, K], scales
+    [ceil(N / block), K / block] row-major). The numerics of per_token_cast_to_fp8, per block."""
+    n, k = x.shape
+    padded_n = ceil_div(n, block_size) * block_size
+    padded = torch.zeros((padded_n, k), dtype=torch.float32, device=x.device)
+    padded[:n] = x.float()
+    blocks = padded.view(padded_n // block_size, block_size, k // block_size, block_size)
+    scale, multiplier = scale_and_multiplier(blocks.abs().amax(dim=(1, 3)).clamp(min=amax_clamp), ue8m0)
+    q = (blocks * multiplier[:, None, :, None]).to(torch.float8_e4m3fn).view(padded_n, k)[:n]
+    return q.contiguous(), scale

@@ -1,0 +1,395 @@
+// D = A * B^T (or D += A * B^T) on Hopper (sm_90a) with FP8 e4m3 inputs and DeepSeek-V3 scaling:
+// A [M, K] and B [N, K] K-major, 1 x 128 scales sfa for A, 128 x 128 block scales sfb for B; D [M, N]
+// row-major bf16 or FP32. Persistent and warp-specialised: warpgroups 0 .. kNumMathThreads / 128 - 1 issue
+// wgmma (64 rows each), promote every 128-deep K block into FP32 registers with sfa * sfb and store tiles
+// through shared memory with TMA (setmaxnreg 232, 240 with one math warpgroup); the last warpgroup's first
+// warp issues the TMA loads (setmaxnreg 40). Optional 2-CTA cluster multicasting A or B.
+// Unsupported: K % 128 != 0, N % 16 != 0, BLOCK_M other than 64 / 128, BLOCK_N > 192, split-K, C distinct
+// from D (the host copies C into D first).
+//
+// Host contract (tensor maps from cuTensorMapEncodeTiled, dims and strides innermost first, interleave
+// none, OOB fill none (= zeros), coordinates in elements; L2 promotion 256B recommended for A and B, whose
+// boxes read 128 bytes per row; measured with it):
+//   tmap_a    UINT8 (e4m3 bytes). Normal / contiguous: dims {K, M}, strides {K} bytes, box {128, BLOCK_M}.
+//             Masked: dims {K, M_max, G}, strides {K, M_max * K}, box {128, BLOCK_M, 1}. SWIZZLE_128B.
+//   tmap_b    UINT8. dims {K, G * N} (G = 1 for Normal), strides {K}, box {128, BLOCK_N}, SWIZZLE_128B.
+//   tmap_sfa  FLOAT32, M-major with rows padded to align_up(M, 4) (element (m, kb) at kb * align_up(M, 4) + m).
+//             Normal / contiguous: dims {align_up(M, 4), K / 128}, strides {align_up(M, 4) * 4}, box {BLOCK_M, 1}.
+//             Masked: dims {align_up(M_max, 4), K / 128, G}, strides {align_up(M_max, 4) * 4,
+//             align_up(M_max, 4) * 4 * K / 128}, box {BLOCK_M, 1, 1}. SWIZZLE_NONE.
+//   tmap_d    BFLOAT16 or FLOAT32 (FP32 with kWithAccumulation). Normal / contiguous: dims {N, M}, strides
+//             {N * sizeof(D)}, box {S / sizeof(D), 64}. Masked: dims {N, M_max, G}, strides {N * sizeof(D),
+//             M_max * N * sizeof(D)}, box {S / sizeof(D), 64, 1}. Swizzle S bytes =
+//             AccumulatorStore<D, BLOCK_N>::kSwizzleBytes (128 if BLOCK_N * sizeof(D) % 128 == 0, else 64 if
+//             % 64 == 0, else 32; heuristics: Fp8GemmConfig.swizzle_d_bytes).
+//   sfb       FP32 [G, ceil(N / 128), K / 128] row-major, read directly.
+//   grouped_layout / num_groups: nullptr / 0 (Normal), int32 group per A row (contiguous; -1 = padding),
+//             int32 valid rows per group (masked).
+//   Rows past M (past M_max per group when masked) load as zeros and are clipped on store; D rows of
+//   contiguous padding and masked rows at or past masked_m[g] inside the last M-block are written with
+//   unspecified values. With kWithAccumulation, D must hold C before the launch (C may be D): the
+//   kernel adds the product with TMA reduce-add.
+// Launch: grid = a multiple of kNumTMAMulticast, at most the SM count; block kNumTMAThreads +
+// kNumMathThreads; cluster {kNumTMAMulticast, 1, 1}; dynamic shared memory = heuristics' smem_bytes.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "common/macros.cuh"
+#include "common/math.cuh"
+#include "epilogue/sm90_accumulator_store.cuh"
+#include "pipeline.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+#include "scheduler.cuh"
+
+namespace deep_kernels {
+
+namespace sm90_fp8_gemm_detail {
+
+enum class WarpRole : uint32_t { Math, Producer };
+
+// Barrier 0 is __syncthreads; each math warpgroup owns one barrier for its epilogue.
+enum class NamedBarrier : uint32_t { EpilogueWarpgroup0 = 1 };
+
+constexpr uint32_t kNumThreadsPerWarpgroup = 128;
+constexpr uint32_t kWarpgroupBlockM = 64;
+constexpr uint32_t kScaleBlock = 128;
+constexpr uint32_t kWgmmaK = 32;
+constexpr uint32_t kMaxSmemBytes = 232448;
+
+// gcd(n, 128) for n > 0: tiles of width n start at multiples of it inside a 128-wide scale block.
+DK_HOST_DEVICE constexpr uint32_t gcd_with_scale_block(uint32_t n) {
+    const uint32_t lowest_bit = n & (~n + 1);
+    return lowest_bit < kScaleBlock ? lowest_bit : kScaleBlock;
+}
+
+// Per-stage shared-memory tiles: A (BLOCK_M x BLOCK_K e4m3), B (BLOCK_N x BLOCK_K e4m3), sfa (BLOCK_M FP32).
+template <uint32_t kStageABytes, uint32_t kStageBBytes, uint32_t kStageSfaFloats>
+struct StageBuffers {
+    uint8_t* a;
+    uint8_t* b;
+    float* sfa;
+
+    DK_DEVICE uint8_t* a_stage(uint32_t stage) const { return a + stage * kStageABytes; }
+    DK_DEVICE uint8_t* b_stage(uint32_t stage) const { return b + stage * kStageBBytes; }
+    DK_DEVICE float* sfa_stage(uint32_t stage) const { return sfa + stage * kStageSfaFloats; }
+};
+
+// Loads one box; masked grouped GEMMs address A, sfa (and store D) through 3D maps with the group outermost.
+template <GemmType kGemmType>
+DK_DEVICE void load_box(void* smem_dst, const CUtensorMap* tmap, uint64_t* full_barrier, int32_t inner, int32_t outer,
+                        uint32_t group_idx) {
+    if constexpr (kGemmType == GemmType::MGroupedMasked)
+        ptx::tma_load(smem_dst, tmap, full_barrier, inner, outer, static_cast<int32_t>(group_idx));
+    else
+        ptx::tma_load(smem_dst, tmap, full_barrier, inner, outer);
+}
+
+// The shared operand of a multicast pair: the leader writes it into both CTAs, the other CTA loads nothing.
+template <GemmType kGemmType>
+DK_DEVICE void load_shared_box(void* smem_dst, const CUtensorMap* tmap, uint64_t* full_barrier, int32_t inner,
+                               int32_t outer, uint32_t group_idx, bool multicast, uint32_t cta_rank) {
+    constexpr uint16_t kBothCTAs = 0b11;
+    if (!multicast) {
+        load_box<kGemmType>(smem_dst, tmap, full_barrier, inner, outer, group_idx);
+    } else if (cta_rank == 0) {
+        if constexpr (kGemmType == GemmType::MGroupedMasked)
+            ptx::tma_load_multicast(smem_dst, tmap, full_barrier, kBothCTAs, inner, outer,
+                                    static_cast<int32_t>(group_idx));
+        else
+            ptx::tma_load_multicast(smem_dst, tmap, full_barrier, kBothCTAs, inner, outer);
+    }
+}
+
+template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t BLOCK_K, uint32_t kNumStages,
+          uint32_t kNumTMAMulticast, bool kIsMulticastOnA, GemmType kGemmType, typename Stages, typename Ring,
+          typename TileScheduler>
+DK_DEVICE void run_tma_producer(const Stages& stages, const Ring& ring, TileScheduler& scheduler,
+                                const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, const CUtensorMap* tmap_sfa) {
+    constexpr uint32_t kStageTxBytes = (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float);
+    PipelineState<kNumStages> state;
+    TileInfo tile;
+    while (scheduler.get_next_tile(tile)) {
+        const int32_t a_row = static_cast<int32_t>(tile.m_block_idx * BLOCK_M);
+        const int32_t b_row = static_cast<int32_t>((kGemmType == GemmType::Normal ? 0 : tile.group_idx * SHAPE_N) +
+                                                   tile.n_block_idx * BLOCK_N);
+        const bool multicast = kNumTMAMulticast > 1 && tile.is_multicast_valid;
+        for (uint32_t k_block = 0; k_block < SHAPE_K / BLOCK_K; ++k_block) {
+            ring.producer_acquire(state);
+            uint64_t* full_barrier = ring.producer_expect_bytes(state, kStageTxBytes);
+            const int32_t k = static_cast<int32_t>(k_block * BLOCK_K);
+            uint8_t* smem_a = stages.a_stage(state.stage);
+            uint8_t* smem_b = stages.b_stage(state.stage);
+            if constexpr (kIsMulticastOnA) {
+                load_shared_box<kGemmType>(smem_a, tmap_a, full_barrier, k, a_row, tile.group_idx, multicast,
+                                           scheduler.cta_rank);
+                ptx::tma_load(smem_b, tmap_b, full_barrier, k, b_row);
+            } else {
+                load_box<kGemmType>(smem_a, tmap_a, full_barrier, k, a_row, tile.group_idx);
+                load_shared_box<GemmType::Normal>(smem_b, tmap_b, full_barrier, k, b_row, 0, multicast,
+                                                  scheduler.cta_rank);
+            }
+            load_box<kGemmType>(stages.sfa_stage(state.stage), tmap_sfa, full_barrier, a_row,
+                                static_cast<int32_t>(k_block), tile.group_idx);
+            state.advance();
+        }
+    }
+}
+
+// final += partial * sfa[row] * sfb: accumulator groups (8 columns each) from kSecondGroup on use the
+// second sfb block (kSecondGroup = BLOCK_N / 8: the tile lies in one block).
+template <uint32_t BLOCK_N, uint32_t kSecondGroup>
+DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2], float scale_lo,
+                       float scale_hi, float second_scale_lo, float second_scale_hi) {
+#pragma unroll
+    for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
+        const float lo = j < kSecondGroup ? scale_lo : second_scale_lo;
+        const float hi = j < kSecondGroup ? scale_hi : second_scale_hi;
+        final_acc[j * 4 + 0] += lo * partial[j * 4 + 0];
+        final_acc[j * 4 + 1] += lo * partial[j * 4 + 1];
+        final_acc[j * 4 + 2] += hi * partial[j * 4 + 2];
+        final_acc[j * 4 + 3] += hi * partial[j * 4 + 3];
+    }
+}
+
+// Calls f(std::integral_constant<uint32_t, i>) for the runtime index i < sizeof...(Is).
+template <typename F, uint32_t... Is>
+DK_DEVICE void dispatch_index(uint32_t i, F&& f, std::integer_sequence<uint32_t, Is...>) {
+    ((i == Is ? (f(std::integral_constant<uint32_t, Is>{}), 0) : 0), ...);
+}
+
+template <uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, GemmType kGemmType, typename OutputType,
+          bool kWithAccumulation>
+DK_DEVICE void store_tile(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d_wg, const CUtensorMap* tmap_d,
+                          const TileInfo& tile, uint32_t wg_idx) {
+    using Store = AccumulatorStore<OutputType, BLOCK_N>;
+    const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
+    const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
+
+    // The previous tile's store must have finished reading the buffer before it is overwritten.
+    if (thread_in_wg == 0)
+        ptx::tma_store_wait_read<0>();
+    ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
+    Store::write(final_acc, smem_d_wg, thread_in_wg / 32, thread_in_wg % 32);
+    ptx::fence_proxy_async_shared();
+    ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
+
+    if (thread_in_wg == 0) {
+        const int32_t row = static_cast<int32_t>(tile.m_block_idx * BLOCK_M + wg_idx * kWarpgroupBlockM);
+        const int32_t group = static_cast<int32_t>(tile.group_idx);
+#pragma unroll
+        for (uint32_t c = 0; c < Store::kNumChunks; ++c) {
+            const uint32_t col = tile.n_block_idx * BLOCK_N + c * Store::kChunkCols;
+            if (col >= SHAPE_N)
+                break;
+            const uint8_t* src = smem_d_wg + c * Store::kChunkBytes;
+            const int32_t n = static_cast<int32_t>(col);
+            if constexpr (kWithAccumulation && kGemmType == GemmType::MGroupedMasked)
+                ptx::tma_reduce_add(tmap_d, src, n, row, group);
+            else if constexpr (kWithAccumulation)
+                ptx::tma_reduce_add(tmap_d, src, n, row);
+            else if constexpr (kGemmType == GemmType::MGroupedMasked)
+                ptx::tma_store(tmap_d, src, n, row, group);
+            else
+                ptx::tma_store(tmap_d, src, n, row);
+        }
+        ptx::tma_store_commit();
+    }
+}
+
+template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t BLOCK_K, uint32_t kNumStages,
+          GemmType kGemmType, typename OutputType, bool kWithAccumulation, typename Stages, typename Ring,
+          typename TileScheduler>
+DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileScheduler& scheduler,
+                                  uint8_t* smem_d_wg, const CUtensorMap* tmap_d, const float* sfb) {
+    constexpr uint32_t kNumKBlocks = SHAPE_K / BLOCK_K;
+    constexpr uint32_t kNumSfbRows = ceil_div(SHAPE_N, kScaleBlock);
+    // Tiles start at multiples of kTileOffsetStep inside a 128-wide sfb block.
+    constexpr uint32_t kTileOffsetStep = gcd_with_scale_block(BLOCK_N);
+    constexpr uint32_t kNumTileOffsets = kScaleBlock / kTileOffsetStep;
+    const uint32_t wg_idx = threadIdx.x / kNumThreadsPerWarpgroup;
+    const uint32_t lane_idx = threadIdx.x % 32;
+    // This thread's accumulator rows inside the tile: row_lo and row_lo + 8.
+    const uint32_t row_lo = wg_idx * kWarpgroupBlockM + (threadIdx.x / 32 % 4) * 16 + lane_idx / 4;
+
+    float partial[BLOCK_N / 2];
+    float final_acc[BLOCK_N / 2];
+    PipelineState<kNumStages> state;
+
+    // The K loop of one tile whose first column sits kTileOffset columns into its sfb block.
+    auto accumulate_tile = [&](const TileInfo& tile, auto tile_offset_idx) {
+        constexpr uint32_t kTileOffset = decltype(tile_offset_idx)::value * kTileOffsetStep;
+        constexpr uint32_t kSecondGroup = (kScaleBlock - kTileOffset < BLOCK_N ? kScaleBlock - kTileOffset : BLOCK_N) / 8;
+        constexpr bool kStraddles = kSecondGroup < BLOCK_N / 8;
+        const uint32_t n_first = tile.n_block_idx * BLOCK_N;
+        const uint32_t sfb_row =
+            (kGemmType == GemmType::Normal ? 0 : tile.group_idx * kNumSfbRows) + n_first / kScaleBlock;
+        const float* sfb_first = sfb + sfb_row * kNumKBlocks;
+        // NOTE: a straddling tile past the last sfb block only has columns past N, which are never stored.
+        const float* sfb_second = sfb_first + (n_first / kScaleBlock + 1 < kNumSfbRows ? kNumKBlocks : 0);
+
+#pragma unroll
+        for (uint32_t i = 0; i < BLOCK_N / 2; ++i)
+            final_acc[i] = 0.0f;
+        for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+            // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
+            const float sfb_0 = __ldg(sfb_first + k_block);
+            const float sfb_1 = kStraddles ? __ldg(sfb_second + k_block) : sfb_0;
+            ring.consumer_wait(state);
+            const float* smem_sfa = stages.sfa_stage(state.stage);
+            const float sfa_lo = smem_sfa[row_lo];
+            const float sfa_hi = smem_sfa[row_lo + 8];
+
+            const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(state.stage) +
+                                                                      wg_idx * kWarpgroupBlockM * BLOCK_K);
+            const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(state.stage));
+            ptx::wgmma_fence();
+#pragma unroll
+            for (uint32_t k = 0; k < BLOCK_K / kWgmmaK; ++k) {
+                // Descriptor addresses are in 16-byte units: one k32 step of e4m3 is 32 bytes.
+                const uint64_t k_offset = k * kWgmmaK / 16;
+                ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, partial, k > 0 ? 1u : 0u);
+            }
+            ptx::wgmma_commit_group();
+            ptx::wgmma_wait_group<0>();
+            ptx::fence_operands(partial);
+            ring.consumer_release(state, lane_idx);
+
+            promote<BLOCK_N, kSecondGroup>(partial, final_acc, sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1,
+                                           sfa_hi * sfb_1);
+            state.advance();
+        }
+    };
+
+    TileInfo tile;
+    while (scheduler.get_next_tile(tile)) {
+        if (!tile.is_valid) {
+            // Lockstep partner of a valid tile: consume the stages so the cluster's barriers stay in step.
+            for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+                ring.consumer_wait(state);
+                ring.consumer_release(state, lane_idx);
+                state.advance();
+            }
+            continue;
+        }
+        // NOTE: one K loop per possible straddle point keeps the per-column scale choice out of the loop.
+        const uint32_t tile_offset_idx = tile.n_block_idx * BLOCK_N % kScaleBlock / kTileOffsetStep;
+        dispatch_index(
+            tile_offset_idx, [&](auto offset_idx) { accumulate_tile(tile, offset_idx); },
+            std::make_integer_sequence<uint32_t, kNumTileOffsets>{});
+        store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(final_acc, smem_d_wg, tmap_d,
+                                                                                          tile, wg_idx);
+    }
+
+    // Stores must be complete (not only done reading shared memory) before the CTA exits.
+    if (threadIdx.x % kNumThreadsPerWarpgroup == 0)
+        ptx::tma_store_wait<0>();
+}
+
+}  // namespace sm90_fp8_gemm_detail
+
+template <uint32_t SHAPE_N, uint32_t SHAPE_K,
+          uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t BLOCK_K,
+          uint32_t kNumStages,
+          uint32_t kNumTMAThreads, uint32_t kNumMathThreads,
+          uint32_t kNumTMAMulticast, bool kIsMulticastOnA,
+          GemmType kGemmType, typename OutputType, bool kWithAccumulation>
+__global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
+sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
+                   const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
+                   const float* sfb, uint32_t shape_m, const int* grouped_layout, uint32_t num_groups) {
+    using namespace sm90_fp8_gemm_detail;
+
+    // Static checks
+    constexpr uint32_t kNumMathWarpgroups = kNumMathThreads / kNumThreadsPerWarpgroup;
+    DK_STATIC_ASSERT(BLOCK_K == kScaleBlock, "one K block per 128-wide scale block");
+    DK_STATIC_ASSERT(SHAPE_K % BLOCK_K == 0 && SHAPE_K > 0, "K is a positive multiple of 128");
+    DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
+    DK_STATIC_ASSERT(kNumTMAThreads == kNumThreadsPerWarpgroup, "one producer warpgroup");
+    DK_STATIC_ASSERT(kNumMathThreads % kNumThreadsPerWarpgroup == 0 && BLOCK_M == kNumMathWarpgroups * kWarpgroupBlockM &&
+                         (BLOCK_M == 64 || BLOCK_M == 128),
+                     "one math warpgroup per 64 rows, BLOCK_M 64 or 128");
+    DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= 192, "BLOCK_N in 16..192, a multiple of 16");
+    DK_STATIC_ASSERT(BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N), "a tile covers at most two sfb blocks");
+    DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
+    DK_STATIC_ASSERT((!kWithAccumulation || std::is_same_v<OutputType, float>), "accumulation into FP32 D");
+
+    // Register budgets: 128 x 40 + 256 x 232 = 64,512 of 65,536 with two math warpgroups.
+    constexpr uint32_t kNumTMARegisters = 40;
+    constexpr uint32_t kNumMathRegisters = kNumMathWarpgroups == 1 ? 240 : 232;
+
+    // Shared-memory carve-up (deep_kernels/heuristics/fp8_gemm.py: smem_bytes mirrors it)
+    using Store = AccumulatorStore<OutputType, BLOCK_N>;
+    constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * Store::kBytes, 1024);
+    constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K;
+    constexpr uint32_t kStageBBytes = BLOCK_N * BLOCK_K;
+    constexpr uint32_t kStageSfaBytes = BLOCK_M * sizeof(float);
+    constexpr uint32_t kOffsetA = kSmemDBytes;
+    constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;
+    constexpr uint32_t kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
+    constexpr uint32_t kOffsetBarriers = kOffsetSfa + kNumStages * kStageSfaBytes;
+    constexpr uint32_t kSmemBytes = kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
+    DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
+    DK_STATIC_ASSERT(kSmemBytes <= kMaxSmemBytes, "stages fit in shared memory");
+
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const StageBuffers<kStageABytes, kStageBBytes, BLOCK_M> stages{
+        smem + kOffsetA, smem + kOffsetB, reinterpret_cast<float*>(smem + kOffsetSfa)};
+    auto* barriers = reinterpret_cast<uint64_t*>(smem + kOffsetBarriers);
+    const StageRing<kNumStages, kNumMathThreads / 32, kNumTMAMulticast> ring{barriers, barriers + kNumStages};
+
+    // Barrier init
+    const uint32_t warp_idx = __shfl_sync(0xffffffff, threadIdx.x / 32, 0);
+    const uint32_t lane_idx = threadIdx.x % 32;
+    const WarpRole role = warp_idx < kNumMathThreads / 32 ? WarpRole::Math : WarpRole::Producer;
+    const bool is_tma_thread = warp_idx == kNumMathThreads / 32 && lane_idx == 0;
+    if (is_tma_thread) {
+        ptx::tma_prefetch_descriptor(&tmap_a);
+        ptx::tma_prefetch_descriptor(&tmap_b);
+        ptx::tma_prefetch_descriptor(&tmap_sfa);
+        ptx::tma_prefetch_descriptor(&tmap_d);
+        ring.init();
+        ptx::fence_mbarrier_init();
+    }
+    // NOTE: with multicast, a peer may signal this CTA's barriers as soon as it passes this point.
+    if constexpr (kNumTMAMulticast > 1)
+        ptx::cluster_sync_relaxed();
+    else
+        __syncthreads();
+
+    // Scheduler
+    Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA> scheduler(
+        shape_m, grouped_layout, num_groups);
+
+    if (role == WarpRole::Producer) {
+        // Producer branch: register reconfiguration, then one thread issues every TMA load.
+        ptx::setmaxnreg_dec<kNumTMARegisters>();
+        if (is_tma_thread) {
+            run_tma_producer<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
+                             kIsMulticastOnA, kGemmType>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa);
+        }
+    } else {
+        // Consumer branch: register reconfiguration, then MMA, promotion and epilogue per tile.
+        ptx::setmaxnreg_inc<kNumMathRegisters>();
+        uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Store::kBytes;
+        run_math_warpgroup<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kGemmType, OutputType,
+                           kWithAccumulation>(stages, ring, scheduler, smem_d_wg, &tmap_d, sfb);
+    }
+
+    // Teardown
+    // NOTE: a peer CTA may still arrive on this CTA's empty barriers until it finishes its last stage.
+    if constexpr (kNumTMAMulticast > 1) {
+        __syncwarp();
+        ptx::cluster_sync();
+    }
+}
+
+}  // namespace deep_kernels

@@ -1,0 +1,170 @@
+// The persistent block scheduler shared by every GEMM kind.
+//
+// Work is cut into "units": one tile, or with a 2-CTA multicast cluster a pair of tiles that share the
+// multicast operand (multicast on A: same M-block, N-blocks 2u and 2u + 1; on B: same N-block, M-blocks
+// 2u and 2u + 1). Cluster c walks units c, c + num_clusters, ... and its CTA of rank r takes member r of
+// each pair, so both CTAs of a cluster always run the same number of tiles in lockstep, which the
+// shared pipeline barriers require. A member past the matrix edge (odd block count) or on padding is
+// still walked as an invalid tile: the kernel keeps the pipeline going but computes and stores nothing.
+//
+// Rasterisation: units are walked in bands of kNumNUnitsPerBand N-units; inside a band the N-unit varies
+// fastest, so the CTAs running at the same time touch a compact block of A rows and B rows in L2.
+//
+// Kinds (GemmType):
+//   Normal               A [M, K], B [N, K], D [M, N].
+//   MGroupedContiguous   A holds the rows of all groups back to back, each group's segment padded to a
+//                        multiple of BLOCK_M; grouped_layout[row] is the row's group, -1 on padding.
+//                        An M-block's group is that of its first row; blocks starting on padding are
+//                        skipped. B is [G, N, K]; D rows follow A's.
+//   MGroupedMasked       A [G, M_max, K] (shape_m = M_max); grouped_layout[g] = valid rows of group g
+//                        (masked_m, read on the device); only the M-blocks holding valid rows are walked.
+#pragma once
+
+#include <cstdint>
+
+#include "common/macros.cuh"
+#include "common/math.cuh"
+
+namespace deep_kernels {
+
+enum class GemmType : uint32_t {
+    Normal = 0,
+    MGroupedContiguous = 1,
+    MGroupedMasked = 2,
+};
+
+struct TileInfo {
+    uint32_t m_block_idx;
+    uint32_t n_block_idx;
+    uint32_t group_idx;
+    // This CTA computes and stores the tile (false: pipeline-only lockstep partner of a valid tile).
+    bool is_valid;
+    // Both CTAs of the cluster need the same shared-operand tile, so the leader may multicast it.
+    bool is_multicast_valid;
+};
+
+template <GemmType kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumTMAMulticast,
+          bool kIsMulticastOnA>
+struct Scheduler {
+    DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
+
+    static constexpr bool kPairsShareM = kNumTMAMulticast == 2 && kIsMulticastOnA;
+    static constexpr bool kPairsShareN = kNumTMAMulticast == 2 && !kIsMulticastOnA;
+    static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
+    static constexpr uint32_t kNumNUnits = kPairsShareM ? ceil_div(kNumNBlocks, 2u) : kNumNBlocks;
+    // NOTE: 8 N-units per band: ~16 concurrent M-blocks x 8 N-blocks per 132-SM wave at large M.
+    static constexpr uint32_t kNumNUnitsPerBand = 8;
+
+    const uint32_t shape_m;
+    const int* const grouped_layout;
+    const uint32_t num_groups;
+    const uint32_t cta_rank;
+    const uint32_t num_clusters;
+    uint32_t next_unit_idx;
+
+    // Unit range of the current group: all units for Normal / contiguous, one group's for masked.
+    uint32_t group_idx = 0;
+    uint32_t group_first_unit = 0;
+    uint32_t group_num_m_blocks = 0;
+
+    DK_DEVICE Scheduler(uint32_t shape_m, const int* grouped_layout, uint32_t num_groups)
+        : shape_m(shape_m),
+          grouped_layout(grouped_layout),
+          num_groups(num_groups),
+          cta_rank(blockIdx.x % kNumTMAMulticast),
+          num_clusters(gridDim.x / kNumTMAMulticast),
+          next_unit_idx(blockIdx.x / kNumTMAMulticast) {
+        if constexpr (kGemmType == GemmType::MGroupedMasked)
+            group_num_m_blocks = num_groups > 0 ? masked_num_m_blocks(0) : 0;
+        else
+            group_num_m_blocks = ceil_div(shape_m, BLOCK_M);
+    }
+
+    // Advances to this CTA's next tile; false once the cluster has no work left.
+    DK_DEVICE bool get_next_tile(TileInfo& tile) {
+        while (true) {
+            const uint32_t unit_idx = next_unit_idx;
+            next_unit_idx += num_clusters;
+            if (!seek_group(unit_idx))
+                return false;
+
+            uint32_t m_unit, n_unit;
+            rasterize(unit_idx - group_first_unit, m_unit, n_unit);
+            // Pair member r (r = CTA rank; always 0 without multicast).
+            const uint32_t m_block_0 = kPairsShareN ? 2 * m_unit : m_unit;
+            const uint32_t n_block_0 = kPairsShareM ? 2 * n_unit : n_unit;
+            const uint32_t m_block_1 = kPairsShareN ? m_block_0 + 1 : m_block_0;
+            const uint32_t n_block_1 = kPairsShareM ? n_block_0 + 1 : n_block_0;
+            const int group_0 = block_group(m_block_0);
+            const int group_1 = kPairsShareN ? block_group(m_block_1) : group_0;
+            const bool valid_0 = is_valid_block(m_block_0, n_block_0, group_0);
+            const bool valid_1 = kNumTMAMulticast == 2 && is_valid_block(m_block_1, n_block_1, group_1);
+            if (!valid_0 && !valid_1)
+                continue;
+
+            // NOTE: select with the rank rather than index arrays by it, which would put them in local memory.
+            const bool second = cta_rank == 1;
+            const int group = second ? group_1 : group_0;
+            tile.m_block_idx = second ? m_block_1 : m_block_0;
+            tile.n_block_idx = second ? n_block_1 : n_block_0;
+            tile.group_idx = group < 0 ? 0 : static_cast<uint32_t>(group);
+            tile.is_valid = second ? valid_1 : valid_0;
+            // The leader (rank 0) multicasts its own tile's operand: fine when it is valid and the partner
+            // either needs the same tile (same group) or is invalid and ignores what it receives.
+            tile.is_multicast_valid = kNumTMAMulticast == 2 && valid_0 && (!valid_1 || group_0 == group_1);
+            return true;
+        }
+    }
+
+private:
+    DK_DEVICE uint32_t masked_num_m_blocks(uint32_t group) const {
+        const uint32_t rows = min(static_cast<uint32_t>(__ldg(grouped_layout + group)), shape_m);
+        return ceil_div(rows, BLOCK_M);
+    }
+
+    DK_DEVICE uint32_t num_units(uint32_t num_m_blocks) const {
+        return (kPairsShareN ? ceil_div(num_m_blocks, 2u) : num_m_blocks) * kNumNUnits;
+    }
+
+    // Makes [group_first_unit, group_first_unit + num_units) hold unit_idx; false past the last unit.
+    // Units only grow per CTA, so the masked group cursor only moves forward.
+    DK_DEVICE bool seek_group(uint32_t unit_idx) {
+        if constexpr (kGemmType == GemmType::MGroupedMasked) {
+            while (group_idx < num_groups && unit_idx >= group_first_unit + num_units(group_num_m_blocks)) {
+                group_first_unit += num_units(group_num_m_blocks);
+                if (++group_idx < num_groups)
+                    group_num_m_blocks = masked_num_m_blocks(group_idx);
+            }
+            return group_idx < num_groups;
+        } else {
+            return unit_idx < num_units(group_num_m_blocks);
+        }
+    }
+
+    DK_DEVICE void rasterize(uint32_t unit_in_group, uint32_t& m_unit, uint32_t& n_unit) const {
+        const uint32_t num_m_units = kPairsShareN ? ceil_div(group_num_m_blocks, 2u) : group_num_m_blocks;
+        const uint32_t band_size = num_m_units * kNumNUnitsPerBand;
+        const uint32_t band_idx = unit_in_group / band_size;
+        const uint32_t unit_in_band = unit_in_group - band_idx * band_size;
+        const uint32_t band_first_n = band_idx * kNumNUnitsPerBand;
+        const uint32_t band_width = min(kNumNUnitsPerBand, kNumNUnits - band_first_n);
+        m_unit = unit_in_band / band_width;
+        n_unit = band_first_n + unit_in_band - m_unit * band_width;
+    }
+
+    DK_DEVICE bool is_valid_block(uint32_t m_block_idx, uint32_t n_block_idx, int group) const {
+        return m_block_idx < group_num_m_blocks && n_block_idx < kNumNBlocks && group >= 0;
+    }
+
+    // Group of an M-block: the masked cursor's group, the first row's id for contiguous, 0 for Normal.
+    DK_DEVICE int block_group(uint32_t m_block_idx) const {
+        if constexpr (kGemmType == GemmType::MGroupedContiguous)
+            return m_block_idx < group_num_m_blocks ? __ldg(grouped_layout + m_block_idx * BLOCK_M) : -1;
+        else if constexpr (kGemmType == GemmType::MGroupedMasked)
+            return static_cast<int>(group_idx);
+        else
+            return 0;
+    }
+};
+
+}  // namespace deep_kernels

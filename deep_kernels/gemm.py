@@ -1,0 +1,198 @@
+"""FP8 GEMM with DeepSeek-V3 fine-grained scaling: D = A @ B^T (+ C).
+
+Layouts (DeepGEMM's, so switching is one line):
+    a   [M, K] float8_e4m3fn, K-major (rows 16-byte aligned); sfa FP32 [M, K / 128], one scale per row
+        and 128 columns, MN-major and TMA-aligned (strides (1, M rounded up to 4)) as
+        per_token_cast_to_fp8 writes it. Row-major FP32 and packed UE8M0 (int32) scales are accepted
+        and converted first (an extra pass: produce MN-major FP32 to avoid it).
+    b   [N, K] float8_e4m3fn, K-major; sfb FP32 [ceil(N / 128), K / 128] row-major, one scale per
+        128 x 128 block (packed UE8M0 int32 [ceil(N / 128), ceil(K / 512)] also accepted).
+    d   [M, N] bf16, or fp32 when accumulating c (c fp32 [M, N]; c may be d).
+Constraints: K a multiple of 128, N a multiple of 16; any M >= 0.
+"""
+
+import torch
+
+from deep_kernels import envs
+from deep_kernels.device import get_num_sms
+from deep_kernels.heuristics import fp8_gemm as heuristics
+from deep_kernels.jit.runtime import encode_tensor_map, get_kernel
+from deep_kernels.jit.source import KernelSpec
+from deep_kernels.validation import (
+    ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, tma_aligned_size,
+)
+
+SCALE_BLOCK = 128
+_PARAM_KINDS = "TTTTPIPI"  # tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, shape_m, grouped_layout, num_groups
+
+
+def get_mn_major_tma_aligned_tensor(scales: torch.Tensor) -> torch.Tensor:
+    """FP32 scales [M, G] (any strides) in the layout the GEMM reads: strides (1, M rounded up to 4).
+
+    Returns the input itself when it is already in that layout.
+    """
+    check_dtype(scales, "scales", (torch.float32,))
+    check_rank(scales, "scales", 2)
+    m, groups = scales.shape
+    aligned_m = tma_aligned_size(m, 4)
+    # NOTE: the outer stride is checked even for one group: the tensor map encodes it.
+    if (m <= 1 or scales.stride(0) == 1) and scales.stride(1) == aligned_m:
+        return scales
+    out = torch.empty_strided((m, groups), (1, aligned_m), dtype=torch.float32, device=scales.device)
+    return out.copy_(scales)
+
+
+def _unpack_ue8m0(words: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
+    """Packed UE8M0 int32 [rows, ceil(groups / 4)] (any strides) to FP32 [rows, groups]: 2^(e - 127)."""
+    exponents = words.new_empty(words.shape).copy_(words).view(torch.uint8).view(rows, -1)[:, :groups].int()
+    return torch.where(exponents == 0, 0x00400000, exponents << 23).view(torch.float32)
+
+
+def _scale_a(sfa, m: int, k_blocks: int) -> torch.Tensor:
+    check_rank(sfa, "sfa", 2)
+    if sfa.dtype == torch.int32:
+        if tuple(sfa.shape) != (m, ceil_div(k_blocks, 4)):
+            raise ValueError(f"packed UE8M0 sfa must have shape {(m, ceil_div(k_blocks, 4))}, got {tuple(sfa.shape)}")
+        return get_mn_major_tma_aligned_tensor(_unpack_ue8m0(sfa, m, k_blocks))
+    check_dtype(sfa, "sfa", (torch.float32, torch.int32))
+    if tuple(sfa.shape) != (m, k_blocks):
+        raise ValueError(f"sfa must have shape [M, K / 128] = {(m, k_blocks)}, got {tuple(sfa.shape)}")
+    return get_mn_major_tma_aligned_tensor(sfa)
+
+
+def _scale_b(sfb, n_blocks: int, k_blocks: int) -> torch.Tensor:
+    check_rank(sfb, "sfb", 2)
+    if sfb.dtype == torch.int32:
+        if tuple(sfb.shape) != (n_blocks, ceil_div(k_blocks, 4)):
+            raise ValueError(f"packed UE8M0 sfb must have shape {(n_blocks, ceil_div(k_blocks, 4))}, "
+                             f"got {tuple(sfb.shape)}")
+        return _unpack_ue8m0(sfb, n_blocks, k_blocks).contiguous()
+    check_dtype(sfb, "sfb", (torch.float32, torch.int32))
+    if tuple(sfb.shape) != (n_blocks, k_blocks):
+        raise ValueError(f"sfb must have shape [ceil(N / 128), K / 128] = {(n_blocks, k_blocks)}, "
+                         f"got {tuple(sfb.shape)}")
+    return sfb.contiguous()
+
+
+def _config_override():
+    """DK_FP8_GEMM_CONFIG="block_m=128,block_n=112,stages=5,multicast=2,multicast_on_a=1" for experiments."""
+    text = envs.get("DK_FP8_GEMM_CONFIG")
+    if not text:
+        return None
+    fields = dict(item.split("=") for item in text.split(","))
+    return {key: int(value) for key, value in fields.items()}
+
+
+def _choose_config(m: int, n: int, k: int, num_sms: int, out_bytes: int, accumulate: bool):
+    config = heuristics.get_fp8_gemm_config(m, n, k, num_sms, out_dtype_bytes=out_bytes, with_accumulation=accumulate)
+    override = _config_override()
+    if override:
+        config = heuristics.make_config(
+            override.get("block_m", config.block_m), override.get("block_n", config.block_n),
+            override.get("multicast", config.num_tma_multicast),
+            bool(override.get("multicast_on_a", config.multicast_on_a)), out_bytes, override.get("stages"))
+    return config
+
+
+_plans = {}
+
+
+def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool):
+    """(kernel, config, grid) of a problem; one dict lookup once seen."""
+    num_sms = get_num_sms()
+    key = (m, n, k, out_dtype, accumulate, num_sms, envs.get("DK_FP8_GEMM_CONFIG"))
+    plan = _plans.get(key)
+    if plan is None:
+        out_bytes = out_dtype.itemsize
+        config = _choose_config(m, n, k, num_sms, out_bytes, accumulate)
+        spec = KernelSpec(heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl",
+                          tuple(heuristics.template_args(config, n, k, out_dtype, accumulate)))
+        kernel = get_kernel(spec, param_kinds=_PARAM_KINDS, block_threads=config.num_threads,
+                            smem_bytes=config.smem_bytes, cluster_size=config.num_tma_multicast)
+        grid = (heuristics.grid_size(config, m, n, num_sms), 1, 1)
+        plan = _plans[key] = (kernel, config, grid)
+    return plan
+
+
+def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+    """D = A @ B^T (+ C) with FP8 inputs, 1x128 activation and 128x128 weight scales, FP32 accumulation.
+
+    Args:
+        a: (a [M, K] float8_e4m3fn, sfa) as per_token_cast_to_fp8 returns it.
+        b: (b [N, K] float8_e4m3fn, sfb [ceil(N / 128), K / 128] FP32).
+        d: [M, N] output, bf16; fp32 when c is given.
+        c: optional fp32 [M, N] added to the product; may be d itself.
+
+    Returns:
+        d.
+
+    Notes:
+        Deterministic: the same inputs give the same bits (no split-K, fixed reduction order).
+        Each 128-deep K block is accumulated by the tensor cores, then scaled by sfa * sfb and added
+        in FP32 registers. No host synchronisation or allocation (with MN-major FP32 sfa and FP32
+        sfb), so calls can be captured in CUDA graphs.
+    """
+    if not (isinstance(a, (tuple, list)) and len(a) == 2 and isinstance(b, (tuple, list)) and len(b) == 2):
+        raise TypeError("a and b must be (tensor, scales) pairs")
+    (a, sfa), (b, sfb) = a, b
+    check_dtype(a, "a", (torch.float8_e4m3fn,))
+    check_dtype(b, "b", (torch.float8_e4m3fn,))
+    check_rank(a, "a", 2)
+    check_rank(b, "b", 2)
+    m, k = a.shape
+    n = b.shape[0]
+    if b.shape[1] != k:
+        raise ValueError(f"a is [M, K] = {tuple(a.shape)} but b is {tuple(b.shape)}: K differs")
+    if k % SCALE_BLOCK != 0 or k == 0:
+        raise ValueError(f"K must be a positive multiple of 128, got {k}")
+    if n % 16 != 0 or n == 0:
+        raise ValueError(f"N must be a positive multiple of 16, got {n}")
+    check_row_major_rows(a, "a")
+    check_row_major_rows(b, "b")
+    accumulate = c is not None
+    check_dtype(d, "d", (torch.float32,) if accumulate else (torch.bfloat16, torch.float32))
+    if accumulate:
+        check_dtype(c, "c", (torch.float32,))
+        if tuple(c.shape) != (m, n):
+            raise ValueError(f"c must have shape {(m, n)}, got {tuple(c.shape)}")
+    elif d.dtype == torch.float32:
+        raise TypeError("d must be torch.bfloat16 without c (fp32 d is for accumulation: pass c, which may be d)")
+    if tuple(d.shape) != (m, n) or not d.is_contiguous():
+        raise ValueError(f"d must be a contiguous [M, N] = {(m, n)} tensor, got shape {tuple(d.shape)} "
+                         f"strides {tuple(d.stride())}")
+    check_row_major_rows(d, "d")
+    k_blocks = k // SCALE_BLOCK
+    sfa = _scale_a(sfa, m, k_blocks)
+    sfb = _scale_b(sfb, ceil_div(n, SCALE_BLOCK), k_blocks)
+    for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d")) + ((c, "c"),) * accumulate:
+        check_cuda_device(tensor, name, like=a)
+    if m == 0:
+        return d
+    if accumulate and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+
+    kernel, config, grid = _plan(m, n, k, d.dtype, accumulate)
+    d_box_columns = config.swizzle_d_bytes // d.element_size()
+    kernel.launch(grid, (
+        encode_tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
+        encode_tensor_map(b, (config.block_n, SCALE_BLOCK), 128),
+        encode_tensor_map(sfa.t(), (1, config.block_m)),
+        encode_tensor_map(d, (64, d_box_columns), config.swizzle_d_bytes),
+        sfb.data_ptr(), m, 0, 0,
+    ), a.get_device())
+    return d
+
+
+def _specs(kernels) -> list:
+    return [KernelSpec(heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl", tuple(kernel.template_args()))
+            for kernel in kernels]
+
+
+def precompile_specs() -> list:
+    """Every kernel the heuristics pick over the representative shapes."""
+    return _specs(heuristics.all_candidate_configs())
+
+
+def compile_coverage_specs() -> list:
+    """precompile_specs() plus the code paths the picks leave out (multicast, grouped kinds, D swizzles)."""
+    return _specs(heuristics.compile_coverage_kernels())

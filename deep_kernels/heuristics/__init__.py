@@ -1,0 +1,1 @@
+"""Pure config heuristics: (problem, device) -> frozen config; no GPU calls."""

@@ -1,0 +1,333 @@
+"""Config choice for the SM90 FP8 GEMM kernel (csrc/kernels/sm90_fp8_gemm.cuh).
+
+Pure functions of the problem and the device: no GPU calls, no torch.
+
+The model. Every candidate (BLOCK_M, BLOCK_N, multicast) gets an estimated run time and the fastest
+wins; ties keep the first candidate of a fixed enumeration order (larger tiles first), so the choice is
+deterministic.
+
+* Waves: the persistent grid hands work units (tiles, or tile pairs with multicast) to clusters
+  round-robin, so the busiest CTA runs ceil(units / clusters) tiles; the wave count rounds up, which is
+  where a badly filled last wave costs.
+* One tile costs K / 128 K blocks plus a fixed epilogue. A K block costs the larger of
+    - math: wgmma plus the FP32 promotion, linear in max(BLOCK_N, 64) (fitted per math-warpgroup
+      count; below N = 64 a wgmma is bound by its shared-memory reads of A);
+    - loads: (BLOCK_M + BLOCK_N) x 128 bytes (+ sfa) at the per-SM ingest rate, which is capped per SM
+      and shared by the active SMs (an aggregate L2-to-SM rate); a multicast operand counts half in the
+      aggregate, since one L2 read feeds both CTAs of a pair.
+* DRAM: unique bytes of A, B and D (D twice with accumulation) at an effective DRAM rate.
+* Estimate = launch/prologue constant + max(busiest CTA's tiles, DRAM time) + OVERLAP_LOSS x the smaller
+  of the two (they never overlap perfectly; this also ranks configs of DRAM-bound shapes); multicast pays a
+  lockstep penalty (the pair waits for each other's stage releases). Measured on the H200 it never
+  paid for itself on the representative shapes (L2 bandwidth is not the bound there), so the model
+  rarely picks it; the kernel keeps it for other devices and shapes.
+
+Time constants were fitted on an H200 (132 SMs, clocks as throttled under FP8 load) against measured
+runs of this kernel; they only need to rank configs, not to predict absolute times exactly.
+Shared memory takes as many pipeline stages as fit (at least MIN_STAGES, at most MAX_STAGES).
+Multicast is only considered where its pairs are whole: on A (pairs of N-blocks) when the N-block count
+is even, on B (pairs of M-blocks) when the M-block count (per group) is even.
+"""
+
+import math
+from dataclasses import dataclass
+
+SMEM_CAPACITY_BYTES = 232448
+BLOCK_K = 128
+NUM_TMA_THREADS = 128
+THREADS_PER_WARPGROUP = 128
+MIN_STAGES = 3
+MAX_STAGES = 32
+BLOCK_MS = (64, 128)
+# Multiples of 16 up to 192 (two 64 x N accumulator sets per thread must fit in 232 registers) whose
+# tiles cover at most two 128-wide sfb blocks: BLOCK_N <= 128 + gcd(BLOCK_N, 128).
+BLOCK_NS = tuple(n for n in range(16, 193, 16) if n <= 128 + math.gcd(n, 128))
+
+# Model constants (seconds, bytes/s), fitted on an H200 (2026-11-30): about 9% mean
+# error on 160 measured (shape, config) points; picks within 2% of the best measured config.
+MATH_SECONDS_PER_K_BLOCK = {1: (0.15e-6, 0.0022e-6), 2: (0.12e-6, 0.00266e-6)}  # a + b * BLOCK_N, by math WGs
+SM_INGEST_BYTES_PER_S = 90e9
+AGGREGATE_INGEST_BYTES_PER_S = 14e12
+DRAM_BYTES_PER_S = 2.8e12
+EPILOGUE_SECONDS = {1: 0.3e-6, 2: 0.5e-6}
+LAUNCH_SECONDS = 3e-6
+MULTICAST_PENALTY = 1.05
+OVERLAP_LOSS = 0.25  # share of the smaller of the two bounds that the larger does not hide
+
+GEMM_TYPES = {
+    "normal": "deep_kernels::GemmType::Normal",
+    "m_grouped_contiguous": "deep_kernels::GemmType::MGroupedContiguous",
+    "m_grouped_masked": "deep_kernels::GemmType::MGroupedMasked",
+}
+OUTPUT_TYPES = {"bfloat16": ("__nv_bfloat16", 2), "float32": ("float", 4)}
+
+KERNEL_HEADER = "kernels/sm90_fp8_gemm.cuh"
+
+
+@dataclass(frozen=True)
+class Fp8GemmConfig:
+    """One instantiation's tiling; `smem_bytes` is the dynamic shared memory to launch with."""
+
+    block_m: int
+    block_n: int
+    num_stages: int
+    num_tma_multicast: int
+    multicast_on_a: bool
+    swizzle_d_bytes: int
+    smem_bytes: int
+    block_k: int = BLOCK_K
+
+    @property
+    def num_math_warpgroups(self) -> int:
+        return self.block_m // 64
+
+    @property
+    def num_math_threads(self) -> int:
+        return self.num_math_warpgroups * THREADS_PER_WARPGROUP
+
+    @property
+    def num_tma_threads(self) -> int:
+        return NUM_TMA_THREADS
+
+    @property
+    def num_threads(self) -> int:
+        return self.num_tma_threads + self.num_math_threads
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _align(a: int, b: int) -> int:
+    return _ceil_div(a, b) * b
+
+
+def swizzle_d_bytes(block_n: int, out_dtype_bytes: int) -> int:
+    """The TMA swizzle (and box width in bytes) of D: the widest of 128/64/32 dividing a tile row."""
+    row_bytes = block_n * out_dtype_bytes
+    return next(s for s in (128, 64, 32) if row_bytes % s == 0)
+
+
+def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int) -> int:
+    """Dynamic shared memory of the kernel's carve-up: D staging, then per stage A, B, sfa, then barriers."""
+    d_bytes = _align(block_m * block_n * out_dtype_bytes, 1024)
+    stage_bytes = block_m * BLOCK_K + block_n * BLOCK_K + block_m * 4
+    return d_bytes + num_stages * stage_bytes + 2 * num_stages * 8
+
+
+def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: int = SMEM_CAPACITY_BYTES) -> int:
+    fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes)
+    per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes) - fixed
+    return min(MAX_STAGES, (smem_capacity - fixed) // per_stage)
+
+
+def num_work_units(config: Fp8GemmConfig, m: int, n: int, num_groups: int = 1) -> int:
+    """Scheduler units (tiles, or tile pairs with multicast) of a Normal or masked (m rows per group) GEMM."""
+    num_m_blocks = _ceil_div(m, config.block_m)
+    num_n_blocks = _ceil_div(n, config.block_n)
+    if config.num_tma_multicast == 2:
+        if config.multicast_on_a:
+            num_n_blocks = _ceil_div(num_n_blocks, 2)
+        else:
+            num_m_blocks = _ceil_div(num_m_blocks, 2)
+    return num_groups * num_m_blocks * num_n_blocks
+
+
+def grid_size(config: Fp8GemmConfig, m: int, n: int, num_sms: int, num_groups: int = 1) -> int:
+    """CTAs to launch: one per SM at most, a whole number of clusters, no more than the work needs.
+
+    For contiguous grouped GEMMs pass m = total rows; for masked ones the work depends on device data, so
+    launch num_sms rounded down to the cluster size.
+    """
+    clusters = min(num_sms // config.num_tma_multicast, max(1, num_work_units(config, m, n, num_groups)))
+    return clusters * config.num_tma_multicast
+
+
+def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
+                     with_accumulation: bool = False, num_groups: int = 1) -> float:
+    """The model's run-time estimate (see the module docstring)."""
+    units = num_work_units(config, m, n, num_groups)
+    ctas = grid_size(config, m, n, num_sms, num_groups)
+    clusters = ctas // config.num_tma_multicast
+    tiles_per_cta = _ceil_div(units, clusters)
+    active_ctas = min(ctas, units * config.num_tma_multicast)
+
+    wgs = config.num_math_warpgroups
+    a, b = MATH_SECONDS_PER_K_BLOCK[wgs]
+    # NOTE: below N = 64 a wgmma is bound by reading A from shared memory, not by its N.
+    math_s = a + b * max(config.block_n, 64)
+    a_bytes, b_bytes = config.block_m * BLOCK_K, config.block_n * BLOCK_K
+    stage_bytes = a_bytes + b_bytes + config.block_m * 4
+    l2_bytes = stage_bytes
+    if config.num_tma_multicast == 2:
+        l2_bytes -= (a_bytes if config.multicast_on_a else b_bytes) / 2
+    load_s = max(stage_bytes / SM_INGEST_BYTES_PER_S, l2_bytes * active_ctas / AGGREGATE_INGEST_BYTES_PER_S)
+    tile_s = (k // BLOCK_K) * max(math_s, load_s) + EPILOGUE_SECONDS[wgs]
+
+    d_passes = 2 if with_accumulation else 1
+    dram_bytes = num_groups * (m * k + n * k + d_passes * m * n * out_dtype_bytes)
+    busiest_cta_s, dram_s = tiles_per_cta * tile_s, dram_bytes / DRAM_BYTES_PER_S
+    seconds = LAUNCH_SECONDS + max(busiest_cta_s, dram_s) + OVERLAP_LOSS * min(busiest_cta_s, dram_s)
+    return seconds * (MULTICAST_PENALTY if config.num_tma_multicast == 2 else 1.0)
+
+
+def _multicast_options(m: int, n: int, block_m: int, block_n: int, num_sms: int):
+    yield 1, False
+    if num_sms < 2:
+        return
+    if _ceil_div(n, block_n) % 2 == 0:
+        yield 2, True
+    num_m_blocks = _ceil_div(m, block_m)
+    if num_m_blocks % 2 == 0:
+        yield 2, False
+
+
+def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
+                      out_dtype_bytes: int = 2):
+    """Every legal config for the problem, in the fixed order ties are broken by."""
+    # NOTE: larger tiles first, so ties (typically memory-bound shapes) go to the one moving fewer bytes.
+    for block_m in reversed(BLOCK_MS):
+        for block_n in reversed(BLOCK_NS):
+            stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity)
+            if stages < MIN_STAGES:
+                continue
+            for num_tma_multicast, multicast_on_a in _multicast_options(m, n, block_m, block_n, num_sms):
+                yield Fp8GemmConfig(
+                    block_m=block_m,
+                    block_n=block_n,
+                    num_stages=stages,
+                    num_tma_multicast=num_tma_multicast,
+                    multicast_on_a=multicast_on_a,
+                    swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
+                    smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes),
+                )
+
+
+def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
+                        out_dtype_bytes: int = 2, with_accumulation: bool = False,
+                        num_groups: int = 1) -> Fp8GemmConfig:
+    """The config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T.
+
+    Args:
+        m: rows of A (per group for masked grouped GEMMs, total rows for contiguous ones); 0 is allowed.
+        n, k: columns of D and the reduction depth (k a multiple of 128, n of 16).
+        num_sms: SMs the persistent grid may use.
+        smem_capacity: dynamic shared memory per block, bytes.
+        out_dtype_bytes: 2 for bf16 D, 4 for FP32 D.
+        with_accumulation: D += A * B^T (D is read and written).
+        num_groups: groups of a masked grouped GEMM (1 otherwise).
+
+    Returns:
+        A frozen Fp8GemmConfig; equal inputs give equal configs.
+    """
+    if k % BLOCK_K != 0 or k <= 0:
+        raise ValueError(f"k must be a positive multiple of {BLOCK_K}, got {k}")
+    if n % 16 != 0 or n <= 0:
+        raise ValueError(f"n must be a positive multiple of 16, got {n}")
+    if num_sms <= 0:
+        raise ValueError(f"num_sms must be positive, got {num_sms}")
+    m = max(m, 1)
+    best, best_time = None, math.inf
+    for config in candidate_configs(m, n, num_sms, smem_capacity, out_dtype_bytes):
+        seconds = estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation, num_groups)
+        if seconds < best_time:
+            best, best_time = config, seconds
+    if best is None:
+        raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
+    return best
+
+
+def _output_type(out_dtype) -> tuple:
+    name = str(out_dtype).removeprefix("torch.")
+    name = {"bf16": "bfloat16", "float": "float32", "fp32": "float32"}.get(name, name)
+    if name not in OUTPUT_TYPES:
+        raise ValueError(f"out_dtype must be bfloat16 or float32, got {out_dtype!r}")
+    return OUTPUT_TYPES[name]
+
+
+def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumulation: bool,
+                  gemm_type: str = "normal") -> list:
+    """The kernel's C++ template arguments, in declaration order.
+
+    out_dtype is "bfloat16" / "float32" (or a torch dtype); gemm_type one of GEMM_TYPES.
+    """
+    cpp_type, _ = _output_type(out_dtype)
+    if with_accumulation and cpp_type != "float":
+        raise ValueError("accumulation needs a float32 D")
+    if gemm_type not in GEMM_TYPES:
+        raise ValueError(f"gemm_type must be one of {sorted(GEMM_TYPES)}, got {gemm_type!r}")
+    return [
+        str(n),
+        str(k),
+        str(config.block_m),
+        str(config.block_n),
+        str(config.block_k),
+        str(config.num_stages),
+        str(config.num_tma_threads),
+        str(config.num_math_threads),
+        str(config.num_tma_multicast),
+        "true" if config.multicast_on_a else "false",
+        GEMM_TYPES[gemm_type],
+        cpp_type,
+        "true" if with_accumulation else "false",
+    ]
+
+
+REPRESENTATIVE_MS = (1, 64, 128, 4096, 8192)
+REPRESENTATIVE_NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168))
+# (out_dtype, with_accumulation) pairs the API exposes.
+REPRESENTATIVE_OUTPUTS = (("bfloat16", False), ("float32", True))
+
+
+@dataclass(frozen=True)
+class CandidateKernel:
+    config: Fp8GemmConfig
+    n: int
+    k: int
+    out_dtype: str
+    with_accumulation: bool
+    gemm_type: str = "normal"
+
+    def template_args(self) -> list:
+        return template_args(self.config, self.n, self.k, self.out_dtype, self.with_accumulation, self.gemm_type)
+
+
+def all_candidate_configs(num_sms: int = 132, smem_capacity: int = SMEM_CAPACITY_BYTES) -> list:
+    """Every distinct kernel the heuristics pick over the representative shapes (for compile tests)."""
+    kernels = {}
+    for out_dtype, with_accumulation in REPRESENTATIVE_OUTPUTS:
+        _, out_bytes = _output_type(out_dtype)
+        for n, k in REPRESENTATIVE_NKS:
+            for m in REPRESENTATIVE_MS:
+                config = get_fp8_gemm_config(m, n, k, num_sms, smem_capacity, out_bytes, with_accumulation)
+                kernel = CandidateKernel(config, n, k, out_dtype, with_accumulation)
+                kernels.setdefault(tuple(kernel.template_args()), kernel)
+    return list(kernels.values())
+
+
+def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
+                out_dtype_bytes: int, num_stages: int = None) -> Fp8GemmConfig:
+    """A config of the given tiling with as many stages as fit (or num_stages), for overrides and tests."""
+    stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes)
+    return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
+                         multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
+                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes))
+
+
+def compile_coverage_kernels(num_sms: int = 132) -> list:
+    """all_candidate_configs() plus kernels for the code paths those picks leave out on the H200: multicast
+    on A and on B, both grouped kinds, each D swizzle width, the widest tile."""
+    kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
+    extras = [
+        CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
+        CandidateKernel(make_config(128, 112, 2, False, 2), 2112, 7168, "bfloat16", False),
+        CandidateKernel(make_config(64, 48, 2, True, 4), 576, 7168, "float32", True),
+        CandidateKernel(make_config(128, 192, 1, False, 4), 4096, 7168, "float32", False),
+        CandidateKernel(make_config(128, 144, 2, False, 2), 4096, 7168, "bfloat16", False, "m_grouped_contiguous"),
+        CandidateKernel(make_config(64, 96, 2, True, 2), 4096, 7168, "bfloat16", False, "m_grouped_contiguous"),
+        CandidateKernel(make_config(128, 160, 2, False, 2), 7168, 2048, "bfloat16", False, "m_grouped_masked"),
+        CandidateKernel(make_config(128, 96, 1, False, 4), 7168, 2048, "float32", True, "m_grouped_masked"),
+    ]
+    for kernel in extras:
+        kernels.setdefault(tuple(kernel.template_args()), kernel)
+    return list(kernels.values())

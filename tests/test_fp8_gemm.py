@@ -1,0 +1,158 @@
+"""FP8 GEMM with fine-grained scaling: input validation (CPU) and the kernel against a float64
+reference of the dequantized inputs (GPU). Bound: calc_diff < 1e-3 (the recipe's), plus finite output."""
+
+import random
+
+import pytest
+import torch
+
+import deep_kernels
+from deep_kernels.reference import gemm as reference
+from deep_kernels.reference.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_, random_activations
+
+from conftest import FULL
+
+BOUND = 1e-3
+DEEPSEEK_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+
+
+def make_inputs(m: int, n: int, k: int, device="cuda"):
+    x = random_activations(m, k, torch.bfloat16, device=device)
+    w = torch.randn((n, k), device=device, dtype=torch.bfloat16)
+    a = deep_kernels.per_token_cast_to_fp8(x) if device == "cuda" else per_token_cast_to_fp8(x)
+    return a, per_block_cast_to_fp8(w)
+
+
+# ---- validation (CPU) ----
+
+def _cpu_operands(m=8, n=256, k=256):
+    a = (torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, k // 128))
+    b = (torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.ones((n + 127) // 128, k // 128))
+    return a, b, torch.empty(m, n, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a, b, d: ((a[0].view(torch.uint8), a[1]), b, d), TypeError, "a must be torch.float8_e4m3fn"),
+    (lambda a, b, d: (a, (b[0][:, :128], b[1]), d), ValueError, "K differs"),
+    (lambda a, b, d: ((a[0][:, :192], a[1]), (b[0][:, :192], b[1]), d), ValueError, "multiple of 128"),
+    (lambda a, b, d: (a, (b[0][:200], b[1]), d[:, :200]), ValueError, "multiple of 16"),
+    (lambda a, b, d: (a, b, d.float()), TypeError, "pass c"),
+    (lambda a, b, d: (a, b, d[:, :128]), ValueError, "d must be a contiguous"),
+    (lambda a, b, d: ((a[0], a[1][:, :1]), b, d), ValueError, "sfa must have shape"),
+    (lambda a, b, d: (a, (b[0], b[1][:1]), d), ValueError, "sfb must have shape"),
+    (lambda a, b, d: ((a[0], a[1].half()), b, d), TypeError, "sfa must be"),
+    (lambda a, b, d: (a[0], b, d), TypeError, "pairs"),
+    (lambda a, b, d: (a, b, d), ValueError, "must be a CUDA tensor"),
+])
+def test_rejects_bad_input(mutate, error, match):
+    with pytest.raises(error, match=match):
+        deep_kernels.fp8_gemm_nt(*mutate(*_cpu_operands()))
+
+
+def test_accumulation_needs_fp32():
+    a, b, d = _cpu_operands()
+    with pytest.raises(TypeError, match="d must be torch.float32"):
+        deep_kernels.fp8_gemm_nt(a, b, d, c=torch.zeros(8, 256))
+
+
+def test_mn_major_helper_layout():
+    scales = torch.arange(15.0).view(5, 3)
+    out = deep_kernels.get_mn_major_tma_aligned_tensor(scales)
+    assert out.stride() == (1, 8) and torch.equal(out, scales)
+    assert deep_kernels.get_mn_major_tma_aligned_tensor(out) is out
+
+
+def test_reference_matches_unquantized_product():
+    a, b = make_inputs(64, 256, 512, device="cpu")
+    d = torch.empty(64, 256)
+    reference.fp8_gemm_nt(a, b, d)
+    exact = reference.dequantize_a(*a) @ reference.dequantize_b(*b).T
+    assert calc_diff(d, exact) < 1e-12
+
+
+# ---- kernel against the reference (GPU) ----
+
+def _shapes():
+    rng = random.Random(0)
+    shapes = [(1, 2112, 7168), (64, 7168, 2048), (128, 4096, 7168), (4096, 24576, 1536), (4001, 32768, 512),
+              (129, 576, 7168), (777, 7168, 16384), (8192, 4096, 7168), (3, 1040, 128)]
+    shapes += [(rng.randint(1, 8192), *rng.choice(DEEPSEEK_NK)) for _ in range(3 if not FULL else 12)]
+    return shapes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", _shapes())
+def test_matches_reference(m, n, k):
+    a, b = make_inputs(m, n, k)
+    d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
+    deep_kernels.fp8_gemm_nt(a, b, d)
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
+    assert torch.isfinite(d).all()
+    assert calc_diff(d, expected) < BOUND
+    again = torch.empty_like(d)
+    deep_kernels.fp8_gemm_nt(a, b, again)
+    assert_bitwise_equal(again, d, "d (second run)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(100, 2112, 7168), (4096, 7168, 2048)])
+@pytest.mark.parametrize("alias", [False, True])
+def test_accumulation(m, n, k, alias):
+    a, b = make_inputs(m, n, k)
+    c = torch.randn((m, n), device="cuda")
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64), c=c)
+    d = c.clone() if alias else poison_(torch.empty((m, n), device="cuda"))
+    deep_kernels.fp8_gemm_nt(a, b, d, c=d if alias else c)
+    assert torch.isfinite(d).all()
+    assert calc_diff(d, expected) < BOUND
+
+
+@pytest.mark.gpu
+def test_other_scale_layouts():
+    x = random_activations(300, 2048, torch.bfloat16)
+    b = per_block_cast_to_fp8(torch.randn((1024, 2048), device="cuda", dtype=torch.bfloat16), ue8m0=True)
+    packed = deep_kernels.per_token_cast_to_fp8(x, ue8m0=True, scale_layout="packed_ue8m0")
+    row_major = deep_kernels.per_token_cast_to_fp8(x, ue8m0=True, scale_layout="row_major")
+    expected = reference.fp8_gemm_nt(row_major, b, torch.empty((300, 1024), device="cuda", dtype=torch.float64))
+    for a in (packed, row_major):
+        d = poison_(torch.empty((300, 1024), device="cuda", dtype=torch.bfloat16))
+        deep_kernels.fp8_gemm_nt(a, b, d)
+        assert calc_diff(d, expected) < BOUND
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_with_new_inputs():
+    m, n, k = 128, 4096, 7168
+    a, b = make_inputs(m, n, k)
+    d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    deep_kernels.fp8_gemm_nt(a, b, d)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.fp8_gemm_nt(a, b, d)
+    new_a, _ = make_inputs(m, n, k)
+    a[0].copy_(new_a[0])
+    a[1].copy_(new_a[1])
+    poison_(d)
+    graph.replay()
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
+    assert calc_diff(d, expected) < BOUND
+
+
+@pytest.mark.gpu
+def test_empty_m_and_limited_sms():
+    a, b = make_inputs(0, 2112, 7168)
+    d = torch.empty((0, 2112), device="cuda", dtype=torch.bfloat16)
+    assert deep_kernels.fp8_gemm_nt(a, b, d) is d
+    a, b = make_inputs(1000, 2112, 7168)
+    d = torch.empty((1000, 2112), device="cuda", dtype=torch.bfloat16)
+    full = torch.empty_like(d)
+    deep_kernels.fp8_gemm_nt(a, b, full)
+    previous = deep_kernels.get_num_sms()
+    deep_kernels.set_num_sms(60)
+    try:
+        deep_kernels.fp8_gemm_nt(a, b, d)
+    finally:
+        deep_kernels.set_num_sms(previous)
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((1000, 2112), device="cuda", dtype=torch.float64))
+    assert calc_diff(d, expected) < BOUND and calc_diff(full, expected) < BOUND

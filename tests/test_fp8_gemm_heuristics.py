@@ -1,0 +1,220 @@
+"""CPU tests of the SM90 FP8 GEMM heuristics (deep_kernels/heuristics/fp8_gemm.py): no GPU, no torch."""
+
+import math
+
+import pytest
+
+from deep_kernels.heuristics import fp8_gemm as heur
+
+NUM_SMS = 132
+NKS = heur.REPRESENTATIVE_NKS
+MS = (1, 64, 128, 4001, 4096, 8192)
+OUTPUTS = ((2, False), (4, True))
+
+
+def all_problems():
+    for out_bytes, accumulate in OUTPUTS:
+        for n, k in NKS:
+            for m in MS:
+                yield m, n, k, out_bytes, accumulate
+
+
+def pick(m, n, k, out_bytes=2, accumulate=False, num_sms=NUM_SMS):
+    return heur.get_fp8_gemm_config(m, n, k, num_sms, out_dtype_bytes=out_bytes, with_accumulation=accumulate)
+
+
+def test_deterministic():
+    first = [pick(*p) for p in all_problems()]
+    second = [pick(*p) for p in all_problems()]
+    assert first == second
+
+
+@pytest.mark.parametrize("m,n,k,out_bytes,accumulate", list(all_problems()))
+def test_config_is_legal(m, n, k, out_bytes, accumulate):
+    config = pick(m, n, k, out_bytes, accumulate)
+    assert config.block_m in (64, 128)
+    assert config.num_math_threads == config.block_m // 64 * 128
+    assert config.num_threads == config.num_math_threads + 128
+    assert config.block_k == 128
+    assert config.block_n % 16 == 0 and 16 <= config.block_n <= 192
+    assert config.block_n <= 128 + math.gcd(config.block_n, 128)  # at most two sfb blocks per tile
+    assert heur.MIN_STAGES <= config.num_stages <= heur.MAX_STAGES
+    assert config.smem_bytes == heur.smem_bytes(config.block_m, config.block_n, config.num_stages, out_bytes)
+    assert config.smem_bytes <= heur.SMEM_CAPACITY_BYTES
+    # As many stages as fit: one more would not.
+    assert (config.num_stages == heur.MAX_STAGES or
+            heur.smem_bytes(config.block_m, config.block_n, config.num_stages + 1, out_bytes) > heur.SMEM_CAPACITY_BYTES)
+    assert (config.block_n * out_bytes) % config.swizzle_d_bytes == 0
+
+
+@pytest.mark.parametrize("m,n,k,out_bytes,accumulate", list(all_problems()))
+def test_multicast_legality_and_grid(m, n, k, out_bytes, accumulate):
+    config = pick(m, n, k, out_bytes, accumulate)
+    assert config.num_tma_multicast in (1, 2)
+    if config.num_tma_multicast == 2:
+        if config.multicast_on_a:
+            assert math.ceil(n / config.block_n) % 2 == 0
+        else:
+            assert math.ceil(m / config.block_m) % 2 == 0
+    else:
+        assert not config.multicast_on_a
+    grid = heur.grid_size(config, m, n, NUM_SMS)
+    assert 0 < grid <= NUM_SMS
+    assert grid % config.num_tma_multicast == 0
+    assert grid <= heur.num_work_units(config, m, n) * config.num_tma_multicast
+
+
+def test_multicast_candidates_only_when_pairs_are_whole():
+    for config in heur.candidate_configs(m=300, n=2112, num_sms=NUM_SMS):
+        if config.num_tma_multicast == 2 and not config.multicast_on_a:
+            assert math.ceil(300 / config.block_m) % 2 == 0
+        if config.num_tma_multicast == 2 and config.multicast_on_a:
+            assert math.ceil(2112 / config.block_n) % 2 == 0
+    assert not any(c.num_tma_multicast == 2 for c in heur.candidate_configs(m=64, n=2112, num_sms=1))
+
+
+def test_smem_carve_up_mirrors_the_kernel():
+    # D staging (1024-aligned), then per stage A 128x128, B 128x128 fp8 and 128 FP32 sfa, then 2 barriers.
+    assert heur.smem_bytes(128, 128, 5, 2) == 32768 + 5 * (16384 + 16384 + 512) + 5 * 16
+    assert heur.smem_bytes(64, 48, 3, 4) == 12288 + 3 * (8192 + 6144 + 256) + 3 * 16
+
+
+def test_swizzle_of_d():
+    assert heur.swizzle_d_bytes(128, 2) == 128
+    assert heur.swizzle_d_bytes(96, 2) == 64
+    assert heur.swizzle_d_bytes(112, 2) == 32
+    assert heur.swizzle_d_bytes(48, 4) == 64
+    assert heur.swizzle_d_bytes(160, 4) == 128
+
+
+def test_small_m_uses_one_math_warpgroup():
+    for n, k in NKS:
+        for m in (1, 17, 64):
+            assert pick(m, n, k).block_m == 64
+
+
+def test_decode_spreads_weights_over_the_sms():
+    # Memory-bound: B must stream through most SMs in a single wave.
+    for m in (1, 64, 128):
+        for n, k in ((7168, 16384), (24576, 1536), (32768, 512), (7168, 2048)):
+            config = pick(m, n, k)
+            units = heur.num_work_units(config, m, n)
+            ctas = heur.grid_size(config, m, n, NUM_SMS)
+            assert ctas >= NUM_SMS // 2, (m, n, k, config)
+            assert math.ceil(units / (ctas // config.num_tma_multicast)) <= 2, (m, n, k, config)
+
+
+def test_large_m_uses_large_tiles_and_fills_waves():
+    for n, k in NKS:
+        if n < 2048:
+            continue
+        config = pick(4096, n, k)
+        assert config.block_m == 128 and config.block_n >= 128
+        clusters = heur.grid_size(config, 4096, n, NUM_SMS) // config.num_tma_multicast
+        units = heur.num_work_units(config, 4096, n)
+        waves = math.ceil(units / clusters)
+        assert units / (waves * clusters) >= 0.85, (n, k, config)
+
+
+def test_estimate_grows_with_work():
+    config = pick(4096, 7168, 2048)
+    small = heur.estimate_seconds(config, 4096, 7168, 2048, NUM_SMS)
+    assert heur.estimate_seconds(config, 4096, 7168, 4096, NUM_SMS) > small
+    assert heur.estimate_seconds(config, 8192, 7168, 2048, NUM_SMS) > small
+    assert heur.estimate_seconds(config, 4096, 7168, 2048, NUM_SMS // 2) > small
+
+
+def test_fewer_sms_give_a_legal_grid():
+    for sms in (1, 2, 66, 78):
+        for m, n, k in ((64, 7168, 16384), (4096, 2112, 7168), (300, 576, 7168)):
+            config = heur.get_fp8_gemm_config(m, n, k, sms)
+            grid = heur.grid_size(config, m, n, sms)
+            assert 0 < grid <= sms and grid % config.num_tma_multicast == 0
+
+
+def test_bad_problems_are_rejected():
+    with pytest.raises(ValueError, match="k must be"):
+        heur.get_fp8_gemm_config(64, 2112, 100, NUM_SMS)
+    with pytest.raises(ValueError, match="n must be"):
+        heur.get_fp8_gemm_config(64, 2110, 7168, NUM_SMS)
+    with pytest.raises(ValueError, match="num_sms"):
+        heur.get_fp8_gemm_config(64, 2112, 7168, 0)
+
+
+def test_template_args_order():
+    config = heur.Fp8GemmConfig(block_m=128, block_n=112, num_stages=6, num_tma_multicast=2, multicast_on_a=True,
+                                swizzle_d_bytes=32, smem_bytes=heur.smem_bytes(128, 112, 6, 2))
+    assert heur.template_args(config, 7168, 2048, "bfloat16", False) == [
+        "7168", "2048", "128", "112", "128", "6", "128", "256", "2", "true",
+        "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false"]
+    args = heur.template_args(config, 7168, 2048, "torch.float32", True, "m_grouped_masked")
+    assert args[-3:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true"]
+    with pytest.raises(ValueError, match="float32"):
+        heur.template_args(config, 7168, 2048, "bfloat16", True)
+    with pytest.raises(ValueError, match="gemm_type"):
+        heur.template_args(config, 7168, 2048, "bfloat16", False, "batched")
+    with pytest.raises(ValueError, match="out_dtype"):
+        heur.template_args(config, 7168, 2048, "float16", False)
+
+
+def test_candidate_kernels_are_distinct_and_legal():
+    kernels = heur.all_candidate_configs()
+    args = [tuple(kernel.template_args()) for kernel in kernels]
+    assert len(args) == len(set(args)) > 0
+    picked = {tuple(heur.template_args(pick(m, n, k, ob, acc), n, k, "float32" if acc else "bfloat16", acc))
+              for m, n, k, ob, acc in all_problems() if m in heur.REPRESENTATIVE_MS}
+    assert picked == set(args)
+    coverage = heur.compile_coverage_kernels()
+    assert set(args) <= {tuple(kernel.template_args()) for kernel in coverage}
+    kinds = {kernel.gemm_type for kernel in coverage}
+    assert kinds == set(heur.GEMM_TYPES)
+    assert {(k.config.num_tma_multicast, k.config.multicast_on_a) for k in coverage} >= {(2, True), (2, False), (1, False)}
+    for kernel in coverage:
+        assert kernel.config.smem_bytes <= heur.SMEM_CAPACITY_BYTES
+
+
+# A Python mirror of csrc/scheduler.cuh (Normal kind): which tile each CTA computes, in order.
+def scheduled_tiles(config, m, n, num_ctas):
+    c = config.num_tma_multicast
+    pairs_share_m = c == 2 and config.multicast_on_a
+    pairs_share_n = c == 2 and not config.multicast_on_a
+    num_m_blocks, num_n_blocks = math.ceil(m / config.block_m), math.ceil(n / config.block_n)
+    num_m_units = math.ceil(num_m_blocks / 2) if pairs_share_n else num_m_blocks
+    num_n_units = math.ceil(num_n_blocks / 2) if pairs_share_m else num_n_blocks
+    band = 8
+    per_cta = []
+    for cta in range(num_ctas):
+        rank, cluster, tiles = cta % c, cta // c, []
+        for unit in range(cluster, num_m_units * num_n_units, num_ctas // c):
+            band_size = num_m_units * band
+            band_idx, in_band = divmod(unit, band_size)
+            width = min(band, num_n_units - band_idx * band)
+            m_unit, n_off = divmod(in_band, width)
+            n_unit = band_idx * band + n_off
+            m_block = 2 * m_unit + rank if pairs_share_n else m_unit
+            n_block = 2 * n_unit + rank if pairs_share_m else n_unit
+            valid = m_block < num_m_blocks and n_block < num_n_blocks
+            tiles.append((m_block, n_block, valid))
+        per_cta.append(tiles)
+    return per_cta
+
+
+@pytest.mark.parametrize("m,n,k", [(4096, 7168, 2048), (300, 2112, 1024), (4001, 576, 7168), (64, 7168, 16384)])
+@pytest.mark.parametrize("multicast", [(1, False), (2, True), (2, False)])
+def test_scheduler_mirror_covers_every_tile_once(m, n, k, multicast):
+    base = pick(m, n, k)
+    config = heur.Fp8GemmConfig(block_m=base.block_m, block_n=base.block_n, num_stages=base.num_stages,
+                                num_tma_multicast=multicast[0], multicast_on_a=multicast[1],
+                                swizzle_d_bytes=base.swizzle_d_bytes, smem_bytes=base.smem_bytes)
+    for num_ctas in (heur.grid_size(config, m, n, NUM_SMS), 2, 132):
+        per_cta = scheduled_tiles(config, m, n, num_ctas)
+        valid = [(mb, nb) for tiles in per_cta for mb, nb, ok in tiles if ok]
+        expected = {(mb, nb) for mb in range(math.ceil(m / config.block_m)) for nb in range(math.ceil(n / config.block_n))}
+        assert len(valid) == len(set(valid)) and set(valid) == expected
+        for cluster in range(num_ctas // config.num_tma_multicast):
+            members = per_cta[cluster * config.num_tma_multicast:(cluster + 1) * config.num_tma_multicast]
+            # Lockstep: both CTAs of a cluster walk the same number of tiles, sharing the multicast operand.
+            assert len({len(tiles) for tiles in members}) == 1
+            if config.num_tma_multicast == 2:
+                for (m0, n0, _), (m1, n1, _) in zip(*members):
+                    assert (m0 == m1) if config.multicast_on_a else (n0 == n1)
