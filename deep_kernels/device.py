@@ -64,10 +64,10 @@ def set_num_sms(num_sms: int) -> None:
 
 
 def get_num_sms() -> int:
-    """SMs used by persistent kernels: set_num_sms(), else DK_NUM_SMS, else all of the device's."""
+    """SMs used by persistent kernels: set_num_sms(), else DK_NUM_SMS (read once), else all of the device's."""
     if _num_sms_override is not None:
         return _num_sms_override
-    from_env = envs.get("DK_NUM_SMS")
+    from_env = envs.get_once("DK_NUM_SMS")
     if from_env is not None:
         return from_env
     return info(torch.cuda.current_device()).num_sms

@@ -4,6 +4,7 @@ This module is the only reader of ``os.environ`` in the package. Values are read
 test (or a user) can change them in-process; hot paths cache what they derive from them.
 """
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -70,6 +71,12 @@ def get(name: str):
         return var.parse(raw)
     except ValueError as error:
         raise ValueError(f"environment variable {name}={raw!r} is invalid: {error}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def get_once(name: str):
+    """get(name) read at the first call and kept: for values hot paths consult on every call."""
+    return get(name)
 
 
 def describe() -> list:

@@ -10,7 +10,7 @@ import time
 import torch
 
 import deep_kernels
-from deep_kernels import quant
+from deep_kernels import gemm, quant
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.device import target_arch
 from deep_kernels.jit import runtime
@@ -43,7 +43,7 @@ def _row(op: str, shape: dict, config: str, us: float, peer: str = None, peer_us
 def run(ctx: BenchContext) -> list:
     rows = []
     # Cold compile: one specialization of each kernel, one at a time, into an empty cache.
-    first_of_each = {spec.name: spec for spec in reversed(quant.precompile_specs())}
+    first_of_each = {spec.name: spec for spec in reversed(quant.precompile_specs() + gemm.precompile_specs())}
     with tempfile.TemporaryDirectory() as empty_cache:
         previous = os.environ.get("DK_JIT_CACHE_DIR")
         os.environ["DK_JIT_CACHE_DIR"] = empty_cache

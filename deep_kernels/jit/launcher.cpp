@@ -1,4 +1,4 @@
-// The hot path of a kernel call, in native code: encode TMA descriptors and launch on a stream.
+// The hot path of a kernel call, in native code: encode TMA descriptors and launch on a stream, in one call.
 //
 // Python does the validation and picks the kernel; this extension does the two driver calls that
 // cost microseconds through cuda-python. The driver is opened with dlopen, so the extension builds
@@ -9,7 +9,6 @@
 #include <dlfcn.h>
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 namespace {
@@ -76,44 +75,49 @@ bool read_reversed(PyObject* sequence, Py_ssize_t count, T* out, const char* wha
     return true;
 }
 
-// encode_tiled(address, dtype, element_bytes, shape, strides, box, swizzle) -> bytes of one CUtensorMap.
-// shape, strides (in elements) and box are given outermost first, like torch's; the innermost
+// Encodes one tiled CUtensorMap from a spec tuple (address, dtype, element_bytes, shape, strides, box,
+// swizzle): shape, strides (in elements) and box are outermost first, like torch's; the innermost
 // dimension must be dense.
-PyObject* encode_tiled(PyObject*, PyObject* args) {
+bool encode_tiled(CUtensorMap* tensor_map, PyObject* spec) {
     unsigned long long address;
     int dtype, element_bytes, swizzle;
     PyObject *shape_obj, *strides_obj, *box_obj;
-    if (!PyArg_ParseTuple(args, "KiiOOOi", &address, &dtype, &element_bytes, &shape_obj, &strides_obj, &box_obj,
-                          &swizzle))
-        return nullptr;
+    if (!PyTuple_Check(spec) ||
+        !PyArg_ParseTuple(spec, "KiiOOOi", &address, &dtype, &element_bytes, &shape_obj, &strides_obj, &box_obj,
+                          &swizzle)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "deep_kernels: a tensor map parameter must be a spec tuple");
+        return false;
+    }
     const Py_ssize_t rank = PyTuple_Check(shape_obj) ? PyTuple_GET_SIZE(shape_obj) : 0;
     if (rank < 1 || rank > 5) {
         PyErr_SetString(PyExc_ValueError, "deep_kernels: a tensor map has rank 1 to 5");
-        return nullptr;
+        return false;
     }
     cuuint64_t dims[5], strides[5];
     cuuint32_t box[5], element_strides[5] = {1, 1, 1, 1, 1};
     if (!read_reversed(shape_obj, rank, dims, "shape") || !read_reversed(strides_obj, rank, strides, "strides") ||
         !read_reversed(box_obj, rank, box, "box"))
-        return nullptr;
+        return false;
     if (strides[0] != 1) {
         PyErr_SetString(PyExc_ValueError, "deep_kernels: a tensor map's innermost dimension must be dense");
-        return nullptr;
+        return false;
     }
     // The driver takes the rank - 1 outer strides, in bytes.
     for (Py_ssize_t i = 1; i < rank; ++i)
         strides[i - 1] = strides[i] * element_bytes;
     if (!load_driver())
-        return nullptr;
-    CUtensorMap tensor_map;
+        return false;
     const CUresult result = g_driver.tensor_map_encode_tiled(
-        &tensor_map, static_cast<CUtensorMapDataType>(dtype), static_cast<cuuint32_t>(rank),
+        tensor_map, static_cast<CUtensorMapDataType>(dtype), static_cast<cuuint32_t>(rank),
         reinterpret_cast<void*>(address), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
         static_cast<CUtensorMapSwizzle>(swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (result != CUDA_SUCCESS)
-        return raise_cuda_error(result, "cuTensorMapEncodeTiled");
-    return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(&tensor_map), sizeof(tensor_map));
+    if (result != CUDA_SUCCESS) {
+        raise_cuda_error(result, "cuTensorMapEncodeTiled");
+        return false;
+    }
+    return true;
 }
 
 constexpr int kMaxParams = 32;
@@ -127,7 +131,8 @@ union alignas(64) ParamSlot {
 };
 
 // launch(kernel, grid, block, smem_bytes, cluster, device, stream, kinds, params)
-// kinds holds one letter per parameter: T tensor map (bytes), P pointer / u64, I u32, i i32, f f32.
+// kinds holds one letter per parameter: T tensor map (a spec tuple, encoded here), P pointer / u64,
+// I u32, i i32, f f32.
 PyObject* launch(PyObject*, PyObject* args) {
     unsigned long long kernel, stream;
     unsigned int grid_x, grid_y, grid_z, block, smem_bytes, cluster;
@@ -152,11 +157,8 @@ PyObject* launch(PyObject*, PyObject* args) {
         param_ptrs[i] = &slots[i];
         switch (kinds[i]) {
             case 'T':
-                if (!PyBytes_Check(value) || PyBytes_GET_SIZE(value) != sizeof(CUtensorMap)) {
-                    PyErr_Format(PyExc_TypeError, "deep_kernels: parameter %zd must be an encoded tensor map", i);
+                if (!encode_tiled(&slots[i].tensor_map, value))
                     return nullptr;
-                }
-                std::memcpy(&slots[i].tensor_map, PyBytes_AS_STRING(value), sizeof(CUtensorMap));
                 break;
             case 'P': slots[i].u64 = PyLong_AsUnsignedLongLong(value); break;
             case 'I': slots[i].u32 = static_cast<uint32_t>(PyLong_AsUnsignedLong(value)); break;
@@ -207,7 +209,6 @@ PyObject* launch(PyObject*, PyObject* args) {
 }
 
 PyMethodDef methods[] = {
-    {"encode_tiled", encode_tiled, METH_VARARGS, "Encode a tiled CUtensorMap; returns its 128 bytes."},
     {"launch", launch, METH_VARARGS, "Launch a kernel with cuLaunchKernelEx on a stream."},
     {nullptr, nullptr, 0, nullptr},
 };

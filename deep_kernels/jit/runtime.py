@@ -49,8 +49,8 @@ def build_binary(spec: KernelSpec, arch: str) -> bytes:
 class Kernel:
     """A loaded kernel and how it is launched.
 
-    param_kinds has one letter per kernel parameter: T tensor map (bytes from `encode_tensor_map`),
-    P pointer, I uint32, i int32, f float.
+    param_kinds has one letter per kernel parameter: T tensor map (from `tensor_map`), P pointer,
+    I uint32, i int32, f float.
     """
 
     name: str
@@ -109,15 +109,15 @@ def get_kernel(spec: KernelSpec, *, param_kinds: str, block_threads: int, smem_b
     return kernel
 
 
-def encode_tensor_map(tensor: torch.Tensor, box: tuple, swizzle_bytes: int = 0) -> bytes:
-    """A tiled TMA descriptor of a tensor whose last dimension is dense; box is outermost first like
-    the tensor's shape."""
-    return _native_encode(tensor.data_ptr(), TMA_DTYPES[tensor.dtype], tensor.element_size(), tensor.shape,
-                          tensor.stride(), box, SWIZZLE_MODES[swizzle_bytes])
+def tensor_map(tensor: torch.Tensor, box: tuple, swizzle_bytes: int = 0, transpose: bool = False) -> tuple:
+    """A kernel parameter of kind T: a tiled TMA descriptor, encoded by the launcher.
 
-
-def _native_encode(*args) -> bytes:
-    # Rebinds itself to the native function on first use, like _native_launch.
-    global _native_encode
-    _native_encode = launcher.load().encode_tiled
-    return _native_encode(*args)
+    The tensor's last dimension must be dense (its first, with transpose=True: the descriptor then
+    sees the transposed tensor, as tensor.t() would give, without making the view). box is outermost
+    first, like the tensor's shape.
+    """
+    shape, strides = tensor.shape, tensor.stride()
+    if transpose:
+        shape, strides, box = shape[::-1], strides[::-1], box[::-1]
+    return (tensor.data_ptr(), TMA_DTYPES[tensor.dtype], tensor.element_size(), shape, strides, box,
+            SWIZZLE_MODES[swizzle_bytes])
