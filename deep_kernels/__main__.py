@@ -105,11 +105,14 @@ def main(argv=None) -> int:
     bench.add_argument("--commit", default="unknown", help="git sha of the measured tree, recorded in the JSON")
     bench.set_defaults(run=cmd_bench)
 
-    test = commands.add_parser("test", help="run the test suite (GPU tests skip without a GPU)")
-    test.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments")
+    test = commands.add_parser("test", help="run the test suite (GPU tests skip without a GPU); "
+                                             "further arguments go to pytest")
     test.set_defaults(run=cmd_test)
 
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "test":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.pytest_args = extra
     return args.run(args)
 
 

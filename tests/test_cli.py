@@ -33,3 +33,9 @@ def test_precompile_fills_the_cache(tmp_cache):
 def test_bench_without_gpu_says_so():
     result = _run("bench")
     assert result.returncode == 2 and "needs a GPU" in result.stderr
+
+
+def test_test_command_passes_arguments_to_pytest():
+    result = _run("test", "-q", "--co", "-k", "test_info_lists_every_variable")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "test_info_lists_every_variable" in result.stdout
