@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runner: in one call on an H200, install the wheels carried in .whl/, run the whole test suite
-# and the benchmarks, write logs and benchmark JSON under $OUT, and print a short table last.
+# and the benchmarks, write logs and benchmark results (results.tar: <gpu>/<suite>.json and .png) under
+# $OUT, and print a short table last.
 # Usage (device): DK_COMMIT=<sha> bash scripts/run_gpu.sh [bench suites...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,9 @@ echo "tests took $(( $(date +%s) - start )) s"
 
 suites=()
 for suite in "$@"; do suites+=(--suite "$suite"); done
-python3 -m deep_kernels bench --out "$OUT/results" --commit "${DK_COMMIT:-unknown}" "${suites[@]}" 2>&1 | tee "$OUT/bench.log" | grep -v "^wrote"
+results=$(mktemp -d)
+python3 -m deep_kernels bench --out "$results" --commit "${DK_COMMIT:-unknown}" "${suites[@]}" 2>&1 | tee "$OUT/bench.log" | grep -v "^wrote"
+# One archive: the device tool returns at most 8 files.
+tar -C "$results" -cf "$OUT/results.tar" .
 echo
 echo "pytest: $(tail -n 1 "$OUT/pytest.log")"
