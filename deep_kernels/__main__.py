@@ -7,8 +7,8 @@ from pathlib import Path
 
 from deep_kernels import envs
 
-FAMILIES = ("quant", "gemm")
-SUITES = ("quant", "fp8_gemm", "jit")
+FAMILIES = ("quant", "gemm", "moe")
+SUITES = ("quant", "fp8_gemm", "routing", "jit")
 
 
 def _family_specs(names) -> list:

@@ -41,6 +41,8 @@ VARIABLES = {
                "kernel cache directory (default: jit_cache/ in a source checkout, else ~/.cache/deep_kernels)"),
         EnvVar("DK_JIT_NVCC", _optional_str, None,
                "path of nvcc (default: nvcc on PATH, then $CUDA_HOME/bin/nvcc, then /usr/local/cuda/bin/nvcc)"),
+        EnvVar("DK_JIT_USE_NVRTC", _flag, False,
+               "compile in-process with NVRTC (the nvidia-cuda-nvrtc wheel) instead of nvcc"),
         EnvVar("DK_JIT_ARCH", _optional_str, None,
                "target architecture such as 90a (default: from the GPU; 90a when there is none, for compile-only use)"),
         EnvVar("DK_CUTLASS_INCLUDE", _optional_str, None,

@@ -1,9 +1,16 @@
-"""Quantization kernels: per-token-group FP8 cast and its inverse.
+"""Quantization kernels: per-token-group and per-block FP8 casts, and the per-token inverse.
 
-Numerics (bit-exact with deep_kernels.reference.quant):
+Numerics (bit-exact with deep_kernels.reference.quant), per group (per-token) or block (per-block):
     amax  = max |x| over the group, clamped below by amax_clamp (NaN propagates)
-    scale = amax / 448,                q = RNE(x * (448 / amax))       (both IEEE divisions)
-    ue8m0: scale = 2^ceil(log2(amax / 448)), q = RNE(x * (1 / scale))  (no value saturates)
+    scale = amax / 448                                                 (IEEE division, FP32)
+    scale_mode="mul" (default): q = RNE_e4m3(x * (448 / amax))        (IEEE division, FP32 product)
+    scale_mode="div":           q = RNE_e4m3(x / scale)               (the serving engines' convention)
+    ue8m0: scale = 2^ceil(log2(amax / 448)), q = RNE_e4m3(x * (1 / scale)); no value saturates, and both
+           scale modes give the same bits (dividing by a power of two is multiplying by its exact inverse)
+The two modes differ in the last bit of x's scaled value for some inputs, so a few codes differ (by one
+e4m3 step at most); pick the one the consumer's dequantization was calibrated with. Rounding to e4m3 is
+round-to-nearest-even saturating at +-448. A NaN in a group makes its scale and all its codes NaN; an
+infinity makes the scale inf, its own code NaN and the group's finite codes zero.
 Scale layouts (ScaleLayout, mirrored from csrc/common/types.cuh), with M_ALIGNED = M rounded up to 4:
     "mn_major"      FP32 [M, G], strides (1, M_ALIGNED): transposed and TMA-aligned, what the FP8 GEMM reads
     "row_major"     FP32 [M, G], strides (G, 1)
@@ -34,6 +41,17 @@ class ScaleLayout(IntEnum):
     @property
     def cpp(self) -> str:
         return "deep_kernels::ScaleLayout::" + ("RowMajor", "MNMajor", "MNMajorPackedUE8M0")[self.value]
+
+
+class ScaleMode(IntEnum):
+    """How x is brought into e4m3 range: multiplied by 448 / amax, or divided by the scale."""
+
+    mul = 0
+    div = 1
+
+    @property
+    def cpp(self) -> str:
+        return "deep_kernels::ScaleMode::" + ("Multiply", "Divide")[self.value]
 
 
 _CPP_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float32: "float"}
@@ -112,6 +130,22 @@ def _parse_layout(scale_layout, ue8m0: bool) -> ScaleLayout:
     return layout
 
 
+def _parse_scale_mode(scale_mode, ue8m0: bool) -> ScaleMode:
+    """The kernel's mode; with ue8m0 both modes give the same bits, so one kernel serves them."""
+    try:
+        mode = ScaleMode[scale_mode]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"scale_mode must be one of {[mode.name for mode in ScaleMode]}, got {scale_mode!r}"
+        ) from None
+    return ScaleMode.mul if ue8m0 else mode
+
+
+def _check_amax_clamp(amax_clamp) -> None:
+    if not (isinstance(amax_clamp, (int, float)) and 0 < amax_clamp < float("inf")):
+        raise ValueError(f"amax_clamp must be a positive finite number, got {amax_clamp!r}")
+
+
 def _check_group_size(group_size, m: int, k: int, dtype: torch.dtype, argument: str) -> None:
     if group_size not in _GROUP_SIZES[dtype] or not isinstance(group_size, int):
         raise ValueError(f"group_size must be one of {_GROUP_SIZES[dtype]} for {dtype}, got {group_size!r}")
@@ -129,21 +163,24 @@ def _check_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Te
     check_cuda_device(t, name, like=like)
 
 
-def _cast_spec(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLayout) -> KernelSpec:
+def _cast_spec(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLayout,
+               mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
     return KernelSpec(
         "kernels/smxx_per_token_cast.cuh", "smxx_per_token_cast_impl",
-        (_CPP_TYPES[dtype], group_size, str(ue8m0).lower(), layout.cpp, _NUM_WARPS, _PASSES),
+        (_CPP_TYPES[dtype], group_size, str(ue8m0).lower(), layout.cpp, _NUM_WARPS, _PASSES, mode.cpp),
     )
 
 
 @functools.lru_cache(maxsize=None)
-def _cast_kernel(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLayout):
-    return get_kernel(_cast_spec(dtype, group_size, ue8m0, layout), param_kinds="PPPIIIIf",
+def _cast_kernel(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLayout,
+                 mode: ScaleMode = ScaleMode.mul):
+    return get_kernel(_cast_spec(dtype, group_size, ue8m0, layout, mode), param_kinds="PPPIIIIf",
                       block_threads=_NUM_WARPS * 32)
 
 
 def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = False,
-                          scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP, out=None):
+                          scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP,
+                          scale_mode: str = "mul", out=None):
     """Cast x [M, K] (bf16 or fp32) to FP8 e4m3 with one scale per row and group of `group_size` columns.
 
     Args:
@@ -152,6 +189,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
         ue8m0: round each scale up to a power of two (the UE8M0 recipe).
         scale_layout: "mn_major" (default, what fp8_gemm_nt reads), "row_major" or "packed_ue8m0".
         amax_clamp: lower bound of amax, so all-zero groups get a finite scale.
+        scale_mode: "mul" (q = RNE(x * (448 / amax))) or "div" (q = RNE(x / scale)); see the module docstring.
         out: optional (q, scales) to write into, shaped, typed and strided as the ones returned.
 
     Returns:
@@ -166,8 +204,8 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
     _check_group_size(group_size, m, k, x.dtype, "x")
     check_row_major_rows(x, "x")
     layout = _parse_layout(scale_layout, ue8m0)
-    if not (isinstance(amax_clamp, (int, float)) and 0 < amax_clamp < float("inf")):
-        raise ValueError(f"amax_clamp must be a positive finite number, got {amax_clamp!r}")
+    mode = _parse_scale_mode(scale_mode, ue8m0)
+    _check_amax_clamp(amax_clamp)
     check_cuda_device(x, "x")
 
     num_groups = k // group_size
@@ -182,11 +220,89 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
     if m == 0 or k == 0:
         return q, scales
 
-    kernel = _cast_kernel(x.dtype, group_size, ue8m0, layout)
+    kernel = _cast_kernel(x.dtype, group_size, ue8m0, layout, mode)
     scale_stride = num_groups if layout == ScaleLayout.row_major else scales.stride(1)
     grid = (num_groups, ceil_div(m, _block_rows(group_size, 16 // x.element_size())), 1)
     kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), scale_stride,
                          float(amax_clamp)), x.get_device())
+    return q, scales
+
+
+# Per-block cast: (blocks side by side in one CTA's tile, warps) by (input dtype, block size); each thread
+# loads 4 16-byte vectors (8 for fp32 128-blocks). NOTE: 16 warps for 128-blocks of bf16 keeps the vectors
+# held across the division's slow-path call few enough that ptxas does not spill around it.
+_BLOCK_CAST_TILES = {
+    (torch.bfloat16, 128): (1, 16), (torch.float32, 128): (1, 16),
+    (torch.bfloat16, 32): (8, 8), (torch.float32, 32): (4, 8),
+}
+BLOCK_SIZES = (32, 128)
+
+
+def _block_cast_spec(dtype: torch.dtype, block_size: int, ue8m0: bool, mode: ScaleMode) -> KernelSpec:
+    tile_blocks, num_warps = _BLOCK_CAST_TILES[dtype, block_size]
+    return KernelSpec(
+        "kernels/smxx_per_block_cast.cuh", "smxx_per_block_cast_impl",
+        (_CPP_TYPES[dtype], block_size, tile_blocks, num_warps, str(ue8m0).lower(), mode.cpp),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _block_cast_kernel(dtype: torch.dtype, block_size: int, ue8m0: bool, mode: ScaleMode):
+    _, num_warps = _BLOCK_CAST_TILES[dtype, block_size]
+    return get_kernel(_block_cast_spec(dtype, block_size, ue8m0, mode), param_kinds="PPPIIIf",
+                      block_threads=num_warps * 32)
+
+
+def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = False,
+                          amax_clamp: float = DEFAULT_AMAX_CLAMP, scale_mode: str = "mul", out=None):
+    """Cast x [M, K] (bf16 or fp32) to FP8 e4m3 with one FP32 scale per block_size x block_size block.
+
+    Args:
+        x: [M, K] bfloat16 or float32 CUDA tensor; rows contiguous, row stride >= K and 16-byte aligned.
+        block_size: 128 or 32; K must be a multiple of it, M is any.
+        ue8m0: round each scale up to a power of two (the UE8M0 recipe).
+        amax_clamp: lower bound of amax, so all-zero blocks get a finite scale.
+        scale_mode: "mul" or "div", as for per_token_cast_to_fp8 (the module docstring).
+        out: optional (q, scales) to write into, shaped and typed as the ones returned, contiguous.
+
+    Returns:
+        (q, scales): q [M, K] float8_e4m3fn, contiguous; scales FP32 [ceil(M / block_size), K / block_size]
+        row-major, what fp8_gemm_nt reads as sfb.
+
+    Notes:
+        The numerics of per_token_cast_to_fp8 with amax over the block; the last row block's rows past M
+        count as zeros. Deterministic; bit-exact with deep_kernels.reference.quant.per_block_cast_to_fp8.
+    """
+    check_dtype(x, "x", (torch.bfloat16, torch.float32))
+    check_rank(x, "x", 2)
+    m, k = x.shape
+    if block_size not in BLOCK_SIZES or not isinstance(block_size, int):
+        raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size!r}")
+    if k % block_size != 0:
+        raise ValueError(f"x.shape[1] (K = {k}) must be a multiple of block_size = {block_size}")
+    if ceil_div(m, block_size) > _MAX_ROW_BLOCKS:
+        raise ValueError(f"x has too many rows ({m}) for one launch: split it")
+    check_row_major_rows(x, "x")
+    mode = _parse_scale_mode(scale_mode, ue8m0)
+    _check_amax_clamp(amax_clamp)
+    check_cuda_device(x, "x")
+
+    scale_shape = (ceil_div(m, block_size), k // block_size)
+    if out is None:
+        q = x.new_empty((m, k), dtype=torch.float8_e4m3fn)
+        scales = x.new_empty(scale_shape, dtype=torch.float32)
+    else:
+        q, scales = out
+        _check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
+        _check_output(scales, "out[1]", scale_shape, torch.float32, x)
+    if m == 0 or k == 0:
+        return q, scales
+
+    kernel = _block_cast_kernel(x.dtype, block_size, ue8m0, mode)
+    tile_blocks, _ = _BLOCK_CAST_TILES[x.dtype, block_size]
+    grid = (ceil_div(k, block_size * tile_blocks), scale_shape[0], 1)
+    kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), float(amax_clamp)),
+                  x.get_device())
     return q, scales
 
 
@@ -249,6 +365,10 @@ def precompile_specs() -> list:
     for dtype in _CPP_TYPES:
         for ue8m0, layout in cast_variants:
             specs.append(_cast_spec(dtype, 128, ue8m0, layout))
+        specs.append(_cast_spec(dtype, 128, False, ScaleLayout.mn_major, ScaleMode.div))
         for layout in ScaleLayout:
             specs.append(_cast_back_spec(dtype, 128, layout))
+        for block_size in BLOCK_SIZES:
+            for ue8m0, mode in ((False, ScaleMode.mul), (True, ScaleMode.mul), (False, ScaleMode.div)):
+                specs.append(_block_cast_spec(dtype, block_size, ue8m0, mode))
     return specs

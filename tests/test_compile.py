@@ -9,9 +9,6 @@ from deep_kernels.jit import cache
 from deep_kernels.jit.precompile import precompile
 from deep_kernels.testing import sass
 
-# SASS mnemonics a kernel must contain, by kernel name (matrix kernels on the tensor cores).
-REQUIRED_INSTRUCTIONS = {"sm90_fp8_gemm": ("QGMMA",)}
-
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
@@ -37,11 +34,4 @@ def test_every_family_has_kernels(compiled):
 
 def test_no_stack_frame_or_local_memory(compiled):
     for spec, entry in compiled:
-        cubin = entry / cache.BINARY_NAME
-        usage = sass.resource_usage(cubin)
-        assert usage.stack_bytes == 0 and usage.local_bytes == 0, (spec, usage)
-        text = sass.sass(cubin)
-        assert ".target\tsm_90a" in text, spec
-        assert sass.local_memory_instructions(text) == [], spec
-        for mnemonic in REQUIRED_INSTRUCTIONS.get(spec.name, ()):
-            assert mnemonic in text, (spec, mnemonic)
+        assert sass.kernel_problems(spec.name, entry / cache.BINARY_NAME) == [], spec

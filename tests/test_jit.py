@@ -1,5 +1,5 @@
 """The JIT runtime without a GPU: codegen, cache keys, concurrent and corrupt cache entries, ninja
-precompile and the native launcher's build."""
+precompile, the NVRTC backend and the native launcher's build."""
 
 import multiprocessing
 import shutil
@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from deep_kernels import envs
+from deep_kernels.__main__ import FAMILIES, _family_specs
 from deep_kernels.jit import cache, compiler, launcher, runtime
 from deep_kernels.jit.precompile import precompile
 from deep_kernels.jit.source import KernelSpec
+from deep_kernels.testing import sass
 
 CAST_SPEC = KernelSpec(
     "kernels/smxx_per_token_cast.cuh", "smxx_per_token_cast_impl",
@@ -105,7 +107,31 @@ def test_corrupt_entry_is_rebuilt(tmp_cache, damage):
     assert cache.read_entry(entry) == binary
 
 
-def test_keep_source_writes_cu_and_ptx(tmp_cache, monkeypatch):
+@pytest.fixture
+def nvrtc_backend(monkeypatch):
+    """DK_JIT_USE_NVRTC=1 for the test; skips it only when libnvrtc cannot be loaded."""
+    try:
+        compiler.nvrtc_version()
+    except RuntimeError as error:
+        pytest.skip(str(error).splitlines()[0])
+    monkeypatch.setenv("DK_JIT_USE_NVRTC", "1")
+
+
+def _one_spec_per_kernel() -> dict:
+    """{kernel name: its first specialization} over every family's precompile specs."""
+    specs = {}
+    for spec in _family_specs(FAMILIES):
+        specs.setdefault(spec.name, spec)
+    return specs
+
+
+KERNEL_SPECS = _one_spec_per_kernel()
+
+
+@pytest.mark.parametrize("backend", ["nvcc", "nvrtc"])
+def test_keep_source_writes_cu_and_ptx(tmp_cache, monkeypatch, request, backend):
+    if backend == "nvrtc":
+        request.getfixturevalue("nvrtc_backend")
     monkeypatch.setenv("DK_JIT_KEEP_SOURCE", "1")
     runtime.build_binary(CAST_SPEC, "90a")
     (entry,) = [p for p in (tmp_cache / CAST_SPEC.name).iterdir() if p.is_dir()]
@@ -113,10 +139,47 @@ def test_keep_source_writes_cu_and_ptx(tmp_cache, monkeypatch):
     assert ".target sm_90a" in (entry / compiler.PTX_NAME).read_text()
 
 
-def test_compile_error_is_reported_with_the_command(tmp_cache):
+@pytest.mark.parametrize("backend", ["nvcc", "nvrtc"])
+def test_compile_error_is_reported_with_the_log(tmp_cache, request, backend):
+    if backend == "nvrtc":
+        request.getfixturevalue("nvrtc_backend")
     broken = KernelSpec(CAST_SPEC.header, CAST_SPEC.entry, ("not_a_type",) + CAST_SPEC.template_args[1:])
-    with pytest.raises(RuntimeError, match="nvcc failed"):
+    with pytest.raises(RuntimeError, match=f"^{backend} failed") as error:
         runtime.build_binary(broken, "90a")
+    assert 'identifier "not_a_type" is undefined' in str(error.value)
+
+
+@pytest.mark.parametrize("kernel_name", sorted(KERNEL_SPECS))
+def test_nvrtc_compiles_every_kernel_for_sm90a(tmp_cache, nvrtc_backend, kernel_name):
+    spec = KERNEL_SPECS[kernel_name]
+    binary = runtime.build_binary(spec, "90a")
+    assert binary[:4] == b"\x7fELF"
+    (entry,) = [p for p in (tmp_cache / spec.name).iterdir() if p.is_dir()]
+    assert ".target\tsm_90a" in sass.sass(entry / cache.BINARY_NAME)
+
+
+def test_nvrtc_key_differs_from_nvcc(nvrtc_backend, monkeypatch):
+    source = CAST_SPEC.render()
+    nvrtc_identity = compiler.compiler_identity("90a")
+    monkeypatch.setenv("DK_JIT_USE_NVRTC", "0")
+    nvcc_identity = compiler.compiler_identity("90a")
+    assert compiler.nvrtc_version() in nvrtc_identity and "nvrtc" not in nvcc_identity
+    assert cache.cache_key(source, nvrtc_identity) != cache.cache_key(source, nvcc_identity)
+
+
+def test_nvrtc_debug_and_ptxas_verbose_print_options_and_usage(tmp_cache, nvrtc_backend, monkeypatch, capsys):
+    monkeypatch.setenv("DK_JIT_DEBUG", "1")
+    monkeypatch.setenv("DK_JIT_PTXAS_VERBOSE", "1")
+    runtime.build_binary(CAST_SPEC, "90a")
+    printed = capsys.readouterr().err
+    assert "--ptxas-options=-v" in printed and "--gpu-architecture=sm_90a" in printed
+    assert "ptxas info    : Used" in printed
+
+
+def test_nvrtc_precompiled_gemm_passes_the_sass_checks(tmp_cache, nvrtc_backend):
+    spec = KERNEL_SPECS["sm90_fp8_gemm"]
+    (entry,) = precompile([spec], arch="90a", progress=False)
+    assert sass.kernel_problems(spec.name, entry / cache.BINARY_NAME) == []
 
 
 def test_precompile_builds_every_spec_once(tmp_cache):

@@ -1,5 +1,5 @@
-"""Per-token-group FP8 cast and cast-back: the reference's definition (CPU), input validation (CPU),
-and the kernels bit-exact against the reference (GPU)."""
+"""Per-token-group and per-block FP8 casts and the cast-back: the reference's definition (CPU), input
+validation (CPU), and the kernels bit-exact against the reference (GPU)."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels.quant import supported_group_sizes
+from deep_kernels.quant import BLOCK_SIZES, supported_group_sizes
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
 
@@ -65,6 +65,49 @@ def test_reference_layouts_agree():
     assert mn_major.stride() == (1, 12)  # 9 rows padded to 12: whole 16-byte TMA units
 
 
+def test_reference_scale_modes():
+    # amax 1.42...: x * fl(448 / amax) and x / fl(amax / 448) land on opposite sides of e4m3's midpoint
+    # between 1 and 1.125, so the modes pick neighbouring codes (found by search; both FP32 exact here).
+    x = torch.full((1, 128), 0.5, dtype=torch.float32)
+    x[0, 0], x[0, 1] = 1.4203048944473267, 0.0033684687223285437
+    q_mul, scales_mul = reference.per_token_cast_to_fp8(x, scale_layout="row_major")
+    q_div, scales_div = reference.per_token_cast_to_fp8(x, scale_layout="row_major", scale_mode="div")
+    assert torch.equal(scales_mul, scales_div)
+    assert q_mul.view(torch.uint8)[0, :2].tolist() == [0x7E, 0x38]  # 448, 1.0
+    assert q_div.view(torch.uint8)[0, :2].tolist() == [0x7E, 0x39]  # 448, 1.125
+    # With power-of-two scales the modes agree bit for bit (the kernels serve both with one).
+    y = random_activations(16, 1024, torch.float32, device="cpu", seed=3)
+    for cast in (reference.per_token_cast_to_fp8, reference.per_block_cast_to_fp8):
+        assert_bitwise_equal(cast(y, ue8m0=True)[0], cast(y, ue8m0=True, scale_mode="div")[0])
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("ue8m0,scale_mode", [(False, "mul"), (True, "mul"), (False, "div")])
+def test_reference_per_block_is_per_token_over_flattened_blocks(block_size, ue8m0, scale_mode):
+    # A block is a group of block_size^2 values; rows past M are zeros.
+    m, k = 2 * block_size + 3, 3 * block_size
+    x = random_activations(m, k, torch.bfloat16, device="cpu", seed=4)
+    q, scales = reference.per_block_cast_to_fp8(x, block_size, ue8m0=ue8m0, scale_mode=scale_mode)
+    assert q.shape == (m, k) and q.is_contiguous() and scales.shape == (3, 3) and scales.is_contiguous()
+    padded = torch.zeros((3 * block_size, k), dtype=torch.bfloat16)
+    padded[:m] = x
+    flattened = padded.view(3, block_size, 3, block_size).transpose(1, 2).reshape(9, block_size ** 2)
+    q_flat, scales_flat = reference.per_token_cast_to_fp8(flattened, block_size ** 2, ue8m0=ue8m0,
+                                                          scale_layout="row_major", scale_mode=scale_mode)
+    unflattened = q_flat.view(3, 3, block_size, block_size).transpose(1, 2).reshape(3 * block_size, k)
+    assert_bitwise_equal(q, unflattened[:m].contiguous())
+    assert torch.equal(scales, scales_flat.view(3, 3))
+
+
+def test_reference_per_block_known_values():
+    x = torch.full((1, 256), -2.0, dtype=torch.float32)  # one row of a 128-row block
+    x[0, 128:] = 0
+    q, scales = reference.per_block_cast_to_fp8(x)
+    fp32 = lambda v: torch.tensor(v, dtype=torch.float32)
+    assert torch.equal(scales, torch.stack([fp32(2.0) / fp32(448.0), fp32(1e-4) / fp32(448.0)]).view(1, 2))
+    assert q.view(torch.uint8).tolist() == [[0xFE] * 128 + [0] * 128]  # -448, then zeros
+
+
 # ---- validation (CPU tensors: every check that precedes the device check) ----
 
 @pytest.mark.parametrize("x,kwargs,error,match", [
@@ -80,11 +123,31 @@ def test_reference_layouts_agree():
     (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_layout": "packed_ue8m0"}, ValueError, "needs ue8m0"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": 0.0}, ValueError, "amax_clamp"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {}, ValueError, "must be a CUDA tensor"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_mode": "exact"}, ValueError, "scale_mode must be one of"),
     ("not a tensor", {}, TypeError, "torch.Tensor"),
 ])
 def test_cast_rejects_bad_input(x, kwargs, error, match):
     with pytest.raises(error, match=match):
         deep_kernels.per_token_cast_to_fp8(x, **kwargs)
+
+
+@pytest.mark.parametrize("x,kwargs,error,match", [
+    (torch.ones(4, 256, dtype=torch.float16), {}, TypeError, "x must be"),
+    (torch.ones(256, dtype=torch.bfloat16), {}, ValueError, "x must be 2-D"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"block_size": 64}, ValueError, "block_size must be one of"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"block_size": 128.0}, ValueError, "block_size must be one of"),
+    (torch.ones(4, 96, dtype=torch.bfloat16), {}, ValueError, "multiple of block_size = 128"),
+    (torch.ones(4, 48, dtype=torch.float32), {"block_size": 32}, ValueError, "multiple of block_size = 32"),
+    (torch.ones(256, 4, dtype=torch.bfloat16).t(), {}, ValueError, "contiguous last dimension"),
+    (torch.ones(4, 260, dtype=torch.bfloat16)[:, :256], {}, ValueError, "16-byte aligned"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_mode": "exact"}, ValueError, "scale_mode must be one of"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": float("inf")}, ValueError, "amax_clamp"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {}, ValueError, "must be a CUDA tensor"),
+    ("not a tensor", {}, TypeError, "torch.Tensor"),
+])
+def test_block_cast_rejects_bad_input(x, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        deep_kernels.per_block_cast_to_fp8(x, **kwargs)
 
 
 def test_cast_back_rejects_bad_input():
@@ -114,6 +177,20 @@ def _special_rows(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _check_cast_matches_reference(op: str, x: torch.Tensor, **kwargs) -> None:
+    """The cast `op` writes its reference's bytes into poisoned out= tensors and into ones it allocates
+    (with the same shapes and strides)."""
+    q_ref, scales_ref = getattr(reference, op)(x, **kwargs)
+    out = (poison_(empty_like_strided(q_ref)), poison_(empty_like_strided(scales_ref)))
+    q, scales = getattr(deep_kernels, op)(x, out=out, **kwargs)
+    assert q is out[0] and scales is out[1]
+    assert_bitwise_equal(q, q_ref, "q")
+    assert_bitwise_equal(scales, scales_ref, "scales")
+    q, scales = getattr(deep_kernels, op)(x, **kwargs)
+    assert_bitwise_equal(q, q_ref, "q")
+    assert_bitwise_equal(scales, scales_ref, "scales")
+
+
 SHAPES = [(1, 128), (7, 7168), (64, 1536), (4001, 7168)] + ([(8001, 4096), (3, 512)] if FULL else [])
 
 
@@ -123,17 +200,20 @@ SHAPES = [(1, 128), (7, 7168), (64, 1536), (4001, 7168)] + ([(8001, 4096), (3, 5
 @pytest.mark.parametrize("ue8m0,layout", LAYOUTS)
 def test_cast_matches_reference(m, k, dtype, ue8m0, layout):
     x = _special_rows(random_activations(m, k, dtype))
-    kwargs = dict(group_size=128, ue8m0=ue8m0, scale_layout=layout)
-    q_ref, scales_ref = reference.per_token_cast_to_fp8(x, **kwargs)
-    out = (poison_(empty_like_strided(q_ref)), poison_(empty_like_strided(scales_ref)))
-    q, scales = deep_kernels.per_token_cast_to_fp8(x, out=out, **kwargs)
-    assert q is out[0] and scales is out[1]
-    assert_bitwise_equal(q, q_ref, "q")
-    assert_bitwise_equal(scales, scales_ref, "scales")
-    # The allocating path gives the same bytes, shapes and strides.
-    q2, scales2 = deep_kernels.per_token_cast_to_fp8(x, **kwargs)
-    assert_bitwise_equal(q2, q_ref, "q")
-    assert_bitwise_equal(scales2, scales_ref, "scales")
+    _check_cast_matches_reference("per_token_cast_to_fp8", x, group_size=128, ue8m0=ue8m0, scale_layout=layout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("group_size,layout", [(128, "mn_major"), (128, "row_major"), (32, "mn_major"),
+                                               (256 if FULL else 64, "row_major")])
+def test_cast_divide_mode_matches_reference(m, k, dtype, group_size, layout):
+    if group_size not in supported_group_sizes(dtype) or k % group_size:
+        pytest.skip("group size not offered for this dtype or shape")
+    x = _special_rows(random_activations(m, k, dtype))
+    _check_cast_matches_reference("per_token_cast_to_fp8", x, group_size=group_size, scale_layout=layout,
+                                  scale_mode="div")
 
 
 @pytest.mark.gpu
@@ -165,12 +245,39 @@ def test_cast_back_matches_reference(m, k, out_dtype, ue8m0, layout):
     assert_bitwise_equal(y, reference.per_token_cast_back(q, scales, 128, out_dtype), "y")
 
 
+BLOCK_SHAPES = {
+    128: [(1, 128), (7, 7168), (129, 1536), (4001, 7168)] + ([(16384, 4096), (300, 384)] if FULL else []),
+    32: [(1, 32), (33, 160), (100, 1536), (4001, 7168)] + ([(8001, 4096), (65, 96)] if FULL else []),
+}
+BLOCK_VARIANTS = [(False, "mul"), (True, "mul"), (False, "div"), (True, "div")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size,m,k", [(b, m, k) for b, shapes in BLOCK_SHAPES.items() for m, k in shapes])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("ue8m0,scale_mode", BLOCK_VARIANTS)
+def test_block_cast_matches_reference(block_size, m, k, dtype, ue8m0, scale_mode):
+    x = _special_rows(random_activations(m, k, dtype))
+    _check_cast_matches_reference("per_block_cast_to_fp8", x, block_size=block_size, ue8m0=ue8m0,
+                                  scale_mode=scale_mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_block_cast_row_stride(dtype, block_size):
+    x = random_activations(301, 1024 + 64, dtype)[:, :1024]  # row stride larger than K
+    _check_cast_matches_reference("per_block_cast_to_fp8", x, block_size=block_size)
+
+
 @pytest.mark.gpu
 def test_empty_input():
     x = torch.empty((0, 7168), dtype=torch.bfloat16, device="cuda")
     q, scales = deep_kernels.per_token_cast_to_fp8(x)
     assert q.shape == (0, 7168) and q.dtype == torch.float8_e4m3fn and scales.shape == (0, 56)
     assert deep_kernels.per_token_cast_back(q, scales).shape == (0, 7168)
+    q, scales = deep_kernels.per_block_cast_to_fp8(x)
+    assert q.shape == (0, 7168) and q.dtype == torch.float8_e4m3fn and scales.shape == (0, 56)
 
 
 @pytest.mark.gpu
@@ -200,3 +307,8 @@ def test_mismatched_devices_and_bad_out_are_rejected():
         deep_kernels.per_token_cast_to_fp8(x, scale_layout="row_major", out=(q, scales))
     with pytest.raises(ValueError, match="scales must be a CUDA tensor"):
         deep_kernels.per_token_cast_back(q, scales.cpu())
+    block_scales = torch.empty((1, 2), device="cuda")
+    with pytest.raises(ValueError, match="out\\[1\\] must be a contiguous tensor of shape \\(1, 2\\)"):
+        deep_kernels.per_block_cast_to_fp8(x, out=(q, block_scales.t()))
+    with pytest.raises(TypeError, match="out\\[1\\] must be torch.float32"):
+        deep_kernels.per_block_cast_to_fp8(x, out=(q, block_scales.double()))

@@ -1,5 +1,9 @@
-// Numerics shared by the quantization kernels: NaN-propagating max, power-of-two scales, scale addressing.
+// Numerics shared by the quantization kernels: NaN-propagating max, power-of-two scales, the e4m3 scaling
+// step of both scale modes, 16-byte vector unpacking and code stores, scale addressing.
 #pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -34,6 +38,73 @@ DK_DEVICE uint8_t ue8m0_byte(float power_of_two) {
 // A UE8M0 byte back to FP32: 2^(byte - 127); byte 0 is the subnormal 2^-127.
 DK_DEVICE float ue8m0_to_float(uint8_t byte) {
     return byte == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(static_cast<uint32_t>(byte) << 23);
+}
+
+// The scale of a group from its clamped amax, and the step that maps x into e4m3 range.
+template <bool kUE8M0, ScaleMode kScaleMode>
+struct E4M3Scaler {
+    float scale;       // what dequantization multiplies by
+    float multiplier;  // 448 / amax (or 1 / scale with kUE8M0); Multiply mode only
+
+    DK_DEVICE explicit E4M3Scaler(float amax) {
+        if constexpr (kUE8M0) {
+            scale = ceil_to_power_of_two(__fdiv_rn(amax, kE4M3Max));
+            multiplier = __frcp_rn(scale);
+        } else {
+            scale = __fdiv_rn(amax, kE4M3Max);
+            multiplier = __fdiv_rn(kE4M3Max, amax);
+        }
+    }
+
+    DK_DEVICE float apply(float x) const {
+        if constexpr (kScaleMode == ScaleMode::Divide)
+            return __fdiv_rn(x, scale);
+        else
+            return x * multiplier;
+    }
+
+    // kVec values to e4m3 codes (RNE, saturating to +-448; NaN stays NaN), packed little-endian: code i is
+    // byte i % 4 of words[i / 4].
+    template <int kVec>
+    DK_DEVICE void quantize(const float (&values)[kVec], uint32_t (&words)[kVec / 4]) const {
+        DK_STATIC_ASSERT(kVec % 4 == 0, "codes are packed four to a word");
+        float scaled[kVec];
+        #pragma unroll
+        for (int i = 0; i < kVec; ++i)
+            scaled[i] = apply(values[i]);
+        #pragma unroll
+        for (int i = 0; i < kVec / 4; ++i) {
+            const uint32_t low = __nv_cvt_float2_to_fp8x2(make_float2(scaled[4 * i], scaled[4 * i + 1]),
+                                                          __NV_SATFINITE, __NV_E4M3);
+            const uint32_t high = __nv_cvt_float2_to_fp8x2(make_float2(scaled[4 * i + 2], scaled[4 * i + 3]),
+                                                           __NV_SATFINITE, __NV_E4M3);
+            words[i] = low | (high << 16);
+        }
+    }
+};
+
+// The elements of one 16-byte input vector as FP32; returns their largest magnitude (NaN propagates).
+template <typename InT, int kVec>
+DK_DEVICE float unpack_vector(const uint4& vector, float (&values)[kVec]) {
+    DK_STATIC_ASSERT(kVec * sizeof(InT) == sizeof(uint4), "one vector holds kVec elements");
+    const InT* elements = reinterpret_cast<const InT*>(&vector);
+    float amax = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+        values[i] = static_cast<float>(elements[i]);
+        amax = max_nan(amax, fabsf(values[i]));
+    }
+    return amax;
+}
+
+// The codes of one 16-byte input vector (4 or 8 bytes, as E4M3Scaler::quantize packs them) to an address
+// aligned to their size.
+template <int kWords>
+DK_DEVICE void store_codes(uint8_t* dst, const uint32_t (&words)[kWords]) {
+    if constexpr (kWords == 2)
+        *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
+    else
+        *reinterpret_cast<uint32_t*>(dst) = words[0];
 }
 
 // Element offset of (row, group)'s scale: FP32 elements, or bytes for the packed layout.

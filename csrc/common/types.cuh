@@ -10,4 +10,10 @@ enum class ScaleLayout : int {
     MNMajorPackedUE8M0 = 2,  // int32 [M, ceil(G / 4)], strides (1, M_ALIGNED); byte g % 4 holds group g's exponent
 };
 
+// How a value is brought into e4m3 range before rounding.
+enum class ScaleMode : int {
+    Multiply = 0,  // q = RNE(x * (448 / amax)), or x * (1 / scale) with UE8M0 scales
+    Divide = 1,    // q = RNE(x / scale), scale = amax / 448 (the serving engines' convention)
+};
+
 }  // namespace deep_kernels

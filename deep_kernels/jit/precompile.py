@@ -1,14 +1,18 @@
-"""Parallel ahead-of-time builds: many specializations compiled by ninja into the kernel cache.
+"""Parallel ahead-of-time builds: many specializations compiled into the kernel cache, by ninja running
+nvcc, or by a process pool running NVRTC (DK_JIT_USE_NVRTC).
 
-Works without a GPU (the architecture comes from DK_JIT_ARCH or defaults to sm_90a).
+Works without a GPU (the architecture comes from DK_JIT_ARCH or defaults to sm_90a). With NVRTC the
+workers are spawned, so a script calling precompile() needs the `if __name__ == "__main__":` guard.
 """
 
+import multiprocessing
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from tqdm import tqdm
@@ -46,20 +50,35 @@ def precompile(specs, jobs: int = None, arch: str = None, progress: bool = True)
     if not missing:
         return entries
 
+    build = _build_with_nvrtc if compiler.use_nvrtc() else _build_with_ninja
+    with tqdm(total=len(missing), desc="precompile", unit="kernel", disable=not progress) as bar:
+        binaries = build({i: sources[i] for i in missing}, arch, jobs or os.cpu_count() or 1, bar)
+
+    for i in missing:
+        def publish(staging: Path, i=i) -> bytes:
+            if envs.get("DK_JIT_KEEP_SOURCE"):
+                (staging / compiler.SOURCE_NAME).write_text(sources[i])
+            return binaries[i]
+
+        cache.get_or_build(entries[i], publish)
+    return entries
+
+
+def _build_with_ninja(sources: dict, arch: str, jobs: int, bar: tqdm) -> dict:
+    """{index: cubin} of {index: source}, compiled by nvcc processes that ninja runs."""
     with tempfile.TemporaryDirectory(prefix="dk_precompile_") as workdir:
         workdir = Path(workdir)
         command = compiler.compile_command(Path("IN"), Path("OUT"), arch)
         command = " ".join("$in" if a == "IN" else "$out" if a == "OUT" else shlex.quote(a) for a in command)
         lines = [f"rule nvcc\n  command = {command}\n  description = $out\n"]
-        for i in missing:
-            (workdir / f"{i}.cu").write_text(sources[i])
+        for i, source in sources.items():
+            (workdir / f"{i}.cu").write_text(source)
             lines.append(f"build {i}.cubin: nvcc {i}.cu\n")
         (workdir / "build.ninja").write_text("\n".join(lines))
 
-        run = [_ninja(), "-C", str(workdir), "-j", str(jobs or os.cpu_count() or 1)]
+        run = [_ninja(), "-C", str(workdir), "-j", str(jobs)]
         env = dict(os.environ, NINJA_STATUS="[%f/%t] ")
-        with subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc, \
-                tqdm(total=len(missing), desc="precompile", unit="kernel", disable=not progress) as bar:
+        with subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
             log = []
             for line in proc.stdout:
                 log.append(line)
@@ -68,12 +87,23 @@ def precompile(specs, jobs: int = None, arch: str = None, progress: bool = True)
                     bar.update(int(match.group(1)) - bar.n)
         if proc.returncode != 0:
             raise RuntimeError("precompile failed:\n" + "".join(log[-200:]))
+        return {i: (workdir / f"{i}.cubin").read_bytes() for i in sources}
 
-        for i in missing:
-            def publish(staging: Path, i=i) -> bytes:
-                if envs.get("DK_JIT_KEEP_SOURCE"):
-                    (staging / compiler.SOURCE_NAME).write_text(sources[i])
-                return (workdir / f"{i}.cubin").read_bytes()
 
-            cache.get_or_build(entries[i], publish)
-    return entries
+def _build_with_nvrtc(sources: dict, arch: str, jobs: int, bar: tqdm) -> dict:
+    """{index: cubin} of {index: source}, compiled by NVRTC in worker processes."""
+    # Processes, as compiles in threads of one process run one at a time. Spawned: a fresh interpreter
+    # inherits no CUDA context or threads from this one.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(sources)), mp_context=context) as pool:
+        futures = {pool.submit(compiler.nvrtc_compile, source, arch): i for i, source in sources.items()}
+        binaries = {}
+        try:
+            for future in as_completed(futures):
+                binaries[futures[future]] = future.result().cubin
+                bar.update()
+        except BaseException:
+            # Fail fast, as ninja does: queued compiles do not start.
+            pool.shutdown(cancel_futures=True)
+            raise
+        return binaries

@@ -6,7 +6,7 @@ scalar into a multiplication by its reciprocal, which is not the IEEE quotient t
 
 import torch
 
-from deep_kernels.quant import DEFAULT_AMAX_CLAMP, E4M3_MAX, ScaleLayout, empty_scales, scale_layout_of
+from deep_kernels.quant import DEFAULT_AMAX_CLAMP, E4M3_MAX, ScaleLayout, ScaleMode, empty_scales, scale_layout_of
 from deep_kernels.validation import ceil_div
 
 
@@ -33,6 +33,13 @@ def scale_and_multiplier(amax: torch.Tensor, ue8m0: bool):
     return amax / torch.full_like(amax, E4M3_MAX), torch.full_like(amax, E4M3_MAX) / amax
 
 
+def to_e4m3(values: torch.Tensor, scale: torch.Tensor, multiplier: torch.Tensor, scale_mode: str) -> torch.Tensor:
+    """values brought into range by `scale_mode` ("mul": * multiplier, "div": / scale), then rounded to e4m3
+    (RNE); scale and multiplier broadcast against values."""
+    scaled = values / scale if ScaleMode[scale_mode] == ScaleMode.div else values * multiplier
+    return scaled.to(torch.float8_e4m3fn)
+
+
 def pack_scales(scales: torch.Tensor, layout: ScaleLayout) -> torch.Tensor:
     """FP32 scales [M, G] written into `layout` exactly as the kernels write them."""
     m, num_groups = scales.shape
@@ -57,11 +64,12 @@ def unpack_scales(scales: torch.Tensor, m: int, num_groups: int) -> torch.Tensor
 
 
 def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = False,
-                          scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP):
+                          scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP,
+                          scale_mode: str = "mul"):
     m, k = x.shape
     groups = x.float().reshape(m, k // group_size, group_size)
     scale, multiplier = scale_and_multiplier(groups.abs().amax(dim=2).clamp(min=amax_clamp), ue8m0)
-    q = (groups * multiplier.unsqueeze(2)).to(torch.float8_e4m3fn).reshape(m, k)
+    q = to_e4m3(groups, scale.unsqueeze(2), multiplier.unsqueeze(2), scale_mode).reshape(m, k)
     return q, pack_scales(scale, ScaleLayout[scale_layout])
 
 
@@ -74,14 +82,15 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
 
 
 def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = False,
-                          amax_clamp: float = DEFAULT_AMAX_CLAMP):
+                          amax_clamp: float = DEFAULT_AMAX_CLAMP, scale_mode: str = "mul"):
     """x [N, K] to e4m3 with one FP32 scale per block_size x block_size block: (q [N, K], scales
-    [ceil(N / block), K / block] row-major). The numerics of per_token_cast_to_fp8, per block."""
+    [ceil(N / block), K / block] row-major). The numerics of per_token_cast_to_fp8, per block; rows
+    padding N to whole blocks are zeros."""
     n, k = x.shape
     padded_n = ceil_div(n, block_size) * block_size
     padded = torch.zeros((padded_n, k), dtype=torch.float32, device=x.device)
     padded[:n] = x.float()
     blocks = padded.view(padded_n // block_size, block_size, k // block_size, block_size)
     scale, multiplier = scale_and_multiplier(blocks.abs().amax(dim=(1, 3)).clamp(min=amax_clamp), ue8m0)
-    q = (blocks * multiplier[:, None, :, None]).to(torch.float8_e4m3fn).view(padded_n, k)[:n]
-    return q.contiguous(), scale
+    q = to_e4m3(blocks, scale[:, None, :, None], multiplier[:, None, :, None], scale_mode)
+    return q.view(padded_n, k)[:n].contiguous(), scale

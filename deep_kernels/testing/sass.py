@@ -50,3 +50,23 @@ def sass(cubin: Path) -> str:
 def local_memory_instructions(sass_text: str) -> list:
     """Loads and stores to local memory (spills or arrays indexed at run time)."""
     return re.findall(r"\b(?:LDL|STL)\b[^;]*;", sass_text)
+
+
+# SASS mnemonics a kernel must contain, by kernel name (matrix kernels on the tensor cores).
+REQUIRED_INSTRUCTIONS = {"sm90_fp8_gemm": ("QGMMA",)}
+
+
+def kernel_problems(kernel_name: str, cubin: Path) -> list:
+    """What a compiled kernel must not show, as messages (empty when it is clean): a stack frame, local
+    memory or local loads and stores, a target other than sm_90a, a required instruction missing."""
+    problems = []
+    usage = resource_usage(cubin)
+    if usage.stack_bytes or usage.local_bytes:
+        problems.append(f"stack or local memory: {usage}")
+    text = sass(cubin)
+    if ".target\tsm_90a" not in text:
+        problems.append("not an sm_90a binary")
+    problems += [f"local memory access: {instruction}" for instruction in local_memory_instructions(text)]
+    required = REQUIRED_INSTRUCTIONS.get(kernel_name, ())
+    problems += [f"{mnemonic} missing" for mnemonic in required if mnemonic not in text]
+    return problems

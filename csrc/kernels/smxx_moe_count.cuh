@@ -1,0 +1,36 @@
+// MoE layout, pass 1 of 2: per-chunk expert counts. topk_idx [T, k] (int32 or int64, contiguous) is cut
+// into chunks of CHUNK_SLOTS slots; block b writes chunk_counts[b, e] = the number of slots of chunk b
+// routed to expert e (dropped slots, any index outside [0, E), count nowhere). Shared-memory integer
+// atomics make the counts exact whatever their order; no position depends on them.
+#pragma once
+
+#include <cstdint>
+
+#include "common/macros.cuh"
+#include "kernels/smxx_moe_slots.cuh"
+
+namespace deep_kernels {
+
+template <typename IndexT, int CHUNK_SLOTS, int kNumThreads>
+__global__ void __launch_bounds__(kNumThreads)
+smxx_moe_count_impl(const IndexT* __restrict__ topk_idx, int* __restrict__ chunk_counts, uint32_t num_slots,
+                    uint32_t num_experts) {
+    __shared__ int smem_counts[kMaxMoeExperts];
+    for (uint32_t e = threadIdx.x; e < num_experts; e += kNumThreads)
+        smem_counts[e] = 0;
+    __syncthreads();
+
+    const uint32_t begin = blockIdx.x * CHUNK_SLOTS;
+    const uint32_t end = min(begin + CHUNK_SLOTS, num_slots);
+    for (uint32_t slot = begin + threadIdx.x; slot < end; slot += kNumThreads) {
+        const int expert = expert_of_slot(topk_idx[slot], num_experts);
+        if (expert >= 0)
+            atomicAdd(&smem_counts[expert], 1);
+    }
+    __syncthreads();
+
+    for (uint32_t e = threadIdx.x; e < num_experts; e += kNumThreads)
+        chunk_counts[static_cast<uint64_t>(blockIdx.x) * num_experts + e] = smem_counts[e];
+}
+
+}  // namespace deep_kernels

@@ -1,0 +1,210 @@
+// Top-k expert gating (DeepSeek-V3 semantics): logits [T, E] (fp32 or bf16, unit column stride) ->
+// weights fp32 [T, k] and expert indices int32 [T, k], both contiguous.
+//   score = softmax | sigmoid | sqrt(softplus) of the fp32 logits; key = score + bias[e] (bias optional)
+//   with groups, a group's key is the sum of its two largest expert keys and only the topk_groups best
+//   groups stay eligible; the k best eligible keys are chosen in descending order, ties to the lower
+//   index; NaN keys rank as -inf. weight = the chosen score / (sum of the k chosen scores + 1e-20) when
+//   renormalizing, times the scaling factor.
+// One warp per token: lane l holds experts l, l + 32, ... in registers. Every sum has a fixed order (a
+// lane's slots in ascending order, then an xor butterfly) that deep_kernels/reference/moe.py mirrors.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <math_constants.h>
+
+#include <cstdint>
+
+#include "common/macros.cuh"
+#include "common/math.cuh"
+#include "common/quant.cuh"
+
+namespace deep_kernels {
+
+// deep_kernels.moe.SCORINGS names them.
+enum class GateScoring : int { Softmax = 0, Sigmoid = 1, SqrtSoftplus = 2 };
+
+constexpr uint32_t kFullWarpMask = 0xffffffffu;
+constexpr float kRenormalizeEpsilon = 1e-20f;
+// softplus(x) = x above this (log1p(exp(x)) rounds to x in fp32 there).
+constexpr float kSoftplusThreshold = 20.0f;
+constexpr int kNoExpert = 0x7fffffff;
+
+// The selection order: the larger key first, then the lower index. Keys are never NaN here.
+DK_DEVICE bool ranks_before(float key, int index, float other_key, int other_index) {
+    return key > other_key || (key == other_key && index < other_index);
+}
+
+DK_DEVICE float nan_to_lowest(float key) {
+    return isnan(key) ? -CUDART_INF_F : key;
+}
+
+// NOTE: every lane ends with the same (key, index): the order is total and the comparison exact.
+DK_DEVICE void warp_argmax(float& key, int& index) {
+    #pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+        const float other_key = __shfl_xor_sync(kFullWarpMask, key, offset);
+        const int other_index = __shfl_xor_sync(kFullWarpMask, index, offset);
+        if (ranks_before(other_key, other_index, key, index)) {
+            key = other_key;
+            index = other_index;
+        }
+    }
+}
+
+// The two largest values of a multiset spread over the warp (first >= second on every lane).
+DK_DEVICE void warp_top2(float& first, float& second) {
+    #pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+        const float other_first = __shfl_xor_sync(kFullWarpMask, first, offset);
+        const float other_second = __shfl_xor_sync(kFullWarpMask, second, offset);
+        second = fmaxf(fminf(first, other_first), fmaxf(second, other_second));
+        first = fmaxf(first, other_first);
+    }
+}
+
+template <typename Op>
+DK_DEVICE float warp_butterfly(float value, Op op) {
+    #pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2)
+        value = op(value, __shfl_xor_sync(kFullWarpMask, value, offset));
+    return value;
+}
+
+template <GateScoring kScoring>
+DK_DEVICE float elementwise_score(float logit) {
+    if constexpr (kScoring == GateScoring::Sigmoid) {
+        return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logit)));
+    } else {
+        return sqrtf(logit > kSoftplusThreshold ? logit : log1pf(expf(logit)));
+    }
+}
+
+template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps>
+__global__ void __launch_bounds__(kNumWarps * 32)
+smxx_topk_gate_impl(const InT* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
+                    int* __restrict__ indices, uint32_t num_tokens, uint32_t logits_row_stride, uint32_t top_k,
+                    uint32_t topk_groups, uint32_t renormalize, float scaling_factor) {
+    // Static checks and the slot mapping: slot i of lane l is expert l + 32 i
+    constexpr int kSlots = ceil_div(NUM_EXPERTS, 32);
+    constexpr int GROUP_SIZE = NUM_GROUPS > 0 ? NUM_EXPERTS / NUM_GROUPS : NUM_EXPERTS;
+    DK_STATIC_ASSERT(NUM_EXPERTS >= 1 && kSlots <= 32, "one bit per slot in a 32-bit mask");
+    DK_STATIC_ASSERT(NUM_GROUPS >= 0 && NUM_GROUPS <= 32, "one bit per group in a 32-bit mask");
+    DK_STATIC_ASSERT(NUM_GROUPS == 0 || (NUM_EXPERTS % NUM_GROUPS == 0 && GROUP_SIZE >= 2),
+                     "groups are equal and hold at least two experts");
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const uint32_t token = blockIdx.x * kNumWarps + threadIdx.x / 32;
+    if (token >= num_tokens)
+        return;
+    const auto expert_of = [&](int slot) { return lane + 32 * slot; };
+    const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || expert_of(slot) < NUM_EXPERTS; };
+
+    // Logits to fp32 scores
+    const InT* row = logits + static_cast<uint64_t>(token) * logits_row_stride;
+    float score[kSlots];
+    #pragma unroll
+    for (int i = 0; i < kSlots; ++i)
+        score[i] = is_expert(i) ? static_cast<float>(row[expert_of(i)]) : -CUDART_INF_F;
+    if constexpr (kScoring == GateScoring::Softmax) {
+        float row_max = -CUDART_INF_F;
+        #pragma unroll
+        for (int i = 0; i < kSlots; ++i)
+            row_max = max_nan(row_max, score[i]);
+        row_max = warp_butterfly(row_max, max_nan);
+        float partial_sum = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < kSlots; ++i) {
+            if (is_expert(i)) {
+                score[i] = expf(__fsub_rn(score[i], row_max));
+                partial_sum = __fadd_rn(partial_sum, score[i]);
+            }
+        }
+        const float sum = warp_butterfly(partial_sum, [](float a, float b) { return __fadd_rn(a, b); });
+        #pragma unroll
+        for (int i = 0; i < kSlots; ++i)
+            score[i] = __fdiv_rn(score[i], sum);
+    } else {
+        #pragma unroll
+        for (int i = 0; i < kSlots; ++i)
+            score[i] = elementwise_score<kScoring>(score[i]);
+    }
+
+    // Selection keys; slots that are no expert never become eligible
+    float key[kSlots];
+    uint32_t eligible_slots = 0;
+    #pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+        key[i] = nan_to_lowest(bias != nullptr && is_expert(i) ? __fadd_rn(score[i], bias[expert_of(i)]) : score[i]);
+        eligible_slots |= static_cast<uint32_t>(is_expert(i)) << i;
+    }
+
+    // Group limit: rank the groups by the sum of their top-2 keys, keep the best topk_groups
+    if constexpr (NUM_GROUPS > 0) {
+        float group_key[NUM_GROUPS];
+        #pragma unroll
+        for (int g = 0; g < NUM_GROUPS; ++g) {
+            float first = -CUDART_INF_F, second = -CUDART_INF_F;
+            #pragma unroll
+            for (int i = 0; i < kSlots; ++i) {
+                if (is_expert(i) && expert_of(i) / GROUP_SIZE == g) {
+                    second = fmaxf(second, fminf(first, key[i]));
+                    first = fmaxf(first, key[i]);
+                }
+            }
+            warp_top2(first, second);
+            group_key[g] = nan_to_lowest(__fadd_rn(first, second));
+        }
+        uint32_t selected_groups = 0;
+        #pragma unroll
+        for (int g = 0; g < NUM_GROUPS; ++g) {
+            uint32_t rank = 0;
+            #pragma unroll
+            for (int h = 0; h < NUM_GROUPS; ++h)
+                rank += ranks_before(group_key[h], h, group_key[g], g);
+            selected_groups |= static_cast<uint32_t>(rank < topk_groups) << g;
+        }
+        #pragma unroll
+        for (int i = 0; i < kSlots; ++i)
+            if (is_expert(i) && ((selected_groups >> (expert_of(i) / GROUP_SIZE)) & 1u) == 0)
+                eligible_slots &= ~(1u << i);
+    }
+
+    // Iterative argmax: k rounds of (lane-local best, warp argmax); lane j keeps round j's choice
+    // NOTE: the host guarantees k <= the number of eligible experts, so every round finds one.
+    float chosen_score = 0.0f, score_sum = 0.0f;
+    int chosen_expert = 0;
+    for (uint32_t round = 0; round < top_k; ++round) {
+        float best_key = -CUDART_INF_F, candidate_score = 0.0f;
+        int best_expert = kNoExpert;
+        // A lane's slots ascend in expert index: the first eligible slot, then only strictly larger keys.
+        #pragma unroll
+        for (int i = 0; i < kSlots; ++i) {
+            if (((eligible_slots >> i) & 1u) && (key[i] > best_key || best_expert == kNoExpert)) {
+                best_key = key[i];
+                best_expert = expert_of(i);
+                candidate_score = score[i];
+            }
+        }
+        warp_argmax(best_key, best_expert);
+        const float winner_score = __shfl_sync(kFullWarpMask, candidate_score, best_expert % 32);
+        if (lane == best_expert % 32)
+            eligible_slots &= ~(1u << (best_expert / 32));
+        score_sum = __fadd_rn(score_sum, winner_score);
+        if (static_cast<uint32_t>(lane) == round) {
+            chosen_score = winner_score;
+            chosen_expert = best_expert;
+        }
+    }
+
+    // Weights
+    // NOTE: dividing on every lane, outside any branch, keeps predicates from living across the division's
+    // slow-path call (which would spill them to a stack frame).
+    const float renormalized = __fdiv_rn(chosen_score, __fadd_rn(score_sum, kRenormalizeEpsilon));
+    const float weight = __fmul_rn(renormalize ? renormalized : chosen_score, scaling_factor);
+    if (static_cast<uint32_t>(lane) < top_k) {
+        const uint64_t offset = static_cast<uint64_t>(token) * top_k + lane;
+        weights[offset] = weight;
+        indices[offset] = chosen_expert;
+    }
+}
+
+}  // namespace deep_kernels

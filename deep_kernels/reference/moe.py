@@ -1,0 +1,122 @@
+"""Plain-torch reference of deep_kernels.moe: the definition the kernels match bit for bit.
+
+Runs on any device. The arithmetic mirrors the gating kernel's, operation for operation, in fp32:
+softmax's max and sum run per lane of a warp (lane l holds experts l, l + 32, ... and adds them in that
+order), then pairwise over lanes (an xor butterfly); the weight sum adds the k chosen scores in
+selection order. Divisions and the epsilon are tensor operations on purpose (torch turns a division by
+a Python scalar into a multiplication by its reciprocal). Selection uses stable sorts of keys whose NaN
+became -inf and whose -0 became +0, so ties go to the lower index exactly as in the kernel.
+"""
+
+import torch
+
+from deep_kernels.moe import (
+    CONTIGUOUS_ALIGNMENT, RENORMALIZE_EPSILON, SOFTPLUS_THRESHOLD, MoeLayout, contiguous_max_rows,
+)
+from deep_kernels.validation import ceil_div
+
+WARP_SIZE = 32
+
+
+def warp_lane_sum(values: torch.Tensor) -> torch.Tensor:
+    """[T, E] -> [T]: the gating kernel's sum (each lane's slots in order, then the xor butterfly)."""
+    num_tokens, num_experts = values.shape
+    slots = ceil_div(num_experts, WARP_SIZE)
+    padded = values.new_zeros((num_tokens, slots * WARP_SIZE))
+    padded[:, :num_experts] = values
+    by_slot = padded.view(num_tokens, slots, WARP_SIZE)
+    partial = torch.zeros_like(by_slot[:, 0])
+    for slot in range(slots):
+        partial = partial + by_slot[:, slot]
+    width = WARP_SIZE
+    while width > 1:
+        width //= 2
+        partial = partial[:, :width] + partial[:, width:2 * width]
+    return partial[:, 0]
+
+
+def gate_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    """fp32 scores [T, E] of the logits, as the kernel computes them."""
+    x = logits.float()
+    if scoring == "softmax":
+        exponentials = torch.exp(x - x.amax(dim=1, keepdim=True))
+        return exponentials / warp_lane_sum(exponentials).unsqueeze(1)
+    if scoring == "sigmoid":
+        return torch.ones_like(x) / (torch.exp(-x) + 1.0)
+    if scoring == "sqrtsoftplus":
+        return torch.where(x > SOFTPLUS_THRESHOLD, x, torch.log1p(torch.exp(x))).sqrt()
+    raise ValueError(f"unknown scoring {scoring!r}")
+
+
+def rank_keys(keys: torch.Tensor) -> torch.Tensor:
+    """Keys as the selection compares them: NaN is -inf, -0 is +0."""
+    keys = torch.where(torch.isnan(keys), torch.full_like(keys, -torch.inf), keys)
+    return torch.where(keys == 0, torch.zeros_like(keys), keys)
+
+
+def descending_order(keys: torch.Tensor) -> torch.Tensor:
+    """Indices along the last dimension by descending key, ties to the lower index."""
+    return torch.sort(rank_keys(keys), dim=-1, descending=True, stable=True).indices
+
+
+def topk_gate(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torch.Tensor = None,
+              num_groups: int = 0, topk_groups: int = 0, renormalize: bool = True,
+              routed_scaling_factor: float = 1.0):
+    num_tokens, num_experts = logits.shape
+    scores = gate_scores(logits, scoring)
+    keys = rank_keys(scores if bias is None else scores + bias.float())
+    eligible = torch.ones_like(keys, dtype=torch.bool)
+    if num_groups > 0:
+        grouped = keys.view(num_tokens, num_groups, num_experts // num_groups)
+        top2 = grouped.topk(2, dim=2).values
+        group_order = descending_order(top2[:, :, 0] + top2[:, :, 1])
+        kept = torch.zeros((num_tokens, num_groups), dtype=torch.bool, device=logits.device)
+        kept.scatter_(1, group_order[:, :topk_groups], True)
+        eligible = kept.repeat_interleave(num_experts // num_groups, dim=1)
+    # Lexicographic (eligible, key, -index): stable sort by key, then stably by eligibility.
+    by_key = descending_order(keys)
+    by_eligibility = torch.sort(eligible.gather(1, by_key).int(), dim=1, descending=True, stable=True).indices
+    indices = by_key.gather(1, by_eligibility)[:, :k]
+
+    chosen = scores.gather(1, indices)
+    if renormalize:
+        total = torch.zeros_like(chosen[:, 0])
+        for j in range(k):
+            total = total + chosen[:, j]
+        chosen = chosen / (total + torch.full_like(total, RENORMALIZE_EPSILON)).unsqueeze(1)
+    weights = chosen * torch.full_like(chosen, routed_scaling_factor)
+    return weights.contiguous(), indices.int().contiguous()
+
+
+def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None) -> MoeLayout:
+    num_tokens, k = topk_idx.shape
+    device = topk_idx.device
+    flat = topk_idx.reshape(-1).long()
+    num_slots = flat.numel()
+    kept = (flat >= 0) & (flat < num_experts)
+    expert = torch.where(kept, flat, torch.full_like(flat, num_experts))  # bucket E: dropped
+    counts = torch.bincount(expert, minlength=num_experts + 1)[:num_experts]
+    padded = (counts + CONTIGUOUS_ALIGNMENT - 1) // CONTIGUOUS_ALIGNMENT * CONTIGUOUS_ALIGNMENT
+    offsets = torch.cumsum(padded, 0) - padded
+    first_of_expert = torch.cumsum(counts, 0) - counts
+
+    slots = torch.sort(expert, stable=True).indices[: int(counts.sum())]  # kept slots by (expert, slot)
+    slot_expert = expert[slots]
+    rank = torch.arange(slots.numel(), device=device) - first_of_expert[slot_expert]
+    rows = offsets[slot_expert] + rank
+
+    max_rows = contiguous_max_rows(num_slots, num_experts)
+    m_indices = torch.full((max_rows,), -1, dtype=torch.int32, device=device)
+    row_to_slot = torch.full((max_rows,), -1, dtype=torch.int32, device=device)
+    slot_to_row = torch.full((num_slots,), -1, dtype=torch.int32, device=device)
+    m_indices[rows] = slot_expert.int()
+    row_to_slot[rows] = slots.int()
+    slot_to_row[slots] = rows.int()
+    layout = dict(counts=counts.int(), num_rows=padded.sum().reshape(1).int(), m_indices=m_indices,
+                  row_to_slot=row_to_slot, slot_to_row=slot_to_row.view(num_tokens, k))
+    if max_tokens is not None:
+        masked_slots = torch.full((num_experts, max_tokens), -1, dtype=torch.int32, device=device)
+        fits = rank < max_tokens
+        masked_slots[slot_expert[fits], rank[fits]] = slots[fits].int()
+        layout.update(masked_slots=masked_slots, masked_m=counts.clamp(max=max_tokens).int())
+    return MoeLayout(**layout)

@@ -1,0 +1,350 @@
+"""MoE routing: top-k gating and the grouped-GEMM layouts. The reference's definition (CPU), input
+validation (CPU), and the kernels bit-exact against the reference (GPU)."""
+
+import math
+
+import pytest
+import torch
+
+import deep_kernels
+from deep_kernels.moe import MAX_EXPERTS, contiguous_max_rows
+from deep_kernels.reference import moe as reference
+from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
+
+from conftest import FULL
+
+# (E, num_groups, topk_groups, k, scoring): DeepSeek-V3, Kimi-K2, the largest, odd and tiny shapes.
+GATES = [
+    (256, 8, 4, 8, "sigmoid"),
+    (384, 0, 0, 8, "sigmoid"),
+    (512, 8, 3, 16, "softmax"),
+    (72, 0, 0, 6, "sqrtsoftplus"),
+    (64, 32, 5, 4, "softmax"),
+    (160, 5, 2, 16, "sqrtsoftplus"),
+    (8, 0, 0, 8, "softmax"),
+]
+
+
+def _brute_force_indices(keys: torch.Tensor, k: int, num_groups: int, topk_groups: int) -> list:
+    """Python's sorted() on (eligible, key, -index) per token: the selection rule, spelled out."""
+    keys = reference.rank_keys(keys)
+    result = []
+    for row in keys.tolist():
+        num_experts = len(row)
+        eligible = [True] * num_experts
+        if num_groups:
+            size = num_experts // num_groups
+            top2 = [sorted(row[g * size:(g + 1) * size], reverse=True)[:2] for g in range(num_groups)]
+            group_keys = [(torch.tensor(a) + torch.tensor(b)).item() for a, b in top2]  # an fp32 sum
+            group_keys = [-math.inf if math.isnan(v) else v for v in group_keys]
+            kept = sorted(range(num_groups), key=lambda g: (-group_keys[g], g))[:topk_groups]
+            eligible = [e // size in kept for e in range(num_experts)]
+        result.append(sorted(range(num_experts), key=lambda e: (not eligible[e], -row[e], e))[:k])
+    return result
+
+
+# ---- the reference (CPU) ----
+
+@pytest.mark.parametrize("num_experts,num_groups,topk_groups,k,scoring", GATES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_reference_selection_matches_brute_force(num_experts, num_groups, topk_groups, k, scoring, with_bias):
+    generator = torch.Generator().manual_seed(num_experts + k)
+    # Few distinct values, so many keys and group sums tie exactly.
+    logits = torch.randint(-3, 3, (37, num_experts), generator=generator).float() / 2
+    bias = torch.randint(-2, 2, (num_experts,), generator=generator).float() / 4 if with_bias else None
+    weights, indices = reference.topk_gate(logits, k, scoring, bias, num_groups, topk_groups)
+    scores = reference.gate_scores(logits, scoring)
+    keys = scores if bias is None else scores + bias
+    assert indices.tolist() == _brute_force_indices(keys, k, num_groups, topk_groups)
+    assert indices.dtype == torch.int32 and weights.dtype == torch.float32
+    chosen = scores.gather(1, indices.long())
+    assert torch.allclose(weights, chosen / chosen.sum(dim=1, keepdim=True), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("scoring,definition", [
+    ("softmax", lambda x: torch.softmax(x, dim=1)),
+    ("sigmoid", torch.sigmoid),
+    ("sqrtsoftplus", lambda x: torch.nn.functional.softplus(x).sqrt()),
+])
+def test_reference_scores_are_the_textbook_functions(scoring, definition):
+    logits = random_activations(19, 300, torch.float32, device="cpu", seed=3).clamp(-30, 30)
+    torch.testing.assert_close(reference.gate_scores(logits, scoring), definition(logits), rtol=4e-7, atol=1e-30)
+
+
+def test_warp_lane_sum_order():
+    values = torch.arange(70, dtype=torch.float32).view(1, 70)
+    assert reference.warp_lane_sum(values).item() == sum(range(70))
+    # 2^24 + 1 is not representable, so the order shows: lanes 1 and 3 meet first, then lane 0.
+    values = torch.zeros((1, 64))
+    values[0, 0], values[0, 1], values[0, 3] = 2.0**24, 1.0, 1.0
+    assert reference.warp_lane_sum(values).item() == 2.0**24 + 2  # left to right it would be 2^24
+
+
+def test_reference_deepseek_groups_and_weights():
+    logits = torch.full((1, 16), -10.0)
+    logits[0, 0] = 3.0             # group 0's best expert, but group 0's second best is weak
+    logits[0, [4, 5]] = 1.0        # group 1: two good experts beat group 0's sum
+    logits[0, [12, 13]] = -1.0     # group 3: weaker than group 0
+    weights, indices = reference.topk_gate(logits, 2, "sigmoid", None, num_groups=4, topk_groups=1,
+                                           routed_scaling_factor=2.5)
+    assert indices.tolist() == [[4, 5]]
+    assert weights.tolist() == [[1.25, 1.25]]  # equal scores, renormalized, times 2.5
+    _, indices = reference.topk_gate(logits, 3, "sigmoid", None, num_groups=4, topk_groups=2)
+    assert indices.tolist() == [[0, 4, 5]]
+
+
+def test_reference_bias_selects_but_does_not_weigh():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    bias = torch.tensor([10.0, 0.0, 0.0, 0.0])
+    weights, indices = reference.topk_gate(logits, 2, "sigmoid", bias, renormalize=False)
+    assert indices.tolist() == [[0, 3]]
+    assert weights[0, 0].item() == 0.5 and weights[0, 1].item() == pytest.approx(1 / (1 + math.exp(-3)), rel=1e-7)
+
+
+def test_reference_ties_go_to_the_lower_index():
+    _, indices = reference.topk_gate(torch.zeros((3, 64)), 5, "softmax")
+    assert indices.tolist() == [[0, 1, 2, 3, 4]] * 3
+    _, indices = reference.topk_gate(torch.zeros((1, 64)), 5, "sigmoid", num_groups=8, topk_groups=2)
+    assert indices.tolist() == [[0, 1, 2, 3, 4]]
+    logits = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
+    _, indices = reference.topk_gate(logits, 4, "sigmoid")
+    assert indices.tolist() == [[2, 3, 0, 1]]
+
+
+def test_reference_nan_and_inf_logits():
+    logits = torch.tensor([[0.0, math.nan, 1.0, -math.inf, math.inf, 2.0]])
+    weights, indices = reference.topk_gate(logits, 6, "sigmoid", renormalize=False)
+    assert indices.tolist() == [[4, 5, 2, 0, 3, 1]]  # NaN's key ranks below sigmoid(-inf) = 0
+    assert weights[0, 0] == 1.0 and weights[0, 4] == 0.0 and math.isnan(weights[0, 5])
+    weights, indices = reference.topk_gate(logits, 3, "softmax")  # inf - inf: every softmax score is NaN
+    assert indices.tolist() == [[0, 1, 2]] and torch.isnan(weights).all()
+
+
+def _brute_force_layout(topk_idx: torch.Tensor, num_experts: int) -> tuple:
+    per_expert = [[] for _ in range(num_experts)]
+    for slot, e in enumerate(topk_idx.reshape(-1).tolist()):
+        if 0 <= e < num_experts:
+            per_expert[e].append(slot)
+    rows, slot_to_row = [], {}
+    for e, slots in enumerate(per_expert):
+        for slot in slots:
+            slot_to_row[slot] = len(rows)
+            rows.append((e, slot))
+        rows += [(-1, -1)] * (-len(slots) % 128)
+    return per_expert, rows, slot_to_row
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_reference_layout_matches_brute_force(index_dtype):
+    generator = torch.Generator().manual_seed(5)
+    num_experts, max_tokens = 12, 9
+    topk_idx = torch.randint(-1, num_experts + 1, (41, 3), generator=generator).to(index_dtype)  # E: dropped too
+    topk_idx[5] = 7  # one expert three times in a token: each slot counts
+    layout = reference.moe_layout(topk_idx, num_experts, max_tokens)
+    per_expert, rows, slot_to_row = _brute_force_layout(topk_idx, num_experts)
+    max_rows = contiguous_max_rows(123, num_experts)
+    assert layout.counts.tolist() == [len(s) for s in per_expert]
+    assert layout.num_rows.tolist() == [len(rows)]
+    padded = rows + [(-1, -1)] * (max_rows - len(rows))
+    assert layout.m_indices.tolist() == [e for e, _ in padded]
+    assert layout.row_to_slot.tolist() == [s for _, s in padded]
+    assert layout.slot_to_row.view(-1).tolist() == [slot_to_row.get(s, -1) for s in range(123)]
+    assert layout.masked_m.tolist() == [min(len(s), max_tokens) for s in per_expert]
+    assert layout.masked_slots.tolist() == [(s + [-1] * max_tokens)[:max_tokens] for s in per_expert]
+    assert all(t.dtype == torch.int32 for t in (layout.counts, layout.m_indices, layout.masked_slots))
+
+
+def test_contiguous_max_rows_is_the_worst_case():
+    assert contiguous_max_rows(0, 256) == 0
+    assert contiguous_max_rows(1, 256) == 128
+    assert contiguous_max_rows(8 * 4096, 256) == 8 * 4096 + 127 * 256 + 0  # 32768 + 32512, a multiple of 128
+    align = lambda n: -(-n // 128) * 128
+    assert all(align(c) + align(300 - c) <= contiguous_max_rows(300, 2) for c in range(301))
+
+
+# ---- validation (CPU tensors: every check that precedes the device check) ----
+
+LOGITS = torch.zeros(4, 256)
+
+
+@pytest.mark.parametrize("logits,kwargs,error,match", [
+    (LOGITS.half(), {}, TypeError, "logits must be"),
+    (torch.zeros(256), {}, ValueError, "logits must be 2-D"),
+    (torch.zeros(4, 513), {}, ValueError, "expert count"),
+    (torch.zeros(4, 0), {}, ValueError, "expert count"),
+    (LOGITS, {"k": 17}, ValueError, "k must be an integer in \\[1, 16\\]"),
+    (torch.zeros(4, 6), {"k": 7}, ValueError, "k must be an integer in \\[1, 6\\]"),
+    (LOGITS, {"k": 0}, ValueError, "k must be"),
+    (LOGITS, {"scoring": "relu"}, ValueError, "scoring must be one of"),
+    (LOGITS, {"num_groups": 7, "topk_groups": 1}, ValueError, "must divide the 256 experts"),
+    (LOGITS, {"num_groups": 64, "topk_groups": 1}, ValueError, "num_groups must be an integer in \\[0, 32\\]"),
+    (LOGITS, {"num_groups": 8, "topk_groups": 0}, ValueError, "topk_groups must be an integer in \\[1, 8\\]"),
+    (LOGITS, {"num_groups": 8, "topk_groups": 9}, ValueError, "topk_groups must be"),
+    (LOGITS, {"num_groups": 0, "topk_groups": 2}, ValueError, "topk_groups must be 0 without groups"),
+    (LOGITS, {"k": 16, "num_groups": 32, "topk_groups": 1}, ValueError, "must not exceed the 8 experts"),
+    (torch.zeros(256, 4).t(), {}, ValueError, "contiguous last dimension"),
+    (LOGITS, {"bias": torch.zeros(256, dtype=torch.bfloat16)}, TypeError, "bias must be torch.float32"),
+    (LOGITS, {"bias": torch.zeros(255)}, ValueError, "bias must be a contiguous tensor of shape \\(256,\\)"),
+    (LOGITS, {"renormalize": 1}, TypeError, "renormalize must be a bool"),
+    (LOGITS, {"routed_scaling_factor": math.inf}, ValueError, "routed_scaling_factor"),
+    (LOGITS, {}, ValueError, "logits must be a CUDA tensor"),
+    ("logits", {}, TypeError, "torch.Tensor"),
+])
+def test_topk_gate_rejects_bad_input(logits, kwargs, error, match):
+    kwargs = {"k": 8, **kwargs}
+    with pytest.raises(error, match=match):
+        deep_kernels.topk_gate(logits, **kwargs)
+
+
+@pytest.mark.parametrize("topk_idx,kwargs,error,match", [
+    (torch.zeros(4, 8, dtype=torch.int16), {}, TypeError, "topk_idx must be torch.int32 or torch.int64"),
+    (torch.zeros(32, dtype=torch.int32), {}, ValueError, "topk_idx must be 2-D"),
+    (torch.zeros(4, 8, dtype=torch.int32), {"num_experts": 513}, ValueError, "num_experts must be"),
+    (torch.zeros(4, 8, dtype=torch.int32), {"num_experts": 0}, ValueError, "num_experts must be"),
+    (torch.zeros(8, 4, dtype=torch.int32).t(), {}, ValueError, "topk_idx must be contiguous"),
+    (torch.zeros(4, 8, dtype=torch.int32), {"max_tokens": 0}, ValueError, "max_tokens must be"),
+    (torch.zeros(4, 8, dtype=torch.int32), {"max_tokens": 2**31 // 256}, ValueError, "max_tokens must be"),
+    (torch.zeros(4, 8, dtype=torch.int32), {}, ValueError, "topk_idx must be a CUDA tensor"),
+])
+def test_moe_layout_rejects_bad_input(topk_idx, kwargs, error, match):
+    kwargs = {"num_experts": 256, **kwargs}
+    with pytest.raises(error, match=match):
+        deep_kernels.moe_layout(topk_idx, **kwargs)
+
+
+def test_moe_layout_rejects_too_many_slots():
+    with pytest.raises(ValueError, match="too many slots"):
+        deep_kernels.moe_layout(torch.zeros(2**31 // 16, 16, dtype=torch.int32, device="meta"), 256)
+
+
+# ---- kernels against the reference (GPU) ----
+
+TOKENS = [1, 7, 4001] + ([8001, 33] if FULL else [])
+
+
+def _gate_logits(num_tokens: int, num_experts: int, dtype: torch.dtype, ties: bool) -> torch.Tensor:
+    if ties:  # a handful of values: exact ties among keys and among group sums everywhere
+        return (torch.randint(-4, 4, (num_tokens, num_experts), device="cuda").float() / 4).to(dtype)
+    return (torch.randn((num_tokens, num_experts), device="cuda") * 2).to(dtype)
+
+
+def _check_gate(logits, k, **kwargs):
+    weights_ref, indices_ref = reference.topk_gate(logits, k, **kwargs)
+    weights, indices = deep_kernels.topk_gate(logits, k, **kwargs)
+    assert_bitwise_equal(indices, indices_ref, "indices")
+    assert_bitwise_equal(weights, weights_ref, "weights")
+    return weights, indices
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_experts,num_groups,topk_groups,k,scoring", GATES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", TOKENS)
+@pytest.mark.parametrize("ties", [False, True])
+def test_topk_gate_matches_reference(num_experts, num_groups, topk_groups, k, scoring, dtype, num_tokens, ties):
+    logits = _gate_logits(num_tokens, num_experts, dtype, ties)
+    bias = torch.randn(num_experts, device="cuda") * 0.1
+    if ties:
+        bias = bias.round(decimals=1)
+    for kwargs in (dict(bias=bias, routed_scaling_factor=2.5), dict(renormalize=False),
+                   dict(bias=bias, renormalize=False, routed_scaling_factor=0.3)):
+        _check_gate(logits, k, scoring=scoring, num_groups=num_groups, topk_groups=topk_groups, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid", "sqrtsoftplus"])
+def test_topk_gate_nan_and_inf_logits(scoring):
+    logits = torch.randn((512, 256), device="cuda")
+    specials = torch.tensor([math.nan, math.inf, -math.inf], device="cuda")
+    mask = torch.rand(logits.shape, device="cuda") < 0.05
+    logits[mask] = specials[torch.randint(0, 3, (int(mask.sum()),), device="cuda")]
+    logits[0] = math.nan
+    logits[1] = math.inf
+    kwargs = dict(scoring=scoring, num_groups=8, topk_groups=4)
+    weights_ref, indices_ref = reference.topk_gate(logits, 8, **kwargs)
+    weights, indices = deep_kernels.topk_gate(logits, 8, **kwargs)
+    assert_bitwise_equal(indices, indices_ref, "indices")
+    assert ((indices >= 0) & (indices < 256)).all()
+    assert (indices.sort(dim=1).values.diff(dim=1) > 0).all()  # distinct experts
+    # NaN payloads may differ: compare NaN positions and the other values exactly.
+    assert torch.equal(weights.isnan(), weights_ref.isnan())
+    assert torch.equal(weights.nan_to_num(0.0), weights_ref.nan_to_num(0.0))
+
+
+@pytest.mark.gpu
+def test_topk_gate_row_stride_and_empty():
+    wide = torch.randn((300, 320), device="cuda", dtype=torch.bfloat16)
+    _check_gate(wide[:, :256], 8, scoring="sigmoid", num_groups=8, topk_groups=4)
+    weights, indices = deep_kernels.topk_gate(wide[:0, :256], 8)
+    assert weights.shape == (0, 8) and indices.shape == (0, 8) and indices.dtype == torch.int32
+
+
+def _routed_indices(num_tokens: int, num_experts: int, k: int, index_dtype: torch.dtype) -> torch.Tensor:
+    """Distinct experts per token from a skewed router, with dropped (-1) and out-of-range slots."""
+    logits = torch.randn((num_tokens, num_experts), device="cuda") + torch.linspace(2, 0, num_experts, device="cuda")
+    _, indices = deep_kernels.topk_gate(logits, k, "sigmoid")
+    drop = torch.rand(indices.shape, device="cuda")
+    indices[drop < 0.05] = -1
+    indices[drop > 0.995] = num_experts + 3
+    return indices.to(index_dtype)
+
+
+def _check_layout(topk_idx, num_experts, max_tokens=None):
+    expected = reference.moe_layout(topk_idx, num_experts, max_tokens)
+    layout = deep_kernels.moe_layout(topk_idx, num_experts, max_tokens)
+    for name in ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row", "masked_slots", "masked_m"):
+        actual, wanted = getattr(layout, name), getattr(expected, name)
+        if wanted is None:
+            assert actual is None, name
+        else:
+            assert_bitwise_equal(actual, wanted, name)
+    return layout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 7, 513, 4001, 16384])
+@pytest.mark.parametrize("num_experts,k", [(256, 8), (384, 8), (512, 16), (72, 6), (3, 2)])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_moe_layout_matches_reference(num_tokens, num_experts, k, index_dtype):
+    topk_idx = _routed_indices(num_tokens, num_experts, k, index_dtype)
+    _check_layout(topk_idx, num_experts)
+    _check_layout(topk_idx, num_experts, max_tokens=num_tokens)
+    _check_layout(topk_idx, num_experts, max_tokens=max(1, num_tokens // num_experts))  # overflowing experts
+
+
+@pytest.mark.gpu
+def test_moe_layout_one_hot_expert_and_all_dropped():
+    topk_idx = torch.full((5000, 8), 17, dtype=torch.int32, device="cuda")  # one expert, every slot
+    _check_layout(topk_idx, 256, max_tokens=5000)
+    _check_layout(torch.full((64, 8), -1, dtype=torch.int32, device="cuda"), 256, max_tokens=64)
+    layout = _check_layout(torch.empty((0, 8), dtype=torch.int32, device="cuda"), 256, max_tokens=4)
+    assert layout.m_indices.shape == (0,) and layout.masked_slots.shape == (256, 4)
+
+
+@pytest.mark.gpu
+def test_routing_is_deterministic_and_graph_capturable():
+    logits = torch.randn((4001, 256), device="cuda", dtype=torch.bfloat16)
+    kwargs = dict(scoring="sigmoid", num_groups=8, topk_groups=4)
+    first_weights, first_indices = deep_kernels.topk_gate(logits, 8, **kwargs)
+    first_layout = deep_kernels.moe_layout(first_indices, 256, max_tokens=4001)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, indices = deep_kernels.topk_gate(logits, 8, **kwargs)
+        layout = deep_kernels.moe_layout(indices, 256, max_tokens=4001)
+    outputs = (weights, indices, layout.counts, layout.num_rows, layout.m_indices, layout.row_to_slot,
+               layout.slot_to_row, layout.masked_slots, layout.masked_m)
+    wanted = (first_weights, first_indices, first_layout.counts, first_layout.num_rows, first_layout.m_indices,
+              first_layout.row_to_slot, first_layout.slot_to_row, first_layout.masked_slots, first_layout.masked_m)
+    for _ in range(2):
+        for t in outputs:
+            poison_(t)
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, (actual, expected) in enumerate(zip(outputs, wanted)):
+            assert_bitwise_equal(actual, expected, f"output {i}")
+
+
+@pytest.mark.gpu
+def test_largest_expert_count_is_supported():
+    logits = random_activations(100, MAX_EXPERTS, torch.float32)
+    _check_gate(logits, 16, scoring="softmax", num_groups=8, topk_groups=3)
