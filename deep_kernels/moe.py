@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from deep_kernels.jit.runtime import get_kernel
-from deep_kernels.jit.source import KernelSpec
+from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_rank
 
 MAX_EXPERTS = 512  # csrc/kernels/smxx_moe_slots.cuh: kMaxMoeExperts
@@ -37,8 +37,6 @@ SOFTPLUS_THRESHOLD = 20.0
 SCORINGS = {"softmax": "Softmax", "sigmoid": "Sigmoid", "sqrtsoftplus": "SqrtSoftplus"}
 
 
-_CPP_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float32: "float", torch.int32: "int32_t",
-              torch.int64: "int64_t"}
 _GATE_WARPS = 4
 _LAYOUT_WARPS = 16
 _COUNT_THREADS = 512
@@ -73,7 +71,7 @@ def _check_groups(num_experts: int, k: int, num_groups, topk_groups) -> None:
 
 def _gate_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
     return KernelSpec("kernels/smxx_topk_gate.cuh", "smxx_topk_gate_impl",
-                      (_CPP_TYPES[dtype], num_experts, num_groups, "deep_kernels::GateScoring::" + SCORINGS[scoring],
+                      (CPP_TYPES[dtype], num_experts, num_groups, "deep_kernels::GateScoring::" + SCORINGS[scoring],
                        _GATE_WARPS))
 
 
@@ -172,12 +170,12 @@ def contiguous_max_rows(num_slots: int, num_experts: int) -> int:
 
 def _count_spec(dtype: torch.dtype) -> KernelSpec:
     return KernelSpec("kernels/smxx_moe_count.cuh", "smxx_moe_count_impl",
-                      (_CPP_TYPES[dtype], _CHUNK_SLOTS, _COUNT_THREADS))
+                      (CPP_TYPES[dtype], _CHUNK_SLOTS, _COUNT_THREADS))
 
 
 def _layout_spec(dtype: torch.dtype) -> KernelSpec:
     return KernelSpec("kernels/smxx_moe_layout.cuh", "smxx_moe_layout_impl",
-                      (_CPP_TYPES[dtype], _CHUNK_SLOTS, CONTIGUOUS_ALIGNMENT, _LAYOUT_WARPS))
+                      (CPP_TYPES[dtype], _CHUNK_SLOTS, CONTIGUOUS_ALIGNMENT, _LAYOUT_WARPS))
 
 
 @functools.lru_cache(maxsize=None)

@@ -24,7 +24,7 @@ from enum import IntEnum
 import torch
 
 from deep_kernels.jit.runtime import get_kernel
-from deep_kernels.jit.source import KernelSpec
+from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.validation import (
     check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div, tma_aligned_size,
 )
@@ -54,7 +54,7 @@ class ScaleMode(IntEnum):
         return "deep_kernels::ScaleMode::" + ("Multiply", "Divide")[self.value]
 
 
-_CPP_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float32: "float"}
+_FLOAT_TYPES = (torch.bfloat16, torch.float32)
 _NUM_WARPS = 8
 _PASSES = 4
 
@@ -167,7 +167,7 @@ def _cast_spec(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLa
                mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
     return KernelSpec(
         "kernels/smxx_per_token_cast.cuh", "smxx_per_token_cast_impl",
-        (_CPP_TYPES[dtype], group_size, str(ue8m0).lower(), layout.cpp, _NUM_WARPS, _PASSES, mode.cpp),
+        (CPP_TYPES[dtype], group_size, str(ue8m0).lower(), layout.cpp, _NUM_WARPS, _PASSES, mode.cpp),
     )
 
 
@@ -242,7 +242,7 @@ def _block_cast_spec(dtype: torch.dtype, block_size: int, ue8m0: bool, mode: Sca
     tile_blocks, num_warps = _BLOCK_CAST_TILES[dtype, block_size]
     return KernelSpec(
         "kernels/smxx_per_block_cast.cuh", "smxx_per_block_cast_impl",
-        (_CPP_TYPES[dtype], block_size, tile_blocks, num_warps, str(ue8m0).lower(), mode.cpp),
+        (CPP_TYPES[dtype], block_size, tile_blocks, num_warps, str(ue8m0).lower(), mode.cpp),
     )
 
 
@@ -309,7 +309,7 @@ def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = 
 def _cast_back_spec(out_dtype: torch.dtype, group_size: int, layout: ScaleLayout) -> KernelSpec:
     return KernelSpec(
         "kernels/smxx_per_token_cast_back.cuh", "smxx_per_token_cast_back_impl",
-        (_CPP_TYPES[out_dtype], group_size, layout.cpp, _NUM_WARPS, _PASSES),
+        (CPP_TYPES[out_dtype], group_size, layout.cpp, _NUM_WARPS, _PASSES),
     )
 
 
@@ -332,7 +332,7 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
     """
     check_dtype(q, "q", (torch.float8_e4m3fn,))
     check_rank(q, "q", 2)
-    if out_dtype not in _CPP_TYPES:
+    if out_dtype not in _FLOAT_TYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
     m, k = q.shape
     _check_group_size(group_size, m, k, torch.bfloat16, "q")
@@ -362,7 +362,7 @@ def precompile_specs() -> list:
     cast_variants = [(False, ScaleLayout.mn_major), (False, ScaleLayout.row_major), (True, ScaleLayout.mn_major),
                      (True, ScaleLayout.row_major), (True, ScaleLayout.packed_ue8m0)]
     specs = []
-    for dtype in _CPP_TYPES:
+    for dtype in _FLOAT_TYPES:
         for ue8m0, layout in cast_variants:
             specs.append(_cast_spec(dtype, 128, ue8m0, layout))
         specs.append(_cast_spec(dtype, 128, False, ScaleLayout.mn_major, ScaleMode.div))

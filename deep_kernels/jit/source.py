@@ -2,6 +2,11 @@
 
 from dataclasses import dataclass
 
+import torch
+
+# The C++ spelling of the torch dtypes kernels are specialized on.
+CPP_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float32: "float", torch.int32: "int32_t", torch.int64: "int64_t"}
+
 
 @dataclass(frozen=True)
 class KernelSpec:
