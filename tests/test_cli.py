@@ -39,3 +39,13 @@ def test_test_command_passes_arguments_to_pytest():
     result = _run("test", "-q", "--co", "-k", "test_info_lists_every_variable")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "test_info_lists_every_variable" in result.stdout
+
+
+def test_readme_lists_every_variable():
+    from pathlib import Path
+
+    from deep_kernels import envs
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for name in envs.VARIABLES:
+        assert f"| `{name}` |" in readme, name
