@@ -18,6 +18,7 @@ from deep_kernels.device import get_num_sms
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.jit.source import KernelSpec
+from deep_kernels.quant import unpack_ue8m0
 from deep_kernels.validation import (
     ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, tma_aligned_size,
 )
@@ -42,18 +43,12 @@ def get_mn_major_tma_aligned_tensor(scales: torch.Tensor) -> torch.Tensor:
     return out.copy_(scales)
 
 
-def _unpack_ue8m0(words: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
-    """Packed UE8M0 int32 [rows, ceil(groups / 4)] (any strides) to FP32 [rows, groups]: 2^(e - 127)."""
-    exponents = words.new_empty(words.shape).copy_(words).view(torch.uint8).view(rows, -1)[:, :groups].int()
-    return torch.where(exponents == 0, 0x00400000, exponents << 23).view(torch.float32)
-
-
 def _scale_a(sfa, m: int, k_blocks: int) -> torch.Tensor:
     check_rank(sfa, "sfa", 2)
     if sfa.dtype == torch.int32:
         if tuple(sfa.shape) != (m, ceil_div(k_blocks, 4)):
             raise ValueError(f"packed UE8M0 sfa must have shape {(m, ceil_div(k_blocks, 4))}, got {tuple(sfa.shape)}")
-        return get_mn_major_tma_aligned_tensor(_unpack_ue8m0(sfa, m, k_blocks))
+        return get_mn_major_tma_aligned_tensor(unpack_ue8m0(sfa, m, k_blocks))
     check_dtype(sfa, "sfa", (torch.float32, torch.int32))
     if tuple(sfa.shape) != (m, k_blocks):
         raise ValueError(f"sfa must have shape [M, K / 128] = {(m, k_blocks)}, got {tuple(sfa.shape)}")
@@ -66,7 +61,7 @@ def _scale_b(sfb, n_blocks: int, k_blocks: int) -> torch.Tensor:
         if tuple(sfb.shape) != (n_blocks, ceil_div(k_blocks, 4)):
             raise ValueError(f"packed UE8M0 sfb must have shape {(n_blocks, ceil_div(k_blocks, 4))}, "
                              f"got {tuple(sfb.shape)}")
-        return _unpack_ue8m0(sfb, n_blocks, k_blocks).contiguous()
+        return unpack_ue8m0(sfb, n_blocks, k_blocks).contiguous()
     check_dtype(sfb, "sfb", (torch.float32, torch.int32))
     if tuple(sfb.shape) != (n_blocks, k_blocks):
         raise ValueError(f"sfb must have shape [ceil(N / 128), K / 128] = {(n_blocks, k_blocks)}, "

@@ -91,6 +91,13 @@ def empty_scales(m: int, num_groups: int, layout: ScaleLayout, like: torch.Tenso
     return like.new_empty_strided(shape, strides, dtype=dtype)
 
 
+def unpack_ue8m0(words: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
+    """Packed UE8M0 int32 [rows, ceil(groups / 4)] (any strides) to FP32 [rows, groups]: 2^(e - 127) per
+    byte, e = 0 being the subnormal 2^-127."""
+    exponents = words.new_empty(words.shape).copy_(words).view(torch.uint8).view(rows, -1)[:, :groups].int()
+    return torch.where(exponents == 0, 0x00400000, exponents << 23).view(torch.float32)
+
+
 def check_scales(scales: torch.Tensor, name: str, m: int, num_groups: int, layout: ScaleLayout) -> None:
     """scales has the dtype, shape and strides (of dimensions longer than 1) of `layout`."""
     dtype, shape, strides = _scale_geometry(m, num_groups, layout)

@@ -6,7 +6,9 @@ scalar into a multiplication by its reciprocal, which is not the IEEE quotient t
 
 import torch
 
-from deep_kernels.quant import DEFAULT_AMAX_CLAMP, E4M3_MAX, ScaleLayout, ScaleMode, empty_scales, scale_layout_of
+from deep_kernels.quant import (
+    DEFAULT_AMAX_CLAMP, E4M3_MAX, ScaleLayout, ScaleMode, empty_scales, scale_layout_of, unpack_ue8m0,
+)
 from deep_kernels.validation import ceil_div
 
 
@@ -16,12 +18,6 @@ def ceil_to_power_of_two(s: torch.Tensor) -> torch.Tensor:
     exponent = (bits >> 23) & 0xFF
     rounded = ((exponent + ((bits & 0x7FFFFF) != 0).int()) << 23).view(torch.float32)
     return torch.where(exponent >= 0xFF, s, rounded)
-
-
-def ue8m0_to_float(exponents: torch.Tensor) -> torch.Tensor:
-    """UE8M0 bytes (as int32 0..255) to FP32 2^(e - 127); e = 0 is the subnormal 2^-127."""
-    bits = torch.where(exponents == 0, torch.full_like(exponents, 0x00400000), exponents << 23)
-    return bits.view(torch.float32)
 
 
 def scale_and_multiplier(amax: torch.Tensor, ue8m0: bool):
@@ -58,9 +54,7 @@ def unpack_scales(scales: torch.Tensor, m: int, num_groups: int) -> torch.Tensor
     """Scales in any layout back to FP32 [M, G]."""
     if scale_layout_of(scales, m, num_groups) != ScaleLayout.packed_ue8m0:
         return scales.float().contiguous()
-    words = scales.new_empty(scales.shape).copy_(scales)  # row-major, whatever the input strides
-    exponents = words.view(torch.uint8).view(m, -1)[:, :num_groups].int()
-    return ue8m0_to_float(exponents)
+    return unpack_ue8m0(scales, m, num_groups)
 
 
 def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = False,
