@@ -4,6 +4,8 @@ tested) on CPU tensors."""
 
 import torch
 
+INT32_LIMIT = 2**31 - 1
+
 
 def ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
@@ -13,6 +15,11 @@ def tma_aligned_size(n: int, element_size: int) -> int:
     """n rounded up so that n elements of element_size bytes fill whole 16-byte TMA units."""
     per_unit = 16 // element_size
     return ceil_div(n, per_unit) * per_unit
+
+
+def check_int_range(value, name: str, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
 
 
 def check_tensor(t, name: str) -> None:

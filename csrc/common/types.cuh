@@ -1,4 +1,4 @@
-// Enums shared with Python (deep_kernels/quant.py mirrors them by value).
+// Enums shared with Python (deep_kernels/quant/common.py mirrors them by value).
 #pragma once
 
 namespace deep_kernels {

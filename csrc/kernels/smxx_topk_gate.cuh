@@ -6,7 +6,7 @@
 //   index; NaN keys rank as -inf. weight = the chosen score / (sum of the k chosen scores + 1e-20) when
 //   renormalizing, times the scaling factor.
 // One warp per token: lane l holds experts l, l + 32, ... in registers. Every sum has a fixed order (a
-// lane's slots in ascending order, then an xor butterfly) that deep_kernels/reference/moe.py mirrors.
+// lane's slots in ascending order, then an xor butterfly) that deep_kernels/reference/moe/gate.py mirrors.
 #pragma once
 
 #include <cuda_bf16.h>

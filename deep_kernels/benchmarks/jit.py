@@ -11,6 +11,7 @@ import torch
 
 import deep_kernels
 from deep_kernels import gemm, quant
+from deep_kernels.quant import fp8 as quant_fp8
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.device import target_arch
 from deep_kernels.jit import runtime
@@ -75,7 +76,7 @@ def run(ctx: BenchContext) -> list:
     q, scales = deep_kernels.per_token_cast_to_fp8(small)
     out = (empty_like_strided(q), empty_like_strided(scales))
     ours_out_us = host_time_us(lambda: deep_kernels.per_token_cast_to_fp8(small, out=out))
-    kernel = quant._cast_kernel(small.dtype, 128, False, quant.ScaleLayout.mn_major)
+    kernel = quant_fp8._cast_kernel(small.dtype, 128, False, quant_fp8.ScaleLayout.mn_major)
     params = (small.data_ptr(), q.data_ptr(), scales.data_ptr(), 16, 256, 256, 16, 1e-4)
     launch_us = host_time_us(lambda: kernel.launch((2, 1, 1), params, 0))
     rows.append(_row("host_overhead", {"m": 16, "k": 256}, "Kernel.launch alone (stream + cuLaunchKernelEx)",

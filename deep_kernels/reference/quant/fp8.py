@@ -1,4 +1,4 @@
-"""Plain-torch reference of deep_kernels.quant: the definition the kernels match bit for bit.
+"""Plain-torch reference of deep_kernels.quant.fp8: the definition the kernels match bit for bit.
 
 Runs on any device. Divisions are tensor-by-tensor on purpose: torch turns a division by a Python
 scalar into a multiplication by its reciprocal, which is not the IEEE quotient the kernels compute.
@@ -6,7 +6,7 @@ scalar into a multiplication by its reciprocal, which is not the IEEE quotient t
 
 import torch
 
-from deep_kernels.quant import (
+from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, E4M3_MAX, ScaleLayout, ScaleMode, empty_scales, scale_layout_of, unpack_ue8m0,
 )
 from deep_kernels.validation import ceil_div

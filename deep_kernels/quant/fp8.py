@@ -1,4 +1,4 @@
-"""Quantization kernels: per-token-group and per-block FP8 casts, and the per-token inverse.
+"""FP8 e4m3 casts: per-token-group and per-block, and the per-token inverse.
 
 Numerics (bit-exact with deep_kernels.reference.quant), per group (per-token) or block (per-block):
     amax  = max |x| over the group, clamped below by amax_clamp (NaN propagates)
@@ -11,170 +11,28 @@ The two modes differ in the last bit of x's scaled value for some inputs, so a f
 e4m3 step at most); pick the one the consumer's dequantization was calibrated with. Rounding to e4m3 is
 round-to-nearest-even saturating at +-448. A NaN in a group makes its scale and all its codes NaN; an
 infinity makes the scale inf, its own code NaN and the group's finite codes zero.
-Scale layouts (ScaleLayout, mirrored from csrc/common/types.cuh), with M_ALIGNED = M rounded up to 4:
-    "mn_major"      FP32 [M, G], strides (1, M_ALIGNED): transposed and TMA-aligned, what the FP8 GEMM reads
-    "row_major"     FP32 [M, G], strides (G, 1)
-    "packed_ue8m0"  int32 [M, ceil(G / 4)], strides (1, M_ALIGNED): byte g % 4 of word g // 4 is group g's
-                    UE8M0 exponent (little-endian); unused bytes of the last word are zero
+Scale layouts: see deep_kernels.quant.common.
 """
 
 import functools
-from enum import IntEnum
 
 import torch
 
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
-from deep_kernels.validation import (
-    check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div, tma_aligned_size,
+from deep_kernels.quant.common import (
+    DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
+    check_amax_clamp, check_group_size, check_output, check_scales, empty_scales, parse_layout,
+    parse_scale_mode, scale_layout_of,
 )
-
-E4M3_MAX = 448.0
-DEFAULT_AMAX_CLAMP = 1e-4
-
-
-class ScaleLayout(IntEnum):
-    row_major = 0
-    mn_major = 1
-    packed_ue8m0 = 2
-
-    @property
-    def cpp(self) -> str:
-        return "deep_kernels::ScaleLayout::" + ("RowMajor", "MNMajor", "MNMajorPackedUE8M0")[self.value]
-
-
-class ScaleMode(IntEnum):
-    """How x is brought into e4m3 range: multiplied by 448 / amax, or divided by the scale."""
-
-    mul = 0
-    div = 1
-
-    @property
-    def cpp(self) -> str:
-        return "deep_kernels::ScaleMode::" + ("Multiply", "Divide")[self.value]
-
-
-_FLOAT_TYPES = (torch.bfloat16, torch.float32)
-_NUM_WARPS = 8
-_PASSES = 4
-
-
-# A group spans 1 to 32 lanes of 16-byte vectors (8 elements for cast-back, whatever its output).
-_GROUP_SIZES = {dtype: tuple(16 // dtype.itemsize * lanes for lanes in (1, 2, 4, 8, 16, 32))
-                for dtype in (torch.bfloat16, torch.float32)}
-# CUDA's limit on gridDim.y, where the row blocks go.
-_MAX_ROW_BLOCKS = 65535
-
-
-def supported_group_sizes(dtype: torch.dtype) -> tuple:
-    """Group sizes of the per-token kernels for a bf16 or fp32 input."""
-    return _GROUP_SIZES[dtype]
-
-
-def _block_rows(group_size: int, vector: int) -> int:
-    # Mirrors TokenGroupTile::BLOCK_ROWS (csrc/common/token_group_tile.cuh).
-    return (32 // (group_size // vector)) * _NUM_WARPS * _PASSES
-
-
-def _scale_geometry(m: int, num_groups: int, layout: ScaleLayout) -> tuple:
-    """(dtype, shape, strides) of the scales of [m, num_groups] groups in `layout`."""
-    if layout == ScaleLayout.row_major:
-        return torch.float32, (m, num_groups), (num_groups, 1)
-    if layout == ScaleLayout.mn_major:
-        return torch.float32, (m, num_groups), (1, tma_aligned_size(m, 4))
-    return torch.int32, (m, ceil_div(num_groups, 4)), (1, tma_aligned_size(m, 4))
-
-
-def empty_scales(m: int, num_groups: int, layout: ScaleLayout, like: torch.Tensor) -> torch.Tensor:
-    """An uninitialised scale tensor of [m, num_groups] groups in `layout`, on like's device."""
-    dtype, shape, strides = _scale_geometry(m, num_groups, layout)
-    return like.new_empty_strided(shape, strides, dtype=dtype)
-
-
-def unpack_ue8m0(words: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
-    """Packed UE8M0 int32 [rows, ceil(groups / 4)] (any strides) to FP32 [rows, groups]: 2^(e - 127) per
-    byte, e = 0 being the subnormal 2^-127."""
-    exponents = words.new_empty(words.shape).copy_(words).view(torch.uint8).view(rows, -1)[:, :groups].int()
-    return torch.where(exponents == 0, 0x00400000, exponents << 23).view(torch.float32)
-
-
-def check_scales(scales: torch.Tensor, name: str, m: int, num_groups: int, layout: ScaleLayout) -> None:
-    """scales has the dtype, shape and strides (of dimensions longer than 1) of `layout`."""
-    dtype, shape, strides = _scale_geometry(m, num_groups, layout)
-    check_dtype(scales, name, (dtype,))
-    if tuple(scales.shape) != shape or any(
-        size > 1 and stride != want for size, stride, want in zip(shape, scales.stride(), strides)
-    ):
-        raise ValueError(
-            f"{name} must have shape {shape} with strides {strides} ({layout.name} scales), "
-            f"got shape {tuple(scales.shape)} strides {tuple(scales.stride())}"
-        )
-
-
-def scale_layout_of(scales: torch.Tensor, m: int, num_groups: int) -> ScaleLayout:
-    """The layout of an existing scale tensor (as this module writes them), or a clear error."""
-    check_dtype(scales, "scales", (torch.float32, torch.int32))
-    check_rank(scales, "scales", 2)
-    if scales.dtype == torch.int32:
-        layout = ScaleLayout.packed_ue8m0
-    else:
-        # Only strides of dimensions longer than 1 matter; with one group both FP32 layouts coincide.
-        transposed = scales.stride(0) == 1 if m > 1 else scales.stride(-1) != 1
-        layout = ScaleLayout.mn_major if transposed and num_groups > 1 else ScaleLayout.row_major
-    check_scales(scales, "scales", m, num_groups, layout)
-    return layout
-
-
-def _parse_layout(scale_layout, ue8m0: bool) -> ScaleLayout:
-    try:
-        layout = ScaleLayout[scale_layout]
-    except KeyError:
-        raise ValueError(
-            f"scale_layout must be one of {[layout.name for layout in ScaleLayout]}, got {scale_layout!r}"
-        ) from None
-    if layout == ScaleLayout.packed_ue8m0 and not ue8m0:
-        raise ValueError("scale_layout='packed_ue8m0' needs ue8m0=True (packed scales are powers of two)")
-    return layout
-
-
-def _parse_scale_mode(scale_mode, ue8m0: bool) -> ScaleMode:
-    """The kernel's mode; with ue8m0 both modes give the same bits, so one kernel serves them."""
-    try:
-        mode = ScaleMode[scale_mode]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"scale_mode must be one of {[mode.name for mode in ScaleMode]}, got {scale_mode!r}"
-        ) from None
-    return ScaleMode.mul if ue8m0 else mode
-
-
-def _check_amax_clamp(amax_clamp) -> None:
-    if not (isinstance(amax_clamp, (int, float)) and 0 < amax_clamp < float("inf")):
-        raise ValueError(f"amax_clamp must be a positive finite number, got {amax_clamp!r}")
-
-
-def _check_group_size(group_size, m: int, k: int, dtype: torch.dtype, argument: str) -> None:
-    if group_size not in _GROUP_SIZES[dtype] or not isinstance(group_size, int):
-        raise ValueError(f"group_size must be one of {_GROUP_SIZES[dtype]} for {dtype}, got {group_size!r}")
-    if k % group_size != 0:
-        raise ValueError(f"{argument}.shape[1] (K = {k}) must be a multiple of group_size = {group_size}")
-    if ceil_div(m, _block_rows(group_size, 16 // dtype.itemsize)) > _MAX_ROW_BLOCKS:
-        raise ValueError(f"{argument} has too many rows ({m}) for one launch: split it")
-
-
-def _check_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> None:
-    check_dtype(t, name, (dtype,))
-    if tuple(t.shape) != shape or not t.is_contiguous():
-        raise ValueError(f"{name} must be a contiguous tensor of shape {shape}, got shape {tuple(t.shape)} "
-                         f"strides {tuple(t.stride())}")
-    check_cuda_device(t, name, like=like)
+from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div, tma_aligned_size
 
 
 def _cast_spec(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLayout,
                mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
     return KernelSpec(
         "kernels/smxx_per_token_cast.cuh", "smxx_per_token_cast_impl",
-        (CPP_TYPES[dtype], group_size, str(ue8m0).lower(), layout.cpp, _NUM_WARPS, _PASSES, mode.cpp),
+        (CPP_TYPES[dtype], group_size, str(ue8m0).lower(), layout.cpp, NUM_WARPS, PASSES, mode.cpp),
     )
 
 
@@ -182,7 +40,7 @@ def _cast_spec(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLa
 def _cast_kernel(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLayout,
                  mode: ScaleMode = ScaleMode.mul):
     return get_kernel(_cast_spec(dtype, group_size, ue8m0, layout, mode), param_kinds="PPPIIIIf",
-                      block_threads=_NUM_WARPS * 32)
+                      block_threads=NUM_WARPS * 32)
 
 
 def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = False,
@@ -208,11 +66,11 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
     check_dtype(x, "x", (torch.bfloat16, torch.float32))
     check_rank(x, "x", 2)
     m, k = x.shape
-    _check_group_size(group_size, m, k, x.dtype, "x")
+    check_group_size(group_size, m, k, x.dtype, "x")
     check_row_major_rows(x, "x")
-    layout = _parse_layout(scale_layout, ue8m0)
-    mode = _parse_scale_mode(scale_mode, ue8m0)
-    _check_amax_clamp(amax_clamp)
+    layout = parse_layout(scale_layout, ue8m0)
+    mode = parse_scale_mode(scale_mode, ue8m0)
+    check_amax_clamp(amax_clamp)
     check_cuda_device(x, "x")
 
     num_groups = k // group_size
@@ -221,7 +79,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
         scales = empty_scales(m, num_groups, layout, x)
     else:
         q, scales = out
-        _check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
+        check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
         check_scales(scales, "out[1]", m, num_groups, layout)
         check_cuda_device(scales, "out[1]", like=x)
     if m == 0 or k == 0:
@@ -229,7 +87,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
 
     kernel = _cast_kernel(x.dtype, group_size, ue8m0, layout, mode)
     scale_stride = num_groups if layout == ScaleLayout.row_major else scales.stride(1)
-    grid = (num_groups, ceil_div(m, _block_rows(group_size, 16 // x.element_size())), 1)
+    grid = (num_groups, ceil_div(m, block_rows(group_size, 16 // x.element_size())), 1)
     kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), scale_stride,
                          float(amax_clamp)), x.get_device())
     return q, scales
@@ -287,11 +145,11 @@ def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = 
         raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size!r}")
     if k % block_size != 0:
         raise ValueError(f"x.shape[1] (K = {k}) must be a multiple of block_size = {block_size}")
-    if ceil_div(m, block_size) > _MAX_ROW_BLOCKS:
+    if ceil_div(m, block_size) > MAX_ROW_BLOCKS:
         raise ValueError(f"x has too many rows ({m}) for one launch: split it")
     check_row_major_rows(x, "x")
-    mode = _parse_scale_mode(scale_mode, ue8m0)
-    _check_amax_clamp(amax_clamp)
+    mode = parse_scale_mode(scale_mode, ue8m0)
+    check_amax_clamp(amax_clamp)
     check_cuda_device(x, "x")
 
     scale_shape = (ceil_div(m, block_size), k // block_size)
@@ -300,8 +158,8 @@ def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = 
         scales = x.new_empty(scale_shape, dtype=torch.float32)
     else:
         q, scales = out
-        _check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
-        _check_output(scales, "out[1]", scale_shape, torch.float32, x)
+        check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
+        check_output(scales, "out[1]", scale_shape, torch.float32, x)
     if m == 0 or k == 0:
         return q, scales
 
@@ -316,14 +174,14 @@ def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = 
 def _cast_back_spec(out_dtype: torch.dtype, group_size: int, layout: ScaleLayout) -> KernelSpec:
     return KernelSpec(
         "kernels/smxx_per_token_cast_back.cuh", "smxx_per_token_cast_back_impl",
-        (CPP_TYPES[out_dtype], group_size, layout.cpp, _NUM_WARPS, _PASSES),
+        (CPP_TYPES[out_dtype], group_size, layout.cpp, NUM_WARPS, PASSES),
     )
 
 
 @functools.lru_cache(maxsize=None)
 def _cast_back_kernel(out_dtype: torch.dtype, group_size: int, layout: ScaleLayout):
     return get_kernel(_cast_back_spec(out_dtype, group_size, layout), param_kinds="PPPIII",
-                      block_threads=_NUM_WARPS * 32)
+                      block_threads=NUM_WARPS * 32)
 
 
 def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int = 128,
@@ -339,10 +197,10 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
     """
     check_dtype(q, "q", (torch.float8_e4m3fn,))
     check_rank(q, "q", 2)
-    if out_dtype not in _FLOAT_TYPES:
+    if out_dtype not in FLOAT_TYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
     m, k = q.shape
-    _check_group_size(group_size, m, k, torch.bfloat16, "q")
+    check_group_size(group_size, m, k, torch.bfloat16, "q")
     if not q.is_contiguous():
         raise ValueError(f"q must be contiguous, got strides {tuple(q.stride())}")
     num_groups = k // group_size
@@ -354,12 +212,12 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
         y = q.new_empty((m, k), dtype=out_dtype)
     else:
         y = out
-        _check_output(y, "out", (m, k), out_dtype, q)
+        check_output(y, "out", (m, k), out_dtype, q)
     if m == 0 or k == 0:
         return y
     kernel = _cast_back_kernel(out_dtype, group_size, layout)
     scale_stride = num_groups if layout == ScaleLayout.row_major else tma_aligned_size(m, 4)
-    grid = (num_groups, ceil_div(m, _block_rows(group_size, 8)), 1)
+    grid = (num_groups, ceil_div(m, block_rows(group_size, 8)), 1)
     kernel.launch(grid, (q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, scale_stride), q.get_device())
     return y
 
@@ -369,7 +227,7 @@ def precompile_specs() -> list:
     cast_variants = [(False, ScaleLayout.mn_major), (False, ScaleLayout.row_major), (True, ScaleLayout.mn_major),
                      (True, ScaleLayout.row_major), (True, ScaleLayout.packed_ue8m0)]
     specs = []
-    for dtype in _FLOAT_TYPES:
+    for dtype in FLOAT_TYPES:
         for ue8m0, layout in cast_variants:
             specs.append(_cast_spec(dtype, 128, ue8m0, layout))
         specs.append(_cast_spec(dtype, 128, False, ScaleLayout.mn_major, ScaleMode.div))

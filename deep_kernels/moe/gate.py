@@ -1,0 +1,138 @@
+"""Top-k expert gating of router logits.
+
+topk_gate (DeepSeek-V3 semantics, bit-exact with deep_kernels.reference.moe):
+    score  = softmax | sigmoid | sqrt(softplus) of the logits, in fp32; key = score + bias (optional)
+    groups: a group's key is the sum of its two largest expert keys; only the topk_groups best groups
+            stay eligible
+    the k largest eligible keys in descending order, ties to the lower index (groups likewise); NaN keys
+    rank as -inf, so NaN/Inf logits still give distinct in-range indices
+    weight = the chosen expert's unbiased score, / (sum of the k scores + 1e-20) when renormalizing,
+             times routed_scaling_factor
+    Sums run in a fixed order (see the reference), so results are deterministic.
+"""
+
+import functools
+
+import torch
+
+from deep_kernels.jit.runtime import get_kernel
+from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, INT32_LIMIT
+
+MAX_EXPERTS = 512  # csrc/kernels/smxx_moe_slots.cuh: kMaxMoeExperts
+MAX_TOP_K = 16
+MAX_GROUPS = 32
+RENORMALIZE_EPSILON = 1e-20
+SOFTPLUS_THRESHOLD = 20.0
+
+
+# The scoring functions by name, and their GateScoring enumerator (csrc/kernels/smxx_topk_gate.cuh).
+SCORINGS = {"softmax": "Softmax", "sigmoid": "Sigmoid", "sqrtsoftplus": "SqrtSoftplus"}
+
+
+_GATE_WARPS = 4
+
+
+def _check_scoring(scoring) -> None:
+    if not isinstance(scoring, str) or scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {list(SCORINGS)}, got {scoring!r}")
+
+
+def _check_groups(num_experts: int, k: int, num_groups, topk_groups) -> None:
+    check_int_range(num_groups, "num_groups", 0, MAX_GROUPS)
+    if num_groups == 0:
+        if topk_groups != 0:
+            raise ValueError(f"topk_groups must be 0 without groups (num_groups=0), got {topk_groups!r}")
+        return
+    if num_experts % num_groups != 0 or num_experts // num_groups < 2:
+        raise ValueError(f"num_groups ({num_groups}) must divide the {num_experts} experts into groups of "
+                         f"at least 2")
+    check_int_range(topk_groups, "topk_groups", 1, num_groups)
+    eligible = topk_groups * (num_experts // num_groups)
+    if k > eligible:
+        raise ValueError(f"k ({k}) must not exceed the {eligible} experts of the topk_groups={topk_groups} groups")
+
+
+def _gate_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
+    return KernelSpec("kernels/smxx_topk_gate.cuh", "smxx_topk_gate_impl",
+                      (CPP_TYPES[dtype], num_experts, num_groups, "deep_kernels::GateScoring::" + SCORINGS[scoring],
+                       _GATE_WARPS))
+
+
+@functools.lru_cache(maxsize=None)
+def _gate_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str):
+    return get_kernel(_gate_spec(dtype, num_experts, num_groups, scoring), param_kinds="PPPPIIIIIf",
+                      block_threads=_GATE_WARPS * 32)
+
+
+def topk_gate(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torch.Tensor = None,
+              num_groups: int = 0, topk_groups: int = 0, renormalize: bool = True,
+              routed_scaling_factor: float = 1.0):
+    """Choose k experts per token from router logits.
+
+    Args:
+        logits: [T, E] float32 or bfloat16 CUDA tensor, last dimension contiguous; 1 <= E <= 512.
+        k: experts per token, 1 <= k <= min(16, E).
+        scoring: "softmax", "sigmoid" or "sqrtsoftplus" (sqrt(softplus(x)), softplus(x) = x above 20).
+        bias: optional contiguous float32 [E] added to the scores for selection only.
+        num_groups: 0 (no group limit) or the number of equal expert groups (<= 32, >= 2 experts each).
+        topk_groups: groups kept eligible (1..num_groups); 0 without groups.
+        renormalize: divide the k weights by their sum + 1e-20.
+        routed_scaling_factor: multiplies the weights last.
+
+    Returns:
+        (weights, indices): float32 [T, k] and int32 [T, k], contiguous; indices in descending key order.
+
+    Notes:
+        Deterministic; bit-exact with deep_kernels.reference.moe.topk_gate (see the module docstring).
+    """
+    check_dtype(logits, "logits", (torch.float32, torch.bfloat16))
+    check_rank(logits, "logits", 2)
+    num_tokens, num_experts = logits.shape
+    check_int_range(num_experts, "logits.shape[1] (the expert count)", 1, MAX_EXPERTS)
+    check_int_range(k, "k", 1, min(MAX_TOP_K, num_experts))
+    _check_scoring(scoring)
+    _check_groups(num_experts, k, num_groups, topk_groups)
+    if num_experts > 1 and logits.stride(1) != 1:
+        raise ValueError(f"logits must have a contiguous last dimension, got strides {tuple(logits.stride())}")
+    if num_tokens > 1 and not 0 <= logits.stride(0) <= INT32_LIMIT:
+        raise ValueError(f"logits row stride must be in [0, 2^31), got {logits.stride(0)}")
+    if bias is not None:
+        check_dtype(bias, "bias", (torch.float32,))
+        if tuple(bias.shape) != (num_experts,) or not bias.is_contiguous():
+            raise ValueError(f"bias must be a contiguous tensor of shape ({num_experts},), got shape "
+                             f"{tuple(bias.shape)} strides {tuple(bias.stride())}")
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
+    if not (isinstance(routed_scaling_factor, (int, float)) and abs(routed_scaling_factor) < float("inf")):
+        raise ValueError(f"routed_scaling_factor must be a finite number, got {routed_scaling_factor!r}")
+    check_cuda_device(logits, "logits")
+    if bias is not None:
+        check_cuda_device(bias, "bias", like=logits)
+
+    weights = logits.new_empty((num_tokens, k), dtype=torch.float32)
+    indices = logits.new_empty((num_tokens, k), dtype=torch.int32)
+    if num_tokens == 0:
+        return weights, indices
+    # One group with topk_groups = 1 keeps every expert eligible: the ungrouped kernel does the same.
+    kernel = _gate_kernel(logits.dtype, num_experts, num_groups if num_groups > 1 else 0, scoring)
+    kernel.launch((ceil_div(num_tokens, _GATE_WARPS), 1, 1),
+                  (logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(),
+                   indices.data_ptr(), num_tokens, logits.stride(0), k, topk_groups, int(renormalize),
+                   float(routed_scaling_factor)), logits.get_device())
+    return weights, indices
+
+
+def precompile_specs() -> list:
+    """The specializations `python -m deep_kernels precompile` builds for this module."""
+    gates = [
+        (256, 8, "sigmoid"),        # DeepSeek-V3
+        (384, 0, "sigmoid"),        # Kimi-K2
+        (512, 8, "softmax"),        # the largest: 64 experts per group
+        (72, 0, "sqrtsoftplus"),    # experts not a multiple of 32
+        (64, 32, "softmax"),        # the most groups, smaller than a warp
+    ]
+    specs = []
+    for dtype in (torch.float32, torch.bfloat16):
+        specs.extend(_gate_spec(dtype, e, g, scoring) for e, g, scoring in gates)
+    return specs

@@ -1,0 +1,139 @@
+"""Token-to-expert layouts of the routed slots, as the grouped GEMMs read them.
+
+moe_layout: slot s = t * k + j of topk_idx [T, k]; -1 (or any index outside [0, E)) drops a slot.
+    contiguous layout: expert segments in expert order, each padded to CONTIGUOUS_ALIGNMENT rows,
+    slots in ascending order within a segment; sized for the worst case so that no host sync is needed
+    masked layout: [E, max_tokens] slots per expert and the per-expert valid count
+    Positions never depend on atomics: counts, an exclusive scan, then ranks by counting earlier slots.
+"""
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from deep_kernels.jit.runtime import get_kernel
+from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.moe.gate import MAX_EXPERTS
+from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, INT32_LIMIT
+
+CONTIGUOUS_ALIGNMENT = 128
+
+_LAYOUT_WARPS = 16
+_COUNT_THREADS = 512
+_CHUNK_SLOTS = 4096
+
+
+@dataclass(frozen=True)
+class MoeLayout:
+    """Where each routed slot (s = t * k + j of topk_idx [T, k]) goes; every tensor int32 on the device.
+
+    counts [E]: slots routed to each expert.
+    num_rows [1]: rows the contiguous layout uses (each expert's count rounded up to CONTIGUOUS_ALIGNMENT).
+    m_indices [max_rows]: each row's expert, -1 for padding rows and rows from num_rows on.
+    row_to_slot [max_rows]: each row's slot, -1 where m_indices is -1.
+    slot_to_row [T, k]: each slot's row, -1 for dropped slots.
+    masked_slots [E, max_tokens] or None: expert e's first max_tokens slots in ascending order, then -1.
+    masked_m [E] or None: min(counts, max_tokens), the valid length of each row of masked_slots.
+    """
+
+    counts: torch.Tensor
+    num_rows: torch.Tensor
+    m_indices: torch.Tensor
+    row_to_slot: torch.Tensor
+    slot_to_row: torch.Tensor
+    masked_slots: torch.Tensor = None
+    masked_m: torch.Tensor = None
+
+
+def contiguous_max_rows(num_slots: int, num_experts: int) -> int:
+    """Rows of the contiguous layout in the worst case: every slot, plus up to alignment - 1 padding rows
+    for each expert that received any slot."""
+    padding = (CONTIGUOUS_ALIGNMENT - 1) * min(num_experts, num_slots)
+    return ceil_div(num_slots + padding, CONTIGUOUS_ALIGNMENT) * CONTIGUOUS_ALIGNMENT
+
+
+def _count_spec(dtype: torch.dtype) -> KernelSpec:
+    return KernelSpec("kernels/smxx_moe_count.cuh", "smxx_moe_count_impl",
+                      (CPP_TYPES[dtype], _CHUNK_SLOTS, _COUNT_THREADS))
+
+
+def _layout_spec(dtype: torch.dtype) -> KernelSpec:
+    return KernelSpec("kernels/smxx_moe_layout.cuh", "smxx_moe_layout_impl",
+                      (CPP_TYPES[dtype], _CHUNK_SLOTS, CONTIGUOUS_ALIGNMENT, _LAYOUT_WARPS))
+
+
+@functools.lru_cache(maxsize=None)
+def _layout_kernels(dtype: torch.dtype):
+    count = get_kernel(_count_spec(dtype), param_kinds="PPII", block_threads=_COUNT_THREADS)
+    layout = get_kernel(_layout_spec(dtype), param_kinds="PPPPPPPPPIIIII", block_threads=_LAYOUT_WARPS * 32)
+    return count, layout
+
+
+def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None) -> MoeLayout:
+    """The contiguous (and optionally masked) grouped-GEMM layouts of routed slots.
+
+    Args:
+        topk_idx: [T, k] int32 or int64 CUDA tensor, contiguous; -1 (or any index outside [0, E)) drops
+            a slot.
+        num_experts: E, 1 <= E <= 512.
+        max_tokens: with a value, also build the masked layout [E, max_tokens]; slots of an expert
+            beyond the first max_tokens are left out of it (compare masked_m with counts to detect it).
+
+    Returns:
+        MoeLayout (see its docstring); the contiguous tensors have contiguous_max_rows(T * k, E) rows.
+
+    Notes:
+        Two launches (per-chunk counts, then offsets, ranks and scatter), no host synchronization, so
+        it can be captured in a CUDA graph. Deterministic.
+    """
+    check_dtype(topk_idx, "topk_idx", (torch.int32, torch.int64))
+    check_rank(topk_idx, "topk_idx", 2)
+    check_int_range(num_experts, "num_experts", 1, MAX_EXPERTS)
+    num_tokens, k = topk_idx.shape
+    num_slots = num_tokens * k
+    max_rows = contiguous_max_rows(num_slots, num_experts)
+    if max_rows > INT32_LIMIT:
+        raise ValueError(f"topk_idx has too many slots ({num_slots}) for int32 row indices: split it")
+    if not topk_idx.is_contiguous():
+        raise ValueError(f"topk_idx must be contiguous, got strides {tuple(topk_idx.stride())}")
+    if max_tokens is not None:
+        check_int_range(max_tokens, "max_tokens", 1, INT32_LIMIT // num_experts)
+    check_cuda_device(topk_idx, "topk_idx")
+
+    new_int32 = functools.partial(topk_idx.new_empty, dtype=torch.int32)
+    layout = MoeLayout(
+        counts=new_int32((num_experts,)), num_rows=new_int32((1,)), m_indices=new_int32((max_rows,)),
+        row_to_slot=new_int32((max_rows,)), slot_to_row=new_int32((num_tokens, k)),
+        masked_slots=None if max_tokens is None else new_int32((num_experts, max_tokens)),
+        masked_m=None if max_tokens is None else new_int32((num_experts,)),
+    )
+    if num_slots == 0:
+        for t in (layout.counts, layout.num_rows, layout.masked_m):
+            if t is not None:
+                t.zero_()
+        if layout.masked_slots is not None:
+            layout.masked_slots.fill_(-1)
+        return layout
+
+    count_kernel, layout_kernel = _layout_kernels(topk_idx.dtype)
+    num_chunks = ceil_div(num_slots, _CHUNK_SLOTS)
+    chunk_counts = new_int32((num_chunks, num_experts))
+    device_index = topk_idx.get_device()
+    count_kernel.launch((num_chunks, 1, 1), (topk_idx.data_ptr(), chunk_counts.data_ptr(), num_slots, num_experts),
+                        device_index)
+    masked = max_tokens is not None
+    layout_kernel.launch((num_chunks, 1, 1), (
+        topk_idx.data_ptr(), chunk_counts.data_ptr(), layout.counts.data_ptr(), layout.num_rows.data_ptr(),
+        layout.m_indices.data_ptr(), layout.row_to_slot.data_ptr(), layout.slot_to_row.data_ptr(),
+        layout.masked_slots.data_ptr() if masked else 0, layout.masked_m.data_ptr() if masked else 0,
+        num_slots, num_experts, num_chunks, max_rows, max_tokens if masked else 0), device_index)
+    return layout
+
+
+def precompile_specs() -> list:
+    """The specializations `python -m deep_kernels precompile` builds for this module."""
+    specs = []
+    for dtype in (torch.int32, torch.int64):
+        specs.extend((_count_spec(dtype), _layout_spec(dtype)))
+    return specs

@@ -1,0 +1,155 @@
+"""What every cast of the quantization family shares: the scale layouts and modes, the token-group tile
+geometry of the per-token kernels, and the argument checks.
+
+Scale layouts (ScaleLayout, mirrored from csrc/common/types.cuh), with M_ALIGNED = M rounded up to 4:
+    "mn_major"      FP32 [M, G], strides (1, M_ALIGNED): transposed and TMA-aligned, what the FP8 GEMM reads
+    "row_major"     FP32 [M, G], strides (G, 1)
+    "packed_ue8m0"  int32 [M, ceil(G / 4)], strides (1, M_ALIGNED): byte g % 4 of word g // 4 is group g's
+                    UE8M0 exponent (little-endian); unused bytes of the last word are zero
+"""
+
+from enum import IntEnum
+
+import torch
+
+from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, ceil_div, tma_aligned_size
+
+E4M3_MAX = 448.0
+DEFAULT_AMAX_CLAMP = 1e-4
+
+
+class ScaleLayout(IntEnum):
+    row_major = 0
+    mn_major = 1
+    packed_ue8m0 = 2
+
+    @property
+    def cpp(self) -> str:
+        return "deep_kernels::ScaleLayout::" + ("RowMajor", "MNMajor", "MNMajorPackedUE8M0")[self.value]
+
+
+class ScaleMode(IntEnum):
+    """How x is brought into e4m3 range: multiplied by 448 / amax, or divided by the scale."""
+
+    mul = 0
+    div = 1
+
+    @property
+    def cpp(self) -> str:
+        return "deep_kernels::ScaleMode::" + ("Multiply", "Divide")[self.value]
+
+
+FLOAT_TYPES = (torch.bfloat16, torch.float32)
+NUM_WARPS = 8
+PASSES = 4
+
+
+# A group spans 1 to 32 lanes of 16-byte vectors (8 elements for cast-back, whatever its output).
+GROUP_SIZES = {dtype: tuple(16 // dtype.itemsize * lanes for lanes in (1, 2, 4, 8, 16, 32))
+                for dtype in (torch.bfloat16, torch.float32)}
+# CUDA's limit on gridDim.y, where the row blocks go.
+MAX_ROW_BLOCKS = 65535
+
+
+def supported_group_sizes(dtype: torch.dtype) -> tuple:
+    """Group sizes of the per-token kernels for a bf16 or fp32 input."""
+    return GROUP_SIZES[dtype]
+
+
+def block_rows(group_size: int, vector: int) -> int:
+    # Mirrors TokenGroupTile::BLOCK_ROWS (csrc/common/token_group_tile.cuh).
+    return (32 // (group_size // vector)) * NUM_WARPS * PASSES
+
+
+def scale_geometry(m: int, num_groups: int, layout: ScaleLayout) -> tuple:
+    """(dtype, shape, strides) of the scales of [m, num_groups] groups in `layout`."""
+    if layout == ScaleLayout.row_major:
+        return torch.float32, (m, num_groups), (num_groups, 1)
+    if layout == ScaleLayout.mn_major:
+        return torch.float32, (m, num_groups), (1, tma_aligned_size(m, 4))
+    return torch.int32, (m, ceil_div(num_groups, 4)), (1, tma_aligned_size(m, 4))
+
+
+def empty_scales(m: int, num_groups: int, layout: ScaleLayout, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised scale tensor of [m, num_groups] groups in `layout`, on like's device."""
+    dtype, shape, strides = scale_geometry(m, num_groups, layout)
+    return like.new_empty_strided(shape, strides, dtype=dtype)
+
+
+def unpack_ue8m0(words: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
+    """Packed UE8M0 int32 [rows, ceil(groups / 4)] (any strides) to FP32 [rows, groups]: 2^(e - 127) per
+    byte, e = 0 being the subnormal 2^-127."""
+    exponents = words.new_empty(words.shape).copy_(words).view(torch.uint8).view(rows, -1)[:, :groups].int()
+    return torch.where(exponents == 0, 0x00400000, exponents << 23).view(torch.float32)
+
+
+def check_scales(scales: torch.Tensor, name: str, m: int, num_groups: int, layout: ScaleLayout) -> None:
+    """scales has the dtype, shape and strides (of dimensions longer than 1) of `layout`."""
+    dtype, shape, strides = scale_geometry(m, num_groups, layout)
+    check_dtype(scales, name, (dtype,))
+    if tuple(scales.shape) != shape or any(
+        size > 1 and stride != want for size, stride, want in zip(shape, scales.stride(), strides)
+    ):
+        raise ValueError(
+            f"{name} must have shape {shape} with strides {strides} ({layout.name} scales), "
+            f"got shape {tuple(scales.shape)} strides {tuple(scales.stride())}"
+        )
+
+
+def scale_layout_of(scales: torch.Tensor, m: int, num_groups: int) -> ScaleLayout:
+    """The layout of an existing scale tensor (as this module writes them), or a clear error."""
+    check_dtype(scales, "scales", (torch.float32, torch.int32))
+    check_rank(scales, "scales", 2)
+    if scales.dtype == torch.int32:
+        layout = ScaleLayout.packed_ue8m0
+    else:
+        # Only strides of dimensions longer than 1 matter; with one group both FP32 layouts coincide.
+        transposed = scales.stride(0) == 1 if m > 1 else scales.stride(-1) != 1
+        layout = ScaleLayout.mn_major if transposed and num_groups > 1 else ScaleLayout.row_major
+    check_scales(scales, "scales", m, num_groups, layout)
+    return layout
+
+
+def parse_layout(scale_layout, ue8m0: bool) -> ScaleLayout:
+    try:
+        layout = ScaleLayout[scale_layout]
+    except KeyError:
+        raise ValueError(
+            f"scale_layout must be one of {[layout.name for layout in ScaleLayout]}, got {scale_layout!r}"
+        ) from None
+    if layout == ScaleLayout.packed_ue8m0 and not ue8m0:
+        raise ValueError("scale_layout='packed_ue8m0' needs ue8m0=True (packed scales are powers of two)")
+    return layout
+
+
+def parse_scale_mode(scale_mode, ue8m0: bool) -> ScaleMode:
+    """The kernel's mode; with ue8m0 both modes give the same bits, so one kernel serves them."""
+    try:
+        mode = ScaleMode[scale_mode]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"scale_mode must be one of {[mode.name for mode in ScaleMode]}, got {scale_mode!r}"
+        ) from None
+    return ScaleMode.mul if ue8m0 else mode
+
+
+def check_amax_clamp(amax_clamp) -> None:
+    if not (isinstance(amax_clamp, (int, float)) and 0 < amax_clamp < float("inf")):
+        raise ValueError(f"amax_clamp must be a positive finite number, got {amax_clamp!r}")
+
+
+def check_group_size(group_size, m: int, k: int, dtype: torch.dtype, argument: str) -> None:
+    if group_size not in GROUP_SIZES[dtype] or not isinstance(group_size, int):
+        raise ValueError(f"group_size must be one of {GROUP_SIZES[dtype]} for {dtype}, got {group_size!r}")
+    if k % group_size != 0:
+        raise ValueError(f"{argument}.shape[1] (K = {k}) must be a multiple of group_size = {group_size}")
+    if ceil_div(m, block_rows(group_size, 16 // dtype.itemsize)) > MAX_ROW_BLOCKS:
+        raise ValueError(f"{argument} has too many rows ({m}) for one launch: split it")
+
+
+def check_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> None:
+    check_dtype(t, name, (dtype,))
+    if tuple(t.shape) != shape or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous tensor of shape {shape}, got shape {tuple(t.shape)} "
+                         f"strides {tuple(t.stride())}")
+    check_cuda_device(t, name, like=like)

@@ -1,0 +1,11 @@
+"""Plain-torch references of the quantization family, one module per module of deep_kernels.quant."""
+
+from deep_kernels.reference.quant.fp8 import (
+    ceil_to_power_of_two, pack_scales, per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8,
+    scale_and_multiplier, to_e4m3, unpack_scales,
+)
+
+__all__ = [
+    "ceil_to_power_of_two", "pack_scales", "per_block_cast_to_fp8", "per_token_cast_back", "per_token_cast_to_fp8",
+    "scale_and_multiplier", "to_e4m3", "unpack_scales",
+]
