@@ -364,7 +364,8 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
 
 def compile_coverage_kernels(num_sms: int = 132) -> list:
     """all_candidate_configs() plus kernels for the code paths those picks leave out on the H200: multicast
-    on A and on B, both grouped kinds, each D swizzle width, the widest tile."""
+    on A and on B, both grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
+    partial slot in flight) and with splits not dividing K."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -375,6 +376,8 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(64, 96, 2, True, 2), 4096, 7168, "bfloat16", False, "m_grouped_contiguous"),
         CandidateKernel(make_config(128, 160, 2, False, 2), 7168, 2048, "bfloat16", False, "m_grouped_masked"),
         CandidateKernel(make_config(128, 96, 1, False, 4), 7168, 2048, "float32", True, "m_grouped_masked"),
+        CandidateKernel(make_config(128, 192, 1, False, 4, num_splits=2), 4096, 7168, "float32", True),
+        CandidateKernel(make_config(64, 192, 1, False, 2, num_splits=5), 24576, 1536, "bfloat16", False),
     ]
     for kernel in extras:
         kernels.setdefault(tuple(kernel.template_args()), kernel)
