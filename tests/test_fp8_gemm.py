@@ -122,18 +122,28 @@ def test_other_scale_layouts():
         assert calc_diff(d, expected) < BOUND
 
 
-@pytest.mark.gpu
-def test_cuda_graph_replay_with_new_inputs():
-    m, n, k = 128, 4096, 7168
+def _captured_call(m: int, n: int, k: int):
+    """(a, b, d, graph): one eager call (compiles, plans, sizes buffers), then the same call captured."""
     a, b = make_inputs(m, n, k)
     d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
     deep_kernels.fp8_gemm_nt(a, b, d)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         deep_kernels.fp8_gemm_nt(a, b, d)
-    new_a, _ = make_inputs(m, n, k)
+    return a, b, d, graph
+
+
+def _new_activations_(a, m: int, k: int) -> None:
+    new_a, _ = make_inputs(m, 16, k)
     a[0].copy_(new_a[0])
     a[1].copy_(new_a[1])
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_with_new_inputs():
+    m, n, k = 128, 4096, 7168
+    a, b, d, graph = _captured_call(m, n, k)
+    _new_activations_(a, m, k)
     poison_(d)
     graph.replay()
     expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
@@ -242,16 +252,9 @@ def test_split_k_cuda_graph_replay(monkeypatch):
     monkeypatch.setattr(gemm, "_split_workspaces", {})
     m, n, k = 64, 2112, 7168
     assert _chosen_config(m, n, k, torch.bfloat16, False).num_splits > 1
-    a, b = make_inputs(m, n, k)
-    d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-    deep_kernels.fp8_gemm_nt(a, b, d)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        deep_kernels.fp8_gemm_nt(a, b, d)
+    a, b, d, graph = _captured_call(m, n, k)
     for step in range(3):
-        new_a, _ = make_inputs(m, n, k)
-        a[0].copy_(new_a[0])
-        a[1].copy_(new_a[1])
+        _new_activations_(a, m, k)
         poison_(d)
         if step == 2:
             big_a, big_b = make_inputs(128, 4096, 7168)
