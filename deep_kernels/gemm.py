@@ -105,7 +105,7 @@ class _SplitWorkspace:
         self.tickets = torch.zeros(num_tickets, dtype=torch.int32, device=device)
 
 
-# Device index -> its _SplitWorkspace, and every buffer ever handed out (see _split_workspace).
+# Device index -> its _SplitWorkspace; the buffers those replaced (see _split_workspace).
 _split_workspaces = {}
 _retired_split_workspaces = []
 
@@ -115,8 +115,8 @@ def _split_workspace(device_index: int, num_floats: int, num_tickets: int) -> _S
 
     A launch leaves its tickets zero again, so stream-ordered launches (eager or replayed from CUDA
     graphs) share one buffer without clearing it. Growing allocates, so it is refused during CUDA-graph
-    capture (run the call once before capturing). Replaced buffers are kept alive: graphs captured
-    earlier still point at them.
+    capture (run the call once before capturing). Replaced buffers are kept alive, since graphs captured
+    earlier still point at them; growth at least doubles, so they add up to less than the live buffer.
     """
     workspace = _split_workspaces.get(device_index)
     if workspace is not None and workspace.partials.numel() >= num_floats and workspace.tickets.numel() >= num_tickets:
@@ -127,8 +127,8 @@ def _split_workspace(device_index: int, num_floats: int, num_tickets: int) -> _S
             "capture; run the same call (or one of the same shape) once before capturing")
     if workspace is not None:
         _retired_split_workspaces.append(workspace)
-        num_floats = max(num_floats, workspace.partials.numel())
-        num_tickets = max(num_tickets, workspace.tickets.numel())
+        num_floats = max(num_floats, 2 * workspace.partials.numel())
+        num_tickets = max(num_tickets, 2 * workspace.tickets.numel())
     workspace = _split_workspaces[device_index] = _SplitWorkspace(device_index, num_floats, num_tickets)
     return workspace
 
