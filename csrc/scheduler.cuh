@@ -7,6 +7,10 @@
 // shared pipeline barriers require. A member past the matrix edge (odd block count) or on padding is
 // still walked as an invalid tile: the kernel keeps the pipeline going but computes and stores nothing.
 //
+// Split-K (Normal kind, no multicast): with kNumSplits > 1 every tile is kNumSplits jobs, one per K range;
+// the walk is over jobs (job = unit * kNumSplits + split), so the splits of a tile run side by side and
+// the last one to finish reduces soon after the others.
+//
 // Rasterisation: units are walked in bands of kNumNUnitsPerBand N-units; inside a band the N-unit varies
 // fastest, so the CTAs running at the same time touch a compact block of A rows and B rows in L2.
 //
@@ -37,6 +41,8 @@ struct TileInfo {
     uint32_t m_block_idx;
     uint32_t n_block_idx;
     uint32_t group_idx;
+    // K range of the job: split split_idx of the tile's kNumSplits (0 without split-K).
+    uint32_t split_idx;
     // This CTA computes and stores the tile (false: pipeline-only lockstep partner of a valid tile).
     bool is_valid;
     // Both CTAs of the cluster need the same shared-operand tile, so the leader may multicast it.
@@ -44,9 +50,11 @@ struct TileInfo {
 };
 
 template <GemmType kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumTMAMulticast,
-          bool kIsMulticastOnA>
+          bool kIsMulticastOnA, uint32_t kNumSplits = 1>
 struct Scheduler {
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
+    DK_STATIC_ASSERT(kNumSplits >= 1 && (kNumSplits == 1 || (kGemmType == GemmType::Normal && kNumTMAMulticast == 1)),
+                     "split-K only for the Normal kind without multicast");
 
     static constexpr bool kPairsShareM = kNumTMAMulticast == 2 && kIsMulticastOnA;
     static constexpr bool kPairsShareN = kNumTMAMulticast == 2 && !kIsMulticastOnA;
@@ -60,6 +68,7 @@ struct Scheduler {
     const uint32_t num_groups;
     const uint32_t cta_rank;
     const uint32_t num_clusters;
+    // The next unit (job, with split-K) of this cluster.
     uint32_t next_unit_idx;
 
     // Unit range of the current group: all units for Normal / contiguous, one group's for masked.
@@ -83,8 +92,10 @@ struct Scheduler {
     // Advances to this CTA's next tile; false once the cluster has no work left.
     DK_DEVICE bool get_next_tile(TileInfo& tile) {
         while (true) {
-            const uint32_t unit_idx = next_unit_idx;
+            const uint32_t job_idx = next_unit_idx;
             next_unit_idx += num_clusters;
+            const uint32_t unit_idx = job_idx / kNumSplits;
+            tile.split_idx = job_idx - unit_idx * kNumSplits;
             if (!seek_group(unit_idx))
                 return false;
 

@@ -24,7 +24,8 @@ from deep_kernels.validation import (
 )
 
 SCALE_BLOCK = 128
-_PARAM_KINDS = "TTTTPIPI"  # tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, shape_m, grouped_layout, num_groups
+# tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, shape_m, grouped_layout, num_groups, split_workspace, split_tickets
+_PARAM_KINDS = "TTTTPIPIPP"
 
 
 def get_mn_major_tma_aligned_tensor(scales: torch.Tensor) -> torch.Tensor:
@@ -70,8 +71,8 @@ def _scale_b(sfb, n_blocks: int, k_blocks: int) -> torch.Tensor:
 
 
 def _config_override():
-    """DK_FP8_GEMM_CONFIG="block_m=128,block_n=112,stages=5,multicast=2,multicast_on_a=1" for experiments
-    (read once per process)."""
+    """DK_FP8_GEMM_CONFIG="block_m=128,block_n=112,stages=5,multicast=2,multicast_on_a=1" (or ...,splits=4)
+    for experiments (read once per process)."""
     text = envs.get_once("DK_FP8_GEMM_CONFIG")
     if not text:
         return None
@@ -80,21 +81,63 @@ def _config_override():
 
 
 def _choose_config(m: int, n: int, k: int, num_sms: int, out_bytes: int, accumulate: bool):
-    config = heuristics.get_fp8_gemm_config(m, n, k, num_sms, out_dtype_bytes=out_bytes, with_accumulation=accumulate)
+    config = heuristics.get_fp8_gemm_config(m, n, k, num_sms, out_dtype_bytes=out_bytes, with_accumulation=accumulate,
+                                            allow_split_k=True)
     override = _config_override()
     if override:
         config = heuristics.make_config(
             override.get("block_m", config.block_m), override.get("block_n", config.block_n),
             override.get("multicast", config.num_tma_multicast),
-            bool(override.get("multicast_on_a", config.multicast_on_a)), out_bytes, override.get("stages"))
+            bool(override.get("multicast_on_a", config.multicast_on_a)), out_bytes, override.get("stages"),
+            override.get("splits", config.num_splits))
+        if not 1 <= config.num_splits <= k // SCALE_BLOCK:
+            raise ValueError(f"DK_FP8_GEMM_CONFIG: splits must be in 1..K / 128 = {k // SCALE_BLOCK}, "
+                             f"got {config.num_splits}")
     return config
+
+
+class _SplitWorkspace:
+    """One device's split-K buffers: FP32 partial tiles and zeroed uint32 tickets (int32 tensors here)."""
+
+    def __init__(self, device_index: int, num_floats: int, num_tickets: int):
+        device = torch.device("cuda", device_index)
+        self.partials = torch.empty(num_floats, dtype=torch.float32, device=device)
+        self.tickets = torch.zeros(num_tickets, dtype=torch.int32, device=device)
+
+
+# Device index -> its _SplitWorkspace; the buffers those replaced (see _split_workspace).
+_split_workspaces = {}
+_retired_split_workspaces = []
+
+
+def _split_workspace(device_index: int, num_floats: int, num_tickets: int) -> _SplitWorkspace:
+    """The device's persistent split-K workspace, grown (never shrunk) to hold the request.
+
+    A launch leaves its tickets zero again, so stream-ordered launches (eager or replayed from CUDA
+    graphs) share one buffer without clearing it. Growing allocates, so it is refused during CUDA-graph
+    capture (run the call once before capturing). Replaced buffers are kept alive, since graphs captured
+    earlier still point at them; growth at least doubles, so they add up to less than the live buffer.
+    """
+    workspace = _split_workspaces.get(device_index)
+    if workspace is not None and workspace.partials.numel() >= num_floats and workspace.tickets.numel() >= num_tickets:
+        return workspace
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "fp8_gemm_nt: this split-K shape needs a larger workspace, which cannot be allocated during CUDA-graph "
+            "capture; run the same call (or one of the same shape) once before capturing")
+    if workspace is not None:
+        _retired_split_workspaces.append(workspace)
+        num_floats = max(num_floats, 2 * workspace.partials.numel())
+        num_tickets = max(num_tickets, 2 * workspace.tickets.numel())
+    workspace = _split_workspaces[device_index] = _SplitWorkspace(device_index, num_floats, num_tickets)
+    return workspace
 
 
 _plans = {}
 
 
 def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool):
-    """(kernel, config, grid) of a problem; one dict lookup once seen."""
+    """(kernel, config, grid, split-K workspace sizes) of a problem; one dict lookup once seen."""
     num_sms = get_num_sms()
     key = (m, n, k, out_dtype, accumulate, num_sms)
     plan = _plans.get(key)
@@ -106,7 +149,7 @@ def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool):
         kernel = get_kernel(spec, param_kinds=_PARAM_KINDS, block_threads=config.num_threads,
                             smem_bytes=config.smem_bytes, cluster_size=config.num_tma_multicast)
         grid = (heuristics.grid_size(config, m, n, num_sms), 1, 1)
-        plan = _plans[key] = (kernel, config, grid)
+        plan = _plans[key] = (kernel, config, grid, heuristics.split_workspace_sizes(config, m, n))
     return plan
 
 
@@ -172,7 +215,12 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
         d.
 
     Notes:
-        Deterministic: the same inputs give the same bits (no split-K, fixed reduction order).
+        Deterministic: the same inputs give the same bits (fixed reduction order, split-K included).
+        Split-K: where the output has fewer tiles than SMs (decode sizes), the heuristics may split K
+        over several CTAs per tile; their FP32 partial tiles meet in a persistent per-device workspace
+        (grown on demand, never during CUDA-graph capture: run a shape once before capturing it) and the
+        last CTA of each tile sums them in split order. Split-K launches on one device share that
+        workspace, so they must not run concurrently on different streams.
         Each 128-deep K block is accumulated by the tensor cores, then scaled by sfa * sfb and added
         in FP32 registers. No host synchronisation or allocation (with MN-major FP32 sfa and FP32
         sfb), so calls can be captured in CUDA graphs. A call whose tensors have the dtypes, shapes,
@@ -201,13 +249,17 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
     if c is not None and c.data_ptr() != d.data_ptr():
         d.copy_(c)
 
-    kernel, config, grid = _plan(m, n, k, d.dtype, c is not None)
+    kernel, config, grid, (workspace_floats, num_tickets) = _plan(m, n, k, d.dtype, c is not None)
+    workspace_ptr = tickets_ptr = 0
+    if num_tickets:
+        workspace = _split_workspace(a.get_device(), workspace_floats, num_tickets)
+        workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
     kernel.launch(grid, (
         tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
         tensor_map(b, (config.block_n, SCALE_BLOCK), 128),
         tensor_map(sfa, (config.block_m, 1), transpose=True),
         tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
-        sfb.data_ptr(), m, 0, 0,
+        sfb.data_ptr(), m, 0, 0, workspace_ptr, tickets_ptr,
     ), a.get_device())
     return d
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import deep_kernels
+from deep_kernels import gemm
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_, random_activations
@@ -121,18 +122,28 @@ def test_other_scale_layouts():
         assert calc_diff(d, expected) < BOUND
 
 
-@pytest.mark.gpu
-def test_cuda_graph_replay_with_new_inputs():
-    m, n, k = 128, 4096, 7168
+def _captured_call(m: int, n: int, k: int):
+    """(a, b, d, graph): one eager call (compiles, plans, sizes buffers), then the same call captured."""
     a, b = make_inputs(m, n, k)
     d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
     deep_kernels.fp8_gemm_nt(a, b, d)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         deep_kernels.fp8_gemm_nt(a, b, d)
-    new_a, _ = make_inputs(m, n, k)
+    return a, b, d, graph
+
+
+def _new_activations_(a, m: int, k: int) -> None:
+    new_a, _ = make_inputs(m, 16, k)
     a[0].copy_(new_a[0])
     a[1].copy_(new_a[1])
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_with_new_inputs():
+    m, n, k = 128, 4096, 7168
+    a, b, d, graph = _captured_call(m, n, k)
+    _new_activations_(a, m, k)
     poison_(d)
     graph.replay()
     expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
@@ -156,3 +167,116 @@ def test_empty_m_and_limited_sms():
         deep_kernels.set_num_sms(previous)
     expected = reference.fp8_gemm_nt(a, b, torch.empty((1000, 2112), device="cuda", dtype=torch.float64))
     assert calc_diff(d, expected) < BOUND and calc_diff(full, expected) < BOUND
+
+
+# ---- split-K (GPU) ----
+
+def _chosen_config(m, n, k, out_dtype, accumulate):
+    return gemm._plan(m, n, k, out_dtype, accumulate)[1]
+
+
+def _run_modes(a, b, m, n, mode, c=None):
+    """One call of fp8_gemm_nt from a fresh output: "bf16" (no c), "c" (c separate from d), "c_alias" (c is d)."""
+    if mode == "bf16":
+        d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
+        return deep_kernels.fp8_gemm_nt(a, b, d)
+    if mode == "c":
+        d = poison_(torch.empty((m, n), device="cuda"))
+        return deep_kernels.fp8_gemm_nt(a, b, d, c=c)
+    d = c.clone()
+    return deep_kernels.fp8_gemm_nt(a, b, d, c=d)
+
+
+def _check_split_k(m, n, k, mode):
+    """The product against the float64 reference, and three runs bitwise equal."""
+    a, b = make_inputs(m, n, k)
+    c = None if mode == "bf16" else torch.randn((m, n), device="cuda")
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64), c=c)
+    runs = [_run_modes(a, b, m, n, mode, c) for _ in range(3)]
+    assert torch.isfinite(runs[0]).all()
+    assert calc_diff(runs[0], expected) < BOUND
+    for i, again in enumerate(runs[1:], 1):
+        assert_bitwise_equal(again, runs[0], f"d (run {i + 1})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["bf16", "c", "c_alias"])
+@pytest.mark.parametrize("n,k", DEEPSEEK_NK)
+@pytest.mark.parametrize("m", [1, 17, 64, 128])
+def test_decode_shapes_match_reference(m, n, k, mode):
+    # The heuristics' own choice at decode sizes: split-K where the tiles are few and K is long.
+    _check_split_k(m, n, k, mode)
+    if (n, k) in ((2112, 7168), (4096, 7168)):
+        out_dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+        assert _chosen_config(m, n, k, out_dtype, mode != "bf16").num_splits > 1
+
+
+@pytest.fixture
+def forced_split_k(monkeypatch):
+    """fp8_gemm_nt with the heuristics' tiles but no multicast and 3 splits (uneven for K = 512), as
+    DK_FP8_GEMM_CONFIG="multicast=1,multicast_on_a=0,splits=3" would set."""
+    monkeypatch.setattr(gemm, "_config_override", lambda: {"multicast": 1, "multicast_on_a": 0, "splits": 3})
+    monkeypatch.setattr(gemm, "_plans", {})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["bf16", "c_alias"])
+@pytest.mark.parametrize("n,k", DEEPSEEK_NK)
+@pytest.mark.parametrize("m", [17, 128])
+def test_forced_split_k_matches_reference(forced_split_k, m, n, k, mode):
+    # Every decode shape through the split path, including more jobs than CTAs (several per CTA).
+    _check_split_k(m, n, k, mode)
+    out_dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    assert _chosen_config(m, n, k, out_dtype, mode != "bf16").num_splits == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 4096, 7168)])
+@pytest.mark.parametrize("num_sms", [33, 60])
+def test_split_k_with_fewer_sms(m, n, k, num_sms):
+    previous = deep_kernels.get_num_sms()
+    deep_kernels.set_num_sms(num_sms)
+    try:
+        _check_split_k(m, n, k, "bf16")
+        _check_split_k(m, n, k, "c")
+        if n == 2112:  # 33 tiles of 64 columns: still split over 33 or 60 SMs
+            assert _chosen_config(m, n, k, torch.bfloat16, False).num_splits > 1
+    finally:
+        deep_kernels.set_num_sms(previous)
+
+
+@pytest.mark.gpu
+def test_split_k_cuda_graph_replay(monkeypatch):
+    # A fresh workspace: the eager call sizes it, the capture allocates nothing, replays (twice: the tickets
+    # must be back at zero) see new inputs, and a later eager call that grows the workspace leaves the
+    # graph's buffer alive.
+    monkeypatch.setattr(gemm, "_split_workspaces", {})
+    m, n, k = 64, 2112, 7168
+    assert _chosen_config(m, n, k, torch.bfloat16, False).num_splits > 1
+    a, b, d, graph = _captured_call(m, n, k)
+    for step in range(3):
+        _new_activations_(a, m, k)
+        poison_(d)
+        if step == 2:
+            big_a, big_b = make_inputs(128, 4096, 7168)
+            assert _chosen_config(128, 4096, 7168, torch.bfloat16, False).num_splits > 1
+            deep_kernels.fp8_gemm_nt(big_a, big_b, torch.empty((128, 4096), device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
+        assert calc_diff(d, expected) < BOUND, step
+        eager = torch.empty_like(d)
+        deep_kernels.fp8_gemm_nt(a, b, eager)
+        assert_bitwise_equal(d, eager, f"d (replay {step})")
+
+
+@pytest.mark.gpu
+def test_split_k_workspace_cannot_grow_during_capture(monkeypatch):
+    m, n, k = 64, 2112, 7168
+    a, b = make_inputs(m, n, k)
+    d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    deep_kernels.fp8_gemm_nt(a, b, d)  # compiles and plans outside the capture
+    monkeypatch.setattr(gemm, "_split_workspaces", {})
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="during CUDA-graph capture"):
+        with torch.cuda.graph(graph):
+            deep_kernels.fp8_gemm_nt(a, b, d)

@@ -20,7 +20,9 @@ def all_problems():
 
 
 def pick(m, n, k, out_bytes=2, accumulate=False, num_sms=NUM_SMS):
-    return heur.get_fp8_gemm_config(m, n, k, num_sms, out_dtype_bytes=out_bytes, with_accumulation=accumulate)
+    """The Normal GEMM's choice (split-K allowed), as fp8_gemm_nt makes it."""
+    return heur.get_fp8_gemm_config(m, n, k, num_sms, out_dtype_bytes=out_bytes, with_accumulation=accumulate,
+                                    allow_split_k=True)
 
 
 def test_deterministic():
@@ -146,9 +148,11 @@ def test_template_args_order():
                                 swizzle_d_bytes=32, smem_bytes=heur.smem_bytes(128, 112, 6, 2))
     assert heur.template_args(config, 7168, 2048, "bfloat16", False) == [
         "7168", "2048", "128", "112", "128", "6", "128", "256", "2", "true",
-        "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false"]
+        "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1"]
     args = heur.template_args(config, 7168, 2048, "torch.float32", True, "m_grouped_masked")
-    assert args[-3:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true"]
+    assert args[-4:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1"]
+    assert heur.template_args(heur.make_config(64, 64, 1, False, 2, num_splits=4), 2112, 7168, "bfloat16",
+                              False)[-1] == "4"
     with pytest.raises(ValueError, match="float32"):
         heur.template_args(config, 7168, 2048, "bfloat16", True)
     with pytest.raises(ValueError, match="gemm_type"):
@@ -218,3 +222,108 @@ def test_scheduler_mirror_covers_every_tile_once(m, n, k, multicast):
             if config.num_tma_multicast == 2:
                 for (m0, n0, _), (m1, n1, _) in zip(*members):
                     assert (m0 == m1) if config.multicast_on_a else (n0 == n1)
+
+
+# ---- split-K ----
+
+DECODE_NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+
+
+@pytest.mark.parametrize("m", (1, 17, 64, 128))
+@pytest.mark.parametrize("n,k", DECODE_NKS)
+def test_decode_shapes_fill_the_sms_in_one_wave(m, n, k):
+    # Each SM gets a job: tiles x splits reach most of the 132 SMs, and split-K never needs a second wave.
+    for out_bytes, accumulate in OUTPUTS:
+        config = pick(m, n, k, out_bytes, accumulate)
+        jobs = heur.num_work_units(config, m, n)
+        assert jobs >= 0.8 * NUM_SMS, (m, n, k, config)
+        if config.num_splits > 1:
+            assert jobs <= NUM_SMS and heur.grid_size(config, m, n, NUM_SMS) == jobs
+
+
+@pytest.mark.parametrize("m", (1, 64, 128))
+def test_long_k_with_few_tiles_splits(m):
+    # 33 (64 x 64) tiles over 56 K blocks, or 64 over 56: one tile per CTA would leave most SMs idle.
+    for n, k in ((2112, 7168), (4096, 7168)):
+        config = pick(m, n, k)
+        assert config.num_splits > 1, (m, n, k, config)
+
+
+@pytest.mark.parametrize("m,n,k,out_bytes,accumulate", list(all_problems()))
+def test_split_k_only_where_legal(m, n, k, out_bytes, accumulate):
+    config = pick(m, n, k, out_bytes, accumulate)
+    assert 1 <= config.num_splits <= k // heur.BLOCK_K
+    if config.num_splits > 1:
+        assert config.num_tma_multicast == 1
+        assert heur.num_tiles(config, m, n) < NUM_SMS
+    if m >= 4001:
+        assert config.num_splits == 1, config  # large M is never split
+
+
+def test_split_k_is_opt_in():
+    # Grouped kinds (and any caller not asking) never get split-K configs.
+    for n, k in DECODE_NKS:
+        for m in (1, 64, 128):
+            assert heur.get_fp8_gemm_config(m, n, k, NUM_SMS).num_splits == 1
+    assert all(c.num_splits == 1 for c in heur.candidate_configs(64, 2112, NUM_SMS))
+    assert any(c.num_splits > 1 for c in heur.candidate_configs(64, 2112, NUM_SMS, k=7168))
+
+
+@pytest.mark.parametrize("num_sms", (1, 2, 33, 60, 78))
+def test_split_k_follows_the_sm_count(num_sms):
+    for m in (1, 64, 128):
+        for n, k in DECODE_NKS:
+            config = pick(m, n, k, num_sms=num_sms)
+            if config.num_splits > 1:
+                assert heur.num_work_units(config, m, n) <= num_sms
+            assert 0 < heur.grid_size(config, m, n, num_sms) <= num_sms
+
+
+def test_split_workspace_sizes():
+    config = heur.make_config(128, 64, 1, False, 2, num_splits=4)
+    tiles = 1 * 33  # m = 100 -> one M-block; n = 2112 -> 33 N-blocks
+    assert heur.num_tiles(config, 100, 2112) == tiles
+    assert heur.split_workspace_sizes(config, 100, 2112) == (tiles * 4 * 128 * 64, tiles * 2)
+    assert heur.split_workspace_sizes(heur.make_config(128, 64, 1, False, 2), 100, 2112) == (0, 0)
+    with pytest.raises(ValueError, match="multicast"):
+        heur.make_config(128, 64, 2, True, 2, num_splits=2)
+
+
+def test_picked_split_configs_are_compiled():
+    kernels = heur.all_candidate_configs()
+    assert any(kernel.config.num_splits > 1 and kernel.config.block_m == 128 for kernel in kernels)
+    assert any(kernel.config.num_splits > 1 and kernel.with_accumulation for kernel in kernels)
+
+
+# The kernel's split of K blocks (csrc/kernels/sm90_fp8_gemm.cuh: split_k_block_begin) and the scheduler's
+# job order (job = unit * splits + split), mirrored.
+def split_k_blocks(num_k_blocks, num_splits, split):
+    return range(split * num_k_blocks // num_splits, (split + 1) * num_k_blocks // num_splits)
+
+
+@pytest.mark.parametrize("num_k_blocks,num_splits", [(4, 3), (56, 4), (12, 5), (4, 4), (128, 7)])
+def test_split_k_ranges_partition_k(num_k_blocks, num_splits):
+    blocks = [b for s in range(num_splits) for b in split_k_blocks(num_k_blocks, num_splits, s)]
+    assert blocks == list(range(num_k_blocks))
+    sizes = [len(split_k_blocks(num_k_blocks, num_splits, s)) for s in range(num_splits)]
+    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 4096, 7168), (17, 7168, 16384)])
+@pytest.mark.parametrize("num_ctas", (None, 7, 1))
+def test_split_k_jobs_cover_every_tile_and_split_once(m, n, k, num_ctas):
+    config = pick(m, n, k)
+    assert config.num_splits > 1
+    num_ctas = num_ctas or heur.grid_size(config, m, n, NUM_SMS)
+    unsplit = heur.Fp8GemmConfig(**{**config.__dict__, "num_splits": 1})
+    tiles = [tile for per_cta in scheduled_tiles(unsplit, m, n, 1) for tile in per_cta]
+    jobs = []
+    for cta in range(num_ctas):
+        for job in range(cta, heur.num_work_units(config, m, n), num_ctas):
+            unit, split = divmod(job, config.num_splits)
+            m_block, n_block, valid = tiles[unit]
+            assert valid
+            jobs.append((m_block, n_block, split))
+    expected = {(mb, nb, s) for mb in range(math.ceil(m / config.block_m)) for nb in range(math.ceil(n / config.block_n))
+                for s in range(config.num_splits)}
+    assert len(jobs) == len(set(jobs)) and set(jobs) == expected

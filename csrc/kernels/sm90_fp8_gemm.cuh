@@ -3,9 +3,12 @@
 // row-major bf16 or FP32. Persistent and warp-specialised: warpgroups 0 .. kNumMathThreads / 128 - 1 issue
 // wgmma (64 rows each), promote every 128-deep K block into FP32 registers with sfa * sfb and store tiles
 // through shared memory with TMA (setmaxnreg 232, 240 with one math warpgroup); the last warpgroup's first
-// warp issues the TMA loads (setmaxnreg 40). Optional 2-CTA cluster multicasting A or B.
-// Unsupported: K % 128 != 0, N % 16 != 0, BLOCK_M other than 64 / 128, BLOCK_N > 192, split-K, C distinct
-// from D (the host copies C into D first).
+// warp issues the TMA loads (setmaxnreg 40). Optional 2-CTA cluster multicasting A or B. Optional split-K
+// (Normal kind, no multicast): kNumSplits jobs per tile, each over an even share of the K blocks; each
+// math warpgroup stores its FP32 partial sums to a workspace slot, and the last job of the tile to arrive
+// (per-warpgroup ticket) sums slots 0 .. kNumSplits - 1 in that fixed order and stores D (deterministic).
+// Unsupported: K % 128 != 0, N % 16 != 0, BLOCK_M other than 64 / 128, BLOCK_N > 192, C distinct from D
+// (the host copies C into D first).
 //
 // Host contract (tensor maps from cuTensorMapEncodeTiled, dims and strides innermost first, interleave
 // none, OOB fill none (= zeros), coordinates in elements; L2 promotion 256B recommended for A and B, whose
@@ -25,6 +28,11 @@
 //   sfb       FP32 [G, ceil(N / 128), K / 128] row-major, read directly.
 //   grouped_layout / num_groups: nullptr / 0 (Normal), int32 group per A row (contiguous; -1 = padding),
 //             int32 valid rows per group (masked).
+//   split_workspace / split_tickets (kNumSplits > 1; else unused, may be nullptr): FP32 workspace of
+//             num_tiles * BLOCK_M * BLOCK_N * kNumSplits floats, 16-byte aligned, and uint32 tickets, one
+//             per (tile, math warpgroup), ZERO before the first launch; each launch leaves them zero
+//             again. num_tiles = ceil(M / BLOCK_M) * ceil(N / BLOCK_N). Launches sharing them must not
+//             overlap in time (stream order does it).
 //   Rows past M (past M_max per group when masked) load as zeros and are clipped on store; D rows of
 //   contiguous padding and masked rows at or past masked_m[g] inside the last M-block are written with
 //   unspecified values. With kWithAccumulation, D must hold C before the launch (C may be D): the
@@ -44,6 +52,7 @@
 #include "common/math.cuh"
 #include "epilogue/sm90_accumulator_store.cuh"
 #include "pipeline.cuh"
+#include "ptx/global_memory.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
@@ -83,6 +92,12 @@ struct StageBuffers {
     DK_DEVICE float* sfa_stage(uint32_t stage) const { return sfa + stage * kStageSfaFloats; }
 };
 
+// K blocks [split_k_block_begin(s), split_k_block_begin(s + 1)) belong to split s of kNumSplits.
+template <uint32_t kNumKBlocks, uint32_t kNumSplits>
+DK_DEVICE uint32_t split_k_block_begin(uint32_t split_idx) {
+    return split_idx * kNumKBlocks / kNumSplits;
+}
+
 // Loads one box; masked grouped GEMMs address A, sfa (and store D) through 3D maps with the group outermost.
 template <GemmType kGemmType>
 DK_DEVICE void load_box(void* smem_dst, const CUtensorMap* tmap, uint64_t* full_barrier, int32_t inner, int32_t outer,
@@ -110,8 +125,8 @@ DK_DEVICE void load_shared_box(void* smem_dst, const CUtensorMap* tmap, uint64_t
 }
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t BLOCK_K, uint32_t kNumStages,
-          uint32_t kNumTMAMulticast, bool kIsMulticastOnA, GemmType kGemmType, typename Stages, typename Ring,
-          typename TileScheduler>
+          uint32_t kNumTMAMulticast, bool kIsMulticastOnA, GemmType kGemmType, uint32_t kNumSplits, typename Stages,
+          typename Ring, typename TileScheduler>
 DK_DEVICE void run_tma_producer(const Stages& stages, const Ring& ring, TileScheduler& scheduler,
                                 const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, const CUtensorMap* tmap_sfa) {
     constexpr uint32_t kStageTxBytes = (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float);
@@ -122,7 +137,9 @@ DK_DEVICE void run_tma_producer(const Stages& stages, const Ring& ring, TileSche
         const int32_t b_row = static_cast<int32_t>((kGemmType == GemmType::Normal ? 0 : tile.group_idx * SHAPE_N) +
                                                    tile.n_block_idx * BLOCK_N);
         const bool multicast = kNumTMAMulticast > 1 && tile.is_multicast_valid;
-        for (uint32_t k_block = 0; k_block < SHAPE_K / BLOCK_K; ++k_block) {
+        const uint32_t k_block_end = split_k_block_begin<SHAPE_K / BLOCK_K, kNumSplits>(tile.split_idx + 1);
+        for (uint32_t k_block = split_k_block_begin<SHAPE_K / BLOCK_K, kNumSplits>(tile.split_idx);
+             k_block < k_block_end; ++k_block) {
             ring.producer_acquire(state);
             uint64_t* full_barrier = ring.producer_expect_bytes(state, kStageTxBytes);
             const int32_t k = static_cast<int32_t>(k_block * BLOCK_K);
@@ -205,16 +222,75 @@ DK_DEVICE void store_tile(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d
     }
 }
 
+// Split-K: stores one warpgroup's FP32 partial sums of its 64 tile rows into workspace slot split_idx of
+// `slots` and takes the warpgroup's ticket; the job that arrives last (every split's slot is written)
+// resets the ticket, sums slots 0 .. kNumSplits - 1 in that order into `total` and returns true. The
+// fixed order makes D independent of which job arrives last.
+template <uint32_t BLOCK_N, uint32_t kNumSplits>
+DK_DEVICE bool reduce_splits(const float (&partial_sums)[BLOCK_N / 2], float (&total)[BLOCK_N / 2], float* slots,
+                             uint32_t* ticket, uint32_t split_idx, uint32_t barrier_id) {
+    constexpr uint32_t kSlotFloats = kWarpgroupBlockM * BLOCK_N;
+    const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
+    // A slot mirrors the registers: float4 j of thread t sits at float (j * 128 + t) * 4, so a warp's stores
+    // are 512 contiguous bytes and the reducing thread reads back the elements it holds itself.
+    float* own_slot = slots + split_idx * kSlotFloats;
+#pragma unroll
+    for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
+        ptx::st_global_cg(own_slot + (j * kNumThreadsPerWarpgroup + thread_in_wg) * 4, partial_sums[j * 4 + 0],
+                          partial_sums[j * 4 + 1], partial_sums[j * 4 + 2], partial_sums[j * 4 + 3]);
+    }
+    // NOTE: each thread fences its own stores at gpu scope (rather than relying on the barrier making thread
+    // 0's release cumulative), then thread 0 takes the ticket; on the last job, thread 0's acquire and the
+    // barrier below order the other jobs' stores before every thread's loads (which bypass L1).
+    ptx::fence_acq_rel_gpu();
+    ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
+    uint32_t num_arrived_before = 0;
+    if (thread_in_wg == 0)
+        num_arrived_before = ptx::atomic_add_acq_rel_gpu(ticket, 1);
+    if (!ptx::named_barrier_sync_or(barrier_id, kNumThreadsPerWarpgroup, num_arrived_before == kNumSplits - 1))
+        return false;
+
+    // Every split has arrived, so no job of this launch touches the ticket again.
+    if (thread_in_wg == 0)
+        ptx::store_relaxed_gpu(ticket, 0);
+    const float* first = slots + thread_in_wg * 4;
+#pragma unroll
+    for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
+        ptx::ld_global_cg(first + j * kNumThreadsPerWarpgroup * 4, total[j * 4 + 0], total[j * 4 + 1],
+                          total[j * 4 + 2], total[j * 4 + 3]);
+    }
+    // NOTE: unrolled so that several slots' loads are in flight at once (L2 latency, not bandwidth, bounds
+    // this loop); fewer at once for wide tiles, which hold more registers per slot.
+    constexpr uint32_t kSlotsInFlight = BLOCK_N <= 64 ? 4 : (BLOCK_N <= 128 ? 2 : 1);
+#pragma unroll kSlotsInFlight
+    for (uint32_t split = 1; split < kNumSplits; ++split) {
+        const float* slot = first + split * kSlotFloats;
+#pragma unroll
+        for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
+            float x, y, z, w;
+            ptx::ld_global_cg(slot + j * kNumThreadsPerWarpgroup * 4, x, y, z, w);
+            total[j * 4 + 0] += x;
+            total[j * 4 + 1] += y;
+            total[j * 4 + 2] += z;
+            total[j * 4 + 3] += w;
+        }
+    }
+    return true;
+}
+
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t BLOCK_K, uint32_t kNumStages,
-          GemmType kGemmType, typename OutputType, bool kWithAccumulation, typename Stages, typename Ring,
-          typename TileScheduler>
+          GemmType kGemmType, typename OutputType, bool kWithAccumulation, uint32_t kNumSplits, typename Stages,
+          typename Ring, typename TileScheduler>
 DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileScheduler& scheduler,
-                                  uint8_t* smem_d_wg, const CUtensorMap* tmap_d, const float* sfb) {
+                                  uint8_t* smem_d_wg, const CUtensorMap* tmap_d, const float* sfb,
+                                  float* split_workspace, uint32_t* split_tickets) {
     constexpr uint32_t kNumKBlocks = SHAPE_K / BLOCK_K;
     constexpr uint32_t kNumSfbRows = ceil_div(SHAPE_N, kScaleBlock);
     // Tiles start at multiples of kTileOffsetStep inside a 128-wide sfb block.
     constexpr uint32_t kTileOffsetStep = gcd_with_scale_block(BLOCK_N);
     constexpr uint32_t kNumTileOffsets = kScaleBlock / kTileOffsetStep;
+    constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
+    constexpr uint32_t kNumMathWarpgroups = BLOCK_M / kWarpgroupBlockM;
     const uint32_t wg_idx = threadIdx.x / kNumThreadsPerWarpgroup;
     const uint32_t lane_idx = threadIdx.x % 32;
     // This thread's accumulator rows inside the tile: row_lo and row_lo + 8.
@@ -239,7 +315,9 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
 #pragma unroll
         for (uint32_t i = 0; i < BLOCK_N / 2; ++i)
             final_acc[i] = 0.0f;
-        for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks, kNumSplits>(tile.split_idx + 1);
+        for (uint32_t k_block = split_k_block_begin<kNumKBlocks, kNumSplits>(tile.split_idx); k_block < k_block_end;
+             ++k_block) {
             // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
             const float sfb_0 = __ldg(sfb_first + k_block);
             const float sfb_1 = kStraddles ? __ldg(sfb_second + k_block) : sfb_0;
@@ -272,7 +350,8 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
     TileInfo tile;
     while (scheduler.get_next_tile(tile)) {
         if (!tile.is_valid) {
-            // Lockstep partner of a valid tile: consume the stages so the cluster's barriers stay in step.
+            // Lockstep partner of a valid tile (never with split-K): consume the stages so the cluster's
+            // barriers stay in step.
             for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
                 ring.consumer_wait(state);
                 ring.consumer_release(state, lane_idx);
@@ -285,8 +364,20 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
         dispatch_index(
             tile_offset_idx, [&](auto offset_idx) { accumulate_tile(tile, offset_idx); },
             std::make_integer_sequence<uint32_t, kNumTileOffsets>{});
-        store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(final_acc, smem_d_wg, tmap_d,
-                                                                                          tile, wg_idx);
+        if constexpr (kNumSplits > 1) {
+            // The wgmma accumulators are free until the next tile: they receive the sum of the splits.
+            const uint32_t wg_slot = (tile.m_block_idx * kNumNBlocks + tile.n_block_idx) * kNumMathWarpgroups + wg_idx;
+            float* slots = split_workspace + static_cast<size_t>(wg_slot) * kNumSplits * kWarpgroupBlockM * BLOCK_N;
+            const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
+            if (!reduce_splits<BLOCK_N, kNumSplits>(final_acc, partial, slots, split_tickets + wg_slot,
+                                                    tile.split_idx, barrier_id))
+                continue;
+            store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(partial, smem_d_wg, tmap_d,
+                                                                                              tile, wg_idx);
+        } else {
+            store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(final_acc, smem_d_wg,
+                                                                                              tmap_d, tile, wg_idx);
+        }
     }
 
     // Stores must be complete (not only done reading shared memory) before the CTA exits.
@@ -301,11 +392,13 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           uint32_t kNumStages,
           uint32_t kNumTMAThreads, uint32_t kNumMathThreads,
           uint32_t kNumTMAMulticast, bool kIsMulticastOnA,
-          GemmType kGemmType, typename OutputType, bool kWithAccumulation>
+          GemmType kGemmType, typename OutputType, bool kWithAccumulation,
+          uint32_t kNumSplits>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
-                   const float* sfb, uint32_t shape_m, const int* grouped_layout, uint32_t num_groups) {
+                   const float* sfb, uint32_t shape_m, const int* grouped_layout, uint32_t num_groups,
+                   float* split_workspace, uint32_t* split_tickets) {
     using namespace sm90_fp8_gemm_detail;
 
     // Static checks
@@ -321,6 +414,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     DK_STATIC_ASSERT(BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N), "a tile covers at most two sfb blocks");
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
     DK_STATIC_ASSERT((!kWithAccumulation || std::is_same_v<OutputType, float>), "accumulation into FP32 D");
+    DK_STATIC_ASSERT(kNumSplits >= 1 && kNumSplits <= SHAPE_K / BLOCK_K, "every split has at least one K block");
 
     // Register budgets: 128 x 40 + 256 x 232 = 64,512 of 65,536 with two math warpgroups.
     constexpr uint32_t kNumTMARegisters = 40;
@@ -366,7 +460,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         __syncthreads();
 
     // Scheduler
-    Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA> scheduler(
+    Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits> scheduler(
         shape_m, grouped_layout, num_groups);
 
     if (role == WarpRole::Producer) {
@@ -374,14 +468,16 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         ptx::setmaxnreg_dec<kNumTMARegisters>();
         if (is_tma_thread) {
             run_tma_producer<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
-                             kIsMulticastOnA, kGemmType>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa);
+                             kIsMulticastOnA, kGemmType, kNumSplits>(stages, ring, scheduler, &tmap_a, &tmap_b,
+                                                                     &tmap_sfa);
         }
     } else {
         // Consumer branch: register reconfiguration, then MMA, promotion and epilogue per tile.
         ptx::setmaxnreg_inc<kNumMathRegisters>();
         uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Store::kBytes;
         run_math_warpgroup<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kGemmType, OutputType,
-                           kWithAccumulation>(stages, ring, scheduler, smem_d_wg, &tmap_d, sfb);
+                           kWithAccumulation, kNumSplits>(stages, ring, scheduler, smem_d_wg, &tmap_d, sfb,
+                                                          split_workspace, split_tickets);
     }
 
     // Teardown

@@ -25,6 +25,23 @@ DK_DEVICE void named_barrier_sync(uint32_t id, uint32_t num_threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// Named barrier `id` that also returns whether `value` holds for any of its `num_threads` threads; orders
+// memory like named_barrier_sync.
+DK_DEVICE bool named_barrier_sync_or(uint32_t id, uint32_t num_threads, bool value) {
+    uint32_t any;
+    asm volatile(
+        "{\n"
+        ".reg .pred value, any;\n"
+        "setp.ne.u32 value, %1, 0;\n"
+        "bar.red.or.pred any, %2, %3, value;\n"
+        "selp.u32 %0, 1, 0, any;\n"
+        "}"
+        : "=r"(any)
+        : "r"(static_cast<uint32_t>(value)), "r"(id), "r"(num_threads)
+        : "memory");
+    return any != 0;
+}
+
 // Cluster-wide execution barrier without memory ordering (e.g. after fence_mbarrier_init, which orders
 // the barrier initialisation itself); each warp must be converged.
 DK_DEVICE void cluster_sync_relaxed() {

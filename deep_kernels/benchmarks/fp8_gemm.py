@@ -42,14 +42,15 @@ def run(ctx: BenchContext) -> list:
                 print(f"cuBLAS blockwise failed for {m}x{n}x{k}: {error}")
                 peer_us, peer_diff = None, None
 
-            _, config, grid = _plan(m, n, k, torch.bfloat16, False)
+            _, config, grid, _ = _plan(m, n, k, torch.bfloat16, False)
             flops = 2 * m * n * k
             num_bytes = m * k + n * k + 2 * m * n + 4 * (m * k // 128 + sfb.numel())
             bound_us = max(flops / FP8_PEAK_TFLOPS / 1e6, num_bytes / ctx.copy_gbps / 1e3)
             rows.append({
                 "op": "fp8_gemm_nt", "shape": {"m": m, "n": n, "k": k},
                 "config": f"block {config.block_m}x{config.block_n}, {config.num_stages} stages, "
-                          f"multicast {config.num_tma_multicast}{' on A' if config.multicast_on_a else ' on B' if config.num_tma_multicast > 1 else ''}, grid {grid[0]}",
+                          f"multicast {config.num_tma_multicast}{' on A' if config.multicast_on_a else ' on B' if config.num_tma_multicast > 1 else ''}, "
+                          f"split-K {config.num_splits}, grid {grid[0]}",
                 "us": round(us, 2), "tflops": round(flops / us / 1e6, 1), "gbps": round(num_bytes / us / 1e3, 1),
                 "roofline_fraction": round(bound_us / us, 3),
                 "memory_roofline_fraction": round(num_bytes / ctx.copy_gbps / 1e3 / us, 3),

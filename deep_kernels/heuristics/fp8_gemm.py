@@ -22,6 +22,15 @@ deterministic.
   paid for itself on the representative shapes (L2 bandwidth is not the bound there), so the model
   rarely picks it; the kernel keeps it for other devices and shapes.
 
+Split-K (Normal kind, no multicast). When the tiles of a config are fewer than the SMs, the config is
+also offered with S = 2 .. min(K / 128, num_sms // tiles) splits (so the jobs, tiles x S, fit one wave):
+each job runs ceil(K / 128 / S) K blocks, then stores its FP32 partial tile (BLOCK_M x BLOCK_N x 4 bytes)
+to an L2-resident workspace and takes a ticket (SPLIT_SECONDS), and the last job of each tile reads the S
+partials back (at the per-SM ingest rate) before its epilogue. At decode sizes a K block of one tile is
+latency-bound (the wgmma group, its wait and the promotion: MATH_SECONDS_PER_K_BLOCK's constant term),
+not bandwidth-bound, so cutting every CTA's K loop S-fold is what pays; a tile count at or above the SM
+count never splits (large M is untouched). Ties keep fewer splits.
+
 Time constants were fitted on an H200 (132 SMs, clocks as throttled under FP8 load) against measured
 runs of this kernel; they only need to rank configs, not to predict absolute times exactly.
 Shared memory takes as many pipeline stages as fit (at least MIN_STAGES, at most MAX_STAGES).
@@ -53,6 +62,8 @@ EPILOGUE_SECONDS = {1: 0.3e-6, 2: 0.5e-6}
 LAUNCH_SECONDS = 3e-6
 MULTICAST_PENALTY = 1.05
 OVERLAP_LOSS = 0.25  # share of the smaller of the two bounds that the larger does not hide
+# NOTE: not fitted yet (no split-K measurements): a partial-tile store, a gpu-scope atomic and a barrier.
+SPLIT_SECONDS = 0.7e-6
 
 GEMM_TYPES = {
     "normal": "deep_kernels::GemmType::Normal",
@@ -76,6 +87,7 @@ class Fp8GemmConfig:
     swizzle_d_bytes: int
     smem_bytes: int
     block_k: int = BLOCK_K
+    num_splits: int = 1
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -121,8 +133,22 @@ def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: 
     return min(MAX_STAGES, (smem_capacity - fixed) // per_stage)
 
 
+def num_tiles(config: Fp8GemmConfig, m: int, n: int) -> int:
+    """Output tiles of a Normal GEMM (what split-K's workspace and tickets are sized by)."""
+    return _ceil_div(m, config.block_m) * _ceil_div(n, config.block_n)
+
+
+def split_workspace_sizes(config: Fp8GemmConfig, m: int, n: int) -> tuple:
+    """(FP32 workspace floats, uint32 tickets) a split-K launch needs; (0, 0) without split-K."""
+    if config.num_splits == 1:
+        return 0, 0
+    tiles = num_tiles(config, m, n)
+    return tiles * config.num_splits * config.block_m * config.block_n, tiles * config.num_math_warpgroups
+
+
 def num_work_units(config: Fp8GemmConfig, m: int, n: int, num_groups: int = 1) -> int:
-    """Scheduler units (tiles, or tile pairs with multicast) of a Normal or masked (m rows per group) GEMM."""
+    """Scheduler units (tiles, or tile pairs with multicast; with split-K, jobs: tiles x splits) of a
+    Normal or masked (m rows per group) GEMM."""
     num_m_blocks = _ceil_div(m, config.block_m)
     num_n_blocks = _ceil_div(n, config.block_n)
     if config.num_tma_multicast == 2:
@@ -130,7 +156,7 @@ def num_work_units(config: Fp8GemmConfig, m: int, n: int, num_groups: int = 1) -
             num_n_blocks = _ceil_div(num_n_blocks, 2)
         else:
             num_m_blocks = _ceil_div(num_m_blocks, 2)
-    return num_groups * num_m_blocks * num_n_blocks
+    return num_groups * num_m_blocks * num_n_blocks * config.num_splits
 
 
 def grid_size(config: Fp8GemmConfig, m: int, n: int, num_sms: int, num_groups: int = 1) -> int:
@@ -162,7 +188,10 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     if config.num_tma_multicast == 2:
         l2_bytes -= (a_bytes if config.multicast_on_a else b_bytes) / 2
     load_s = max(stage_bytes / SM_INGEST_BYTES_PER_S, l2_bytes * active_ctas / AGGREGATE_INGEST_BYTES_PER_S)
-    tile_s = (k // BLOCK_K) * max(math_s, load_s) + EPILOGUE_SECONDS[wgs]
+    tile_s = _ceil_div(k // BLOCK_K, config.num_splits) * max(math_s, load_s) + EPILOGUE_SECONDS[wgs]
+    if config.num_splits > 1:
+        partial_bytes = config.block_m * config.block_n * 4
+        tile_s += SPLIT_SECONDS + config.num_splits * partial_bytes / SM_INGEST_BYTES_PER_S
 
     d_passes = 2 if with_accumulation else 1
     dram_bytes = num_groups * (m * k + n * k + d_passes * m * n * out_dtype_bytes)
@@ -182,9 +211,19 @@ def _multicast_options(m: int, n: int, block_m: int, block_n: int, num_sms: int)
         yield 2, False
 
 
+def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_multicast: int, num_sms: int):
+    """Split counts to try: 1, and with fewer tiles than SMs (no multicast) 2 .. one wave of jobs."""
+    yield 1
+    tiles = _ceil_div(m, block_m) * _ceil_div(n, block_n)
+    if num_tma_multicast != 1 or tiles >= num_sms:
+        return
+    yield from range(2, min(k // BLOCK_K, num_sms // tiles) + 1)
+
+
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
-                      out_dtype_bytes: int = 2):
-    """Every legal config for the problem, in the fixed order ties are broken by."""
+                      out_dtype_bytes: int = 2, k: int = None):
+    """Every legal config for the problem, in the fixed order ties are broken by (split-K options only
+    when k is given: Normal GEMMs)."""
     # NOTE: larger tiles first, so ties (typically memory-bound shapes) go to the one moving fewer bytes.
     for block_m in reversed(BLOCK_MS):
         for block_n in reversed(BLOCK_NS):
@@ -192,20 +231,23 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
             if stages < MIN_STAGES:
                 continue
             for num_tma_multicast, multicast_on_a in _multicast_options(m, n, block_m, block_n, num_sms):
-                yield Fp8GemmConfig(
-                    block_m=block_m,
-                    block_n=block_n,
-                    num_stages=stages,
-                    num_tma_multicast=num_tma_multicast,
-                    multicast_on_a=multicast_on_a,
-                    swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
-                    smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes),
-                )
+                splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
+                for num_splits in splits:
+                    yield Fp8GemmConfig(
+                        block_m=block_m,
+                        block_n=block_n,
+                        num_stages=stages,
+                        num_tma_multicast=num_tma_multicast,
+                        multicast_on_a=multicast_on_a,
+                        swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
+                        smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes),
+                        num_splits=num_splits,
+                    )
 
 
 def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
                         out_dtype_bytes: int = 2, with_accumulation: bool = False,
-                        num_groups: int = 1) -> Fp8GemmConfig:
+                        num_groups: int = 1, allow_split_k: bool = False) -> Fp8GemmConfig:
     """The config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T.
 
     Args:
@@ -216,6 +258,7 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
         out_dtype_bytes: 2 for bf16 D, 4 for FP32 D.
         with_accumulation: D += A * B^T (D is read and written).
         num_groups: groups of a masked grouped GEMM (1 otherwise).
+        allow_split_k: also consider split-K configs (the Normal kind only; grouped kinds leave it off).
 
     Returns:
         A frozen Fp8GemmConfig; equal inputs give equal configs.
@@ -228,7 +271,8 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
         raise ValueError(f"num_sms must be positive, got {num_sms}")
     m = max(m, 1)
     best, best_time = None, math.inf
-    for config in candidate_configs(m, n, num_sms, smem_capacity, out_dtype_bytes):
+    split_k = k if allow_split_k and num_groups == 1 else None
+    for config in candidate_configs(m, n, num_sms, smem_capacity, out_dtype_bytes, split_k):
         seconds = estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation, num_groups)
         if seconds < best_time:
             best, best_time = config, seconds
@@ -270,6 +314,7 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         GEMM_TYPES[gemm_type],
         cpp_type,
         "true" if with_accumulation else "false",
+        str(config.num_splits),
     ]
 
 
@@ -299,24 +344,28 @@ def all_candidate_configs(num_sms: int = 132, smem_capacity: int = SMEM_CAPACITY
         _, out_bytes = _output_type(out_dtype)
         for n, k in REPRESENTATIVE_NKS:
             for m in REPRESENTATIVE_MS:
-                config = get_fp8_gemm_config(m, n, k, num_sms, smem_capacity, out_bytes, with_accumulation)
+                config = get_fp8_gemm_config(m, n, k, num_sms, smem_capacity, out_bytes, with_accumulation,
+                                             allow_split_k=True)
                 kernel = CandidateKernel(config, n, k, out_dtype, with_accumulation)
                 kernels.setdefault(tuple(kernel.template_args()), kernel)
     return list(kernels.values())
 
 
 def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
-                out_dtype_bytes: int, num_stages: int = None) -> Fp8GemmConfig:
+                out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), for overrides and tests."""
+    if num_splits != 1 and num_tma_multicast != 1:
+        raise ValueError("split-K needs num_tma_multicast == 1")
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes)
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
-                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes))
+                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes), num_splits=num_splits)
 
 
 def compile_coverage_kernels(num_sms: int = 132) -> list:
     """all_candidate_configs() plus kernels for the code paths those picks leave out on the H200: multicast
-    on A and on B, both grouped kinds, each D swizzle width, the widest tile."""
+    on A and on B, both grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
+    partial slot in flight) and with splits not dividing K."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -327,6 +376,8 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(64, 96, 2, True, 2), 4096, 7168, "bfloat16", False, "m_grouped_contiguous"),
         CandidateKernel(make_config(128, 160, 2, False, 2), 7168, 2048, "bfloat16", False, "m_grouped_masked"),
         CandidateKernel(make_config(128, 96, 1, False, 4), 7168, 2048, "float32", True, "m_grouped_masked"),
+        CandidateKernel(make_config(128, 192, 1, False, 4, num_splits=2), 4096, 7168, "float32", True),
+        CandidateKernel(make_config(64, 192, 1, False, 2, num_splits=5), 24576, 1536, "bfloat16", False),
     ]
     for kernel in extras:
         kernels.setdefault(tuple(kernel.template_args()), kernel)
