@@ -25,6 +25,19 @@ DK_DEVICE void named_barrier_sync(uint32_t id, uint32_t num_threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// Named barrier that also reduces a predicate: true in every participating thread iff it is true in all.
+DK_DEVICE bool named_barrier_all(uint32_t id, uint32_t num_threads, bool predicate) {
+    uint32_t all;
+    asm volatile(
+        "{\n"
+        ".reg .pred p, q;\n"
+        "setp.ne.u32 p, %1, 0;\n"
+        "bar.red.and.pred q, %2, %3, p;\n"
+        "selp.u32 %0, 1, 0, q;\n"
+        "}" : "=r"(all) : "r"(static_cast<uint32_t>(predicate)), "r"(id), "r"(num_threads) : "memory");
+    return all != 0;
+}
+
 // Cluster-wide execution barrier without memory ordering (e.g. after fence_mbarrier_init, which orders
 // the barrier initialisation itself); each warp must be converged.
 DK_DEVICE void cluster_sync_relaxed() {
