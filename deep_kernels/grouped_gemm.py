@@ -104,8 +104,8 @@ def _check_contiguous_call(a, sfa, b, sfb, d, group_layout, layout_name: str) ->
     return m, n, k, num_groups, kernel_sfa is sfa and kernel_sfb is sfb
 
 
-def _check_masked_call(a, sfa, b, sfb, d, masked_m) -> tuple:
-    """Full validation but expected_m's range; returns (M_max, n, k, G, whether the scales are kernel-ready)."""
+def _check_masked_call(a, sfa, b, sfb, d, masked_m, expected_m) -> tuple:
+    """Full validation; returns (M_max, n, k, G, whether the scales are kernel-ready)."""
     check_dtype(a, "a", (torch.float8_e4m3fn,))
     check_rank(a, "a", 3)
     a_groups, m_max, k = a.shape
@@ -117,6 +117,7 @@ def _check_masked_call(a, sfa, b, sfb, d, masked_m) -> tuple:
         raise ValueError(f"a's groups must not overlap and start 16-byte aligned, got strides {tuple(a.stride())}")
     _check_layout_tensor(masked_m, "masked_m", num_groups)
     _check_d(d, (num_groups, m_max, n))
+    check_int_range(expected_m, "expected_m", 1, max(m_max, 1))
     kernel_sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
     _check_devices(((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d"), (masked_m, "masked_m")))
     return m_max, n, k, num_groups, kernel_sfa is sfa and kernel_sfb is sfb
@@ -134,7 +135,7 @@ _checked_calls = {}
 
 def _checked(check, tensors: tuple, *extra):
     try:
-        signature = (check, call_signature(*tensors))
+        signature = (check, call_signature(*tensors), tuple((type(value), value) for value in extra))
     except AttributeError:  # not tensors: the full check says which
         signature = None
     checked = _checked_calls.get(signature)
@@ -235,8 +236,7 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
         and a. Deterministic; numerics as fp8_gemm_nt.
     """
     a, sfa, b, sfb = _split_pairs(a, b)
-    m_max, n, k, num_groups, scales_ready = _checked(_check_masked_call, (a, sfa, b, sfb, d, masked_m))
-    check_int_range(expected_m, "expected_m", 1, max(m_max, 1))
+    m_max, n, k, num_groups, scales_ready = _checked(_check_masked_call, (a, sfa, b, sfb, d, masked_m), expected_m)
     if not scales_ready:
         sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
         sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), k // SCALE_BLOCK, num_groups)

@@ -170,11 +170,9 @@ DK_DEVICE void dispatch_index(uint32_t i, F&& f, std::integer_sequence<uint32_t,
     ((i == Is ? (f(std::integral_constant<uint32_t, Is>{}), 0) : 0), ...);
 }
 
-template <uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, GemmType kGemmType, typename OutputType,
-          bool kWithAccumulation>
-DK_DEVICE void store_tile(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d_wg, const CUtensorMap* tmap_d,
-                          const TileInfo& tile, uint32_t wg_idx) {
-    using Store = AccumulatorStore<OutputType, BLOCK_N>;
+// Writes the warpgroup's accumulators into its staging buffer, visible to the whole warpgroup and to TMA.
+template <typename Store, uint32_t BLOCK_N>
+DK_DEVICE void stage_tile(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d_wg, uint32_t wg_idx) {
     const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
     const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
 
@@ -185,6 +183,15 @@ DK_DEVICE void store_tile(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d
     Store::write(final_acc, smem_d_wg, thread_in_wg / 32, thread_in_wg % 32);
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
+}
+
+template <uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, GemmType kGemmType, typename OutputType,
+          bool kWithAccumulation>
+DK_DEVICE void store_tile(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d_wg, const CUtensorMap* tmap_d,
+                          const TileInfo& tile, uint32_t wg_idx) {
+    using Store = AccumulatorStore<OutputType, BLOCK_N>;
+    const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
+    stage_tile<Store, BLOCK_N>(final_acc, smem_d_wg, wg_idx);
 
     if (thread_in_wg == 0) {
         const int32_t row = static_cast<int32_t>(tile.m_block_idx * BLOCK_M + wg_idx * kWarpgroupBlockM);
@@ -216,17 +223,8 @@ template <uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, GemmType kGemmTy
 DK_DEVICE void store_tile_rows(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d_wg, OutputType* d,
                                const TileInfo& tile, uint32_t wg_idx, const TileScheduler& scheduler) {
     DK_STATIC_ASSERT(kGemmType != GemmType::Normal, "Normal tiles are clipped by the TMA store");
-    using Store = AccumulatorStore<OutputType, BLOCK_N>;
     using RowStore = RowPredicatedStore<OutputType, BLOCK_N, kNumThreadsPerWarpgroup, kWithAccumulation>;
-    const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
-    const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
-
-    // As in store_tile: the previous tile's TMA store must have finished reading the buffer.
-    if (thread_in_wg == 0)
-        ptx::tma_store_wait_read<0>();
-    ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
-    Store::write(final_acc, smem_d_wg, thread_in_wg / 32, thread_in_wg % 32);
-    ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
+    stage_tile<AccumulatorStore<OutputType, BLOCK_N>, BLOCK_N>(final_acc, smem_d_wg, wg_idx);
 
     // Rows are counted inside the group for masked (D [G, M_max, N]), inside D for contiguous.
     const uint32_t first_row = tile.m_block_idx * BLOCK_M + wg_idx * kWarpgroupBlockM;
@@ -235,7 +233,7 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[BLOCK_N / 2], uint8_t* s
         kGemmType == GemmType::MGroupedMasked ? static_cast<size_t>(tile.group_idx) * scheduler.shape_m : 0;
     OutputType* d_tile = d + (group_first_row + first_row) * SHAPE_N + first_col;
     const uint32_t num_cols = SHAPE_N - first_col < BLOCK_N ? SHAPE_N - first_col : BLOCK_N;
-    RowStore::store(smem_d_wg, d_tile, SHAPE_N, num_cols, thread_in_wg,
+    RowStore::store(smem_d_wg, d_tile, SHAPE_N, num_cols, threadIdx.x % kNumThreadsPerWarpgroup,
                     [&](uint32_t row) { return scheduler.is_valid_row(first_row + row, tile.group_idx); });
 }
 
