@@ -174,7 +174,8 @@ def test_grouped_heuristics_are_deterministic_and_legal():
     for gemm_type, m, n, k, g in _problems():
         config = heuristics.get_grouped_fp8_gemm_config(gemm_type, m, n, k, g, NUM_SMS)
         assert config == heuristics.get_grouped_fp8_gemm_config(gemm_type, m, n, k, g, NUM_SMS)
-        assert config in list(dense_heuristics.candidate_configs(heuristics.rows_per_group(gemm_type, m, g), n, NUM_SMS))
+        rows = heuristics.modelled_rows(gemm_type, m, g, 0)
+        assert config in list(dense_heuristics.candidate_configs(rows, n, NUM_SMS))
         grid = heuristics.grid_size(gemm_type, config, m, n, NUM_SMS)
         assert 0 < grid <= NUM_SMS and grid % config.num_tma_multicast == 0
         if gemm_type == "m_grouped_masked":
@@ -183,13 +184,21 @@ def test_grouped_heuristics_are_deterministic_and_legal():
 
 def test_masked_tiles_follow_expected_m():
     for n, k in ((4096, 7168), (7168, 2048)):
-        for g in (16, 32, 256):
+        for g in (32, 256):
             assert heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 32, n, k, g, NUM_SMS).block_m == 64
         assert heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 1024, n, k, 1, NUM_SMS).block_m == 128
-        # One group of expected_m rows is the dense GEMM of expected_m rows.
-        for rows in (64, 1024):
-            assert (heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", rows, n, k, 1, NUM_SMS) ==
-                    dense_heuristics.get_fp8_gemm_config(rows, n, k, NUM_SMS))
+
+
+def test_masked_model_counts_a_half_full_last_block():
+    # masked_m varies around expected_m: a group's last M-block is half full on average.
+    assert heuristics.modelled_rows("m_grouped_masked", 256, 4, 128) == 320
+    assert heuristics.modelled_rows("m_grouped_masked", 0, 4, 64) == 33
+    assert heuristics.modelled_rows("m_grouped_contiguous", 1000, 4, 128) == 250
+    config = heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 256, 4096, 7168, 4, NUM_SMS)
+    for other in dense_heuristics.candidate_configs(256, 4096, NUM_SMS):
+        rows = heuristics.modelled_rows("m_grouped_masked", 256, 4, other.block_m)
+        assert (dense_heuristics.estimate_seconds(other, rows, 4096, 7168, NUM_SMS, num_groups=4) >=
+                dense_heuristics.estimate_seconds(config, 256 + config.block_m // 2, 4096, 7168, NUM_SMS, num_groups=4))
 
 
 def test_group_count_enters_the_model():

@@ -7,7 +7,6 @@
 
 #include <cuda_bf16.h>
 
-#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 

@@ -4,7 +4,9 @@ Pure functions of the problem and the device: no GPU calls, no torch. They reuse
 deep_kernels.heuristics.fp8_gemm with the problem cut into groups, which is what the scheduler walks:
 
 * masked: every group holds about expected_m valid rows (the host cannot read masked_m without a sync), so
-  the model sees num_groups GEMMs of expected_m rows: tiles per group from expected_m, B read once per group.
+  the model sees num_groups GEMMs of expected_m + BLOCK_M / 2 rows: masked_m varies around expected_m, so on
+  average a group's last M-block is half full, and its tile costs as much as a full one. B is read once per
+  group.
 * contiguous: the total M is known; the rows are split evenly over the groups (each segment a multiple of
   the alignment), so the tile count is that of the total M while B is read num_groups times.
 
@@ -18,16 +20,17 @@ from deep_kernels.heuristics.fp8_gemm import CandidateKernel, Fp8GemmConfig
 GEMM_TYPES = ("m_grouped_contiguous", "m_grouped_masked")
 
 
-def rows_per_group(gemm_type: str, m: int, num_groups: int) -> int:
-    """The per-group rows the model sees: expected_m (masked) or the total M split evenly (contiguous)."""
+def modelled_rows(gemm_type: str, m: int, num_groups: int, block_m: int) -> int:
+    """The rows per group the model sees for a tile height (see the module docstring)."""
     if gemm_type == "m_grouped_masked":
-        return max(m, 1)
+        return max(m, 1) + block_m // 2
     return max(-(-m // num_groups), 1)
 
 
 def get_grouped_fp8_gemm_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
                                 smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
-    """The config with the lowest modelled time for a grouped GEMM with bf16 D.
+    """The config with the lowest modelled time for a grouped GEMM with bf16 D (ties: the first candidate
+    of fp8_gemm.candidate_configs' order).
 
     Args:
         gemm_type: "m_grouped_contiguous" or "m_grouped_masked".
@@ -46,8 +49,13 @@ def get_grouped_fp8_gemm_config(gemm_type: str, m: int, n: int, k: int, num_grou
         raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
     if m < 0:
         raise ValueError(f"m must be >= 0, got {m}")
-    return fp8_gemm.get_fp8_gemm_config(rows_per_group(gemm_type, m, num_groups), n, k, num_sms, smem_capacity,
-                                        num_groups=num_groups)
+    fp8_gemm.check_problem(n, k, num_sms)
+    rows = modelled_rows(gemm_type, m, num_groups, 0)
+    candidates = list(fp8_gemm.candidate_configs(rows, n, num_sms, smem_capacity))
+    if not candidates:
+        raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
+    return min(candidates, key=lambda config: fp8_gemm.estimate_seconds(
+        config, modelled_rows(gemm_type, m, num_groups, config.block_m), n, k, num_sms, num_groups=num_groups))
 
 
 def grid_size(gemm_type: str, config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> int:
