@@ -388,3 +388,36 @@ def test_empty_and_limited_sms():
     finally:
         deep_kernels.set_num_sms(previous)
     _check_masked(a, b, d, masked_m, poisoned)
+
+
+def test_benchmark_masked_sizes_fit_their_bound():
+    from deep_kernels.benchmarks import grouped_gemm as bench
+
+    rng = random.Random(0)
+    for g, expected_m in bench.MASKED_GROUPS:
+        masked_m, m_max = bench.masked_sizes(g, expected_m, rng)
+        assert len(masked_m) == g and m_max % 64 == 0
+        assert all(expected_m // 2 <= rows <= m_max for rows in masked_m)
+        # cuBLAS's padded rows stay inside a[g].
+        assert all(-(-rows // bench.CUBLAS_ROW_MULTIPLE) * bench.CUBLAS_ROW_MULTIPLE <= m_max for rows in masked_m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_m,block_n,multicast_on_a", [(128, 144, False), (64, 96, True)])
+def test_multicast_pairs(monkeypatch, block_m, block_n, multicast_on_a):
+    # 2-CTA clusters (rarely picked on the H200): pairs straddling two experts, padding or a masked tail.
+    config = dense_heuristics.make_config(block_m, block_n, 2, multicast_on_a, 2)
+    monkeypatch.setattr(grouped_gemm, "_plans", {})
+    monkeypatch.setattr(heuristics, "get_grouped_fp8_gemm_config", lambda *args, **kwargs: config)
+    rng = random.Random(5)
+    a, b, m_indices, _ = make_contiguous_inputs(expert_sizes(8, 1500, rng), N, K)
+    d = poison_(torch.empty((m_indices.numel(), N), device="cuda", dtype=torch.bfloat16))
+    poisoned = d.clone()
+    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    _check_contiguous(a, b, d, m_indices, poisoned)
+
+    a, b, masked_m = make_masked_inputs(_random_masked_m(8, 300, rng), 300, N, K)
+    d = poison_(torch.empty((8, 300, N), device="cuda", dtype=torch.bfloat16))
+    poisoned = d.clone()
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 150)
+    _check_masked(a, b, d, masked_m, poisoned)
