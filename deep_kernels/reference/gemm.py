@@ -75,7 +75,9 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
     for g in range(b.shape[0]):
         rows = (groups == g).nonzero().flatten()
         if rows.numel():
-            d[rows] = _expert_product(a[rows], sfa[rows], b[g], sfb[g]).to(d.dtype)
+            # NOTE: rows gathered as bytes: not every torch build indexes float8 tensors on every device.
+            expert_a = a.view(torch.uint8)[rows].view(a.dtype)
+            d[rows] = _expert_product(expert_a, sfa[rows], b[g], sfb[g]).to(d.dtype)
     return d
 
 
