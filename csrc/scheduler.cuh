@@ -17,11 +17,15 @@
 // Kinds (GemmType):
 //   Normal               A [M, K], B [N, K], D [M, N].
 //   MGroupedContiguous   A holds the rows of all groups back to back, each group's segment padded to a
-//                        multiple of BLOCK_M; grouped_layout[row] is the row's group, -1 on padding.
+//                        multiple of BLOCK_M; grouped_layout[row] is the row's group, -1 on padding
+//                        (any id outside [0, num_groups) counts as padding).
 //                        An M-block's group is that of its first row; blocks starting on padding are
 //                        skipped. B is [G, N, K]; D rows follow A's.
 //   MGroupedMasked       A [G, M_max, K] (shape_m = M_max); grouped_layout[g] = valid rows of group g
-//                        (masked_m, read on the device); only the M-blocks holding valid rows are walked.
+//                        (masked_m, read on the device, clamped to [0, M_max]); only the M-blocks holding
+//                        valid rows are walked.
+// is_valid_row tells the epilogue which D rows of a tile it may write (padding and rows past masked_m
+// are never written).
 #pragma once
 
 #include <cstdint>
@@ -127,10 +131,32 @@ struct Scheduler {
         }
     }
 
+    // Whether D row `row` of a tile of group `group` is written: inside M, of the group (contiguous: its id
+    // in grouped_layout; masked: row, counted inside the group, below masked_m[group]).
+    DK_DEVICE bool is_valid_row(uint32_t row, uint32_t group) const {
+        if constexpr (kGemmType == GemmType::MGroupedContiguous)
+            return row < shape_m && contiguous_group(row) == static_cast<int>(group);
+        else if constexpr (kGemmType == GemmType::MGroupedMasked)
+            return row < masked_num_rows(group);
+        else
+            return row < shape_m;
+    }
+
 private:
+    // A contiguous row's group; ids outside [0, num_groups) count as padding (-1).
+    DK_DEVICE int contiguous_group(uint32_t row) const {
+        const int group = __ldg(grouped_layout + row);
+        return static_cast<uint32_t>(group) < num_groups ? group : -1;
+    }
+
+    // masked_m[group] clamped to [0, M_max].
+    DK_DEVICE uint32_t masked_num_rows(uint32_t group) const {
+        const int rows = __ldg(grouped_layout + group);
+        return rows <= 0 ? 0u : min(static_cast<uint32_t>(rows), shape_m);
+    }
+
     DK_DEVICE uint32_t masked_num_m_blocks(uint32_t group) const {
-        const uint32_t rows = min(static_cast<uint32_t>(__ldg(grouped_layout + group)), shape_m);
-        return ceil_div(rows, BLOCK_M);
+        return ceil_div(masked_num_rows(group), BLOCK_M);
     }
 
     DK_DEVICE uint32_t num_units(uint32_t num_m_blocks) const {
@@ -170,7 +196,7 @@ private:
     // Group of an M-block: the masked cursor's group, the first row's id for contiguous, 0 for Normal.
     DK_DEVICE int block_group(uint32_t m_block_idx) const {
         if constexpr (kGemmType == GemmType::MGroupedContiguous)
-            return m_block_idx < group_num_m_blocks ? __ldg(grouped_layout + m_block_idx * BLOCK_M) : -1;
+            return m_block_idx < group_num_m_blocks ? contiguous_group(m_block_idx * BLOCK_M) : -1;
         else if constexpr (kGemmType == GemmType::MGroupedMasked)
             return static_cast<int>(group_idx);
         else

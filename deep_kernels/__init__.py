@@ -2,6 +2,9 @@
 
 from deep_kernels.device import get_num_sms, set_num_sms
 from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
+from deep_kernels.grouped_gemm import (
+    get_m_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
+)
 from deep_kernels.moe import MoeLayout, moe_layout, topk_gate
 from deep_kernels.quant import per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
 from deep_kernels.validation import tma_aligned_size
@@ -10,9 +13,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "fp8_gemm_nt",
+    "get_m_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor",
     "get_num_sms",
     "per_block_cast_to_fp8",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
     "moe_layout",
     "MoeLayout",
     "per_token_cast_back",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from deep_kernels import envs
 
-FAMILIES = ("quant", "gemm", "moe")
-SUITES = ("quant", "fp8_gemm", "routing", "jit")
+FAMILIES = ("quant", "gemm", "grouped_gemm", "moe")
+SUITES = ("quant", "fp8_gemm", "grouped_gemm", "routing", "jit")
 
 
 def _family_specs(names) -> list:

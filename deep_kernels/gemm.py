@@ -24,50 +24,84 @@ from deep_kernels.validation import (
 )
 
 SCALE_BLOCK = 128
-# tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, shape_m, grouped_layout, num_groups, split_workspace, split_tickets
-_PARAM_KINDS = "TTTTPIPIPP"
+# tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, shape_m, grouped_layout, num_groups, d (grouped kinds' row stores),
+# split_workspace, split_tickets (split-K)
+PARAM_KINDS = "TTTTPIPIPPP"
 
 
 def get_mn_major_tma_aligned_tensor(scales: torch.Tensor) -> torch.Tensor:
-    """FP32 scales [M, G] (any strides) in the layout the GEMM reads: strides (1, M rounded up to 4).
+    """FP32 scales [M, G] or [B, M, G] (any strides) in the layout the GEMM reads: M-major with M rounded
+    up to 4, strides (1, M_4) or (M_4 * G, 1, M_4) for batches (the grouped GEMMs' per-group scales).
 
     Returns the input itself when it is already in that layout.
     """
     check_dtype(scales, "scales", (torch.float32,))
-    check_rank(scales, "scales", 2)
-    m, groups = scales.shape
+    if scales.dim() not in (2, 3):
+        raise ValueError(f"scales must be 2-D [M, G] or 3-D [B, M, G], got shape {tuple(scales.shape)}")
+    m, groups = scales.shape[-2:]
     aligned_m = tma_aligned_size(m, 4)
-    # NOTE: the outer stride is checked even for one group: the tensor map encodes it.
-    if (m <= 1 or scales.stride(0) == 1) and scales.stride(1) == aligned_m:
+    strides = (aligned_m * groups, 1, aligned_m)[3 - scales.dim():]
+    # NOTE: the outer strides are checked even for one group or batch: the tensor map encodes them.
+    if (m <= 1 or scales.stride(-2) == 1) and scales.stride(-1) == aligned_m and scales.stride()[:-2] == strides[:-2]:
         return scales
-    out = torch.empty_strided((m, groups), (1, aligned_m), dtype=torch.float32, device=scales.device)
+    out = torch.empty_strided(scales.shape, strides, dtype=torch.float32, device=scales.device)
     return out.copy_(scales)
 
 
-def _scale_a(sfa, m: int, k_blocks: int) -> torch.Tensor:
-    check_rank(sfa, "sfa", 2)
+def scale_a(sfa, m: int, k_blocks: int, num_groups: int = None) -> torch.Tensor:
+    """sfa [M, K / 128] (or [G, M, K / 128] with num_groups) as the kernel reads it: checked, packed UE8M0
+    unpacked, converted to MN-major TMA-aligned FP32 (the input itself when it already is)."""
+    lead = () if num_groups is None else (num_groups,)
+    what = "[M, K / 128]" if num_groups is None else "[G, M_max, K / 128]"
+    check_rank(sfa, "sfa", len(lead) + 2)
     if sfa.dtype == torch.int32:
-        if tuple(sfa.shape) != (m, ceil_div(k_blocks, 4)):
-            raise ValueError(f"packed UE8M0 sfa must have shape {(m, ceil_div(k_blocks, 4))}, got {tuple(sfa.shape)}")
-        return get_mn_major_tma_aligned_tensor(unpack_ue8m0(sfa, m, k_blocks))
+        packed = lead + (m, ceil_div(k_blocks, 4))
+        if tuple(sfa.shape) != packed:
+            raise ValueError(f"packed UE8M0 sfa must have shape {packed}, got {tuple(sfa.shape)}")
+        rows = (num_groups or 1) * m
+        unpacked = unpack_ue8m0(sfa.reshape(rows, packed[-1]), rows, k_blocks)
+        return get_mn_major_tma_aligned_tensor(unpacked.view(*lead, m, k_blocks))
     check_dtype(sfa, "sfa", (torch.float32, torch.int32))
-    if tuple(sfa.shape) != (m, k_blocks):
-        raise ValueError(f"sfa must have shape [M, K / 128] = {(m, k_blocks)}, got {tuple(sfa.shape)}")
+    if tuple(sfa.shape) != lead + (m, k_blocks):
+        raise ValueError(f"sfa must have shape {what} = {lead + (m, k_blocks)}, got {tuple(sfa.shape)}")
     return get_mn_major_tma_aligned_tensor(sfa)
 
 
-def _scale_b(sfb, n_blocks: int, k_blocks: int) -> torch.Tensor:
-    check_rank(sfb, "sfb", 2)
+def scale_b(sfb, n_blocks: int, k_blocks: int, num_groups: int = None) -> torch.Tensor:
+    """sfb [ceil(N / 128), K / 128] (or [G, ...] with num_groups) as the kernel reads it: checked, packed
+    UE8M0 unpacked, contiguous FP32."""
+    lead = () if num_groups is None else (num_groups,)
+    what = "[ceil(N / 128), K / 128]" if num_groups is None else "[G, ceil(N / 128), K / 128]"
+    check_rank(sfb, "sfb", len(lead) + 2)
     if sfb.dtype == torch.int32:
-        if tuple(sfb.shape) != (n_blocks, ceil_div(k_blocks, 4)):
-            raise ValueError(f"packed UE8M0 sfb must have shape {(n_blocks, ceil_div(k_blocks, 4))}, "
-                             f"got {tuple(sfb.shape)}")
-        return unpack_ue8m0(sfb, n_blocks, k_blocks).contiguous()
+        packed = lead + (n_blocks, ceil_div(k_blocks, 4))
+        if tuple(sfb.shape) != packed:
+            raise ValueError(f"packed UE8M0 sfb must have shape {packed}, got {tuple(sfb.shape)}")
+        rows = (num_groups or 1) * n_blocks
+        return unpack_ue8m0(sfb.reshape(rows, packed[-1]), rows, k_blocks).contiguous().view(*lead, n_blocks, k_blocks)
     check_dtype(sfb, "sfb", (torch.float32, torch.int32))
-    if tuple(sfb.shape) != (n_blocks, k_blocks):
-        raise ValueError(f"sfb must have shape [ceil(N / 128), K / 128] = {(n_blocks, k_blocks)}, "
-                         f"got {tuple(sfb.shape)}")
+    if tuple(sfb.shape) != lead + (n_blocks, k_blocks):
+        raise ValueError(f"sfb must have shape {what} = {lead + (n_blocks, k_blocks)}, got {tuple(sfb.shape)}")
     return sfb.contiguous()
+
+
+def check_k_n(k: int, n: int) -> None:
+    """The reduction depth and output width the kernel compiles for."""
+    if k % SCALE_BLOCK != 0 or k == 0:
+        raise ValueError(f"K must be a positive multiple of 128, got {k}")
+    if n % 16 != 0 or n == 0:
+        raise ValueError(f"N must be a positive multiple of 16, got {n}")
+
+
+def kernel_spec(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal"):
+    return KernelSpec(heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl",
+                      tuple(heuristics.template_args(config, n, k, out_dtype, accumulate, gemm_type)))
+
+
+def get_gemm_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal"):
+    return get_kernel(kernel_spec(config, n, k, out_dtype, accumulate, gemm_type), param_kinds=PARAM_KINDS,
+                      block_threads=config.num_threads, smem_bytes=config.smem_bytes,
+                      cluster_size=config.num_tma_multicast)
 
 
 def _config_override():
@@ -144,10 +178,7 @@ def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool):
     if plan is None:
         out_bytes = out_dtype.itemsize
         config = _choose_config(m, n, k, num_sms, out_bytes, accumulate)
-        spec = KernelSpec(heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl",
-                          tuple(heuristics.template_args(config, n, k, out_dtype, accumulate)))
-        kernel = get_kernel(spec, param_kinds=_PARAM_KINDS, block_threads=config.num_threads,
-                            smem_bytes=config.smem_bytes, cluster_size=config.num_tma_multicast)
+        kernel = get_gemm_kernel(config, n, k, out_dtype, accumulate)
         grid = (heuristics.grid_size(config, m, n, num_sms), 1, 1)
         plan = _plans[key] = (kernel, config, grid, heuristics.split_workspace_sizes(config, m, n))
     return plan
@@ -164,10 +195,7 @@ def _check_call(a, sfa, b, sfb, d, c) -> tuple:
     n = b.shape[0]
     if b.shape[1] != k:
         raise ValueError(f"a is [M, K] = {tuple(a.shape)} but b is {tuple(b.shape)}: K differs")
-    if k % SCALE_BLOCK != 0 or k == 0:
-        raise ValueError(f"K must be a positive multiple of 128, got {k}")
-    if n % 16 != 0 or n == 0:
-        raise ValueError(f"N must be a positive multiple of 16, got {n}")
+    check_k_n(k, n)
     check_row_major_rows(a, "a")
     check_row_major_rows(b, "b")
     accumulate = c is not None
@@ -183,19 +211,16 @@ def _check_call(a, sfa, b, sfb, d, c) -> tuple:
                          f"strides {tuple(d.stride())}")
     check_row_major_rows(d, "d")
     k_blocks = k // SCALE_BLOCK
-    kernel_sfa = _scale_a(sfa, m, k_blocks)
-    kernel_sfb = _scale_b(sfb, ceil_div(n, SCALE_BLOCK), k_blocks)
+    kernel_sfa = scale_a(sfa, m, k_blocks)
+    kernel_sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), k_blocks)
     for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d")) + ((c, "c"),) * accumulate:
         check_cuda_device(tensor, name, like=a)
     return m, n, k, kernel_sfa is sfa and kernel_sfb is sfb
 
 
-def _signature(a, sfa, b, sfb, d, c) -> tuple:
-    """What validation depends on, bar data addresses: dtypes, shapes, strides and devices."""
-    return (a.dtype, a.shape, a.stride(), a.get_device(), sfa.dtype, sfa.shape, sfa.stride(), sfa.get_device(),
-            b.dtype, b.shape, b.stride(), b.get_device(), sfb.dtype, sfb.shape, sfb.stride(), sfb.get_device(),
-            d.dtype, d.shape, d.stride(), d.get_device(),
-            None if c is None else (c.dtype, c.shape, c.stride(), c.get_device()))
+def call_signature(*tensors) -> tuple:
+    """What validation depends on, bar data addresses: dtypes, shapes, strides and devices (None stays None)."""
+    return tuple(None if t is None else (t.dtype, t.shape, t.stride(), t.get_device()) for t in tensors)
 
 
 # Signatures of calls that passed validation -> (m, n, k, scales already in the kernel's layouts).
@@ -230,7 +255,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
         raise TypeError("a and b must be (tensor, scales) pairs")
     (a, sfa), (b, sfb) = a, b
     try:
-        signature = _signature(a, sfa, b, sfb, d, c)
+        signature = call_signature(a, sfa, b, sfb, d, c)
     except AttributeError:  # not tensors: the full check below says which
         signature = None
     checked = _checked_calls.get(signature)
@@ -240,8 +265,8 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
             _checked_calls[signature] = checked
     m, n, k, scales_ready = checked
     if not scales_ready:
-        sfa = _scale_a(sfa, m, k // SCALE_BLOCK)
-        sfb = _scale_b(sfb, ceil_div(n, SCALE_BLOCK), k // SCALE_BLOCK)
+        sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+        sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), k // SCALE_BLOCK)
     if (a.data_ptr() | b.data_ptr() | d.data_ptr() | sfa.data_ptr()) % 16:
         raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
     if m == 0:
@@ -259,7 +284,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
         tensor_map(b, (config.block_n, SCALE_BLOCK), 128),
         tensor_map(sfa, (config.block_m, 1), transpose=True),
         tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
-        sfb.data_ptr(), m, 0, 0, workspace_ptr, tickets_ptr,
+        sfb.data_ptr(), m, 0, 0, 0, workspace_ptr, tickets_ptr,
     ), a.get_device())
     return d
 

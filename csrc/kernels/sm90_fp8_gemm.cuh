@@ -33,10 +33,13 @@
 //             per (tile, math warpgroup), ZERO before the first launch; each launch leaves them zero
 //             again. num_tiles = ceil(M / BLOCK_M) * ceil(N / BLOCK_N). Launches sharing them must not
 //             overlap in time (stream order does it).
-//   Rows past M (past M_max per group when masked) load as zeros and are clipped on store; D rows of
-//   contiguous padding and masked rows at or past masked_m[g] inside the last M-block are written with
-//   unspecified values. With kWithAccumulation, D must hold C before the launch (C may be D): the
-//   kernel adds the product with TMA reduce-add.
+//   d         D's base address (dense, as tmap_d describes it); read only by the grouped kinds' row-predicated
+//             store (nullptr for Normal).
+//   Rows past M (past M_max per group when masked) load as zeros and are clipped on store. D rows of
+//   contiguous padding (any row whose grouped_layout entry differs from its M-block's group) and masked
+//   rows at or past masked_m[g] are never written: a grouped tile with such a row is stored row by row
+//   (epilogue/sm90_row_predicated_store.cuh) instead of by TMA. With kWithAccumulation, D must hold C before
+//   the launch (C may be D): the kernel adds the product with TMA reduce-add (read-add-write on that path).
 // Launch: grid = a multiple of kNumTMAMulticast, at most the SM count; block kNumTMAThreads +
 // kNumMathThreads; cluster {kNumTMAMulticast, 1, 1}; dynamic shared memory = heuristics' smem_bytes.
 #pragma once
@@ -51,6 +54,7 @@
 #include "common/macros.cuh"
 #include "common/math.cuh"
 #include "epilogue/sm90_accumulator_store.cuh"
+#include "epilogue/sm90_row_predicated_store.cuh"
 #include "pipeline.cuh"
 #include "ptx/global_memory.cuh"
 #include "ptx/mbarrier.cuh"
@@ -183,11 +187,9 @@ DK_DEVICE void dispatch_index(uint32_t i, F&& f, std::integer_sequence<uint32_t,
     ((i == Is ? (f(std::integral_constant<uint32_t, Is>{}), 0) : 0), ...);
 }
 
-template <uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, GemmType kGemmType, typename OutputType,
-          bool kWithAccumulation>
-DK_DEVICE void store_tile(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d_wg, const CUtensorMap* tmap_d,
-                          const TileInfo& tile, uint32_t wg_idx) {
-    using Store = AccumulatorStore<OutputType, BLOCK_N>;
+// Writes the warpgroup's accumulators into its staging buffer, visible to the whole warpgroup and to TMA.
+template <typename Store, uint32_t BLOCK_N>
+DK_DEVICE void stage_tile(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d_wg, uint32_t wg_idx) {
     const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
     const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
 
@@ -198,6 +200,15 @@ DK_DEVICE void store_tile(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d
     Store::write(final_acc, smem_d_wg, thread_in_wg / 32, thread_in_wg % 32);
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
+}
+
+template <uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, GemmType kGemmType, typename OutputType,
+          bool kWithAccumulation>
+DK_DEVICE void store_tile(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d_wg, const CUtensorMap* tmap_d,
+                          const TileInfo& tile, uint32_t wg_idx) {
+    using Store = AccumulatorStore<OutputType, BLOCK_N>;
+    const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
+    stage_tile<Store, BLOCK_N>(final_acc, smem_d_wg, wg_idx);
 
     if (thread_in_wg == 0) {
         const int32_t row = static_cast<int32_t>(tile.m_block_idx * BLOCK_M + wg_idx * kWarpgroupBlockM);
@@ -278,11 +289,32 @@ DK_DEVICE bool reduce_splits(const float (&partial_sums)[BLOCK_N / 2], float (&t
     return true;
 }
 
+// The grouped kinds' store of a tile whose rows are not all valid: through the same staging buffer, then
+// row-predicated 16-byte stores, so padding rows and rows past masked_m are never written.
+template <uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, GemmType kGemmType, typename OutputType,
+          bool kWithAccumulation, typename TileScheduler>
+DK_DEVICE void store_tile_rows(const float (&final_acc)[BLOCK_N / 2], uint8_t* smem_d_wg, OutputType* d,
+                               const TileInfo& tile, uint32_t wg_idx, const TileScheduler& scheduler) {
+    DK_STATIC_ASSERT(kGemmType != GemmType::Normal, "Normal tiles are clipped by the TMA store");
+    using RowStore = RowPredicatedStore<OutputType, BLOCK_N, kNumThreadsPerWarpgroup, kWithAccumulation>;
+    stage_tile<AccumulatorStore<OutputType, BLOCK_N>, BLOCK_N>(final_acc, smem_d_wg, wg_idx);
+
+    // Rows are counted inside the group for masked (D [G, M_max, N]), inside D for contiguous.
+    const uint32_t first_row = tile.m_block_idx * BLOCK_M + wg_idx * kWarpgroupBlockM;
+    const uint32_t first_col = tile.n_block_idx * BLOCK_N;
+    const size_t group_first_row =
+        kGemmType == GemmType::MGroupedMasked ? static_cast<size_t>(tile.group_idx) * scheduler.shape_m : 0;
+    OutputType* d_tile = d + (group_first_row + first_row) * SHAPE_N + first_col;
+    const uint32_t num_cols = SHAPE_N - first_col < BLOCK_N ? SHAPE_N - first_col : BLOCK_N;
+    RowStore::store(smem_d_wg, d_tile, SHAPE_N, num_cols, threadIdx.x % kNumThreadsPerWarpgroup,
+                    [&](uint32_t row) { return scheduler.is_valid_row(first_row + row, tile.group_idx); });
+}
+
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t BLOCK_K, uint32_t kNumStages,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation, uint32_t kNumSplits, typename Stages,
           typename Ring, typename TileScheduler>
 DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileScheduler& scheduler,
-                                  uint8_t* smem_d_wg, const CUtensorMap* tmap_d, const float* sfb,
+                                  uint8_t* smem_d_wg, const CUtensorMap* tmap_d, const float* sfb, OutputType* d,
                                   float* split_workspace, uint32_t* split_tickets) {
     constexpr uint32_t kNumKBlocks = SHAPE_K / BLOCK_K;
     constexpr uint32_t kNumSfbRows = ceil_div(SHAPE_N, kScaleBlock);
@@ -359,6 +391,10 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
             }
             continue;
         }
+        // Grouped kinds: whether this thread's two rows are written; read before the K loop to hide the load.
+        const uint32_t tile_row_lo = tile.m_block_idx * BLOCK_M + row_lo;
+        const bool rows_valid = kGemmType == GemmType::Normal || (scheduler.is_valid_row(tile_row_lo, tile.group_idx) &&
+                                                                  scheduler.is_valid_row(tile_row_lo + 8, tile.group_idx));
         // NOTE: one K loop per possible straddle point keeps the per-column scale choice out of the loop.
         const uint32_t tile_offset_idx = tile.n_block_idx * BLOCK_N % kScaleBlock / kTileOffsetStep;
         dispatch_index(
@@ -375,8 +411,18 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
             store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(partial, smem_d_wg, tmap_d,
                                                                                               tile, wg_idx);
         } else {
-            store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(final_acc, smem_d_wg,
-                                                                                              tmap_d, tile, wg_idx);
+            // Normal tiles rely on the TMA store's clipping at M; grouped ones vote per warpgroup (the 128 threads
+            // cover its 64 rows) and store a tile with any rejected row through the row-predicated path.
+            if constexpr (kGemmType != GemmType::Normal) {
+                const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
+                if (ptx::named_barrier_sync_or(barrier_id, kNumThreadsPerWarpgroup, !rows_valid)) {
+                    store_tile_rows<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(
+                        final_acc, smem_d_wg, d, tile, wg_idx, scheduler);
+                    continue;
+                }
+            }
+            store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(final_acc, smem_d_wg, tmap_d,
+                                                                                              tile, wg_idx);
         }
     }
 
@@ -398,7 +444,7 @@ __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
                    const float* sfb, uint32_t shape_m, const int* grouped_layout, uint32_t num_groups,
-                   float* split_workspace, uint32_t* split_tickets) {
+                   OutputType* d, float* split_workspace, uint32_t* split_tickets) {
     using namespace sm90_fp8_gemm_detail;
 
     // Static checks
@@ -476,7 +522,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         ptx::setmaxnreg_inc<kNumMathRegisters>();
         uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Store::kBytes;
         run_math_warpgroup<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kGemmType, OutputType,
-                           kWithAccumulation, kNumSplits>(stages, ring, scheduler, smem_d_wg, &tmap_d, sfb,
+                           kWithAccumulation, kNumSplits>(stages, ring, scheduler, smem_d_wg, &tmap_d, sfb, d,
                                                           split_workspace, split_tickets);
     }
 

@@ -245,6 +245,16 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                     )
 
 
+def check_problem(n: int, k: int, num_sms: int) -> None:
+    """What every config choice needs: k a positive multiple of BLOCK_K, n of 16, some SMs."""
+    if k % BLOCK_K != 0 or k <= 0:
+        raise ValueError(f"k must be a positive multiple of {BLOCK_K}, got {k}")
+    if n % 16 != 0 or n <= 0:
+        raise ValueError(f"n must be a positive multiple of 16, got {n}")
+    if num_sms <= 0:
+        raise ValueError(f"num_sms must be positive, got {num_sms}")
+
+
 def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
                         out_dtype_bytes: int = 2, with_accumulation: bool = False,
                         num_groups: int = 1, allow_split_k: bool = False) -> Fp8GemmConfig:
@@ -263,12 +273,7 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
     Returns:
         A frozen Fp8GemmConfig; equal inputs give equal configs.
     """
-    if k % BLOCK_K != 0 or k <= 0:
-        raise ValueError(f"k must be a positive multiple of {BLOCK_K}, got {k}")
-    if n % 16 != 0 or n <= 0:
-        raise ValueError(f"n must be a positive multiple of 16, got {n}")
-    if num_sms <= 0:
-        raise ValueError(f"num_sms must be positive, got {num_sms}")
+    check_problem(n, k, num_sms)
     m = max(m, 1)
     best, best_time = None, math.inf
     split_k = k if allow_split_k and num_groups == 1 else None

@@ -1,0 +1,262 @@
+"""Grouped (mixture-of-experts) FP8 GEMMs: D_g = A_g @ B_g^T for every expert g, with the scaling of
+fp8_gemm_nt, on the same kernel (its MGroupedContiguous / MGroupedMasked kinds) and block scheduler.
+
+Layouts (DeepGEMM's, so switching is one line):
+    contiguous  a [M_total, K] float8_e4m3fn, K-major: every expert's rows back to back, each expert's segment
+                padded to get_m_alignment_for_contiguous_layout() = 128 rows (M_total a multiple of it);
+                sfa FP32 [M_total, K / 128] as for fp8_gemm_nt; m_indices [M_total] int32, each row's expert,
+                -1 on padding rows (moe_layout's m_indices); d [M_total, N] bf16.
+    masked      a [G, M_max, K] float8_e4m3fn, K-major; sfa FP32 [G, M_max, K / 128], MN-major per group
+                (strides (M_4 * K / 128, 1, M_4), M_4 = M_max rounded up to 4; get_mn_major_tma_aligned_tensor
+                makes it); masked_m [G] int32 on the device: rows 0 .. masked_m[g] - 1 of a[g] and d[g] are
+                expert g's; d [G, M_max, N] bf16.
+    both        b [G, N, K] float8_e4m3fn, K-major; sfb FP32 [G, ceil(N / 128), K / 128]. Scales may also come
+                row-major (FP32) or packed UE8M0 (int32, last dimension ceil(K / 512)), as for fp8_gemm_nt:
+                they are then converted first (an extra pass and an allocation).
+Constraints: K a multiple of 128, N a multiple of 16.
+"""
+
+import torch
+
+from deep_kernels.device import get_num_sms
+from deep_kernels.gemm import (
+    SCALE_BLOCK, call_signature, check_k_n, get_gemm_kernel, kernel_spec, scale_a, scale_b,
+)
+from deep_kernels.heuristics import grouped_fp8_gemm as heuristics
+from deep_kernels.jit.runtime import tensor_map
+from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
+from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows
+
+CONTIGUOUS = "m_grouped_contiguous"
+MASKED = "m_grouped_masked"
+
+
+def get_m_alignment_for_contiguous_layout() -> int:
+    """Rows every expert segment of the contiguous layout is padded to (moe_layout pads to the same)."""
+    return CONTIGUOUS_ALIGNMENT
+
+
+_plans = {}
+
+
+def _plan(gemm_type: str, m: int, n: int, k: int, num_groups: int):
+    """(kernel, config, grid) of a problem (m: total rows, or expected_m when masked); one dict lookup once seen."""
+    num_sms = get_num_sms()
+    key = (gemm_type, m, n, k, num_groups, num_sms)
+    plan = _plans.get(key)
+    if plan is None:
+        config = heuristics.get_grouped_fp8_gemm_config(gemm_type, m, n, k, num_groups, num_sms)
+        kernel = get_gemm_kernel(config, n, k, torch.bfloat16, False, gemm_type)
+        grid = (heuristics.grid_size(gemm_type, config, m, n, num_sms), 1, 1)
+        plan = _plans[key] = (kernel, config, grid)
+    return plan
+
+
+def _check_b(b, sfb, k: int) -> tuple:
+    """b [G, N, K] with its scales; returns (G, N, sfb in the kernel's layout)."""
+    check_dtype(b, "b", (torch.float8_e4m3fn,))
+    check_rank(b, "b", 3)
+    num_groups, n, b_k = b.shape
+    if b_k != k:
+        raise ValueError(f"a has K = {k} but b is [G, N, K] = {tuple(b.shape)}: K differs")
+    check_k_n(k, n)
+    check_row_major_rows(b, "b")
+    if num_groups > 1 and b.stride(0) != n * b.stride(1):
+        raise ValueError(f"b's groups must follow each other (stride(0) = N * stride(1)), got strides {tuple(b.stride())}")
+    return num_groups, n, scale_b(sfb, ceil_div(n, SCALE_BLOCK), k // SCALE_BLOCK, num_groups)
+
+
+def _check_d(d, shape: tuple) -> None:
+    check_dtype(d, "d", (torch.bfloat16,))
+    if tuple(d.shape) != shape or not d.is_contiguous():
+        raise ValueError(f"d must be a contiguous bf16 tensor of shape {shape}, got shape {tuple(d.shape)} "
+                         f"strides {tuple(d.stride())}")
+    check_row_major_rows(d, "d")
+
+
+def _check_layout_tensor(t, name: str, length: int) -> None:
+    check_dtype(t, name, (torch.int32,))
+    if tuple(t.shape) != (length,) or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous int32 tensor of shape ({length},), got shape {tuple(t.shape)} "
+                         f"strides {tuple(t.stride())}")
+
+
+def _check_devices(named: tuple) -> None:
+    first = named[0][0]
+    for tensor, name in named:
+        check_cuda_device(tensor, name, like=first)
+
+
+def _check_contiguous_call(a, sfa, b, sfb, d, group_layout, layout_name: str) -> tuple:
+    """Full validation; returns (m_total, n, k, G, whether sfa and sfb are already in the kernel's layouts)."""
+    check_dtype(a, "a", (torch.float8_e4m3fn,))
+    check_rank(a, "a", 2)
+    m, k = a.shape
+    num_groups, n, kernel_sfb = _check_b(b, sfb, k)
+    check_row_major_rows(a, "a")
+    if m % CONTIGUOUS_ALIGNMENT != 0:
+        raise ValueError(f"a has M_total = {m} rows: it must be a multiple of "
+                         f"get_m_alignment_for_contiguous_layout() = {CONTIGUOUS_ALIGNMENT} (pad each expert's segment)")
+    _check_layout_tensor(group_layout, layout_name, m if layout_name == "m_indices" else num_groups + 1)
+    _check_d(d, (m, n))
+    kernel_sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+    _check_devices(((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d"), (group_layout, layout_name)))
+    return m, n, k, num_groups, kernel_sfa is sfa and kernel_sfb is sfb
+
+
+def _check_masked_call(a, sfa, b, sfb, d, masked_m, expected_m) -> tuple:
+    """Full validation; returns (M_max, n, k, G, whether the scales are kernel-ready)."""
+    check_dtype(a, "a", (torch.float8_e4m3fn,))
+    check_rank(a, "a", 3)
+    a_groups, m_max, k = a.shape
+    num_groups, n, kernel_sfb = _check_b(b, sfb, k)
+    if a_groups != num_groups:
+        raise ValueError(f"a has G = {a_groups} groups but b has {num_groups}")
+    check_row_major_rows(a, "a")
+    if (num_groups > 1 and a.stride(0) < m_max * a.stride(1)) or a.stride(0) % 16 != 0:
+        raise ValueError(f"a's groups must not overlap and start 16-byte aligned, got strides {tuple(a.stride())}")
+    _check_layout_tensor(masked_m, "masked_m", num_groups)
+    _check_d(d, (num_groups, m_max, n))
+    check_int_range(expected_m, "expected_m", 1, max(m_max, 1))
+    kernel_sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
+    _check_devices(((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d"), (masked_m, "masked_m")))
+    return m_max, n, k, num_groups, kernel_sfa is sfa and kernel_sfb is sfb
+
+
+def _split_pairs(a, b) -> tuple:
+    if not (isinstance(a, (tuple, list)) and len(a) == 2 and isinstance(b, (tuple, list)) and len(b) == 2):
+        raise TypeError("a and b must be (tensor, scales) pairs")
+    return (*a, *b)
+
+
+# Signatures of calls that passed validation -> what their checks returned.
+_checked_calls = {}
+
+
+def _checked(check, tensors: tuple, *extra):
+    try:
+        signature = (check, call_signature(*tensors), tuple((type(value), value) for value in extra))
+    except AttributeError:  # not tensors: the full check says which
+        signature = None
+    checked = _checked_calls.get(signature)
+    if checked is None:
+        checked = check(*tensors, *extra)
+        if signature is not None:
+            _checked_calls[signature] = checked
+    return checked
+
+
+def _m_indices_from_offsets(offsets: torch.Tensor, m_total: int) -> torch.Tensor:
+    """Per-row expert ids of the contiguous layout described by the prefix sum of the expert sizes."""
+    counts = offsets[1:] - offsets[:-1]
+    segments = (counts + (CONTIGUOUS_ALIGNMENT - 1)).div(CONTIGUOUS_ALIGNMENT, rounding_mode="floor") * CONTIGUOUS_ALIGNMENT
+    starts = torch.cumsum(segments, 0, dtype=torch.int32) - segments
+    rows = torch.arange(m_total, dtype=torch.int32, device=offsets.device)
+    # NOTE: right=True takes the last segment starting at or before the row: empty experts never win a row.
+    group = (torch.searchsorted(starts, rows, right=True) - 1).clamp_(min=0)
+    return torch.where(rows < starts[group] + counts[group], group.int(), -1)
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, *,
+                                     offsets: torch.Tensor = None) -> torch.Tensor:
+    """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout (module docstring).
+
+    Args:
+        a: (a [M_total, K] float8_e4m3fn, sfa [M_total, K / 128]); M_total a multiple of
+            get_m_alignment_for_contiguous_layout().
+        b: (b [G, N, K] float8_e4m3fn, sfb [G, ceil(N / 128), K / 128] FP32).
+        d: [M_total, N] bf16 output.
+        m_indices: [M_total] int32 CUDA tensor: each row's expert in [0, G), -1 on padding rows (ids outside
+            [0, G) count as padding). Each expert's rows form one segment starting on a multiple of the
+            alignment, padding at its end, as moe_layout writes them.
+        offsets: instead of m_indices (keyword only): [G + 1] int32 CUDA tensor, the prefix sum of the expert
+            sizes (offsets[0] = 0, expert g has offsets[g + 1] - offsets[g] rows, non-negative). Expert g's
+            segment then starts at the sum of the earlier experts' sizes each rounded up to the alignment (the
+            layout moe_layout builds); rows past the last segment are padding. Converted to m_indices on the
+            device by a few torch ops (no host synchronisation; allocates M_total int32).
+
+    Returns:
+        d.
+
+    Notes:
+        Padding rows of d are never written (they keep what d held): tiles with a padding row are stored row
+        by row, and M-blocks that start on padding are skipped. Deterministic (fixed reduction order, no
+        split-K); numerics as fp8_gemm_nt. No host synchronisation or allocation with m_indices and kernel-
+        ready scales (MN-major TMA-aligned FP32 sfa, contiguous FP32 sfb), so it can be captured in a CUDA
+        graph. A call whose tensors have the dtypes, shapes, strides and devices of an earlier valid call
+        skips re-validation.
+    """
+    a, sfa, b, sfb = _split_pairs(a, b)
+    if (m_indices is None) == (offsets is None):
+        raise TypeError("pass exactly one of m_indices and offsets")
+    layout_name = "m_indices" if offsets is None else "offsets"
+    group_layout = m_indices if offsets is None else offsets
+    m, n, k, num_groups, scales_ready = _checked(_check_contiguous_call, (a, sfa, b, sfb, d, group_layout),
+                                                 layout_name)
+    if not scales_ready:
+        sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+        sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), k // SCALE_BLOCK, num_groups)
+    if (a.data_ptr() | b.data_ptr() | d.data_ptr() | sfa.data_ptr()) % 16:
+        raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
+    if m == 0 or num_groups == 0:
+        return d
+    if offsets is not None:
+        m_indices = _m_indices_from_offsets(offsets, m)
+
+    kernel, config, grid = _plan(CONTIGUOUS, m, n, k, num_groups)
+    kernel.launch(grid, (
+        tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
+        tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
+        tensor_map(sfa, (config.block_m, 1), transpose=True),
+        tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
+        sfb.data_ptr(), m, m_indices.data_ptr(), num_groups, d.data_ptr(), 0, 0,
+    ), a.get_device())
+    return d
+
+
+def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
+    """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T for every expert g (masked layout, module docstring).
+
+    Args:
+        a: (a [G, M_max, K] float8_e4m3fn, sfa [G, M_max, K / 128]).
+        b: (b [G, N, K] float8_e4m3fn, sfb [G, ceil(N / 128), K / 128] FP32).
+        d: [G, M_max, N] bf16 output.
+        masked_m: [G] int32 CUDA tensor, valid rows per expert, read on the device (values are clamped to
+            [0, M_max]).
+        expected_m: host-side estimate of the valid rows per expert, an integer in [1, max(M_max, 1)]; it only
+            steers the tile choice (a wrong value costs time, never correctness).
+
+    Returns:
+        d.
+
+    Notes:
+        Rows at or past masked_m[g] of d[g] are never written (they keep what d held). The grid is one CTA per
+        SM whatever masked_m holds; CTAs without work exit at once. No host synchronisation (and, with kernel-
+        ready scales, no allocation): the call can be captured in a CUDA graph and replayed with new masked_m
+        and a. Deterministic; numerics as fp8_gemm_nt.
+    """
+    a, sfa, b, sfb = _split_pairs(a, b)
+    m_max, n, k, num_groups, scales_ready = _checked(_check_masked_call, (a, sfa, b, sfb, d, masked_m), expected_m)
+    if not scales_ready:
+        sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
+        sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), k // SCALE_BLOCK, num_groups)
+    if (a.data_ptr() | b.data_ptr() | d.data_ptr() | sfa.data_ptr()) % 16:
+        raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
+    if m_max == 0 or num_groups == 0:
+        return d
+
+    kernel, config, grid = _plan(MASKED, expected_m, n, k, num_groups)
+    kernel.launch(grid, (
+        tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128),
+        tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
+        tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m)),
+        tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
+        sfb.data_ptr(), m_max, masked_m.data_ptr(), num_groups, d.data_ptr(), 0, 0,
+    ), a.get_device())
+    return d
+
+
+def precompile_specs() -> list:
+    """Every kernel the grouped heuristics pick over the representative shapes."""
+    return [kernel_spec(kernel.config, kernel.n, kernel.k, torch.bfloat16, False, kernel.gemm_type)
+            for kernel in heuristics.all_candidate_kernels()]

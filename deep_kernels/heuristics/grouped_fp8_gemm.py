@@ -1,0 +1,94 @@
+"""Config choice for the grouped (MoE) FP8 GEMMs: the SM90 FP8 GEMM kernel's contiguous and masked kinds.
+
+Pure functions of the problem and the device: no GPU calls, no torch. They reuse the dense model of
+deep_kernels.heuristics.fp8_gemm with the problem cut into groups, which is what the scheduler walks:
+
+* masked: every group holds about expected_m valid rows (the host cannot read masked_m without a sync), so
+  the model sees num_groups GEMMs of expected_m + BLOCK_M / 2 rows: masked_m varies around expected_m, so on
+  average a group's last M-block is half full, and its tile costs as much as a full one. B is read once per
+  group.
+* contiguous: the total M is known; the rows are split evenly over the groups (each segment a multiple of
+  the alignment), so the tile count is that of the total M while B is read num_groups times.
+
+Every BLOCK_M (64, 128) divides the contiguous layout's segment alignment (128, deep_kernels.moe.layout's
+CONTIGUOUS_ALIGNMENT; tests/test_grouped_gemm.py checks it), so no M-block spans two segments.
+"""
+
+from deep_kernels.heuristics import fp8_gemm
+from deep_kernels.heuristics.fp8_gemm import CandidateKernel, Fp8GemmConfig
+
+GEMM_TYPES = ("m_grouped_contiguous", "m_grouped_masked")
+
+
+def modelled_rows(gemm_type: str, m: int, num_groups: int, block_m: int) -> int:
+    """The rows per group the model sees for a tile height (see the module docstring)."""
+    if gemm_type == "m_grouped_masked":
+        return max(m, 1) + block_m // 2
+    return max(-(-m // num_groups), 1)
+
+
+def get_grouped_fp8_gemm_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
+                                smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
+    """The config with the lowest modelled time for a grouped GEMM with bf16 D (ties: the first candidate
+    of fp8_gemm.candidate_configs' order).
+
+    Args:
+        gemm_type: "m_grouped_contiguous" or "m_grouped_masked".
+        m: total rows of A (contiguous) or the expected valid rows per group (masked); 0 is allowed.
+        n, k: columns of D and the reduction depth (k a multiple of 128, n of 16).
+        num_groups: G >= 1.
+        num_sms: SMs the persistent grid may use.
+        smem_capacity: dynamic shared memory per block, bytes.
+
+    Returns:
+        A frozen Fp8GemmConfig; equal inputs give equal configs.
+    """
+    if gemm_type not in GEMM_TYPES:
+        raise ValueError(f"gemm_type must be one of {GEMM_TYPES}, got {gemm_type!r}")
+    if not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
+    if m < 0:
+        raise ValueError(f"m must be >= 0, got {m}")
+    fp8_gemm.check_problem(n, k, num_sms)
+    rows = modelled_rows(gemm_type, m, num_groups, 0)
+    candidates = list(fp8_gemm.candidate_configs(rows, n, num_sms, smem_capacity))
+    if not candidates:
+        raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
+    return min(candidates, key=lambda config: fp8_gemm.estimate_seconds(
+        config, modelled_rows(gemm_type, m, num_groups, config.block_m), n, k, num_sms, num_groups=num_groups))
+
+
+def grid_size(gemm_type: str, config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> int:
+    """CTAs to launch. Contiguous: as for a dense GEMM of the total M (padding blocks are skipped, never
+    added). Masked: the work depends on masked_m on the device, so every SM, rounded down to the cluster
+    size; CTAs without work exit at once."""
+    if gemm_type == "m_grouped_masked":
+        return num_sms // config.num_tma_multicast * config.num_tma_multicast
+    return fp8_gemm.grid_size(config, m, n, num_sms)
+
+
+# (G, rows per group, N, K) of the contiguous layout and (G, expected M) x (N, K) of the masked one: the
+# benchmark's shapes and the DeepSeek-V3 expert shapes at prefill and decode sizes.
+REPRESENTATIVE_CONTIGUOUS = ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048), (8, 4096, 4096, 7168),
+                             (8, 4096, 7168, 2048), (32, 256, 4096, 7168), (256, 128, 7168, 2048))
+REPRESENTATIVE_MASKED_GM = ((1, 1024), (2, 512), (4, 256), (16, 64), (32, 32), (256, 8))
+REPRESENTATIVE_MASKED_NK = ((4096, 7168), (7168, 2048))
+
+
+def representative_problems():
+    """(gemm_type, m as get_grouped_fp8_gemm_config takes it, n, k, num_groups) of the shapes above."""
+    for g, rows, n, k in REPRESENTATIVE_CONTIGUOUS:
+        yield "m_grouped_contiguous", g * rows, n, k, g
+    for n, k in REPRESENTATIVE_MASKED_NK:
+        for g, expected_m in REPRESENTATIVE_MASKED_GM:
+            yield "m_grouped_masked", expected_m, n, k, g
+
+
+def all_candidate_kernels(num_sms: int = 132) -> list:
+    """Every distinct kernel the grouped heuristics pick over the representative shapes (bf16 D)."""
+    kernels = {}
+    for gemm_type, m, n, k, g in representative_problems():
+        config = get_grouped_fp8_gemm_config(gemm_type, m, n, k, g, num_sms)
+        kernel = CandidateKernel(config, n, k, "bfloat16", False, gemm_type)
+        kernels.setdefault(tuple(kernel.template_args()), kernel)
+    return list(kernels.values())

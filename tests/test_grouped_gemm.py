@@ -1,0 +1,423 @@
+"""Grouped (MoE) FP8 GEMMs, contiguous and masked: input validation, references and heuristics (CPU), and
+the kernels against the per-expert float64 reference (GPU). Bound: calc_diff < 1e-3 over the valid rows;
+rows the kernel must not write (contiguous padding, masked rows at or past masked_m) keep their poison bit
+for bit."""
+
+import random
+
+import pytest
+import torch
+
+import deep_kernels
+from deep_kernels import grouped_gemm
+from deep_kernels.heuristics import fp8_gemm as dense_heuristics
+from deep_kernels.heuristics import grouped_fp8_gemm as heuristics
+from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
+from deep_kernels.quant import unpack_ue8m0
+from deep_kernels.reference import gemm as reference
+from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_, random_activations
+from deep_kernels.testing.grouped import (
+    SCALE_FORMATS, contiguous_layout, expert_sizes, make_contiguous_inputs, make_masked_inputs, make_weights,
+)
+
+from conftest import FULL
+
+BOUND = 1e-3
+GROUPS = (1, 4, 8, 32, 256)
+NUM_SMS = 132
+# Small (N, K) with a partial last N-block (576 = 4.5 x 128) and a sfb block straddled by most tiles.
+N, K = 576, 512
+
+
+# ---- validation (CPU) ----
+
+def _contiguous_operands(m=256, g=4, n=256, k=256):
+    a = (torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, k // 128))
+    b = (torch.zeros(g, n, k, dtype=torch.float8_e4m3fn), torch.ones(g, (n + 127) // 128, k // 128))
+    return a, b, torch.empty(m, n, dtype=torch.bfloat16), torch.zeros(m, dtype=torch.int32)
+
+
+def _masked_operands(g=4, m_max=96, n=256, k=256):
+    a = (torch.zeros(g, m_max, k, dtype=torch.float8_e4m3fn), torch.ones(g, m_max, k // 128))
+    b = (torch.zeros(g, n, k, dtype=torch.float8_e4m3fn), torch.ones(g, (n + 127) // 128, k // 128))
+    return a, b, torch.empty(g, m_max, n, dtype=torch.bfloat16), torch.zeros(g, dtype=torch.int32), 32
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a, b, d, i: ((a[0].view(torch.uint8), a[1]), b, d, i), TypeError, "a must be torch.float8_e4m3fn"),
+    (lambda a, b, d, i: (a, (b[0][0], b[1]), d, i), ValueError, "b must be 3-D"),
+    (lambda a, b, d, i: (a, (b[0][:, :, :128], b[1]), d, i), ValueError, "K differs"),
+    (lambda a, b, d, i: (a, (b[0][:, :200], b[1]), d[:, :200], i), ValueError, "multiple of 16"),
+    (lambda a, b, d, i: ((a[0][:200], a[1][:200]), b, d[:200], i[:200]), ValueError, "multiple of .*= 128"),
+    (lambda a, b, d, i: (a, b, d, i[:128]), ValueError, r"m_indices must be a contiguous int32 tensor of shape \(256,\)"),
+    (lambda a, b, d, i: (a, b, d, i.long()), TypeError, "m_indices must be torch.int32"),
+    (lambda a, b, d, i: (a, b, d.float(), i), TypeError, "d must be torch.bfloat16"),
+    (lambda a, b, d, i: (a, b, d[:, :128], i), ValueError, "d must be a contiguous"),
+    (lambda a, b, d, i: ((a[0], a[1][:, :1]), b, d, i), ValueError, "sfa must have shape"),
+    (lambda a, b, d, i: (a, (b[0], b[1][:3]), d, i), ValueError, r"sfb must have shape \[G, ceil\(N / 128\), K / 128\]"),
+    (lambda a, b, d, i: (a, (b[0], b[1][:3].int()), d, i), ValueError, "packed UE8M0 sfb must have shape"),
+    (lambda a, b, d, i: (a, (torch.zeros(256, 4, 256, dtype=torch.float8_e4m3fn).transpose(0, 1), b[1]), d, i),
+     ValueError, "b's groups must follow each other"),
+    (lambda a, b, d, i: (a[0], b, d, i), TypeError, "pairs"),
+    (lambda a, b, d, i: (a, b, d, i), ValueError, "must be a CUDA tensor"),
+])
+def test_contiguous_rejects_bad_input(mutate, error, match):
+    with pytest.raises(error, match=match):
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(*mutate(*_contiguous_operands()))
+
+
+def test_contiguous_layout_arguments():
+    a, b, d, m_indices = _contiguous_operands()
+    with pytest.raises(TypeError, match="exactly one of m_indices and offsets"):
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d)
+    with pytest.raises(TypeError, match="exactly one of m_indices and offsets"):
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, offsets=torch.zeros(5, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"offsets must be a contiguous int32 tensor of shape \(5,\)"):
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, offsets=torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, offsets=torch.zeros(5, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a, b, d, mm, e: ((a[0][0], a[1]), b, d, mm, e), ValueError, "a must be 3-D"),
+    (lambda a, b, d, mm, e: ((a[0][:3], a[1][:3]), b, d[:3], mm[:3], e), ValueError, "a has G = 3 groups but b has 4"),
+    (lambda a, b, d, mm, e: (a, (b[0][:, :, :128], b[1]), d, mm, e), ValueError, "K differs"),
+    (lambda a, b, d, mm, e: (a, b, d, mm[:3], e), ValueError, r"masked_m must be a contiguous int32 tensor of shape \(4,\)"),
+    (lambda a, b, d, mm, e: (a, b, d, mm.long(), e), TypeError, "masked_m must be torch.int32"),
+    (lambda a, b, d, mm, e: (a, b, d, mm.view(2, 2), e), ValueError, "masked_m must be a contiguous"),
+    (lambda a, b, d, mm, e: (a, b, d[:3], mm, e), ValueError, r"d must be a contiguous bf16 tensor of shape \(4, 96, 256\)"),
+    (lambda a, b, d, mm, e: ((a[0], a[1][:3]), b, d, mm, e), ValueError, r"sfa must have shape \[G, M_max, K / 128\]"),
+    (lambda a, b, d, mm, e: ((a[0], a[1][0]), b, d, mm, e), ValueError, "sfa must be 3-D"),
+    (lambda a, b, d, mm, e: (a, (b[0], b[1][:3]), d, mm, e), ValueError, "sfb must have shape"),
+    (lambda a, b, d, mm, e: ((a[0], a[1][:3].int()), b, d, mm, e), ValueError, "packed UE8M0 sfa must have shape"),
+    (lambda a, b, d, mm, e: (a, b, d, mm, 0), ValueError, r"expected_m must be an integer in \[1, 96\]"),
+    (lambda a, b, d, mm, e: (a, b, d, mm, 97), ValueError, "expected_m"),
+    (lambda a, b, d, mm, e: (a, b, d, mm, 32.0), ValueError, "expected_m"),
+    (lambda a, b, d, mm, e: (a, b, d, mm, e), ValueError, "must be a CUDA tensor"),
+])
+def test_masked_rejects_bad_input(mutate, error, match):
+    with pytest.raises(error, match=match):
+        deep_kernels.m_grouped_fp8_gemm_nt_masked(*mutate(*_masked_operands()))
+
+
+def test_alignment_is_the_routing_layouts():
+    assert deep_kernels.get_m_alignment_for_contiguous_layout() == CONTIGUOUS_ALIGNMENT == 128
+    # No M-block of the contiguous layout may span two expert segments.
+    assert all(CONTIGUOUS_ALIGNMENT % block_m == 0 for block_m in dense_heuristics.BLOCK_MS)
+
+
+def test_batched_mn_major_scales():
+    scales = torch.arange(2 * 5 * 3, dtype=torch.float32).view(2, 5, 3)
+    out = deep_kernels.get_mn_major_tma_aligned_tensor(scales)
+    assert out.stride() == (24, 1, 8) and torch.equal(out, scales)
+    assert deep_kernels.get_mn_major_tma_aligned_tensor(out) is out
+
+
+# ---- references and the offsets form (CPU) ----
+
+def test_offsets_to_m_indices_matches_the_layout():
+    rng = random.Random(1)
+    for g in (1, 4, 32):
+        for mode in ("random", "one"):
+            sizes = expert_sizes(g, 700, rng, mode)
+            m_indices, offsets = contiguous_layout(sizes, device="cpu")
+            derived = grouped_gemm._m_indices_from_offsets(offsets, m_indices.numel())
+            assert_bitwise_equal(derived, m_indices, "m_indices from offsets")
+            groups = reference.contiguous_row_groups(m_indices.numel(), offsets=offsets)
+            assert torch.equal(groups, m_indices.long())
+
+
+@pytest.mark.parametrize("scale_format", SCALE_FORMATS)
+def test_contiguous_reference_is_the_dense_one_per_expert(scale_format):
+    sizes, n, k = [100, 0, 3, 130], 256, 256
+    a, b, m_indices, _ = make_contiguous_inputs(sizes, n, k, scale_format, device="cpu")
+    d = torch.full((m_indices.numel(), n), 7.0, dtype=torch.float64)
+    reference.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    packed = scale_format == "ue8m0"
+    sfa = unpack_ue8m0(a[1], m_indices.numel(), k // 128) if packed else a[1]
+    for g, size in enumerate(sizes):
+        rows = (m_indices == g).nonzero().flatten()
+        assert rows.numel() == size
+        if size == 0:
+            continue
+        sfb = unpack_ue8m0(b[1][g], n // 128, k // 128) if packed else b[1][g]
+        expected = reference.fp8_gemm_nt((a[0][rows], sfa[rows]), (b[0][g], sfb),
+                                         torch.empty((size, n), dtype=torch.float64))
+        assert calc_diff(d[rows], expected) < 1e-12
+    assert (d[m_indices < 0] == 7.0).all()
+
+
+def test_masked_reference_is_the_dense_one_per_expert():
+    masked_m = [5, 0, 64]
+    a, b, mm = make_masked_inputs(masked_m, 64, 256, 256, device="cpu")
+    d = torch.full((3, 64, 256), 7.0, dtype=torch.float64)
+    reference.m_grouped_fp8_gemm_nt_masked(a, b, d, mm, 32)
+    for g, rows in enumerate(masked_m):
+        if rows:
+            dense = torch.empty((64, 256), dtype=torch.float64)
+            reference.fp8_gemm_nt((a[0][g], a[1][g].contiguous()), (b[0][g], b[1][g]), dense)
+            assert calc_diff(d[g, :rows], dense[:rows]) < 1e-12
+        assert (d[g, rows:] == 7.0).all()
+
+
+# ---- heuristics (CPU) ----
+
+def _problems():
+    for n, k in dense_heuristics.REPRESENTATIVE_NKS:
+        for g in GROUPS:
+            for rows in (1, 32, 64, 256, 1024):
+                yield "m_grouped_masked", rows, n, k, g
+                yield "m_grouped_contiguous", g * ((rows + 127) // 128 * 128), n, k, g
+
+
+def test_grouped_heuristics_are_deterministic_and_legal():
+    for gemm_type, m, n, k, g in _problems():
+        config = heuristics.get_grouped_fp8_gemm_config(gemm_type, m, n, k, g, NUM_SMS)
+        assert config == heuristics.get_grouped_fp8_gemm_config(gemm_type, m, n, k, g, NUM_SMS)
+        rows = heuristics.modelled_rows(gemm_type, m, g, 0)
+        assert config in list(dense_heuristics.candidate_configs(rows, n, NUM_SMS))
+        grid = heuristics.grid_size(gemm_type, config, m, n, NUM_SMS)
+        assert 0 < grid <= NUM_SMS and grid % config.num_tma_multicast == 0
+        if gemm_type == "m_grouped_masked":
+            assert grid == NUM_SMS // config.num_tma_multicast * config.num_tma_multicast
+
+
+def test_masked_tiles_follow_expected_m():
+    for n, k in ((4096, 7168), (7168, 2048)):
+        for g in (32, 256):
+            assert heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 32, n, k, g, NUM_SMS).block_m == 64
+        assert heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 1024, n, k, 1, NUM_SMS).block_m == 128
+
+
+def test_masked_model_counts_a_half_full_last_block():
+    # masked_m varies around expected_m: a group's last M-block is half full on average.
+    assert heuristics.modelled_rows("m_grouped_masked", 256, 4, 128) == 320
+    assert heuristics.modelled_rows("m_grouped_masked", 0, 4, 64) == 33
+    assert heuristics.modelled_rows("m_grouped_contiguous", 1000, 4, 128) == 250
+    config = heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 256, 4096, 7168, 4, NUM_SMS)
+    for other in dense_heuristics.candidate_configs(256, 4096, NUM_SMS):
+        rows = heuristics.modelled_rows("m_grouped_masked", 256, 4, other.block_m)
+        assert (dense_heuristics.estimate_seconds(other, rows, 4096, 7168, NUM_SMS, num_groups=4) >=
+                dense_heuristics.estimate_seconds(config, 256 + config.block_m // 2, 4096, 7168, NUM_SMS, num_groups=4))
+
+
+def test_group_count_enters_the_model():
+    # The same total rows over more groups read B more times: the estimate grows with G.
+    config = heuristics.get_grouped_fp8_gemm_config("m_grouped_contiguous", 8192, 4096, 7168, 4, NUM_SMS)
+    times = [dense_heuristics.estimate_seconds(config, 8192 // g, 4096, 7168, NUM_SMS, num_groups=g) for g in (1, 8, 64)]
+    assert times[0] < times[1] < times[2]
+
+
+def test_contiguous_picks_the_dense_config_at_equal_total_m():
+    for g, rows, n, k in heuristics.REPRESENTATIVE_CONTIGUOUS[:4]:
+        assert (heuristics.get_grouped_fp8_gemm_config("m_grouped_contiguous", g * rows, n, k, g, NUM_SMS) ==
+                dense_heuristics.get_fp8_gemm_config(g * rows, n, k, NUM_SMS))
+
+
+def test_grouped_heuristics_reject_bad_arguments():
+    with pytest.raises(ValueError, match="gemm_type"):
+        heuristics.get_grouped_fp8_gemm_config("normal", 64, 4096, 7168, 4, NUM_SMS)
+    with pytest.raises(ValueError, match="num_groups"):
+        heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 64, 4096, 7168, 0, NUM_SMS)
+    with pytest.raises(ValueError, match="k must be"):
+        heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 64, 4096, 7000, 4, NUM_SMS)
+
+
+def test_every_representative_pick_is_precompiled():
+    specs = set(grouped_gemm.precompile_specs())
+    for gemm_type, m, n, k, g in heuristics.representative_problems():
+        config = heuristics.get_grouped_fp8_gemm_config(gemm_type, m, n, k, g, NUM_SMS)
+        assert grouped_gemm.kernel_spec(config, n, k, torch.bfloat16, False, gemm_type) in specs
+
+
+# ---- kernels against the reference (GPU) ----
+
+def _check_contiguous(a, b, d, m_indices, poisoned):
+    expected = reference.m_grouped_fp8_gemm_nt_contiguous(
+        a, b, torch.zeros(d.shape, device="cuda", dtype=torch.float64), m_indices)
+    valid = m_indices >= 0
+    assert torch.isfinite(d[valid]).all()
+    assert calc_diff(d[valid], expected[valid]) < BOUND
+    assert_bitwise_equal(d[~valid], poisoned[~valid], "padding rows of d")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_groups", GROUPS)
+@pytest.mark.parametrize("mode", ["random", "one"])
+def test_contiguous_matches_reference(num_groups, mode):
+    rng = random.Random(num_groups * 2 + (mode == "one"))
+    sizes = expert_sizes(num_groups, rng.randint(300, 2500), rng, mode)
+    a, b, m_indices, offsets = make_contiguous_inputs(sizes, N, K)
+    d = poison_(torch.empty((m_indices.numel(), N), device="cuda", dtype=torch.bfloat16))
+    poisoned = d.clone()
+    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    _check_contiguous(a, b, d, m_indices, poisoned)
+
+    again = poison_(torch.empty_like(d))
+    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, again, m_indices)
+    assert_bitwise_equal(again, d, "d (second run)")
+    from_offsets = poison_(torch.empty_like(d))
+    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, from_offsets, offsets=offsets)
+    assert_bitwise_equal(from_offsets, d, "d (offsets form)")
+
+
+@pytest.mark.gpu
+def test_contiguous_from_moe_layout_with_foreign_ids():
+    # moe_layout's m_indices directly; ids outside [0, G) count as padding (never written).
+    num_groups, topk = 8, 2
+    topk_idx = torch.randint(0, num_groups, (777, topk), device="cuda", dtype=torch.int32)
+    layout = deep_kernels.moe_layout(topk_idx, num_groups)
+    m_indices = layout.m_indices.clone()
+    m_indices[m_indices == 3] = num_groups + 5
+    a = deep_kernels.per_token_cast_to_fp8(random_activations(m_indices.numel(), K))
+    b = make_weights(num_groups, N, K)
+    d = poison_(torch.empty((m_indices.numel(), N), device="cuda", dtype=torch.bfloat16))
+    poisoned = d.clone()
+    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    m_indices[m_indices >= num_groups] = -1
+    _check_contiguous(a, b, d, m_indices, poisoned)
+
+
+def _check_masked(a, b, d, masked_m, poisoned):
+    expected = reference.m_grouped_fp8_gemm_nt_masked(
+        a, b, torch.zeros(d.shape, device="cuda", dtype=torch.float64), masked_m, 1)
+    rows = torch.arange(d.shape[1], device="cuda")
+    valid = rows[None, :] < masked_m.clamp(min=0)[:, None]
+    assert torch.isfinite(d[valid]).all()
+    if valid.any():
+        assert calc_diff(d[valid], expected[valid]) < BOUND
+    assert_bitwise_equal(d[~valid], poisoned[~valid], "rows of d at or past masked_m")
+
+
+def _random_masked_m(num_groups: int, m_max: int, rng: random.Random) -> list:
+    values = [rng.randint(0, m_max) for _ in range(num_groups)]
+    values[0] = m_max
+    if num_groups > 1:
+        values[-1] = 0
+    return values
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_groups", GROUPS)
+def test_masked_matches_reference(num_groups):
+    rng = random.Random(100 + num_groups)
+    m_max = 200 if num_groups <= 32 else 40
+    masked_m = _random_masked_m(num_groups, m_max, rng)
+    a, b, masked_m = make_masked_inputs(masked_m, m_max, N, K)
+    expected_m = max(1, sum(masked_m.tolist()) // num_groups)
+    d = poison_(torch.empty((num_groups, m_max, N), device="cuda", dtype=torch.bfloat16))
+    poisoned = d.clone()
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)
+    _check_masked(a, b, d, masked_m, poisoned)
+    again = poison_(torch.empty_like(d))
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, again, masked_m, expected_m)
+    assert_bitwise_equal(again, d, "d (second run)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("expected_m", [1, 64, 200])
+def test_masked_expected_m_only_steers_tiles(expected_m):
+    # Configs picked from very different hints give the same correct rows; out-of-range masked_m is clamped.
+    a, b, masked_m = make_masked_inputs([200, 13, 0, 64, 129, 1], 200, N, K)
+    masked_m[2] = -5
+    masked_m[0] = 1000
+    d = poison_(torch.empty((6, 200, N), device="cuda", dtype=torch.bfloat16))
+    poisoned = d.clone()
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)
+    _check_masked(a, b, d, masked_m.clamp(max=200), poisoned)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale_format", SCALE_FORMATS)
+def test_scale_formats(scale_format):
+    rng = random.Random(7)
+    a, b, m_indices, _ = make_contiguous_inputs(expert_sizes(4, 1000, rng), N, K, scale_format)
+    d = poison_(torch.empty((m_indices.numel(), N), device="cuda", dtype=torch.bfloat16))
+    poisoned = d.clone()
+    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    _check_contiguous(a, b, d, m_indices, poisoned)
+
+    a, b, masked_m = make_masked_inputs(_random_masked_m(4, 150, rng), 150, N, K, scale_format)
+    d = poison_(torch.empty((4, 150, N), device="cuda", dtype=torch.bfloat16))
+    poisoned = d.clone()
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64)
+    _check_masked(a, b, d, masked_m, poisoned)
+
+
+@pytest.mark.gpu
+def test_masked_cuda_graph_replay_with_new_masked_m_and_a():
+    num_groups, m_max = 8, 128
+    rng = random.Random(3)
+    a, b, masked_m = make_masked_inputs(_random_masked_m(num_groups, m_max, rng), m_max, N, K)
+    d = torch.empty((num_groups, m_max, N), device="cuda", dtype=torch.bfloat16)
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64)
+    for _ in range(3):
+        new_a, _, new_masked_m = make_masked_inputs(_random_masked_m(num_groups, m_max, rng), m_max, N, K)
+        a[0].copy_(new_a[0])
+        a[1].copy_(new_a[1])
+        masked_m.copy_(new_masked_m)
+        poison_(d)
+        poisoned = d.clone()
+        graph.replay()
+        _check_masked(a, b, d, masked_m, poisoned)
+
+
+@pytest.mark.gpu
+def test_empty_and_limited_sms():
+    a, b, m_indices, _ = make_contiguous_inputs([0, 0], N, K)
+    d = torch.empty((0, N), device="cuda", dtype=torch.bfloat16)
+    assert deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices) is d
+    # Nothing valid: every CTA exits at once and d is untouched.
+    a, b, masked_m = make_masked_inputs([0, 0, 0], 64, N, K)
+    d = poison_(torch.empty((3, 64, N), device="cuda", dtype=torch.bfloat16))
+    poisoned = d.clone()
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 16)
+    assert_bitwise_equal(d, poisoned, "d with masked_m = 0")
+
+    rng = random.Random(11)
+    a, b, masked_m = make_masked_inputs(_random_masked_m(16, 96, rng), 96, N, K)
+    previous = deep_kernels.get_num_sms()
+    deep_kernels.set_num_sms(7 if FULL else 9)
+    try:
+        d = poison_(torch.empty((16, 96, N), device="cuda", dtype=torch.bfloat16))
+        poisoned = d.clone()
+        deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 48)
+    finally:
+        deep_kernels.set_num_sms(previous)
+    _check_masked(a, b, d, masked_m, poisoned)
+
+
+def test_benchmark_masked_sizes_fit_their_bound():
+    from deep_kernels.benchmarks import grouped_gemm as bench
+
+    rng = random.Random(0)
+    for g, expected_m in bench.MASKED_GROUPS:
+        masked_m, m_max = bench.masked_sizes(g, expected_m, rng)
+        assert len(masked_m) == g and m_max % 64 == 0
+        assert all(expected_m // 2 <= rows <= m_max for rows in masked_m)
+        # cuBLAS's padded rows stay inside a[g].
+        assert all(-(-rows // bench.CUBLAS_ROW_MULTIPLE) * bench.CUBLAS_ROW_MULTIPLE <= m_max for rows in masked_m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_m,block_n,multicast_on_a", [(128, 144, False), (64, 96, True)])
+def test_multicast_pairs(monkeypatch, block_m, block_n, multicast_on_a):
+    # 2-CTA clusters (rarely picked on the H200): pairs straddling two experts, padding or a masked tail.
+    config = dense_heuristics.make_config(block_m, block_n, 2, multicast_on_a, 2)
+    monkeypatch.setattr(grouped_gemm, "_plans", {})
+    monkeypatch.setattr(heuristics, "get_grouped_fp8_gemm_config", lambda *args, **kwargs: config)
+    rng = random.Random(5)
+    a, b, m_indices, _ = make_contiguous_inputs(expert_sizes(8, 1500, rng), N, K)
+    d = poison_(torch.empty((m_indices.numel(), N), device="cuda", dtype=torch.bfloat16))
+    poisoned = d.clone()
+    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    _check_contiguous(a, b, d, m_indices, poisoned)
+
+    a, b, masked_m = make_masked_inputs(_random_masked_m(8, 300, rng), 300, N, K)
+    d = poison_(torch.empty((8, 300, N), device="cuda", dtype=torch.bfloat16))
+    poisoned = d.clone()
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 150)
+    _check_masked(a, b, d, masked_m, poisoned)
