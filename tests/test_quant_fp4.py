@@ -68,14 +68,19 @@ def test_reference_e2m1_rounding_matches_brute_force():
 
 
 def test_kernel_e2m1_encoding_formula():
-    # csrc/common/fp4.cuh e2m1_code: the minimum of RNE(2a), RNE(a) + 2 and RNE(a / 2) + 4 (a = min(|v|, 6)),
-    # each an FMA onto 2^23; emulated in FP32 (the products are exact, the additions round once).
+    # csrc/common/fp4.cuh e2m1_nibble and pack_e2m1, emulated in FP32 (products exact, additions rounding once):
+    # 2^23 + 4 + code is the minimum of RNE(2a), RNE(a) + 2 and RNE(a / 2) + 4 onto 2^23 + 4 (a = min(|v|, 6)),
+    # minus copysign(4, input) adds the sign bit; 2^23 + low + 16 * high is exact.
     values = _probe_values()
     magnitude = torch.fmin(values.abs(), torch.full_like(values, 6.0))
     magic = torch.full_like(values, 2.0 ** 23)
-    code = torch.minimum(torch.minimum(magnitude * 2 + magic, magnitude + (magic + 2)), magnitude * 0.5 + (magic + 4))
-    bits = (code.view(torch.int32) & 7) | ((values.view(torch.int32) >> 28) & 8)
-    assert torch.equal(bits.to(torch.uint8), reference.e2m1_codes(values, values))
+    code = torch.minimum(torch.minimum(magnitude * 2 + (magic + 4), magnitude + (magic + 6)), magnitude * 0.5 + (magic + 8))
+    nibble = code - torch.copysign(torch.full_like(values, 4.0), values)
+    assert torch.equal(nibble - magic, reference.e2m1_codes(values, values).float())
+    low, high = nibble[0::2], nibble[1::2] - magic[1::2]
+    packed = (high * 16 + low).view(torch.int32)
+    assert torch.equal(packed & 0xFF, reference.pack_e2m1(reference.e2m1_codes(values, values).view(1, -1))
+                       .view(torch.uint8).view(-1).int())
 
 
 def test_kernel_e2m1_decoding_formula():
@@ -540,3 +545,13 @@ def test_mismatched_devices_and_bad_out_are_rejected():
         deep_kernels.mxfp4_cast_back(codes, scales.cpu())
     with pytest.raises(ValueError, match="global_scale must be a CUDA tensor"):
         deep_kernels.per_token_cast_to_nvfp4(x, torch.ones(1))
+
+
+def test_benchmark_cases_build_on_cpu():
+    from deep_kernels.benchmarks import quant_fp4
+
+    rows = quant_fp4.cases(4, 64, device="cpu")
+    assert [row[0] for row in rows] == ["per_token_cast_to_mxfp4", "mxfp4_cast_back", "per_token_cast_to_nvfp4",
+                                        "nvfp4_cast_back"]
+    for _, _, _, _, peer, num_bytes in rows:
+        assert peer() is not None and num_bytes > 4 * 64 * 2

@@ -48,17 +48,31 @@ DK_DEVICE uint64_t fp4_scale_offset(uint32_t row, uint32_t group, uint32_t num_g
     }
 }
 
-// The e2m1 code of `scaled` (RNE to {0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating; NaN -> 6) with the sign bit of
-// `input` (so -0 keeps its sign and a NaN scale gives +-6 by the input's sign).
+constexpr float kMagic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) are integers
+
+// 2^23 + the e2m1 code of `scaled` (RNE to {0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating; NaN -> 6) with the sign bit
+// of `input` as bit 3, so -0 keeps its sign and a NaN scale gives +-6 by the input's sign.
 // NOTE: RNE of a * 2 + 2^23 to an integer is e2m1's step of 0.5 below 2; a + 2 and a / 2 + 4 give the codes of
 // the steps of 1 on [2, 4) and 2 on [4, 6]. Each is exact in its range and larger outside it, so the code is
-// their minimum: three FMAs, and the low bits of 2^23 + code are the code (no e2m1 cvt before sm_100).
-DK_DEVICE uint32_t e2m1_code(float scaled, float input) {
-    constexpr float kMagic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) are integers
+// their minimum: FMAs and float min/max only (no e2m1 cvt before sm_100), which keeps the integer pipe free.
+DK_DEVICE float e2m1_nibble(float scaled, float input) {
     const float magnitude = fminf(fabsf(scaled), kE2M1Max);
-    const float code = fminf(fminf(fmaf(magnitude, 2.0f, kMagic), fmaf(magnitude, 1.0f, kMagic + 2.0f)),
-                             fmaf(magnitude, 0.5f, kMagic + 4.0f));
-    return (__float_as_uint(code) & 0x7u) | ((__float_as_uint(input) >> 28) & 0x8u);
+    const float code_plus_4 = fminf(fminf(fmaf(magnitude, 2.0f, kMagic + 4.0f), fmaf(magnitude, 1.0f, kMagic + 6.0f)),
+                                    fmaf(magnitude, 0.5f, kMagic + 8.0f));
+    return code_plus_4 - copysignf(4.0f, input);
+}
+
+// Eight values to e2m1 codes packed little-endian, element i in bits [4i, 4i + 4) (element 2j in the low nibble
+// of byte j); scaled[i] is values[i] brought into e2m1 range.
+DK_DEVICE uint32_t pack_e2m1(const float (&scaled)[8], const float (&values)[8]) {
+    uint32_t bytes[4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        // 2^23 + low + 16 * high, exact: the byte is the float's low 8 bits.
+        const float high = e2m1_nibble(scaled[2 * j + 1], values[2 * j + 1]) - kMagic;
+        bytes[j] = __float_as_uint(fmaf(high, 16.0f, e2m1_nibble(scaled[2 * j], values[2 * j])));
+    }
+    return __byte_perm(__byte_perm(bytes[0], bytes[1], 0x0040), __byte_perm(bytes[2], bytes[3], 0x0040), 0x5410);
 }
 
 // The value of an e2m1 code (its low 4 bits).
@@ -67,18 +81,6 @@ DK_DEVICE uint32_t e2m1_code(float scaled, float input) {
 DK_DEVICE float e2m1_value(uint32_t code) {
     const uint32_t bits = ((code & 0x7u) << 22) | ((code & 0x8u) << 28);
     return __uint_as_float(bits) * 0x1p126f;
-}
-
-// kVec values to e2m1 codes packed little-endian, element i in bits [4i, 4i + 4) (element 2j in the low nibble
-// of byte j); scaled[i] is values[i] brought into e2m1 range.
-template <int kVec>
-DK_DEVICE uint32_t pack_e2m1(const float (&scaled)[kVec], const float (&values)[kVec]) {
-    DK_STATIC_ASSERT(kVec <= 8, "eight codes fill a word");
-    uint32_t word = 0;
-    #pragma unroll
-    for (int i = 0; i < kVec; ++i)
-        word |= e2m1_code(scaled[i], values[i]) << (4 * i);
-    return word;
 }
 
 // A UE8M0 byte as FP32: 2^(byte - 127), byte 0 the subnormal 2^-127, and 0xFF (E8M0's NaN) NaN.

@@ -64,8 +64,10 @@ NVFP4_GROUP_SIZE = 16
 DEFAULT_FP4_AMAX_CLAMP = 1e-12
 MIN_FP4_AMAX_CLAMP = 1e-37
 CODE_TYPES = (torch.float4_e2m1fn_x2, torch.uint8)
-# Elements a cast-back thread dequantizes (8 bytes of codes).
-_CAST_BACK_VECTOR = 16
+# Elements a cast or cast-back thread handles per pass (a warp: 32 times as many of one row).
+_THREAD_ELEMENTS = 16
+# Cast passes by input dtype: 4 16-byte loads in flight per thread.
+_CAST_PASSES = {torch.bfloat16: 2, torch.float32: 1}
 # Output 128-groups of the requantization; a thread decodes one 32-group.
 _REQUANT_GROUP_SIZE = 128
 
@@ -173,7 +175,7 @@ def _check_out_alignment(t: torch.Tensor, name: str) -> None:
 
 def _cast_spec(dtype: torch.dtype, fmt: Fp4Format, layout: Fp4ScaleLayout, mode: ScaleMode) -> KernelSpec:
     return KernelSpec("kernels/smxx_fp4_cast.cuh", "smxx_fp4_cast_impl",
-                      (CPP_TYPES[dtype], NUM_WARPS, PASSES, fmt.cpp, layout.cpp, mode.cpp))
+                      (CPP_TYPES[dtype], NUM_WARPS, _CAST_PASSES[dtype], fmt.cpp, layout.cpp, mode.cpp))
 
 
 @functools.lru_cache(maxsize=None)
@@ -187,8 +189,7 @@ def _cast_to_fp4(x, global_scale, fmt: Fp4Format, scale_layout, amax_clamp, scal
     m, k = x.shape
     if k % fmt.group_size != 0:
         raise ValueError(f"x.shape[1] (K = {k}) must be a multiple of {fmt.group_size} ({fmt.name.upper()}FP4 groups)")
-    vector = 16 // x.element_size()
-    rows_per_block = block_rows(32 * vector, vector)
+    rows_per_block = NUM_WARPS * _CAST_PASSES[x.dtype]
     _check_rows(m, rows_per_block, "x")
     check_row_major_rows(x, "x")
     layout = _parse_fp4_layout(scale_layout, fmt)
@@ -217,7 +218,7 @@ def _cast_to_fp4(x, global_scale, fmt: Fp4Format, scale_layout, amax_clamp, scal
     scale_rows = scales.shape[0] if layout == Fp4ScaleLayout.swizzled else m
     scale_stride = tma_aligned_size(m, 4) if layout == Fp4ScaleLayout.packed_ue8m0 else 0
     global_ptr = global_scale.data_ptr() if fmt == Fp4Format.nv else 0
-    grid = (ceil_div(k, 32 * vector), ceil_div(scale_rows, rows_per_block), 1)
+    grid = (ceil_div(k, 32 * _THREAD_ELEMENTS), ceil_div(scale_rows, rows_per_block), 1)
     kernel.launch(grid, (x.data_ptr(), codes.data_ptr(), scales.data_ptr(), global_ptr, m, k, x.stride(0),
                          scale_rows, scale_stride, float(amax_clamp)), x.get_device())
     return codes, scales
@@ -296,7 +297,7 @@ def _cast_back_kernel(out_dtype: torch.dtype, fmt: Fp4Format, layout: Fp4ScaleLa
 
 def _cast_back(codes, scales, global_scale, fmt: Fp4Format, layout: Fp4ScaleLayout, out_dtype, out):
     m, k = _check_codes(codes, fmt.group_size)
-    rows_per_block = block_rows(32 * _CAST_BACK_VECTOR, _CAST_BACK_VECTOR)
+    rows_per_block = block_rows(32 * _THREAD_ELEMENTS, _THREAD_ELEMENTS)
     _check_rows(m, rows_per_block, "codes")
     if out_dtype not in FLOAT_TYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
@@ -321,7 +322,7 @@ def _cast_back(codes, scales, global_scale, fmt: Fp4Format, layout: Fp4ScaleLayo
     kernel = _cast_back_kernel(out_dtype, fmt, layout)
     scale_stride = tma_aligned_size(m, 4) if layout == Fp4ScaleLayout.packed_ue8m0 else 0
     global_ptr = global_scale.data_ptr() if fmt == Fp4Format.nv else 0
-    grid = (ceil_div(k, 32 * _CAST_BACK_VECTOR), ceil_div(m, rows_per_block), 1)
+    grid = (ceil_div(k, 32 * _THREAD_ELEMENTS), ceil_div(m, rows_per_block), 1)
     kernel.launch(grid, (codes.data_ptr(), scales.data_ptr(), global_ptr, y.data_ptr(), m, k, scale_stride),
                   codes.get_device())
     return y

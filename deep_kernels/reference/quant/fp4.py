@@ -23,6 +23,13 @@ _ROUND_UP_FROM = (0.75, 1.75, 3.5)
 E4M3_MIN_SUBNORMAL = 2.0 ** -9
 
 
+# NOTE: inductor generates no code for the fp4 and e8m0 dtypes, so reinterpreting to or from them stays eager
+# (a graph break): torch.compile of these functions, the benchmarks' peer, then compiles all the arithmetic.
+@torch.compiler.disable
+def _bytes_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.view(dtype)
+
+
 def e2m1_codes(scaled: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
     """uint8 e2m1 codes (0..15) of FP32 `scaled`: RNE, saturating at 6, NaN -> 6; the sign bit is that of the
     FP32 `inputs` (same shape)."""
@@ -34,12 +41,12 @@ def e2m1_codes(scaled: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
 
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes [M, K] to float4_e2m1fn_x2 [M, K / 2], element 2i in the low nibble."""
-    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous().view(torch.float4_e2m1fn_x2)
+    return _bytes_as((codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous(), torch.float4_e2m1fn_x2)
 
 
 def unpack_e2m1(codes: torch.Tensor) -> torch.Tensor:
     """float4_e2m1fn_x2 (or uint8) [M, K / 2] to uint8 codes [M, K]."""
-    packed = codes.view(torch.uint8)
+    packed = _bytes_as(codes, torch.uint8)
     return torch.stack([packed & 0xF, packed >> 4], dim=2).reshape(packed.shape[0], -1)
 
 
@@ -50,7 +57,7 @@ def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
 
 def e8m0_to_float(exponents: torch.Tensor) -> torch.Tensor:
     """UE8M0 bytes to FP32: 2^(e - 127), e = 0 the subnormal 2^-127, 0xFF NaN (0x7FFFFFFF)."""
-    e = exponents.view(torch.uint8).int()
+    e = _bytes_as(exponents, torch.uint8).int()
     bits = torch.where(e == 0xFF, 0x7FFFFFFF, torch.where(e == 0, 0x00400000, e << 23))
     return bits.view(torch.float32)
 
@@ -111,7 +118,7 @@ def per_token_cast_to_mxfp4(x: torch.Tensor, scale_layout: str = "row_major",
     codes = _cast_codes(groups, scale, scale_mode, divide_allowed=False)
     if Fp4ScaleLayout[scale_layout] == Fp4ScaleLayout.packed_ue8m0:
         return codes, pack_scales(scale, ScaleLayout.packed_ue8m0)
-    return codes, exponents.view(torch.float8_e8m0fnu)
+    return codes, _bytes_as(exponents, torch.float8_e8m0fnu)
 
 
 def per_token_cast_to_nvfp4(x: torch.Tensor, global_scale: torch.Tensor, scale_layout: str = "row_major",
