@@ -37,10 +37,11 @@ Scale layouts (FP4_SCALE_LAYOUTS), one byte per (row m, group g), G = K / group 
                     (m % 128 // 32) * 4 + g % 4. Padding rows and groups are zeros.
 
 Requantization (mxfp4_requant_to_fp8): exactly per_token_cast_to_fp8(mxfp4_cast_back(codes, scales, fp32),
-128, ue8m0=True), with the dequantized values e2m1 * 2^(e - 127) exact in FP32. A code lands exactly in e4m3
-when its 32-group's scale is at most 2^14 below the 128-group's largest (then 0.5 * 2^(e - E) >= 2^-9 for the
-FP8 scale 2^E <= 2^(e_max - 6)); codes of groups further below round to e4m3's subnormal steps (RNE), and
-nothing saturates.
+128, ue8m0=True), with the dequantized values e2m1 * 2^(e - 127) exact in FP32 (up to 6 * 2^127, which
+overflows to inf). A code lands exactly in e4m3 when its 32-group's scale is at most 2^14 below the 128-group's
+largest and the group's amax is above amax_clamp (then the FP8 scale 2^E <= 2^(e_max - 6), so every value is a
+multiple of 2^-9 of it and at most 448 of it); codes of groups further below round to e4m3's subnormal steps
+(RNE), and nothing saturates. A NaN scale (0xFF) makes the 128-group's FP8 scale and codes NaN.
 """
 
 import functools
