@@ -48,7 +48,7 @@ DK_DEVICE uint64_t fp4_scale_offset(uint32_t row, uint32_t group, uint32_t num_g
     }
 }
 
-constexpr float kMagic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) are integers
+constexpr float kE2M1Magic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) are integers
 
 // 2^23 + the e2m1 code of `scaled` (RNE to {0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating; NaN -> 6) with the sign bit
 // of `input` as bit 3, so -0 keeps its sign and a NaN scale gives +-6 by the input's sign.
@@ -57,8 +57,9 @@ constexpr float kMagic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) are intege
 // their minimum: FMAs and float min/max only (no e2m1 cvt before sm_100), which keeps the integer pipe free.
 DK_DEVICE float e2m1_nibble(float scaled, float input) {
     const float magnitude = fminf(fabsf(scaled), kE2M1Max);
-    const float code_plus_4 = fminf(fminf(fmaf(magnitude, 2.0f, kMagic + 4.0f), fmaf(magnitude, 1.0f, kMagic + 6.0f)),
-                                    fmaf(magnitude, 0.5f, kMagic + 8.0f));
+    const float code_plus_4 = fminf(fminf(fmaf(magnitude, 2.0f, kE2M1Magic + 4.0f),
+                                          fmaf(magnitude, 1.0f, kE2M1Magic + 6.0f)),
+                                    fmaf(magnitude, 0.5f, kE2M1Magic + 8.0f));
     return code_plus_4 - copysignf(4.0f, input);
 }
 
@@ -69,7 +70,7 @@ DK_DEVICE uint32_t pack_e2m1(const float (&scaled)[8], const float (&values)[8])
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
         // 2^23 + low + 16 * high, exact: the byte is the float's low 8 bits.
-        const float high = e2m1_nibble(scaled[2 * j + 1], values[2 * j + 1]) - kMagic;
+        const float high = e2m1_nibble(scaled[2 * j + 1], values[2 * j + 1]) - kE2M1Magic;
         bytes[j] = __float_as_uint(fmaf(high, 16.0f, e2m1_nibble(scaled[2 * j], values[2 * j])));
     }
     return __byte_perm(__byte_perm(bytes[0], bytes[1], 0x0040), __byte_perm(bytes[2], bytes[3], 0x0040), 0x5410);

@@ -6,7 +6,8 @@
 // Memory-bound: a thread casts 16 consecutive elements per pass (2 or 4 16-byte loads, all passes' loads in
 // flight first), a warp one row's 512, and writes its codes as one contiguous 256-byte run; no shared memory.
 // NOTE: 16 elements a thread (not one 16-byte vector) halve the per-group work (amax shuffles, scale) per code,
-// which otherwise makes the kernel issue-bound rather than memory-bound.
+// which otherwise makes the kernel issue-bound rather than memory-bound. Not supported (the host checks): other
+// group sizes or input types, K not a multiple of the group, more than 65535 row blocks.
 #pragma once
 
 #include <cuda_bf16.h>
