@@ -7,6 +7,8 @@ from deep_kernels.grouped_gemm import (
 )
 from deep_kernels.moe import MoeLayout, moe_layout, topk_gate
 from deep_kernels.quant import per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
+from deep_kernels.quant import (mxfp4_cast_back, mxfp4_requant_to_fp8, nvfp4_cast_back, nvfp4_global_scale,
+                                per_token_cast_to_mxfp4, per_token_cast_to_nvfp4)
 from deep_kernels.validation import tma_aligned_size
 
 __version__ = "0.1.0"
@@ -26,4 +28,6 @@ __all__ = [
     "set_num_sms",
     "tma_aligned_size",
     "topk_gate",
+    "mxfp4_cast_back", "mxfp4_requant_to_fp8", "nvfp4_cast_back", "nvfp4_global_scale",
+    "per_token_cast_to_mxfp4", "per_token_cast_to_nvfp4",
 ]

@@ -1,5 +1,5 @@
 // Numerics shared by the quantization kernels: NaN-propagating max, power-of-two scales, the e4m3 scaling
-// step of both scale modes, 16-byte vector unpacking and code stores, scale addressing.
+// step of both scale modes, 16-byte vector unpacking and code stores, scale addressing and stores.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -116,6 +116,24 @@ DK_DEVICE uint64_t scale_offset(uint32_t row, uint32_t group, uint32_t scale_str
         return static_cast<uint64_t>(group) * scale_stride + row;
     else
         return (static_cast<uint64_t>(group / 4) * scale_stride + row) * 4 + group % 4;
+}
+
+// Writes (row, group)'s scale: FP32, or its UE8M0 byte for the packed layout, where the last group
+// (group + 1 == num_groups) also zeroes the unused bytes of its int32, so the packed word is fully defined
+// without a memset launch.
+template <ScaleLayout kLayout>
+DK_DEVICE void store_scale(void* scales, uint32_t row, uint32_t group, uint32_t num_groups, uint32_t scale_stride,
+                           float scale) {
+    const uint64_t offset = scale_offset<kLayout>(row, group, scale_stride);
+    if constexpr (kLayout == ScaleLayout::MNMajorPackedUE8M0) {
+        uint8_t* bytes = static_cast<uint8_t*>(scales);
+        bytes[offset] = ue8m0_byte(scale);
+        if (group + 1 == num_groups)
+            for (uint32_t pad = group % 4 + 1; pad < 4; ++pad)
+                bytes[offset - group % 4 + pad] = 0;
+    } else {
+        static_cast<float*>(scales)[offset] = scale;
+    }
 }
 
 }  // namespace deep_kernels

@@ -1,0 +1,130 @@
+// FP4 e2m1 numerics shared by the FP4 kernels: code encoding (RNE, saturating at 6) and decoding, the scale
+// of an MXFP4 (UE8M0) or NVFP4 (E4M3 times an FP32 global scale) group, and the scale layouts.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "common/macros.cuh"
+#include "common/quant.cuh"
+#include "common/types.cuh"
+
+namespace deep_kernels {
+
+constexpr float kE2M1Max = 6.0f;
+// The smallest positive e4m3 value: NVFP4 block scales are clamped to it, so no block scale is zero.
+constexpr float kE4M3MinSubnormal = 0.001953125f;  // 2^-9
+
+// Enums shared with Python (deep_kernels/quant/fp4.py mirrors them by value).
+enum class Fp4Format : int {
+    MX = 0,  // 1x32 groups, UE8M0 scales
+    NV = 1,  // 1x16 groups, E4M3 scales times one FP32 global scale
+};
+
+// Where the one-byte scale of (row m, group g) lives, with G groups per row.
+enum class Fp4ScaleLayout : int {
+    RowMajor = 0,            // bytes [M, G], offset m * G + g
+    MNMajorPackedUE8M0 = 1,  // int32 [M, ceil(G / 4)], strides (1, M_ALIGNED), as ScaleLayout::MNMajorPackedUE8M0
+    Swizzled128x4 = 2,       // the block-scaled GEMM tiles of 128 rows x 4 groups (fp4_scale_offset)
+};
+
+template <Fp4Format kFormat>
+constexpr int kFp4GroupSize = kFormat == Fp4Format::MX ? 32 : 16;
+
+// Byte offset of (row, group)'s scale. Swizzled128x4: rows padded to 128 and groups to 4 (padded_groups); tile
+// (row / 128, group / 4) is 512 contiguous bytes, tiles row-block-major, and inside a tile
+// (row % 32) * 16 + (row % 128 / 32) * 4 + group % 4.
+template <Fp4ScaleLayout kLayout>
+DK_DEVICE uint64_t fp4_scale_offset(uint32_t row, uint32_t group, uint32_t num_groups, uint32_t scale_stride) {
+    if constexpr (kLayout == Fp4ScaleLayout::RowMajor) {
+        return static_cast<uint64_t>(row) * num_groups + group;
+    } else if constexpr (kLayout == Fp4ScaleLayout::MNMajorPackedUE8M0) {
+        return scale_offset<ScaleLayout::MNMajorPackedUE8M0>(row, group, scale_stride);
+    } else {
+        const uint32_t padded_groups = (num_groups + 3) / 4 * 4;
+        const uint64_t tile = static_cast<uint64_t>(row / 128) * (padded_groups / 4) + group / 4;
+        return tile * 512 + (row % 32) * 16 + (row % 128 / 32) * 4 + group % 4;
+    }
+}
+
+constexpr float kE2M1Magic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) are integers
+
+// 2^23 + the e2m1 code of `scaled` (RNE to {0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating; NaN -> 6) with the sign bit
+// of `input` as bit 3, so -0 keeps its sign and a NaN scale gives +-6 by the input's sign.
+// NOTE: RNE of a * 2 + 2^23 to an integer is e2m1's step of 0.5 below 2; a + 2 and a / 2 + 4 give the codes of
+// the steps of 1 on [2, 4) and 2 on [4, 6]. Each is exact in its range and larger outside it, so the code is
+// their minimum: FMAs and float min/max only (no e2m1 cvt before sm_100), which keeps the integer pipe free.
+DK_DEVICE float e2m1_nibble(float scaled, float input) {
+    const float magnitude = fminf(fabsf(scaled), kE2M1Max);
+    const float code_plus_4 = fminf(fminf(fmaf(magnitude, 2.0f, kE2M1Magic + 4.0f),
+                                          fmaf(magnitude, 1.0f, kE2M1Magic + 6.0f)),
+                                    fmaf(magnitude, 0.5f, kE2M1Magic + 8.0f));
+    return code_plus_4 - copysignf(4.0f, input);
+}
+
+// Eight values to e2m1 codes packed little-endian, element i in bits [4i, 4i + 4) (element 2j in the low nibble
+// of byte j); scaled[i] is values[i] brought into e2m1 range.
+DK_DEVICE uint32_t pack_e2m1(const float (&scaled)[8], const float (&values)[8]) {
+    uint32_t bytes[4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        // 2^23 + low + 16 * high, exact: the byte is the float's low 8 bits.
+        const float high = e2m1_nibble(scaled[2 * j + 1], values[2 * j + 1]) - kE2M1Magic;
+        bytes[j] = __float_as_uint(fmaf(high, 16.0f, e2m1_nibble(scaled[2 * j], values[2 * j])));
+    }
+    return __byte_perm(__byte_perm(bytes[0], bytes[1], 0x0040), __byte_perm(bytes[2], bytes[3], 0x0040), 0x5410);
+}
+
+// The value of an e2m1 code (its low 4 bits).
+// NOTE: the 3 magnitude bits placed at FP32 bits 22-24 read as e2m1 * 2^-126 (code 1, 0.5, is the subnormal
+// 2^-127), so one exact multiply decodes; needs subnormals kept (no -ftz).
+DK_DEVICE float e2m1_value(uint32_t code) {
+    const uint32_t bits = ((code & 0x7u) << 22) | ((code & 0x8u) << 28);
+    return __uint_as_float(bits) * 0x1p126f;
+}
+
+// A UE8M0 byte as FP32: 2^(byte - 127), byte 0 the subnormal 2^-127, and 0xFF (E8M0's NaN) NaN.
+DK_DEVICE float e8m0_to_float(uint8_t byte) {
+    return byte == 0xFFu ? __uint_as_float(0x7FFFFFFFu) : ue8m0_to_float(byte);
+}
+
+// An E4M3 byte as FP32.
+DK_DEVICE float e4m3_to_float(uint8_t byte) {
+    __nv_fp8_e4m3 value;
+    value.__x = byte;
+    return static_cast<float>(value);
+}
+
+// The scale of one FP4 group from its clamped amax, its byte, and the step into e2m1 range.
+//   MX: scale = the power of two >= amax / 6, multiplier = 1 / scale (exact; both scale modes coincide)
+//   NV: byte = E4M3(max(amax / 6 / global_scale, 2^-9)) (RNE, saturating at 448, NaN kept),
+//       scale = float(byte) * global_scale, multiplier = 1 / scale (IEEE), or Divide: x / scale
+template <Fp4Format kFormat, ScaleMode kScaleMode>
+struct Fp4Scaler {
+    float scale;
+    float multiplier;
+    uint8_t byte;
+
+    DK_DEVICE Fp4Scaler(float amax, float global_scale) {
+        const float unit = __fdiv_rn(amax, kE2M1Max);
+        if constexpr (kFormat == Fp4Format::MX) {
+            scale = ceil_to_power_of_two(unit);
+            byte = ue8m0_byte(scale);
+        } else {
+            const float block = max_nan(__fdiv_rn(unit, global_scale), kE4M3MinSubnormal);
+            byte = static_cast<uint8_t>(__nv_cvt_float_to_fp8(block, __NV_SATFINITE, __NV_E4M3));
+            scale = e4m3_to_float(byte) * global_scale;
+        }
+        multiplier = __frcp_rn(scale);
+    }
+
+    DK_DEVICE float apply(float x) const {
+        if constexpr (kFormat == Fp4Format::NV && kScaleMode == ScaleMode::Divide)
+            return __fdiv_rn(x, scale);
+        else
+            return x * multiplier;
+    }
+};
+
+}  // namespace deep_kernels

@@ -1,0 +1,64 @@
+"""Rows of the FP4 casts and cast-backs (MXFP4, NVFP4) for suite `quant`: against copy bandwidth and
+torch.compile of the reference (eager where compiling fails, said in the peer name)."""
+
+import torch
+
+import deep_kernels
+from deep_kernels.benchmarks.report import BenchContext, memory_bound_row
+from deep_kernels.reference.quant import fp4 as reference
+from deep_kernels.testing import assert_bitwise_equal, random_activations
+from deep_kernels.testing.bench import time_kernel_us
+
+SHAPES = ((4096, 7168), (16384, 7168))
+
+
+def cases(m: int, k: int, device="cuda") -> list:
+    """(op, shape, config, kernel, reference function, bytes read + written) of each row at [m, k] bf16."""
+    x = random_activations(m, k, torch.bfloat16, device=device)
+    g = reference.nvfp4_global_scale(x)
+    mx = reference.per_token_cast_to_mxfp4(x)
+    nv = reference.per_token_cast_to_nvfp4(x, g, scale_layout="swizzled")
+    mx_bytes, nv_bytes = m * k * 2 + m * k // 2 + m * k // 32, m * k * 2 + m * k // 2 + nv[1].numel()
+    mx_shape, nv_shape = {"m": m, "k": k, "group": 32}, {"m": m, "k": k, "group": 16}
+    return [
+        ("per_token_cast_to_mxfp4", mx_shape, "bf16 in, e8m0 row-major", lambda: deep_kernels.per_token_cast_to_mxfp4(x),
+         lambda: reference.per_token_cast_to_mxfp4(x), mx_bytes),
+        ("mxfp4_cast_back", mx_shape, "bf16 out, e8m0 row-major", lambda: deep_kernels.mxfp4_cast_back(*mx),
+         lambda: reference.mxfp4_cast_back(*mx), mx_bytes),
+        ("per_token_cast_to_nvfp4", nv_shape, "bf16 in, e4m3 swizzled",
+         lambda: deep_kernels.per_token_cast_to_nvfp4(x, g, scale_layout="swizzled"),
+         lambda: reference.per_token_cast_to_nvfp4(x, g, scale_layout="swizzled"), nv_bytes),
+        ("nvfp4_cast_back", nv_shape, "bf16 out, e4m3 swizzled", lambda: deep_kernels.nvfp4_cast_back(*nv, g, "swizzled"),
+         lambda: reference.nvfp4_cast_back(*nv, g, "swizzled"), nv_bytes),
+    ]
+
+
+def _as_tuple(result) -> tuple:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def _peer(fn):
+    """(callable, name): torch.compile(fn), compiled now, or fn itself where compiling fails."""
+    try:
+        compiled = torch.compile(fn)
+        compiled()
+        return compiled, "torch.compile(reference)"
+    except Exception as error:  # noqa: BLE001 - any compile failure falls back, and the row says why
+        return fn, f"torch reference (eager; torch.compile failed: {type(error).__name__})"
+
+
+def run(ctx: BenchContext) -> list:
+    rows = []
+    for m, k in SHAPES:
+        for op, shape, config, kernel, peer, num_bytes in cases(m, k):
+            for i, (actual, expected) in enumerate(zip(_as_tuple(kernel()), _as_tuple(peer()))):
+                assert actual.dtype == expected.dtype, op
+                assert_bitwise_equal(actual.view(torch.uint8) if actual.element_size() == 1 else actual,
+                                     expected.view(torch.uint8) if expected.element_size() == 1 else expected,
+                                     f"{op} output {i}")
+            peer_fn, peer_name = _peer(peer)
+            us = time_kernel_us(kernel, ctx.flusher)
+            peer_us = time_kernel_us(peer_fn, ctx.flusher, reps=20)
+            rows.append(memory_bound_row(op, shape, config, us, num_bytes, ctx, peer_name, peer_us,
+                                         "bitwise equal"))
+    return rows
