@@ -4,11 +4,14 @@ from deep_kernels.device import get_num_sms, set_num_sms
 from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
 from deep_kernels.moe import MoeLayout, moe_layout, topk_gate
 from deep_kernels.quant import per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
+from deep_kernels.quant import batched_transpose, per_channel_cast_transpose_to_fp8
 from deep_kernels.validation import tma_aligned_size
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "batched_transpose",
+    "per_channel_cast_transpose_to_fp8",
     "fp8_gemm_nt",
     "get_mn_major_tma_aligned_tensor",
     "get_num_sms",

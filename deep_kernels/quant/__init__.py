@@ -3,20 +3,24 @@
 One module per format or fused operation; `common` holds the scale layouts and checks they share.
 """
 
-from deep_kernels.quant import fp8
+from deep_kernels.quant import fp8, transpose
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, E4M3_MAX, ScaleLayout, ScaleMode, check_scales, empty_scales, scale_layout_of,
     supported_group_sizes, unpack_ue8m0,
 )
-from deep_kernels.quant.fp8 import BLOCK_SIZES, per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
+from deep_kernels.quant.fp8 import (
+    BLOCK_SIZES, max_row_group_size, per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8,
+)
+from deep_kernels.quant.transpose import batched_transpose, per_channel_cast_transpose_to_fp8
 
 __all__ = [
+    "batched_transpose", "max_row_group_size", "per_channel_cast_transpose_to_fp8",
     "BLOCK_SIZES", "DEFAULT_AMAX_CLAMP", "E4M3_MAX", "ScaleLayout", "ScaleMode", "check_scales", "empty_scales",
     "per_block_cast_to_fp8", "per_token_cast_back", "per_token_cast_to_fp8", "scale_layout_of",
     "supported_group_sizes", "unpack_ue8m0",
 ]
 
-_MODULES = (fp8,)
+_MODULES = (fp8, transpose)
 
 
 def precompile_specs() -> list:
