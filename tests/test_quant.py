@@ -512,3 +512,16 @@ def test_rounding_is_unbiased(scale_mode):
     q, scales = deep_kernels.per_channel_cast_transpose_to_fp8(x[:4000], scale_layout="row_major",
                                                                scale_mode=scale_mode)
     _share_below(q.float() * scales.repeat_interleave(128, 1)[:, :4000], x[:4000].T)
+
+
+def test_benchmark_cases_build_on_cpu():
+    # The quant suite's rows at a small shape: every op exists and its reference runs on the arguments built.
+    from deep_kernels.benchmarks import quant as suite
+
+    ops = set()
+    for op, shape, config, args, kwargs, num_bytes in suite.cases(((256, 512),), device="cpu"):
+        getattr(reference, op)(*args, **kwargs)
+        assert callable(getattr(deep_kernels, op)) and num_bytes > 0 and shape and config
+        ops.add(op)
+    assert ops == {"per_token_cast_to_fp8", "per_token_cast_back", "per_block_cast_to_fp8",
+                   "per_channel_cast_transpose_to_fp8", "batched_transpose"}
