@@ -11,6 +11,7 @@ from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
 
 from conftest import FULL
+from test_quant import check_cast_matches_reference
 
 LAYOUTS = [(False, "mn_major"), (False, "row_major"), (True, "mn_major"), (True, "row_major"), (True, "packed_ue8m0")]
 
@@ -145,20 +146,6 @@ def _special_columns(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _check_matches_reference(op: str, x: torch.Tensor, **kwargs) -> None:
-    """`op` writes its reference's bytes into poisoned out= tensors and into ones it allocates, twice."""
-    q_ref, scales_ref = getattr(reference, op)(x, **kwargs)
-    out = (poison_(empty_like_strided(q_ref)), poison_(empty_like_strided(scales_ref)))
-    q, scales = getattr(deep_kernels, op)(x, out=out, **kwargs)
-    assert q is out[0] and scales is out[1]
-    assert_bitwise_equal(q, q_ref, "q")
-    assert_bitwise_equal(scales, scales_ref, "scales")
-    for _ in range(2):
-        q, scales = getattr(deep_kernels, op)(x, **kwargs)
-        assert_bitwise_equal(q, q_ref, "q")
-        assert_bitwise_equal(scales, scales_ref, "scales")
-
-
 CHANNEL_SHAPES = [(16, 8), (128, 64), (4000, 7176), (4096, 7168)] + ([(16384, 1536), (144, 4100)] if FULL else [])
 
 
@@ -171,7 +158,7 @@ CHANNEL_SHAPES = [(16, 8), (128, 64), (4000, 7176), (4096, 7168)] + ([(16384, 15
 def test_per_channel_matches_reference(m, k, dtype, ue8m0, layout, scale_mode):
     x = _special_columns(random_activations(m, k, dtype))
     kwargs = dict(ue8m0=ue8m0, scale_layout=layout, scale_mode=scale_mode)
-    _check_matches_reference("per_channel_cast_transpose_to_fp8", x, **kwargs)
+    check_cast_matches_reference("per_channel_cast_transpose_to_fp8", x, **kwargs)
     if m % 128 == 0:  # the stated equality with the per-token cast of the transpose
         q, scales = deep_kernels.per_channel_cast_transpose_to_fp8(x, **kwargs)
         q_t, scales_t = reference.per_token_cast_to_fp8(x.T.contiguous(), 128, **kwargs)
@@ -183,7 +170,7 @@ def test_per_channel_matches_reference(m, k, dtype, ue8m0, layout, scale_mode):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_per_channel_row_stride_and_graph(dtype):
     x = random_activations(272, 1024 + 64, dtype)[:, :1024]  # row stride larger than K
-    _check_matches_reference("per_channel_cast_transpose_to_fp8", x)
+    check_cast_matches_reference("per_channel_cast_transpose_to_fp8", x)
     first = deep_kernels.per_channel_cast_transpose_to_fp8(x)
     out = (empty_like_strided(first[0]), empty_like_strided(first[1]))
     graph = torch.cuda.CUDAGraph()

@@ -130,6 +130,18 @@ DK_DEVICE float unpack_vector(const uint4& vector, float (&values)[kVec]) {
     return amax;
 }
 
+// The largest magnitude over kNum 16-byte vectors of InT (NaN propagates).
+template <typename InT, int kNum>
+DK_DEVICE float vectors_amax(const uint4 (&vectors)[kNum]) {
+    float amax = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < kNum; ++i) {
+        float values[16 / sizeof(InT)];
+        amax = max_nan(amax, unpack_vector<InT>(vectors[i], values));
+    }
+    return amax;
+}
+
 // Codes packed as E4M3Scaler::quantize packs them (4, 8 or 16 bytes) to an address aligned to their size.
 template <int kWords>
 DK_DEVICE void store_codes(uint8_t* dst, const uint32_t (&words)[kWords]) {
@@ -140,6 +152,17 @@ DK_DEVICE void store_codes(uint8_t* dst, const uint32_t (&words)[kWords]) {
         *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
     else
         *reinterpret_cast<uint32_t*>(dst) = words[0];
+}
+
+// One 16-byte input vector of InT cast by `scaler` (an E4M3Scaler) to its codes at dst, aligned to their size.
+template <typename InT, typename Scaler>
+DK_DEVICE void cast_vector(const Scaler& scaler, const uint4& vector, uint8_t* dst) {
+    constexpr int kVec = 16 / sizeof(InT);
+    float values[kVec];
+    uint32_t codes[kVec / 4];
+    unpack_vector<InT>(vector, values);
+    scaler.quantize(values, codes);
+    store_codes(dst, codes);
 }
 
 // Element offset of (row, group)'s scale: FP32 elements, or bytes for the packed layout.

@@ -92,7 +92,8 @@ smxx_per_channel_cast_transpose_impl(const InT* __restrict__ x, uint8_t* __restr
     if (k_first >= shape_k)
         return;
 
-    // Per column: scale, cast the run and store its 16 codes; lane `run` == e of the chunk writes the scale
+    // Per column: scale, cast the run and store its 16 codes; the chunk's lane `run` writes column run's scale
+    float run_column_scale = 0.0f;
     #pragma unroll
     for (int e = 0; e < kVec; ++e) {
         const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax[e]);
@@ -106,8 +107,10 @@ smxx_per_channel_cast_transpose_impl(const InT* __restrict__ x, uint8_t* __restr
             store_codes(q + static_cast<uint64_t>(k_first + e) * shape_m + m_first, codes);
         }
         if (run == e)
-            store_scale<kLayout>(scales, k_first + e, blockIdx.y, gridDim.y, scale_stride, scaler.scale);
+            run_column_scale = scaler.scale;
     }
+    if (run < kVec)
+        store_scale<kLayout>(scales, k_first + run, blockIdx.y, gridDim.y, scale_stride, run_column_scale);
 }
 
 }  // namespace deep_kernels

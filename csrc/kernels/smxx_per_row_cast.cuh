@@ -42,12 +42,7 @@ smxx_per_row_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, void*
     }
 
     // Row amax: this thread's vectors (zeros past K), the warp's lanes, then the warps
-    float amax = 0.0f;
-    #pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-        float values[kVec];
-        amax = max_nan(amax, unpack_vector<InT>(loaded[i], values));
-    }
+    float amax = vectors_amax<InT>(loaded);
     #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2)
         amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
@@ -64,13 +59,8 @@ smxx_per_row_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, void*
     #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
         const uint32_t vector = threadIdx.x + i * kNumThreads;
-        if (vector >= num_vectors)
-            continue;
-        float values[kVec];
-        uint32_t codes[kVec / 4];
-        unpack_vector<InT>(loaded[i], values);
-        scaler.quantize(values, codes);
-        store_codes(q + static_cast<uint64_t>(row) * shape_k + vector * kVec, codes);
+        if (vector < num_vectors)
+            cast_vector<InT>(scaler, loaded[i], q + static_cast<uint64_t>(row) * shape_k + vector * kVec);
     }
     if (threadIdx.x == 0)
         store_scale<kLayout>(scales, row, 0, 1, scale_stride, scaler.scale);

@@ -1,4 +1,4 @@
-"""FP8 e4m3 casts: per-token-group and per-block, and the per-token inverse.
+"""FP8 e4m3 casts: per-token-group (group_size=None: one group per row) and per-block, and the per-token inverse.
 
 Numerics (bit-exact with deep_kernels.reference.quant), per group (per-token) or block (per-block):
     amax  = max |x| over the group, clamped below by amax_clamp (NaN propagates)
@@ -8,9 +8,11 @@ Numerics (bit-exact with deep_kernels.reference.quant), per group (per-token) or
     ue8m0: scale = 2^ceil(log2(amax / 448)), q = RNE_e4m3(x * (1 / scale)); no value saturates, and both
            scale modes give the same bits (dividing by a power of two is multiplying by its exact inverse)
 The two modes differ in the last bit of x's scaled value for some inputs, so a few codes differ (by one
-e4m3 step at most); pick the one the consumer's dequantization was calibrated with. Rounding to e4m3 is
-round-to-nearest-even saturating at +-448. A NaN in a group makes its scale and all its codes NaN; an
-infinity makes the scale inf, its own code NaN and the group's finite codes zero.
+e4m3 step at most); pick the one the consumer's dequantization was calibrated with. The kernels get "div"'s
+quotient from an inlined reciprocal-and-FMA sequence that gives IEEE division's codes (csrc/common/quant.cuh,
+divide_by_scale_fast). Rounding to e4m3 is round-to-nearest-even saturating at +-448 (-0 stays -0). A NaN in
+a group makes its scale and all its codes NaN; an infinity makes the scale inf, its own code NaN and the
+group's finite codes zeros of their sign.
 Scale layouts: see deep_kernels.quant.common.
 """
 
@@ -22,7 +24,7 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
-    check_amax_clamp, check_group_size, check_output, check_scales, empty_scales, parse_layout,
+    cast_outputs, check_amax_clamp, check_group_size, check_output, parse_layout,
     parse_scale_mode, scale_layout_of, supported_group_sizes,
 )
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div, tma_aligned_size
@@ -125,14 +127,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
     check_cuda_device(x, "x")
 
     num_groups = k // group_size
-    if out is None:
-        q = x.new_empty((m, k), dtype=torch.float8_e4m3fn)
-        scales = empty_scales(m, num_groups, layout, x)
-    else:
-        q, scales = out
-        check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
-        check_scales(scales, "out[1]", m, num_groups, layout)
-        check_cuda_device(scales, "out[1]", like=x)
+    q, scales = cast_outputs(out, x, m, k, num_groups, layout)
     if m == 0 or k == 0:
         return q, scales
 

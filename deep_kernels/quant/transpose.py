@@ -14,8 +14,8 @@ import torch
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
-    DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, ScaleLayout, ScaleMode, check_amax_clamp, check_output,
-    check_scales, empty_scales, parse_layout, parse_scale_mode,
+    DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, ScaleLayout, ScaleMode, cast_outputs, check_amax_clamp,
+    check_output, parse_layout, parse_scale_mode,
 )
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div
 
@@ -86,16 +86,7 @@ def per_channel_cast_transpose_to_fp8(x: torch.Tensor, ue8m0: bool = False, scal
     check_cuda_device(x, "x")
 
     num_groups = ceil_div(m, CHANNEL_BLOCK)
-    if out is None:
-        q = x.new_empty((k, m), dtype=torch.float8_e4m3fn)
-        scales = empty_scales(k, num_groups, layout, x)
-    else:
-        q, scales = out
-        check_output(q, "out[0]", (k, m), torch.float8_e4m3fn, x)
-        if q.data_ptr() % 16 != 0:
-            raise ValueError("out[0] must start at a 16-byte aligned address")
-        check_scales(scales, "out[1]", k, num_groups, layout)
-        check_cuda_device(scales, "out[1]", like=x)
+    q, scales = cast_outputs(out, x, k, m, num_groups, layout)
     if m == 0 or k == 0:
         return q, scales
 
