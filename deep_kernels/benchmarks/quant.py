@@ -64,6 +64,13 @@ def cases(shapes=SHAPES, device: str = "cuda"):
 @functools.lru_cache(maxsize=None)
 def _compiled(op: str):
     """torch.compile of the reference function, created once per op (it recompiles per shape and arguments)."""
+    import torch._dynamo
+
+    # NOTE: past the recompile limit (8) dynamo runs the function eagerly without a word; the suite's rows
+    # recompile one function up to ~8 times (variants x shapes), so the limit is raised.
+    for limit in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 64))
     return torch.compile(getattr(reference, op))
 
 
