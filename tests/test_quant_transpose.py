@@ -120,9 +120,9 @@ def test_per_row_rejects_bad_k(k, dtype, match):
 
 def test_per_row_group_size_k_is_accepted_up_to_the_device_check():
     # group_size=None and group_size=K (not a per-token group size) pass validation; only the device fails.
-    for group_size in (None, 7168):
+    for k, group_size in ((7168, None), (7168, 7168), (128, None), (48, None)):
         with pytest.raises(ValueError, match="must be a CUDA tensor"):
-            deep_kernels.per_token_cast_to_fp8(torch.ones(2, 7168, dtype=torch.bfloat16), group_size=group_size)
+            deep_kernels.per_token_cast_to_fp8(torch.ones(2, k, dtype=torch.bfloat16), group_size=group_size)
     assert quant.max_row_group_size(torch.bfloat16) == 32768 and quant.max_row_group_size(torch.float32) == 16384
 
 

@@ -77,8 +77,6 @@ def _row_cast_kernel(dtype: torch.dtype, vectors: int, ue8m0: bool, layout: Scal
 def _is_per_row(group_size, k: int, dtype: torch.dtype) -> bool:
     """Whether the cast takes one group per row by the per-row kernel (the per-token kernel serves K that are
     per-token group sizes)."""
-    if group_size is None:
-        group_size = k
     return isinstance(group_size, int) and group_size == k and group_size not in supported_group_sizes(dtype)
 
 
@@ -114,6 +112,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
     check_dtype(x, "x", (torch.bfloat16, torch.float32))
     check_rank(x, "x", 2)
     m, k = x.shape
+    group_size = k if group_size is None else group_size
     per_row = _is_per_row(group_size, k, x.dtype)
     if per_row:
         _check_row_size(k, x.dtype)
