@@ -9,11 +9,14 @@ from deep_kernels.moe import MoeLayout, moe_layout, topk_gate
 from deep_kernels.quant import per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
 from deep_kernels.quant import (mxfp4_cast_back, mxfp4_requant_to_fp8, nvfp4_cast_back, nvfp4_global_scale,
                                 per_token_cast_to_mxfp4, per_token_cast_to_nvfp4)
+from deep_kernels.quant import batched_transpose, per_channel_cast_transpose_to_fp8
 from deep_kernels.validation import tma_aligned_size
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "batched_transpose",
+    "per_channel_cast_transpose_to_fp8",
     "fp8_gemm_nt",
     "get_m_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor",

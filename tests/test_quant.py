@@ -1,6 +1,7 @@
 """Per-token-group and per-block FP8 casts and the cast-back: the reference's definition (CPU), input
 validation (CPU), and the kernels bit-exact against the reference (GPU)."""
 
+import functools
 import math
 
 import pytest
@@ -116,7 +117,8 @@ def test_reference_per_block_known_values():
     (torch.ones(256, dtype=torch.bfloat16), {}, ValueError, "x must be 2-D"),
     (torch.ones(4, 200, dtype=torch.bfloat16), {}, ValueError, "multiple of group_size"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"group_size": 100}, ValueError, "group_size must be one of"),
-    (torch.ones(4, 256, dtype=torch.float32), {"group_size": 256}, ValueError, "group_size must be one of"),
+    (torch.ones(4, 512, dtype=torch.float32), {"group_size": 256}, ValueError, "group_size must be one of"),
+    (torch.ones(4, 200, dtype=torch.bfloat16), {"group_size": None}, ValueError, "positive multiple of 16"),
     (torch.ones(256, 4, dtype=torch.bfloat16).t(), {}, ValueError, "contiguous last dimension"),
     (torch.ones(4, 260, dtype=torch.bfloat16)[:, :256], {}, ValueError, "16-byte aligned"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_layout": "col"}, ValueError, "scale_layout must be"),
@@ -177,8 +179,8 @@ def _special_rows(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _check_cast_matches_reference(op: str, x: torch.Tensor, **kwargs) -> None:
-    """The cast `op` writes its reference's bytes into poisoned out= tensors and into ones it allocates
+def check_cast_matches_reference(op: str, x: torch.Tensor, **kwargs) -> None:
+    """The cast `op` writes its reference's bytes into poisoned out= tensors and, twice, into ones it allocates
     (with the same shapes and strides)."""
     q_ref, scales_ref = getattr(reference, op)(x, **kwargs)
     out = (poison_(empty_like_strided(q_ref)), poison_(empty_like_strided(scales_ref)))
@@ -186,9 +188,10 @@ def _check_cast_matches_reference(op: str, x: torch.Tensor, **kwargs) -> None:
     assert q is out[0] and scales is out[1]
     assert_bitwise_equal(q, q_ref, "q")
     assert_bitwise_equal(scales, scales_ref, "scales")
-    q, scales = getattr(deep_kernels, op)(x, **kwargs)
-    assert_bitwise_equal(q, q_ref, "q")
-    assert_bitwise_equal(scales, scales_ref, "scales")
+    for _ in range(2):
+        q, scales = getattr(deep_kernels, op)(x, **kwargs)
+        assert_bitwise_equal(q, q_ref, "q")
+        assert_bitwise_equal(scales, scales_ref, "scales")
 
 
 SHAPES = [(1, 128), (7, 7168), (64, 1536), (4001, 7168)] + ([(8001, 4096), (3, 512)] if FULL else [])
@@ -200,7 +203,7 @@ SHAPES = [(1, 128), (7, 7168), (64, 1536), (4001, 7168)] + ([(8001, 4096), (3, 5
 @pytest.mark.parametrize("ue8m0,layout", LAYOUTS)
 def test_cast_matches_reference(m, k, dtype, ue8m0, layout):
     x = _special_rows(random_activations(m, k, dtype))
-    _check_cast_matches_reference("per_token_cast_to_fp8", x, group_size=128, ue8m0=ue8m0, scale_layout=layout)
+    check_cast_matches_reference("per_token_cast_to_fp8", x, group_size=128, ue8m0=ue8m0, scale_layout=layout)
 
 
 @pytest.mark.gpu
@@ -212,7 +215,7 @@ def test_cast_divide_mode_matches_reference(m, k, dtype, group_size, layout):
     if group_size not in supported_group_sizes(dtype) or k % group_size:
         pytest.skip("group size not offered for this dtype or shape")
     x = _special_rows(random_activations(m, k, dtype))
-    _check_cast_matches_reference("per_token_cast_to_fp8", x, group_size=group_size, scale_layout=layout,
+    check_cast_matches_reference("per_token_cast_to_fp8", x, group_size=group_size, scale_layout=layout,
                                   scale_mode="div")
 
 
@@ -258,7 +261,7 @@ BLOCK_VARIANTS = [(False, "mul"), (True, "mul"), (False, "div"), (True, "div")]
 @pytest.mark.parametrize("ue8m0,scale_mode", BLOCK_VARIANTS)
 def test_block_cast_matches_reference(block_size, m, k, dtype, ue8m0, scale_mode):
     x = _special_rows(random_activations(m, k, dtype))
-    _check_cast_matches_reference("per_block_cast_to_fp8", x, block_size=block_size, ue8m0=ue8m0,
+    check_cast_matches_reference("per_block_cast_to_fp8", x, block_size=block_size, ue8m0=ue8m0,
                                   scale_mode=scale_mode)
 
 
@@ -267,7 +270,7 @@ def test_block_cast_matches_reference(block_size, m, k, dtype, ue8m0, scale_mode
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_block_cast_row_stride(dtype, block_size):
     x = random_activations(301, 1024 + 64, dtype)[:, :1024]  # row stride larger than K
-    _check_cast_matches_reference("per_block_cast_to_fp8", x, block_size=block_size)
+    check_cast_matches_reference("per_block_cast_to_fp8", x, block_size=block_size)
 
 
 @pytest.mark.gpu
@@ -312,3 +315,208 @@ def test_mismatched_devices_and_bad_out_are_rejected():
         deep_kernels.per_block_cast_to_fp8(x, out=(q, block_scales.t()))
     with pytest.raises(TypeError, match="out\\[1\\] must be torch.float32"):
         deep_kernels.per_block_cast_to_fp8(x, out=(q, block_scales.double()))
+
+
+# ---- Divide mode's fast exact division (CPU: the algorithm of csrc/common/quant.cuh, in exact arithmetic) ----
+
+def _fma32(a, b, c):
+    """RN_fp32(a * b + c) of float32 arrays, as the GPU's FMA: the exact value is s + err (a float64 product is
+    exact, TwoSum is), and rounding s alone to fp32 is right unless s is an fp32 midpoint."""
+    import numpy as np
+
+    product, addend = a.astype(np.float64) * b.astype(np.float64), c.astype(np.float64)
+    s = product + addend
+    bb = s - product
+    err = (product - (s - bb)) + (addend - bb)
+    rounded = s.astype(np.float32)
+    diff = s - rounded.astype(np.float64)
+    neighbour = np.nextafter(rounded, np.where(diff > 0, np.inf, -np.inf).astype(np.float32))
+    midpoint = (diff != 0) & (2 * diff == neighbour.astype(np.float64) - rounded.astype(np.float64))
+    return np.where(midpoint & (err != 0) & (np.sign(err) == np.sign(diff)), neighbour, rounded)
+
+
+def _divide_by_scale_fast(x, divisor):
+    """csrc/common/quant.cuh's divide_by_scale_fast, step for step."""
+    import numpy as np
+
+    reciprocal = (np.float32(1) / divisor).astype(np.float32)
+    a = np.abs(x)
+    y0 = a * reciprocal
+    y1 = _fma32(_fma32(-divisor, y0, a), reciprocal, y0)
+    return np.copysign(_fma32(_fma32(-divisor, y1, a), reciprocal, y1), x)
+
+
+def _check_fast_division(x, divisor):
+    """Where the quotient reaches 2^-12 the fast path is IEEE division bit for bit; below, both round to a zero
+    of x's sign in e4m3."""
+    import numpy as np
+
+    exact = x / divisor
+    fast = _divide_by_scale_fast(x, divisor)
+    large = np.abs(exact) >= 2.0 ** -12
+    assert np.array_equal(exact[large].view(np.uint32), fast[large].view(np.uint32))
+    assert (np.abs(fast[~large]) < 2.0 ** -10).all() and np.array_equal(np.signbit(fast), np.signbit(x))
+
+
+def test_fast_division_matches_ieee_division():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    # The scales: the ends of the fast range, power-of-two and all-ones significands, and random ones.
+    exponents = np.concatenate([[-64, 63, 0, -7, -21], rng.integers(-64, 64, 19)])
+    significands = np.concatenate([[0, 0x7FFFFF, 1, 0x7FFFFE], rng.integers(0, 1 << 23, 20)])
+    divisors = np.ldexp(1 + significands[:, None] / 2.0 ** 23, exponents[None, :]).astype(np.float32).reshape(-1)
+    divisors = divisors[divisors <= 2.0 ** 64]
+    # Every positive finite bf16 value up to 449 * divisor (a group's members), with either sign.
+    bf16 = (np.arange(1, 0x7F80, dtype=np.uint32) << 16).view(np.float32)
+    for divisor in divisors:
+        x = bf16[bf16 <= 449 * np.float64(divisor)]
+        _check_fast_division(np.concatenate([x, -x, np.float32([0.0, -0.0])]), np.full(x.size * 2 + 2, divisor))
+    # Random fp32 values whose quotients sit next to fp32 midpoints (the hard cases for a division).
+    n = 2_000_000
+    divisor = np.ldexp(1 + rng.integers(0, 1 << 23, n) / 2.0 ** 23, rng.integers(-64, 64, n)).astype(np.float32)
+    quotient = np.ldexp(1 + (rng.integers(0, 1 << 23, n) + 0.5) / 2.0 ** 23, rng.integers(-13, 9, n))
+    x = (quotient * divisor.astype(np.float64)).astype(np.float32)
+    x = np.nextafter(x, np.where(rng.integers(0, 2, n) == 1, np.inf, 0).astype(np.float32))
+    keep = x <= 449 * divisor.astype(np.float64)
+    _check_fast_division(x[keep], divisor[keep])
+
+
+# ---- edge values (CPU: what the module docstring promises; GPU: bit-exact with the reference) ----
+
+def _edge_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows of all-equal values, huge (near bf16's max), tiny and subnormal magnitudes, all -0, and rows with
+    +inf, -inf, NaN, -0 and a subnormal among random values, spread over x's rows."""
+    x = x.clone()
+    m, k = x.shape
+    rows = [i * (m // 11) for i in range(11)] if m >= 11 else list(range(m))
+    generator = torch.Generator(device=x.device).manual_seed(11)
+    uniform = lambda: torch.rand(k, generator=generator, device=x.device) * 2 - 1
+    fills = [
+        lambda r: torch.full_like(r, 1.5), lambda r: torch.full_like(r, -3e-3),
+        lambda r: uniform() * 3.38e38, lambda r: uniform() * 1e-33, lambda r: uniform() * 1e-39,
+        lambda r: torch.full_like(r, -0.0),
+    ]
+    marks = [(5, float("inf")), (k - 1, float("-inf")), (130 % k, float("nan")), (1, 1e-39)]
+    for row, fill in zip(rows, fills):
+        x[row] = fill(x[row].float()).to(x.dtype)
+    for row, (column, value) in zip(rows[len(fills):], marks):
+        x[row, column] = value
+    if len(rows) == 11:
+        x[rows[10], ::3] = -0.0
+    return x
+
+
+def test_reference_edge_values_follow_the_docstring():
+    x = _edge_rows(random_activations(11, 256, torch.float32, device="cpu", seed=12))
+    for scale_mode in ("mul", "div"):
+        q, scales = reference.per_token_cast_to_fp8(x, scale_layout="row_major", scale_mode=scale_mode)
+        codes, values = q.view(torch.uint8), q.float()
+        assert (codes[0] == 0x7E).all() and (codes[1] == 0xFE).all()  # all equal: +-448
+        assert torch.isfinite(scales[:5]).all() and torch.isfinite(values[:5]).all()
+        assert (codes[5] == 0x80).all()  # all -0: -0 codes, the clamped amax's scale
+        assert torch.equal(scales[5], torch.full((2,), 1e-4) / torch.full((2,), 448.0))
+        # +inf at column 5 of row 6: scale inf, its code NaN, the group's finite codes zeros of their sign.
+        assert scales[6, 0] == float("inf") and torch.isfinite(scales[6, 1])
+        assert values[6, 5].isnan() and (values[6, :128].isnan().sum() == 1)
+        finite = torch.arange(128) != 5
+        assert (values[6, :128][finite] == 0).all()
+        assert torch.equal(torch.signbit(values[6, :128][finite]), torch.signbit(x[6, :128][finite]))
+        assert scales[7, 1] == float("inf") and values[7, 255].isnan()  # -inf: the same
+        assert scales[8, 1].isnan() and values[8, 128:].isnan().all() and torch.isfinite(values[8, :128]).all()
+        assert torch.equal(torch.signbit(values[10, ::3]), torch.ones(86, dtype=torch.bool))  # -0 stays -0
+        # Huge and tiny rows use the whole e4m3 range: the group's amax lands on 448.
+        assert (values[2].abs().view(2, 128).amax(dim=1) == 448).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k", [(4001, 1024), (8001, 512)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("amax_clamp", [1e-4, 1e-30])
+def test_edge_values_match_reference(m, k, dtype, amax_clamp):
+    x = _edge_rows(random_activations(m, k, dtype))
+    for ue8m0, layout, scale_mode in [(False, "mn_major", "mul"), (False, "row_major", "div"),
+                                      (True, "packed_ue8m0", "mul")]:
+        kwargs = dict(ue8m0=ue8m0, amax_clamp=amax_clamp, scale_mode=scale_mode)
+        check_cast_matches_reference("per_token_cast_to_fp8", x, scale_layout=layout, **kwargs)
+        q, scales = reference.per_token_cast_to_fp8(x, scale_layout=layout, **kwargs)
+        for out_dtype in (torch.bfloat16, torch.float32):
+            out = poison_(torch.empty((m, k), dtype=out_dtype, device="cuda"))
+            deep_kernels.per_token_cast_back(q, scales, 128, out_dtype, out=out)
+            assert_bitwise_equal(out, reference.per_token_cast_back(q, scales, 128, out_dtype), "y")
+        for block_size in BLOCK_SIZES:
+            check_cast_matches_reference("per_block_cast_to_fp8", x, block_size=block_size, **kwargs)
+        check_cast_matches_reference("per_channel_cast_transpose_to_fp8", x[:m // 16 * 16].T.contiguous(),
+                                     scale_layout=layout, **kwargs)
+
+
+def _near_tie_rows(m: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows whose values divided by their group's scale land within a few ulps of e4m3 rounding midpoints,
+    where a division off by one ulp would change the code; amax from 2^-13 (above the clamp) to 2^91, past
+    the fast division's range."""
+    generator = torch.Generator(device="cuda").manual_seed(13)
+    codes = torch.arange(0, 0x7F, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn).float()
+    midpoints = (codes[:-1] + codes[1:]) / 2  # from 2^-10 to 432
+    amax = torch.exp2(torch.randint(-13, 90, (m, 1), generator=generator, device="cuda").float()) * (
+        1 + torch.rand((m, 1), generator=generator, device="cuda"))
+    amax = amax.to(dtype).float()
+    scale = amax / torch.full_like(amax, 448.0)
+    picks = midpoints[torch.randint(0, midpoints.numel(), (m, 127), generator=generator, device="cuda")]
+    x = (picks.double() * scale.double()).float()
+    for _ in range(2):  # a random step of up to two ulps either way
+        step = torch.randint(-1, 2, x.shape, generator=generator, device="cuda")
+        x = torch.where(step == 0, x, torch.nextafter(x, x * (1 + step.float())))
+    x = torch.where(torch.rand(x.shape, generator=generator, device="cuda") < 0.5, -x, x)
+    return torch.cat([amax, x], dim=1).to(dtype)  # each row one 128-group, its amax first
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_divide_mode_near_ties_match_reference(dtype):
+    x = _near_tie_rows(4096, dtype)
+    check = functools.partial(check_cast_matches_reference, scale_mode="div")
+    check("per_token_cast_to_fp8", x, scale_layout="row_major")
+    check("per_token_cast_to_fp8", x.reshape(-1, 1024), scale_layout="row_major")
+    check("per_block_cast_to_fp8", x.reshape(-1, 1024))
+    check("per_channel_cast_transpose_to_fp8", x.T.contiguous(), scale_layout="row_major")
+
+
+def _share_below(dequantized: torch.Tensor, x: torch.Tensor) -> None:
+    """Rounding is unbiased: among values that do not round-trip exactly, as many come back smaller as
+    larger, signed and in magnitude, within 10 / sqrt(n)."""
+    dequantized, x = dequantized.float().reshape(-1), x.float().reshape(-1)
+    for a, b in ((dequantized, x), (dequantized.abs(), x.abs())):
+        differ = a != b
+        n = int(differ.sum())
+        assert n > 10_000
+        share = float((a[differ] < b[differ]).sum()) / n
+        assert abs(share - 0.5) <= 10 / math.sqrt(n), share
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale_mode", ["mul", "div"])
+def test_rounding_is_unbiased(scale_mode):
+    m, k = 4001, 2048
+    x = random_activations(m, k, torch.bfloat16)
+    q, scales = deep_kernels.per_token_cast_to_fp8(x, scale_mode=scale_mode)
+    _share_below(deep_kernels.per_token_cast_back(q, scales, 128, torch.float32), x)
+    q, scales = deep_kernels.per_token_cast_to_fp8(x, None, scale_layout="row_major", scale_mode=scale_mode)
+    _share_below(q.float() * scales, x)
+    q, scales = deep_kernels.per_block_cast_to_fp8(x, scale_mode=scale_mode)
+    _share_below(q.float() * scales.repeat_interleave(128, 0)[:m].repeat_interleave(128, 1), x)
+    q, scales = deep_kernels.per_channel_cast_transpose_to_fp8(x[:4000], scale_layout="row_major",
+                                                               scale_mode=scale_mode)
+    _share_below(q.float() * scales.repeat_interleave(128, 1)[:, :4000], x[:4000].T)
+
+
+def test_benchmark_cases_build_on_cpu():
+    # The quant suite's rows at a small shape: every op exists and its reference runs on the arguments built.
+    from deep_kernels.benchmarks import quant as suite
+
+    ops = set()
+    for op, shape, config, args, kwargs, num_bytes in suite.cases(((256, 512),), device="cpu"):
+        getattr(reference, op)(*args, **kwargs)
+        assert callable(getattr(deep_kernels, op)) and num_bytes > 0 and shape and config
+        ops.add(op)
+    assert ops == {"per_token_cast_to_fp8", "per_token_cast_back", "per_block_cast_to_fp8",
+                   "per_channel_cast_transpose_to_fp8", "batched_transpose"}

@@ -57,12 +57,7 @@ smxx_per_block_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, flo
 
     // Block amax: this thread's vectors, then the lanes of its block in the warp (the same bits of
     // row_lane / kLanesPerBlock), then the warps through shared memory
-    float amax = 0.0f;
-    #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-        float values[kVec];
-        amax = max_nan(amax, unpack_vector<InT>(loaded[pass], values));
-    }
+    float amax = vectors_amax<InT>(loaded);
     #pragma unroll
     for (int offset = kLanesPerBlock / 2; offset > 0; offset /= 2)
         amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
@@ -84,13 +79,8 @@ smxx_per_block_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, flo
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         const uint32_t row = first_row + pass * kRowsPerPass;
-        if (row >= shape_m)
-            continue;
-        float values[kVec];
-        uint32_t codes[kVec / 4];
-        unpack_vector<InT>(loaded[pass], values);
-        scaler.quantize(values, codes);
-        store_codes(q + static_cast<uint64_t>(row) * shape_k + column, codes);
+        if (row < shape_m)
+            cast_vector<InT>(scaler, loaded[pass], q + static_cast<uint64_t>(row) * shape_k + column);
     }
     if (threadIdx.x < kThreadsPerRow && row_lane % kLanesPerBlock == 0)
         scales[static_cast<uint64_t>(blockIdx.y) * (shape_k / BLOCK_SIZE) + column / BLOCK_SIZE] = scaler.scale;

@@ -6,7 +6,7 @@
 //   kUE8M0: scale = the smallest power of two >= amax / 448, q = RNE(x * (1 / scale)), so nothing saturates
 // Scales go to the layout the FP8 GEMM reads (common/types.cuh). Memory-bound: no shared memory, each
 // thread streams 16-byte vectors with kPasses loads in flight. Groups wider than 32 x 16 bytes are
-// not supported (the host checks).
+// not supported (the host checks; one group per row of any width is smxx_per_row_cast.cuh's).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,5 +1,8 @@
-"""Suite `quant`: the per-token and per-block FP8 casts and the cast-back, against copy bandwidth and the
-torch reference."""
+"""Suite `quant`: the per-token, per-row and per-block FP8 casts, the cast-back, the per-channel cast with
+transpose and the batched transpose, against copy bandwidth and the torch reference (torch.compile'd as the
+peer, eager alongside)."""
+
+import functools
 
 import torch
 
@@ -12,45 +15,100 @@ from deep_kernels.testing.bench import time_kernel_us
 
 SHAPES = ((4096, 7168), (16384, 7168))
 GROUP_SIZE = 128
-VARIANTS = (("fp32 mn_major", False, "mn_major", "mul"), ("ue8m0 packed", True, "packed_ue8m0", "mul"),
-            ("fp32 mn_major, divide", False, "mn_major", "div"))
+VARIANTS = (("fp32 mn_major", GROUP_SIZE, False, "mn_major", "mul"),
+            ("ue8m0 packed", GROUP_SIZE, True, "packed_ue8m0", "mul"),
+            ("fp32 mn_major, divide", GROUP_SIZE, False, "mn_major", "div"),
+            ("group K (per row), fp32 mn_major", None, False, "mn_major", "mul"))
 BLOCK_VARIANTS = (("block 128, fp32", 128, False, "mul"), ("block 128, fp32, divide", 128, False, "div"),
                   ("block 32, ue8m0", 32, True, "mul"))
+CHANNEL_VARIANTS = (("fp32 mn_major", False, "mn_major", "mul"), ("ue8m0 packed", True, "packed_ue8m0", "mul"))
+# The batched transpose moves each large shape as batches of 2048 rows.
+TRANSPOSE_ROWS = 2048
+TRANSPOSE_TYPES = (("bf16", torch.bfloat16), ("e4m3", torch.float8_e4m3fn))
 
 
 def run(ctx: BenchContext) -> list:
-    rows = []
-    for m, k in SHAPES:
-        x = random_activations(m, k, torch.bfloat16)
-        scale_bytes = m * (k // GROUP_SIZE) * 4
-        for label, ue8m0, layout, scale_mode in VARIANTS:
-            kwargs = dict(group_size=GROUP_SIZE, ue8m0=ue8m0, scale_layout=layout, scale_mode=scale_mode)
-            rows.append(_checked_cast_row("per_token_cast_to_fp8", {"m": m, "k": k, "group": GROUP_SIZE},
-                                          f"bf16 in, {label}", x, kwargs, m * k * 3 + scale_bytes, ctx))
-            q, scales = reference.per_token_cast_to_fp8(x, **kwargs)
-            y = deep_kernels.per_token_cast_back(q, scales, GROUP_SIZE)
-            assert_bitwise_equal(y, reference.per_token_cast_back(q, scales, GROUP_SIZE), "y")
-            us = time_kernel_us(lambda: deep_kernels.per_token_cast_back(q, scales, GROUP_SIZE), ctx.flusher)
-            peer_us = time_kernel_us(lambda: reference.per_token_cast_back(q, scales, GROUP_SIZE), ctx.flusher, reps=20)
-            rows.append(memory_bound_row(
-                "per_token_cast_back", {"m": m, "k": k, "group": GROUP_SIZE}, f"bf16 out, {label}", us,
-                m * k * 3 + scale_bytes, ctx, "torch reference (eager)", peer_us, "bitwise equal"))
+    return [_checked_row(*case, ctx) for case in cases()] + quant_fp4.run(ctx)
+
+
+def cases(shapes=SHAPES, device: str = "cuda"):
+    """(op, shape, config, args, kwargs, bytes moved) of every row, inputs built on `device` one at a time."""
+    for m, k in shapes:
+        x = random_activations(m, k, torch.bfloat16, device=device)
+        for label, group_size, ue8m0, layout, scale_mode in VARIANTS:
+            group = group_size or k
+            kwargs = dict(group_size=group_size, ue8m0=ue8m0, scale_layout=layout, scale_mode=scale_mode)
+            num_bytes = m * k * 3 + m * (k // group) * 4
+            yield ("per_token_cast_to_fp8", {"m": m, "k": k, "group": group}, f"bf16 in, {label}", (x,), kwargs,
+                   num_bytes)
+            if group_size is not None:
+                q, scales = reference.per_token_cast_to_fp8(x, **kwargs)
+                yield ("per_token_cast_back", {"m": m, "k": k, "group": group}, f"bf16 out, {label}",
+                       (q, scales, group), {}, num_bytes)
         for label, block_size, ue8m0, scale_mode in BLOCK_VARIANTS:
             kwargs = dict(block_size=block_size, ue8m0=ue8m0, scale_mode=scale_mode)
-            scale_bytes = -(-m // block_size) * (k // block_size) * 4
-            rows.append(_checked_cast_row("per_block_cast_to_fp8", {"m": m, "k": k, "block": block_size},
-                                          f"bf16 in, {label}", x, kwargs, m * k * 3 + scale_bytes, ctx))
-    return rows + quant_fp4.run(ctx)
+            num_bytes = m * k * 3 + -(-m // block_size) * (k // block_size) * 4
+            yield ("per_block_cast_to_fp8", {"m": m, "k": k, "block": block_size}, f"bf16 in, {label}", (x,),
+                   kwargs, num_bytes)
+        for label, ue8m0, layout, scale_mode in CHANNEL_VARIANTS:
+            kwargs = dict(ue8m0=ue8m0, scale_layout=layout, scale_mode=scale_mode)
+            num_bytes = m * k * 3 + k * -(-m // 128) * 4
+            yield ("per_channel_cast_transpose_to_fp8", {"m": m, "k": k, "block": 128}, f"bf16 in, q [K, M], {label}",
+                   (x,), kwargs, num_bytes)
+        batch_rows = min(m, TRANSPOSE_ROWS)
+        for label, dtype in TRANSPOSE_TYPES:
+            batched = x.to(dtype).view(m // batch_rows, batch_rows, k)
+            yield ("batched_transpose", {"b": m // batch_rows, "m": batch_rows, "n": k}, label, (batched,), {},
+                   2 * batched.numel() * batched.element_size())
 
 
-def _checked_cast_row(op: str, shape: dict, config: str, x: torch.Tensor, kwargs: dict, num_bytes: int,
-                      ctx: BenchContext) -> dict:
-    """The kernel `op` checked bit for bit against its reference, then both timed."""
-    kernel, peer = getattr(deep_kernels, op), getattr(reference, op)
-    q, scales = kernel(x, **kwargs)
-    q_ref, scales_ref = peer(x, **kwargs)
-    assert_bitwise_equal(q, q_ref, "q")
-    assert_bitwise_equal(scales, scales_ref, "scales")
-    us = time_kernel_us(lambda: kernel(x, **kwargs), ctx.flusher)
-    peer_us = time_kernel_us(lambda: peer(x, **kwargs), ctx.flusher, reps=20)
-    return memory_bound_row(op, shape, config, us, num_bytes, ctx, "torch reference (eager)", peer_us, "bitwise equal")
+@functools.lru_cache(maxsize=None)
+def _compiled(op: str):
+    """torch.compile of the reference function, created once per op (it recompiles per shape and arguments)."""
+    import torch._dynamo
+
+    # NOTE: past the recompile limit (8) dynamo runs the function eagerly without a word; the suite's rows
+    # recompile one function up to ~8 times (variants x shapes), so the limit is raised.
+    for limit in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 64))
+    return torch.compile(getattr(reference, op))
+
+
+def _peer(op: str, args: tuple, kwargs: dict, expected) -> tuple:
+    """(name, callable, check) of the peer: the compiled reference, or the eager one with a note when
+    compiling fails; check says whether the peer's result equals the reference's bit for bit."""
+    compiled = _compiled(op)
+    try:
+        result = compiled(*args, **kwargs)
+    except Exception as error:  # the peer only: any compiler failure falls back to eager, named in the row
+        return f"torch reference (eager; torch.compile failed: {type(error).__name__})", \
+            lambda: getattr(reference, op)(*args, **kwargs), "peer is the reference"
+    try:
+        for actual, wanted in zip(_as_tuple(result), _as_tuple(expected)):
+            assert_bitwise_equal(actual, wanted)
+        check = "peer bitwise equal"
+    except AssertionError:
+        check = "peer differs from the eager reference"
+    return "torch.compile(reference)", lambda: compiled(*args, **kwargs), check
+
+
+def _as_tuple(result) -> tuple:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def _checked_row(op: str, shape: dict, config: str, args: tuple, kwargs: dict, num_bytes: int,
+                 ctx: BenchContext) -> dict:
+    """The kernel `op` checked bit for bit against its reference, then timed with the compiled reference (the
+    peer) and the eager reference."""
+    kernel, eager = getattr(deep_kernels, op), getattr(reference, op)
+    expected = eager(*args, **kwargs)
+    for i, (actual, wanted) in enumerate(zip(_as_tuple(kernel(*args, **kwargs)), _as_tuple(expected))):
+        assert_bitwise_equal(actual, wanted, f"output {i}")
+    peer, peer_fn, peer_check = _peer(op, args, kwargs, expected)
+    us = time_kernel_us(lambda: kernel(*args, **kwargs), ctx.flusher)
+    peer_us = time_kernel_us(peer_fn, ctx.flusher, reps=20)
+    eager_us = time_kernel_us(lambda: eager(*args, **kwargs), ctx.flusher, reps=20)
+    row = memory_bound_row(op, shape, config, us, num_bytes, ctx, peer, peer_us, f"bitwise equal; {peer_check}")
+    row["eager_us"] = round(eager_us, 2)
+    return row

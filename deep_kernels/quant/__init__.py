@@ -3,18 +3,22 @@
 One module per format or fused operation; `common` holds the scale layouts and checks they share.
 """
 
-from deep_kernels.quant import fp4, fp8
+from deep_kernels.quant import fp4, fp8, transpose
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, E4M3_MAX, ScaleLayout, ScaleMode, check_scales, empty_scales, scale_layout_of,
     supported_group_sizes, unpack_ue8m0,
 )
-from deep_kernels.quant.fp8 import BLOCK_SIZES, per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
 from deep_kernels.quant.fp4 import (
     DEFAULT_FP4_AMAX_CLAMP, mxfp4_cast_back, mxfp4_requant_to_fp8, nvfp4_cast_back, nvfp4_global_scale,
     per_token_cast_to_mxfp4, per_token_cast_to_nvfp4,
 )
+from deep_kernels.quant.fp8 import (
+    BLOCK_SIZES, max_row_group_size, per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8,
+)
+from deep_kernels.quant.transpose import batched_transpose, per_channel_cast_transpose_to_fp8
 
 __all__ = [
+    "batched_transpose", "max_row_group_size", "per_channel_cast_transpose_to_fp8",
     "BLOCK_SIZES", "DEFAULT_AMAX_CLAMP", "E4M3_MAX", "ScaleLayout", "ScaleMode", "check_scales", "empty_scales",
     "per_block_cast_to_fp8", "per_token_cast_back", "per_token_cast_to_fp8", "scale_layout_of",
     "supported_group_sizes", "unpack_ue8m0",
@@ -22,7 +26,7 @@ __all__ = [
     "per_token_cast_to_mxfp4", "per_token_cast_to_nvfp4",
 ]
 
-_MODULES = (fp8, fp4)
+_MODULES = (fp8, fp4, transpose)
 
 
 def precompile_specs() -> list:

@@ -153,3 +153,17 @@ def check_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Ten
         raise ValueError(f"{name} must be a contiguous tensor of shape {shape}, got shape {tuple(t.shape)} "
                          f"strides {tuple(t.stride())}")
     check_cuda_device(t, name, like=like)
+
+
+def cast_outputs(out, x: torch.Tensor, rows: int, cols: int, num_groups: int, layout: ScaleLayout) -> tuple:
+    """(q [rows, cols] float8_e4m3fn, scales of [rows, num_groups] groups in layout) of a cast: out's, checked
+    (q contiguous and 16-byte aligned for the kernels' vector stores), or new ones on x's device."""
+    if out is None:
+        return x.new_empty((rows, cols), dtype=torch.float8_e4m3fn), empty_scales(rows, num_groups, layout, x)
+    q, scales = out
+    check_output(q, "out[0]", (rows, cols), torch.float8_e4m3fn, x)
+    if q.data_ptr() % 16 != 0:
+        raise ValueError("out[0] must start at a 16-byte aligned address")
+    check_scales(scales, "out[1]", rows, num_groups, layout)
+    check_cuda_device(scales, "out[1]", like=x)
+    return q, scales

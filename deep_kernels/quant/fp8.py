@@ -1,4 +1,4 @@
-"""FP8 e4m3 casts: per-token-group and per-block, and the per-token inverse.
+"""FP8 e4m3 casts: per-token-group (group_size=None: one group per row) and per-block, and the per-token inverse.
 
 Numerics (bit-exact with deep_kernels.reference.quant), per group (per-token) or block (per-block):
     amax  = max |x| over the group, clamped below by amax_clamp (NaN propagates)
@@ -8,9 +8,11 @@ Numerics (bit-exact with deep_kernels.reference.quant), per group (per-token) or
     ue8m0: scale = 2^ceil(log2(amax / 448)), q = RNE_e4m3(x * (1 / scale)); no value saturates, and both
            scale modes give the same bits (dividing by a power of two is multiplying by its exact inverse)
 The two modes differ in the last bit of x's scaled value for some inputs, so a few codes differ (by one
-e4m3 step at most); pick the one the consumer's dequantization was calibrated with. Rounding to e4m3 is
-round-to-nearest-even saturating at +-448. A NaN in a group makes its scale and all its codes NaN; an
-infinity makes the scale inf, its own code NaN and the group's finite codes zero.
+e4m3 step at most); pick the one the consumer's dequantization was calibrated with. The kernels get "div"'s
+quotient from an inlined reciprocal-and-FMA sequence that gives IEEE division's codes (csrc/common/quant.cuh,
+divide_by_scale_fast). Rounding to e4m3 is round-to-nearest-even saturating at +-448 (-0 stays -0). A NaN in
+a group makes its scale and all its codes NaN; an infinity makes the scale inf, its own code NaN and the
+group's finite codes zeros of their sign.
 Scale layouts: see deep_kernels.quant.common.
 """
 
@@ -22,8 +24,8 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
-    check_amax_clamp, check_group_size, check_output, check_scales, empty_scales, parse_layout,
-    parse_scale_mode, scale_layout_of,
+    cast_outputs, check_amax_clamp, check_group_size, check_output, parse_layout,
+    parse_scale_mode, scale_layout_of, supported_group_sizes,
 )
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div, tma_aligned_size
 
@@ -43,14 +45,57 @@ def _cast_kernel(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: Scale
                       block_threads=NUM_WARPS * 32)
 
 
-def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = False,
+# Per-row cast (group_size None or K where K is no per-token group size): one CTA of ROW_THREADS threads per row,
+# each holding up to 16 vectors (csrc/kernels/smxx_per_row_cast.cuh).
+ROW_THREADS = 256
+ROW_VECTORS = (1, 2, 4, 8, 16)
+
+
+def max_row_group_size(dtype: torch.dtype) -> int:
+    """The largest K the per-row cast (group_size=None) takes for a bf16 or fp32 input."""
+    return ROW_THREADS * ROW_VECTORS[-1] * (16 // dtype.itemsize)
+
+
+def _row_vectors(k: int, dtype: torch.dtype) -> int:
+    needed = ceil_div(k // (16 // dtype.itemsize), ROW_THREADS)
+    return next(vectors for vectors in ROW_VECTORS if vectors >= needed)
+
+
+def _row_cast_spec(dtype: torch.dtype, vectors: int, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode) -> KernelSpec:
+    return KernelSpec(
+        "kernels/smxx_per_row_cast.cuh", "smxx_per_row_cast_impl",
+        (CPP_TYPES[dtype], vectors, str(ue8m0).lower(), layout.cpp, mode.cpp),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _row_cast_kernel(dtype: torch.dtype, vectors: int, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode):
+    return get_kernel(_row_cast_spec(dtype, vectors, ue8m0, layout, mode), param_kinds="PPPIIIf",
+                      block_threads=ROW_THREADS)
+
+
+def _is_per_row(group_size, k: int, dtype: torch.dtype) -> bool:
+    """Whether the cast takes one group per row by the per-row kernel (the per-token kernel serves K that are
+    per-token group sizes)."""
+    return isinstance(group_size, int) and group_size == k and group_size not in supported_group_sizes(dtype)
+
+
+def _check_row_size(k: int, dtype: torch.dtype) -> None:
+    limit = max_row_group_size(dtype)
+    if k <= 0 or k % 16 != 0 or k > limit:
+        raise ValueError(f"x.shape[1] (K = {k}) must be a positive multiple of 16 up to {limit} for one group per "
+                         f"row (group_size=None) with {dtype}")
+
+
+def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
                           scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP,
                           scale_mode: str = "mul", out=None):
     """Cast x [M, K] (bf16 or fp32) to FP8 e4m3 with one scale per row and group of `group_size` columns.
 
     Args:
         x: [M, K] bfloat16 or float32 CUDA tensor; rows contiguous, row stride >= K and 16-byte aligned.
-        group_size: columns per scale; K must be a multiple of it (see supported_group_sizes).
+        group_size: columns per scale; K must be a multiple of it (see supported_group_sizes). None (or K)
+            means one group per row: K then is any positive multiple of 16 up to max_row_group_size(x.dtype).
         ue8m0: round each scale up to a power of two (the UE8M0 recipe).
         scale_layout: "mn_major" (default, what fp8_gemm_nt reads), "row_major" or "packed_ue8m0".
         amax_clamp: lower bound of amax, so all-zero groups get a finite scale.
@@ -58,7 +103,8 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
         out: optional (q, scales) to write into, shaped, typed and strided as the ones returned.
 
     Returns:
-        (q, scales): q [M, K] float8_e4m3fn, contiguous; scales as the module docstring describes.
+        (q, scales): q [M, K] float8_e4m3fn, contiguous; scales as the module docstring describes ([M, 1]
+        with one group per row).
 
     Notes:
         Deterministic; bit-exact with deep_kernels.reference.quant.per_token_cast_to_fp8.
@@ -66,7 +112,13 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
     check_dtype(x, "x", (torch.bfloat16, torch.float32))
     check_rank(x, "x", 2)
     m, k = x.shape
-    check_group_size(group_size, m, k, x.dtype, "x")
+    group_size = k if group_size is None else group_size
+    per_row = _is_per_row(group_size, k, x.dtype)
+    if per_row:
+        _check_row_size(k, x.dtype)
+        group_size = k
+    else:
+        check_group_size(group_size, m, k, x.dtype, "x")
     check_row_major_rows(x, "x")
     layout = parse_layout(scale_layout, ue8m0)
     mode = parse_scale_mode(scale_mode, ue8m0)
@@ -74,19 +126,17 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
     check_cuda_device(x, "x")
 
     num_groups = k // group_size
-    if out is None:
-        q = x.new_empty((m, k), dtype=torch.float8_e4m3fn)
-        scales = empty_scales(m, num_groups, layout, x)
-    else:
-        q, scales = out
-        check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
-        check_scales(scales, "out[1]", m, num_groups, layout)
-        check_cuda_device(scales, "out[1]", like=x)
+    q, scales = cast_outputs(out, x, m, k, num_groups, layout)
     if m == 0 or k == 0:
         return q, scales
 
-    kernel = _cast_kernel(x.dtype, group_size, ue8m0, layout, mode)
     scale_stride = num_groups if layout == ScaleLayout.row_major else scales.stride(1)
+    if per_row:
+        kernel = _row_cast_kernel(x.dtype, _row_vectors(k, x.dtype), ue8m0, layout, mode)
+        kernel.launch((m, 1, 1), (x.data_ptr(), q.data_ptr(), scales.data_ptr(), k, x.stride(0), scale_stride,
+                                  float(amax_clamp)), x.get_device())
+        return q, scales
+    kernel = _cast_kernel(x.dtype, group_size, ue8m0, layout, mode)
     grid = (num_groups, ceil_div(m, block_rows(group_size, 16 // x.element_size())), 1)
     kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), scale_stride,
                          float(amax_clamp)), x.get_device())
@@ -236,4 +286,7 @@ def precompile_specs() -> list:
         for block_size in BLOCK_SIZES:
             for ue8m0, mode in ((False, ScaleMode.mul), (True, ScaleMode.mul), (False, ScaleMode.div)):
                 specs.append(_block_cast_spec(dtype, block_size, ue8m0, mode))
+        specs += [_row_cast_spec(dtype, vectors, False, ScaleLayout.mn_major, ScaleMode.mul) for vectors in ROW_VECTORS]
+        specs.append(_row_cast_spec(dtype, 4, True, ScaleLayout.packed_ue8m0, ScaleMode.mul))
+        specs.append(_row_cast_spec(dtype, 4, False, ScaleLayout.row_major, ScaleMode.div))
     return specs

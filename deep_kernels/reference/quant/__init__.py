@@ -8,8 +8,10 @@ from deep_kernels.reference.quant.fp4 import (
     mxfp4_cast_back, mxfp4_requant_to_fp8, nvfp4_cast_back, nvfp4_global_scale, per_token_cast_to_mxfp4,
     per_token_cast_to_nvfp4,
 )
+from deep_kernels.reference.quant.transpose import batched_transpose, per_channel_cast_transpose_to_fp8
 
 __all__ = [
+    "batched_transpose", "per_channel_cast_transpose_to_fp8",
     "ceil_to_power_of_two", "pack_scales", "per_block_cast_to_fp8", "per_token_cast_back", "per_token_cast_to_fp8",
     "scale_and_multiplier", "to_e4m3", "unpack_scales",
     "mxfp4_cast_back", "mxfp4_requant_to_fp8", "nvfp4_cast_back", "nvfp4_global_scale", "per_token_cast_to_mxfp4",

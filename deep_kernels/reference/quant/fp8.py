@@ -57,10 +57,12 @@ def unpack_scales(scales: torch.Tensor, m: int, num_groups: int) -> torch.Tensor
     return unpack_ue8m0(scales, m, num_groups)
 
 
-def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = False,
+def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
                           scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP,
                           scale_mode: str = "mul"):
+    """group_size None means one group per row (group size K)."""
     m, k = x.shape
+    group_size = k if group_size is None else group_size
     groups = x.float().reshape(m, k // group_size, group_size)
     scale, multiplier = scale_and_multiplier(groups.abs().amax(dim=2).clamp(min=amax_clamp), ue8m0)
     q = to_e4m3(groups, scale.unsqueeze(2), multiplier.unsqueeze(2), scale_mode).reshape(m, k)
