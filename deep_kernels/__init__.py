@@ -4,6 +4,7 @@ from deep_kernels.device import get_num_sms, set_num_sms
 from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
 from deep_kernels.moe import MoeLayout, moe_layout, topk_gate
 from deep_kernels.quant import per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
+from deep_kernels.quant import swiglu_backward, swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked, swiglu_forward
 from deep_kernels.validation import tma_aligned_size
 
 __version__ = "0.1.0"
@@ -18,6 +19,7 @@ __all__ = [
     "per_token_cast_back",
     "per_token_cast_to_fp8",
     "set_num_sms",
+    "swiglu_backward", "swiglu_cast_to_fp8", "swiglu_cast_to_fp8_masked", "swiglu_forward",
     "tma_aligned_size",
     "topk_gate",
 ]

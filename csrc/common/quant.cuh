@@ -21,6 +21,12 @@ DK_DEVICE float max_nan(float a, float b) {
     return result;
 }
 
+DK_DEVICE float min_nan(float a, float b) {
+    float result;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(result) : "f"(a), "f"(b));
+    return result;
+}
+
 // The smallest power of two >= s, for finite positive s; inf and NaN pass through.
 DK_DEVICE float ceil_to_power_of_two(float s) {
     const uint32_t bits = __float_as_uint(s);
@@ -116,6 +122,22 @@ DK_DEVICE uint64_t scale_offset(uint32_t row, uint32_t group, uint32_t scale_str
         return static_cast<uint64_t>(group) * scale_stride + row;
     else
         return (static_cast<uint64_t>(group / 4) * scale_stride + row) * 4 + group % 4;
+}
+
+// Writes a group's scale at scale_offset's offset (as its UE8M0 byte for the packed layout).
+template <ScaleLayout kLayout>
+DK_DEVICE void store_scale(void* scales, uint64_t offset, uint32_t group, uint32_t num_groups, float scale) {
+    if constexpr (kLayout == ScaleLayout::MNMajorPackedUE8M0) {
+        uint8_t* bytes = static_cast<uint8_t*>(scales);
+        bytes[offset] = ue8m0_byte(scale);
+        // NOTE: the last group also zeroes the unused bytes of its int32, so the packed word is fully
+        // defined without a memset launch.
+        if (group + 1 == num_groups)
+            for (uint32_t pad = group % 4 + 1; pad < 4; ++pad)
+                bytes[offset - group % 4 + pad] = 0;
+    } else {
+        static_cast<float*>(scales)[offset] = scale;
+    }
 }
 
 }  // namespace deep_kernels

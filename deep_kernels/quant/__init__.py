@@ -3,20 +3,22 @@
 One module per format or fused operation; `common` holds the scale layouts and checks they share.
 """
 
-from deep_kernels.quant import fp8
+from deep_kernels.quant import fp8, swiglu
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, E4M3_MAX, ScaleLayout, ScaleMode, check_scales, empty_scales, scale_layout_of,
     supported_group_sizes, unpack_ue8m0,
 )
 from deep_kernels.quant.fp8 import BLOCK_SIZES, per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
+from deep_kernels.quant.swiglu import swiglu_backward, swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked, swiglu_forward
 
 __all__ = [
     "BLOCK_SIZES", "DEFAULT_AMAX_CLAMP", "E4M3_MAX", "ScaleLayout", "ScaleMode", "check_scales", "empty_scales",
     "per_block_cast_to_fp8", "per_token_cast_back", "per_token_cast_to_fp8", "scale_layout_of",
     "supported_group_sizes", "unpack_ue8m0",
+    "swiglu_backward", "swiglu_cast_to_fp8", "swiglu_cast_to_fp8_masked", "swiglu_forward",
 ]
 
-_MODULES = (fp8,)
+_MODULES = (fp8, swiglu)
 
 
 def precompile_specs() -> list:
