@@ -119,12 +119,23 @@ def _check_rows(weights, pos, rows_shape: tuple, check_pos: bool) -> int:
             raise ValueError(f"pos must be a contiguous tensor of shape {tuple(rows_shape)} (one position per "
                              f"row), got shape {tuple(pos.shape)} strides {tuple(pos.stride())}")
         if check_pos and not (pos.is_cuda and torch.cuda.is_current_stream_capturing()) and pos.numel():
-            bad = ((pos < -1) | (pos >= limit)).view(-1).nonzero()
+            # NOTE: no comparison with NO_POSITION_LIMIT, which int32 cannot hold (torch would wrap it).
+            bad = ((pos < -1) | (pos >= limit) if weights is not None else pos < -1).view(-1).nonzero()
             if bad.numel():
                 row = int(bad[0])
                 raise ValueError(f"pos must hold -1 (a skipped row) or positions in [0, {limit}), got "
                                  f"{int(pos.view(-1)[row])} for row {row}")
     return limit
+
+
+def _check_forward_rows(x, clamp, weights, pos, check_pos: bool) -> tuple:
+    """The checks of a plain-layout forward's x, clamp, weights and pos: (N, H, the kernels' clamp, the
+    position bound)."""
+    hidden = _check_x(x, 2)
+    num_rows = x.shape[0]
+    check_group_size(GROUP_SIZE, num_rows, hidden, torch.bfloat16, "x")
+    _check_rows_layout(x, "x")
+    return num_rows, hidden, _check_clamp(clamp), _check_rows(weights, pos, (num_rows,), check_pos)
 
 
 def _check_devices(x: torch.Tensor, **tensors) -> None:
@@ -208,12 +219,7 @@ def swiglu_cast_to_fp8(x: torch.Tensor, clamp: float = None, weights: torch.Tens
         The module docstring gives the numerics and the skipped rows. Deterministic; bit-exact with
         deep_kernels.reference.quant.swiglu_cast_to_fp8 evaluated on the GPU.
     """
-    hidden = _check_x(x, 2)
-    num_rows = x.shape[0]
-    check_group_size(GROUP_SIZE, num_rows, hidden, torch.bfloat16, "x")
-    _check_rows_layout(x, "x")
-    c = _check_clamp(clamp)
-    limit = _check_rows(weights, pos, (num_rows,), check_pos)
+    num_rows, hidden, c, limit = _check_forward_rows(x, clamp, weights, pos, check_pos)
     layout = parse_layout(scale_layout, ue8m0)
     mode = parse_scale_mode(scale_mode, ue8m0)
     check_amax_clamp(amax_clamp)
@@ -311,15 +317,10 @@ def swiglu_forward(x: torch.Tensor, clamp: float = None, weights: torch.Tensor =
         y [N, H] bfloat16, contiguous: the FP32 y of the module docstring rounded to nearest even.
 
     Notes:
-        Rows at pos -1 are skipped. Deterministic; bit-exact with deep_kernels.reference.quant.swiglu_forward on
-        the GPU.
+        Rows at pos -1 are skipped. Deterministic; bit-exact with
+        deep_kernels.reference.quant.swiglu_forward on the GPU.
     """
-    hidden = _check_x(x, 2)
-    num_rows = x.shape[0]
-    check_group_size(GROUP_SIZE, num_rows, hidden, torch.bfloat16, "x")
-    _check_rows_layout(x, "x")
-    c = _check_clamp(clamp)
-    limit = _check_rows(weights, pos, (num_rows,), check_pos)
+    num_rows, hidden, c, limit = _check_forward_rows(x, clamp, weights, pos, check_pos)
     _check_devices(x, weights=weights, pos=pos)
 
     if out is None:

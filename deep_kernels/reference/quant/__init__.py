@@ -4,8 +4,12 @@ from deep_kernels.reference.quant.fp8 import (
     ceil_to_power_of_two, pack_scales, per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8,
     scale_and_multiplier, to_e4m3, unpack_scales,
 )
+from deep_kernels.reference.quant.swiglu import (
+    swiglu_backward, swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked, swiglu_forward,
+)
 
 __all__ = [
     "ceil_to_power_of_two", "pack_scales", "per_block_cast_to_fp8", "per_token_cast_back", "per_token_cast_to_fp8",
     "scale_and_multiplier", "to_e4m3", "unpack_scales",
+    "swiglu_backward", "swiglu_cast_to_fp8", "swiglu_cast_to_fp8_masked", "swiglu_forward",
 ]
