@@ -242,8 +242,9 @@ def test_kernels_are_precompiled():
     specs = {(spec.name, spec.template_args) for spec in quant.precompile_specs()}
     names = {name for name, _ in specs}
     assert {"smxx_swiglu_cast", "smxx_swiglu_backward"} <= names
-    # Every forward variant the tests run: 6 quantized layouts and modes, and the bf16 output.
-    assert sum(name == "smxx_swiglu_cast" for name, _ in specs) == len(LAYOUTS) + 1
+    # Every variant the tests run, with and without clamp: 6 quantized layouts and modes, and the bf16 output.
+    assert sum(name == "smxx_swiglu_cast" for name, _ in specs) == 2 * (len(LAYOUTS) + 1)
+    assert sum(name == "smxx_swiglu_backward" for name, _ in specs) == 2
 
 
 def test_benchmark_cases_build_on_cpu():

@@ -8,13 +8,26 @@
 
 namespace deep_kernels {
 
-// min(gate, c) and max(min(up, c), -c), NaN propagating; c = inf leaves every value as it is.
+// min(gate, c) and max(min(up, c), -c), NaN propagating; without kClamped the values as they are.
+template <bool kClamped>
 DK_DEVICE float clamp_gate(float gate, float clamp) {
-    return min_nan(gate, clamp);
+    return kClamped ? min_nan(gate, clamp) : gate;
 }
 
+template <bool kClamped>
 DK_DEVICE float clamp_up(float up, float clamp) {
-    return max_nan(min_nan(up, clamp), -clamp);
+    return kClamped ? max_nan(min_nan(up, clamp), -clamp) : up;
+}
+
+// Whether the clamp changed the value (where the clamp's gradient is zero); NaN is not clamped.
+template <bool kClamped>
+DK_DEVICE bool gate_clamped(float gate, float clamp) {
+    return kClamped && gate > clamp;
+}
+
+template <bool kClamped>
+DK_DEVICE bool up_clamped(float up, float clamp) {
+    return kClamped && (up > clamp || up < -clamp);
 }
 
 // The denominator 1 + expf(-g) of the sigmoid and silu(g) = g / (1 + expf(-g)).

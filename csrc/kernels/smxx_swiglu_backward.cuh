@@ -20,7 +20,7 @@
 
 namespace deep_kernels {
 
-template <int kNumWarps, int kUnroll>
+template <int kNumWarps, int kUnroll, bool kClamped>
 __global__ void __launch_bounds__(kNumWarps * 32)
 smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ dy,
                           __nv_bfloat16* __restrict__ dx, float* __restrict__ dweights,
@@ -74,8 +74,8 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
             #pragma unroll
             for (int i = 0; i < kVec; ++i) {
                 const float gate_in = __bfloat162float(gate_values[i]), up_in = __bfloat162float(up_values[i]);
-                const float g = clamp_gate(gate_in, clamp);
-                const float u = clamp_up(up_in, clamp);
+                const float g = clamp_gate<kClamped>(gate_in, clamp);
+                const float u = clamp_up<kClamped>(up_in, clamp);
                 const float dy_value = __bfloat162float(grad_values[i]);
                 const float dyw = weights != nullptr ? __fmul_rn(dy_value, weight) : dy_value;
                 const float denominator = sigmoid_denominator(g);
@@ -84,8 +84,8 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
                 const float dsilu = __fmul_rn(sigmoid, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sigmoid))));
                 const float dg = __fmul_rn(__fmul_rn(dyw, u), dsilu);
                 const float du = __fmul_rn(dyw, silu);
-                dgate[i] = __float2bfloat16_rn(gate_in > clamp ? 0.0f : dg);
-                dup[i] = __float2bfloat16_rn(up_in > clamp || up_in < -clamp ? 0.0f : du);
+                dgate[i] = __float2bfloat16_rn(gate_clamped<kClamped>(gate_in, clamp) ? 0.0f : dg);
+                dup[i] = __float2bfloat16_rn(up_clamped<kClamped>(up_in, clamp) ? 0.0f : du);
                 partial[i] = __fadd_rn(partial[i], __fmul_rn(dy_value, __fmul_rn(silu, u)));
             }
             *reinterpret_cast<uint4*>(dx_row + column) = dgate_packed;

@@ -1,8 +1,8 @@
 // Fused SwiGLU and per-token FP8 cast: x [rows, 2H] bf16 (gate | up) -> y [rows, H], per element in FP32
 //   y = (silu(min(gate, c)) * max(min(up, c), -c)) * w,  silu(g) = g / (1 + expf(-g))  (IEEE division)
-// (min/max propagate NaN; c = inf is no clamp; w is the row's weight, 1 without weights), then y goes
-// to e4m3 in 1x128 groups with per_token_cast's numerics (common/quant.cuh), or with kQuantize = false to
-// bf16 (RNE). Rows: blockIdx.z is the expert of the masked layout (rows = E x T_max, rows of expert e from
+// (min/max propagate NaN, only with kClamped; w is the row's weight, no product without weights), then y
+// goes to e4m3 in 1x128 groups with per_token_cast's numerics (common/quant.cuh), or with kQuantize = false
+// to bf16 (RNE). Rows: blockIdx.z is the expert of the masked layout (rows = E x T_max, rows of expert e from
 // masked_m[e] on are skipped) or 0; with pos, a row whose position is outside [0, pos_limit) is skipped,
 // and its weight is weights[pos[row]]. Skipped rows are neither read nor written. Memory-bound: each
 // thread streams kPasses (gate, up) pairs of 16-byte vectors; no shared memory.
@@ -21,7 +21,8 @@
 
 namespace deep_kernels {
 
-template <int kNumWarps, int kPasses, bool kQuantize, bool kUE8M0, ScaleLayout kLayout, ScaleMode kScaleMode>
+template <int kNumWarps, int kPasses, bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout,
+          ScaleMode kScaleMode>
 __global__ void __launch_bounds__(kNumWarps * 32)
 smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ out, void* __restrict__ scales,
                       const float* __restrict__ weights, const int32_t* __restrict__ pos,
@@ -80,8 +81,8 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
         float amax = 0.0f;
         #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-            const float g = clamp_gate(__bfloat162float(gate_values[i]), clamp);
-            const float u = clamp_up(__bfloat162float(up_values[i]), clamp);
+            const float g = clamp_gate<kClamped>(__bfloat162float(gate_values[i]), clamp);
+            const float u = clamp_up<kClamped>(__bfloat162float(up_values[i]), clamp);
             y[i] = __fmul_rn(__fdiv_rn(g, sigmoid_denominator(g)), u);
             if (weights != nullptr)
                 y[i] = __fmul_rn(y[i], weight[pass]);

@@ -45,29 +45,28 @@ _BACKWARD_WARPS = 8
 _BACKWARD_UNROLL = 4
 
 
-def _forward_spec(quantize: bool, ue8m0: bool = False, layout: ScaleLayout = ScaleLayout.mn_major,
+def _forward_spec(clamped: bool, quantize: bool, ue8m0: bool = False, layout: ScaleLayout = ScaleLayout.mn_major,
                   mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
-    return KernelSpec(
-        "kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
-        (NUM_WARPS, PASSES, str(quantize).lower(), str(ue8m0).lower(), layout.cpp, mode.cpp),
-    )
+    flags = (str(flag).lower() for flag in (clamped, quantize, ue8m0))
+    return KernelSpec("kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
+                      (NUM_WARPS, PASSES, *flags, layout.cpp, mode.cpp))
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_kernel(quantize: bool, ue8m0: bool = False, layout: ScaleLayout = ScaleLayout.mn_major,
+def _forward_kernel(clamped: bool, quantize: bool, ue8m0: bool = False, layout: ScaleLayout = ScaleLayout.mn_major,
                     mode: ScaleMode = ScaleMode.mul):
-    return get_kernel(_forward_spec(quantize, ue8m0, layout, mode), param_kinds="PPPPPPIIIIIIff",
+    return get_kernel(_forward_spec(clamped, quantize, ue8m0, layout, mode), param_kinds="PPPPPPIIIIIIff",
                       block_threads=NUM_WARPS * 32)
 
 
-def _backward_spec() -> KernelSpec:
+def _backward_spec(clamped: bool) -> KernelSpec:
     return KernelSpec("kernels/smxx_swiglu_backward.cuh", "smxx_swiglu_backward_impl",
-                      (_BACKWARD_WARPS, _BACKWARD_UNROLL))
+                      (_BACKWARD_WARPS, _BACKWARD_UNROLL, str(clamped).lower()))
 
 
 @functools.lru_cache(maxsize=None)
-def _backward_kernel():
-    return get_kernel(_backward_spec(), param_kinds="PPPPPPIIIIIf", block_threads=_BACKWARD_WARPS * 32)
+def _backward_kernel(clamped: bool):
+    return get_kernel(_backward_spec(clamped), param_kinds="PPPPPPIIIIIf", block_threads=_BACKWARD_WARPS * 32)
 
 
 def _check_x(x, rank: int) -> int:
@@ -89,7 +88,7 @@ def _check_rows_layout(t: torch.Tensor, name: str) -> None:
 
 
 def _check_clamp(clamp) -> float:
-    """The clamp as the kernels take it: inf for None."""
+    """The clamp as the kernels take it (unused by the unclamped kernels: inf for None)."""
     if clamp is None:
         return float("inf")
     if isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not 0 < clamp < float("inf"):
@@ -178,7 +177,8 @@ def _check_scales_out(scales, geometry: tuple, layout: ScaleLayout, like: torch.
 def _launch_forward(x, out, scales, weights, pos, masked_m, num_experts: int, num_rows: int, hidden: int,
                     quantize: bool, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode, geometry, limit: int,
                     clamp: float, amax_clamp: float) -> None:
-    kernel = _forward_kernel(quantize, ue8m0, layout, mode) if quantize else _forward_kernel(False)
+    clamped = clamp != float("inf")
+    kernel = _forward_kernel(clamped, quantize, ue8m0, layout, mode) if quantize else _forward_kernel(clamped, False)
     scale_stride = scale_expert_stride = 0
     if quantize:
         _, _, strides = geometry
@@ -375,7 +375,7 @@ def swiglu_backward(x: torch.Tensor, dy: torch.Tensor, clamp: float = None, weig
         check_output(dweights, "out[1]", (num_rows,), torch.float32, x)
     if num_rows == 0 or hidden == 0:
         return dx, dweights
-    _backward_kernel().launch(
+    _backward_kernel(c != float("inf")).launch(
         (ceil_div(num_rows, _BACKWARD_WARPS), 1, 1),
         (x.data_ptr(), dy.data_ptr(), dx.data_ptr(), dweights.data_ptr(), _pointer(weights), _pointer(pos),
          num_rows, hidden, x.stride(0), dy.stride(0), limit, c), x.get_device())
@@ -387,5 +387,6 @@ def precompile_specs() -> list:
     cast_variants = [(False, ScaleLayout.mn_major, ScaleMode.mul), (False, ScaleLayout.row_major, ScaleMode.mul),
                      (True, ScaleLayout.mn_major, ScaleMode.mul), (True, ScaleLayout.row_major, ScaleMode.mul),
                      (True, ScaleLayout.packed_ue8m0, ScaleMode.mul), (False, ScaleLayout.mn_major, ScaleMode.div)]
-    return ([_forward_spec(True, ue8m0, layout, mode) for ue8m0, layout, mode in cast_variants]
-            + [_forward_spec(False), _backward_spec()])
+    return [spec for clamped in (False, True) for spec in
+            [_forward_spec(clamped, True, ue8m0, layout, mode) for ue8m0, layout, mode in cast_variants]
+            + [_forward_spec(clamped, False), _backward_spec(clamped)]]
