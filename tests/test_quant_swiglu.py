@@ -458,6 +458,9 @@ def test_bad_out_and_devices_are_rejected():
         deep_kernels.swiglu_cast_to_fp8(x, out=(q[:4], scales))
     with pytest.raises(ValueError, match="out\\[1\\] must have shape .* \\(row_major scales\\)"):
         deep_kernels.swiglu_cast_to_fp8(x, scale_layout="row_major", out=(q, scales))
+    unaligned = torch.empty(8 * 256 + 8, dtype=torch.float8_e4m3fn, device="cuda")[8:].view(8, 256)
+    with pytest.raises(ValueError, match="out\\[0\\] must start at a 16-byte aligned address"):
+        deep_kernels.swiglu_cast_to_fp8(x, out=(unaligned, scales))
     with pytest.raises(ValueError, match="weights must be a CUDA tensor"):
         deep_kernels.swiglu_cast_to_fp8(x, weights=torch.ones(8))
     with pytest.raises(ValueError, match="masked_m must be a CUDA tensor"):

@@ -103,11 +103,12 @@ DK_DEVICE float unpack_vector(const uint4& vector, float (&values)[kVec]) {
     return amax;
 }
 
-// The codes of one 16-byte input vector (4 or 8 bytes, as E4M3Scaler::quantize packs them) to an address
-// aligned to their size.
+// Codes as E4M3Scaler::quantize packs them (4, 8 or 16 bytes) to an address aligned to their size.
 template <int kWords>
 DK_DEVICE void store_codes(uint8_t* dst, const uint32_t (&words)[kWords]) {
-    if constexpr (kWords == 2)
+    if constexpr (kWords == 4)
+        *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+    else if constexpr (kWords == 2)
         *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
     else
         *reinterpret_cast<uint32_t*>(dst) = words[0];

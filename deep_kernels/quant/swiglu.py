@@ -30,14 +30,18 @@ import torch
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
-    DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows, check_amax_clamp,
-    check_group_size, check_output, parse_layout, parse_scale_mode, scale_geometry,
+    DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, ScaleLayout, ScaleMode, check_amax_clamp, check_output,
+    parse_layout, parse_scale_mode, scale_geometry,
 )
 from deep_kernels.validation import (
     INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows,
 )
 
 GROUP_SIZE = 128
+# The forward's tile (csrc/kernels/smxx_swiglu_cast.cuh): 16 columns per thread, 8 lanes per group, so a
+# warp covers 4 rows and a block NUM_WARPS * 4 * _FORWARD_PASSES.
+_FORWARD_PASSES = 2
+_FORWARD_BLOCK_ROWS = 32 // (GROUP_SIZE // 16) * NUM_WARPS * _FORWARD_PASSES
 # Positions are int32: without weights every non-negative one selects its row.
 NO_POSITION_LIMIT = INT32_LIMIT + 1
 UINT32_LIMIT = 2**32 - 1
@@ -49,7 +53,7 @@ def _forward_spec(clamped: bool, quantize: bool, ue8m0: bool = False, layout: Sc
                   mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
     flags = (str(flag).lower() for flag in (clamped, quantize, ue8m0))
     return KernelSpec("kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
-                      (NUM_WARPS, PASSES, *flags, layout.cpp, mode.cpp))
+                      (NUM_WARPS, _FORWARD_PASSES, *flags, layout.cpp, mode.cpp))
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,6 +82,18 @@ def _check_x(x, rank: int) -> int:
         raise ValueError(f"x.shape[-1] (2H = {width}) must be 2H with H a multiple of {GROUP_SIZE} "
                          f"(gate and up halves of whole 1x{GROUP_SIZE} groups)")
     return width // 2
+
+
+def _check_row_blocks(num_rows: int) -> None:
+    if ceil_div(num_rows, _FORWARD_BLOCK_ROWS) > MAX_ROW_BLOCKS:
+        raise ValueError(f"x has too many rows ({num_rows}) for one launch: split it")
+
+
+def _check_vector_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> None:
+    """check_output, and a 16-byte aligned start: the kernels store 16-byte vectors."""
+    check_output(t, name, shape, dtype, like)
+    if t.data_ptr() % 16 != 0:
+        raise ValueError(f"{name} must start at a 16-byte aligned address")
 
 
 def _check_rows_layout(t: torch.Tensor, name: str) -> None:
@@ -132,7 +148,7 @@ def _check_forward_rows(x, clamp, weights, pos, check_pos: bool) -> tuple:
     position bound)."""
     hidden = _check_x(x, 2)
     num_rows = x.shape[0]
-    check_group_size(GROUP_SIZE, num_rows, hidden, torch.bfloat16, "x")
+    _check_row_blocks(num_rows)
     _check_rows_layout(x, "x")
     return num_rows, hidden, _check_clamp(clamp), _check_rows(weights, pos, (num_rows,), check_pos)
 
@@ -186,7 +202,7 @@ def _launch_forward(x, out, scales, weights, pos, masked_m, num_experts: int, nu
         bytes_per_unit = 4 if layout == ScaleLayout.packed_ue8m0 else 1
         scale_stride = strides[-2] if layout == ScaleLayout.row_major else strides[-1]
         scale_expert_stride = strides[0] * bytes_per_unit if len(strides) == 3 else 0
-    grid = (hidden // GROUP_SIZE, ceil_div(num_rows, block_rows(GROUP_SIZE, 8)), num_experts)
+    grid = (hidden // GROUP_SIZE, ceil_div(num_rows, _FORWARD_BLOCK_ROWS), num_experts)
     kernel.launch(grid, (x.data_ptr(), out.data_ptr(), _pointer(scales), _pointer(weights), _pointer(pos),
                          _pointer(masked_m), num_rows, hidden, x.stride(0), scale_stride, scale_expert_stride,
                          limit, clamp, float(amax_clamp)), x.get_device())
@@ -231,7 +247,7 @@ def swiglu_cast_to_fp8(x: torch.Tensor, clamp: float = None, weights: torch.Tens
         scales = x.new_empty_strided(geometry[1], geometry[2], dtype=geometry[0])
     else:
         q, scales = out
-        check_output(q, "out[0]", (num_rows, hidden), torch.float8_e4m3fn, x)
+        _check_vector_output(q, "out[0]", (num_rows, hidden), torch.float8_e4m3fn, x)
         _check_scales_out(scales, geometry, layout, x)
     if num_rows == 0 or hidden == 0:
         return q, scales
@@ -268,7 +284,7 @@ def swiglu_cast_to_fp8_masked(x: torch.Tensor, masked_m: torch.Tensor, clamp: fl
     """
     hidden = _check_x(x, 3)
     num_experts, max_tokens = x.shape[:2]
-    check_group_size(GROUP_SIZE, max_tokens, hidden, torch.bfloat16, "x")
+    _check_row_blocks(max_tokens)
     if num_experts > MAX_ROW_BLOCKS:
         raise ValueError(f"x has too many experts ({num_experts}) for one launch: at most {MAX_ROW_BLOCKS}")
     if num_experts > 1 and max_tokens > 1 and x.stride(0) != max_tokens * x.stride(1):
@@ -296,7 +312,7 @@ def swiglu_cast_to_fp8_masked(x: torch.Tensor, masked_m: torch.Tensor, clamp: fl
         scales = empty_masked_scales(num_experts, max_tokens, num_groups, layout, x)
     else:
         q, scales = out
-        check_output(q, "out[0]", (num_experts, max_tokens, hidden), torch.float8_e4m3fn, x)
+        _check_vector_output(q, "out[0]", (num_experts, max_tokens, hidden), torch.float8_e4m3fn, x)
         _check_scales_out(scales, geometry, layout, x)
     if num_experts == 0 or max_tokens == 0 or hidden == 0:
         return q, scales
@@ -327,7 +343,7 @@ def swiglu_forward(x: torch.Tensor, clamp: float = None, weights: torch.Tensor =
         y = x.new_empty((num_rows, hidden))
     else:
         y = out
-        check_output(y, "out", (num_rows, hidden), torch.bfloat16, x)
+        _check_vector_output(y, "out", (num_rows, hidden), torch.bfloat16, x)
     if num_rows == 0 or hidden == 0:
         return y
     _launch_forward(x, y, None, weights, pos, None, 1, num_rows, hidden, False, False, ScaleLayout.mn_major,
@@ -371,7 +387,7 @@ def swiglu_backward(x: torch.Tensor, dy: torch.Tensor, clamp: float = None, weig
         dweights = x.new_empty((num_rows,), dtype=torch.float32)
     else:
         dx, dweights = out
-        check_output(dx, "out[0]", (num_rows, 2 * hidden), torch.bfloat16, x)
+        _check_vector_output(dx, "out[0]", (num_rows, 2 * hidden), torch.bfloat16, x)
         check_output(dweights, "out[1]", (num_rows,), torch.float32, x)
     if num_rows == 0 or hidden == 0:
         return dx, dweights
