@@ -10,6 +10,7 @@ from deep_kernels.quant import per_block_cast_to_fp8, per_token_cast_back, per_t
 from deep_kernels.quant import (mxfp4_cast_back, mxfp4_requant_to_fp8, nvfp4_cast_back, nvfp4_global_scale,
                                 per_token_cast_to_mxfp4, per_token_cast_to_nvfp4)
 from deep_kernels.quant import batched_transpose, per_channel_cast_transpose_to_fp8
+from deep_kernels.quant import swiglu_backward, swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked, swiglu_forward
 from deep_kernels.validation import tma_aligned_size
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ __all__ = [
     "per_token_cast_back",
     "per_token_cast_to_fp8",
     "set_num_sms",
+    "swiglu_backward", "swiglu_cast_to_fp8", "swiglu_cast_to_fp8_masked", "swiglu_forward",
     "tma_aligned_size",
     "topk_gate",
     "mxfp4_cast_back", "mxfp4_requant_to_fp8", "nvfp4_cast_back", "nvfp4_global_scale",

@@ -22,6 +22,12 @@ DK_DEVICE float max_nan(float a, float b) {
     return result;
 }
 
+DK_DEVICE float min_nan(float a, float b) {
+    float result;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(result) : "f"(a), "f"(b));
+    return result;
+}
+
 // The smallest power of two >= s, for finite positive s; inf and NaN pass through.
 DK_DEVICE float ceil_to_power_of_two(float s) {
     const uint32_t bits = __float_as_uint(s);

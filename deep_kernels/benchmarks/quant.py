@@ -7,7 +7,7 @@ import functools
 import torch
 
 import deep_kernels
-from deep_kernels.benchmarks import quant_fp4
+from deep_kernels.benchmarks import quant_fp4, quant_swiglu
 from deep_kernels.benchmarks.report import BenchContext, memory_bound_row
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, random_activations
@@ -28,7 +28,7 @@ TRANSPOSE_TYPES = (("bf16", torch.bfloat16), ("e4m3", torch.float8_e4m3fn))
 
 
 def run(ctx: BenchContext) -> list:
-    return [_checked_row(*case, ctx) for case in cases()] + quant_fp4.run(ctx)
+    return [_checked_row(*case, ctx) for case in cases()] + quant_fp4.run(ctx) + quant_swiglu.run(ctx)
 
 
 def cases(shapes=SHAPES, device: str = "cuda"):

@@ -1,0 +1,77 @@
+"""Rows of the `quant` suite for SwiGLU fused with the per-token FP8 cast and its backward, against copy
+bandwidth and torch.compile of the reference (compiled once per function, timed like the kernel)."""
+
+import torch
+
+import deep_kernels
+from deep_kernels.benchmarks.report import BenchContext, memory_bound_row
+from deep_kernels.reference import quant as reference
+from deep_kernels.testing import assert_bitwise_equal, random_activations
+from deep_kernels.testing.bench import time_kernel_us
+
+# (N rows, H): x is [N, 2H].
+SHAPES = ((4096, 7168), (16384, 7168), (4096, 2048), (16384, 2048))
+GROUP_SIZE = 128
+CLAMP = 7.0
+# (label, options, whether rows carry a weight and a position, the op)
+CASES = (
+    ("fp32 mn_major", dict(), False, "swiglu_cast_to_fp8"),
+    ("ue8m0 packed, clamp 7, weights[pos]", dict(clamp=CLAMP, ue8m0=True, scale_layout="packed_ue8m0"), True,
+     "swiglu_cast_to_fp8"),
+    ("clamp 7, weights[pos]", dict(clamp=CLAMP), True, "swiglu_backward"),
+)
+
+
+def _arguments(num_rows: int, hidden: int, options: dict, with_rows: bool, backward: bool,
+               device: str = "cuda") -> tuple:
+    """(args, kwargs) of a case: x (and dy); with rows, weights gathered through a permutation pos (no
+    padding rows), unchecked so that no check kernels enter the timed calls."""
+    x = random_activations(num_rows, 2 * hidden, torch.bfloat16, device=device)
+    args = (x, random_activations(num_rows, hidden, torch.bfloat16, device=device)) if backward else (x,)
+    kwargs = dict(options)
+    if with_rows:
+        pos = torch.randperm(num_rows, device=x.device).to(torch.int32)
+        kwargs.update(weights=torch.rand((num_rows // 8, 8), device=x.device), pos=pos, check_pos=False)
+    return args, kwargs
+
+
+def _num_bytes(num_rows: int, hidden: int, with_rows: bool, backward: bool, options: dict) -> int:
+    row_bytes = 8 if with_rows else 0  # a position and a weight per row
+    if backward:  # x and dy in, dx and dweights out
+        return num_rows * (hidden * 4 + hidden * 2 + hidden * 4 + 4 + row_bytes)
+    scale_bytes = hidden // GROUP_SIZE * (1 if options.get("scale_layout") == "packed_ue8m0" else 4)
+    return num_rows * (hidden * 4 + hidden + scale_bytes + row_bytes)
+
+
+def _peers() -> dict:
+    """torch.compile of each reference function, compiled once (on first call, then per new shape)."""
+    return {op: torch.compile(getattr(reference, op)) for op in {case[3] for case in CASES}}
+
+
+def _timed_peer(compiled, eager, call, ctx: BenchContext) -> tuple:
+    """(label, us) of the compiled reference, or of the eager one where compilation fails."""
+    try:
+        call(compiled)
+        return "torch.compile(reference)", time_kernel_us(lambda: call(compiled), ctx.flusher, reps=20)
+    except Exception as error:  # noqa: BLE001 -- any compiler failure falls back, and the row says so
+        label = f"torch reference (eager; torch.compile failed: {type(error).__name__})"
+        return label, time_kernel_us(lambda: call(eager), ctx.flusher, reps=20)
+
+
+def run(ctx: BenchContext) -> list:
+    rows = []
+    peers = _peers()
+    for num_rows, hidden in SHAPES:
+        for label, options, with_rows, op in CASES:
+            backward = op == "swiglu_backward"
+            args, kwargs = _arguments(num_rows, hidden, options, with_rows, backward)
+            call = lambda fn: fn(*args, **kwargs)  # noqa: E731
+            names = ("dx", "dweights") if backward else ("q", "scales")
+            for name, actual, expected in zip(names, call(getattr(deep_kernels, op)), call(getattr(reference, op))):
+                assert_bitwise_equal(actual, expected, name)
+            us = time_kernel_us(lambda: call(getattr(deep_kernels, op)), ctx.flusher)
+            peer, peer_us = _timed_peer(peers[op], getattr(reference, op), call, ctx)
+            rows.append(memory_bound_row(
+                op, {"m": num_rows, "h": hidden}, f"bf16 x [m, 2h], {label}", us,
+                _num_bytes(num_rows, hidden, with_rows, backward, options), ctx, peer, peer_us, "bitwise equal"))
+    return rows
