@@ -2,7 +2,9 @@
 
 from deep_kernels.device import get_num_sms, set_num_sms
 from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
-from deep_kernels.moe import MoeLayout, moe_layout, topk_gate
+from deep_kernels.moe import (
+    MoeLayout, map_global_to_local_experts, moe_layout, topk_gate, topk_gate_backward, topk_gate_with_layout,
+)
 from deep_kernels.quant import per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
 from deep_kernels.validation import tma_aligned_size
 
@@ -12,6 +14,7 @@ __all__ = [
     "fp8_gemm_nt",
     "get_mn_major_tma_aligned_tensor",
     "get_num_sms",
+    "map_global_to_local_experts",
     "per_block_cast_to_fp8",
     "moe_layout",
     "MoeLayout",
@@ -20,4 +23,6 @@ __all__ = [
     "set_num_sms",
     "tma_aligned_size",
     "topk_gate",
+    "topk_gate_backward",
+    "topk_gate_with_layout",
 ]

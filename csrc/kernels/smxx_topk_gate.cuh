@@ -7,6 +7,8 @@
 //   renormalizing, times the scaling factor.
 // One warp per token: lane l holds experts l, l + 32, ... in registers. Every sum has a fixed order (a
 // lane's slots in ascending order, then an xor butterfly) that deep_kernels/reference/moe/gate.py mirrors.
+// The per-token device functions (warp_gate_scores, warp_topk_gate) also serve the fused gate + layout
+// kernel and the gate backward.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -79,31 +81,16 @@ DK_DEVICE float elementwise_score(float logit) {
     }
 }
 
-template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps>
-__global__ void __launch_bounds__(kNumWarps * 32)
-smxx_topk_gate_impl(const InT* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
-                    int* __restrict__ indices, uint32_t num_tokens, uint32_t logits_row_stride, uint32_t top_k,
-                    uint32_t topk_groups, uint32_t renormalize, float scaling_factor) {
-    // Static checks and the slot mapping: slot i of lane l is expert l + 32 i
+// The fp32 scores of one token's logits row, slot i of lane l holding expert l + 32 i (-inf past the
+// experts; softmax's max and sum in the fixed order the reference mirrors).
+template <typename InT, int NUM_EXPERTS, GateScoring kScoring>
+DK_DEVICE void warp_gate_scores(const InT* row, int lane, float (&score)[ceil_div(NUM_EXPERTS, 32)]) {
     constexpr int kSlots = ceil_div(NUM_EXPERTS, 32);
-    constexpr int GROUP_SIZE = NUM_GROUPS > 0 ? NUM_EXPERTS / NUM_GROUPS : NUM_EXPERTS;
     DK_STATIC_ASSERT(NUM_EXPERTS >= 1 && kSlots <= 32, "one bit per slot in a 32-bit mask");
-    DK_STATIC_ASSERT(NUM_GROUPS >= 0 && NUM_GROUPS <= 32, "one bit per group in a 32-bit mask");
-    DK_STATIC_ASSERT(NUM_GROUPS == 0 || (NUM_EXPERTS % NUM_GROUPS == 0 && GROUP_SIZE >= 2),
-                     "groups are equal and hold at least two experts");
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    const uint32_t token = blockIdx.x * kNumWarps + threadIdx.x / 32;
-    if (token >= num_tokens)
-        return;
-    const auto expert_of = [&](int slot) { return lane + 32 * slot; };
-    const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || expert_of(slot) < NUM_EXPERTS; };
-
-    // Logits to fp32 scores
-    const InT* row = logits + static_cast<uint64_t>(token) * logits_row_stride;
-    float score[kSlots];
+    const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || lane + 32 * slot < NUM_EXPERTS; };
     #pragma unroll
     for (int i = 0; i < kSlots; ++i)
-        score[i] = is_expert(i) ? static_cast<float>(row[expert_of(i)]) : -CUDART_INF_F;
+        score[i] = is_expert(i) ? static_cast<float>(row[lane + 32 * i]) : -CUDART_INF_F;
     if constexpr (kScoring == GateScoring::Softmax) {
         float row_max = -CUDART_INF_F;
         #pragma unroll
@@ -127,6 +114,31 @@ smxx_topk_gate_impl(const InT* __restrict__ logits, const float* __restrict__ bi
         for (int i = 0; i < kSlots; ++i)
             score[i] = elementwise_score<kScoring>(score[i]);
     }
+}
+
+// One lane's share of a token's choice: lane j < k holds the j-th chosen expert and its weight.
+struct GateChoice {
+    float weight;
+    int expert;
+};
+
+// The whole gate of one token by one warp (every lane takes part; the caller stores lanes < k).
+template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring>
+DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t top_k, uint32_t topk_groups,
+                                    uint32_t renormalize, float scaling_factor) {
+    // Static checks and the slot mapping: slot i of lane l is expert l + 32 i
+    constexpr int kSlots = ceil_div(NUM_EXPERTS, 32);
+    constexpr int GROUP_SIZE = NUM_GROUPS > 0 ? NUM_EXPERTS / NUM_GROUPS : NUM_EXPERTS;
+    DK_STATIC_ASSERT(NUM_GROUPS >= 0 && NUM_GROUPS <= 32, "one bit per group in a 32-bit mask");
+    DK_STATIC_ASSERT(NUM_GROUPS == 0 || (NUM_EXPERTS % NUM_GROUPS == 0 && GROUP_SIZE >= 2),
+                     "groups are equal and hold at least two experts");
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const auto expert_of = [&](int slot) { return lane + 32 * slot; };
+    const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || expert_of(slot) < NUM_EXPERTS; };
+
+    // Logits to fp32 scores
+    float score[kSlots];
+    warp_gate_scores<InT, NUM_EXPERTS, kScoring>(row, lane, score);
 
     // Selection keys; slots that are no expert never become eligible
     float key[kSlots];
@@ -199,11 +211,25 @@ smxx_topk_gate_impl(const InT* __restrict__ logits, const float* __restrict__ bi
     // NOTE: dividing on every lane, outside any branch, keeps predicates from living across the division's
     // slow-path call (which would spill them to a stack frame).
     const float renormalized = __fdiv_rn(chosen_score, __fadd_rn(score_sum, kRenormalizeEpsilon));
-    const float weight = __fmul_rn(renormalize ? renormalized : chosen_score, scaling_factor);
-    if (static_cast<uint32_t>(lane) < top_k) {
+    return {__fmul_rn(renormalize ? renormalized : chosen_score, scaling_factor), chosen_expert};
+}
+
+template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps>
+__global__ void __launch_bounds__(kNumWarps * 32)
+smxx_topk_gate_impl(const InT* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
+                    int* __restrict__ indices, uint32_t num_tokens, uint32_t logits_row_stride, uint32_t top_k,
+                    uint32_t topk_groups, uint32_t renormalize, float scaling_factor) {
+    const uint32_t token = blockIdx.x * kNumWarps + threadIdx.x / 32;
+    if (token >= num_tokens)
+        return;
+    const GateChoice choice = warp_topk_gate<InT, NUM_EXPERTS, NUM_GROUPS, kScoring>(
+        logits + static_cast<uint64_t>(token) * logits_row_stride, bias, top_k, topk_groups, renormalize,
+        scaling_factor);
+    const uint32_t lane = threadIdx.x % 32;
+    if (lane < top_k) {
         const uint64_t offset = static_cast<uint64_t>(token) * top_k + lane;
-        weights[offset] = weight;
-        indices[offset] = chosen_expert;
+        weights[offset] = choice.weight;
+        indices[offset] = choice.expert;
     }
 }
 
