@@ -57,18 +57,38 @@ DK_DEVICE void fill_layout_padding(int* m_indices, int* row_to_slot, int* masked
         fill_minus_one<kNumThreads>(masked_slots, num_masked, part, num_parts);
 }
 
+// Tiles of 32 slots whose loads a warp issues together before ranking them (L2 latency, not bandwidth,
+// bounds the ranking of a few thousand slots).
+constexpr int kTileBatch = 8;
+
+// The experts of a warp's tiles [batch, batch + kTileBatch) of its run; -1 past the run or num_slots.
+template <typename IndexT>
+DK_DEVICE void load_tile_batch(const IndexT* topk_idx, uint32_t first_slot, uint32_t batch, uint32_t num_tiles,
+                               uint32_t num_slots, uint32_t num_experts, int (&experts)[kTileBatch]) {
+    const uint32_t lane = threadIdx.x % 32;
+    #pragma unroll
+    for (int b = 0; b < kTileBatch; ++b) {
+        const uint32_t slot = first_slot + (batch + b) * 32 + lane;
+        experts[b] = batch + b < num_tiles ? load_slot_expert(topk_idx, slot, num_slots, num_experts) : -1;
+    }
+}
+
 // Step 1: the calling warp adds the experts of its slots [first_slot, first_slot + 32 * num_tiles) into
 // warp_counts [E] (zeroed by the caller).
 template <typename IndexT>
 DK_DEVICE void warp_count_slots(const IndexT* topk_idx, uint32_t first_slot, uint32_t num_tiles, uint32_t num_slots,
                                 uint32_t num_experts, int* warp_counts) {
     const uint32_t lane = threadIdx.x % 32;
-    for (uint32_t tile = 0; tile < num_tiles; ++tile) {
-        const int expert = load_slot_expert(topk_idx, first_slot + tile * 32 + lane, num_slots, num_experts);
-        const uint32_t peers = __match_any_sync(0xffffffffu, expert);
-        if (expert >= 0 && lane == static_cast<uint32_t>(__ffs(peers) - 1))
-            warp_counts[expert] += __popc(peers);
-        __syncwarp();
+    for (uint32_t batch = 0; batch < num_tiles; batch += kTileBatch) {
+        int experts[kTileBatch];
+        load_tile_batch(topk_idx, first_slot, batch, num_tiles, num_slots, num_experts, experts);
+        #pragma unroll
+        for (int b = 0; b < kTileBatch; ++b) {
+            const uint32_t peers = __match_any_sync(0xffffffffu, experts[b]);
+            if (experts[b] >= 0 && lane == static_cast<uint32_t>(__ffs(peers) - 1))
+                warp_counts[experts[b]] += __popc(peers);
+            __syncwarp();
+        }
     }
 }
 
@@ -120,27 +140,32 @@ DK_DEVICE void warp_scatter_slots(const IndexT* topk_idx, uint32_t first_slot, u
                                   int* row_to_slot, int* slot_to_row, int* masked_slots, uint32_t max_tokens) {
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t earlier_lanes = (1u << lane) - 1u;
-    for (uint32_t tile = 0; tile < num_tiles; ++tile) {
-        const uint32_t slot = first_slot + tile * 32 + lane;
-        const int expert = load_slot_expert(topk_idx, slot, num_slots, num_experts);
-        const uint32_t peers = __match_any_sync(0xffffffffu, expert);
-        const int rank = expert >= 0 ? warp_base[expert] + __popc(peers & earlier_lanes) : 0;
-        __syncwarp();
-        if (expert >= 0 && lane == static_cast<uint32_t>(__ffs(peers) - 1))
-            warp_base[expert] += __popc(peers);
-        __syncwarp();
-        if (slot >= num_slots)
-            continue;
-        if (expert < 0) {
-            slot_to_row[slot] = -1;
-            continue;
+    for (uint32_t batch = 0; batch < num_tiles; batch += kTileBatch) {
+        int experts[kTileBatch];
+        load_tile_batch(topk_idx, first_slot, batch, num_tiles, num_slots, num_experts, experts);
+        #pragma unroll
+        for (int b = 0; b < kTileBatch; ++b) {
+            const int expert = experts[b];
+            const uint32_t peers = __match_any_sync(0xffffffffu, expert);
+            const int rank = expert >= 0 ? warp_base[expert] + __popc(peers & earlier_lanes) : 0;
+            __syncwarp();
+            if (expert >= 0 && lane == static_cast<uint32_t>(__ffs(peers) - 1))
+                warp_base[expert] += __popc(peers);
+            __syncwarp();
+            const uint32_t slot = first_slot + (batch + b) * 32 + lane;
+            if (batch + b >= num_tiles || slot >= num_slots)
+                continue;
+            if (expert < 0) {
+                slot_to_row[slot] = -1;
+                continue;
+            }
+            const int row = offsets[expert] + rank;
+            slot_to_row[slot] = row;
+            row_to_slot[row] = static_cast<int>(slot);
+            m_indices[row] = expert;
+            if (masked_slots != nullptr && static_cast<uint32_t>(rank) < max_tokens)
+                masked_slots[static_cast<uint64_t>(expert) * max_tokens + rank] = static_cast<int>(slot);
         }
-        const int row = offsets[expert] + rank;
-        slot_to_row[slot] = row;
-        row_to_slot[row] = static_cast<int>(slot);
-        m_indices[row] = expert;
-        if (masked_slots != nullptr && static_cast<uint32_t>(rank) < max_tokens)
-            masked_slots[static_cast<uint64_t>(expert) * max_tokens + rank] = static_cast<int>(slot);
     }
 }
 

@@ -40,28 +40,36 @@ DK_DEVICE float nan_to_lowest(float key) {
     return isnan(key) ? -CUDART_INF_F : key;
 }
 
-// NOTE: every lane ends with the same (key, index): the order is total and the comparison exact.
-DK_DEVICE void warp_argmax(float& key, int& index) {
-    #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-        const float other_key = __shfl_xor_sync(kFullWarpMask, key, offset);
-        const int other_index = __shfl_xor_sync(kFullWarpMask, index, offset);
-        if (ranks_before(other_key, other_index, key, index)) {
-            key = other_key;
-            index = other_index;
-        }
-    }
+// Keys as unsigned integers in the same order (-0 as +0; never NaN), for the warp-wide integer max and
+// min of redux.sync: one instruction each instead of a five-step shuffle butterfly.
+DK_DEVICE uint32_t key_order_bits(float key) {
+    const uint32_t bits = __float_as_uint(key == 0.0f ? 0.0f : key);
+    return bits >> 31 ? ~bits : bits | 0x80000000u;
 }
 
-// The two largest values of a multiset spread over the warp (first >= second on every lane).
+DK_DEVICE float key_from_order_bits(uint32_t bits) {
+    return __uint_as_float(bits >> 31 ? bits & 0x7fffffffu : ~bits);
+}
+
+// The index the warp's (key, index) pairs rank first by ranks_before: the largest key, then the lowest
+// index holding it.
+DK_DEVICE int warp_argmax(float key, int index) {
+    const uint32_t bits = key_order_bits(key);
+    const uint32_t best = __reduce_max_sync(kFullWarpMask, bits);
+    return __reduce_min_sync(kFullWarpMask, bits == best ? index : kNoExpert);
+}
+
+// The two largest values of a multiset spread over the warp, from each lane's two largest (first >= second).
+// -0 comes back as +0: the callers only compare the sum of the two.
 DK_DEVICE void warp_top2(float& first, float& second) {
-    #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-        const float other_first = __shfl_xor_sync(kFullWarpMask, first, offset);
-        const float other_second = __shfl_xor_sync(kFullWarpMask, second, offset);
-        second = fmaxf(fminf(first, other_first), fmaxf(second, other_second));
-        first = fmaxf(first, other_first);
-    }
+    const uint32_t lane_first = key_order_bits(first), lane_second = key_order_bits(second);
+    const uint32_t best = __reduce_max_sync(kFullWarpMask, lane_first);
+    const bool holds_best = lane_first == best;
+    // The runner-up is the best again when two lanes hold it, else the largest of everything else.
+    const uint32_t runner_up = __reduce_max_sync(kFullWarpMask, holds_best ? lane_second : lane_first);
+    const bool best_twice = __popc(__ballot_sync(kFullWarpMask, holds_best)) > 1;
+    first = key_from_order_bits(best);
+    second = key_from_order_bits(best_twice ? best : runner_up);
 }
 
 template <typename Op>
@@ -136,7 +144,12 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
     const auto expert_of = [&](int slot) { return lane + 32 * slot; };
     const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || expert_of(slot) < NUM_EXPERTS; };
 
-    // Logits to fp32 scores
+    // Logits to fp32 scores (the bias loads first, so that they and the logits' are in flight together)
+    const bool has_bias = bias != nullptr;
+    float bias_value[kSlots];
+    #pragma unroll
+    for (int i = 0; i < kSlots; ++i)
+        bias_value[i] = has_bias && is_expert(i) ? bias[expert_of(i)] : 0.0f;
     float score[kSlots];
     warp_gate_scores<InT, NUM_EXPERTS, kScoring>(row, lane, score);
 
@@ -145,13 +158,13 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
     uint32_t eligible_slots = 0;
     #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
-        key[i] = nan_to_lowest(bias != nullptr && is_expert(i) ? __fadd_rn(score[i], bias[expert_of(i)]) : score[i]);
+        key[i] = nan_to_lowest(has_bias && is_expert(i) ? __fadd_rn(score[i], bias_value[i]) : score[i]);
         eligible_slots |= static_cast<uint32_t>(is_expert(i)) << i;
     }
 
     // Group limit: rank the groups by the sum of their top-2 keys, keep the best topk_groups
     if constexpr (NUM_GROUPS > 0) {
-        float group_key[NUM_GROUPS];
+        float group_key[NUM_GROUPS], lane_group_key = 0.0f;
         #pragma unroll
         for (int g = 0; g < NUM_GROUPS; ++g) {
             float first = -CUDART_INF_F, second = -CUDART_INF_F;
@@ -164,16 +177,14 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
             }
             warp_top2(first, second);
             group_key[g] = nan_to_lowest(__fadd_rn(first, second));
+            lane_group_key = lane == g ? group_key[g] : lane_group_key;
         }
-        uint32_t selected_groups = 0;
+        // Lane g ranks group g
+        uint32_t rank = 0;
         #pragma unroll
-        for (int g = 0; g < NUM_GROUPS; ++g) {
-            uint32_t rank = 0;
-            #pragma unroll
-            for (int h = 0; h < NUM_GROUPS; ++h)
-                rank += ranks_before(group_key[h], h, group_key[g], g);
-            selected_groups |= static_cast<uint32_t>(rank < topk_groups) << g;
-        }
+        for (int h = 0; h < NUM_GROUPS; ++h)
+            rank += ranks_before(group_key[h], h, lane_group_key, lane);
+        const uint32_t selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
         #pragma unroll
         for (int i = 0; i < kSlots; ++i)
             if (is_expert(i) && ((selected_groups >> (expert_of(i) / GROUP_SIZE)) & 1u) == 0)
@@ -196,7 +207,7 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
                 candidate_score = score[i];
             }
         }
-        warp_argmax(best_key, best_expert);
+        best_expert = warp_argmax(best_key, best_expert);
         const float winner_score = __shfl_sync(kFullWarpMask, candidate_score, best_expert % 32);
         if (lane == best_expert % 32)
             eligible_slots &= ~(1u << (best_expert / 32));

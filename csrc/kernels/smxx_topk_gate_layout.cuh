@@ -34,16 +34,17 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     // Gate: one token per warp
+    // NOTE: warps past the last token gate it again and store nothing: a branch around the gate would make
+    // the compiler give its warp-wide reductions a divergent fallback that spills to a stack frame.
     const uint32_t token = blockIdx.x * kNumWarps + warp;
-    if (token < num_tokens) {
-        const GateChoice choice = warp_topk_gate<InT, NUM_EXPERTS, NUM_GROUPS, kScoring>(
-            logits + static_cast<uint64_t>(token) * logits_row_stride, bias, top_k, topk_groups, renormalize,
-            scaling_factor);
-        if (lane < top_k) {
-            const uint64_t offset = static_cast<uint64_t>(token) * top_k + lane;
-            weights[offset] = choice.weight;
-            indices[offset] = choice.expert;
-        }
+    const uint32_t gated_token = min(token, num_tokens - 1);
+    const GateChoice choice = warp_topk_gate<InT, NUM_EXPERTS, NUM_GROUPS, kScoring>(
+        logits + static_cast<uint64_t>(gated_token) * logits_row_stride, bias, top_k, topk_groups, renormalize,
+        scaling_factor);
+    if (token < num_tokens && lane < top_k) {
+        const uint64_t offset = static_cast<uint64_t>(token) * top_k + lane;
+        weights[offset] = choice.weight;
+        indices[offset] = choice.expert;
     }
     fill_layout_padding<kNumThreads>(m_indices, row_to_slot, masked_slots, max_rows, NUM_EXPERTS * max_tokens,
                                      blockIdx.x, gridDim.x);
