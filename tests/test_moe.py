@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels.moe import MAX_EXPERTS, contiguous_max_rows
+from deep_kernels.moe import FUSED_MAX_SLOTS, MAX_EXPERTS, SCORINGS, contiguous_max_rows
 from deep_kernels.reference import moe as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
 
@@ -348,3 +348,144 @@ def test_routing_is_deterministic_and_graph_capturable():
 def test_largest_expert_count_is_supported():
     logits = random_activations(100, MAX_EXPERTS, torch.float32)
     _check_gate(logits, 16, scoring="softmax", num_groups=8, topk_groups=3)
+
+
+# ---- gate backward, the fused gate + layout, expert parallelism: references (CPU) ----
+
+SCORING_FUNCTIONS = {
+    "softmax": lambda x: torch.softmax(x, dim=1),
+    "sigmoid": torch.sigmoid,
+    "sqrtsoftplus": lambda x: torch.nn.functional.softplus(x).sqrt(),
+}
+
+
+def _autograd_gate_backward(grad_weights, logits, indices, scoring, renormalize, factor):
+    """torch.autograd of the weights' definition in float64: scores -> chosen -> renormalized -> scaled."""
+    x = logits.double().requires_grad_()
+    index = indices.long()
+    valid = (index >= 0) & (index < x.shape[1])
+    chosen = SCORING_FUNCTIONS[scoring](x).gather(1, index.clamp(0, x.shape[1] - 1)) * valid
+    if renormalize:
+        chosen = chosen / (chosen.sum(dim=1, keepdim=True) + 1e-20)
+    (chosen * factor * grad_weights.double()).sum().backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("scoring", list(SCORINGS))
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("num_experts,k", [(72, 6), (256, 8), (8, 2)])  # k = 1 renormalized: pure rounding
+def test_reference_gate_backward_matches_autograd(scoring, renormalize, num_experts, k):
+    generator = torch.Generator().manual_seed(num_experts + k)
+    logits = torch.randn((41, num_experts), generator=generator) * 3
+    _, indices = reference.topk_gate(logits, k, scoring, renormalize=renormalize)
+    if k > 1:
+        indices[3, 0] = -1  # a dropped slot: a score of 0, no gradient
+    grad_weights = torch.randn((41, k), generator=generator)
+    grad = reference.topk_gate_backward(grad_weights, logits, indices, scoring, renormalize, 2.5)
+    expected = _autograd_gate_backward(grad_weights, logits, indices, scoring, renormalize, 2.5)
+    assert grad.dtype == torch.float32 and grad.shape == logits.shape and grad.is_contiguous()
+    # fp32 against float64: g - dot / D cancels, so the bound is relative to the largest gradient too.
+    torch.testing.assert_close(grad.double(), expected, rtol=1e-4, atol=5e-5 * max(expected.abs().max().item(), 1e-3))
+    if scoring != "softmax":  # only the chosen experts' logits get a gradient
+        chosen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, indices.long().clamp(min=0), True)
+        chosen[3, 0] = indices[3].eq(0).any()
+        assert (grad[~chosen] == 0).all()
+
+
+def test_reference_gate_backward_edge_values():
+    logits = torch.tensor([[-200.0, 30.0, 0.0, 1.0]])  # sqrt(softplus(-200)) underflows to 0; 30 is linear
+    indices = torch.tensor([[1, 0]], dtype=torch.int32)
+    grad = reference.topk_gate_backward(torch.ones((1, 2)), logits, indices, "sqrtsoftplus", renormalize=False)
+    assert grad[0, 0].item() == 0.0 and grad[0, 1].item() == pytest.approx(1 / (2 * math.sqrt(30)), rel=1e-6)
+    assert grad[0, 2:].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("num_local,rank", [(32, 0), (32, 7), (5, 3)])
+def test_reference_map_global_to_local_experts(num_local, rank):
+    topk_idx = torch.randint(-1, 8 * num_local + 2, (53, 6), generator=torch.Generator().manual_seed(rank))
+    local = reference.map_global_to_local_experts(topk_idx, num_local, rank)
+    first = rank * num_local
+    assert local.dtype == torch.int32 and local.shape == topk_idx.shape
+    assert local.view(-1).tolist() == [e - first if first <= e < first + num_local else -1
+                                       for e in topk_idx.view(-1).tolist()]
+
+
+@pytest.mark.parametrize("scoring", list(SCORINGS))
+@pytest.mark.parametrize("num_groups,topk_groups", [(0, 0), (8, 3)])
+def test_reference_nan_and_inf_logits_give_distinct_in_range_indices(scoring, num_groups, topk_groups):
+    generator = torch.Generator().manual_seed(11)
+    logits = torch.randn((64, 64), generator=generator)
+    specials = torch.tensor([math.nan, math.inf, -math.inf])
+    mask = torch.rand(logits.shape, generator=generator) < 0.2
+    logits[mask] = specials[torch.randint(0, 3, (int(mask.sum()),), generator=generator)]
+    logits[0], logits[1], logits[2] = math.nan, math.inf, -math.inf
+    _, indices = reference.topk_gate(logits, 9, scoring, num_groups=num_groups, topk_groups=topk_groups)
+    assert ((indices >= 0) & (indices < 64)).all()
+    assert (indices.sort(dim=1).values.diff(dim=1) > 0).all()
+    _, indices = reference.topk_gate(logits[:3], 9, scoring, num_groups=num_groups, topk_groups=topk_groups)
+    assert indices[0].tolist() == list(range(9))  # all NaN: every key ties at -inf, lowest indices first
+
+
+def test_reference_gate_with_layout_is_gate_then_layout():
+    logits = torch.randn((37, 64), generator=torch.Generator().manual_seed(2))
+    weights, indices, layout = reference.topk_gate_with_layout(logits, 6, "sigmoid", max_tokens=5)
+    assert torch.equal(weights, reference.topk_gate(logits, 6, "sigmoid")[0])
+    expected = reference.moe_layout(indices, 64, 5)
+    for name in ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row", "masked_slots", "masked_m"):
+        assert torch.equal(getattr(layout, name), getattr(expected, name)), name
+
+
+# ---- validation of the new entries (CPU) ----
+
+GRAD = torch.zeros(4, 8)
+IDX = torch.zeros(4, 8, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("args,kwargs,error,match", [
+    ((GRAD.double(), LOGITS, IDX), {}, TypeError, "grad_weights must be torch.float32"),
+    ((GRAD, LOGITS.half(), IDX), {}, TypeError, "logits must be"),
+    ((GRAD, LOGITS, IDX.long()), {}, TypeError, "indices must be torch.int32"),
+    ((GRAD[:3], LOGITS, IDX), {}, ValueError, "grad_weights and indices must both be \\[4, k\\]"),
+    ((GRAD, LOGITS, IDX[:, :7]), {}, ValueError, "grad_weights and indices must both be"),
+    ((torch.zeros(4, 17), LOGITS, torch.zeros(4, 17, dtype=torch.int32)), {}, ValueError, "k\\) must be"),
+    ((torch.zeros(8, 4).t(), LOGITS, IDX), {}, ValueError, "must be contiguous"),
+    ((GRAD, torch.zeros(256, 4).t(), IDX), {}, ValueError, "contiguous last dimension"),
+    ((GRAD, LOGITS, IDX), {"scoring": "relu"}, ValueError, "scoring must be one of"),
+    ((GRAD, LOGITS, IDX), {"renormalize": 0}, TypeError, "renormalize must be a bool"),
+    ((GRAD, LOGITS, IDX), {"routed_scaling_factor": math.nan}, ValueError, "routed_scaling_factor"),
+    ((GRAD, LOGITS, IDX), {"out": torch.zeros(4, 255)}, ValueError, "out must be a contiguous \\[4, 256\\]"),
+    ((GRAD, LOGITS, IDX), {"out": torch.zeros(4, 256, dtype=torch.bfloat16)}, TypeError, "out must be"),
+    ((GRAD, LOGITS, IDX), {}, ValueError, "logits must be a CUDA tensor"),
+])
+def test_topk_gate_backward_rejects_bad_input(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        deep_kernels.topk_gate_backward(*args, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"k": 17}, ValueError, "k must be"),
+    ({"num_groups": 7, "topk_groups": 1}, ValueError, "must divide the 256 experts"),
+    ({"max_tokens": 0}, ValueError, "max_tokens must be"),
+    ({"bias": torch.zeros(255)}, ValueError, "bias must be a contiguous tensor"),
+    ({}, ValueError, "logits must be a CUDA tensor"),
+])
+def test_topk_gate_with_layout_rejects_bad_input(kwargs, error, match):
+    kwargs = {"k": 8, **kwargs}
+    with pytest.raises(error, match=match):
+        deep_kernels.topk_gate_with_layout(LOGITS, **kwargs)
+
+
+@pytest.mark.parametrize("topk_idx,kwargs,error,match", [
+    (torch.zeros(4, 8, dtype=torch.int16), {}, TypeError, "topk_idx must be torch.int32 or torch.int64"),
+    (torch.zeros(8, 4, dtype=torch.int32).t(), {}, ValueError, "topk_idx must be contiguous"),
+    (IDX, {"num_local_experts": 0}, ValueError, "num_local_experts must be"),
+    (IDX, {"rank": -1}, ValueError, "rank must be"),
+    (IDX, {"rank": 2**26}, ValueError, "must stay below 2\\^31"),
+    (IDX, {"out": torch.zeros(4, 8, dtype=torch.int64)}, TypeError, "out must be torch.int32"),
+    (IDX, {"out": torch.zeros(8, 4, dtype=torch.int32)}, ValueError, "out must be a contiguous int32 tensor"),
+    (IDX, {}, ValueError, "topk_idx must be a CUDA tensor"),
+])
+def test_map_global_to_local_experts_rejects_bad_input(topk_idx, kwargs, error, match):
+    kwargs = {"num_local_experts": 32, "rank": 1, **kwargs}
+    with pytest.raises(error, match=match):
+        deep_kernels.map_global_to_local_experts(topk_idx, **kwargs)
