@@ -29,13 +29,19 @@ smxx_moe_count_impl(const IndexT* __restrict__ topk_idx, int* __restrict__ chunk
         smem_counts[e] = 0;
     __syncthreads();
 
-    const uint32_t begin = blockIdx.x * CHUNK_SLOTS;
-    const uint32_t end = min(begin + CHUNK_SLOTS, num_slots);
-    for (uint32_t slot = begin + threadIdx.x; slot < end; slot += kNumThreads) {
-        const int expert = expert_of_slot(topk_idx[slot], num_experts);
-        if (expert >= 0)
-            atomicAdd(&smem_counts[expert], 1);
+    // Every load of the thread first, then the counting
+    constexpr int kSlotsPerThread = CHUNK_SLOTS / kNumThreads;
+    DK_STATIC_ASSERT(CHUNK_SLOTS % kNumThreads == 0, "every thread counts the same number of slots");
+    int experts[kSlotsPerThread];
+    #pragma unroll
+    for (int i = 0; i < kSlotsPerThread; ++i) {
+        const uint32_t slot = blockIdx.x * CHUNK_SLOTS + i * kNumThreads + threadIdx.x;
+        experts[i] = slot < num_slots ? expert_of_slot(topk_idx[slot], num_experts) : -1;
     }
+    #pragma unroll
+    for (int i = 0; i < kSlotsPerThread; ++i)
+        if (experts[i] >= 0)
+            atomicAdd(&smem_counts[experts[i]], 1);
     __syncthreads();
 
     for (uint32_t e = threadIdx.x; e < num_experts; e += kNumThreads)

@@ -26,6 +26,7 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, const int* __restrict_
     // Static checks and shared memory
     constexpr int kNumThreads = kNumWarps * 32;
     constexpr int kSlotsPerWarp = CHUNK_SLOTS / kNumWarps;
+    constexpr int kChunkBatch = 16;
     DK_STATIC_ASSERT(CHUNK_SLOTS % (kNumWarps * 32) == 0, "every warp ranks whole tiles of 32 slots");
     __shared__ int smem_total[kMaxMoeExperts];
     __shared__ int smem_earlier_chunks[kMaxMoeExperts];
@@ -33,13 +34,24 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, const int* __restrict_
     __shared__ int smem_warp_base[kNumWarps][kMaxMoeExperts];
     const uint32_t warp = threadIdx.x / 32;
 
-    // Per expert: the total count and the count in chunks before this block's
+    // The warp's first tiles of the chunk, loaded while the chunk counts are summed
+    const uint32_t first_slot = blockIdx.x * CHUNK_SLOTS + warp * kSlotsPerWarp;
+    int first_batch[kTileBatch];
+    load_tile_batch(topk_idx, first_slot, 0, kSlotsPerWarp / 32, num_slots, num_experts, first_batch);
+
+    // Per expert: the total count and the count in chunks before this block's (kChunkBatch loads in flight)
     for (uint32_t e = threadIdx.x; e < kMaxMoeExperts; e += kNumThreads) {
         int total = 0, earlier = 0;
-        for (uint32_t chunk = 0; e < num_experts && chunk < num_chunks; ++chunk) {
-            const int count = chunk_counts[static_cast<uint64_t>(chunk) * num_experts + e];
-            total += count;
-            earlier += chunk < blockIdx.x ? count : 0;
+        for (uint32_t chunk = 0; e < num_experts && chunk < num_chunks; chunk += kChunkBatch) {
+            int count[kChunkBatch];
+            #pragma unroll
+            for (int b = 0; b < kChunkBatch; ++b)
+                count[b] = chunk + b < num_chunks ? chunk_counts[static_cast<uint64_t>(chunk + b) * num_experts + e] : 0;
+            #pragma unroll
+            for (int b = 0; b < kChunkBatch; ++b) {
+                total += count[b];
+                earlier += chunk + b < blockIdx.x ? count[b] : 0;
+            }
         }
         smem_total[e] = total;
         smem_earlier_chunks[e] = earlier;
@@ -51,8 +63,8 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, const int* __restrict_
     // Segment offsets (warp 0); each warp counts its experts over its run of the chunk
     if (warp == 0)
         warp_segment_offsets<kAlignment>(smem_total, smem_offset);
-    const uint32_t first_slot = blockIdx.x * CHUNK_SLOTS + warp * kSlotsPerWarp;
-    warp_count_slots(topk_idx, first_slot, kSlotsPerWarp / 32, num_slots, num_experts, smem_warp_base[warp]);
+    warp_count_slots(topk_idx, first_slot, kSlotsPerWarp / 32, num_slots, num_experts, first_batch,
+                     smem_warp_base[warp]);
     __syncthreads();
     if (blockIdx.x == 0)
         write_expert_counts<kNumThreads>(smem_total, smem_offset, counts, num_rows, masked_m, num_experts, max_tokens);
@@ -63,8 +75,8 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, const int* __restrict_
     __syncthreads();
 
     // Scatter
-    warp_scatter_slots(topk_idx, first_slot, kSlotsPerWarp / 32, num_slots, num_experts, smem_warp_base[warp],
-                       smem_offset, m_indices, row_to_slot, slot_to_row, masked_slots, max_tokens);
+    warp_scatter_slots(topk_idx, first_slot, kSlotsPerWarp / 32, num_slots, num_experts, first_batch,
+                       smem_warp_base[warp], smem_offset, m_indices, row_to_slot, slot_to_row, masked_slots, max_tokens);
 }
 
 }  // namespace deep_kernels

@@ -62,6 +62,7 @@ DK_DEVICE void fill_layout_padding(int* m_indices, int* row_to_slot, int* masked
 constexpr int kTileBatch = 8;
 
 // The experts of a warp's tiles [batch, batch + kTileBatch) of its run; -1 past the run or num_slots.
+// Steps 1 and 3 take batch 0 from the caller, who loads it once for both.
 template <typename IndexT>
 DK_DEVICE void load_tile_batch(const IndexT* topk_idx, uint32_t first_slot, uint32_t batch, uint32_t num_tiles,
                                uint32_t num_slots, uint32_t num_experts, int (&experts)[kTileBatch]) {
@@ -73,15 +74,28 @@ DK_DEVICE void load_tile_batch(const IndexT* topk_idx, uint32_t first_slot, uint
     }
 }
 
+template <typename IndexT>
+DK_DEVICE void next_tile_batch(const IndexT* topk_idx, uint32_t first_slot, uint32_t batch, uint32_t num_tiles,
+                               uint32_t num_slots, uint32_t num_experts, const int (&first_batch)[kTileBatch],
+                               int (&experts)[kTileBatch]) {
+    if (batch == 0) {
+        #pragma unroll
+        for (int b = 0; b < kTileBatch; ++b)
+            experts[b] = first_batch[b];
+    } else {
+        load_tile_batch(topk_idx, first_slot, batch, num_tiles, num_slots, num_experts, experts);
+    }
+}
+
 // Step 1: the calling warp adds the experts of its slots [first_slot, first_slot + 32 * num_tiles) into
 // warp_counts [E] (zeroed by the caller).
 template <typename IndexT>
 DK_DEVICE void warp_count_slots(const IndexT* topk_idx, uint32_t first_slot, uint32_t num_tiles, uint32_t num_slots,
-                                uint32_t num_experts, int* warp_counts) {
+                                uint32_t num_experts, const int (&first_batch)[kTileBatch], int* warp_counts) {
     const uint32_t lane = threadIdx.x % 32;
     for (uint32_t batch = 0; batch < num_tiles; batch += kTileBatch) {
         int experts[kTileBatch];
-        load_tile_batch(topk_idx, first_slot, batch, num_tiles, num_slots, num_experts, experts);
+        next_tile_batch(topk_idx, first_slot, batch, num_tiles, num_slots, num_experts, first_batch, experts);
         #pragma unroll
         for (int b = 0; b < kTileBatch; ++b) {
             const uint32_t peers = __match_any_sync(0xffffffffu, experts[b]);
@@ -136,13 +150,14 @@ DK_DEVICE void warp_segment_offsets(const int* totals, int* offsets) {
 // first rank per expert and advances.
 template <typename IndexT>
 DK_DEVICE void warp_scatter_slots(const IndexT* topk_idx, uint32_t first_slot, uint32_t num_tiles, uint32_t num_slots,
-                                  uint32_t num_experts, int* warp_base, const int* offsets, int* m_indices,
-                                  int* row_to_slot, int* slot_to_row, int* masked_slots, uint32_t max_tokens) {
+                                  uint32_t num_experts, const int (&first_batch)[kTileBatch], int* warp_base,
+                                  const int* offsets, int* m_indices, int* row_to_slot, int* slot_to_row,
+                                  int* masked_slots, uint32_t max_tokens) {
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t earlier_lanes = (1u << lane) - 1u;
     for (uint32_t batch = 0; batch < num_tiles; batch += kTileBatch) {
         int experts[kTileBatch];
-        load_tile_batch(topk_idx, first_slot, batch, num_tiles, num_slots, num_experts, experts);
+        next_tile_batch(topk_idx, first_slot, batch, num_tiles, num_slots, num_experts, first_batch, experts);
         #pragma unroll
         for (int b = 0; b < kTileBatch; ++b) {
             const int expert = experts[b];

@@ -143,6 +143,11 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
     const int lane = static_cast<int>(threadIdx.x % 32);
     const auto expert_of = [&](int slot) { return lane + 32 * slot; };
     const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || expert_of(slot) < NUM_EXPERTS; };
+    // NOTE: with groups of whole warps' worth of experts a slot's group is the same on every lane, a
+    // compile-time constant that prunes the group loops below.
+    const auto group_of = [&](int slot) {
+        return GROUP_SIZE % 32 == 0 ? 32 * slot / GROUP_SIZE : expert_of(slot) / GROUP_SIZE;
+    };
 
     // Logits to fp32 scores (the bias loads first, so that they and the logits' are in flight together)
     const bool has_bias = bias != nullptr;
@@ -170,7 +175,7 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
             float first = -CUDART_INF_F, second = -CUDART_INF_F;
             #pragma unroll
             for (int i = 0; i < kSlots; ++i) {
-                if (is_expert(i) && expert_of(i) / GROUP_SIZE == g) {
+                if (is_expert(i) && group_of(i) == g) {
                     second = fmaxf(second, fminf(first, key[i]));
                     first = fmaxf(first, key[i]);
                 }
@@ -187,7 +192,7 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
         const uint32_t selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
         #pragma unroll
         for (int i = 0; i < kSlots; ++i)
-            if (is_expert(i) && ((selected_groups >> (expert_of(i) / GROUP_SIZE)) & 1u) == 0)
+            if (is_expert(i) && ((selected_groups >> group_of(i)) & 1u) == 0)
                 eligible_slots &= ~(1u << i);
     }
 

@@ -67,10 +67,12 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     const uint32_t num_slots = num_tokens * top_k;
     const uint32_t tiles_per_warp = ceil_div(ceil_div(num_slots, 32u), static_cast<uint32_t>(kNumWarps));
     const uint32_t first_slot = warp * tiles_per_warp * 32;
+    int first_batch[kTileBatch];
+    load_tile_batch(indices, first_slot, 0, tiles_per_warp, num_slots, NUM_EXPERTS, first_batch);
     for (uint32_t e = lane; e < NUM_EXPERTS; e += 32)
         smem_warp_base[warp][e] = 0;
     __syncwarp();
-    warp_count_slots(indices, first_slot, tiles_per_warp, num_slots, NUM_EXPERTS, smem_warp_base[warp]);
+    warp_count_slots(indices, first_slot, tiles_per_warp, num_slots, NUM_EXPERTS, first_batch, smem_warp_base[warp]);
     __syncthreads();
     for (uint32_t e = threadIdx.x; e < kMaxMoeExperts; e += kNumThreads)
         smem_total[e] = e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, 0) : 0;
@@ -79,8 +81,8 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
         warp_segment_offsets<kAlignment>(smem_total, smem_offset);
     __syncthreads();
     write_expert_counts<kNumThreads>(smem_total, smem_offset, counts, num_rows, masked_m, NUM_EXPERTS, max_tokens);
-    warp_scatter_slots(indices, first_slot, tiles_per_warp, num_slots, NUM_EXPERTS, smem_warp_base[warp], smem_offset,
-                       m_indices, row_to_slot, slot_to_row, masked_slots, max_tokens);
+    warp_scatter_slots(indices, first_slot, tiles_per_warp, num_slots, NUM_EXPERTS, first_batch, smem_warp_base[warp],
+                       smem_offset, m_indices, row_to_slot, slot_to_row, masked_slots, max_tokens);
 }
 
 }  // namespace deep_kernels
