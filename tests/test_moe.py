@@ -43,6 +43,16 @@ def _brute_force_indices(keys: torch.Tensor, k: int, num_groups: int, topk_group
     return result
 
 
+def _with_special_values(logits: torch.Tensor, fraction: float, generator=None) -> torch.Tensor:
+    """NaN, +Inf and -Inf at a fraction of random places, and rows 0, 1, 2 all NaN, +Inf, -Inf."""
+    specials = torch.tensor([math.nan, math.inf, -math.inf], device=logits.device)
+    mask = torch.rand(logits.shape, generator=generator, device=logits.device) < fraction
+    picks = torch.randint(0, 3, (int(mask.sum()),), generator=generator, device=logits.device)
+    logits[mask] = specials[picks]
+    logits[0], logits[1], logits[2] = math.nan, math.inf, -math.inf
+    return logits
+
+
 # ---- the reference (CPU) ----
 
 @pytest.mark.parametrize("num_experts,num_groups,topk_groups,k,scoring", GATES)
@@ -254,12 +264,7 @@ def test_topk_gate_matches_reference(num_experts, num_groups, topk_groups, k, sc
 @pytest.mark.gpu
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid", "sqrtsoftplus"])
 def test_topk_gate_nan_and_inf_logits(scoring):
-    logits = torch.randn((512, 256), device="cuda")
-    specials = torch.tensor([math.nan, math.inf, -math.inf], device="cuda")
-    mask = torch.rand(logits.shape, device="cuda") < 0.05
-    logits[mask] = specials[torch.randint(0, 3, (int(mask.sum()),), device="cuda")]
-    logits[0] = math.nan
-    logits[1] = math.inf
+    logits = _with_special_values(torch.randn((512, 256), device="cuda"), 0.05)
     kwargs = dict(scoring=scoring, num_groups=8, topk_groups=4)
     weights_ref, indices_ref = reference.topk_gate(logits, 8, **kwargs)
     weights, indices = deep_kernels.topk_gate(logits, 8, **kwargs)
@@ -419,11 +424,7 @@ def test_reference_map_global_to_local_experts(num_local, rank):
 @pytest.mark.parametrize("num_groups,topk_groups", [(0, 0), (8, 3)])
 def test_reference_nan_and_inf_logits_give_distinct_in_range_indices(scoring, num_groups, topk_groups):
     generator = torch.Generator().manual_seed(11)
-    logits = torch.randn((64, 64), generator=generator)
-    specials = torch.tensor([math.nan, math.inf, -math.inf])
-    mask = torch.rand(logits.shape, generator=generator) < 0.2
-    logits[mask] = specials[torch.randint(0, 3, (int(mask.sum()),), generator=generator)]
-    logits[0], logits[1], logits[2] = math.nan, math.inf, -math.inf
+    logits = _with_special_values(torch.randn((64, 64), generator=generator), 0.2, generator)
     _, indices = reference.topk_gate(logits, 9, scoring, num_groups=num_groups, topk_groups=topk_groups)
     assert ((indices >= 0) & (indices < 64)).all()
     assert (indices.sort(dim=1).values.diff(dim=1) > 0).all()
@@ -531,7 +532,8 @@ def test_topk_gate_with_layout_matches_reference(num_experts, num_groups, topk_g
     if k > num_experts:
         pytest.skip("k exceeds the expert count")
     # The largest T of the one-launch path and the smallest of the two-stage path.
-    num_tokens = {"fused_max": FUSED_MAX_SLOTS // k, "fused_max + 1": FUSED_MAX_SLOTS // k + 1}.get(num_tokens, num_tokens)
+    largest_fused = FUSED_MAX_SLOTS // k
+    num_tokens = {"fused_max": largest_fused, "fused_max + 1": largest_fused + 1}.get(num_tokens, num_tokens)
     ties = num_tokens % 2 == 1
     logits = _gate_logits(num_tokens, num_experts, torch.float32 if num_experts != 64 else torch.bfloat16, ties)
     bias = torch.randn(num_experts, device="cuda") * 0.1
@@ -593,11 +595,7 @@ def test_topk_gate_with_layout_graph_replays_new_inputs(num_tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid", "sqrtsoftplus"])
 def test_topk_gate_with_layout_nan_and_inf_logits(scoring):
-    logits = torch.randn((300, 64), device="cuda")
-    specials = torch.tensor([math.nan, math.inf, -math.inf], device="cuda")
-    mask = torch.rand(logits.shape, device="cuda") < 0.2
-    logits[mask] = specials[torch.randint(0, 3, (int(mask.sum()),), device="cuda")]
-    logits[0], logits[1], logits[2] = math.nan, math.inf, -math.inf
+    logits = _with_special_values(torch.randn((300, 64), device="cuda"), 0.2)
     for kwargs in (dict(), dict(num_groups=8, topk_groups=3)):
         weights_ref, indices_ref, layout_ref = reference.topk_gate_with_layout(logits, 9, scoring, **kwargs)
         weights, indices, layout = deep_kernels.topk_gate_with_layout(logits, 9, scoring, **kwargs)
@@ -647,7 +645,8 @@ def test_topk_gate_backward_graph_replays_new_inputs():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("shape,num_local,rank", [((4001, 8), 32, 5), ((1, 1), 8, 0), ((8001, 9), 48, 7), ((0, 8), 8, 1)])
+@pytest.mark.parametrize("shape,num_local,rank",
+                         [((4001, 8), 32, 5), ((1, 1), 8, 0), ((8001, 9), 48, 7), ((0, 8), 8, 1)])
 def test_map_global_to_local_experts_matches_reference(index_dtype, shape, num_local, rank):
     topk_idx = torch.randint(-1, 8 * num_local + 1, shape, device="cuda").to(index_dtype)
     if index_dtype == torch.int64 and topk_idx.numel():

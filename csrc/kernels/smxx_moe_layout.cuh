@@ -46,7 +46,7 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, const int* __restrict_
             int count[kChunkBatch];
             #pragma unroll
             for (int b = 0; b < kChunkBatch; ++b)
-                count[b] = chunk + b < num_chunks ? chunk_counts[static_cast<uint64_t>(chunk + b) * num_experts + e] : 0;
+                count[b] = chunk + b < num_chunks ? chunk_counts[(chunk + b) * static_cast<uint64_t>(num_experts) + e] : 0;
             #pragma unroll
             for (int b = 0; b < kChunkBatch; ++b) {
                 total += count[b];
@@ -76,7 +76,8 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, const int* __restrict_
 
     // Scatter
     warp_scatter_slots(topk_idx, first_slot, kSlotsPerWarp / 32, num_slots, num_experts, first_batch,
-                       smem_warp_base[warp], smem_offset, m_indices, row_to_slot, slot_to_row, masked_slots, max_tokens);
+                       smem_warp_base[warp], smem_offset, m_indices, row_to_slot, slot_to_row, masked_slots,
+                       max_tokens);
 }
 
 }  // namespace deep_kernels

@@ -201,8 +201,10 @@ def topk_gate_backward(grad_weights: torch.Tensor, logits: torch.Tensor, indices
             raise ValueError(f"out must be a contiguous [{num_tokens}, {num_experts}] tensor, got shape "
                              f"{tuple(out.shape)} strides {tuple(out.stride())}")
     check_cuda_device(logits, "logits")
-    for tensor, name in ((grad_weights, "grad_weights"), (indices, "indices")) + (((out, "out"),) if out is not None else ()):
-        check_cuda_device(tensor, name, like=logits)
+    check_cuda_device(grad_weights, "grad_weights", like=logits)
+    check_cuda_device(indices, "indices", like=logits)
+    if out is not None:
+        check_cuda_device(out, "out", like=logits)
 
     grad_logits = logits.new_empty((num_tokens, num_experts), dtype=torch.float32) if out is None else out
     if num_tokens == 0:
