@@ -74,7 +74,7 @@ def check_layout_args(num_slots: int, num_experts: int, max_tokens) -> int:
 
 
 def new_layout(like: torch.Tensor, num_tokens: int, k: int, num_experts: int, max_tokens) -> MoeLayout:
-    """The uninitialized int32 tensors of a layout, on like's device; an empty routing's final values."""
+    """The int32 tensors of a layout on like's device: uninitialized, or their final values when there are no slots."""
     new_int32 = functools.partial(like.new_empty, dtype=torch.int32)
     max_rows = contiguous_max_rows(num_tokens * k, num_experts)
     layout = MoeLayout(
