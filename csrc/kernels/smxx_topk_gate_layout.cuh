@@ -1,8 +1,8 @@
 // Top-k gating and the contiguous (and optionally masked) MoE layout of its indices in one launch, for
 // few tokens (the host bounds T * k): the outputs of smxx_topk_gate and of smxx_moe_count +
 // smxx_moe_layout, bit for bit.
-//   every block: warp w gates token blockIdx.x * kNumWarps + w (if any), then fills its share of the
-//     worst-case-sized m_indices, row_to_slot and masked_slots with -1
+//   every block: fills its share of the worst-case-sized m_indices, row_to_slot and masked_slots with -1,
+//     then warp w gates token blockIdx.x * kNumWarps + w (if any)
 //   the last block to arrive (an atomic ticket, reset by that block so that graph replays start at 0)
 //     ranks all T * k slots as one chunk (smxx_moe_slots.cuh) and writes the routed rows over the fill
 // Positions come from counts and scans only: the ticket picks which block works, never where a slot goes.
@@ -33,6 +33,11 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     __shared__ bool smem_is_last;
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
+    // The block's share of the -1 fill: stores issued first complete while the gate computes, so the
+    // fence before the ticket finds them done
+    fill_layout_padding<kNumThreads>(m_indices, row_to_slot, masked_slots, max_rows, NUM_EXPERTS * max_tokens,
+                                     blockIdx.x, gridDim.x);
+
     // Gate: one token per warp
     // NOTE: warps past the last token gate it again and store nothing: a branch around the gate would make
     // the compiler give its warp-wide reductions a divergent fallback that spills to a stack frame.
@@ -46,8 +51,6 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
         weights[offset] = choice.weight;
         indices[offset] = choice.expert;
     }
-    fill_layout_padding<kNumThreads>(m_indices, row_to_slot, masked_slots, max_rows, NUM_EXPERTS * max_tokens,
-                                     blockIdx.x, gridDim.x);
 
     // Ticket: the last block sees every block's indices and fill
     // NOTE: every thread fences its own writes before the barrier; thread 0's atomic then publishes them all.
