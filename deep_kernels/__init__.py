@@ -5,7 +5,9 @@ from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
 from deep_kernels.grouped_gemm import (
     get_m_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
 )
-from deep_kernels.moe import MoeLayout, moe_layout, topk_gate
+from deep_kernels.moe import (
+    MoeLayout, map_global_to_local_experts, moe_layout, topk_gate, topk_gate_backward, topk_gate_with_layout,
+)
 from deep_kernels.quant import per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
 from deep_kernels.quant import (mxfp4_cast_back, mxfp4_requant_to_fp8, nvfp4_cast_back, nvfp4_global_scale,
                                 per_token_cast_to_mxfp4, per_token_cast_to_nvfp4)
@@ -22,6 +24,7 @@ __all__ = [
     "get_m_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor",
     "get_num_sms",
+    "map_global_to_local_experts",
     "per_block_cast_to_fp8",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
@@ -35,4 +38,6 @@ __all__ = [
     "topk_gate",
     "mxfp4_cast_back", "mxfp4_requant_to_fp8", "nvfp4_cast_back", "nvfp4_global_scale",
     "per_token_cast_to_mxfp4", "per_token_cast_to_nvfp4",
+    "topk_gate_backward",
+    "topk_gate_with_layout",
 ]

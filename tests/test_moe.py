@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels.moe import MAX_EXPERTS, contiguous_max_rows
+from deep_kernels.moe import FUSED_MAX_SLOTS, MAX_EXPERTS, SCORINGS, contiguous_max_rows
 from deep_kernels.reference import moe as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
 
@@ -41,6 +41,16 @@ def _brute_force_indices(keys: torch.Tensor, k: int, num_groups: int, topk_group
             eligible = [e // size in kept for e in range(num_experts)]
         result.append(sorted(range(num_experts), key=lambda e: (not eligible[e], -row[e], e))[:k])
     return result
+
+
+def _with_special_values(logits: torch.Tensor, fraction: float, generator=None) -> torch.Tensor:
+    """NaN, +Inf and -Inf at a fraction of random places, and rows 0, 1, 2 all NaN, +Inf, -Inf."""
+    specials = torch.tensor([math.nan, math.inf, -math.inf], device=logits.device)
+    mask = torch.rand(logits.shape, generator=generator, device=logits.device) < fraction
+    picks = torch.randint(0, 3, (int(mask.sum()),), generator=generator, device=logits.device)
+    logits[mask] = specials[picks]
+    logits[0], logits[1], logits[2] = math.nan, math.inf, -math.inf
+    return logits
 
 
 # ---- the reference (CPU) ----
@@ -254,12 +264,7 @@ def test_topk_gate_matches_reference(num_experts, num_groups, topk_groups, k, sc
 @pytest.mark.gpu
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid", "sqrtsoftplus"])
 def test_topk_gate_nan_and_inf_logits(scoring):
-    logits = torch.randn((512, 256), device="cuda")
-    specials = torch.tensor([math.nan, math.inf, -math.inf], device="cuda")
-    mask = torch.rand(logits.shape, device="cuda") < 0.05
-    logits[mask] = specials[torch.randint(0, 3, (int(mask.sum()),), device="cuda")]
-    logits[0] = math.nan
-    logits[1] = math.inf
+    logits = _with_special_values(torch.randn((512, 256), device="cuda"), 0.05)
     kwargs = dict(scoring=scoring, num_groups=8, topk_groups=4)
     weights_ref, indices_ref = reference.topk_gate(logits, 8, **kwargs)
     weights, indices = deep_kernels.topk_gate(logits, 8, **kwargs)
@@ -289,6 +294,11 @@ def _routed_indices(num_tokens: int, num_experts: int, k: int, index_dtype: torc
     return indices.to(index_dtype)
 
 
+def _poison_output(t: torch.Tensor) -> torch.Tensor:
+    """poison_, but int32 outputs get INT32_MIN: poison_'s bytes read as -1, a value the layouts write."""
+    return t.fill_(-2**31) if t.dtype == torch.int32 else poison_(t)
+
+
 def _check_layout(topk_idx, num_experts, max_tokens=None):
     expected = reference.moe_layout(topk_idx, num_experts, max_tokens)
     layout = deep_kernels.moe_layout(topk_idx, num_experts, max_tokens)
@@ -302,8 +312,8 @@ def _check_layout(topk_idx, num_experts, max_tokens=None):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens", [1, 7, 513, 4001, 16384])
-@pytest.mark.parametrize("num_experts,k", [(256, 8), (384, 8), (512, 16), (72, 6), (3, 2)])
+@pytest.mark.parametrize("num_tokens", [1, 7, 513, 4001, 8001, 16384])
+@pytest.mark.parametrize("num_experts,k", [(256, 8), (384, 8), (512, 16), (72, 6), (3, 2), (64, 9), (8, 1)])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_moe_layout_matches_reference(num_tokens, num_experts, k, index_dtype):
     topk_idx = _routed_indices(num_tokens, num_experts, k, index_dtype)
@@ -337,7 +347,7 @@ def test_routing_is_deterministic_and_graph_capturable():
               first_layout.row_to_slot, first_layout.slot_to_row, first_layout.masked_slots, first_layout.masked_m)
     for _ in range(2):
         for t in outputs:
-            poison_(t)
+            _poison_output(t)
         graph.replay()
         torch.cuda.synchronize()
         for i, (actual, expected) in enumerate(zip(outputs, wanted)):
@@ -348,3 +358,301 @@ def test_routing_is_deterministic_and_graph_capturable():
 def test_largest_expert_count_is_supported():
     logits = random_activations(100, MAX_EXPERTS, torch.float32)
     _check_gate(logits, 16, scoring="softmax", num_groups=8, topk_groups=3)
+
+
+# ---- gate backward, the fused gate + layout, expert parallelism: references (CPU) ----
+
+SCORING_FUNCTIONS = {
+    "softmax": lambda x: torch.softmax(x, dim=1),
+    "sigmoid": torch.sigmoid,
+    "sqrtsoftplus": lambda x: torch.nn.functional.softplus(x).sqrt(),
+}
+
+
+def _autograd_gate_backward(grad_weights, logits, indices, scoring, renormalize, factor):
+    """torch.autograd of the weights' definition in float64: scores -> chosen -> renormalized -> scaled."""
+    x = logits.double().requires_grad_()
+    index = indices.long()
+    valid = (index >= 0) & (index < x.shape[1])
+    chosen = SCORING_FUNCTIONS[scoring](x).gather(1, index.clamp(0, x.shape[1] - 1)) * valid
+    if renormalize:
+        chosen = chosen / (chosen.sum(dim=1, keepdim=True) + 1e-20)
+    (chosen * factor * grad_weights.double()).sum().backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("scoring", list(SCORINGS))
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("num_experts,k", [(72, 6), (256, 8), (8, 2)])  # k = 1 renormalized: pure rounding
+def test_reference_gate_backward_matches_autograd(scoring, renormalize, num_experts, k):
+    generator = torch.Generator().manual_seed(num_experts + k)
+    logits = torch.randn((41, num_experts), generator=generator) * 3
+    _, indices = reference.topk_gate(logits, k, scoring, renormalize=renormalize)
+    if k > 1:
+        indices[3, 0] = -1  # a dropped slot: a score of 0, no gradient
+    grad_weights = torch.randn((41, k), generator=generator)
+    grad = reference.topk_gate_backward(grad_weights, logits, indices, scoring, renormalize, 2.5)
+    expected = _autograd_gate_backward(grad_weights, logits, indices, scoring, renormalize, 2.5)
+    assert grad.dtype == torch.float32 and grad.shape == logits.shape and grad.is_contiguous()
+    # fp32 against float64: g - dot / D cancels, so the bound is relative to the largest gradient too.
+    torch.testing.assert_close(grad.double(), expected, rtol=1e-4, atol=5e-5 * max(expected.abs().max().item(), 1e-3))
+    if scoring != "softmax":  # only the chosen experts' logits get a gradient
+        chosen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, indices.long().clamp(min=0), True)
+        chosen[3, 0] = indices[3].eq(0).any()
+        assert (grad[~chosen] == 0).all()
+
+
+def test_reference_gate_backward_edge_values():
+    logits = torch.tensor([[-200.0, 30.0, 0.0, 1.0]])  # sqrt(softplus(-200)) underflows to 0; 30 is linear
+    indices = torch.tensor([[1, 0]], dtype=torch.int32)
+    grad = reference.topk_gate_backward(torch.ones((1, 2)), logits, indices, "sqrtsoftplus", renormalize=False)
+    assert grad[0, 0].item() == 0.0 and grad[0, 1].item() == pytest.approx(1 / (2 * math.sqrt(30)), rel=1e-6)
+    assert grad[0, 2:].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("num_local,rank", [(32, 0), (32, 7), (5, 3)])
+def test_reference_map_global_to_local_experts(num_local, rank):
+    topk_idx = torch.randint(-1, 8 * num_local + 2, (53, 6), generator=torch.Generator().manual_seed(rank))
+    local = reference.map_global_to_local_experts(topk_idx, num_local, rank)
+    first = rank * num_local
+    assert local.dtype == torch.int32 and local.shape == topk_idx.shape
+    assert local.view(-1).tolist() == [e - first if first <= e < first + num_local else -1
+                                       for e in topk_idx.view(-1).tolist()]
+
+
+@pytest.mark.parametrize("scoring", list(SCORINGS))
+@pytest.mark.parametrize("num_groups,topk_groups", [(0, 0), (8, 3)])
+def test_reference_nan_and_inf_logits_give_distinct_in_range_indices(scoring, num_groups, topk_groups):
+    generator = torch.Generator().manual_seed(11)
+    logits = _with_special_values(torch.randn((64, 64), generator=generator), 0.2, generator)
+    _, indices = reference.topk_gate(logits, 9, scoring, num_groups=num_groups, topk_groups=topk_groups)
+    assert ((indices >= 0) & (indices < 64)).all()
+    assert (indices.sort(dim=1).values.diff(dim=1) > 0).all()
+    _, indices = reference.topk_gate(logits[:3], 9, scoring, num_groups=num_groups, topk_groups=topk_groups)
+    assert indices[0].tolist() == list(range(9))  # all NaN: every key ties at -inf, lowest indices first
+
+
+def test_reference_gate_with_layout_is_gate_then_layout():
+    logits = torch.randn((37, 64), generator=torch.Generator().manual_seed(2))
+    weights, indices, layout = reference.topk_gate_with_layout(logits, 6, "sigmoid", max_tokens=5)
+    assert torch.equal(weights, reference.topk_gate(logits, 6, "sigmoid")[0])
+    expected = reference.moe_layout(indices, 64, 5)
+    for name in ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row", "masked_slots", "masked_m"):
+        assert torch.equal(getattr(layout, name), getattr(expected, name)), name
+
+
+# ---- validation of the new entries (CPU) ----
+
+GRAD = torch.zeros(4, 8)
+IDX = torch.zeros(4, 8, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("args,kwargs,error,match", [
+    ((GRAD.double(), LOGITS, IDX), {}, TypeError, "grad_weights must be torch.float32"),
+    ((GRAD, LOGITS.half(), IDX), {}, TypeError, "logits must be"),
+    ((GRAD, LOGITS, IDX.long()), {}, TypeError, "indices must be torch.int32"),
+    ((GRAD[:3], LOGITS, IDX), {}, ValueError, "grad_weights and indices must both be \\[4, k\\]"),
+    ((GRAD, LOGITS, IDX[:, :7]), {}, ValueError, "grad_weights and indices must both be"),
+    ((torch.zeros(4, 17), LOGITS, torch.zeros(4, 17, dtype=torch.int32)), {}, ValueError, "k\\) must be"),
+    ((torch.zeros(8, 4).t(), LOGITS, IDX), {}, ValueError, "must be contiguous"),
+    ((GRAD, torch.zeros(256, 4).t(), IDX), {}, ValueError, "contiguous last dimension"),
+    ((GRAD, LOGITS, IDX), {"scoring": "relu"}, ValueError, "scoring must be one of"),
+    ((GRAD, LOGITS, IDX), {"renormalize": 0}, TypeError, "renormalize must be a bool"),
+    ((GRAD, LOGITS, IDX), {"routed_scaling_factor": math.nan}, ValueError, "routed_scaling_factor"),
+    ((GRAD, LOGITS, IDX), {"out": torch.zeros(4, 255)}, ValueError, "out must be a contiguous \\[4, 256\\]"),
+    ((GRAD, LOGITS, IDX), {"out": torch.zeros(4, 256, dtype=torch.bfloat16)}, TypeError, "out must be"),
+    ((GRAD, LOGITS, IDX), {}, ValueError, "logits must be a CUDA tensor"),
+])
+def test_topk_gate_backward_rejects_bad_input(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        deep_kernels.topk_gate_backward(*args, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"k": 17}, ValueError, "k must be"),
+    ({"num_groups": 7, "topk_groups": 1}, ValueError, "must divide the 256 experts"),
+    ({"max_tokens": 0}, ValueError, "max_tokens must be"),
+    ({"bias": torch.zeros(255)}, ValueError, "bias must be a contiguous tensor"),
+    ({}, ValueError, "logits must be a CUDA tensor"),
+])
+def test_topk_gate_with_layout_rejects_bad_input(kwargs, error, match):
+    kwargs = {"k": 8, **kwargs}
+    with pytest.raises(error, match=match):
+        deep_kernels.topk_gate_with_layout(LOGITS, **kwargs)
+
+
+@pytest.mark.parametrize("topk_idx,kwargs,error,match", [
+    (torch.zeros(4, 8, dtype=torch.int16), {}, TypeError, "topk_idx must be torch.int32 or torch.int64"),
+    (torch.zeros(8, 4, dtype=torch.int32).t(), {}, ValueError, "topk_idx must be contiguous"),
+    (IDX, {"num_local_experts": 0}, ValueError, "num_local_experts must be"),
+    (IDX, {"rank": -1}, ValueError, "rank must be"),
+    (IDX, {"rank": 2**26}, ValueError, "must stay below 2\\^31"),
+    (IDX, {"out": torch.zeros(4, 8, dtype=torch.int64)}, TypeError, "out must be torch.int32"),
+    (IDX, {"out": torch.zeros(8, 4, dtype=torch.int32)}, ValueError, "out must be a contiguous int32 tensor"),
+    (IDX, {}, ValueError, "topk_idx must be a CUDA tensor"),
+])
+def test_map_global_to_local_experts_rejects_bad_input(topk_idx, kwargs, error, match):
+    kwargs = {"num_local_experts": 32, "rank": 1, **kwargs}
+    with pytest.raises(error, match=match):
+        deep_kernels.map_global_to_local_experts(topk_idx, **kwargs)
+
+
+# ---- gate backward, the fused gate + layout, expert parallelism: kernels against the reference (GPU) ----
+
+LAYOUT_FIELDS = ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row", "masked_slots", "masked_m")
+
+# (E, num_groups, topk_groups, scoring) for the fused gate + layout, with every k of ROUTED_KS that fits.
+ROUTED_GATES = [(8, 0, 0, "softmax"), (64, 8, 3, "sqrtsoftplus"), (256, 8, 4, "sigmoid"), (384, 0, 0, "sigmoid")]
+ROUTED_KS = [1, 2, 6, 8, 9]
+
+
+def _check_layouts_equal(layout, expected, what=""):
+    for name in LAYOUT_FIELDS:
+        actual, wanted = getattr(layout, name), getattr(expected, name)
+        if wanted is None:
+            assert actual is None, name
+        else:
+            assert_bitwise_equal(actual, wanted, f"{what}{name}")
+
+
+def _check_gate_with_layout(logits, k, max_tokens=None, **kwargs):
+    weights_ref, indices_ref, layout_ref = reference.topk_gate_with_layout(logits, k, max_tokens=max_tokens, **kwargs)
+    weights, indices, layout = deep_kernels.topk_gate_with_layout(logits, k, max_tokens=max_tokens, **kwargs)
+    assert_bitwise_equal(indices, indices_ref, "indices")
+    assert_bitwise_equal(weights, weights_ref, "weights")
+    _check_layouts_equal(layout, layout_ref)
+    return weights, indices, layout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_experts,num_groups,topk_groups,scoring", ROUTED_GATES)
+@pytest.mark.parametrize("k", ROUTED_KS)
+@pytest.mark.parametrize("num_tokens", [1, "fused_max", "fused_max + 1", 4001, 8001])
+def test_topk_gate_with_layout_matches_reference(num_experts, num_groups, topk_groups, scoring, k, num_tokens):
+    if k > num_experts:
+        pytest.skip("k exceeds the expert count")
+    # The largest T of the one-launch path and the smallest of the two-stage path.
+    largest_fused = FUSED_MAX_SLOTS // k
+    num_tokens = {"fused_max": largest_fused, "fused_max + 1": largest_fused + 1}.get(num_tokens, num_tokens)
+    ties = num_tokens % 2 == 1
+    logits = _gate_logits(num_tokens, num_experts, torch.float32 if num_experts != 64 else torch.bfloat16, ties)
+    bias = torch.randn(num_experts, device="cuda") * 0.1
+    gate = dict(scoring=scoring, num_groups=num_groups, topk_groups=topk_groups)
+    _check_gate_with_layout(logits, k, bias=bias, routed_scaling_factor=2.5, **gate)
+    _check_gate_with_layout(logits, k, max_tokens=max(1, num_tokens * k // num_experts), renormalize=False, **gate)
+
+
+@pytest.mark.gpu
+def test_topk_gate_with_layout_row_stride_and_empty():
+    wide = torch.randn((300, 320), device="cuda")
+    _check_gate_with_layout(wide[:, :256], 8, max_tokens=20, scoring="sigmoid", num_groups=8, topk_groups=4)
+    weights, indices, layout = deep_kernels.topk_gate_with_layout(wide[:0, :256], 8, max_tokens=4)
+    assert weights.shape == (0, 8) and indices.shape == (0, 8) and layout.m_indices.shape == (0,)
+    assert layout.counts.tolist() == [0] * 256 and (layout.masked_slots == -1).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [96, 4001])  # the one-launch and the two-stage path
+def test_routing_with_fewer_sms_is_identical(num_tokens, monkeypatch):
+    from deep_kernels import device
+
+    logits = torch.randn((num_tokens, 256), device="cuda")
+    kwargs = dict(scoring="sigmoid", num_groups=8, topk_groups=4, max_tokens=64)
+    weights, indices, layout = deep_kernels.topk_gate_with_layout(logits, 8, **kwargs)
+    local = deep_kernels.map_global_to_local_experts(indices, 32, 3)
+    monkeypatch.setattr(device, "_num_sms_override", 3)
+    weights_few, indices_few, layout_few = deep_kernels.topk_gate_with_layout(logits, 8, **kwargs)
+    assert_bitwise_equal(weights_few, weights, "weights")
+    assert_bitwise_equal(indices_few, indices, "indices")
+    _check_layouts_equal(layout_few, layout, "fewer SMs: ")
+    assert_bitwise_equal(deep_kernels.map_global_to_local_experts(indices, 32, 3), local, "local experts")
+    _check_layouts_equal(deep_kernels.moe_layout(local, 32, 64), reference.moe_layout(local, 32, 64), "local: ")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [128, 4001])  # the one-launch and the two-stage path
+def test_topk_gate_with_layout_graph_replays_new_inputs(num_tokens):
+    kwargs = dict(scoring="sigmoid", num_groups=8, topk_groups=4, max_tokens=num_tokens // 8)
+    logits = torch.randn((num_tokens, 256), device="cuda")
+    deep_kernels.topk_gate_with_layout(logits, 8, **kwargs)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, indices, layout = deep_kernels.topk_gate_with_layout(logits, 8, **kwargs)
+    outputs = (weights, indices) + tuple(getattr(layout, name) for name in LAYOUT_FIELDS)
+    for replay in range(3):  # the arrival counter must be back at zero for every replay
+        logits.copy_(_gate_logits(num_tokens, 256, torch.float32, ties=replay == 1))
+        for t in outputs:
+            _poison_output(t)
+        graph.replay()
+        torch.cuda.synchronize()
+        weights_ref, indices_ref, layout_ref = reference.topk_gate_with_layout(logits, 8, **kwargs)
+        assert_bitwise_equal(weights, weights_ref, "weights")
+        assert_bitwise_equal(indices, indices_ref, "indices")
+        _check_layouts_equal(layout, layout_ref, f"replay {replay}: ")
+    _check_gate_with_layout(logits, 8, **kwargs)  # eager calls still work after the replays
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid", "sqrtsoftplus"])
+def test_topk_gate_with_layout_nan_and_inf_logits(scoring):
+    logits = _with_special_values(torch.randn((300, 64), device="cuda"), 0.2)
+    for kwargs in (dict(), dict(num_groups=8, topk_groups=3)):
+        weights_ref, indices_ref, layout_ref = reference.topk_gate_with_layout(logits, 9, scoring, **kwargs)
+        weights, indices, layout = deep_kernels.topk_gate_with_layout(logits, 9, scoring, **kwargs)
+        assert_bitwise_equal(indices, indices_ref, "indices")
+        assert ((indices >= 0) & (indices < 64)).all()
+        assert (indices.sort(dim=1).values.diff(dim=1) > 0).all()
+        assert torch.equal(weights.isnan(), weights_ref.isnan())
+        assert torch.equal(weights.nan_to_num(0.0), weights_ref.nan_to_num(0.0))
+        _check_layouts_equal(layout, layout_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_experts,num_groups,topk_groups,k,scoring", GATES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", [1, 4001])
+def test_topk_gate_backward_matches_reference(num_experts, num_groups, topk_groups, k, scoring, dtype, num_tokens):
+    logits = _gate_logits(num_tokens, num_experts, dtype, ties=num_tokens == 1)
+    _, indices = deep_kernels.topk_gate(logits, k, scoring, num_groups=num_groups, topk_groups=topk_groups)
+    indices[::7, k // 2] = -1  # dropped slots: a score of 0, no gradient
+    grad_weights = torch.randn((num_tokens, k), device="cuda")
+    for renormalize, factor in ((True, 2.5), (False, 1.0)):
+        expected = reference.topk_gate_backward(grad_weights, logits, indices, scoring, renormalize, factor)
+        grad = deep_kernels.topk_gate_backward(grad_weights, logits, indices, scoring, renormalize, factor)
+        assert_bitwise_equal(grad, expected, "grad_logits")
+        out = poison_(torch.empty((num_tokens, num_experts), device="cuda"))
+        again = deep_kernels.topk_gate_backward(grad_weights, logits, indices, scoring, renormalize, factor, out=out)
+        assert again is out
+        assert_bitwise_equal(out, expected, "grad_logits (out=)")
+
+
+@pytest.mark.gpu
+def test_topk_gate_backward_graph_replays_new_inputs():
+    logits = torch.randn((4001, 256), device="cuda")
+    _, indices = deep_kernels.topk_gate(logits, 8, "sigmoid", num_groups=8, topk_groups=4)
+    grad_weights = torch.randn((4001, 8), device="cuda")
+    out = torch.empty((4001, 256), device="cuda")
+    deep_kernels.topk_gate_backward(grad_weights, logits, indices, "sigmoid", out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.topk_gate_backward(grad_weights, logits, indices, "sigmoid", out=out)
+    grad_weights.normal_()
+    poison_(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(out, reference.topk_gate_backward(grad_weights, logits, indices, "sigmoid"), "grad_logits")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("shape,num_local,rank",
+                         [((4001, 8), 32, 5), ((1, 1), 8, 0), ((8001, 9), 48, 7), ((0, 8), 8, 1)])
+def test_map_global_to_local_experts_matches_reference(index_dtype, shape, num_local, rank):
+    topk_idx = torch.randint(-1, 8 * num_local + 1, shape, device="cuda").to(index_dtype)
+    if index_dtype == torch.int64 and topk_idx.numel():
+        topk_idx.view(-1)[0] = rank * num_local + 2**32  # a 64-bit index whose low bits look local
+    expected = reference.map_global_to_local_experts(topk_idx, num_local, rank)
+    assert_bitwise_equal(deep_kernels.map_global_to_local_experts(topk_idx, num_local, rank), expected, "local")
+    out = _poison_output(torch.empty(shape, dtype=torch.int32, device="cuda"))
+    assert deep_kernels.map_global_to_local_experts(topk_idx, num_local, rank, out=out) is out
+    assert_bitwise_equal(out, expected, "local (out=)")

@@ -7,6 +7,8 @@
 //   renormalizing, times the scaling factor.
 // One warp per token: lane l holds experts l, l + 32, ... in registers. Every sum has a fixed order (a
 // lane's slots in ascending order, then an xor butterfly) that deep_kernels/reference/moe/gate.py mirrors.
+// The per-token device functions (warp_gate_scores, warp_topk_gate) also serve the fused gate + layout
+// kernel and the gate backward.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -38,28 +40,36 @@ DK_DEVICE float nan_to_lowest(float key) {
     return isnan(key) ? -CUDART_INF_F : key;
 }
 
-// NOTE: every lane ends with the same (key, index): the order is total and the comparison exact.
-DK_DEVICE void warp_argmax(float& key, int& index) {
-    #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-        const float other_key = __shfl_xor_sync(kFullWarpMask, key, offset);
-        const int other_index = __shfl_xor_sync(kFullWarpMask, index, offset);
-        if (ranks_before(other_key, other_index, key, index)) {
-            key = other_key;
-            index = other_index;
-        }
-    }
+// Keys as unsigned integers in the same order (-0 as +0; never NaN), for the warp-wide integer max and
+// min of redux.sync: one instruction each instead of a five-step shuffle butterfly.
+DK_DEVICE uint32_t key_order_bits(float key) {
+    const uint32_t bits = __float_as_uint(key == 0.0f ? 0.0f : key);
+    return bits >> 31 ? ~bits : bits | 0x80000000u;
 }
 
-// The two largest values of a multiset spread over the warp (first >= second on every lane).
+DK_DEVICE float key_from_order_bits(uint32_t bits) {
+    return __uint_as_float(bits >> 31 ? bits & 0x7fffffffu : ~bits);
+}
+
+// The index the warp's (key, index) pairs rank first by ranks_before: the largest key, then the lowest
+// index holding it.
+DK_DEVICE int warp_argmax(float key, int index) {
+    const uint32_t bits = key_order_bits(key);
+    const uint32_t best = __reduce_max_sync(kFullWarpMask, bits);
+    return __reduce_min_sync(kFullWarpMask, bits == best ? index : kNoExpert);
+}
+
+// The two largest values of a multiset spread over the warp, from each lane's two largest (first >= second).
+// -0 comes back as +0: the callers only compare the sum of the two.
 DK_DEVICE void warp_top2(float& first, float& second) {
-    #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-        const float other_first = __shfl_xor_sync(kFullWarpMask, first, offset);
-        const float other_second = __shfl_xor_sync(kFullWarpMask, second, offset);
-        second = fmaxf(fminf(first, other_first), fmaxf(second, other_second));
-        first = fmaxf(first, other_first);
-    }
+    const uint32_t lane_first = key_order_bits(first), lane_second = key_order_bits(second);
+    const uint32_t best = __reduce_max_sync(kFullWarpMask, lane_first);
+    const bool holds_best = lane_first == best;
+    // The runner-up is the best again when two lanes hold it, else the largest of everything else.
+    const uint32_t runner_up = __reduce_max_sync(kFullWarpMask, holds_best ? lane_second : lane_first);
+    const bool best_twice = __popc(__ballot_sync(kFullWarpMask, holds_best)) > 1;
+    first = key_from_order_bits(best);
+    second = key_from_order_bits(best_twice ? best : runner_up);
 }
 
 template <typename Op>
@@ -79,31 +89,16 @@ DK_DEVICE float elementwise_score(float logit) {
     }
 }
 
-template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps>
-__global__ void __launch_bounds__(kNumWarps * 32)
-smxx_topk_gate_impl(const InT* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
-                    int* __restrict__ indices, uint32_t num_tokens, uint32_t logits_row_stride, uint32_t top_k,
-                    uint32_t topk_groups, uint32_t renormalize, float scaling_factor) {
-    // Static checks and the slot mapping: slot i of lane l is expert l + 32 i
+// The fp32 scores of one token's logits row, slot i of lane l holding expert l + 32 i (-inf past the
+// experts; softmax's max and sum in the fixed order the reference mirrors).
+template <typename InT, int NUM_EXPERTS, GateScoring kScoring>
+DK_DEVICE void warp_gate_scores(const InT* row, int lane, float (&score)[ceil_div(NUM_EXPERTS, 32)]) {
     constexpr int kSlots = ceil_div(NUM_EXPERTS, 32);
-    constexpr int GROUP_SIZE = NUM_GROUPS > 0 ? NUM_EXPERTS / NUM_GROUPS : NUM_EXPERTS;
     DK_STATIC_ASSERT(NUM_EXPERTS >= 1 && kSlots <= 32, "one bit per slot in a 32-bit mask");
-    DK_STATIC_ASSERT(NUM_GROUPS >= 0 && NUM_GROUPS <= 32, "one bit per group in a 32-bit mask");
-    DK_STATIC_ASSERT(NUM_GROUPS == 0 || (NUM_EXPERTS % NUM_GROUPS == 0 && GROUP_SIZE >= 2),
-                     "groups are equal and hold at least two experts");
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    const uint32_t token = blockIdx.x * kNumWarps + threadIdx.x / 32;
-    if (token >= num_tokens)
-        return;
-    const auto expert_of = [&](int slot) { return lane + 32 * slot; };
-    const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || expert_of(slot) < NUM_EXPERTS; };
-
-    // Logits to fp32 scores
-    const InT* row = logits + static_cast<uint64_t>(token) * logits_row_stride;
-    float score[kSlots];
+    const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || lane + 32 * slot < NUM_EXPERTS; };
     #pragma unroll
     for (int i = 0; i < kSlots; ++i)
-        score[i] = is_expert(i) ? static_cast<float>(row[expert_of(i)]) : -CUDART_INF_F;
+        score[i] = is_expert(i) ? static_cast<float>(row[lane + 32 * i]) : -CUDART_INF_F;
     if constexpr (kScoring == GateScoring::Softmax) {
         float row_max = -CUDART_INF_F;
         #pragma unroll
@@ -127,44 +122,77 @@ smxx_topk_gate_impl(const InT* __restrict__ logits, const float* __restrict__ bi
         for (int i = 0; i < kSlots; ++i)
             score[i] = elementwise_score<kScoring>(score[i]);
     }
+}
+
+// One lane's share of a token's choice: lane j < k holds the j-th chosen expert and its weight.
+struct GateChoice {
+    float weight;
+    int expert;
+};
+
+// The whole gate of one token by one warp (every lane takes part; the caller stores lanes < k).
+template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring>
+DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t top_k, uint32_t topk_groups,
+                                    uint32_t renormalize, float scaling_factor) {
+    // Static checks and the slot mapping: slot i of lane l is expert l + 32 i
+    constexpr int kSlots = ceil_div(NUM_EXPERTS, 32);
+    constexpr int GROUP_SIZE = NUM_GROUPS > 0 ? NUM_EXPERTS / NUM_GROUPS : NUM_EXPERTS;
+    DK_STATIC_ASSERT(NUM_GROUPS >= 0 && NUM_GROUPS <= 32, "one bit per group in a 32-bit mask");
+    DK_STATIC_ASSERT(NUM_GROUPS == 0 || (NUM_EXPERTS % NUM_GROUPS == 0 && GROUP_SIZE >= 2),
+                     "groups are equal and hold at least two experts");
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const auto expert_of = [&](int slot) { return lane + 32 * slot; };
+    const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || expert_of(slot) < NUM_EXPERTS; };
+    // NOTE: with groups of whole warps' worth of experts a slot's group is the same on every lane, a
+    // compile-time constant that prunes the group loops below.
+    const auto group_of = [&](int slot) {
+        return GROUP_SIZE % 32 == 0 ? 32 * slot / GROUP_SIZE : expert_of(slot) / GROUP_SIZE;
+    };
+
+    // Logits to fp32 scores (the bias loads first, so that they and the logits' are in flight together)
+    const bool has_bias = bias != nullptr;
+    float bias_value[kSlots];
+    #pragma unroll
+    for (int i = 0; i < kSlots; ++i)
+        bias_value[i] = has_bias && is_expert(i) ? bias[expert_of(i)] : 0.0f;
+    float score[kSlots];
+    warp_gate_scores<InT, NUM_EXPERTS, kScoring>(row, lane, score);
 
     // Selection keys; slots that are no expert never become eligible
     float key[kSlots];
     uint32_t eligible_slots = 0;
     #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
-        key[i] = nan_to_lowest(bias != nullptr && is_expert(i) ? __fadd_rn(score[i], bias[expert_of(i)]) : score[i]);
+        key[i] = nan_to_lowest(has_bias && is_expert(i) ? __fadd_rn(score[i], bias_value[i]) : score[i]);
         eligible_slots |= static_cast<uint32_t>(is_expert(i)) << i;
     }
 
     // Group limit: rank the groups by the sum of their top-2 keys, keep the best topk_groups
     if constexpr (NUM_GROUPS > 0) {
-        float group_key[NUM_GROUPS];
+        float group_key[NUM_GROUPS], lane_group_key = 0.0f;
         #pragma unroll
         for (int g = 0; g < NUM_GROUPS; ++g) {
             float first = -CUDART_INF_F, second = -CUDART_INF_F;
             #pragma unroll
             for (int i = 0; i < kSlots; ++i) {
-                if (is_expert(i) && expert_of(i) / GROUP_SIZE == g) {
+                if (is_expert(i) && group_of(i) == g) {
                     second = fmaxf(second, fminf(first, key[i]));
                     first = fmaxf(first, key[i]);
                 }
             }
             warp_top2(first, second);
             group_key[g] = nan_to_lowest(__fadd_rn(first, second));
+            lane_group_key = lane == g ? group_key[g] : lane_group_key;
         }
-        uint32_t selected_groups = 0;
+        // Lane g ranks group g
+        uint32_t rank = 0;
         #pragma unroll
-        for (int g = 0; g < NUM_GROUPS; ++g) {
-            uint32_t rank = 0;
-            #pragma unroll
-            for (int h = 0; h < NUM_GROUPS; ++h)
-                rank += ranks_before(group_key[h], h, group_key[g], g);
-            selected_groups |= static_cast<uint32_t>(rank < topk_groups) << g;
-        }
+        for (int h = 0; h < NUM_GROUPS; ++h)
+            rank += ranks_before(group_key[h], h, lane_group_key, lane);
+        const uint32_t selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
         #pragma unroll
         for (int i = 0; i < kSlots; ++i)
-            if (is_expert(i) && ((selected_groups >> (expert_of(i) / GROUP_SIZE)) & 1u) == 0)
+            if (is_expert(i) && ((selected_groups >> group_of(i)) & 1u) == 0)
                 eligible_slots &= ~(1u << i);
     }
 
@@ -184,7 +212,7 @@ smxx_topk_gate_impl(const InT* __restrict__ logits, const float* __restrict__ bi
                 candidate_score = score[i];
             }
         }
-        warp_argmax(best_key, best_expert);
+        best_expert = warp_argmax(best_key, best_expert);
         const float winner_score = __shfl_sync(kFullWarpMask, candidate_score, best_expert % 32);
         if (lane == best_expert % 32)
             eligible_slots &= ~(1u << (best_expert / 32));
@@ -199,11 +227,25 @@ smxx_topk_gate_impl(const InT* __restrict__ logits, const float* __restrict__ bi
     // NOTE: dividing on every lane, outside any branch, keeps predicates from living across the division's
     // slow-path call (which would spill them to a stack frame).
     const float renormalized = __fdiv_rn(chosen_score, __fadd_rn(score_sum, kRenormalizeEpsilon));
-    const float weight = __fmul_rn(renormalize ? renormalized : chosen_score, scaling_factor);
-    if (static_cast<uint32_t>(lane) < top_k) {
+    return {__fmul_rn(renormalize ? renormalized : chosen_score, scaling_factor), chosen_expert};
+}
+
+template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps>
+__global__ void __launch_bounds__(kNumWarps * 32)
+smxx_topk_gate_impl(const InT* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
+                    int* __restrict__ indices, uint32_t num_tokens, uint32_t logits_row_stride, uint32_t top_k,
+                    uint32_t topk_groups, uint32_t renormalize, float scaling_factor) {
+    const uint32_t token = blockIdx.x * kNumWarps + threadIdx.x / 32;
+    if (token >= num_tokens)
+        return;
+    const GateChoice choice = warp_topk_gate<InT, NUM_EXPERTS, NUM_GROUPS, kScoring>(
+        logits + static_cast<uint64_t>(token) * logits_row_stride, bias, top_k, topk_groups, renormalize,
+        scaling_factor);
+    const uint32_t lane = threadIdx.x % 32;
+    if (lane < top_k) {
         const uint64_t offset = static_cast<uint64_t>(token) * top_k + lane;
-        weights[offset] = weight;
-        indices[offset] = chosen_expert;
+        weights[offset] = choice.weight;
+        indices[offset] = choice.expert;
     }
 }
 

@@ -3,16 +3,19 @@
 One module per stage of the pipeline between the router logits and the grouped GEMMs.
 """
 
-from deep_kernels.moe import gate, layout
-from deep_kernels.moe.gate import MAX_EXPERTS, MAX_GROUPS, MAX_TOP_K, SCORINGS, topk_gate
+from deep_kernels.moe import expert_parallel, gate, layout, routing
+from deep_kernels.moe.expert_parallel import map_global_to_local_experts
+from deep_kernels.moe.gate import MAX_EXPERTS, MAX_GROUPS, MAX_TOP_K, SCORINGS, topk_gate, topk_gate_backward
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT, MoeLayout, contiguous_max_rows, moe_layout
+from deep_kernels.moe.routing import FUSED_MAX_SLOTS, topk_gate_with_layout
 
 __all__ = [
-    "CONTIGUOUS_ALIGNMENT", "MAX_EXPERTS", "MAX_GROUPS", "MAX_TOP_K", "SCORINGS", "MoeLayout", "contiguous_max_rows",
-    "moe_layout", "topk_gate",
+    "CONTIGUOUS_ALIGNMENT", "FUSED_MAX_SLOTS", "MAX_EXPERTS", "MAX_GROUPS", "MAX_TOP_K", "SCORINGS", "MoeLayout",
+    "contiguous_max_rows", "map_global_to_local_experts", "moe_layout", "topk_gate", "topk_gate_backward",
+    "topk_gate_with_layout",
 ]
 
-_MODULES = (gate, layout)
+_MODULES = (gate, layout, routing, expert_parallel)
 
 
 def precompile_specs() -> list:

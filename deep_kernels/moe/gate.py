@@ -65,6 +65,39 @@ def _gate_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring:
                       block_threads=_GATE_WARPS * 32)
 
 
+def check_gate_args(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor) -> None:
+    """topk_gate's validation (every check but the device's), shared with the fused gate + layout."""
+    check_dtype(logits, "logits", (torch.float32, torch.bfloat16))
+    check_rank(logits, "logits", 2)
+    num_tokens, num_experts = logits.shape
+    check_int_range(num_experts, "logits.shape[1] (the expert count)", 1, MAX_EXPERTS)
+    check_int_range(k, "k", 1, min(MAX_TOP_K, num_experts))
+    _check_scoring(scoring)
+    _check_groups(num_experts, k, num_groups, topk_groups)
+    _check_logits_strides(logits)
+    if bias is not None:
+        check_dtype(bias, "bias", (torch.float32,))
+        if tuple(bias.shape) != (num_experts,) or not bias.is_contiguous():
+            raise ValueError(f"bias must be a contiguous tensor of shape ({num_experts},), got shape "
+                             f"{tuple(bias.shape)} strides {tuple(bias.stride())}")
+    _check_weight_args(renormalize, routed_scaling_factor)
+
+
+def _check_logits_strides(logits: torch.Tensor) -> None:
+    num_tokens, num_experts = logits.shape
+    if num_experts > 1 and logits.stride(1) != 1:
+        raise ValueError(f"logits must have a contiguous last dimension, got strides {tuple(logits.stride())}")
+    if num_tokens > 1 and not 0 <= logits.stride(0) <= INT32_LIMIT:
+        raise ValueError(f"logits row stride must be in [0, 2^31), got {logits.stride(0)}")
+
+
+def _check_weight_args(renormalize, routed_scaling_factor) -> None:
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
+    if not (isinstance(routed_scaling_factor, (int, float)) and abs(routed_scaling_factor) < float("inf")):
+        raise ValueError(f"routed_scaling_factor must be a finite number, got {routed_scaling_factor!r}")
+
+
 def topk_gate(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torch.Tensor = None,
               num_groups: int = 0, topk_groups: int = 0, renormalize: bool = True,
               routed_scaling_factor: float = 1.0):
@@ -86,41 +119,102 @@ def topk_gate(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torc
     Notes:
         Deterministic; bit-exact with deep_kernels.reference.moe.topk_gate (see the module docstring).
     """
-    check_dtype(logits, "logits", (torch.float32, torch.bfloat16))
-    check_rank(logits, "logits", 2)
-    num_tokens, num_experts = logits.shape
-    check_int_range(num_experts, "logits.shape[1] (the expert count)", 1, MAX_EXPERTS)
-    check_int_range(k, "k", 1, min(MAX_TOP_K, num_experts))
-    _check_scoring(scoring)
-    _check_groups(num_experts, k, num_groups, topk_groups)
-    if num_experts > 1 and logits.stride(1) != 1:
-        raise ValueError(f"logits must have a contiguous last dimension, got strides {tuple(logits.stride())}")
-    if num_tokens > 1 and not 0 <= logits.stride(0) <= INT32_LIMIT:
-        raise ValueError(f"logits row stride must be in [0, 2^31), got {logits.stride(0)}")
-    if bias is not None:
-        check_dtype(bias, "bias", (torch.float32,))
-        if tuple(bias.shape) != (num_experts,) or not bias.is_contiguous():
-            raise ValueError(f"bias must be a contiguous tensor of shape ({num_experts},), got shape "
-                             f"{tuple(bias.shape)} strides {tuple(bias.stride())}")
-    if not isinstance(renormalize, bool):
-        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
-    if not (isinstance(routed_scaling_factor, (int, float)) and abs(routed_scaling_factor) < float("inf")):
-        raise ValueError(f"routed_scaling_factor must be a finite number, got {routed_scaling_factor!r}")
+    check_gate_args(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
     check_cuda_device(logits, "logits")
     if bias is not None:
         check_cuda_device(bias, "bias", like=logits)
 
+    num_tokens, num_experts = logits.shape
     weights = logits.new_empty((num_tokens, k), dtype=torch.float32)
     indices = logits.new_empty((num_tokens, k), dtype=torch.int32)
     if num_tokens == 0:
         return weights, indices
-    # One group with topk_groups = 1 keeps every expert eligible: the ungrouped kernel does the same.
-    kernel = _gate_kernel(logits.dtype, num_experts, num_groups if num_groups > 1 else 0, scoring)
+    kernel = _gate_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
     kernel.launch((ceil_div(num_tokens, _GATE_WARPS), 1, 1),
                   (logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(),
                    indices.data_ptr(), num_tokens, logits.stride(0), k, topk_groups, int(renormalize),
-                   float(routed_scaling_factor)), logits.get_device())
+                   float(routed_scaling_factor)),
+                  logits.get_device())
     return weights, indices
+
+
+def kernel_groups(num_groups: int) -> int:
+    """The NUM_GROUPS a kernel is specialized for: one group with topk_groups = 1 keeps every expert
+    eligible, which the ungrouped kernel does the same."""
+    return num_groups if num_groups > 1 else 0
+
+
+def _backward_spec(dtype: torch.dtype, num_experts: int, scoring: str) -> KernelSpec:
+    return KernelSpec("kernels/smxx_topk_gate_backward.cuh", "smxx_topk_gate_backward_impl",
+                      (CPP_TYPES[dtype], num_experts, "deep_kernels::GateScoring::" + SCORINGS[scoring], _GATE_WARPS))
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_kernel(dtype: torch.dtype, num_experts: int, scoring: str):
+    return get_kernel(_backward_spec(dtype, num_experts, scoring), param_kinds="PPPPIIIIf",
+                      block_threads=_GATE_WARPS * 32)
+
+
+def topk_gate_backward(grad_weights: torch.Tensor, logits: torch.Tensor, indices: torch.Tensor,
+                       scoring: str = "softmax", renormalize: bool = True, routed_scaling_factor: float = 1.0,
+                       out: torch.Tensor = None) -> torch.Tensor:
+    """The gradient of topk_gate's weights with respect to the logits.
+
+    Args:
+        grad_weights: [T, k] float32 CUDA tensor, contiguous: the gradient of the loss by the weights.
+        logits: the forward's [T, E] float32 or bfloat16 logits, last dimension contiguous.
+        indices: the forward's [T, k] int32 indices, contiguous (distinct per token, as topk_gate returns;
+            an index outside [0, E) counts as a score of 0 and receives no gradient).
+        scoring, renormalize, routed_scaling_factor: the forward's.
+        out: optional contiguous float32 [T, E] to write into.
+
+    Returns:
+        grad_logits: float32 [T, E], contiguous (float32 whatever the logits' dtype; cast it if needed).
+
+    Notes:
+        The gradient flows through the scores -> the chosen scores -> the renormalization -> the scaling;
+        the bias and the selection are not differentiated. Softmax's gradient reaches all E logits;
+        sigmoid's and sqrtsoftplus's only the chosen ones (0 elsewhere, and 0 where sqrt(softplus)
+        underflowed to 0). Deterministic; bit-exact with deep_kernels.reference.moe.topk_gate_backward,
+        whose docstring gives the operation order.
+    """
+    check_dtype(grad_weights, "grad_weights", (torch.float32,))
+    check_rank(grad_weights, "grad_weights", 2)
+    check_dtype(logits, "logits", (torch.float32, torch.bfloat16))
+    check_rank(logits, "logits", 2)
+    check_dtype(indices, "indices", (torch.int32,))
+    num_tokens, num_experts = logits.shape
+    check_int_range(num_experts, "logits.shape[1] (the expert count)", 1, MAX_EXPERTS)
+    k = grad_weights.shape[1]
+    check_int_range(k, "grad_weights.shape[1] (k)", 1, min(MAX_TOP_K, num_experts))
+    if tuple(grad_weights.shape) != (num_tokens, k) or tuple(indices.shape) != (num_tokens, k):
+        raise ValueError(f"grad_weights and indices must both be [{num_tokens}, k] like the logits' rows, got "
+                         f"{tuple(grad_weights.shape)} and {tuple(indices.shape)}")
+    if not grad_weights.is_contiguous() or not indices.is_contiguous():
+        raise ValueError("grad_weights and indices must be contiguous")
+    _check_logits_strides(logits)
+    _check_scoring(scoring)
+    _check_weight_args(renormalize, routed_scaling_factor)
+    if out is not None:
+        check_dtype(out, "out", (torch.float32,))
+        if tuple(out.shape) != (num_tokens, num_experts) or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous [{num_tokens}, {num_experts}] tensor, got shape "
+                             f"{tuple(out.shape)} strides {tuple(out.stride())}")
+    check_cuda_device(logits, "logits")
+    check_cuda_device(grad_weights, "grad_weights", like=logits)
+    check_cuda_device(indices, "indices", like=logits)
+    if out is not None:
+        check_cuda_device(out, "out", like=logits)
+
+    grad_logits = logits.new_empty((num_tokens, num_experts), dtype=torch.float32) if out is None else out
+    if num_tokens == 0:
+        return grad_logits
+    kernel = _backward_kernel(logits.dtype, num_experts, scoring)
+    kernel.launch((ceil_div(num_tokens, _GATE_WARPS), 1, 1),
+                  (grad_weights.data_ptr(), logits.data_ptr(), indices.data_ptr(), grad_logits.data_ptr(),
+                   num_tokens, logits.stride(0), k, int(renormalize), float(routed_scaling_factor)),
+                  logits.get_device())
+    return grad_logits
 
 
 def precompile_specs() -> list:
@@ -131,8 +225,10 @@ def precompile_specs() -> list:
         (512, 8, "softmax"),        # the largest: 64 experts per group
         (72, 0, "sqrtsoftplus"),    # experts not a multiple of 32
         (64, 32, "softmax"),        # the most groups, smaller than a warp
+        (8, 0, "sigmoid"),          # fewer experts than lanes
     ]
     specs = []
     for dtype in (torch.float32, torch.bfloat16):
         specs.extend(_gate_spec(dtype, e, g, scoring) for e, g, scoring in gates)
+        specs.extend(_backward_spec(dtype, e, scoring) for e, _, scoring in gates)
     return specs

@@ -5,6 +5,8 @@ moe_layout: slot s = t * k + j of topk_idx [T, k]; -1 (or any index outside [0, 
     slots in ascending order within a segment; sized for the worst case so that no host sync is needed
     masked layout: [E, max_tokens] slots per expert and the per-expert valid count
     Positions never depend on atomics: counts, an exclusive scan, then ranks by counting earlier slots.
+    The rows and masked positions no slot takes are filled with -1 first (by every block of the count
+    pass), so the ranking pass writes the routed slots only.
 """
 
 import functools
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from deep_kernels.device import get_num_sms
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.moe.gate import MAX_EXPERTS
@@ -22,6 +25,7 @@ CONTIGUOUS_ALIGNMENT = 128
 _LAYOUT_WARPS = 16
 _COUNT_THREADS = 512
 _CHUNK_SLOTS = 4096
+_FILL_INTS_PER_BLOCK = 8192
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,41 @@ def contiguous_max_rows(num_slots: int, num_experts: int) -> int:
     return ceil_div(num_slots + padding, CONTIGUOUS_ALIGNMENT) * CONTIGUOUS_ALIGNMENT
 
 
+def fill_blocks(num_ints: int) -> int:
+    """Blocks that share the -1 fill of num_ints int32 (a few 16-byte stores per thread each)."""
+    return max(1, min(get_num_sms(), ceil_div(num_ints, _FILL_INTS_PER_BLOCK)))
+
+
+def check_layout_args(num_slots: int, num_experts: int, max_tokens) -> int:
+    """moe_layout's checks of the sizes; returns contiguous_max_rows(num_slots, num_experts)."""
+    check_int_range(num_experts, "num_experts", 1, MAX_EXPERTS)
+    max_rows = contiguous_max_rows(num_slots, num_experts)
+    if max_rows > INT32_LIMIT:
+        raise ValueError(f"topk_idx has too many slots ({num_slots}) for int32 row indices: split it")
+    if max_tokens is not None:
+        check_int_range(max_tokens, "max_tokens", 1, INT32_LIMIT // num_experts)
+    return max_rows
+
+
+def new_layout(like: torch.Tensor, num_tokens: int, k: int, num_experts: int, max_tokens) -> MoeLayout:
+    """The int32 tensors of a layout on like's device: uninitialized, or their final values when there are no slots."""
+    new_int32 = functools.partial(like.new_empty, dtype=torch.int32)
+    max_rows = contiguous_max_rows(num_tokens * k, num_experts)
+    layout = MoeLayout(
+        counts=new_int32((num_experts,)), num_rows=new_int32((1,)), m_indices=new_int32((max_rows,)),
+        row_to_slot=new_int32((max_rows,)), slot_to_row=new_int32((num_tokens, k)),
+        masked_slots=None if max_tokens is None else new_int32((num_experts, max_tokens)),
+        masked_m=None if max_tokens is None else new_int32((num_experts,)),
+    )
+    if num_tokens * k == 0:
+        for t in (layout.counts, layout.num_rows, layout.masked_m):
+            if t is not None:
+                t.zero_()
+        if layout.masked_slots is not None:
+            layout.masked_slots.fill_(-1)
+    return layout
+
+
 def _count_spec(dtype: torch.dtype) -> KernelSpec:
     return KernelSpec("kernels/smxx_moe_count.cuh", "smxx_moe_count_impl",
                       (CPP_TYPES[dtype], _CHUNK_SLOTS, _COUNT_THREADS))
@@ -65,8 +104,8 @@ def _layout_spec(dtype: torch.dtype) -> KernelSpec:
 
 @functools.lru_cache(maxsize=None)
 def _layout_kernels(dtype: torch.dtype):
-    count = get_kernel(_count_spec(dtype), param_kinds="PPII", block_threads=_COUNT_THREADS)
-    layout = get_kernel(_layout_spec(dtype), param_kinds="PPPPPPPPPIIIII", block_threads=_LAYOUT_WARPS * 32)
+    count = get_kernel(_count_spec(dtype), param_kinds="PPPPPIIIII", block_threads=_COUNT_THREADS)
+    layout = get_kernel(_layout_spec(dtype), param_kinds="PPPPPPPPPIIII", block_threads=_LAYOUT_WARPS * 32)
     return count, layout
 
 
@@ -84,50 +123,36 @@ def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None)
         MoeLayout (see its docstring); the contiguous tensors have contiguous_max_rows(T * k, E) rows.
 
     Notes:
-        Two launches (per-chunk counts, then offsets, ranks and scatter), no host synchronization, so
-        it can be captured in a CUDA graph. Deterministic.
+        Two launches (per-chunk counts and the -1 fill, then offsets, ranks and scatter), no host
+        synchronization, so it can be captured in a CUDA graph. Deterministic, whatever the SM count.
     """
     check_dtype(topk_idx, "topk_idx", (torch.int32, torch.int64))
     check_rank(topk_idx, "topk_idx", 2)
-    check_int_range(num_experts, "num_experts", 1, MAX_EXPERTS)
     num_tokens, k = topk_idx.shape
     num_slots = num_tokens * k
-    max_rows = contiguous_max_rows(num_slots, num_experts)
-    if max_rows > INT32_LIMIT:
-        raise ValueError(f"topk_idx has too many slots ({num_slots}) for int32 row indices: split it")
+    max_rows = check_layout_args(num_slots, num_experts, max_tokens)
     if not topk_idx.is_contiguous():
         raise ValueError(f"topk_idx must be contiguous, got strides {tuple(topk_idx.stride())}")
-    if max_tokens is not None:
-        check_int_range(max_tokens, "max_tokens", 1, INT32_LIMIT // num_experts)
     check_cuda_device(topk_idx, "topk_idx")
 
-    new_int32 = functools.partial(topk_idx.new_empty, dtype=torch.int32)
-    layout = MoeLayout(
-        counts=new_int32((num_experts,)), num_rows=new_int32((1,)), m_indices=new_int32((max_rows,)),
-        row_to_slot=new_int32((max_rows,)), slot_to_row=new_int32((num_tokens, k)),
-        masked_slots=None if max_tokens is None else new_int32((num_experts, max_tokens)),
-        masked_m=None if max_tokens is None else new_int32((num_experts,)),
-    )
+    layout = new_layout(topk_idx, num_tokens, k, num_experts, max_tokens)
     if num_slots == 0:
-        for t in (layout.counts, layout.num_rows, layout.masked_m):
-            if t is not None:
-                t.zero_()
-        if layout.masked_slots is not None:
-            layout.masked_slots.fill_(-1)
         return layout
-
     count_kernel, layout_kernel = _layout_kernels(topk_idx.dtype)
     num_chunks = ceil_div(num_slots, _CHUNK_SLOTS)
-    chunk_counts = new_int32((num_chunks, num_experts))
-    device_index = topk_idx.get_device()
-    count_kernel.launch((num_chunks, 1, 1), (topk_idx.data_ptr(), chunk_counts.data_ptr(), num_slots, num_experts),
-                        device_index)
+    chunk_counts = topk_idx.new_empty((num_chunks, num_experts), dtype=torch.int32)
     masked = max_tokens is not None
+    num_masked = num_experts * max_tokens if masked else 0
+    masked_slots = layout.masked_slots.data_ptr() if masked else 0
+    device_index = topk_idx.get_device()
+    count_kernel.launch((max(num_chunks, fill_blocks(2 * max_rows + num_masked)), 1, 1), (
+        topk_idx.data_ptr(), chunk_counts.data_ptr(), layout.m_indices.data_ptr(), layout.row_to_slot.data_ptr(),
+        masked_slots, num_slots, num_experts, num_chunks, max_rows, num_masked), device_index)
     layout_kernel.launch((num_chunks, 1, 1), (
         topk_idx.data_ptr(), chunk_counts.data_ptr(), layout.counts.data_ptr(), layout.num_rows.data_ptr(),
-        layout.m_indices.data_ptr(), layout.row_to_slot.data_ptr(), layout.slot_to_row.data_ptr(),
-        layout.masked_slots.data_ptr() if masked else 0, layout.masked_m.data_ptr() if masked else 0,
-        num_slots, num_experts, num_chunks, max_rows, max_tokens if masked else 0), device_index)
+        layout.m_indices.data_ptr(), layout.row_to_slot.data_ptr(), layout.slot_to_row.data_ptr(), masked_slots,
+        layout.masked_m.data_ptr() if masked else 0, num_slots, num_experts, num_chunks,
+        max_tokens if masked else 0), device_index)
     return layout
 
 

@@ -1,6 +1,13 @@
 """Plain-torch references of the routing family, one module per module of deep_kernels.moe."""
 
-from deep_kernels.reference.moe.gate import descending_order, gate_scores, rank_keys, topk_gate, warp_lane_sum
+from deep_kernels.reference.moe.expert_parallel import map_global_to_local_experts
+from deep_kernels.reference.moe.gate import (
+    descending_order, gate_scores, rank_keys, topk_gate, topk_gate_backward, warp_lane_sum,
+)
 from deep_kernels.reference.moe.layout import moe_layout
+from deep_kernels.reference.moe.routing import topk_gate_with_layout
 
-__all__ = ["descending_order", "gate_scores", "moe_layout", "rank_keys", "topk_gate", "warp_lane_sum"]
+__all__ = [
+    "descending_order", "gate_scores", "map_global_to_local_experts", "moe_layout", "rank_keys", "topk_gate",
+    "topk_gate_backward", "topk_gate_with_layout", "warp_lane_sum",
+]

@@ -84,3 +84,55 @@ def topk_gate(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torc
         chosen = chosen / (total + torch.full_like(total, RENORMALIZE_EPSILON)).unsqueeze(1)
     weights = chosen * torch.full_like(chosen, routed_scaling_factor)
     return weights.contiguous(), indices.int().contiguous()
+
+
+def topk_gate_backward(grad_weights: torch.Tensor, logits: torch.Tensor, indices: torch.Tensor,
+                       scoring: str = "softmax", renormalize: bool = True, routed_scaling_factor: float = 1.0,
+                       out: torch.Tensor = None) -> torch.Tensor:
+    """The kernel's operation order (csrc/kernels/smxx_topk_gate_backward.cuh), in fp32: c_j the chosen
+    scores (0 for an index outside [0, E)); D = (c_0 + ... + c_{k-1}) + eps and dot = sum_j g_j c_j in
+    j order; gc_j = ((g_j - dot / D) / D) * f, or g_j * f without renormalizing; then through the scores."""
+    num_tokens, num_experts = logits.shape
+    scores = gate_scores(logits, scoring)
+    index = indices.long()
+    valid = (index >= 0) & (index < num_experts)
+    safe_index = torch.where(valid, index, torch.zeros_like(index))
+    chosen = torch.where(valid, scores.gather(1, safe_index), torch.zeros_like(grad_weights))
+    factor = torch.full_like(grad_weights, routed_scaling_factor)
+    if renormalize:
+        total = torch.zeros_like(chosen[:, 0])
+        dot = torch.zeros_like(chosen[:, 0])
+        for j in range(indices.shape[1]):
+            total = total + chosen[:, j]
+            dot = dot + grad_weights[:, j] * chosen[:, j]
+        total = (total + torch.full_like(total, RENORMALIZE_EPSILON)).unsqueeze(1)
+        chosen_grad = (grad_weights - (dot.unsqueeze(1) / total)) / total * factor
+    else:
+        chosen_grad = grad_weights * factor
+    # Per expert: the sum of its slots' gradients in j order, and whether any slot chose it.
+    score_grad = torch.zeros_like(scores)
+    times_chosen = torch.zeros_like(scores, dtype=torch.int32)
+    for j in range(indices.shape[1]):
+        rows = valid[:, j].nonzero().squeeze(1)
+        score_grad[rows, safe_index[rows, j]] += chosen_grad[rows, j]
+        times_chosen[rows, safe_index[rows, j]] += 1
+    is_chosen = times_chosen > 0
+    zero = torch.zeros_like(scores)
+    if scoring == "softmax":
+        chosen_dot = torch.zeros_like(chosen[:, 0])
+        for j in range(indices.shape[1]):
+            chosen_dot = chosen_dot + chosen_grad[:, j] * chosen[:, j]
+        grad = scores * (score_grad - chosen_dot.unsqueeze(1))
+    elif scoring == "sigmoid":
+        grad = torch.where(is_chosen, score_grad * (scores * (torch.ones_like(scores) - scores)), zero)
+    elif scoring == "sqrtsoftplus":
+        x = logits.float()
+        slope = torch.where(x > SOFTPLUS_THRESHOLD, torch.ones_like(x), gate_scores(x, "sigmoid"))
+        grad = (score_grad * slope) / (scores * torch.full_like(scores, 2.0))
+        grad = torch.where(is_chosen & (scores != 0), grad, zero)
+    else:
+        raise ValueError(f"unknown scoring {scoring!r}")
+    if out is not None:
+        out.copy_(grad)
+        return out
+    return grad.contiguous()

@@ -1,0 +1,114 @@
+"""Gating and layout together: topk_gate then moe_layout of its indices, in one launch for few tokens.
+
+topk_gate_with_layout returns exactly what topk_gate followed by moe_layout returns. Up to FUSED_MAX_SLOTS
+routed slots (T * k) one kernel does both: every block gates its tokens and fills its share of the
+layout's -1 rows, then the last block to arrive (an atomic ticket) ranks all slots by counts and scans,
+as moe_layout does. Larger inputs take the two-stage path (three launches), where more blocks rank.
+"""
+
+import functools
+
+import torch
+
+from deep_kernels.jit.runtime import get_kernel
+from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.moe.gate import SCORINGS, check_gate_args, kernel_groups, topk_gate
+from deep_kernels.moe.layout import (
+    CONTIGUOUS_ALIGNMENT, MoeLayout, check_layout_args, fill_blocks, moe_layout, new_layout,
+)
+from deep_kernels.validation import ceil_div, check_cuda_device
+
+# One block ranks every slot in the fused kernel: beyond this the two-stage path is faster.
+FUSED_MAX_SLOTS = 8192
+
+_FUSED_WARPS = 8
+
+
+def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
+    return KernelSpec("kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
+                      (CPP_TYPES[dtype], num_experts, num_groups, "deep_kernels::GateScoring::" + SCORINGS[scoring],
+                       _FUSED_WARPS, CONTIGUOUS_ALIGNMENT))
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str):
+    return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring), param_kinds="PPPPPPPPPPPPIIIIIfII",
+                      block_threads=_FUSED_WARPS * 32)
+
+
+_tickets = {}
+
+
+def _ticket(device_index: int) -> torch.Tensor:
+    """The fused kernel's arrival counter, zero before each launch (its last block resets it): one per
+    stream, or while capturing a CUDA graph a fresh one whose zeroing the graph replays."""
+    # NOTE: a counter cached from inside a capture would hold garbage until the first replay.
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(1, dtype=torch.int32, device=f"cuda:{device_index}")
+    key = (device_index, torch.cuda.current_stream(device_index).cuda_stream)
+    ticket = _tickets.get(key)
+    if ticket is None:
+        ticket = torch.zeros(1, dtype=torch.int32, device=f"cuda:{device_index}")
+        _tickets[key] = ticket
+    return ticket
+
+
+def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torch.Tensor = None,
+                          num_groups: int = 0, topk_groups: int = 0, renormalize: bool = True,
+                          routed_scaling_factor: float = 1.0, max_tokens: int = None):
+    """topk_gate, then moe_layout of its indices over the same experts.
+
+    Args:
+        logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor: as topk_gate.
+        max_tokens: as moe_layout (with a value, also the masked layout).
+
+    Returns:
+        (weights, indices, layout): topk_gate's outputs and moe_layout(indices, E, max_tokens).
+
+    Notes:
+        Bit-exact with deep_kernels.reference.moe.topk_gate_with_layout, deterministic, no host
+        synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots it is one launch whose arrival
+        counter is kept per (device, stream), zero between launches (a captured graph zeroes its own in
+        a memset node), so calls may overlap only on different streams.
+    """
+    check_gate_args(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
+    num_tokens, num_experts = logits.shape
+    max_rows = check_layout_args(num_tokens * k, num_experts, max_tokens)
+    check_cuda_device(logits, "logits")
+    if bias is not None:
+        check_cuda_device(bias, "bias", like=logits)
+
+    gate_args = (k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
+    if num_tokens * k > FUSED_MAX_SLOTS:
+        weights, indices = topk_gate(logits, *gate_args)
+        return weights, indices, moe_layout(indices, num_experts, max_tokens)
+    weights = logits.new_empty((num_tokens, k), dtype=torch.float32)
+    indices = logits.new_empty((num_tokens, k), dtype=torch.int32)
+    layout = new_layout(logits, num_tokens, k, num_experts, max_tokens)
+    if num_tokens == 0:
+        return weights, indices, layout
+
+    device_index = logits.get_device()
+    masked = max_tokens is not None
+    num_masked = num_experts * max_tokens if masked else 0
+    kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
+    ticket = _ticket(device_index)
+    num_blocks = max(ceil_div(num_tokens, _FUSED_WARPS), fill_blocks(2 * max_rows + num_masked))
+    kernel.launch((num_blocks, 1, 1), (
+        logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(), indices.data_ptr(),
+        layout.counts.data_ptr(), layout.num_rows.data_ptr(), layout.m_indices.data_ptr(),
+        layout.row_to_slot.data_ptr(), layout.slot_to_row.data_ptr(),
+        layout.masked_slots.data_ptr() if masked else 0, layout.masked_m.data_ptr() if masked else 0,
+        ticket.data_ptr(), num_tokens, logits.stride(0), k, topk_groups, int(renormalize),
+        float(routed_scaling_factor), max_rows, max_tokens if masked else 0), device_index)
+    return weights, indices, layout
+
+
+def precompile_specs() -> list:
+    """The specializations `python -m deep_kernels precompile` builds for this module."""
+    return [
+        _fused_spec(torch.float32, 256, 8, "sigmoid"),        # DeepSeek-V3
+        _fused_spec(torch.bfloat16, 384, 0, "sigmoid"),       # Kimi-K2
+        _fused_spec(torch.float32, 512, 8, "softmax"),        # the largest
+        _fused_spec(torch.bfloat16, 72, 0, "sqrtsoftplus"),   # experts not a multiple of 32
+    ]
