@@ -3,6 +3,7 @@
 from deep_kernels.device import get_num_sms, set_num_sms
 from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
 from deep_kernels.moe import MoeLayout, moe_layout, topk_gate
+from deep_kernels.moe.expand import moe_expand, moe_expand_cast_to_fp8, moe_reduce
 from deep_kernels.quant import per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
 from deep_kernels.validation import tma_aligned_size
 
@@ -13,7 +14,10 @@ __all__ = [
     "get_mn_major_tma_aligned_tensor",
     "get_num_sms",
     "per_block_cast_to_fp8",
+    "moe_expand",
+    "moe_expand_cast_to_fp8",
     "moe_layout",
+    "moe_reduce",
     "MoeLayout",
     "per_token_cast_back",
     "per_token_cast_to_fp8",

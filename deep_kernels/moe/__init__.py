@@ -3,16 +3,18 @@
 One module per stage of the pipeline between the router logits and the grouped GEMMs.
 """
 
-from deep_kernels.moe import gate, layout
+from deep_kernels.moe import expand, gate, layout
+from deep_kernels.moe.expand import moe_expand, moe_expand_cast_to_fp8, moe_reduce
 from deep_kernels.moe.gate import MAX_EXPERTS, MAX_GROUPS, MAX_TOP_K, SCORINGS, topk_gate
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT, MoeLayout, contiguous_max_rows, moe_layout
 
 __all__ = [
     "CONTIGUOUS_ALIGNMENT", "MAX_EXPERTS", "MAX_GROUPS", "MAX_TOP_K", "SCORINGS", "MoeLayout", "contiguous_max_rows",
     "moe_layout", "topk_gate",
+    "moe_expand", "moe_expand_cast_to_fp8", "moe_reduce",
 ]
 
-_MODULES = (gate, layout)
+_MODULES = (gate, layout, expand)
 
 
 def precompile_specs() -> list:
