@@ -43,11 +43,9 @@ smxx_moe_expand_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, vo
     for (int pass = 0; pass < kPasses; ++pass) {
         const uint32_t row = tile.row(pass);
         const int32_t slot = row < row_limit ? __ldg(row_slots + row) : -1;
-        loaded[pass] = make_uint4(0, 0, 0, 0);
-        if (slot >= 0) {
-            const uint32_t token = static_cast<uint32_t>(slot) / top_k;
-            loaded[pass] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<uint64_t>(token) * x_row_stride + tile.column));
-        }
+        const uint64_t token = static_cast<uint32_t>(slot) / top_k;
+        loaded[pass] = slot < 0 ? make_uint4(0, 0, 0, 0)
+                                : __ldg(reinterpret_cast<const uint4*>(x + token * x_row_stride + tile.column));
     }
 
     // Per pass: group amax, scale, cast, store

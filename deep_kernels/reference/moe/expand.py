@@ -42,10 +42,10 @@ def slot_rows(layout, masked: bool = False) -> torch.Tensor:
 def _gather_rows(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """values[tokens] with zero rows where tokens is -1 (on the raw bytes: any dtype, FP8 included)."""
     raw = values.contiguous().view(torch.uint8)
-    gathered = raw.new_zeros((tokens.numel(), raw.shape[1]))
-    valid = tokens >= 0
-    gathered[valid] = raw[tokens[valid]]
-    return gathered.view(values.dtype)
+    if raw.shape[0] == 0:
+        return raw.new_zeros((tokens.numel(), raw.shape[1])).view(values.dtype)
+    gathered = raw[tokens.clamp(min=0)]
+    return torch.where((tokens >= 0).unsqueeze(1), gathered, torch.zeros_like(gathered)).view(values.dtype)
 
 
 def _write_scales(columns: torch.Tensor, layout, masked: bool, num_groups: int, scale_layout: ScaleLayout):
