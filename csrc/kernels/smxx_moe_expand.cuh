@@ -17,7 +17,7 @@ namespace deep_kernels {
 
 template <int kColumnThreads, int kRowLanes, int kRowsPerThread>
 __global__ void __launch_bounds__(kColumnThreads * kRowLanes)
-smxx_moe_expand_impl(const uint4* __restrict__ x, uint4* __restrict__ out, const uint32_t* __restrict__ x_scales,
+smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __restrict__ x_scales,
                      uint32_t* __restrict__ out_scales, const int32_t* __restrict__ row_slots,
                      const int32_t* __restrict__ num_rows, uint32_t num_out_rows, uint32_t row_vectors,
                      uint32_t x_row_vectors, uint32_t top_k, uint32_t scale_columns, uint32_t x_scale_row_stride,
@@ -41,34 +41,37 @@ smxx_moe_expand_impl(const uint4* __restrict__ x, uint4* __restrict__ out, const
     }
 
     // Loads first, then stores
-    if (column < row_vectors) {
-        uint4 vectors[kRowsPerThread];
-        #pragma unroll
-        for (int i = 0; i < kRowsPerThread; ++i)
-            vectors[i] = tokens[i] < 0 ? make_uint4(0, 0, 0, 0)
-                                       : __ldg(x + static_cast<uint64_t>(tokens[i]) * x_row_vectors + column);
-        #pragma unroll
-        for (int i = 0; i < kRowsPerThread; ++i) {
-            const uint32_t row = first_row + i * kRowLanes;
-            if (row < row_limit)
-                out[static_cast<uint64_t>(row) * row_vectors + column] = vectors[i];
-        }
+    // NOTE: plain (not read-only .nc) loads of x, which is not __restrict__: ptxas then cannot hoist a store
+    // above a later load, so all kRowsPerThread loads stay in flight together instead of one or two.
+    const bool in_row = column < row_vectors;
+    uint4 vectors[kRowsPerThread];
+    #pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i)
+        vectors[i] = tokens[i] < 0 || !in_row ? make_uint4(0, 0, 0, 0)
+                                              : x[static_cast<uint64_t>(tokens[i]) * x_row_vectors + column];
+    #pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+        const uint32_t row = first_row + i * kRowLanes;
+        if (in_row && row < row_limit)
+            out[static_cast<uint64_t>(row) * row_vectors + column] = vectors[i];
     }
 
-    // Scales: the first column chunk's threads gather each row's scale columns
+    // Scales: the first column chunk's threads gather each row's scale columns, loads before stores
     if (out_scales != nullptr && blockIdx.y == 0) {
         const ScaleStrides strides{scale_batch_rows, scale_batch_stride, 1, scale_column_stride};
         for (uint32_t scale_column = threadIdx.x % kColumnThreads; scale_column < scale_columns;
              scale_column += kColumnThreads) {
+            uint32_t words[kRowsPerThread];
+            #pragma unroll
+            for (int i = 0; i < kRowsPerThread; ++i)
+                words[i] = tokens[i] < 0 ? 0u
+                                         : __ldg(x_scales + static_cast<uint64_t>(tokens[i]) * x_scale_row_stride +
+                                                 static_cast<uint64_t>(scale_column) * x_scale_column_stride);
             #pragma unroll
             for (int i = 0; i < kRowsPerThread; ++i) {
                 const uint32_t row = first_row + i * kRowLanes;
-                if (row >= row_limit)
-                    continue;
-                out_scales[strides.offset(row, scale_column)] =
-                    tokens[i] < 0 ? 0u
-                                  : __ldg(x_scales + static_cast<uint64_t>(tokens[i]) * x_scale_row_stride +
-                                          static_cast<uint64_t>(scale_column) * x_scale_column_stride);
+                if (row < row_limit)
+                    out_scales[strides.offset(row, scale_column)] = words[i];
             }
         }
     }

@@ -36,16 +36,18 @@ smxx_moe_expand_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, vo
     if (blockIdx.y * Tile::BLOCK_ROWS >= row_limit)
         return;
 
-    // Loads first: kPasses gathered 16-byte loads per thread (zeros for padding rows)
+    // Loads first: every pass's slot, then kPasses gathered 16-byte loads per thread (zeros for padding rows)
     const Tile tile;
+    int32_t slots[kPasses];
+    #pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass)
+        slots[pass] = tile.row(pass) < row_limit ? __ldg(row_slots + tile.row(pass)) : -1;
     uint4 loaded[kPasses];
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-        const uint32_t row = tile.row(pass);
-        const int32_t slot = row < row_limit ? __ldg(row_slots + row) : -1;
-        const uint64_t token = static_cast<uint32_t>(slot) / top_k;
-        loaded[pass] = slot < 0 ? make_uint4(0, 0, 0, 0)
-                                : __ldg(reinterpret_cast<const uint4*>(x + token * x_row_stride + tile.column));
+        const uint64_t token = static_cast<uint32_t>(slots[pass]) / top_k;
+        loaded[pass] = slots[pass] < 0 ? make_uint4(0, 0, 0, 0)
+                                       : __ldg(reinterpret_cast<const uint4*>(x + token * x_row_stride + tile.column));
     }
 
     // Per pass: group amax, scale, cast, store
