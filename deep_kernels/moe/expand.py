@@ -57,12 +57,16 @@ def expanded_scale_geometry(num_experts, rows: int, num_groups: int, layout: Sca
     return dtype, (num_experts, *shape), (block, *strides)
 
 
-def _check_geometry(t, name: str, geometry: tuple, layout: ScaleLayout) -> None:
+def _matches(t: torch.Tensor, geometry: tuple) -> bool:
     dtype, shape, strides = geometry
-    check_dtype(t, name, (dtype,))
-    if tuple(t.shape) != shape or any(size > 1 and stride != want
-                                      for size, stride, want in zip(shape, t.stride(), strides)):
-        raise ValueError(f"{name} must have shape {shape} with strides {strides} ({layout.name} scales), "
+    return t.dtype == dtype and tuple(t.shape) == shape and all(
+        size <= 1 or stride == want for size, stride, want in zip(shape, t.stride(), strides))
+
+
+def _check_geometry(t, name: str, geometry: tuple, layout: ScaleLayout) -> None:
+    check_dtype(t, name, (geometry[0],))
+    if not _matches(t, geometry):
+        raise ValueError(f"{name} must have shape {geometry[1]} with strides {geometry[2]} ({layout.name} scales), "
                          f"got shape {tuple(t.shape)} strides {tuple(t.stride())}")
 
 
@@ -72,13 +76,15 @@ def _expanded_scale_layout_of(scales, num_experts, rows: int, num_groups: int) -
         return scale_layout_of(scales, rows, num_groups)
     check_dtype(scales, "scales", (torch.float32, torch.int32))
     check_rank(scales, "scales", 3)
-    if scales.dtype == torch.int32:
-        layout = ScaleLayout.packed_ue8m0
-    else:
-        transposed = scales.stride(1) == 1 if rows > 1 else scales.stride(2) != 1
-        layout = ScaleLayout.mn_major if transposed and num_groups > 1 else ScaleLayout.row_major
-    _check_geometry(scales, "scales", expanded_scale_geometry(num_experts, rows, num_groups, layout), layout)
-    return layout
+    # NOTE: with one group the FP32 layouts differ only in the expert stride, so each is tried.
+    candidates = (ScaleLayout.packed_ue8m0,) if scales.dtype == torch.int32 else (
+        (ScaleLayout.row_major, ScaleLayout.mn_major) if scales.stride(-1) == 1 else
+        (ScaleLayout.mn_major, ScaleLayout.row_major))
+    for layout in candidates:
+        if _matches(scales, expanded_scale_geometry(num_experts, rows, num_groups, layout)):
+            return layout
+    _check_geometry(scales, "scales", expanded_scale_geometry(num_experts, rows, num_groups, candidates[0]),
+                    candidates[0])
 
 
 def _kernel_strides(geometry: tuple, rows: int) -> tuple:
