@@ -192,6 +192,7 @@ def _mixed_layout(**fields):
     (Q, {"scales": MN_SCALES, "out": (torch.zeros(MAX_ROWS, 256, dtype=torch.float8_e4m3fn), torch.zeros(MAX_ROWS, 2))},
      ValueError, "out\\[1\\] must have shape"),
     (Q, {"scales": MN_SCALES}, ValueError, "x must be a CUDA tensor"),
+    (X, {"zero_padding": 1}, TypeError, "zero_padding must be a bool"),
     (X, {}, ValueError, "x must be a CUDA tensor"),
 ])
 def test_moe_expand_rejects_bad_input(x, kwargs, error, match):
@@ -211,6 +212,7 @@ def test_moe_expand_rejects_bad_input(x, kwargs, error, match):
     (X, {"out": (torch.zeros(MAX_ROWS, 256, dtype=torch.float8_e4m3fn), torch.zeros(MAX_ROWS, 2))}, ValueError,
      "out\\[1\\] must have shape \\(" + str(MAX_ROWS) + ", 2\\) with strides \\(1, " + str(MAX_ROWS) + "\\)"),
     (X, {"out": (torch.zeros(MAX_ROWS, 256, dtype=torch.uint8), MN_SCALES)}, TypeError, "out\\[0\\] must be"),
+    (X, {"zero_padding": None}, TypeError, "zero_padding must be a bool"),
     (X, {"masked": True}, ValueError, "x must be a CUDA tensor"),
 ])
 def test_moe_expand_cast_rejects_bad_input(x, kwargs, error, match):
@@ -352,6 +354,39 @@ def test_moe_expand_cast_matches_reference(num_tokens, num_experts, k, hidden, u
             num_rows = int(layout.num_rows.item())
             assert_bitwise_equal(q[:num_rows], q_cast[:num_rows], "q vs per_token_cast_to_fp8")
             assert_bitwise_equal(scales[:num_rows], scales_cast[:num_rows], "scales vs per_token_cast_to_fp8")
+
+
+def _dense_bytes(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t).view(torch.uint8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["bf16", "fp8 mn_major", "fp8 packed_ue8m0", "cast mn_major", "cast packed_ue8m0"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_expand_without_zero_padding_writes_only_rows_with_a_slot(variant, masked):
+    _, _, layout = _routing(512, 256, 8)
+    x = random_activations(512, 2176, torch.bfloat16)
+    kind, scale_layout = (variant.split() + [None])[:2]
+    ue8m0 = scale_layout == "packed_ue8m0"
+    if kind == "cast":
+        run = lambda **kwargs: deep_kernels.moe_expand_cast_to_fp8(x, layout, masked=masked, ue8m0=ue8m0,
+                                                                   scale_layout=scale_layout, **kwargs)
+        expected = reference.moe_expand_cast_to_fp8(x, layout, masked=masked, ue8m0=ue8m0, scale_layout=scale_layout)
+    else:
+        scales = None
+        if kind == "fp8":
+            x, scales = deep_kernels.per_token_cast_to_fp8(x, 128, ue8m0, scale_layout)
+        run = lambda **kwargs: deep_kernels.moe_expand(x, layout, scales, masked=masked, **kwargs)
+        expected = reference.moe_expand(x, layout, scales, masked=masked)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    out = tuple(_poisoned(t) for t in expected)
+    run(zero_padding=False, out=out if len(out) == 2 else out[0])
+    slots = layout.masked_slots if masked else layout.row_to_slot
+    has_slot = slots >= 0
+    for actual, wanted in zip(out, expected):
+        actual, wanted = _dense_bytes(actual), _dense_bytes(wanted)
+        assert torch.equal(actual[has_slot], wanted[has_slot])
+        assert (actual[~has_slot] == 0xFF).all(), "a row without a slot was written"
 
 
 def _reduce_inputs(layout, num_tokens: int, hidden: int, variant: str, masked: bool):

@@ -1,7 +1,8 @@
 // MoE token expansion: out[r] = x[row_slots[r] / top_k] for each row r of a grouped-GEMM layout, a zero row
 // where row_slots[r] is -1. Rows are raw 16-byte vectors (any element type: bf16, fp8), so one kernel serves
 // every dtype. With scales, the per-token scale columns (FP32 values or packed UE8M0 words) are gathered the
-// same way into the scale layout of the output rows (zero for zero rows).
+// same way into the scale layout of the output rows (zero for zero rows). Without zero_padding, rows without a
+// slot are left unwritten.
 // Contiguous layout: row_slots = row_to_slot and rows from *num_rows on are not written (they hold no expert's
 // rows); masked layout: row_slots = masked_slots flattened, num_rows null, every row written.
 // Memory-bound: a block covers BLOCK_ROWS rows of one chunk of kColumnThreads vectors; each thread issues
@@ -22,7 +23,7 @@ smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __
                      const int32_t* __restrict__ num_rows, uint32_t num_out_rows, uint32_t row_vectors,
                      uint32_t x_row_vectors, uint32_t top_k, uint32_t scale_columns, uint32_t x_scale_row_stride,
                      uint32_t x_scale_column_stride, uint32_t scale_batch_rows, uint32_t scale_batch_stride,
-                     uint32_t scale_column_stride) {
+                     uint32_t scale_column_stride, uint32_t zero_padding) {
     // Tile: blockIdx.x is the row block, blockIdx.y the column chunk; row lanes interleave rows
     constexpr uint32_t BLOCK_ROWS = kRowLanes * kRowsPerThread;
     const uint32_t first_row = blockIdx.x * BLOCK_ROWS + threadIdx.x / kColumnThreads;
@@ -52,7 +53,7 @@ smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __
     #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
         const uint32_t row = first_row + i * kRowLanes;
-        if (in_row && row < row_limit)
+        if (in_row && row < row_limit && (zero_padding || tokens[i] >= 0))
             out[static_cast<uint64_t>(row) * row_vectors + column] = vectors[i];
     }
 
@@ -70,7 +71,7 @@ smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __
             #pragma unroll
             for (int i = 0; i < kRowsPerThread; ++i) {
                 const uint32_t row = first_row + i * kRowLanes;
-                if (row < row_limit)
+                if (row < row_limit && (zero_padding || tokens[i] >= 0))
                     out_scales[strides.offset(row, scale_column)] = words[i];
             }
         }

@@ -3,6 +3,7 @@
 // per group of GROUP_SIZE columns: the numerics of smxx_per_token_cast (common/quant.cuh), bit for bit.
 // q [rows, K] row-major; scales in any ScaleLayout, batched per expert for the masked layout (ScaleStrides).
 // Contiguous layout: rows from *num_rows on are not written; masked layout: num_rows null, every row written.
+// Without zero_padding, rows without a slot are not written either.
 // Memory-bound: the TokenGroupTile mapping of smxx_per_token_cast with the source row looked up per row.
 #pragma once
 
@@ -26,7 +27,7 @@ smxx_moe_expand_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, vo
                           const int32_t* __restrict__ row_slots, const int32_t* __restrict__ num_rows,
                           uint32_t num_out_rows, uint32_t shape_k, uint32_t x_row_stride, uint32_t top_k,
                           uint32_t scale_batch_rows, uint32_t scale_batch_stride, uint32_t scale_row_stride,
-                          uint32_t scale_column_stride, float amax_clamp) {
+                          uint32_t scale_column_stride, float amax_clamp, uint32_t zero_padding) {
     // Static checks and types
     constexpr int kVec = 16 / sizeof(InT);
     using Tile = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses>;
@@ -57,7 +58,7 @@ smxx_moe_expand_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, vo
         const uint32_t row = tile.row(pass);
         float values[kVec];
         const float amax = max_nan(Tile::group_reduce(unpack_vector<InT>(loaded[pass], values), max_nan), amax_clamp);
-        if (row >= row_limit)
+        if (row >= row_limit || (!zero_padding && slots[pass] < 0))
             continue;
 
         const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);

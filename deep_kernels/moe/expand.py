@@ -2,9 +2,9 @@
 
 moe_expand: row r of the contiguous layout [max_rows, H] is x[row_to_slot[r] // k] (slot s = t * k + j);
     row (e, i) of the masked layout [E, max_tokens, H] is x[masked_slots[e, i] // k]. Rows without a slot
-    (padding within an expert's segment, masked rows from masked_m on) are zero; rows of the contiguous
-    layout from num_rows on belong to no expert and are NOT written. FP8 rows bring their per-token scales,
-    gathered into the scale layout the grouped GEMM reads.
+    (padding within an expert's segment, masked rows from masked_m on) are zero, or left unwritten with
+    zero_padding=False; rows of the contiguous layout from num_rows on belong to no expert and are never
+    written. FP8 rows bring their per-token scales, gathered into the scale layout the grouped GEMM reads.
 moe_expand_cast_to_fp8: the same gather fused with per_token_cast_to_fp8 (1 x 128 groups), bit for bit.
 moe_reduce: out[t] = sum over j of weights[t, j] * y[row of slot t * k + j], in FP32, slots in order,
     dropped slots skipped: acc = 0; acc = acc + w_j * y_j (IEEE products and sums, never fused); out = RNE(acc).
@@ -161,6 +161,11 @@ def _check_out(t, name: str, shape: tuple, dtype: torch.dtype) -> None:
         raise ValueError(f"{name} must start at a 16-byte aligned address")
 
 
+def _check_bool(value, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
 def _unpack_out(out, count: int) -> tuple:
     if count == 1:
         return (out,)
@@ -182,11 +187,12 @@ def _expand_spec() -> KernelSpec:
 
 @functools.lru_cache(maxsize=None)
 def _expand_kernel():
-    return get_kernel(_expand_spec(), param_kinds="PPPPPP" + "I" * 10,
+    return get_kernel(_expand_spec(), param_kinds="PPPPPP" + "I" * 11,
                       block_threads=_EXPAND_COLUMN_THREADS * _EXPAND_ROW_LANES)
 
 
-def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, masked: bool = False, out=None):
+def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, masked: bool = False,
+               zero_padding: bool = True, out=None):
     """Gather token rows into a grouped-GEMM layout: each routed slot gets a copy of its token's row.
 
     Args:
@@ -197,6 +203,8 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
             quant.common (row_major, mn_major or packed_ue8m0).
         masked: False: the contiguous layout [max_rows, H]; True: the masked layout [E, max_tokens, H]
             (the layout must hold the masked tensors).
+        zero_padding: write zeros to the rows without a slot (and zero scales); False leaves them unwritten,
+            which the grouped GEMM tolerates (rows are independent) and saves most of the traffic at decode.
         out: optional output(s) to write into, shaped, typed and strided as the ones returned.
 
     Returns:
@@ -204,10 +212,11 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
         mn_major (FP32 x) or packed_ue8m0 (packed x) over the expanded rows (see the module docstring).
 
     Notes:
-        Rows without a slot are zero (scale 0 for FP8); contiguous rows from layout.num_rows on are not
-        written. No host synchronization or allocation besides `out`: CUDA-graph safe. Deterministic.
+        Rows without a slot are zero (scale 0 for FP8) unless zero_padding is False; contiguous rows from
+        layout.num_rows on are never written. No host synchronization or allocation besides `out`: CUDA-graph safe. Deterministic.
     """
     sizes = _check_x(x, layout, masked, EXPAND_DTYPES)
+    _check_bool(zero_padding, "zero_padding")
     num_tokens, k, num_experts, _, max_tokens = sizes
     hidden = x.shape[1]
     shape = _expanded_shape(sizes, hidden, masked)
@@ -256,7 +265,7 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
     _expand_kernel().launch(grid, (
         x.data_ptr(), rows.data_ptr(), scales.data_ptr() if is_fp8 else 0, out_scales.data_ptr() if is_fp8 else 0,
         _row_slots(layout, masked).data_ptr(), 0 if masked else layout.num_rows.data_ptr(), num_out_rows,
-        row_vectors, x.stride(0) * x.element_size() // 16, k, *scale_args), x.get_device())
+        row_vectors, x.stride(0) * x.element_size() // 16, k, *scale_args, int(zero_padding)), x.get_device())
     return result
 
 
@@ -271,13 +280,13 @@ def _expand_cast_spec(dtype: torch.dtype, ue8m0: bool, layout: ScaleLayout, mode
 
 @functools.lru_cache(maxsize=None)
 def _expand_cast_kernel(dtype: torch.dtype, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode):
-    return get_kernel(_expand_cast_spec(dtype, ue8m0, layout, mode), param_kinds="PPPPP" + "I" * 8 + "f",
+    return get_kernel(_expand_cast_spec(dtype, ue8m0, layout, mode), param_kinds="PPPPP" + "I" * 8 + "fI",
                       block_threads=NUM_WARPS * 32)
 
 
 def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = False, ue8m0: bool = False,
                            scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP,
-                           scale_mode: str = "mul", out=None):
+                           scale_mode: str = "mul", zero_padding: bool = True, out=None):
     """moe_expand of x fused with per_token_cast_to_fp8 (1 x 128 groups) of the expanded rows.
 
     Args:
@@ -285,6 +294,7 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
         layout: moe_layout's result for these T tokens.
         masked: False: the contiguous layout [max_rows, H]; True: the masked layout [E, max_tokens, H].
         ue8m0, scale_layout, amax_clamp, scale_mode: as for per_token_cast_to_fp8.
+        zero_padding: as for moe_expand: False leaves the rows without a slot (codes and scales) unwritten.
         out: optional (q, scales) to write into, shaped, typed and strided as the ones returned.
 
     Returns:
@@ -297,6 +307,7 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
         from layout.num_rows on are not written. CUDA-graph safe; deterministic.
     """
     sizes = _check_x(x, layout, masked, CAST_DTYPES)
+    _check_bool(zero_padding, "zero_padding")
     _, k, num_experts, _, max_tokens = sizes
     hidden = x.shape[1]
     if hidden % GROUP_SIZE != 0:
@@ -331,7 +342,7 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
     kernel.launch(grid, (
         x.data_ptr(), q.data_ptr(), scales.data_ptr(), _row_slots(layout, masked).data_ptr(),
         0 if masked else layout.num_rows.data_ptr(), num_out_rows, hidden, x.stride(0), k,
-        *_kernel_strides(geometry, batch_rows), float(amax_clamp)), x.get_device())
+        *_kernel_strides(geometry, batch_rows), float(amax_clamp), int(zero_padding)), x.get_device())
     return q, scales
 
 

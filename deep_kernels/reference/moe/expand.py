@@ -1,8 +1,9 @@
 """Plain-torch reference of deep_kernels.moe.expand: the definition the kernels match bit for bit.
 
-Runs on any device. The reference writes every row, including the contiguous rows from num_rows on (zeros,
-which the kernels leave unwritten: compare the first num_rows rows). The reduction adds FP32 products
-w * y in slot order, each a separate tensor operation (never fused into a multiply-add).
+Runs on any device. The reference writes every row: the contiguous rows from num_rows on (zeros, which the
+kernels leave unwritten: compare the first num_rows rows) and, whatever zero_padding says, the rows without a
+slot (zeros, which the kernels leave unwritten with zero_padding=False: compare the rows with a slot). The
+reduction adds FP32 products w * y in slot order, each a separate tensor operation (never a fused multiply-add).
 """
 
 import torch
@@ -57,7 +58,7 @@ def _write_scales(columns: torch.Tensor, layout, masked: bool, num_groups: int, 
     return out
 
 
-def moe_expand(x: torch.Tensor, layout, scales: torch.Tensor = None, masked: bool = False):
+def moe_expand(x: torch.Tensor, layout, scales: torch.Tensor = None, masked: bool = False, zero_padding: bool = True):
     tokens = expanded_tokens(layout, masked)
     batches, batch_rows = _batches(layout, masked)
     rows = _gather_rows(x, tokens)
@@ -73,7 +74,7 @@ def moe_expand(x: torch.Tensor, layout, scales: torch.Tensor = None, masked: boo
 
 def moe_expand_cast_to_fp8(x: torch.Tensor, layout, masked: bool = False, ue8m0: bool = False,
                            scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP,
-                           scale_mode: str = "mul"):
+                           scale_mode: str = "mul", zero_padding: bool = True):
     rows = moe_expand(x, layout, masked=masked)
     flat = rows.reshape(-1, x.shape[1])
     q, values = per_token_cast_to_fp8(flat, GROUP_SIZE, ue8m0, "row_major", amax_clamp, scale_mode)
