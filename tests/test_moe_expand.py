@@ -487,3 +487,11 @@ def test_expand_cast_reduce_graph_capture_and_replay_with_new_routing():
         # Rows from num_rows on are poison in `rows` and never referenced by a slot.
         expected = reference.moe_reduce(expected_rows, layout, gate_weights)
         assert_bitwise_equal(combined, expected, "combined")
+
+
+def test_benchmark_suite_is_registered():
+    from deep_kernels.__main__ import SUITES
+    from deep_kernels.benchmarks import moe_expand as suite
+
+    assert "moe_expand" in SUITES and callable(suite.run)
+    assert suite._expand_bytes(3, 5, 2) == 8 * 7168 * 2  # 3 rows read, 5 written
