@@ -193,6 +193,7 @@ def _mixed_layout(**fields):
      ValueError, "out\\[1\\] must have shape"),
     (Q, {"scales": MN_SCALES}, ValueError, "x must be a CUDA tensor"),
     (X, {"zero_padding": 1}, TypeError, "zero_padding must be a bool"),
+    (X, {"masked": "yes"}, TypeError, "masked must be a bool"),
     (X, {}, ValueError, "x must be a CUDA tensor"),
 ])
 def test_moe_expand_rejects_bad_input(x, kwargs, error, match):

@@ -99,6 +99,7 @@ def _layout_sizes(layout, masked: bool) -> tuple:
     """(T, k, E, max_rows, max_tokens) of a consistent MoeLayout; max_tokens None unless masked."""
     if not isinstance(layout, MoeLayout):
         raise TypeError(f"layout must be a MoeLayout (from moe_layout), got {type(layout).__name__}")
+    _check_bool(masked, "masked")
     fields = _LAYOUT_FIELDS + (("masked_slots", "masked_m") if masked else ())
     if masked and layout.masked_slots is None:
         raise ValueError("masked=True needs a layout with the masked tensors: moe_layout(..., max_tokens=...)")
