@@ -6,38 +6,31 @@ from deep_kernels.grouped_gemm import (
     get_m_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
 )
 from deep_kernels.moe import (
-    MoeLayout, map_global_to_local_experts, moe_layout, topk_gate, topk_gate_backward, topk_gate_with_layout,
+    MoeLayout, map_global_to_local_experts, moe_expand, moe_expand_cast_to_fp8, moe_layout, moe_reduce, topk_gate,
+    topk_gate_backward, topk_gate_with_layout,
 )
-from deep_kernels.quant import per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
-from deep_kernels.quant import (mxfp4_cast_back, mxfp4_requant_to_fp8, nvfp4_cast_back, nvfp4_global_scale,
-                                per_token_cast_to_mxfp4, per_token_cast_to_nvfp4)
-from deep_kernels.quant import batched_transpose, per_channel_cast_transpose_to_fp8
-from deep_kernels.quant import swiglu_backward, swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked, swiglu_forward
+from deep_kernels.quant import (
+    batched_transpose, mxfp4_cast_back, mxfp4_requant_to_fp8, nvfp4_cast_back, nvfp4_global_scale,
+    per_block_cast_to_fp8, per_channel_cast_transpose_to_fp8, per_token_cast_back, per_token_cast_to_fp8,
+    per_token_cast_to_mxfp4, per_token_cast_to_nvfp4, swiglu_backward, swiglu_cast_to_fp8,
+    swiglu_cast_to_fp8_masked, swiglu_forward,
+)
 from deep_kernels.validation import tma_aligned_size
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "batched_transpose",
-    "per_channel_cast_transpose_to_fp8",
-    "fp8_gemm_nt",
-    "get_m_alignment_for_contiguous_layout",
-    "get_mn_major_tma_aligned_tensor",
-    "get_num_sms",
-    "map_global_to_local_experts",
-    "per_block_cast_to_fp8",
-    "m_grouped_fp8_gemm_nt_contiguous",
-    "m_grouped_fp8_gemm_nt_masked",
-    "moe_layout",
-    "MoeLayout",
-    "per_token_cast_back",
-    "per_token_cast_to_fp8",
-    "set_num_sms",
-    "swiglu_backward", "swiglu_cast_to_fp8", "swiglu_cast_to_fp8_masked", "swiglu_forward",
-    "tma_aligned_size",
-    "topk_gate",
-    "mxfp4_cast_back", "mxfp4_requant_to_fp8", "nvfp4_cast_back", "nvfp4_global_scale",
-    "per_token_cast_to_mxfp4", "per_token_cast_to_nvfp4",
-    "topk_gate_backward",
-    "topk_gate_with_layout",
+    # GEMMs
+    "fp8_gemm_nt", "get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor",
+    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "tma_aligned_size",
+    # MoE routing
+    "MoeLayout", "map_global_to_local_experts", "moe_expand", "moe_expand_cast_to_fp8", "moe_layout", "moe_reduce",
+    "topk_gate", "topk_gate_backward", "topk_gate_with_layout",
+    # Quantization
+    "batched_transpose", "mxfp4_cast_back", "mxfp4_requant_to_fp8", "nvfp4_cast_back", "nvfp4_global_scale",
+    "per_block_cast_to_fp8", "per_channel_cast_transpose_to_fp8", "per_token_cast_back", "per_token_cast_to_fp8",
+    "per_token_cast_to_mxfp4", "per_token_cast_to_nvfp4", "swiglu_backward", "swiglu_cast_to_fp8",
+    "swiglu_cast_to_fp8_masked", "swiglu_forward",
+    # Device
+    "get_num_sms", "set_num_sms",
 ]

@@ -8,7 +8,7 @@ from pathlib import Path
 from deep_kernels import envs
 
 FAMILIES = ("quant", "gemm", "grouped_gemm", "moe")
-SUITES = ("quant", "fp8_gemm", "grouped_gemm", "routing", "jit")
+SUITES = ("quant", "fp8_gemm", "grouped_gemm", "routing", "moe_expand", "jit")
 
 
 def _family_specs(names) -> list:

@@ -1,9 +1,11 @@
-"""The mixture-of-experts routing family: top-k gating, then the layouts the grouped GEMMs read.
+"""The mixture-of-experts routing family: top-k gating, the layouts the grouped GEMMs read, and the moves
+of token rows into those layouts and back.
 
 One module per stage of the pipeline between the router logits and the grouped GEMMs.
 """
 
-from deep_kernels.moe import expert_parallel, gate, layout, routing
+from deep_kernels.moe import expand, expert_parallel, gate, layout, routing
+from deep_kernels.moe.expand import moe_expand, moe_expand_cast_to_fp8, moe_reduce
 from deep_kernels.moe.expert_parallel import map_global_to_local_experts
 from deep_kernels.moe.gate import MAX_EXPERTS, MAX_GROUPS, MAX_TOP_K, SCORINGS, topk_gate, topk_gate_backward
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT, MoeLayout, contiguous_max_rows, moe_layout
@@ -11,11 +13,11 @@ from deep_kernels.moe.routing import FUSED_MAX_SLOTS, topk_gate_with_layout
 
 __all__ = [
     "CONTIGUOUS_ALIGNMENT", "FUSED_MAX_SLOTS", "MAX_EXPERTS", "MAX_GROUPS", "MAX_TOP_K", "SCORINGS", "MoeLayout",
-    "contiguous_max_rows", "map_global_to_local_experts", "moe_layout", "topk_gate", "topk_gate_backward",
-    "topk_gate_with_layout",
+    "contiguous_max_rows", "map_global_to_local_experts", "moe_expand", "moe_expand_cast_to_fp8", "moe_layout",
+    "moe_reduce", "topk_gate", "topk_gate_backward", "topk_gate_with_layout",
 ]
 
-_MODULES = (gate, layout, routing, expert_parallel)
+_MODULES = (gate, layout, routing, expert_parallel, expand)
 
 
 def precompile_specs() -> list:

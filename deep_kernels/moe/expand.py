@@ -1,0 +1,454 @@
+"""MoE token expansion into the grouped-GEMM layouts, and the weighted reduction back to tokens.
+
+moe_expand: row r of the contiguous layout [max_rows, H] is x[row_to_slot[r] // k] (slot s = t * k + j);
+    row (e, i) of the masked layout [E, max_tokens, H] is x[masked_slots[e, i] // k]. Rows without a slot
+    (padding within an expert's segment, masked rows from masked_m on) are zero, or left unwritten with
+    zero_padding=False; rows of the contiguous layout from num_rows on belong to no expert and are never
+    written. FP8 rows bring their per-token scales, gathered into the scale layout the grouped GEMM reads.
+moe_expand_cast_to_fp8: the same gather fused with per_token_cast_to_fp8 (1 x 128 groups), bit for bit.
+moe_reduce: out[t] = sum over j of weights[t, j] * y[row of slot t * k + j], in FP32, slots in order,
+    dropped slots skipped: acc = 0; acc = acc + w_j * y_j (IEEE products and sums, never fused); out = RNE(acc).
+Scales of expanded rows (quant.common's layouts, over the expanded rows): contiguous [rows, G] as in quant;
+masked [E, max_tokens, G] with each expert's [max_tokens, G] block in that layout, experts one after another
+(mn_major: strides (G * M_ALIGNED, 1, M_ALIGNED) with M_ALIGNED = max_tokens rounded up to 4).
+"""
+
+import functools
+
+import torch
+
+from deep_kernels.jit.runtime import get_kernel
+from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.moe.gate import MAX_TOP_K
+from deep_kernels.moe.layout import MoeLayout, contiguous_max_rows
+from deep_kernels.quant.common import (
+    DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows, check_amax_clamp,
+    parse_layout, parse_scale_mode, scale_geometry, scale_layout_of,
+)
+from deep_kernels.validation import (
+    INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, check_tensor,
+    tma_aligned_size,
+)
+
+GROUP_SIZE = 128
+EXPAND_DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+CAST_DTYPES = (torch.bfloat16, torch.float32)
+REDUCE_DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+OUT_DTYPES = (torch.bfloat16, torch.float32)
+_KERNEL_TYPES = {**CPP_TYPES, torch.float8_e4m3fn: "__nv_fp8_e4m3"}
+
+# Expand: 128 threads along a row's 16-byte vectors, 2 row lanes, 4 rows (loads in flight) per thread.
+_EXPAND_COLUMN_THREADS, _EXPAND_ROW_LANES, _EXPAND_ROWS_PER_THREAD = 128, 2, 4
+_EXPAND_BLOCK_ROWS = _EXPAND_ROW_LANES * _EXPAND_ROWS_PER_THREAD
+# Reduce: 128 threads along a row's vectors, 2 tokens per block; each thread loads its token's k rows.
+_REDUCE_COLUMN_THREADS, _REDUCE_TOKEN_LANES = 128, 2
+_LAYOUT_FIELDS = ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row")
+
+
+# ---- geometry and checks ----
+
+def expanded_scale_geometry(num_experts, rows: int, num_groups: int, layout: ScaleLayout) -> tuple:
+    """(dtype, shape, strides) of the scales of expanded rows: quant.common.scale_geometry for the contiguous
+    layout (num_experts None), else [E, rows, columns] with one such block per expert."""
+    dtype, shape, strides = scale_geometry(rows, num_groups, layout)
+    if num_experts is None:
+        return dtype, shape, strides
+    block = shape[1] * (rows if layout == ScaleLayout.row_major else tma_aligned_size(rows, 4))
+    return dtype, (num_experts, *shape), (block, *strides)
+
+
+def _matches(t: torch.Tensor, geometry: tuple) -> bool:
+    dtype, shape, strides = geometry
+    return t.dtype == dtype and tuple(t.shape) == shape and all(
+        size <= 1 or stride == want for size, stride, want in zip(shape, t.stride(), strides))
+
+
+def _check_geometry(t, name: str, geometry: tuple, layout: ScaleLayout) -> None:
+    check_dtype(t, name, (geometry[0],))
+    if not _matches(t, geometry):
+        raise ValueError(f"{name} must have shape {geometry[1]} with strides {geometry[2]} ({layout.name} scales), "
+                         f"got shape {tuple(t.shape)} strides {tuple(t.stride())}")
+
+
+def _expanded_scale_layout_of(scales, num_experts, rows: int, num_groups: int) -> ScaleLayout:
+    """The layout of scales over expanded rows (as expanded_scale_geometry describes), or a clear error."""
+    if num_experts is None:
+        return scale_layout_of(scales, rows, num_groups)
+    check_dtype(scales, "scales", (torch.float32, torch.int32))
+    check_rank(scales, "scales", 3)
+    # NOTE: with one group the FP32 layouts differ only in the expert stride, so each is tried.
+    candidates = (ScaleLayout.packed_ue8m0,) if scales.dtype == torch.int32 else (
+        (ScaleLayout.row_major, ScaleLayout.mn_major) if scales.stride(-1) == 1 else
+        (ScaleLayout.mn_major, ScaleLayout.row_major))
+    for layout in candidates:
+        if _matches(scales, expanded_scale_geometry(num_experts, rows, num_groups, layout)):
+            return layout
+    _check_geometry(scales, "scales", expanded_scale_geometry(num_experts, rows, num_groups, candidates[0]),
+                    candidates[0])
+
+
+def _kernel_strides(geometry: tuple, rows: int) -> tuple:
+    """(batch_rows, batch_stride, row_stride, column_stride) of ScaleStrides (csrc/common/moe_rows.cuh)."""
+    _, shape, strides = geometry
+    if len(shape) == 2:
+        return (max(rows, 1), 0, *strides)
+    return (rows, *strides)
+
+
+def _layout_sizes(layout, masked: bool) -> tuple:
+    """(T, k, E, max_rows, max_tokens) of a consistent MoeLayout; max_tokens None unless masked."""
+    if not isinstance(layout, MoeLayout):
+        raise TypeError(f"layout must be a MoeLayout (from moe_layout), got {type(layout).__name__}")
+    _check_bool(masked, "masked")
+    fields = _LAYOUT_FIELDS + (("masked_slots", "masked_m") if masked else ())
+    if masked and layout.masked_slots is None:
+        raise ValueError("masked=True needs a layout with the masked tensors: moe_layout(..., max_tokens=...)")
+    for name in fields:
+        t = getattr(layout, name)
+        check_dtype(t, f"layout.{name}", (torch.int32,))
+        if not t.is_contiguous():
+            raise ValueError(f"layout.{name} must be contiguous, got strides {tuple(t.stride())}")
+    check_rank(layout.slot_to_row, "layout.slot_to_row", 2)
+    check_rank(layout.counts, "layout.counts", 1)
+    num_tokens, k = layout.slot_to_row.shape
+    num_experts = layout.counts.shape[0]
+    max_rows = contiguous_max_rows(num_tokens * k, num_experts)
+    expected = {"num_rows": (1,), "m_indices": (max_rows,), "row_to_slot": (max_rows,)}
+    max_tokens = None
+    if masked:
+        check_rank(layout.masked_slots, "layout.masked_slots", 2)
+        max_tokens = layout.masked_slots.shape[1]
+        expected.update(masked_slots=(num_experts, max_tokens), masked_m=(num_experts,))
+    for name, shape in expected.items():
+        if tuple(getattr(layout, name).shape) != shape:
+            raise ValueError(f"layout.{name} must have shape {shape} for a layout of {num_tokens} tokens, k = {k} "
+                             f"and {num_experts} experts, got {tuple(getattr(layout, name).shape)}")
+    if not 1 <= k <= MAX_TOP_K:
+        raise ValueError(f"layout.slot_to_row.shape[1] (k) must be in [1, {MAX_TOP_K}], got {k}")
+    if masked and (max_tokens < 1 or num_experts * max_tokens > INT32_LIMIT):
+        raise ValueError(f"layout.masked_slots has an invalid shape {tuple(layout.masked_slots.shape)}")
+    return num_tokens, k, num_experts, max_rows, max_tokens
+
+
+def _check_layout_device(layout, masked: bool, like: torch.Tensor) -> None:
+    for name in _LAYOUT_FIELDS + (("masked_slots",) if masked else ()):
+        check_cuda_device(getattr(layout, name), f"layout.{name}", like=like)
+
+
+def _check_x(x, layout, masked: bool, dtypes: tuple) -> tuple:
+    check_dtype(x, "x", dtypes)
+    check_rank(x, "x", 2)
+    sizes = _layout_sizes(layout, masked)
+    if x.shape[0] != sizes[0]:
+        raise ValueError(f"x has {x.shape[0]} tokens but the layout was built for {sizes[0]}")
+    if x.shape[1] * x.element_size() % 16 != 0:
+        raise ValueError(f"x rows must be whole 16-byte vectors: H = {x.shape[1]} {x.dtype} elements")
+    check_row_major_rows(x, "x")
+    return sizes
+
+
+def _expanded_shape(sizes: tuple, hidden: int, masked: bool) -> tuple:
+    _, _, num_experts, max_rows, max_tokens = sizes
+    return (num_experts, max_tokens, hidden) if masked else (max_rows, hidden)
+
+
+def _check_out(t, name: str, shape: tuple, dtype: torch.dtype) -> None:
+    """A contiguous, 16-byte aligned output of the given shape and dtype (its device is checked later)."""
+    check_dtype(t, name, (dtype,))
+    if tuple(t.shape) != shape or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous tensor of shape {shape}, got shape {tuple(t.shape)} "
+                         f"strides {tuple(t.stride())}")
+    if t.data_ptr() % 16 != 0:
+        raise ValueError(f"{name} must start at a 16-byte aligned address")
+
+
+def _check_bool(value, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _unpack_out(out, count: int) -> tuple:
+    if count == 1:
+        return (out,)
+    if not isinstance(out, (tuple, list)) or len(out) != count:
+        raise TypeError(f"out must be a pair (rows, scales), got {type(out).__name__}")
+    return tuple(out)
+
+
+def _row_slots(layout, masked: bool) -> torch.Tensor:
+    return layout.masked_slots if masked else layout.row_to_slot
+
+
+# ---- expand ----
+
+def _expand_spec() -> KernelSpec:
+    return KernelSpec("kernels/smxx_moe_expand.cuh", "smxx_moe_expand_impl",
+                      (_EXPAND_COLUMN_THREADS, _EXPAND_ROW_LANES, _EXPAND_ROWS_PER_THREAD))
+
+
+@functools.lru_cache(maxsize=None)
+def _expand_kernel():
+    return get_kernel(_expand_spec(), param_kinds="PPPPPP" + "I" * 11,
+                      block_threads=_EXPAND_COLUMN_THREADS * _EXPAND_ROW_LANES)
+
+
+def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, masked: bool = False,
+               zero_padding: bool = True, out=None):
+    """Gather token rows into a grouped-GEMM layout: each routed slot gets a copy of its token's row.
+
+    Args:
+        x: [T, H] bfloat16, float32 or float8_e4m3fn CUDA tensor; rows contiguous and 16-byte aligned
+            (row stride >= H), H * element size a multiple of 16 (and of 128 elements for FP8).
+        layout: moe_layout's result for these T tokens (slot s = t * k + j).
+        scales: FP8 x only (and then required): its per-token scales of 1 x 128 groups in any layout of
+            quant.common (row_major, mn_major or packed_ue8m0).
+        masked: False: the contiguous layout [max_rows, H]; True: the masked layout [E, max_tokens, H]
+            (the layout must hold the masked tensors).
+        zero_padding: write zeros to the rows without a slot (and zero scales); False leaves them unwritten,
+            which the grouped GEMM tolerates (rows are independent) and saves most of the traffic at decode.
+        out: optional output(s) to write into, shaped, typed and strided as the ones returned.
+
+    Returns:
+        The expanded rows (x's dtype, contiguous), or for FP8 x a pair (rows, scales) with the scales in
+        mn_major (FP32 x) or packed_ue8m0 (packed x) over the expanded rows (see the module docstring).
+
+    Notes:
+        Rows without a slot are zero (scale 0 for FP8) unless zero_padding is False; contiguous rows from
+        layout.num_rows on are never written. No host synchronization or allocation besides `out`: CUDA-graph safe. Deterministic.
+    """
+    sizes = _check_x(x, layout, masked, EXPAND_DTYPES)
+    _check_bool(zero_padding, "zero_padding")
+    num_tokens, k, num_experts, _, max_tokens = sizes
+    hidden = x.shape[1]
+    shape = _expanded_shape(sizes, hidden, masked)
+    num_out_rows = shape[0] * (shape[1] if masked else 1)
+    batches, batch_rows = (num_experts, max_tokens) if masked else (None, num_out_rows)
+    is_fp8 = x.dtype == torch.float8_e4m3fn
+    if is_fp8 != (scales is not None):
+        raise ValueError("scales must be given for float8_e4m3fn x, and only then")
+    if is_fp8:
+        if hidden % GROUP_SIZE != 0:
+            raise ValueError(f"x.shape[1] (H = {hidden}) must be a multiple of {GROUP_SIZE} for FP8 x")
+        num_groups = hidden // GROUP_SIZE
+        x_layout = scale_layout_of(scales, num_tokens, num_groups)
+        out_layout = ScaleLayout.packed_ue8m0 if x_layout == ScaleLayout.packed_ue8m0 else ScaleLayout.mn_major
+        out_geometry = expanded_scale_geometry(batches, batch_rows, num_groups, out_layout)
+    if out is not None:
+        given = _unpack_out(out, 2 if is_fp8 else 1)
+        _check_out(given[0], "out[0]" if is_fp8 else "out", shape, x.dtype)
+        if is_fp8:
+            _check_geometry(given[1], "out[1]", out_geometry, out_layout)
+    check_cuda_device(x, "x")
+    _check_layout_device(layout, masked, x)
+    if is_fp8:
+        check_cuda_device(scales, "scales", like=x)
+    if out is not None:
+        for i, t in enumerate(given):
+            check_cuda_device(t, f"out[{i}]" if is_fp8 else "out", like=x)
+
+    if out is None:
+        given = (x.new_empty(shape),)
+        if is_fp8:
+            given += (x.new_empty_strided(out_geometry[1], out_geometry[2], dtype=out_geometry[0]),)
+    rows, out_scales = given if is_fp8 else (given[0], None)
+    result = (rows, out_scales) if is_fp8 else rows
+    if num_out_rows == 0 or hidden == 0:
+        return result
+
+    row_vectors = hidden * x.element_size() // 16
+    scale_args = (0, 0, 0, 1, 0, 0)
+    if is_fp8:
+        columns = scales.shape[1]
+        x_strides = (num_groups, 1) if x_layout == ScaleLayout.row_major else (1, scales.stride(1))
+        batch_rows_arg, batch_stride, _, column_stride = _kernel_strides(out_geometry, batch_rows)
+        scale_args = (columns, *x_strides, batch_rows_arg, batch_stride, column_stride)
+    grid = (ceil_div(num_out_rows, _EXPAND_BLOCK_ROWS), ceil_div(row_vectors, _EXPAND_COLUMN_THREADS), 1)
+    _expand_kernel().launch(grid, (
+        x.data_ptr(), rows.data_ptr(), scales.data_ptr() if is_fp8 else 0, out_scales.data_ptr() if is_fp8 else 0,
+        _row_slots(layout, masked).data_ptr(), 0 if masked else layout.num_rows.data_ptr(), num_out_rows,
+        row_vectors, x.stride(0) * x.element_size() // 16, k, *scale_args, int(zero_padding)), x.get_device())
+    return result
+
+
+# ---- fused expand + per-token FP8 cast ----
+
+def _expand_cast_spec(dtype: torch.dtype, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode) -> KernelSpec:
+    packed = layout == ScaleLayout.packed_ue8m0
+    return KernelSpec("kernels/smxx_moe_expand_cast.cuh", "smxx_moe_expand_cast_impl",
+                      (CPP_TYPES[dtype], GROUP_SIZE, str(ue8m0).lower(), str(packed).lower(), mode.cpp, NUM_WARPS,
+                       PASSES))
+
+
+@functools.lru_cache(maxsize=None)
+def _expand_cast_kernel(dtype: torch.dtype, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode):
+    return get_kernel(_expand_cast_spec(dtype, ue8m0, layout, mode), param_kinds="PPPPP" + "I" * 8 + "fI",
+                      block_threads=NUM_WARPS * 32)
+
+
+def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = False, ue8m0: bool = False,
+                           scale_layout: str = "mn_major", amax_clamp: float = DEFAULT_AMAX_CLAMP,
+                           scale_mode: str = "mul", zero_padding: bool = True, out=None):
+    """moe_expand of x fused with per_token_cast_to_fp8 (1 x 128 groups) of the expanded rows.
+
+    Args:
+        x: [T, H] bfloat16 or float32 CUDA tensor, H a multiple of 128; rows contiguous and 16-byte aligned.
+        layout: moe_layout's result for these T tokens.
+        masked: False: the contiguous layout [max_rows, H]; True: the masked layout [E, max_tokens, H].
+        ue8m0, scale_layout, amax_clamp, scale_mode: as for per_token_cast_to_fp8.
+        zero_padding: as for moe_expand: False leaves the rows without a slot (codes and scales) unwritten.
+        out: optional (q, scales) to write into, shaped, typed and strided as the ones returned.
+
+    Returns:
+        (q, scales): q float8_e4m3fn, contiguous, shaped as moe_expand's rows; scales in `scale_layout` over
+        the expanded rows (the module docstring).
+
+    Notes:
+        Bit-exact with per_token_cast_to_fp8(moe_expand(x, layout, masked=masked)) of the reference: rows
+        without a slot are zero rows (codes 0, scale amax_clamp / 448 or its UE8M0 rounding); contiguous rows
+        from layout.num_rows on are not written. CUDA-graph safe; deterministic.
+    """
+    sizes = _check_x(x, layout, masked, CAST_DTYPES)
+    _check_bool(zero_padding, "zero_padding")
+    _, k, num_experts, _, max_tokens = sizes
+    hidden = x.shape[1]
+    if hidden % GROUP_SIZE != 0:
+        raise ValueError(f"x.shape[1] (H = {hidden}) must be a multiple of the group size {GROUP_SIZE}")
+    layout_kind = parse_layout(scale_layout, ue8m0)
+    mode = parse_scale_mode(scale_mode, ue8m0)
+    check_amax_clamp(amax_clamp)
+    shape = _expanded_shape(sizes, hidden, masked)
+    num_out_rows = shape[0] * (shape[1] if masked else 1)
+    if ceil_div(num_out_rows, block_rows(GROUP_SIZE, 16 // x.element_size())) > MAX_ROW_BLOCKS:
+        raise ValueError(f"the layout has too many rows ({num_out_rows}) for one launch: split the tokens")
+    batches, batch_rows = (num_experts, max_tokens) if masked else (None, num_out_rows)
+    num_groups = hidden // GROUP_SIZE
+    geometry = expanded_scale_geometry(batches, batch_rows, num_groups, layout_kind)
+    if out is not None:
+        q, scales = _unpack_out(out, 2)
+        _check_out(q, "out[0]", shape, torch.float8_e4m3fn)
+        _check_geometry(scales, "out[1]", geometry, layout_kind)
+    check_cuda_device(x, "x")
+    _check_layout_device(layout, masked, x)
+    if out is None:
+        q = x.new_empty(shape, dtype=torch.float8_e4m3fn)
+        scales = x.new_empty_strided(geometry[1], geometry[2], dtype=geometry[0])
+    else:
+        check_cuda_device(q, "out[0]", like=x)
+        check_cuda_device(scales, "out[1]", like=x)
+    if num_out_rows == 0 or hidden == 0:
+        return q, scales
+
+    kernel = _expand_cast_kernel(x.dtype, ue8m0, layout_kind, mode)
+    grid = (num_groups, ceil_div(num_out_rows, block_rows(GROUP_SIZE, 16 // x.element_size())), 1)
+    kernel.launch(grid, (
+        x.data_ptr(), q.data_ptr(), scales.data_ptr(), _row_slots(layout, masked).data_ptr(),
+        0 if masked else layout.num_rows.data_ptr(), num_out_rows, hidden, x.stride(0), k,
+        *_kernel_strides(geometry, batch_rows), float(amax_clamp), int(zero_padding)), x.get_device())
+    return q, scales
+
+
+# ---- reduce ----
+
+def _reduce_spec(in_dtype: torch.dtype, out_dtype: torch.dtype, k: int, packed: bool) -> KernelSpec:
+    return KernelSpec("kernels/smxx_moe_reduce.cuh", "smxx_moe_reduce_impl",
+                      (_KERNEL_TYPES[in_dtype], CPP_TYPES[out_dtype], k, GROUP_SIZE, str(packed).lower(),
+                       _REDUCE_COLUMN_THREADS, _REDUCE_TOKEN_LANES))
+
+
+@functools.lru_cache(maxsize=None)
+def _reduce_kernel(in_dtype: torch.dtype, out_dtype: torch.dtype, k: int, packed: bool):
+    return get_kernel(_reduce_spec(in_dtype, out_dtype, k, packed), param_kinds="P" * 7 + "I" * 7,
+                      block_threads=_REDUCE_COLUMN_THREADS * _REDUCE_TOKEN_LANES)
+
+
+def moe_reduce(y: torch.Tensor, layout: MoeLayout, weights: torch.Tensor, scales: torch.Tensor = None,
+               masked: bool = False, out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor = None) -> torch.Tensor:
+    """Combine each token's expert rows: out[t] = sum over j of weights[t, j] * y[row of slot t * k + j].
+
+    Args:
+        y: the grouped GEMM's rows, contiguous: [max_rows, H] (contiguous layout) or [E, max_tokens, H]
+            (masked); bfloat16, float32, or float8_e4m3fn with `scales` (H a multiple of 128).
+        layout: the moe_layout that placed the slots (the one moe_expand used).
+        weights: [T, k] float32 CUDA tensor, contiguous (topk_gate's weights).
+        scales: FP8 y only (and then required): per-row scales of 1 x 128 groups over y's rows, in any
+            layout of quant.common (masked: batched per expert, see the module docstring).
+        masked: whether y is in the masked layout; slots that did not fit in max_tokens are then skipped.
+        out_dtype: torch.bfloat16 or torch.float32.
+        out: optional contiguous [T, H] tensor of out_dtype to write into.
+
+    Returns:
+        out [T, H] of out_dtype.
+
+    Notes:
+        FP32 in slot order without fused multiply-adds: acc = 0; for each kept slot j: acc = acc + w_j * v_j
+        with v_j = y (or float(q) * scale for FP8); out = RNE(acc). A token with no kept slot gets zeros.
+        One thread per output vector, no atomics: deterministic. CUDA-graph safe.
+    """
+    check_dtype(y, "y", REDUCE_DTYPES)
+    sizes = _layout_sizes(layout, masked)
+    num_tokens, k, num_experts, max_rows, max_tokens = sizes
+    check_rank(y, "y", 3 if masked else 2)
+    hidden = y.shape[-1]
+    if tuple(y.shape) != _expanded_shape(sizes, hidden, masked):
+        raise ValueError(f"y must have shape {_expanded_shape(sizes, hidden, masked)} for this layout "
+                         f"(masked={masked}), got {tuple(y.shape)}")
+    if not y.is_contiguous():
+        raise ValueError(f"y must be contiguous, got strides {tuple(y.stride())}")
+    if hidden * y.element_size() % 16 != 0 or y.data_ptr() % 16 != 0:
+        raise ValueError(f"y rows must be whole 16-byte vectors at a 16-byte aligned address: H = {hidden} {y.dtype}")
+    check_dtype(weights, "weights", (torch.float32,))
+    if tuple(weights.shape) != (num_tokens, k) or not weights.is_contiguous():
+        raise ValueError(f"weights must be a contiguous tensor of shape {(num_tokens, k)}, got shape "
+                         f"{tuple(weights.shape)} strides {tuple(weights.stride())}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    is_fp8 = y.dtype == torch.float8_e4m3fn
+    if is_fp8 != (scales is not None):
+        raise ValueError("scales must be given for float8_e4m3fn y, and only then")
+    batches, batch_rows = (num_experts, max_tokens) if masked else (None, max_rows)
+    scale_args = (1, 0, 0, 0)
+    if is_fp8:
+        if hidden % GROUP_SIZE != 0:
+            raise ValueError(f"y.shape[-1] (H = {hidden}) must be a multiple of {GROUP_SIZE} for FP8 y")
+        y_layout = _expanded_scale_layout_of(scales, batches, batch_rows, hidden // GROUP_SIZE)
+        geometry = expanded_scale_geometry(batches, batch_rows, hidden // GROUP_SIZE, y_layout)
+        scale_args = _kernel_strides(geometry, batch_rows)
+    if out is not None:
+        _check_out(out, "out", (num_tokens, hidden), out_dtype)
+    check_cuda_device(y, "y")
+    check_cuda_device(weights, "weights", like=y)
+    _check_layout_device(layout, masked, y)
+    if is_fp8:
+        check_cuda_device(scales, "scales", like=y)
+    if out is None:
+        out = y.new_empty((num_tokens, hidden), dtype=out_dtype)
+    else:
+        check_cuda_device(out, "out", like=y)
+    if num_tokens == 0 or hidden == 0:
+        return out
+
+    kernel = _reduce_kernel(y.dtype, out_dtype, k, is_fp8 and y_layout == ScaleLayout.packed_ue8m0)
+    row_vectors = hidden * y.element_size() // 16
+    grid = (ceil_div(num_tokens, _REDUCE_TOKEN_LANES), ceil_div(row_vectors, _REDUCE_COLUMN_THREADS), 1)
+    kernel.launch(grid, (
+        y.data_ptr(), scales.data_ptr() if is_fp8 else 0, weights.data_ptr(), layout.slot_to_row.data_ptr(),
+        layout.m_indices.data_ptr(), layout.masked_slots.data_ptr() if masked else 0, out.data_ptr(), num_tokens,
+        row_vectors, max_tokens if masked else 0, *scale_args), y.get_device())
+    return out
+
+
+def precompile_specs() -> list:
+    """The specializations `python -m deep_kernels precompile` builds for this module."""
+    specs = [_expand_spec()]
+    for dtype in CAST_DTYPES:
+        for ue8m0, layout, mode in ((False, ScaleLayout.mn_major, ScaleMode.mul),
+                                    (False, ScaleLayout.mn_major, ScaleMode.div),
+                                    (True, ScaleLayout.mn_major, ScaleMode.mul),
+                                    (True, ScaleLayout.packed_ue8m0, ScaleMode.mul)):
+            specs.append(_expand_cast_spec(dtype, ue8m0, layout, mode))
+    for in_dtype, packed in ((torch.bfloat16, False), (torch.float32, False), (torch.float8_e4m3fn, False),
+                             (torch.float8_e4m3fn, True)):
+        for out_dtype in OUT_DTYPES:
+            specs.append(_reduce_spec(in_dtype, out_dtype, 8, packed))
+    specs.extend(_reduce_spec(torch.bfloat16, torch.bfloat16, k, False) for k in (1, 6))
+    return specs
