@@ -5,7 +5,7 @@ copy bandwidth and torch.compile of the reference."""
 import torch
 
 import deep_kernels
-from deep_kernels.benchmarks.report import BenchContext, memory_bound_row
+from deep_kernels.benchmarks.report import BenchContext, memory_bound_row, timed_peer
 from deep_kernels.reference import moe as reference
 from deep_kernels.testing import assert_bitwise_equal, random_activations
 from deep_kernels.testing.bench import time_kernel_us
@@ -17,23 +17,6 @@ GATE = dict(scoring="sigmoid", num_groups=NUM_GROUPS, topk_groups=TOPK_GROUPS, r
 SCALE_COLUMNS = HIDDEN // 128
 
 
-def _compiled_peers() -> dict:
-    """torch.compile of each reference, compiled once (dynamic shapes) and reused for every token count."""
-    return {name: torch.compile(getattr(reference, name), dynamic=True)
-            for name in ("moe_expand", "moe_expand_cast_to_fp8", "moe_reduce")}
-
-
-def _time_peer(peers: dict, name: str, args: tuple, kwargs: dict, ctx: BenchContext) -> tuple:
-    """(label, us) of the compiled reference, or of the eager one where torch.compile fails on an op."""
-    try:
-        peers[name](*args, **kwargs)
-        return "torch.compile(reference)", time_kernel_us(lambda: peers[name](*args, **kwargs), ctx.flusher, reps=20)
-    except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager, and the row says so
-        peers[name] = getattr(reference, name)
-        label = f"torch reference (eager: torch.compile failed, {type(error).__name__})"
-        return label, time_kernel_us(lambda: peers[name](*args, **kwargs), ctx.flusher, reps=20)
-
-
 def _expand_bytes(kept_slots: int, num_rows: int, element_bytes: int, scale_bytes: int = 0) -> int:
     """Each kept slot's token row read, every row up to num_rows written (padding rows as zeros)."""
     return (kept_slots + num_rows) * (HIDDEN * element_bytes + scale_bytes)
@@ -41,7 +24,6 @@ def _expand_bytes(kept_slots: int, num_rows: int, element_bytes: int, scale_byte
 
 def run(ctx: BenchContext) -> list:
     rows = []
-    peers = _compiled_peers()
     bias = torch.randn(NUM_EXPERTS, device="cuda") * 0.1
     for num_tokens in TOKENS:
         logits = torch.randn((num_tokens, NUM_EXPERTS), device="cuda")
@@ -64,7 +46,7 @@ def run(ctx: BenchContext) -> list:
                     actual, wanted = actual[written_rows], wanted[written_rows]
                 assert_bitwise_equal(actual, wanted, f"{op} output {i}")
             us = time_kernel_us(lambda: kernel(*args, **kwargs), ctx.flusher)
-            peer, peer_us = _time_peer(peers, name, args, kwargs, ctx)
+            peer, peer_us = timed_peer(lambda: getattr(reference, name)(*args, **kwargs), ctx, dynamic=True)
             return memory_bound_row(op, shape, config, us, num_bytes, ctx, peer, peer_us, "bitwise equal")
 
         rows.append(checked_row("moe_expand", "bf16, contiguous", deep_kernels.moe_expand, "moe_expand",

@@ -1,14 +1,12 @@
 """Suite `quant`: the per-token, per-row and per-block FP8 casts, the cast-back, the per-channel cast with
-transpose and the batched transpose, against copy bandwidth and the torch reference (torch.compile'd as the
-peer, eager alongside)."""
-
-import functools
+transpose and the batched transpose (and the FP4 and SwiGLU modules' rows), against copy bandwidth and the
+torch reference: torch.compile of it as the peer at the large shape, eager at the small one."""
 
 import torch
 
 import deep_kernels
 from deep_kernels.benchmarks import quant_fp4, quant_swiglu
-from deep_kernels.benchmarks.report import BenchContext, memory_bound_row
+from deep_kernels.benchmarks.report import BenchContext, COMPILED_PEER_ROWS, memory_bound_row, timed_peer
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, random_activations
 from deep_kernels.testing.bench import time_kernel_us
@@ -62,53 +60,18 @@ def cases(shapes=SHAPES, device: str = "cuda"):
                    2 * batched.numel() * batched.element_size())
 
 
-@functools.lru_cache(maxsize=None)
-def _compiled(op: str):
-    """torch.compile of the reference function, created once per op (it recompiles per shape and arguments)."""
-    import torch._dynamo
-
-    # NOTE: past the recompile limit (8) dynamo runs the function eagerly without a word; the suite's rows
-    # recompile one function up to ~8 times (variants x shapes), so the limit is raised.
-    for limit in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, limit):
-            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 64))
-    return torch.compile(getattr(reference, op))
-
-
-def _peer(op: str, args: tuple, kwargs: dict, expected) -> tuple:
-    """(name, callable, check) of the peer: the compiled reference, or the eager one with a note when
-    compiling fails; check says whether the peer's result equals the reference's bit for bit."""
-    compiled = _compiled(op)
-    try:
-        result = compiled(*args, **kwargs)
-    except Exception as error:  # the peer only: any compiler failure falls back to eager, named in the row
-        return f"torch reference (eager; torch.compile failed: {type(error).__name__})", \
-            lambda: getattr(reference, op)(*args, **kwargs), "peer is the reference"
-    try:
-        for actual, wanted in zip(_as_tuple(result), _as_tuple(expected)):
-            assert_bitwise_equal(actual, wanted)
-        check = "peer bitwise equal"
-    except AssertionError:
-        check = "peer differs from the eager reference"
-    return "torch.compile(reference)", lambda: compiled(*args, **kwargs), check
-
-
 def _as_tuple(result) -> tuple:
     return result if isinstance(result, tuple) else (result,)
 
 
 def _checked_row(op: str, shape: dict, config: str, args: tuple, kwargs: dict, num_bytes: int,
                  ctx: BenchContext) -> dict:
-    """The kernel `op` checked bit for bit against its reference, then timed with the compiled reference (the
-    peer) and the eager reference."""
+    """The kernel `op` checked bit for bit against its reference, then timed with its peer."""
     kernel, eager = getattr(deep_kernels, op), getattr(reference, op)
     expected = eager(*args, **kwargs)
     for i, (actual, wanted) in enumerate(zip(_as_tuple(kernel(*args, **kwargs)), _as_tuple(expected))):
         assert_bitwise_equal(actual, wanted, f"output {i}")
-    peer, peer_fn, peer_check = _peer(op, args, kwargs, expected)
     us = time_kernel_us(lambda: kernel(*args, **kwargs), ctx.flusher)
-    peer_us = time_kernel_us(peer_fn, ctx.flusher, reps=20)
-    eager_us = time_kernel_us(lambda: eager(*args, **kwargs), ctx.flusher, reps=20)
-    row = memory_bound_row(op, shape, config, us, num_bytes, ctx, peer, peer_us, f"bitwise equal; {peer_check}")
-    row["eager_us"] = round(eager_us, 2)
-    return row
+    peer, peer_us = timed_peer(lambda: eager(*args, **kwargs), ctx, 
+                               compiled=shape.get("b", 1) * shape["m"] == COMPILED_PEER_ROWS)
+    return memory_bound_row(op, shape, config, us, num_bytes, ctx, peer, peer_us, "bitwise equal")

@@ -1,10 +1,10 @@
 """Rows of the FP4 casts and cast-backs (MXFP4, NVFP4) for suite `quant`: against copy bandwidth and
-torch.compile of the reference (eager where compiling fails, said in the peer name)."""
+the reference (torch.compile of it at 16384 rows, eager at 4096)."""
 
 import torch
 
 import deep_kernels
-from deep_kernels.benchmarks.report import BenchContext, memory_bound_row
+from deep_kernels.benchmarks.report import COMPILED_PEER_ROWS, BenchContext, memory_bound_row, timed_peer
 from deep_kernels.reference.quant import fp4 as reference
 from deep_kernels.testing import assert_bitwise_equal, random_activations
 from deep_kernels.testing.bench import time_kernel_us
@@ -37,16 +37,6 @@ def _as_tuple(result) -> tuple:
     return result if isinstance(result, tuple) else (result,)
 
 
-def _peer(fn):
-    """(callable, name): torch.compile(fn), compiled now, or fn itself where compiling fails."""
-    try:
-        compiled = torch.compile(fn)
-        compiled()
-        return compiled, "torch.compile(reference)"
-    except Exception as error:  # noqa: BLE001 - any compile failure falls back, and the row says why
-        return fn, f"torch reference (eager; torch.compile failed: {type(error).__name__})"
-
-
 def run(ctx: BenchContext) -> list:
     rows = []
     for m, k in SHAPES:
@@ -56,9 +46,8 @@ def run(ctx: BenchContext) -> list:
                 assert_bitwise_equal(actual.view(torch.uint8) if actual.element_size() == 1 else actual,
                                      expected.view(torch.uint8) if expected.element_size() == 1 else expected,
                                      f"{op} output {i}")
-            peer_fn, peer_name = _peer(peer)
             us = time_kernel_us(kernel, ctx.flusher)
-            peer_us = time_kernel_us(peer_fn, ctx.flusher, reps=20)
+            peer_name, peer_us = timed_peer(peer, ctx, compiled=m == COMPILED_PEER_ROWS)
             rows.append(memory_bound_row(op, shape, config, us, num_bytes, ctx, peer_name, peer_us,
                                          "bitwise equal"))
     return rows

@@ -1,10 +1,10 @@
 """Rows of the `quant` suite for SwiGLU fused with the per-token FP8 cast and its backward, against copy
-bandwidth and torch.compile of the reference (compiled once per function, timed like the kernel)."""
+bandwidth and the reference (torch.compile of it at 16384 rows, eager at the smaller shapes)."""
 
 import torch
 
 import deep_kernels
-from deep_kernels.benchmarks.report import BenchContext, memory_bound_row
+from deep_kernels.benchmarks.report import COMPILED_PEER_ROWS, BenchContext, memory_bound_row, timed_peer
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, random_activations
 from deep_kernels.testing.bench import time_kernel_us
@@ -43,24 +43,8 @@ def _num_bytes(num_rows: int, hidden: int, with_rows: bool, backward: bool, opti
     return num_rows * (hidden * 4 + hidden + scale_bytes + row_bytes)
 
 
-def _peers() -> dict:
-    """torch.compile of each reference function, compiled once (on first call, then per new shape)."""
-    return {op: torch.compile(getattr(reference, op)) for op in {case[3] for case in CASES}}
-
-
-def _timed_peer(compiled, eager, call, ctx: BenchContext) -> tuple:
-    """(label, us) of the compiled reference, or of the eager one where compilation fails."""
-    try:
-        call(compiled)
-        return "torch.compile(reference)", time_kernel_us(lambda: call(compiled), ctx.flusher, reps=20)
-    except Exception as error:  # noqa: BLE001 -- any compiler failure falls back, and the row says so
-        label = f"torch reference (eager; torch.compile failed: {type(error).__name__})"
-        return label, time_kernel_us(lambda: call(eager), ctx.flusher, reps=20)
-
-
 def run(ctx: BenchContext) -> list:
     rows = []
-    peers = _peers()
     for num_rows, hidden in SHAPES:
         for label, options, with_rows, op in CASES:
             backward = op == "swiglu_backward"
@@ -70,7 +54,8 @@ def run(ctx: BenchContext) -> list:
             for name, actual, expected in zip(names, call(getattr(deep_kernels, op)), call(getattr(reference, op))):
                 assert_bitwise_equal(actual, expected, name)
             us = time_kernel_us(lambda: call(getattr(deep_kernels, op)), ctx.flusher)
-            peer, peer_us = _timed_peer(peers[op], getattr(reference, op), call, ctx)
+            peer, peer_us = timed_peer(lambda: call(getattr(reference, op)), ctx,
+                                       compiled=num_rows == COMPILED_PEER_ROWS)
             rows.append(memory_bound_row(
                 op, {"m": num_rows, "h": hidden}, f"bf16 x [m, 2h], {label}", us,
                 _num_bytes(num_rows, hidden, with_rows, backward, options), ctx, peer, peer_us, "bitwise equal"))

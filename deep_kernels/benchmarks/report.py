@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from deep_kernels.device import info
-from deep_kernels.testing.bench import L2Flusher, copy_bandwidth_gbps
+from deep_kernels.testing.bench import L2Flusher, copy_bandwidth_gbps, time_kernel_us
 
 
 @dataclass
@@ -24,6 +24,33 @@ class BenchContext:
     def create(cls, commit: str) -> "BenchContext":
         flusher = L2Flusher(info().l2_bytes)
         return cls(flusher=flusher, copy_gbps=copy_bandwidth_gbps(flusher), commit=commit)
+
+
+# Memory-bound suites compile their torch peer at this many rows (the issues' targets), eager elsewhere.
+COMPILED_PEER_ROWS = 16384
+
+
+def timed_peer(call, ctx: BenchContext, compiled: bool = True, dynamic: bool = None, reps: int = 20) -> tuple:
+    """(peer name, us) of a zero-argument call of a reference, timed like the kernels: torch.compile of it
+    (compiled by a first call), or the call itself where `compiled` is False or compiling fails (the name says
+    so). Suites compile where the issue's targets are (each compile costs seconds of the GPU session)."""
+    if compiled:
+        import torch._dynamo
+
+        # NOTE: the suites' lambdas share code objects, so every row is a recompile of one function; past the
+        # limit (8) dynamo would run the call eagerly without a word.
+        for limit in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, limit):
+                setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 256))
+        try:
+            compiled_call = torch.compile(call, dynamic=dynamic)
+            compiled_call()
+            return "torch.compile(reference)", time_kernel_us(compiled_call, ctx.flusher, reps=reps)
+        except Exception as error:  # noqa: BLE001 - the peer only: a compiler failure falls back, named in the row
+            name = f"torch reference (eager; torch.compile failed: {type(error).__name__})"
+    else:
+        name = "torch reference (eager)"
+    return name, time_kernel_us(call, ctx.flusher, reps=reps)
 
 
 def memory_bound_row(op: str, shape: dict, config: str, us: float, num_bytes: int, ctx: BenchContext,

@@ -5,7 +5,7 @@ same pipeline in plain torch (the reference), eager and under torch.compile."""
 import torch
 
 import deep_kernels
-from deep_kernels.benchmarks.report import BenchContext, memory_bound_row
+from deep_kernels.benchmarks.report import BenchContext, memory_bound_row, timed_peer
 from deep_kernels.moe import FUSED_MAX_SLOTS, contiguous_max_rows
 from deep_kernels.reference import moe as reference
 from deep_kernels.testing import assert_bitwise_equal
@@ -41,17 +41,6 @@ def _check(outputs, expected) -> None:
         assert_bitwise_equal(getattr(layout, name), getattr(expected[2], name), name)
 
 
-def _compiled_peer(fn, *args):
-    """(callable, label): torch.compile of the reference function, or eager with a note if it cannot compile."""
-    compiled = torch.compile(fn)
-    try:
-        compiled(*args)
-        return compiled, "torch.compile(reference)"
-    except Exception as error:  # noqa: BLE001 - the row says why it fell back
-        torch._dynamo.reset()
-        return fn, f"torch reference (eager: torch.compile failed, {type(error).__name__})"
-
-
 def launches(num_tokens: int) -> str:
     """What topk_gate_with_layout launches at num_tokens (the rows' config says it)."""
     if num_tokens * TOP_K <= FUSED_MAX_SLOTS:
@@ -79,9 +68,8 @@ def run(ctx: BenchContext) -> list:
             "topk_gate + moe_layout", shape, f"{CONFIG}; 3 launches: gate, count + -1 fill, rank + scatter", us,
             num_bytes, ctx, "torch reference (eager)", peer_us, "bitwise equal"))
 
-        peer, peer_name = _compiled_peer(lambda x, b: _pipeline(reference, x, b), logits, bias)
         us = time_kernel_us(lambda: _fused(deep_kernels, logits, bias), ctx.flusher)
-        peer_us = time_kernel_us(lambda: peer(logits, bias), ctx.flusher, reps=20)
+        peer_name, peer_us = timed_peer(lambda: _pipeline(reference, logits, bias), ctx)
         rows.append(memory_bound_row("topk_gate_with_layout", shape, f"{CONFIG}; {launches(num_tokens)}", us,
                                      num_bytes, ctx, peer_name, peer_us, "bitwise equal"))
 
@@ -91,9 +79,8 @@ def run(ctx: BenchContext) -> list:
         grad_weights = torch.randn((num_tokens, TOP_K), device="cuda")
         grad = _backward(deep_kernels, grad_weights, logits, indices)
         assert_bitwise_equal(grad, _backward(reference, grad_weights, logits, indices), "grad_logits")
-        peer, peer_name = _compiled_peer(lambda g, x, i: _backward(reference, g, x, i), grad_weights, logits, indices)
         us = time_kernel_us(lambda: _backward(deep_kernels, grad_weights, logits, indices), ctx.flusher)
-        peer_us = time_kernel_us(lambda: peer(grad_weights, logits, indices), ctx.flusher, reps=20)
+        peer_name, peer_us = timed_peer(lambda: _backward(reference, grad_weights, logits, indices), ctx)
         # grad_weights, indices and logits in; grad_logits out
         num_bytes = num_tokens * TOP_K * 8 + num_tokens * NUM_EXPERTS * 8
         rows.append(memory_bound_row(
