@@ -1,5 +1,6 @@
-// Numerics shared by the quantization kernels: NaN-propagating max, power-of-two scales, the e4m3 scaling
-// step of both scale modes, 16-byte vector unpacking and code stores, scale addressing.
+// Numerics shared by the quantization kernels: NaN-propagating max, power-of-two scales, the scaling step
+// of both scale modes (for any format's largest value) and e4m3 codes, 16-byte vector unpacking and code
+// stores, scale addressing and stores.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -40,19 +41,21 @@ DK_DEVICE float ue8m0_to_float(uint8_t byte) {
     return byte == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(static_cast<uint32_t>(byte) << 23);
 }
 
-// The scale of a group from its clamped amax, and the step that maps x into e4m3 range.
+// The scale of a group from its clamped amax, and the step that maps x into [-format_max, format_max].
 template <bool kUE8M0, ScaleMode kScaleMode>
-struct E4M3Scaler {
+struct GroupScaler {
     float scale;       // what dequantization multiplies by
-    float multiplier;  // 448 / amax (or 1 / scale with kUE8M0); Multiply mode only
+    float multiplier;  // format_max / amax (or 1 / scale with kUE8M0); Multiply mode only
 
-    DK_DEVICE explicit E4M3Scaler(float amax) {
+    GroupScaler() = default;
+
+    DK_DEVICE GroupScaler(float amax, float format_max) {
         if constexpr (kUE8M0) {
-            scale = ceil_to_power_of_two(__fdiv_rn(amax, kE4M3Max));
+            scale = ceil_to_power_of_two(__fdiv_rn(amax, format_max));
             multiplier = __frcp_rn(scale);
         } else {
-            scale = __fdiv_rn(amax, kE4M3Max);
-            multiplier = __fdiv_rn(kE4M3Max, amax);
+            scale = __fdiv_rn(amax, format_max);
+            multiplier = __fdiv_rn(format_max, amax);
         }
     }
 
@@ -62,6 +65,14 @@ struct E4M3Scaler {
         else
             return x * multiplier;
     }
+};
+
+// The group scaler of e4m3 codes.
+template <bool kUE8M0, ScaleMode kScaleMode>
+struct E4M3Scaler : GroupScaler<kUE8M0, kScaleMode> {
+    using GroupScaler<kUE8M0, kScaleMode>::apply;
+
+    DK_DEVICE explicit E4M3Scaler(float amax) : GroupScaler<kUE8M0, kScaleMode>(amax, kE4M3Max) {}
 
     // kVec values to e4m3 codes (RNE, saturating to +-448; NaN stays NaN), packed little-endian: code i is
     // byte i % 4 of words[i / 4].
@@ -97,11 +108,13 @@ DK_DEVICE float unpack_vector(const uint4& vector, float (&values)[kVec]) {
     return amax;
 }
 
-// The codes of one 16-byte input vector (4 or 8 bytes, as E4M3Scaler::quantize packs them) to an address
-// aligned to their size.
+// The codes of one 16-byte input vector (4, 8 or 16 bytes, as E4M3Scaler::quantize packs them) to an
+// address aligned to their size.
 template <int kWords>
 DK_DEVICE void store_codes(uint8_t* dst, const uint32_t (&words)[kWords]) {
-    if constexpr (kWords == 2)
+    if constexpr (kWords == 4)
+        *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+    else if constexpr (kWords == 2)
         *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
     else
         *reinterpret_cast<uint32_t*>(dst) = words[0];
@@ -116,6 +129,24 @@ DK_DEVICE uint64_t scale_offset(uint32_t row, uint32_t group, uint32_t scale_str
         return static_cast<uint64_t>(group) * scale_stride + row;
     else
         return (static_cast<uint64_t>(group / 4) * scale_stride + row) * 4 + group % 4;
+}
+
+// Writes (row, group)'s scale of num_groups groups in kLayout (packed: its UE8M0 byte).
+template <ScaleLayout kLayout>
+DK_DEVICE void store_group_scale(void* scales, uint32_t row, uint32_t group, uint32_t num_groups,
+                                 uint32_t scale_stride, float scale) {
+    const uint64_t offset = scale_offset<kLayout>(row, group, scale_stride);
+    if constexpr (kLayout == ScaleLayout::MNMajorPackedUE8M0) {
+        uint8_t* bytes = static_cast<uint8_t*>(scales);
+        bytes[offset] = ue8m0_byte(scale);
+        // NOTE: the last group also zeroes the unused bytes of its int32, so the packed word is fully
+        // defined without a memset launch.
+        if (group + 1 == num_groups)
+            for (uint32_t pad = group % 4 + 1; pad < 4; ++pad)
+                bytes[offset - group % 4 + pad] = 0;
+    } else {
+        static_cast<float*>(scales)[offset] = scale;
+    }
 }
 
 }  // namespace deep_kernels

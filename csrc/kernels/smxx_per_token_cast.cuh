@@ -59,21 +59,8 @@ smxx_per_token_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, voi
         scaler.quantize(values, codes);
         store_codes(q + static_cast<uint64_t>(row) * shape_k + tile.column, codes);
 
-        if (tile.is_group_leader) {
-            const uint32_t group = blockIdx.x;
-            const uint64_t offset = scale_offset<kLayout>(row, group, scale_stride);
-            if constexpr (kLayout == ScaleLayout::MNMajorPackedUE8M0) {
-                uint8_t* bytes = static_cast<uint8_t*>(scales);
-                bytes[offset] = ue8m0_byte(scaler.scale);
-                // NOTE: the last group also zeroes the unused bytes of its int32, so the packed word is
-                // fully defined without a memset launch.
-                if (group + 1 == gridDim.x)
-                    for (uint32_t pad = group % 4 + 1; pad < 4; ++pad)
-                        bytes[offset - group % 4 + pad] = 0;
-            } else {
-                static_cast<float*>(scales)[offset] = scaler.scale;
-            }
-        }
+        if (tile.is_group_leader)
+            store_group_scale<kLayout>(scales, row, blockIdx.x, gridDim.x, scale_stride, scaler.scale);
     }
 }
 
