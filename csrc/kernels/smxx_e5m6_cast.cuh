@@ -4,10 +4,11 @@
 //   scale = amax / 65024, code = RNE_e5m6(x * (65024 / amax)) (IEEE divisions), or with ScaleMode::Divide
 //   RNE_e5m6(x / scale); kUE8M0: scale = the smallest power of two >= amax / 65024, code =
 //   RNE_e5m6(x * (1 / scale))
-// A CTA owns kRows whole rows: one thread bulk-loads them (TMA, no registers) into shared memory, the CTA
-// reduces each row's amax, then each thread converts units of 32 values (4 groups of 8) to 12 words and
-// stores them as three 16-byte vectors. kRows * K is a multiple of 32, so every CTA's output starts
-// 16-byte aligned; a unit may span rows. Rows longer than shared memory are not supported (host checks).
+// A CTA owns kRows whole rows, staged in shared memory both ways: one thread bulk-loads the rows (TMA), the
+// CTA reduces each row's amax, each thread converts groups of 8 values into 3 packed words in shared memory
+// (consecutive threads, consecutive groups: no bank conflicts), and one thread bulk-stores the CTA's packed
+// rows. kRows * K is a multiple of 32, so every CTA's output starts 16-byte aligned and (the last CTA's
+// aside) spans whole 16-byte units. Rows longer than shared memory allows are not supported (host checks).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,54 +21,38 @@
 #include "common/quant.cuh"
 #include "common/types.cuh"
 #include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
 
 namespace deep_kernels {
 
-// Converts the CTA's staged rows: unit u (of thread u % kNumThreads) covers the groups of 8 [4u, 4u + 4),
-// i.e. words [12u, 12u + 12) of the rows' packed output, stored as three 16-byte vectors.
+// Converts the staged rows' groups of 8 values (group g of row g / groups_per_row) into packed words
+// [3g, 3g + 3) of smem_packed.
 template <typename InT, int kNumThreads, bool kSpecials, typename Scaler, int kRows>
-DK_DEVICE void convert_rows(const uint4* smem_vectors, const Scaler (&scalers)[kRows], uint32_t groups_per_row,
-                            uint32_t num_rows, uint32_t* packed_rows) {
+DK_DEVICE void convert_groups(const uint4* smem_vectors, const Scaler (&scalers)[kRows], uint32_t groups_per_row,
+                              uint32_t num_groups, uint32_t* smem_packed) {
     constexpr int kVec = 16 / sizeof(InT);
-    constexpr int kGroupsPerUnit = 4;
-    const uint32_t num_groups = num_rows * groups_per_row;
-    for (uint32_t unit = threadIdx.x; unit * kGroupsPerUnit < num_groups; unit += kNumThreads) {
-        alignas(16) uint32_t words[kGroupsPerUnit][kE5M6GroupWords];
+    for (uint32_t group = threadIdx.x; group < num_groups; group += kNumThreads) {
+        Scaler scaler = scalers[0];
         #pragma unroll
-        for (int j = 0; j < kGroupsPerUnit; ++j) {
-            // NOTE: groups past num_groups (only in the last CTA's last unit) read loaded-or-not shared
-            // memory inside the allocation; their words are not stored.
-            const uint32_t group = unit * kGroupsPerUnit + j;
-            Scaler scaler = scalers[0];
+        for (int r = 1; r < kRows; ++r)
+            if (group >= r * groups_per_row)
+                scaler = scalers[r];
+        uint32_t codes[kE5M6PerGroup];
+        #pragma unroll
+        for (int v = 0; v < kE5M6PerGroup / kVec; ++v) {
+            const uint4 vector = smem_vectors[group * (kE5M6PerGroup / kVec) + v];
+            float values[kVec];
+            unpack_vector<InT>(vector, values);
             #pragma unroll
-            for (int r = 1; r < kRows; ++r)
-                if (group >= r * groups_per_row)
-                    scaler = scalers[r];
-            uint32_t codes[kE5M6PerGroup];
-            #pragma unroll
-            for (int v = 0; v < kE5M6PerGroup / kVec; ++v) {
-                const uint4 vector = smem_vectors[group * (kE5M6PerGroup / kVec) + v];
-                float values[kVec];
-                unpack_vector<InT>(vector, values);
-                #pragma unroll
-                for (int i = 0; i < kVec; ++i)
-                    codes[v * kVec + i] = e5m6_code<kSpecials>(scaler.apply(values[i]));
-            }
-            pack_e5m6(codes, words[j]);
+            for (int i = 0; i < kVec; ++i)
+                codes[v * kVec + i] = e5m6_code<kSpecials>(scaler.apply(values[i]));
         }
-        uint32_t* dst = packed_rows + unit * kGroupsPerUnit * kE5M6GroupWords;
-        if ((unit + 1) * kGroupsPerUnit <= num_groups) {
-            #pragma unroll
-            for (int i = 0; i < 3; ++i)
-                reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(words)[i];
-        } else {
-            const uint32_t num_words = (num_groups - unit * kGroupsPerUnit) * kE5M6GroupWords;
-            #pragma unroll
-            for (int i = 0; i < kGroupsPerUnit * kE5M6GroupWords; ++i)
-                if (i < num_words)
-                    dst[i] = words[i / kE5M6GroupWords][i % kE5M6GroupWords];
-        }
+        uint32_t words[kE5M6GroupWords];
+        pack_e5m6(codes, words);
+        #pragma unroll
+        for (int w = 0; w < kE5M6GroupWords; ++w)
+            smem_packed[group * kE5M6GroupWords + w] = words[w];
     }
 }
 
@@ -82,15 +67,18 @@ smxx_e5m6_cast_impl(const InT* __restrict__ x, uint32_t* __restrict__ packed, fl
     DK_STATIC_ASSERT(kE5M6PerGroup % kVec == 0, "a group of 8 codes holds whole input vectors");
     DK_STATIC_ASSERT(kRows == 1 || kRows == 2 || kRows == 4, "kRows * K must be a multiple of 32 for any K % 8 == 0");
 
-    // Shared memory: the rows back to back, their load barrier, each warp's partial row amaxes
-    extern __shared__ __align__(16) uint8_t smem_rows[];
+    // Shared memory: the input rows back to back, then their packed words; the load barrier and each
+    // warp's partial row amaxes
+    extern __shared__ __align__(16) uint8_t smem_buffer[];
     __shared__ uint64_t full_barrier;
     __shared__ float smem_amax[kNumWarps][kRows];
+    const uint32_t row_bytes = shape_k * sizeof(InT);
+    const auto* smem_vectors = reinterpret_cast<const uint4*>(smem_buffer);
+    auto* smem_packed = reinterpret_cast<uint32_t*>(smem_buffer + kRows * row_bytes);
 
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t first_row = blockIdx.x * kRows;
     const uint32_t num_rows = min(static_cast<uint32_t>(kRows), shape_m - first_row);
-    const uint32_t row_bytes = shape_k * sizeof(InT);
 
     // Bulk loads of the CTA's rows
     if (threadIdx.x == 0) {
@@ -98,14 +86,13 @@ smxx_e5m6_cast_impl(const InT* __restrict__ x, uint32_t* __restrict__ packed, fl
         ptx::fence_mbarrier_init();
         ptx::mbarrier_arrive_expect_tx(&full_barrier, num_rows * row_bytes);
         for (uint32_t r = 0; r < num_rows; ++r)
-            ptx::bulk_load(smem_rows + r * row_bytes, x + static_cast<uint64_t>(first_row + r) * x_row_stride,
+            ptx::bulk_load(smem_buffer + r * row_bytes, x + static_cast<uint64_t>(first_row + r) * x_row_stride,
                            row_bytes, &full_barrier);
     }
     __syncthreads();
     ptx::mbarrier_wait(&full_barrier, 0);
 
     // Row amaxes: this thread's vectors, the warp, then the warps through shared memory
-    const auto* smem_vectors = reinterpret_cast<const uint4*>(smem_rows);
     const uint32_t vectors_per_row = shape_k / kVec;
     #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -138,18 +125,34 @@ smxx_e5m6_cast_impl(const InT* __restrict__ x, uint32_t* __restrict__ packed, fl
             scales[first_row + r] = scalers[r].scale;
     }
 
-    // Convert and store. NOTE: with finite scales and multipliers, and normal scales, |x| <= amax bounds
-    // every scaled value below 65025 (a few FP32 roundings above 65024), so no NaN or overflow can occur
-    // and the rows take the conversion without those checks.
+    // Convert into shared memory. NOTE: with finite scales and multipliers, and normal scales, |x| <= amax
+    // bounds every scaled value below 65025 (a few FP32 roundings above 65024), so no NaN or overflow can
+    // occur and the rows take the conversion without those checks.
     bool specials = false;
     #pragma unroll
     for (int r = 0; r < kRows; ++r)
         specials |= !(isfinite(scalers[r].multiplier) && isfinite(scalers[r].scale) && scalers[r].scale >= FLT_MIN);
-    uint32_t* packed_rows = packed + static_cast<uint64_t>(first_row) * (shape_k / kE5M6PerGroup) * kE5M6GroupWords;
+    const uint32_t groups_per_row = shape_k / kE5M6PerGroup;
+    const uint32_t num_groups = num_rows * groups_per_row;
     if (specials)
-        convert_rows<InT, kNumThreads, true>(smem_vectors, scalers, shape_k / kE5M6PerGroup, num_rows, packed_rows);
+        convert_groups<InT, kNumThreads, true>(smem_vectors, scalers, groups_per_row, num_groups, smem_packed);
     else
-        convert_rows<InT, kNumThreads, false>(smem_vectors, scalers, shape_k / kE5M6PerGroup, num_rows, packed_rows);
+        convert_groups<InT, kNumThreads, false>(smem_vectors, scalers, groups_per_row, num_groups, smem_packed);
+
+    // Store: one bulk copy of the whole 16-byte units, then the last CTA's 1 to 3 words past them
+    ptx::fence_proxy_async_shared();
+    __syncthreads();
+    uint32_t* packed_rows = packed + static_cast<uint64_t>(first_row) * groups_per_row * kE5M6GroupWords;
+    const uint32_t num_words = num_groups * kE5M6GroupWords;
+    const uint32_t bulk_words = num_words / 4 * 4;
+    if (threadIdx.x == 0 && bulk_words > 0) {
+        ptx::bulk_store(packed_rows, smem_packed, bulk_words * sizeof(uint32_t));
+        ptx::tma_store_commit();
+        // NOTE: shared memory must outlive the copy's reads of it.
+        ptx::tma_store_wait_read<0>();
+    }
+    if (threadIdx.x < num_words - bulk_words)
+        packed_rows[bulk_words + threadIdx.x] = smem_packed[bulk_words + threadIdx.x];
 }
 
 }  // namespace deep_kernels

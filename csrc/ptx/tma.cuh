@@ -1,6 +1,6 @@
 // TMA (cp.async.bulk.tensor) wrappers: tiled 2D/3D loads into shared memory (optionally multicast to
-// the CTAs of a cluster), plain bulk loads of contiguous bytes, stores and reduce-adds from shared memory,
-// bulk-group commit/wait, prefetch.
+// the CTAs of a cluster), plain bulk loads and stores of contiguous bytes, tiled stores and reduce-adds
+// from shared memory, bulk-group commit/wait, prefetch.
 // Coordinates are element indices, innermost dimension first, as in the tensor map.
 #pragma once
 
@@ -60,6 +60,14 @@ DK_DEVICE void bulk_load(void* smem_dst, const void* global_src, uint32_t bytes,
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      smem_address(smem_dst)),
                  "l"(reinterpret_cast<uint64_t>(global_src)), "r"(bytes), "r"(smem_address(barrier))
+                 : "memory");
+}
+
+// Non-tensor bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared into
+// global memory, in this thread's current bulk group (tma_store_commit / tma_store_wait*).
+DK_DEVICE void bulk_store(void* global_dst, const void* smem_src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(reinterpret_cast<uint64_t>(global_dst)),
+                 "r"(smem_address(smem_src)), "r"(bytes)
                  : "memory");
 }
 

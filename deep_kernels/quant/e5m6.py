@@ -35,7 +35,7 @@ from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, 
 E5M6_MAX = 65024.0
 CODES_PER_GROUP = 8
 WORDS_PER_GROUP = 3
-# Bytes of the rows one CTA of the cast stages in shared memory (Hopper allows 227 KiB per CTA).
+# Bytes of the rows and codes one CTA of the cast stages in shared memory (Hopper allows 227 KiB per CTA).
 MAX_STAGED_BYTES = 224 * 1024
 # The cast-back counts groups of 8 codes in 32-bit integers.
 MAX_GROUPS = 2**31
@@ -81,9 +81,9 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
 
     Args:
         x: [M, K] bfloat16 or float32 CUDA tensor, K a multiple of 8; rows contiguous, row stride >= K and
-            16-byte aligned. One CTA stages rows_per_block(K) rows in shared memory, so
-            rows_per_block(K) * K * x.element_size() must not exceed 224 KiB (K <= 114688 for bf16 when
-            K % 32 == 0).
+            16-byte aligned. One CTA stages rows_per_block(K) rows and their codes in shared memory, so
+            rows_per_block(K) * K * (x.element_size() + 1.5) must not exceed 224 KiB (K <= 65536 for bf16
+            when K % 32 == 0).
         ue8m0: round each scale up to a power of two.
         amax_clamp: lower bound of amax, so all-zero rows get a finite scale.
         scale_mode: "mul" (code = RNE(x * (65024 / amax))) or "div" (code = RNE(x / scale)).
@@ -103,10 +103,10 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
     if k % CODES_PER_GROUP != 0:
         raise ValueError(f"x.shape[1] (K = {k}) must be a multiple of {CODES_PER_GROUP}")
     rows = rows_per_block(k)
-    smem_bytes = rows * k * x.element_size()
+    smem_bytes = rows * (k * x.element_size() + packed_words(k) * 4)
     if smem_bytes > MAX_STAGED_BYTES:
         raise ValueError(f"x rows are too long for the e5m6 cast: {rows} row(s) of K = {k} {x.dtype} elements "
-                         f"({smem_bytes} bytes) must fit in {MAX_STAGED_BYTES} bytes of shared memory")
+                         f"and their codes ({smem_bytes} bytes) must fit in {MAX_STAGED_BYTES} bytes of shared memory")
     check_row_major_rows(x, "x")
     mode = parse_scale_mode(scale_mode, ue8m0)
     check_amax_clamp(amax_clamp)
