@@ -4,6 +4,7 @@ torch reference."""
 import torch
 
 import deep_kernels
+from deep_kernels.benchmarks import quant_e5m6
 from deep_kernels.benchmarks.report import BenchContext, memory_bound_row
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, random_activations
@@ -39,7 +40,7 @@ def run(ctx: BenchContext) -> list:
             scale_bytes = -(-m // block_size) * (k // block_size) * 4
             rows.append(_checked_cast_row("per_block_cast_to_fp8", {"m": m, "k": k, "block": block_size},
                                           f"bf16 in, {label}", x, kwargs, m * k * 3 + scale_bytes, ctx))
-    return rows
+    return rows + quant_e5m6.run(ctx)
 
 
 def _checked_cast_row(op: str, shape: dict, config: str, x: torch.Tensor, kwargs: dict, num_bytes: int,
