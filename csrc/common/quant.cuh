@@ -149,4 +149,18 @@ DK_DEVICE void store_group_scale(void* scales, uint32_t row, uint32_t group, uin
     }
 }
 
+// The last step of a token-group cast: one thread's kVec values of a group (whose amax is reduced) to e4m3
+// codes at dst; the group's leader thread also stores the scale of (row, group).
+template <bool kUE8M0, ScaleMode kScaleMode, ScaleLayout kLayout, int kVec>
+DK_DEVICE void cast_group_to_e4m3(const float (&values)[kVec], float amax, uint8_t* dst, bool is_group_leader,
+                                  void* scales, uint32_t row, uint32_t group, uint32_t num_groups,
+                                  uint32_t scale_stride) {
+    const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
+    uint32_t codes[kVec / 4];
+    scaler.quantize(values, codes);
+    store_codes(dst, codes);
+    if (is_group_leader)
+        store_group_scale<kLayout>(scales, row, group, num_groups, scale_stride, scaler.scale);
+}
+
 }  // namespace deep_kernels

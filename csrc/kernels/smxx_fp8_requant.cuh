@@ -40,7 +40,7 @@ smxx_fp8_requant_impl(const uint8_t* __restrict__ q_in, const float* __restrict_
             loaded[pass] = __ldg(reinterpret_cast<const uint4*>(q_in + static_cast<uint64_t>(row) * shape_k + tile.column));
     }
 
-    // Per pass: dequantize, group amax, scale, cast, store
+    // Per pass: dequantize, group amax, cast, store
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         const uint32_t row = tile.row(pass);
@@ -53,15 +53,10 @@ smxx_fp8_requant_impl(const uint8_t* __restrict__ q_in, const float* __restrict_
             amax = max_nan(amax, fabsf(values[i]));
         }
         amax = max_nan(Tile::group_reduce(amax, max_nan), amax_clamp);
-        if (row >= shape_m)
-            continue;
-
-        const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
-        uint32_t words[kVec / 4];
-        scaler.quantize(values, words);
-        store_codes(q + static_cast<uint64_t>(row) * shape_k + tile.column, words);
-        if (tile.is_group_leader)
-            store_group_scale<kLayout>(scales, row, blockIdx.x, gridDim.x, scale_stride, scaler.scale);
+        if (row < shape_m)
+            cast_group_to_e4m3<kUE8M0, kScaleMode, kLayout>(
+                values, amax, q + static_cast<uint64_t>(row) * shape_k + tile.column, tile.is_group_leader, scales,
+                row, blockIdx.x, gridDim.x, scale_stride);
     }
 }
 

@@ -153,3 +153,22 @@ def check_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Ten
         raise ValueError(f"{name} must be a contiguous tensor of shape {shape}, got shape {tuple(t.shape)} "
                          f"strides {tuple(t.stride())}")
     check_cuda_device(t, name, like=like)
+
+
+def output_or_new(out, name: str, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    """`out` checked as a contiguous `shape` tensor of `dtype` on like's device, or a new one."""
+    if out is None:
+        return like.new_empty(shape, dtype=dtype)
+    check_output(out, name, shape, dtype, like)
+    return out
+
+
+def fp8_outputs(out, m: int, k: int, num_groups: int, layout: ScaleLayout, like: torch.Tensor) -> tuple:
+    """(q [M, K] e4m3, scales of [M, num_groups] groups in `layout`): `out` checked, or new ones."""
+    if out is None:
+        return like.new_empty((m, k), dtype=torch.float8_e4m3fn), empty_scales(m, num_groups, layout, like)
+    q, scales = out
+    check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, like)
+    check_scales(scales, "out[1]", m, num_groups, layout)
+    check_cuda_device(scales, "out[1]", like=like)
+    return q, scales

@@ -14,10 +14,11 @@ Numerics (bit-exact with deep_kernels.reference.quant.e5m6), per row:
     ue8m0: scale = 2^ceil(log2(amax / 65024)), code = RNE_e5m6(x * (1 / scale)); both modes give these bits
 RNE_e5m6 rounds the FP32 value once, to nearest even on the e5m6 grid (not through a half). Overflow is
 IEEE's: magnitudes >= 65280 (inf included) give inf; finite rows never reach it (|x * multiplier| <= 65024
-up to one FP32 rounding). Every NaN gives 0x7FF; -0 and negative values that round to zero give -0 (0x800);
-values below 2^-21 of 65024 / amax round to zero, those up to 2^-14 to subnormal codes. A NaN in a row makes
-its scale and all its codes NaN; an infinity makes the scale inf, its own code NaN and the row's finite
-codes (signed) zero. The cast-back computes y = RNE(float(code) * scale) in the output dtype.
+up to FP32 roundings) unless amax_clamp is so small that the scale is subnormal. Every NaN gives 0x7FF; -0
+and negative values that round to zero give -0 (0x800); scaled magnitudes below 2^-14 get subnormal codes
+(steps of 2^-20), those up to 2^-21 zero. A NaN in a row makes its scale and all its codes NaN; an infinity
+makes the scale inf, its own code NaN and the row's finite codes (signed) zero. The cast-back computes
+y = RNE(float(code) * scale) in the output dtype.
 """
 
 import functools
@@ -28,7 +29,7 @@ import torch
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
-    DEFAULT_AMAX_CLAMP, FLOAT_TYPES, ScaleMode, check_amax_clamp, check_output, parse_scale_mode,
+    DEFAULT_AMAX_CLAMP, FLOAT_TYPES, ScaleMode, check_amax_clamp, output_or_new, parse_scale_mode,
 )
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div
 
@@ -112,14 +113,10 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
     check_amax_clamp(amax_clamp)
     check_cuda_device(x, "x")
 
-    if out is None:
-        packed = x.new_empty((m, packed_words(k)), dtype=torch.int32)
-        scales = x.new_empty((m,), dtype=torch.float32)
-    else:
-        packed, scales = out
-        check_output(packed, "out[0]", (m, packed_words(k)), torch.int32, x)
-        check_output(scales, "out[1]", (m,), torch.float32, x)
-        _check_aligned(packed, "out[0]")
+    packed, scales = (None, None) if out is None else out
+    packed = output_or_new(packed, "out[0]", (m, packed_words(k)), torch.int32, x)
+    scales = output_or_new(scales, "out[1]", (m,), torch.float32, x)
+    _check_aligned(packed, "out[0]")
     if m == 0 or k == 0:
         return packed, scales
 
@@ -180,12 +177,8 @@ def per_token_cast_back_e5m6(packed: torch.Tensor, scales: torch.Tensor, out_dty
     check_cuda_device(packed, "packed")
     check_cuda_device(scales, "scales", like=packed)
 
-    if out is None:
-        y = packed.new_empty((m, k), dtype=out_dtype)
-    else:
-        y = out
-        check_output(y, "out", (m, k), out_dtype, packed)
-        _check_aligned(y, "out")
+    y = output_or_new(out, "out", (m, k), out_dtype, packed)
+    _check_aligned(y, "out")
     if m == 0 or k == 0:
         return y
     num_groups = m * k // CODES_PER_GROUP

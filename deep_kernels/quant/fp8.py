@@ -22,8 +22,8 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
-    check_amax_clamp, check_group_size, check_output, check_scales, empty_scales, parse_layout,
-    parse_scale_mode, scale_layout_of,
+    check_amax_clamp, check_group_size, check_output, fp8_outputs, output_or_new, parse_layout, parse_scale_mode,
+    scale_layout_of,
 )
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div, tma_aligned_size
 
@@ -74,14 +74,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size: int = 128, ue8m0: bool = 
     check_cuda_device(x, "x")
 
     num_groups = k // group_size
-    if out is None:
-        q = x.new_empty((m, k), dtype=torch.float8_e4m3fn)
-        scales = empty_scales(m, num_groups, layout, x)
-    else:
-        q, scales = out
-        check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
-        check_scales(scales, "out[1]", m, num_groups, layout)
-        check_cuda_device(scales, "out[1]", like=x)
+    q, scales = fp8_outputs(out, m, k, num_groups, layout, x)
     if m == 0 or k == 0:
         return q, scales
 
@@ -208,11 +201,7 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
     check_cuda_device(q, "q")
     check_cuda_device(scales, "scales", like=q)
 
-    if out is None:
-        y = q.new_empty((m, k), dtype=out_dtype)
-    else:
-        y = out
-        check_output(y, "out", (m, k), out_dtype, q)
+    y = output_or_new(out, "out", (m, k), out_dtype, q)
     if m == 0 or k == 0:
         return y
     kernel = _cast_back_kernel(out_dtype, group_size, layout)

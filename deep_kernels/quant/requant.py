@@ -16,8 +16,8 @@ import torch
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
-    DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, check_amax_clamp, check_output,
-    check_scales, empty_scales, parse_layout, parse_scale_mode,
+    DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, check_amax_clamp, fp8_outputs,
+    parse_layout, parse_scale_mode,
 )
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, ceil_div, tma_aligned_size
 
@@ -75,14 +75,7 @@ def requant_per_block_to_per_token(q: torch.Tensor, scales: torch.Tensor, ue8m0:
     check_cuda_device(scales, "scales", like=q)
 
     num_groups = k // BLOCK_SIZE
-    if out is None:
-        q_out = q.new_empty((m, k), dtype=torch.float8_e4m3fn)
-        scales_out = empty_scales(m, num_groups, layout, q)
-    else:
-        q_out, scales_out = out
-        check_output(q_out, "out[0]", (m, k), torch.float8_e4m3fn, q)
-        check_scales(scales_out, "out[1]", m, num_groups, layout)
-        check_cuda_device(scales_out, "out[1]", like=q)
+    q_out, scales_out = fp8_outputs(out, m, k, num_groups, layout, q)
     if m == 0 or k == 0:
         return q_out, scales_out
 
