@@ -13,7 +13,6 @@
 
 #include <cuda_bf16.h>
 
-#include <cfloat>
 #include <cstdint>
 
 #include "common/e5m6.cuh"
@@ -128,10 +127,11 @@ smxx_e5m6_cast_impl(const InT* __restrict__ x, uint32_t* __restrict__ packed, fl
     // Convert into shared memory. NOTE: with finite scales and multipliers, and normal scales, |x| <= amax
     // bounds every scaled value below 65025 (a few FP32 roundings above 65024), so no NaN or overflow can
     // occur and the rows take the conversion without those checks.
+    constexpr float kMinNormal = 0x1p-126f;  // FP32's smallest normal
     bool specials = false;
     #pragma unroll
     for (int r = 0; r < kRows; ++r)
-        specials |= !(isfinite(scalers[r].multiplier) && isfinite(scalers[r].scale) && scalers[r].scale >= FLT_MIN);
+        specials |= !(isfinite(scalers[r].multiplier) && isfinite(scalers[r].scale) && scalers[r].scale >= kMinNormal);
     const uint32_t groups_per_row = shape_k / kE5M6PerGroup;
     const uint32_t num_groups = num_rows * groups_per_row;
     if (specials)
