@@ -12,8 +12,8 @@ from deep_kernels.moe import (
 from deep_kernels.quant import (
     batched_transpose, mxfp4_cast_back, mxfp4_requant_to_fp8, nvfp4_cast_back, nvfp4_global_scale,
     per_block_cast_to_fp8, per_channel_cast_transpose_to_fp8, per_token_cast_back, per_token_cast_to_fp8,
-    per_token_cast_to_mxfp4, per_token_cast_to_nvfp4, swiglu_backward, swiglu_cast_to_fp8,
-    swiglu_cast_to_fp8_masked, swiglu_forward,
+    per_token_cast_back_e5m6, per_token_cast_to_e5m6, per_token_cast_to_mxfp4, per_token_cast_to_nvfp4,
+    requant_per_block_to_per_token, swiglu_backward, swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked, swiglu_forward,
 )
 from deep_kernels.validation import tma_aligned_size
 
@@ -29,8 +29,9 @@ __all__ = [
     # Quantization
     "batched_transpose", "mxfp4_cast_back", "mxfp4_requant_to_fp8", "nvfp4_cast_back", "nvfp4_global_scale",
     "per_block_cast_to_fp8", "per_channel_cast_transpose_to_fp8", "per_token_cast_back", "per_token_cast_to_fp8",
-    "per_token_cast_to_mxfp4", "per_token_cast_to_nvfp4", "swiglu_backward", "swiglu_cast_to_fp8",
-    "swiglu_cast_to_fp8_masked", "swiglu_forward",
+    "per_token_cast_back_e5m6", "per_token_cast_to_e5m6", "per_token_cast_to_mxfp4", "per_token_cast_to_nvfp4",
+    "requant_per_block_to_per_token", "swiglu_backward", "swiglu_cast_to_fp8", "swiglu_cast_to_fp8_masked",
+    "swiglu_forward",
     # Device
     "get_num_sms", "set_num_sms",
 ]

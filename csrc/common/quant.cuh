@@ -1,6 +1,6 @@
-// Numerics shared by the quantization kernels: NaN-propagating max, power-of-two scales, the e4m3 scaling
-// step of both scale modes (with Divide's fast exact division), 16-byte vector unpacking and code stores,
-// scale addressing and stores.
+// Numerics shared by the quantization kernels: NaN-propagating max, power-of-two scales, the scaling step
+// of both scale modes (for any format's largest value; e4m3 with Divide's fast exact division), e4m3
+// codes, 16-byte vector unpacking and code stores, scale addressing and stores.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -66,24 +66,43 @@ DK_DEVICE bool has_fast_division(float scale) {
     return scale >= 0x1p-64f && scale <= 0x1p64f;
 }
 
-// The scale of a group from its clamped amax, and the step that maps x into e4m3 range.
+// The scale of a group from its clamped amax, and the step that maps x into [-format_max, format_max].
 template <bool kUE8M0, ScaleMode kScaleMode>
-struct E4M3Scaler {
+struct GroupScaler {
     float scale;       // what dequantization multiplies by
-    float multiplier;  // 448 / amax (or 1 / scale with kUE8M0); with ScaleMode::Divide RN(1 / scale)
+    float multiplier;  // format_max / amax (or 1 / scale with kUE8M0); E4M3Scaler's Divide: RN(1 / scale)
+
+    GroupScaler() = default;
+
+    DK_DEVICE GroupScaler(float amax, float format_max) {
+        if constexpr (kUE8M0) {
+            scale = ceil_to_power_of_two(__fdiv_rn(amax, format_max));
+            multiplier = __frcp_rn(scale);
+        } else {
+            scale = __fdiv_rn(amax, format_max);
+            multiplier = __fdiv_rn(format_max, amax);
+        }
+    }
+
+    DK_DEVICE float apply(float x) const {
+        if constexpr (kScaleMode == ScaleMode::Divide)
+            return __fdiv_rn(x, scale);
+        else
+            return x * multiplier;
+    }
+};
+
+// The group scaler of e4m3 codes.
+template <bool kUE8M0, ScaleMode kScaleMode>
+struct E4M3Scaler : GroupScaler<kUE8M0, kScaleMode> {
+    using GroupScaler<kUE8M0, kScaleMode>::apply;
+
     bool fast_divide = false;  // ScaleMode::Divide: divide_by_scale_fast gives IEEE division's codes
 
-    DK_DEVICE explicit E4M3Scaler(float amax) {
-        if constexpr (kUE8M0) {
-            scale = ceil_to_power_of_two(__fdiv_rn(amax, kE4M3Max));
-            multiplier = __frcp_rn(scale);
-        } else if constexpr (kScaleMode == ScaleMode::Divide) {
-            scale = __fdiv_rn(amax, kE4M3Max);
-            multiplier = __frcp_rn(scale);
-            fast_divide = has_fast_division(scale);
-        } else {
-            scale = __fdiv_rn(amax, kE4M3Max);
-            multiplier = __fdiv_rn(kE4M3Max, amax);
+    DK_DEVICE explicit E4M3Scaler(float amax) : GroupScaler<kUE8M0, kScaleMode>(amax, kE4M3Max) {
+        if constexpr (kScaleMode == ScaleMode::Divide && !kUE8M0) {
+            this->multiplier = __frcp_rn(this->scale);
+            fast_divide = has_fast_division(this->scale);
         }
     }
 
@@ -100,16 +119,16 @@ struct E4M3Scaler {
             if (fast_divide) {
                 #pragma unroll
                 for (int i = 0; i < kVec; ++i)
-                    scaled[i] = divide_by_scale_fast(values[i], scale, multiplier);
+                    scaled[i] = divide_by_scale_fast(values[i], this->scale, this->multiplier);
             } else {
                 #pragma unroll
                 for (int i = 0; i < kVec; ++i)
-                    scaled[i] = __fdiv_rn(values[i], scale);
+                    scaled[i] = __fdiv_rn(values[i], this->scale);
             }
         } else {
             #pragma unroll
             for (int i = 0; i < kVec; ++i)
-                scaled[i] = values[i] * multiplier;
+                scaled[i] = values[i] * this->multiplier;
         }
         #pragma unroll
         for (int i = 0; i < kVec / 4; ++i) {
@@ -198,6 +217,20 @@ DK_DEVICE void store_scale(void* scales, uint32_t row, uint32_t group, uint32_t 
     } else {
         static_cast<float*>(scales)[offset] = scale;
     }
+}
+
+// The last step of a token-group cast: one thread's kVec values of a group (whose amax is reduced) to e4m3
+// codes at dst; the group's leader thread also stores the scale of (row, group).
+template <bool kUE8M0, ScaleMode kScaleMode, ScaleLayout kLayout, int kVec>
+DK_DEVICE void cast_group_to_e4m3(const float (&values)[kVec], float amax, uint8_t* dst, bool is_group_leader,
+                                  void* scales, uint32_t row, uint32_t group, uint32_t num_groups,
+                                  uint32_t scale_stride) {
+    const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
+    uint32_t codes[kVec / 4];
+    scaler.quantize(values, codes);
+    store_codes(dst, codes);
+    if (is_group_leader)
+        store_scale<kLayout>(scales, row, group, num_groups, scale_stride, scaler.scale);
 }
 
 }  // namespace deep_kernels

@@ -51,16 +51,10 @@ smxx_per_token_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, voi
         const uint32_t row = tile.row(pass);
         float values[kVec];
         const float amax = max_nan(Tile::group_reduce(unpack_vector<InT>(loaded[pass], values), max_nan), amax_clamp);
-        if (row >= shape_m)
-            continue;
-
-        const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
-        uint32_t codes[kVec / 4];
-        scaler.quantize(values, codes);
-        store_codes(q + static_cast<uint64_t>(row) * shape_k + tile.column, codes);
-
-        if (tile.is_group_leader)
-            store_scale<kLayout>(scales, row, blockIdx.x, gridDim.x, scale_stride, scaler.scale);
+        if (row < shape_m)
+            cast_group_to_e4m3<kUE8M0, kScaleMode, kLayout>(
+                values, amax, q + static_cast<uint64_t>(row) * shape_k + tile.column, tile.is_group_leader, scales,
+                row, blockIdx.x, gridDim.x, scale_stride);
     }
 }
 

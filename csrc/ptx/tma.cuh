@@ -1,5 +1,6 @@
 // TMA (cp.async.bulk.tensor) wrappers: tiled 2D/3D loads into shared memory (optionally multicast to
-// the CTAs of a cluster), stores and reduce-adds from shared memory, bulk-group commit/wait, prefetch.
+// the CTAs of a cluster), plain bulk loads and stores of contiguous bytes, tiled stores and reduce-adds
+// from shared memory, bulk-group commit/wait, prefetch.
 // Coordinates are element indices, innermost dimension first, as in the tensor map.
 #pragma once
 
@@ -51,6 +52,23 @@ DK_DEVICE void tma_load_multicast(void* smem_dst, const CUtensorMap* tmap, uint6
         "{%4, %5, %6}], [%2], %3;" ::"r"(smem_address(smem_dst)),
         "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_address(barrier)), "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2)
         : "memory");
+}
+
+// Non-tensor bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global into
+// shared memory, completing the transaction bytes on `barrier`.
+DK_DEVICE void bulk_load(void* smem_dst, const void* global_src, uint32_t bytes, uint64_t* barrier) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_address(smem_dst)),
+                 "l"(reinterpret_cast<uint64_t>(global_src)), "r"(bytes), "r"(smem_address(barrier))
+                 : "memory");
+}
+
+// Non-tensor bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared into
+// global memory, in this thread's current bulk group (tma_store_commit / tma_store_wait*).
+DK_DEVICE void bulk_store(void* global_dst, const void* smem_src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(reinterpret_cast<uint64_t>(global_dst)),
+                 "r"(smem_address(smem_src)), "r"(bytes)
+                 : "memory");
 }
 
 DK_DEVICE void tma_store(const CUtensorMap* tmap, const void* smem_src, int32_t c0, int32_t c1) {

@@ -5,8 +5,8 @@ torch reference: torch.compile of it as the peer at the large shape, eager at th
 import torch
 
 import deep_kernels
-from deep_kernels.benchmarks import quant_fp4, quant_swiglu
-from deep_kernels.benchmarks.report import BenchContext, COMPILED_PEER_ROWS, memory_bound_row, timed_peer
+from deep_kernels.benchmarks import quant_e5m6, quant_fp4, quant_swiglu
+from deep_kernels.benchmarks.report import COMPILED_PEER_ROWS, BenchContext, memory_bound_row, timed_peer
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, random_activations
 from deep_kernels.testing.bench import time_kernel_us
@@ -26,7 +26,7 @@ TRANSPOSE_TYPES = (("bf16", torch.bfloat16), ("e4m3", torch.float8_e4m3fn))
 
 
 def run(ctx: BenchContext) -> list:
-    return [_checked_row(*case, ctx) for case in cases()] + quant_fp4.run(ctx) + quant_swiglu.run(ctx)
+    return [_checked_row(*case, ctx) for case in cases()] + quant_fp4.run(ctx) + quant_swiglu.run(ctx) + quant_e5m6.run(ctx)
 
 
 def cases(shapes=SHAPES, device: str = "cuda"):

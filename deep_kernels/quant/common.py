@@ -155,6 +155,14 @@ def check_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Ten
     check_cuda_device(t, name, like=like)
 
 
+def output_or_new(out, name: str, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    """`out` checked as a contiguous `shape` tensor of `dtype` on like's device, or a new one."""
+    if out is None:
+        return like.new_empty(shape, dtype=dtype)
+    check_output(out, name, shape, dtype, like)
+    return out
+
+
 def cast_outputs(out, x: torch.Tensor, rows: int, cols: int, num_groups: int, layout: ScaleLayout) -> tuple:
     """(q [rows, cols] float8_e4m3fn, scales of [rows, num_groups] groups in layout) of a cast: out's, checked
     (q contiguous and 16-byte aligned for the kernels' vector stores), or new ones on x's device."""

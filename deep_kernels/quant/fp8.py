@@ -24,7 +24,7 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
-    cast_outputs, check_amax_clamp, check_group_size, check_output, parse_layout,
+    cast_outputs, check_amax_clamp, check_group_size, check_output, output_or_new, parse_layout,
     parse_scale_mode, scale_layout_of, supported_group_sizes,
 )
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div, tma_aligned_size
@@ -258,11 +258,7 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
     check_cuda_device(q, "q")
     check_cuda_device(scales, "scales", like=q)
 
-    if out is None:
-        y = q.new_empty((m, k), dtype=out_dtype)
-    else:
-        y = out
-        check_output(y, "out", (m, k), out_dtype, q)
+    y = output_or_new(out, "out", (m, k), out_dtype, q)
     if m == 0 or k == 0:
         return y
     kernel = _cast_back_kernel(out_dtype, group_size, layout)

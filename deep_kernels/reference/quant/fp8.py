@@ -20,13 +20,13 @@ def ceil_to_power_of_two(s: torch.Tensor) -> torch.Tensor:
     return torch.where(exponent >= 0xFF, s, rounded)
 
 
-def scale_and_multiplier(amax: torch.Tensor, ue8m0: bool):
-    """(scale, quantizing multiplier) of clamped amax values: amax / 448 and 448 / amax, or with ue8m0
-    the power of two >= amax / 448 and its exact reciprocal."""
+def scale_and_multiplier(amax: torch.Tensor, ue8m0: bool, format_max: float = E4M3_MAX):
+    """(scale, quantizing multiplier) of clamped amax values: amax / format_max and format_max / amax, or
+    with ue8m0 the power of two >= amax / format_max and its exact reciprocal."""
     if ue8m0:
-        scale = ceil_to_power_of_two(amax / torch.full_like(amax, E4M3_MAX))
+        scale = ceil_to_power_of_two(amax / torch.full_like(amax, format_max))
         return scale, torch.ones_like(scale) / scale
-    return amax / torch.full_like(amax, E4M3_MAX), torch.full_like(amax, E4M3_MAX) / amax
+    return amax / torch.full_like(amax, format_max), torch.full_like(amax, format_max) / amax
 
 
 def to_e4m3(values: torch.Tensor, scale: torch.Tensor, multiplier: torch.Tensor, scale_mode: str) -> torch.Tensor:
