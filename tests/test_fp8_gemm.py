@@ -217,6 +217,7 @@ def forced_split_k(monkeypatch):
     DK_FP8_GEMM_CONFIG="multicast=1,multicast_on_a=0,splits=3" would set."""
     monkeypatch.setattr(gemm, "_config_override", lambda: {"multicast": 1, "multicast_on_a": 0, "splits": 3})
     monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "_prepared_calls", {})
 
 
 @pytest.mark.gpu
