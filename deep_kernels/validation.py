@@ -46,7 +46,7 @@ def check_row_major_rows(t: torch.Tensor, name: str) -> None:
     row_stride, col_stride = t.stride()[-2:]
     if cols > 1 and col_stride != 1:
         raise ValueError(f"{name} must have a contiguous last dimension, got strides {tuple(t.stride())}")
-    if rows > 1 and (row_stride < cols or row_stride * t.element_size() % 16 != 0):
+    if rows > 1 and cols > 0 and (row_stride < cols or row_stride * t.element_size() % 16 != 0):
         raise ValueError(
             f"{name} rows must be 16-byte aligned and not overlap: row stride {row_stride} elements "
             f"for rows of {cols} {t.dtype} elements"
