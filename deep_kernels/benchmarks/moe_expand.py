@@ -17,9 +17,10 @@ GATE = dict(scoring="sigmoid", num_groups=NUM_GROUPS, topk_groups=TOPK_GROUPS, r
 SCALE_COLUMNS = HIDDEN // 128
 
 
-def _expand_bytes(kept_slots: int, num_rows: int, element_bytes: int, scale_bytes: int = 0) -> int:
-    """Each kept slot's token row read, every row up to num_rows written (padding rows as zeros)."""
-    return (kept_slots + num_rows) * (HIDDEN * element_bytes + scale_bytes)
+def _expand_bytes(tokens_read: int, num_rows: int, element_bytes: int, scale_bytes: int = 0) -> int:
+    """The least DRAM traffic: each routed token's row read once (its k slots share it through L2), every row
+    up to num_rows written (padding rows as zeros)."""
+    return (tokens_read + num_rows) * (HIDDEN * element_bytes + scale_bytes)
 
 
 def run(ctx: BenchContext) -> list:
@@ -30,6 +31,7 @@ def run(ctx: BenchContext) -> list:
         weights, indices = deep_kernels.topk_gate(logits, TOP_K, bias=bias, **GATE)
         layout = deep_kernels.moe_layout(indices, NUM_EXPERTS)
         num_rows, kept_slots = int(layout.num_rows.item()), int((layout.slot_to_row >= 0).sum().item())
+        tokens_read = int((layout.slot_to_row >= 0).any(dim=1).sum().item())
         shape = {"t": num_tokens, "h": HIDDEN, "e": NUM_EXPERTS, "k": TOP_K}
         x = random_activations(num_tokens, HIDDEN, torch.bfloat16)
         q, scales = deep_kernels.per_token_cast_to_fp8(x, 128)
@@ -50,15 +52,15 @@ def run(ctx: BenchContext) -> list:
             return memory_bound_row(op, shape, config, us, num_bytes, ctx, peer, peer_us, "bitwise equal")
 
         rows.append(checked_row("moe_expand", "bf16, contiguous", deep_kernels.moe_expand, "moe_expand",
-                                (x, layout), {}, _expand_bytes(kept_slots, num_rows, 2), slice(0, num_rows)))
+                                (x, layout), {}, _expand_bytes(tokens_read, num_rows, 2), slice(0, num_rows)))
         if num_tokens <= 512:  # decode: the contiguous layout is mostly padding rows
             rows.append(checked_row("moe_expand", "bf16, contiguous, zero_padding=False", deep_kernels.moe_expand,
                                     "moe_expand", (x, layout), {"zero_padding": False},
-                                    _expand_bytes(kept_slots, kept_slots, 2), has_slot))
+                                    _expand_bytes(tokens_read, kept_slots, 2), has_slot))
         rows.append(checked_row("moe_expand", "fp8 + fp32 mn_major scales, contiguous", deep_kernels.moe_expand,
                                 "moe_expand", (q, layout, scales), {},
-                                _expand_bytes(kept_slots, num_rows, 1, SCALE_COLUMNS * 4), slice(0, num_rows)))
-        cast_bytes = kept_slots * HIDDEN * 2 + num_rows * (HIDDEN + SCALE_COLUMNS * 4)
+                                _expand_bytes(tokens_read, num_rows, 1, SCALE_COLUMNS * 4), slice(0, num_rows)))
+        cast_bytes = tokens_read * HIDDEN * 2 + num_rows * (HIDDEN + SCALE_COLUMNS * 4)
         rows.append(checked_row("moe_expand_cast_to_fp8", "bf16 in, fp32 mn_major scales, contiguous",
                                 deep_kernels.moe_expand_cast_to_fp8, "moe_expand_cast_to_fp8", (x, layout), {},
                                 cast_bytes, slice(0, num_rows)))
