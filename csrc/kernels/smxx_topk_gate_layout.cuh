@@ -32,7 +32,7 @@ DK_DEVICE void grid_barrier_sync(uint32_t* counter) {
     constexpr uint32_t kFlipBit = 0x80000000u;
     // NOTE: every thread fences its own writes at gpu scope before the barrier; thread 0's release add then
     // publishes them all, and its acquire load plus the second barrier order every thread's later loads.
-    __threadfence();
+    ptx::fence_acq_rel_gpu();
     __syncthreads();
     if (threadIdx.x == 0) {
         const uint32_t arrival = blockIdx.x == 0 ? kFlipBit - (gridDim.x - 1) : 1u;
@@ -54,7 +54,7 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
                            float scaling_factor, uint32_t max_rows, uint32_t max_tokens) {
     // Shared memory
     constexpr int kNumThreads = kNumWarps * 32;
-    constexpr int kCountBatch = 16;
+    constexpr int kCountBatch = 32;
     DK_STATIC_ASSERT(NUM_EXPERTS <= kMaxMoeExperts, "per-expert tables hold kMaxMoeExperts");
     __shared__ int smem_experts[kNumThreads];
     __shared__ int smem_warp_base[kNumWarps][kMaxMoeExperts];
@@ -62,6 +62,11 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     __shared__ int smem_total[kMaxMoeExperts];
     __shared__ int smem_offset[kMaxMoeExperts + 1];
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    // NOTE: the counter's line is in L2 by the time the grid barrier's atomic takes it (after an L2 flush
+    // the atomic would otherwise wait for a DRAM read on the critical path).
+    if (threadIdx.x == 0)
+        ptx::prefetch_l2(barrier);
 
     // The block's share of the -1 fill: stores issued first complete while the gate computes, so the
     // fence before the grid barrier finds them done
@@ -104,8 +109,8 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
 
     grid_barrier_sync(barrier);
 
-    // Per expert: the total and the slots of earlier blocks (kCountBatch L2 loads in flight; .cg, since
-    // other blocks wrote them during this launch)
+    // Per expert: the total and the slots of earlier blocks (kCountBatch L2 loads in flight: one round trip
+    // up to 32 blocks, T <= 256 at 8 warps; .cg, since other blocks wrote them during this launch)
     for (uint32_t e = threadIdx.x; e < kMaxMoeExperts; e += kNumThreads) {
         int total = 0, earlier = 0;
         for (uint32_t first = 0; e < NUM_EXPERTS && first < gridDim.x; first += kCountBatch) {

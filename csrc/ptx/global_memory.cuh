@@ -38,6 +38,11 @@ DK_DEVICE void store_relaxed_gpu(uint32_t* ptr, uint32_t value) {
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(ptr), "r"(value) : "memory");
 }
 
+// Brings the line of `ptr` into L2 without waiting for it (e.g. a counter that an atomic later takes).
+DK_DEVICE void prefetch_l2(const void* ptr) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
+}
+
 // Acquire: the writes released by the adds this load observes are visible to this thread (and, after a
 // barrier, to its CTA).
 DK_DEVICE uint32_t load_acquire_gpu(const uint32_t* ptr) {
