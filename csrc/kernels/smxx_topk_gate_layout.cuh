@@ -59,8 +59,8 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     __shared__ int smem_experts[kNumThreads];
     __shared__ int smem_warp_base[kNumWarps][kMaxMoeExperts];
     __shared__ int smem_earlier_blocks[NUM_EXPERTS];
-    __shared__ int smem_total[kMaxMoeExperts];
-    __shared__ int smem_offset[kMaxMoeExperts + 1];
+    __shared__ __align__(16) int smem_total[kMaxMoeExperts];
+    __shared__ __align__(16) int smem_offset[kMaxMoeExperts + 1];
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     // NOTE: the counter's line is in L2 by the time the grid barrier's atomic takes it (after an L2 flush
