@@ -27,6 +27,8 @@ FUSED_MAX_SLOTS = 8192
 _FUSED_WARPS = 8
 # A block ranks one tile of 32 slots per warp.
 _FUSED_MAX_WARP_SLOTS = 32
+# The workspace's grid-barrier counter has a 128-byte line to itself; the block counts follow.
+_COUNTER_INTS = 32
 
 
 def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
@@ -41,21 +43,24 @@ def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring
                       block_threads=_FUSED_WARPS * 32, cooperative=True)
 
 
-_barriers = {}
+_workspaces = {}
 
 
-def _barrier(device_index: int) -> torch.Tensor:
-    """The fused kernel's grid-barrier counter, bits 0-30 zero between launches (each launch flips bit 31):
-    one per stream, or while capturing a CUDA graph a fresh one whose zeroing the graph replays."""
+def _workspace(device_index: int, num_block_counts: int) -> torch.Tensor:
+    """The fused kernel's int32 workspace: [0] its grid-barrier counter (bits 0-30 zero between launches,
+    each launch flips bit 31), then from _COUNTER_INTS on room for num_block_counts per-block expert
+    counts. One per stream, grown as needed, or while capturing a CUDA graph a fresh one whose zeroing the
+    graph replays."""
     # NOTE: a counter cached from inside a capture would hold garbage until the first replay.
+    size = _COUNTER_INTS + num_block_counts
     if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(1, dtype=torch.int32, device=f"cuda:{device_index}")
+        return torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
     key = (device_index, torch.cuda.current_stream(device_index).cuda_stream)
-    barrier = _barriers.get(key)
-    if barrier is None:
-        barrier = torch.zeros(1, dtype=torch.int32, device=f"cuda:{device_index}")
-        _barriers[key] = barrier
-    return barrier
+    workspace = _workspaces.get(key)
+    if workspace is None or workspace.numel() < size:
+        workspace = torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
+        _workspaces[key] = workspace
+    return workspace
 
 
 def _fused_tokens_per_warp(num_tokens: int, k: int):
@@ -82,8 +87,9 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
     Notes:
         Bit-exact with deep_kernels.reference.moe.topk_gate_with_layout, deterministic, no host
         synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots it is one cooperative launch (at
-        most one block per SM) whose grid-barrier counter is kept per (device, stream) (a captured graph
-        zeroes its own in a memset node), so calls may overlap only on different streams.
+        most one block per SM) whose workspace (a grid-barrier counter and per-block counts) is kept per
+        (device, stream) (a captured graph zeroes its own in a memset node), so calls may overlap only on
+        different streams.
     """
     check_gate_args(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
     num_tokens, num_experts = logits.shape
@@ -107,16 +113,15 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
     masked = max_tokens is not None
     num_masked = num_experts * max_tokens if masked else 0
     kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
-    barrier = _barrier(device_index)
     # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident.
     num_blocks = max(ceil_div(num_tokens, _FUSED_WARPS * tokens_per_warp), fill_blocks(2 * max_rows + num_masked))
-    block_counts = logits.new_empty((num_blocks, num_experts), dtype=torch.int32)
+    workspace = _workspace(device_index, num_blocks * num_experts)
     kernel.launch((num_blocks, 1, 1), (
         logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(), indices.data_ptr(),
         layout.counts.data_ptr(), layout.num_rows.data_ptr(), layout.m_indices.data_ptr(),
         layout.row_to_slot.data_ptr(), layout.slot_to_row.data_ptr(),
         layout.masked_slots.data_ptr() if masked else 0, layout.masked_m.data_ptr() if masked else 0,
-        block_counts.data_ptr(), barrier.data_ptr(), num_tokens, tokens_per_warp, logits.stride(0), k, topk_groups,
+        workspace.data_ptr() + 4 * _COUNTER_INTS, workspace.data_ptr(), num_tokens, tokens_per_warp, logits.stride(0), k, topk_groups,
         int(renormalize), float(routed_scaling_factor), max_rows, max_tokens if masked else 0), device_index)
     return weights, indices, layout
 
