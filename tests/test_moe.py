@@ -569,6 +569,42 @@ def test_routing_with_fewer_sms_is_identical(num_tokens, monkeypatch):
     _check_layouts_equal(deep_kernels.moe_layout(local, 32, 64), reference.moe_layout(local, 32, 64), "local: ")
 
 
+@pytest.mark.parametrize("num_sms", [132, 114, 3])
+def test_fused_plan_fits_one_block_per_sm_and_one_tile_per_warp(num_sms, monkeypatch):
+    from deep_kernels import device
+    from deep_kernels.moe import routing
+
+    monkeypatch.setattr(device, "_num_sms_override", num_sms)
+    for k in range(1, 17):
+        for num_tokens in sorted({1, 7, 8, 64, 1000, 1056, 1057, FUSED_MAX_SLOTS // k, FUSED_MAX_SLOTS // k + 1}):
+            tokens_per_warp = routing._fused_tokens_per_warp(num_tokens, k)
+            if num_tokens * k > FUSED_MAX_SLOTS:
+                assert tokens_per_warp is None
+            elif num_sms >= 114:  # every H100 / H200: all of FUSED_MAX_SLOTS takes the one launch
+                assert tokens_per_warp is not None, (num_tokens, k)
+            if tokens_per_warp is not None:
+                block_tokens = routing._FUSED_WARPS * tokens_per_warp
+                assert math.ceil(num_tokens / block_tokens) <= num_sms
+                assert block_tokens * k <= routing._FUSED_WARPS * 32
+                # the fewest tokens per warp: one fewer would need more blocks than SMs
+                assert tokens_per_warp == 1 or math.ceil(num_tokens / (block_tokens - routing._FUSED_WARPS)) > num_sms
+
+
+@pytest.mark.gpu
+def test_topk_gate_with_layout_grid_barrier_across_grid_sizes():
+    # T = 64: a block with no token (the -1 fill takes 9 blocks); T = 1056 and 4001: several tokens per warp.
+    # Each launch flips bit 31 of the barrier counter and leaves the lower bits at zero.
+    from deep_kernels.moe import routing
+
+    kwargs = dict(scoring="sigmoid", num_groups=8, topk_groups=4)
+    for num_tokens, k in ((64, 8), (1, 8), (1056, 7), (4001, 2), (200, 16), (64, 8)):
+        logits = _gate_logits(num_tokens, 256, torch.float32, ties=num_tokens % 2 == 1)
+        for _ in range(2):
+            _check_gate_with_layout(logits, k, max_tokens=max(1, num_tokens * k // 256), **kwargs)
+        counter = routing._workspace(logits.get_device(), 0)[0].item()
+        assert counter & 0x7FFFFFFF == 0, hex(counter)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens", [128, 4001])  # the one-launch and the two-stage path
 def test_topk_gate_with_layout_graph_replays_new_inputs(num_tokens):

@@ -28,9 +28,9 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, const int* __restrict_
     constexpr int kSlotsPerWarp = CHUNK_SLOTS / kNumWarps;
     constexpr int kChunkBatch = 16;
     DK_STATIC_ASSERT(CHUNK_SLOTS % (kNumWarps * 32) == 0, "every warp ranks whole tiles of 32 slots");
-    __shared__ int smem_total[kMaxMoeExperts];
+    __shared__ __align__(16) int smem_total[kMaxMoeExperts];
     __shared__ int smem_earlier_chunks[kMaxMoeExperts];
-    __shared__ int smem_offset[kMaxMoeExperts + 1];
+    __shared__ __align__(16) int smem_offset[kMaxMoeExperts + 1];
     __shared__ int smem_warp_base[kNumWarps][kMaxMoeExperts];
     const uint32_t warp = threadIdx.x / 32;
 

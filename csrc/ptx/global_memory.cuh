@@ -1,5 +1,5 @@
 // Global-memory accesses with explicit caching and ordering: L2-only (.cg) vector loads and stores for
-// data another CTA reads or wrote, and the gpu-scope atomic and store of an arrival counter.
+// data another CTA reads or wrote, and the gpu-scope atomic, load and store of an arrival counter.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +36,19 @@ DK_DEVICE uint32_t atomic_add_acq_rel_gpu(uint32_t* counter, uint32_t value) {
 
 DK_DEVICE void store_relaxed_gpu(uint32_t* ptr, uint32_t value) {
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(ptr), "r"(value) : "memory");
+}
+
+// Brings the line of `ptr` into L2 without waiting for it (e.g. a counter that an atomic later takes).
+DK_DEVICE void prefetch_l2(const void* ptr) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
+}
+
+// Acquire: the writes released by the adds this load observes are visible to this thread (and, after a
+// barrier, to its CTA).
+DK_DEVICE uint32_t load_acquire_gpu(const uint32_t* ptr) {
+    uint32_t value;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(ptr) : "memory");
+    return value;
 }
 
 }  // namespace deep_kernels::ptx

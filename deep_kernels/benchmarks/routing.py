@@ -44,7 +44,7 @@ def _check(outputs, expected) -> None:
 def launches(num_tokens: int) -> str:
     """What topk_gate_with_layout launches at num_tokens (the rows' config says it)."""
     if num_tokens * TOP_K <= FUSED_MAX_SLOTS:
-        return "1 launch: gate + count + rank + scatter"
+        return "1 cooperative launch: gate + block counts, grid barrier, each block ranks + scatters its slots"
     return "3 launches: gate, count + -1 fill, rank + scatter"
 
 

@@ -130,9 +130,9 @@ union alignas(64) ParamSlot {
     float f32;
 };
 
-// launch(kernel, grid, block, smem_bytes, cluster, device, stream, kinds, params)
+// launch(kernel, grid, block, smem_bytes, cluster, device, stream, kinds, params[, cooperative])
 // kinds holds one letter per parameter: T tensor map (a spec tuple, encoded here), P pointer / u64,
-// I u32, i i32, f f32.
+// I u32, i i32, f f32. cooperative (default false): every block is resident at once, or the launch fails.
 PyObject* launch(PyObject*, PyObject* args) {
     unsigned long long kernel, stream;
     unsigned int grid_x, grid_y, grid_z, block, smem_bytes, cluster;
@@ -140,8 +140,9 @@ PyObject* launch(PyObject*, PyObject* args) {
     const char* kinds;
     Py_ssize_t num_kinds;
     PyObject* params;
-    if (!PyArg_ParseTuple(args, "K(III)IIIiKs#O!", &kernel, &grid_x, &grid_y, &grid_z, &block, &smem_bytes,
-                          &cluster, &device, &stream, &kinds, &num_kinds, &PyTuple_Type, &params))
+    int cooperative = 0;
+    if (!PyArg_ParseTuple(args, "K(III)IIIiKs#O!|p", &kernel, &grid_x, &grid_y, &grid_z, &block, &smem_bytes,
+                          &cluster, &device, &stream, &kinds, &num_kinds, &PyTuple_Type, &params, &cooperative))
         return nullptr;
     const Py_ssize_t num_params = PyTuple_GET_SIZE(params);
     if (num_params != num_kinds || num_params > kMaxParams) {
@@ -172,11 +173,20 @@ PyObject* launch(PyObject*, PyObject* args) {
             return nullptr;
     }
 
-    CUlaunchAttribute attributes[1];
-    attributes[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attributes[0].value.clusterDim.x = cluster;
-    attributes[0].value.clusterDim.y = 1;
-    attributes[0].value.clusterDim.z = 1;
+    CUlaunchAttribute attributes[2];
+    unsigned int num_attributes = 0;
+    if (cluster > 1) {
+        attributes[num_attributes].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attributes[num_attributes].value.clusterDim.x = cluster;
+        attributes[num_attributes].value.clusterDim.y = 1;
+        attributes[num_attributes].value.clusterDim.z = 1;
+        ++num_attributes;
+    }
+    if (cooperative) {
+        attributes[num_attributes].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attributes[num_attributes].value.cooperative = 1;
+        ++num_attributes;
+    }
     CUlaunchConfig config;
     config.gridDimX = grid_x;
     config.gridDimY = grid_y;
@@ -187,7 +197,7 @@ PyObject* launch(PyObject*, PyObject* args) {
     config.sharedMemBytes = smem_bytes;
     config.hStream = reinterpret_cast<CUstream>(stream);
     config.attrs = attributes;
-    config.numAttrs = cluster > 1 ? 1 : 0;
+    config.numAttrs = num_attributes;
 
     if (!load_driver())
         return nullptr;

@@ -50,7 +50,8 @@ class Kernel:
     """A loaded kernel and how it is launched.
 
     param_kinds has one letter per kernel parameter: T tensor map (from `tensor_map`), P pointer,
-    I uint32, i int32, f float.
+    I uint32, i int32, f float. A cooperative kernel has every block resident at once (or fails to launch),
+    so that its blocks may wait for each other.
     """
 
     name: str
@@ -60,12 +61,13 @@ class Kernel:
     block_threads: int
     smem_bytes: int
     cluster_size: int
+    cooperative: bool = False
 
     def launch(self, grid, params: tuple, device_index: int) -> None:
         """Launch on torch's current stream of the device."""
         stream = torch._C._cuda_getCurrentRawStream(device_index)
         _native_launch(self.handle, grid, self.block_threads, self.smem_bytes, self.cluster_size,
-                       device_index, stream, self.param_kinds, params)
+                       device_index, stream, self.param_kinds, params, self.cooperative)
 
 
 def _native_launch(*args) -> None:
@@ -76,7 +78,7 @@ def _native_launch(*args) -> None:
 
 
 def load_kernel(binary: bytes, name: str, *, param_kinds: str, block_threads: int, smem_bytes: int,
-                cluster_size: int = 1) -> Kernel:
+                cluster_size: int = 1, cooperative: bool = False) -> Kernel:
     from cuda.bindings import driver
 
     torch.cuda.init()
@@ -90,21 +92,21 @@ def load_kernel(binary: bytes, name: str, *, param_kinds: str, block_threads: in
     for device_index in range(torch.cuda.device_count()):
         device = _check(driver.cuDeviceGet(device_index), "cuDeviceGet")
         _check(driver.cuKernelSetAttribute(attribute, smem_bytes, kernel, device), "cuKernelSetAttribute")
-    return Kernel(name, int(kernel), library, param_kinds, block_threads, smem_bytes, cluster_size)
+    return Kernel(name, int(kernel), library, param_kinds, block_threads, smem_bytes, cluster_size, cooperative)
 
 
 _kernels = {}
 
 
 def get_kernel(spec: KernelSpec, *, param_kinds: str, block_threads: int, smem_bytes: int = 0,
-               cluster_size: int = 1) -> Kernel:
+               cluster_size: int = 1, cooperative: bool = False) -> Kernel:
     """The loaded kernel of a specialization; compiled or read from disk on the first call only."""
-    key = (spec, param_kinds, block_threads, smem_bytes, cluster_size)
+    key = (spec, param_kinds, block_threads, smem_bytes, cluster_size, cooperative)
     kernel = _kernels.get(key)
     if kernel is None:
         binary = build_binary(spec, target_arch())
         kernel = load_kernel(binary, spec.name, param_kinds=param_kinds, block_threads=block_threads,
-                             smem_bytes=smem_bytes, cluster_size=cluster_size)
+                             smem_bytes=smem_bytes, cluster_size=cluster_size, cooperative=cooperative)
         _kernels[key] = kernel
     return kernel
 

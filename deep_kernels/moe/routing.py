@@ -1,15 +1,17 @@
 """Gating and layout together: topk_gate then moe_layout of its indices, in one launch for few tokens.
 
 topk_gate_with_layout returns exactly what topk_gate followed by moe_layout returns. Up to FUSED_MAX_SLOTS
-routed slots (T * k) one kernel does both: every block gates its tokens and fills its share of the
-layout's -1 rows, then the last block to arrive (an atomic ticket) ranks all slots by counts and scans,
-as moe_layout does. Larger inputs take the two-stage path (three launches), where more blocks rank.
+routed slots (T * k) one cooperative kernel does both: every block (at most one per SM) gates its tokens,
+fills its share of the layout's -1 rows and counts its slots per expert; after a grid barrier every block
+sums those counts and writes its own slots' rows, positions from counts and scans as in moe_layout.
+Larger inputs take the two-stage path (three launches).
 """
 
 import functools
 
 import torch
 
+from deep_kernels.device import get_num_sms
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.moe.gate import SCORINGS, check_gate_args, kernel_groups, topk_gate
@@ -18,10 +20,15 @@ from deep_kernels.moe.layout import (
 )
 from deep_kernels.validation import ceil_div, check_cuda_device
 
-# One block ranks every slot in the fused kernel: beyond this the two-stage path is faster.
+# The fused kernel's blocks, at most one per SM, gate their tokens one per warp at a time: beyond this
+# the two-stage path is faster.
 FUSED_MAX_SLOTS = 8192
 
 _FUSED_WARPS = 8
+# A block ranks one tile of 32 slots per warp.
+_FUSED_MAX_WARP_SLOTS = 32
+# The workspace's grid-barrier counter has a 128-byte line to itself; the block counts follow.
+_COUNTER_INTS = 32
 
 
 def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
@@ -32,25 +39,37 @@ def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: 
 
 @functools.lru_cache(maxsize=None)
 def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str):
-    return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring), param_kinds="PPPPPPPPPPPPIIIIIfII",
-                      block_threads=_FUSED_WARPS * 32)
+    return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring), param_kinds="PPPPPPPPPPPPPIIIIIIfII",
+                      block_threads=_FUSED_WARPS * 32, cooperative=True)
 
 
-_tickets = {}
+_workspaces = {}
 
 
-def _ticket(device_index: int) -> torch.Tensor:
-    """The fused kernel's arrival counter, zero before each launch (its last block resets it): one per
-    stream, or while capturing a CUDA graph a fresh one whose zeroing the graph replays."""
+def _workspace(device_index: int, num_block_counts: int) -> torch.Tensor:
+    """The fused kernel's int32 workspace: [0] its grid-barrier counter (bits 0-30 zero between launches,
+    each launch flips bit 31), then from _COUNTER_INTS on room for num_block_counts per-block expert
+    counts. One per stream, grown as needed, or while capturing a CUDA graph a fresh one whose zeroing the
+    graph replays."""
     # NOTE: a counter cached from inside a capture would hold garbage until the first replay.
+    size = _COUNTER_INTS + num_block_counts
     if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(1, dtype=torch.int32, device=f"cuda:{device_index}")
+        return torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
     key = (device_index, torch.cuda.current_stream(device_index).cuda_stream)
-    ticket = _tickets.get(key)
-    if ticket is None:
-        ticket = torch.zeros(1, dtype=torch.int32, device=f"cuda:{device_index}")
-        _tickets[key] = ticket
-    return ticket
+    workspace = _workspaces.get(key)
+    if workspace is None or workspace.numel() < size:
+        workspace = torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
+        _workspaces[key] = workspace
+    return workspace
+
+
+def _fused_tokens_per_warp(num_tokens: int, k: int):
+    """Tokens each warp of the fused kernel gates, so that its grid fits on the SMs; None where the
+    two-stage path serves the input (too many slots, or more than a tile of them per warp)."""
+    tokens_per_warp = ceil_div(num_tokens, _FUSED_WARPS * get_num_sms())
+    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_warp * k > _FUSED_MAX_WARP_SLOTS:
+        return None
+    return tokens_per_warp
 
 
 def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torch.Tensor = None,
@@ -67,9 +86,10 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
 
     Notes:
         Bit-exact with deep_kernels.reference.moe.topk_gate_with_layout, deterministic, no host
-        synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots it is one launch whose arrival
-        counter is kept per (device, stream), zero between launches (a captured graph zeroes its own in
-        a memset node), so calls may overlap only on different streams.
+        synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots it is one cooperative launch (at
+        most one block per SM) whose workspace (a grid-barrier counter and per-block counts) is kept per
+        (device, stream) (a captured graph zeroes its own in a memset node), so calls may overlap only on
+        different streams.
     """
     check_gate_args(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
     num_tokens, num_experts = logits.shape
@@ -79,7 +99,8 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         check_cuda_device(bias, "bias", like=logits)
 
     gate_args = (k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
-    if num_tokens * k > FUSED_MAX_SLOTS:
+    tokens_per_warp = _fused_tokens_per_warp(num_tokens, k)
+    if tokens_per_warp is None:
         weights, indices = topk_gate(logits, *gate_args)
         return weights, indices, moe_layout(indices, num_experts, max_tokens)
     weights = logits.new_empty((num_tokens, k), dtype=torch.float32)
@@ -92,15 +113,16 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
     masked = max_tokens is not None
     num_masked = num_experts * max_tokens if masked else 0
     kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
-    ticket = _ticket(device_index)
-    num_blocks = max(ceil_div(num_tokens, _FUSED_WARPS), fill_blocks(2 * max_rows + num_masked))
+    # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident.
+    num_blocks = max(ceil_div(num_tokens, _FUSED_WARPS * tokens_per_warp), fill_blocks(2 * max_rows + num_masked))
+    workspace = _workspace(device_index, num_blocks * num_experts)
     kernel.launch((num_blocks, 1, 1), (
         logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(), indices.data_ptr(),
         layout.counts.data_ptr(), layout.num_rows.data_ptr(), layout.m_indices.data_ptr(),
         layout.row_to_slot.data_ptr(), layout.slot_to_row.data_ptr(),
         layout.masked_slots.data_ptr() if masked else 0, layout.masked_m.data_ptr() if masked else 0,
-        ticket.data_ptr(), num_tokens, logits.stride(0), k, topk_groups, int(renormalize),
-        float(routed_scaling_factor), max_rows, max_tokens if masked else 0), device_index)
+        workspace.data_ptr() + 4 * _COUNTER_INTS, workspace.data_ptr(), num_tokens, tokens_per_warp, logits.stride(0), k, topk_groups,
+        int(renormalize), float(routed_scaling_factor), max_rows, max_tokens if masked else 0), device_index)
     return weights, indices, layout
 
 
