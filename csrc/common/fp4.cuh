@@ -2,6 +2,7 @@
 // of an MXFP4 (UE8M0) or NVFP4 (E4M3 times an FP32 global scale) group, and the scale layouts.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -82,6 +83,32 @@ DK_DEVICE uint32_t pack_e2m1(const float (&scaled)[8], const float (&values)[8])
 DK_DEVICE float e2m1_value(uint32_t code) {
     const uint32_t bits = ((code & 0x7u) << 22) | ((code & 0x8u) << 28);
     return __uint_as_float(bits) * 0x1p126f;
+}
+
+// Eight e2m1 codes (element i in bits [4i, 4i + 4) of `word`) as FP32, exactly.
+// NOTE: a code's magnitude bits moved to bits 2-4 of a byte, and its sign to bit 7, make the e4m3 byte of
+// e2m1 * 2^-6 (e2m1's subnormal 0.5 lands on e4m3's subnormal 2^-7). So 6 integer ops build the e4m3 bytes of 8
+// codes (even elements from word << 2, odd ones from word >> 2, both masked by one LOP3 each), and the exact
+// conversions e4m3x2 -> f16x2 (one cvt for two, sm_89+), f16x2 * 64 (one HMUL2 for two) and f16 -> f32 do the rest.
+DK_DEVICE void e2m1x8_to_float(uint32_t word, float (&values)[8]) {
+    constexpr uint32_t kMagnitudeBits = 0x1C1C1C1Cu;
+    const uint32_t signs = word & 0x88888888u;
+    // Byte j of `even` is element 2j's e4m3 byte, of `odd` element 2j + 1's.
+    const uint32_t even = ((word << 2) & kMagnitudeBits) | ((signs << 4) & ~kMagnitudeBits);
+    const uint32_t odd = ((word >> 2) & kMagnitudeBits) | (signs & ~kMagnitudeBits);
+    const __half2 sixty_four = __float2half2_rn(64.0f);
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const auto e4m3_pair = [&](uint32_t bytes) {
+            return __hmul2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(bytes >> (16 * half)),
+                                                              __NV_E4M3)), sixty_four);
+        };
+        const __half2 even_pair = e4m3_pair(even), odd_pair = e4m3_pair(odd);
+        values[4 * half + 0] = __low2float(even_pair);
+        values[4 * half + 1] = __low2float(odd_pair);
+        values[4 * half + 2] = __high2float(even_pair);
+        values[4 * half + 3] = __high2float(odd_pair);
+    }
 }
 
 // A UE8M0 byte as FP32: 2^(byte - 127), byte 0 the subnormal 2^-127, and 0xFF (E8M0's NaN) NaN.
