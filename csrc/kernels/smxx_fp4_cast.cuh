@@ -3,11 +3,12 @@
 //   MX: 1x32 groups, UE8M0 scales (row-major bytes, or the packed int32 MN-major words the FP8 GEMM reads)
 //   NV: 1x16 groups, E4M3 scales times the FP32 global scale read from device memory (row-major, or the
 //       128x4 swizzled tiles of block-scaled GEMMs; rows past M and groups past G of the last tiles get 0)
-// Memory-bound: a thread casts 16 consecutive elements per pass (2 or 4 16-byte loads, all passes' loads in
-// flight first), a warp one row's 512, and writes its codes as one contiguous 256-byte run; no shared memory.
-// NOTE: 16 elements a thread (not one 16-byte vector) halve the per-group work (amax shuffles, scale) per code,
-// which otherwise makes the kernel issue-bound rather than memory-bound. Not supported (the host checks): other
-// group sizes or input types, K not a multiple of the group, more than 65535 row blocks.
+// Memory-bound: a lane loads one 16-byte vector per pass (all passes' loads in flight first), so each warp load
+// is 512 contiguous bytes of one row; a group is the 2 to 8 lanes holding it (shuffle reduction) and each lane
+// writes its 4 or 2 bytes of codes (a warp: one contiguous run). No shared memory. Not supported (the host
+// checks): other group sizes or input types, K not a multiple of the group, more than 65535 row blocks.
+// NOTE: two vectors per lane 32 bytes apart would halve the per-group work per code but make every warp load
+// fetch half sectors; the per-element work is kept small instead (fp4.cuh's pack_e2m1).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,30 +29,25 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
                    const float* __restrict__ global_scale, uint32_t shape_m, uint32_t shape_k, uint32_t x_row_stride,
                    uint32_t scale_rows, uint32_t scale_stride, float amax_clamp) {
     // Static checks and types
-    constexpr int kElems = 16;
     constexpr int kVec = 16 / sizeof(InT);
-    constexpr int kLoads = kElems / kVec;
     constexpr int GROUP_SIZE = kFp4GroupSize<kFormat>;
-    using Tile = TokenGroupTile<32 * kElems, kElems, kNumWarps, kPasses>;
-    using Group = TokenGroupTile<GROUP_SIZE, kElems, kNumWarps, kPasses>;
+    using Tile = TokenGroupTile<32 * kVec, kVec, kNumWarps, kPasses>;
+    using Group = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses>;
     DK_STATIC_ASSERT(kLayout != Fp4ScaleLayout::MNMajorPackedUE8M0 || kFormat == Fp4Format::MX,
                      "packed scales are UE8M0");
     DK_STATIC_ASSERT(kLayout != Fp4ScaleLayout::Swizzled128x4 || kFormat == Fp4Format::NV,
                      "the swizzled layout holds E4M3 scales");
 
-    // Loads first: kPasses x kLoads independent 16-byte loads per thread
+    // Loads first: kPasses independent 16-byte loads per thread
     // NOTE: threads past M or K load row M - 1 or column 0 instead of predicating (the predicated, zero-filled
     // loads cost a byte permute per element); their values only reach their own skipped row's group.
     const Tile tile;
     const bool column_in_bounds = tile.column < shape_k;
-    uint4 loaded[kPasses][kLoads];
+    uint4 loaded[kPasses];
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         const uint32_t row = min(tile.row(pass), shape_m - 1), column = column_in_bounds ? tile.column : 0;
-        const auto* src = reinterpret_cast<const uint4*>(x + static_cast<uint64_t>(row) * x_row_stride + column);
-        #pragma unroll
-        for (int i = 0; i < kLoads; ++i)
-            loaded[pass][i] = __ldg(src + i);
+        loaded[pass] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<uint64_t>(row) * x_row_stride + column));
     }
     const float global = kFormat == Fp4Format::NV ? __ldg(global_scale) : 1.0f;
 
@@ -61,12 +57,9 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         const uint32_t row = tile.row(pass);
-        float values[kElems];
-        float amax = 0.0f;
-        #pragma unroll
-        for (int i = 0; i < kLoads; ++i)
-            amax = max_nan(amax, unpack_vector<InT>(loaded[pass][i], reinterpret_cast<float(&)[kVec]>(values[i * kVec])));
-        amax = max_nan(Group::group_reduce(amax, max_nan), amax_clamp);
+        float values[kVec];
+        const float amax = max_nan(Group::group_reduce(unpack_fp4_input<InT>(loaded[pass], values), max_nan),
+                                   amax_clamp);
         if (row >= shape_m || !column_in_bounds) {
             // NOTE: the swizzled tiles' padding is part of the output, so the threads past M or K write its zeros.
             if constexpr (kLayout == Fp4ScaleLayout::Swizzled128x4)
@@ -76,13 +69,16 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
         }
 
         const Fp4Scaler<kFormat, kScaleMode> scaler(amax, global);
-        float scaled[kElems];
+        float scaled[kVec];
         #pragma unroll
-        for (int i = 0; i < kElems; ++i)
+        for (int i = 0; i < kVec; ++i)
             scaled[i] = scaler.apply(values[i]);
-        *reinterpret_cast<uint2*>(codes + (static_cast<uint64_t>(row) * shape_k + tile.column) / 2) =
-            make_uint2(pack_e2m1(reinterpret_cast<const float(&)[8]>(scaled[0]), reinterpret_cast<const float(&)[8]>(values[0])),
-                       pack_e2m1(reinterpret_cast<const float(&)[8]>(scaled[8]), reinterpret_cast<const float(&)[8]>(values[8])));
+        uint8_t* dst = codes + (static_cast<uint64_t>(row) * shape_k + tile.column) / 2;
+        const uint32_t word = pack_e2m1(scaled, loaded[pass]);
+        if constexpr (kVec == 8)
+            *reinterpret_cast<uint32_t*>(dst) = word;
+        else
+            *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(word);
 
         if (is_group_leader) {
             if constexpr (kLayout == Fp4ScaleLayout::MNMajorPackedUE8M0)
