@@ -68,13 +68,20 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
             continue;
         }
 
+        // NOTE: MX multipliers are powers of two, so the codes' FMAs take them (pack_e2m1's step) instead of a
+        // multiply per element.
         const Fp4Scaler<kFormat, kScaleMode> scaler(amax, global);
-        float scaled[kVec];
-        #pragma unroll
-        for (int i = 0; i < kVec; ++i)
-            scaled[i] = scaler.apply(values[i]);
+        uint32_t word;
+        if constexpr (kFormat == Fp4Format::MX) {
+            word = pack_e2m1(values, scaler.multiplier, loaded[pass]);
+        } else {
+            float scaled[kVec];
+            #pragma unroll
+            for (int i = 0; i < kVec; ++i)
+                scaled[i] = scaler.apply(values[i]);
+            word = pack_e2m1(scaled, 1.0f, loaded[pass]);
+        }
         uint8_t* dst = codes + (static_cast<uint64_t>(row) * shape_k + tile.column) / 2;
-        const uint32_t word = pack_e2m1(scaled, loaded[pass]);
         if constexpr (kVec == 8)
             *reinterpret_cast<uint32_t*>(dst) = word;
         else
