@@ -51,15 +51,66 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
     }
     const float global = kFormat == Fp4Format::NV ? __ldg(global_scale) : 1.0f;
 
-    // Per pass: group amax, scale, cast, store
+    // NV scales: lane j of a group computes those of passes j, j + kShared, ... (from every pass's group amax),
+    // the others read them by shuffle
+    // NOTE: an NV scale is two IEEE divisions, an E4M3 round trip and a reciprocal, as much work as the codes of
+    // 8 elements; MX's integer scale is cheaper than the shuffles, so each lane computes its own in its pass.
+    using Scaler = Fp4Scaler<kFormat, kScaleMode>;
+    constexpr bool kDivide = kFormat == Fp4Format::NV && kScaleMode == ScaleMode::Divide;
+    constexpr int kShared = kFormat == Fp4Format::NV ? Group::kLanesPerGroup : 1;
+    constexpr int kOwned = (kPasses + kShared - 1) / kShared;
     const uint32_t num_groups = shape_k / GROUP_SIZE, group = tile.column / GROUP_SIZE;
     const bool is_group_leader = threadIdx.x % Group::kLanesPerGroup == 0;
+    const uint32_t group_lane = threadIdx.x % kShared;
+    float owned_steps[kOwned];  // the multiplier, or the scale to divide by
+    uint32_t owned_bytes[kOwned];
+    if constexpr (kShared > 1) {
+        float amaxes[kPasses];
+        #pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+            float values[kVec];
+            amaxes[pass] = max_nan(Group::group_reduce(unpack_fp4_input<InT>(loaded[pass], values), max_nan),
+                                   amax_clamp);
+        }
+        #pragma unroll
+        for (int owned = 0; owned < kOwned; ++owned) {
+            float amax = amaxes[owned * kShared];
+            #pragma unroll
+            for (int j = 1; j < kShared; ++j)
+                if (owned * kShared + j < kPasses && group_lane == j)
+                    amax = amaxes[owned * kShared + j];
+            const Scaler scaler(amax, global);
+            owned_steps[owned] = kDivide ? scaler.scale : scaler.multiplier;
+            owned_bytes[owned] = scaler.byte;
+        }
+    }
+
+    // Per pass: scale, cast, store
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         const uint32_t row = tile.row(pass);
         float values[kVec];
-        const float amax = max_nan(Group::group_reduce(unpack_fp4_input<InT>(loaded[pass], values), max_nan),
-                                   amax_clamp);
+        const float lane_amax = unpack_fp4_input<InT>(loaded[pass], values);
+        uint32_t word, byte;
+        float scale = 0.0f;
+        if constexpr (kShared > 1) {
+            // NOTE: every lane takes part in the shuffles, so they come before the bounds check.
+            const float step = __shfl_sync(0xffffffffu, owned_steps[pass / kShared], pass % kShared, kShared);
+            byte = __shfl_sync(0xffffffffu, owned_bytes[pass / kShared], pass % kShared, kShared);
+            float scaled[kVec];
+            #pragma unroll
+            for (int i = 0; i < kVec; ++i)
+                scaled[i] = kDivide ? __fdiv_rn(values[i], step) : values[i] * step;
+            word = pack_e2m1(scaled, 1.0f, loaded[pass]);
+        } else {
+            // NOTE: MX multipliers are powers of two, so the codes' FMAs take them (pack_e2m1's step) instead of
+            // a multiply per element.
+            DK_STATIC_ASSERT(kFormat == Fp4Format::MX, "NV scales are shared");
+            const Scaler scaler(max_nan(Group::group_reduce(lane_amax, max_nan), amax_clamp), global);
+            word = pack_e2m1(values, scaler.multiplier, loaded[pass]);
+            byte = scaler.byte;
+            scale = scaler.scale;
+        }
         if (row >= shape_m || !column_in_bounds) {
             // NOTE: the swizzled tiles' padding is part of the output, so the threads past M or K write its zeros.
             if constexpr (kLayout == Fp4ScaleLayout::Swizzled128x4)
@@ -68,19 +119,6 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
             continue;
         }
 
-        // NOTE: MX multipliers are powers of two, so the codes' FMAs take them (pack_e2m1's step) instead of a
-        // multiply per element.
-        const Fp4Scaler<kFormat, kScaleMode> scaler(amax, global);
-        uint32_t word;
-        if constexpr (kFormat == Fp4Format::MX) {
-            word = pack_e2m1(values, scaler.multiplier, loaded[pass]);
-        } else {
-            float scaled[kVec];
-            #pragma unroll
-            for (int i = 0; i < kVec; ++i)
-                scaled[i] = scaler.apply(values[i]);
-            word = pack_e2m1(scaled, 1.0f, loaded[pass]);
-        }
         uint8_t* dst = codes + (static_cast<uint64_t>(row) * shape_k + tile.column) / 2;
         if constexpr (kVec == 8)
             *reinterpret_cast<uint32_t*>(dst) = word;
@@ -89,9 +127,9 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
 
         if (is_group_leader) {
             if constexpr (kLayout == Fp4ScaleLayout::MNMajorPackedUE8M0)
-                store_scale<ScaleLayout::MNMajorPackedUE8M0>(scales, row, group, num_groups, scale_stride, scaler.scale);
+                store_scale<ScaleLayout::MNMajorPackedUE8M0>(scales, row, group, num_groups, scale_stride, scale);
             else
-                scales[fp4_scale_offset<kLayout>(row, group, num_groups, scale_stride)] = scaler.byte;
+                scales[fp4_scale_offset<kLayout>(row, group, num_groups, scale_stride)] = static_cast<uint8_t>(byte);
         }
     }
 }
