@@ -3,12 +3,12 @@
 //   MX: 1x32 groups, UE8M0 scales (row-major bytes, or the packed int32 MN-major words the FP8 GEMM reads)
 //   NV: 1x16 groups, E4M3 scales times the FP32 global scale read from device memory (row-major, or the
 //       128x4 swizzled tiles of block-scaled GEMMs; rows past M and groups past G of the last tiles get 0)
-// Memory-bound: a lane loads one 16-byte vector per pass (all passes' loads in flight first), so each warp load
-// is 512 contiguous bytes of one row; a group is the 2 to 8 lanes holding it (shuffle reduction) and each lane
-// writes its 4 or 2 bytes of codes (a warp: one contiguous run). No shared memory. Not supported (the host
-// checks): other group sizes or input types, K not a multiple of the group, more than 65535 row blocks.
-// NOTE: two vectors per lane 32 bytes apart would halve the per-group work per code but make every warp load
-// fetch half sectors; the per-element work is kept small instead (fp4.cuh's pack_e2m1).
+// Memory-bound: a thread casts 16 consecutive elements per pass (2 or 4 16-byte loads, all passes' loads in
+// flight first), a warp one row's 512, and writes its codes as one contiguous 256-byte run; no shared memory.
+// NOTE: 16 elements a thread (not one 16-byte vector) halve the per-group work (amax shuffles, scale) per code,
+// which otherwise makes the kernel issue-bound rather than memory-bound; a warp's two (bf16) loads together
+// still read whole sectors, which L1 serves to the second. Not supported (the host checks): other group sizes or
+// input types, K not a multiple of the group, more than 65535 row blocks.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,88 +29,45 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
                    const float* __restrict__ global_scale, uint32_t shape_m, uint32_t shape_k, uint32_t x_row_stride,
                    uint32_t scale_rows, uint32_t scale_stride, float amax_clamp) {
     // Static checks and types
+    constexpr int kElems = 16;
     constexpr int kVec = 16 / sizeof(InT);
+    constexpr int kLoads = kElems / kVec;
     constexpr int GROUP_SIZE = kFp4GroupSize<kFormat>;
-    using Tile = TokenGroupTile<32 * kVec, kVec, kNumWarps, kPasses>;
-    using Group = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses>;
+    using Tile = TokenGroupTile<32 * kElems, kElems, kNumWarps, kPasses>;
+    using Group = TokenGroupTile<GROUP_SIZE, kElems, kNumWarps, kPasses>;
     DK_STATIC_ASSERT(kLayout != Fp4ScaleLayout::MNMajorPackedUE8M0 || kFormat == Fp4Format::MX,
                      "packed scales are UE8M0");
     DK_STATIC_ASSERT(kLayout != Fp4ScaleLayout::Swizzled128x4 || kFormat == Fp4Format::NV,
                      "the swizzled layout holds E4M3 scales");
 
-    // Loads first: kPasses independent 16-byte loads per thread
+    // Loads first: kPasses x kLoads independent 16-byte loads per thread
     // NOTE: threads past M or K load row M - 1 or column 0 instead of predicating (the predicated, zero-filled
     // loads cost a byte permute per element); their values only reach their own skipped row's group.
     const Tile tile;
     const bool column_in_bounds = tile.column < shape_k;
-    uint4 loaded[kPasses];
+    uint4 loaded[kPasses][kLoads];
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         const uint32_t row = min(tile.row(pass), shape_m - 1), column = column_in_bounds ? tile.column : 0;
-        loaded[pass] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<uint64_t>(row) * x_row_stride + column));
+        const auto* src = reinterpret_cast<const uint4*>(x + static_cast<uint64_t>(row) * x_row_stride + column);
+        #pragma unroll
+        for (int i = 0; i < kLoads; ++i)
+            loaded[pass][i] = __ldg(src + i);
     }
     const float global = kFormat == Fp4Format::NV ? __ldg(global_scale) : 1.0f;
 
-    // NV scales: lane j of a group computes those of passes j, j + kShared, ... (from every pass's group amax),
-    // the others read them by shuffle
-    // NOTE: an NV scale is two IEEE divisions, an E4M3 round trip and a reciprocal, as much work as the codes of
-    // 8 elements; MX's integer scale is cheaper than the shuffles, so each lane computes its own in its pass.
-    using Scaler = Fp4Scaler<kFormat, kScaleMode>;
-    constexpr bool kDivide = kFormat == Fp4Format::NV && kScaleMode == ScaleMode::Divide;
-    constexpr int kShared = kFormat == Fp4Format::NV ? Group::kLanesPerGroup : 1;
-    constexpr int kOwned = (kPasses + kShared - 1) / kShared;
+    // Per pass: group amax, scale, cast, store
     const uint32_t num_groups = shape_k / GROUP_SIZE, group = tile.column / GROUP_SIZE;
     const bool is_group_leader = threadIdx.x % Group::kLanesPerGroup == 0;
-    const uint32_t group_lane = threadIdx.x % kShared;
-    float owned_steps[kOwned];  // the multiplier, or the scale to divide by
-    uint32_t owned_bytes[kOwned];
-    if constexpr (kShared > 1) {
-        float amaxes[kPasses];
-        #pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) {
-            float values[kVec];
-            amaxes[pass] = max_nan(Group::group_reduce(unpack_fp4_input<InT>(loaded[pass], values), max_nan),
-                                   amax_clamp);
-        }
-        #pragma unroll
-        for (int owned = 0; owned < kOwned; ++owned) {
-            float amax = amaxes[owned * kShared];
-            #pragma unroll
-            for (int j = 1; j < kShared; ++j)
-                if (owned * kShared + j < kPasses && group_lane == j)
-                    amax = amaxes[owned * kShared + j];
-            const Scaler scaler(amax, global);
-            owned_steps[owned] = kDivide ? scaler.scale : scaler.multiplier;
-            owned_bytes[owned] = scaler.byte;
-        }
-    }
-
-    // Per pass: scale, cast, store
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         const uint32_t row = tile.row(pass);
-        float values[kVec];
-        const float lane_amax = unpack_fp4_input<InT>(loaded[pass], values);
-        uint32_t word, byte;
-        float scale = 0.0f;
-        if constexpr (kShared > 1) {
-            // NOTE: every lane takes part in the shuffles, so they come before the bounds check.
-            const float step = __shfl_sync(0xffffffffu, owned_steps[pass / kShared], pass % kShared, kShared);
-            byte = __shfl_sync(0xffffffffu, owned_bytes[pass / kShared], pass % kShared, kShared);
-            float scaled[kVec];
-            #pragma unroll
-            for (int i = 0; i < kVec; ++i)
-                scaled[i] = kDivide ? __fdiv_rn(values[i], step) : values[i] * step;
-            word = pack_e2m1(scaled, 1.0f, loaded[pass]);
-        } else {
-            // NOTE: MX multipliers are powers of two, so the codes' FMAs take them (pack_e2m1's step) instead of
-            // a multiply per element.
-            DK_STATIC_ASSERT(kFormat == Fp4Format::MX, "NV scales are shared");
-            const Scaler scaler(max_nan(Group::group_reduce(lane_amax, max_nan), amax_clamp), global);
-            word = pack_e2m1(values, scaler.multiplier, loaded[pass]);
-            byte = scaler.byte;
-            scale = scaler.scale;
-        }
+        float values[kLoads][kVec];
+        float amax = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < kLoads; ++i)
+            amax = max_nan(amax, unpack_fp4_input<InT>(loaded[pass][i], values[i]));
+        amax = max_nan(Group::group_reduce(amax, max_nan), amax_clamp);
         if (row >= shape_m || !column_in_bounds) {
             // NOTE: the swizzled tiles' padding is part of the output, so the threads past M or K write its zeros.
             if constexpr (kLayout == Fp4ScaleLayout::Swizzled128x4)
@@ -119,17 +76,35 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
             continue;
         }
 
-        uint8_t* dst = codes + (static_cast<uint64_t>(row) * shape_k + tile.column) / 2;
-        if constexpr (kVec == 8)
-            *reinterpret_cast<uint32_t*>(dst) = word;
+        // Codes of each 16-byte vector: 4 bytes (bf16) or 2 (fp32)
+        // NOTE: MX multipliers are powers of two, so the codes' FMAs take them (pack_e2m1's step) instead of a
+        // multiply per element.
+        const Fp4Scaler<kFormat, kScaleMode> scaler(amax, global);
+        uint32_t vector_codes[kLoads];
+        #pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+            if constexpr (kFormat == Fp4Format::MX) {
+                vector_codes[i] = pack_e2m1(values[i], scaler.multiplier, loaded[pass][i]);
+            } else {
+                float scaled[kVec];
+                #pragma unroll
+                for (int j = 0; j < kVec; ++j)
+                    scaled[j] = scaler.apply(values[i][j]);
+                vector_codes[i] = pack_e2m1(scaled, 1.0f, loaded[pass][i]);
+            }
+        }
+        uint2 words;
+        if constexpr (kLoads == 2)
+            words = make_uint2(vector_codes[0], vector_codes[1]);
         else
-            *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(word);
+            words = make_uint2(vector_codes[0] | (vector_codes[1] << 16), vector_codes[2] | (vector_codes[3] << 16));
+        *reinterpret_cast<uint2*>(codes + (static_cast<uint64_t>(row) * shape_k + tile.column) / 2) = words;
 
         if (is_group_leader) {
             if constexpr (kLayout == Fp4ScaleLayout::MNMajorPackedUE8M0)
-                store_scale<ScaleLayout::MNMajorPackedUE8M0>(scales, row, group, num_groups, scale_stride, scale);
+                store_scale<ScaleLayout::MNMajorPackedUE8M0>(scales, row, group, num_groups, scale_stride, scaler.scale);
             else
-                scales[fp4_scale_offset<kLayout>(row, group, num_groups, scale_stride)] = static_cast<uint8_t>(byte);
+                scales[fp4_scale_offset<kLayout>(row, group, num_groups, scale_stride)] = scaler.byte;
         }
     }
 }

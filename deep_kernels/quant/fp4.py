@@ -65,10 +65,12 @@ NVFP4_GROUP_SIZE = 16
 DEFAULT_FP4_AMAX_CLAMP = 1e-12
 MIN_FP4_AMAX_CLAMP = 1e-37
 CODE_TYPES = (torch.float4_e2m1fn_x2, torch.uint8)
-# Cast and cast-back: a lane loads or stores one 16-byte vector of bf16 or fp32 per pass (a warp: 512 bytes
-# of one row). Cast: 4 loads in flight per thread.
-_CAST_PASSES = 4
-# Cast-back: 8 loads of codes (4 or 2 bytes) and scales in flight per thread.
+# Elements a cast thread handles per pass (a warp: 32 times as many of one row).
+_THREAD_ELEMENTS = 16
+# Cast passes by input dtype: 4 16-byte loads in flight per thread.
+_CAST_PASSES = {torch.bfloat16: 2, torch.float32: 1}
+# Cast-back: a lane writes one 16-byte vector of bf16 or fp32 per pass (a warp: 512 bytes of one row), with 8
+# loads of codes (4 or 2 bytes) and scales in flight per thread.
 _CAST_BACK_PASSES = 8
 # Output 128-groups of the requantization; a thread decodes one 32-group.
 _REQUANT_GROUP_SIZE = 128
@@ -177,7 +179,7 @@ def _check_out_alignment(t: torch.Tensor, name: str) -> None:
 
 def _cast_spec(dtype: torch.dtype, fmt: Fp4Format, layout: Fp4ScaleLayout, mode: ScaleMode) -> KernelSpec:
     return KernelSpec("kernels/smxx_fp4_cast.cuh", "smxx_fp4_cast_impl",
-                      (CPP_TYPES[dtype], NUM_WARPS, _CAST_PASSES, fmt.cpp, layout.cpp, mode.cpp))
+                      (CPP_TYPES[dtype], NUM_WARPS, _CAST_PASSES[dtype], fmt.cpp, layout.cpp, mode.cpp))
 
 
 @functools.lru_cache(maxsize=None)
@@ -191,8 +193,7 @@ def _cast_to_fp4(x, global_scale, fmt: Fp4Format, scale_layout, amax_clamp, scal
     m, k = x.shape
     if k % fmt.group_size != 0:
         raise ValueError(f"x.shape[1] (K = {k}) must be a multiple of {fmt.group_size} ({fmt.name.upper()}FP4 groups)")
-    # Mirrors TokenGroupTile<32 * vector, vector, NUM_WARPS, _CAST_PASSES>: one row per warp and pass.
-    rows_per_block = NUM_WARPS * _CAST_PASSES
+    rows_per_block = NUM_WARPS * _CAST_PASSES[x.dtype]
     _check_rows(m, rows_per_block, "x")
     check_row_major_rows(x, "x")
     layout = _parse_fp4_layout(scale_layout, fmt)
@@ -221,7 +222,7 @@ def _cast_to_fp4(x, global_scale, fmt: Fp4Format, scale_layout, amax_clamp, scal
     scale_rows = scales.shape[0] if layout == Fp4ScaleLayout.swizzled else m
     scale_stride = tma_aligned_size(m, 4) if layout == Fp4ScaleLayout.packed_ue8m0 else 0
     global_ptr = global_scale.data_ptr() if fmt == Fp4Format.nv else 0
-    grid = (ceil_div(k, 32 * (16 // x.element_size())), ceil_div(scale_rows, rows_per_block), 1)
+    grid = (ceil_div(k, 32 * _THREAD_ELEMENTS), ceil_div(scale_rows, rows_per_block), 1)
     kernel.launch(grid, (x.data_ptr(), codes.data_ptr(), scales.data_ptr(), global_ptr, m, k, x.stride(0),
                          scale_rows, scale_stride, float(amax_clamp)), x.get_device())
     return codes, scales
