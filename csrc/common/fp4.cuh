@@ -72,8 +72,9 @@ DK_DEVICE float unpack_fp4_input(const uint4& vector, float (&values)[16 / sizeo
 constexpr float kE2M1Magic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) are integers
 
 // 2^23 + the e2m1 magnitude code of |x| * step (RNE to {0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating; NaN -> 6); the
-// float's low 3 bits are the code. step is 1 for values already scaled, or a power-of-two multiplier (then
-// |x| * step is exact, so folding it into the FMAs rounds as scaling first would).
+// float's low 3 bits are the code. step is 1 for values already scaled, or a power-of-two multiplier: then
+// |x| * step is exact (or a subnormal, far below the first step either way), so folding it into the FMAs rounds
+// as scaling first would.
 // NOTE: RNE of a * 2 + 2^23 to an integer is e2m1's step of 0.5 below 2; a + 2 and a / 2 + 4 give the codes of
 // the steps of 1 on [2, 4) and 2 on [4, 6]. Each is exact in its range and larger outside it, so the code is
 // their minimum: FMAs and float min only (no e2m1 cvt before sm_100). The lines grow with a, so saturating the
@@ -84,9 +85,10 @@ DK_DEVICE float e2m1_magnitude(float x, float step) {
     return fminf(code, kE2M1Magic + 7.0f);
 }
 
-// The e2m1 codes of kNum (4 or 8) values times step (e2m1_magnitude), packed little-endian (element 2j in the low
-// nibble of byte j), with the sign bit of each element's input: `inputs` is the 16-byte vector of bf16 (kNum = 8) or fp32
-// (kNum = 4) the values came from, so -0 keeps its sign and a NaN scale gives +-6 by the input's sign.
+// The e2m1 codes of kNum (4 or 8) values times step (e2m1_magnitude), packed little-endian (element 2j in the
+// low nibble of byte j), with the sign bit of each element's input: `inputs` is the 16-byte vector of bf16
+// (kNum = 8) or fp32 (kNum = 4) the values came from, so -0 keeps its sign and a NaN scale gives +-6 by the
+// input's sign.
 // NOTE: a byte is low + (high << 4) of the two magnitude floats' bits (one LEA; the exponent bits land above
 // the byte), and the 8 sign bits are gathered with byte permutes from the inputs' top bytes rather than per
 // element.

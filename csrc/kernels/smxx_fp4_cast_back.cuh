@@ -36,7 +36,8 @@ smxx_fp4_cast_back_impl(const uint8_t* __restrict__ codes, const uint8_t* __rest
     const bool column_in_bounds = tile.column < shape_k;
     const uint8_t* src = codes + static_cast<uint64_t>(tile.row(0)) * (shape_k / 2) + tile.column / 2;
     auto* dst = reinterpret_cast<uint4*>(y + static_cast<uint64_t>(tile.row(0)) * shape_k + tile.column);
-    const uint32_t src_pass_bytes = Tile::kRowsPerPass * (shape_k / 2), dst_pass_vectors = Tile::kRowsPerPass * (shape_k / kVec);
+    const uint32_t src_pass_bytes = Tile::kRowsPerPass * (shape_k / 2);
+    const uint32_t dst_pass_vectors = Tile::kRowsPerPass * (shape_k / kVec);
     uint32_t words[kPasses];
     uint8_t scale_bytes[kPasses];
     #pragma unroll
