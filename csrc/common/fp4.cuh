@@ -2,6 +2,7 @@
 // of an MXFP4 (UE8M0) or NVFP4 (E4M3 times an FP32 global scale) group, and the scale layouts.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -48,32 +49,72 @@ DK_DEVICE uint64_t fp4_scale_offset(uint32_t row, uint32_t group, uint32_t num_g
     }
 }
 
-constexpr float kE2M1Magic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) are integers
-
-// 2^23 + the e2m1 code of `scaled` (RNE to {0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating; NaN -> 6) with the sign bit
-// of `input` as bit 3, so -0 keeps its sign and a NaN scale gives +-6 by the input's sign.
-// NOTE: RNE of a * 2 + 2^23 to an integer is e2m1's step of 0.5 below 2; a + 2 and a / 2 + 4 give the codes of
-// the steps of 1 on [2, 4) and 2 on [4, 6]. Each is exact in its range and larger outside it, so the code is
-// their minimum: FMAs and float min/max only (no e2m1 cvt before sm_100), which keeps the integer pipe free.
-DK_DEVICE float e2m1_nibble(float scaled, float input) {
-    const float magnitude = fminf(fabsf(scaled), kE2M1Max);
-    const float code_plus_4 = fminf(fminf(fmaf(magnitude, 2.0f, kE2M1Magic + 4.0f),
-                                          fmaf(magnitude, 1.0f, kE2M1Magic + 6.0f)),
-                                    fmaf(magnitude, 0.5f, kE2M1Magic + 8.0f));
-    return code_plus_4 - copysignf(4.0f, input);
-}
-
-// Eight values to e2m1 codes packed little-endian, element i in bits [4i, 4i + 4) (element 2j in the low nibble
-// of byte j); scaled[i] is values[i] brought into e2m1 range.
-DK_DEVICE uint32_t pack_e2m1(const float (&scaled)[8], const float (&values)[8]) {
-    uint32_t bytes[4];
+// 16 bytes of bf16 or fp32 input as FP32, with the largest magnitude (NaN propagates).
+// NOTE: odd bf16 elements are their word masked (one LOP3), not byte-permuted and shifted (two ops).
+template <typename InT>
+DK_DEVICE float unpack_fp4_input(const uint4& vector, float (&values)[16 / sizeof(InT)]) {
+    const uint32_t words[4] = {vector.x, vector.y, vector.z, vector.w};
+    float amax = 0.0f;
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        // 2^23 + low + 16 * high, exact: the byte is the float's low 8 bits.
-        const float high = e2m1_nibble(scaled[2 * j + 1], values[2 * j + 1]) - kE2M1Magic;
-        bytes[j] = __float_as_uint(fmaf(high, 16.0f, e2m1_nibble(scaled[2 * j], values[2 * j])));
+        if constexpr (sizeof(InT) == 2) {
+            values[2 * j] = __uint_as_float(words[j] << 16);
+            values[2 * j + 1] = __uint_as_float(words[j] & 0xFFFF0000u);
+            amax = max_nan(max_nan(amax, fabsf(values[2 * j])), fabsf(values[2 * j + 1]));
+        } else {
+            values[j] = __uint_as_float(words[j]);
+            amax = max_nan(amax, fabsf(values[j]));
+        }
     }
-    return __byte_perm(__byte_perm(bytes[0], bytes[1], 0x0040), __byte_perm(bytes[2], bytes[3], 0x0040), 0x5410);
+    return amax;
+}
+
+constexpr float kE2M1Magic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) are integers
+
+// 2^23 + the e2m1 magnitude code of |x| * step (RNE to {0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating; NaN -> 6); the
+// float's low 3 bits are the code. step is 1 for values already scaled, or a power-of-two multiplier: then
+// |x| * step is exact (or a subnormal, far below the first step either way), so folding it into the FMAs rounds
+// as scaling first would.
+// NOTE: RNE of a * 2 + 2^23 to an integer is e2m1's step of 0.5 below 2; a + 2 and a / 2 + 4 give the codes of
+// the steps of 1 on [2, 4) and 2 on [4, 6]. Each is exact in its range and larger outside it, so the code is
+// their minimum: FMAs and float min only (no e2m1 cvt before sm_100). The lines grow with a, so saturating the
+// code at 7 (last, where fminf also turns NaN into 7) is saturating a at 6 first.
+DK_DEVICE float e2m1_magnitude(float x, float step) {
+    const float code = fminf(fminf(fmaf(fabsf(x), 2.0f * step, kE2M1Magic), fmaf(fabsf(x), step, kE2M1Magic + 2.0f)),
+                             fmaf(fabsf(x), 0.5f * step, kE2M1Magic + 4.0f));
+    return fminf(code, kE2M1Magic + 7.0f);
+}
+
+// The e2m1 codes of kNum (4 or 8) values times step (e2m1_magnitude), packed little-endian (element 2j in the
+// low nibble of byte j), with the sign bit of each element's input: `inputs` is the 16-byte vector of bf16
+// (kNum = 8) or fp32 (kNum = 4) the values came from, so -0 keeps its sign and a NaN scale gives +-6 by the
+// input's sign.
+// NOTE: a byte is low + (high << 4) of the two magnitude floats' bits (one LEA; the exponent bits land above
+// the byte), and the 8 sign bits are gathered with byte permutes from the inputs' top bytes rather than per
+// element.
+template <int kNum>
+DK_DEVICE uint32_t pack_e2m1(const float (&values)[kNum], float step, const uint4& inputs) {
+    DK_STATIC_ASSERT(kNum == 4 || kNum == 8, "a 16-byte vector of bf16 or fp32");
+    uint32_t bytes[kNum / 2];
+    #pragma unroll
+    for (int j = 0; j < kNum / 2; ++j)
+        bytes[j] = __float_as_uint(e2m1_magnitude(values[2 * j], step)) +
+                   (__float_as_uint(e2m1_magnitude(values[2 * j + 1], step)) << 4);
+    uint32_t magnitudes, even_signs, odd_signs;  // sign bytes: bit 7 of byte j is element 2j's or 2j + 1's sign
+    if constexpr (kNum == 8) {
+        magnitudes = __byte_perm(__byte_perm(bytes[0], bytes[1], 0x0040), __byte_perm(bytes[2], bytes[3], 0x0040),
+                                 0x5410);
+        // (2j's top byte, 2j + 1's top byte) of words 0 and 1, then of words 2 and 3.
+        const uint32_t top01 = __byte_perm(inputs.x, inputs.y, 0x7531), top23 = __byte_perm(inputs.z, inputs.w, 0x7531);
+        even_signs = __byte_perm(top01, top23, 0x6420);
+        odd_signs = __byte_perm(top01, top23, 0x7531);
+    } else {
+        magnitudes = __byte_perm(bytes[0], bytes[1], 0x0040);
+        even_signs = __byte_perm(inputs.x, inputs.z, 0x0073);
+        odd_signs = __byte_perm(inputs.y, inputs.w, 0x0073);
+    }
+    constexpr uint32_t kUsed = kNum == 8 ? 0xFFFFFFFFu : 0xFFFFu;
+    return (magnitudes | ((even_signs >> 4) & 0x08080808u) | (odd_signs & 0x80808080u)) & kUsed;
 }
 
 // The value of an e2m1 code (its low 4 bits).
@@ -82,6 +123,32 @@ DK_DEVICE uint32_t pack_e2m1(const float (&scaled)[8], const float (&values)[8])
 DK_DEVICE float e2m1_value(uint32_t code) {
     const uint32_t bits = ((code & 0x7u) << 22) | ((code & 0x8u) << 28);
     return __uint_as_float(bits) * 0x1p126f;
+}
+
+// Eight e2m1 codes (element i in bits [4i, 4i + 4) of `word`) as FP32, exactly.
+// NOTE: a code's magnitude bits moved to bits 2-4 of a byte, and its sign to bit 7, make the e4m3 byte of
+// e2m1 * 2^-6 (e2m1's subnormal 0.5 lands on e4m3's subnormal 2^-7). So 6 integer ops build the e4m3 bytes of 8
+// codes (even elements from word << 2, odd ones from word >> 2, both masked by one LOP3 each), and the exact
+// conversions e4m3x2 -> f16x2 (one cvt for two, sm_89+), f16x2 * 64 (one HMUL2 for two) and f16 -> f32 do the rest.
+DK_DEVICE void e2m1x8_to_float(uint32_t word, float (&values)[8]) {
+    constexpr uint32_t kMagnitudeBits = 0x1C1C1C1Cu;
+    const uint32_t signs = word & 0x88888888u;
+    // Byte j of `even` is element 2j's e4m3 byte, of `odd` element 2j + 1's.
+    const uint32_t even = ((word << 2) & kMagnitudeBits) | ((signs << 4) & ~kMagnitudeBits);
+    const uint32_t odd = ((word >> 2) & kMagnitudeBits) | (signs & ~kMagnitudeBits);
+    const __half2 sixty_four = __float2half2_rn(64.0f);
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const auto e4m3_pair = [&](uint32_t bytes) {
+            return __hmul2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(bytes >> (16 * half)),
+                                                              __NV_E4M3)), sixty_four);
+        };
+        const __half2 even_pair = e4m3_pair(even), odd_pair = e4m3_pair(odd);
+        values[4 * half + 0] = __low2float(even_pair);
+        values[4 * half + 1] = __low2float(odd_pair);
+        values[4 * half + 2] = __high2float(even_pair);
+        values[4 * half + 3] = __high2float(odd_pair);
+    }
 }
 
 // A UE8M0 byte as FP32: 2^(byte - 127), byte 0 the subnormal 2^-127, and 0xFF (E8M0's NaN) NaN.
@@ -96,10 +163,17 @@ DK_DEVICE float e4m3_to_float(uint8_t byte) {
     return static_cast<float>(value);
 }
 
-// The scale of one FP4 group from its clamped amax, its byte, and the step into e2m1 range.
-//   MX: scale = the power of two >= amax / 6, multiplier = 1 / scale (exact; both scale modes coincide)
+// The scale of one FP4 group from its clamped amax (at least 1e-37 when finite: MIN_FP4_AMAX_CLAMP), its byte,
+// and the step into e2m1 range.
+//   MX: scale = the power of two >= amax / 6 (IEEE division), multiplier = 1 / scale (exact; both scale modes
+//       coincide)
 //   NV: byte = E4M3(max(amax / 6 / global_scale, 2^-9)) (RNE, saturating at 448, NaN kept),
 //       scale = float(byte) * global_scale, multiplier = 1 / scale (IEEE), or Divide: x / scale
+// NOTE: MX in integer ops: with amax = 2^E * m (m in [1, 2)), amax / 6 = 2^(E-2) * m / 1.5 rounds to at most
+// 2^(E-2) exactly when m <= 1.5 (m / 1.5 > 1 by at least 2/3 ulp otherwise), so the scale's biased exponent is
+// E - 2 + (m's fraction > 0.5), one subtraction with carry; checked against the IEEE division and
+// ceil_to_power_of_two for every FP32 amax from 1e-37 to FLT_MAX. An infinite amax gives scale inf (byte 0xFF) and
+// multiplier 0, a NaN scale and multiplier NaN, as the division and reciprocal would.
 template <Fp4Format kFormat, ScaleMode kScaleMode>
 struct Fp4Scaler {
     float scale;
@@ -107,16 +181,20 @@ struct Fp4Scaler {
     uint8_t byte;
 
     DK_DEVICE Fp4Scaler(float amax, float global_scale) {
-        const float unit = __fdiv_rn(amax, kE2M1Max);
         if constexpr (kFormat == Fp4Format::MX) {
-            scale = ceil_to_power_of_two(unit);
+            const uint32_t bits = __float_as_uint(amax);
+            const bool finite = bits < 0x7F800000u;
+            const uint32_t scale_bits = (bits - 0xC00001u) & 0x7F800000u;
+            scale = __uint_as_float(finite ? scale_bits : bits);
+            multiplier = finite ? __uint_as_float(0x7F000000u - scale_bits) : (bits == 0x7F800000u ? 0.0f : amax);
             byte = ue8m0_byte(scale);
         } else {
+            const float unit = __fdiv_rn(amax, kE2M1Max);
             const float block = max_nan(__fdiv_rn(unit, global_scale), kE4M3MinSubnormal);
             byte = static_cast<uint8_t>(__nv_cvt_float_to_fp8(block, __NV_SATFINITE, __NV_E4M3));
             scale = e4m3_to_float(byte) * global_scale;
+            multiplier = __frcp_rn(scale);
         }
-        multiplier = __frcp_rn(scale);
     }
 
     DK_DEVICE float apply(float x) const {

@@ -6,8 +6,9 @@
 // Memory-bound: a thread casts 16 consecutive elements per pass (2 or 4 16-byte loads, all passes' loads in
 // flight first), a warp one row's 512, and writes its codes as one contiguous 256-byte run; no shared memory.
 // NOTE: 16 elements a thread (not one 16-byte vector) halve the per-group work (amax shuffles, scale) per code,
-// which otherwise makes the kernel issue-bound rather than memory-bound. Not supported (the host checks): other
-// group sizes or input types, K not a multiple of the group, more than 65535 row blocks.
+// which otherwise makes the kernel issue-bound rather than memory-bound; a warp's two (bf16) loads together
+// still read whole sectors, which L1 serves to the second. Not supported (the host checks): other group sizes or
+// input types, K not a multiple of the group, more than 65535 row blocks.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -61,11 +62,11 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         const uint32_t row = tile.row(pass);
-        float values[kElems];
+        float values[kLoads][kVec];
         float amax = 0.0f;
         #pragma unroll
         for (int i = 0; i < kLoads; ++i)
-            amax = max_nan(amax, unpack_vector<InT>(loaded[pass][i], reinterpret_cast<float(&)[kVec]>(values[i * kVec])));
+            amax = max_nan(amax, unpack_fp4_input<InT>(loaded[pass][i], values[i]));
         amax = max_nan(Group::group_reduce(amax, max_nan), amax_clamp);
         if (row >= shape_m || !column_in_bounds) {
             // NOTE: the swizzled tiles' padding is part of the output, so the threads past M or K write its zeros.
@@ -75,14 +76,29 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
             continue;
         }
 
+        // Codes of each 16-byte vector: 4 bytes (bf16) or 2 (fp32)
+        // NOTE: MX multipliers are powers of two, so the codes' FMAs take them (pack_e2m1's step) instead of a
+        // multiply per element.
         const Fp4Scaler<kFormat, kScaleMode> scaler(amax, global);
-        float scaled[kElems];
+        uint32_t vector_codes[kLoads];
         #pragma unroll
-        for (int i = 0; i < kElems; ++i)
-            scaled[i] = scaler.apply(values[i]);
-        *reinterpret_cast<uint2*>(codes + (static_cast<uint64_t>(row) * shape_k + tile.column) / 2) =
-            make_uint2(pack_e2m1(reinterpret_cast<const float(&)[8]>(scaled[0]), reinterpret_cast<const float(&)[8]>(values[0])),
-                       pack_e2m1(reinterpret_cast<const float(&)[8]>(scaled[8]), reinterpret_cast<const float(&)[8]>(values[8])));
+        for (int i = 0; i < kLoads; ++i) {
+            if constexpr (kFormat == Fp4Format::MX) {
+                vector_codes[i] = pack_e2m1(values[i], scaler.multiplier, loaded[pass][i]);
+            } else {
+                float scaled[kVec];
+                #pragma unroll
+                for (int j = 0; j < kVec; ++j)
+                    scaled[j] = scaler.apply(values[i][j]);
+                vector_codes[i] = pack_e2m1(scaled, 1.0f, loaded[pass][i]);
+            }
+        }
+        uint2 words;
+        if constexpr (kLoads == 2)
+            words = make_uint2(vector_codes[0], vector_codes[1]);
+        else
+            words = make_uint2(vector_codes[0] | (vector_codes[1] << 16), vector_codes[2] | (vector_codes[3] << 16));
+        *reinterpret_cast<uint2*>(codes + (static_cast<uint64_t>(row) * shape_k + tile.column) / 2) = words;
 
         if (is_group_leader) {
             if constexpr (kLayout == Fp4ScaleLayout::MNMajorPackedUE8M0)

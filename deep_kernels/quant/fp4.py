@@ -65,10 +65,13 @@ NVFP4_GROUP_SIZE = 16
 DEFAULT_FP4_AMAX_CLAMP = 1e-12
 MIN_FP4_AMAX_CLAMP = 1e-37
 CODE_TYPES = (torch.float4_e2m1fn_x2, torch.uint8)
-# Elements a cast or cast-back thread handles per pass (a warp: 32 times as many of one row).
+# Elements a cast thread handles per pass (a warp: 32 times as many of one row).
 _THREAD_ELEMENTS = 16
 # Cast passes by input dtype: 4 16-byte loads in flight per thread.
 _CAST_PASSES = {torch.bfloat16: 2, torch.float32: 1}
+# Cast-back: a lane writes one 16-byte vector of bf16 or fp32 per pass (a warp: 512 bytes of one row), with 8
+# loads of codes (4 or 2 bytes) and scales in flight per thread.
+_CAST_BACK_PASSES = 8
 # Output 128-groups of the requantization; a thread decodes one 32-group.
 _REQUANT_GROUP_SIZE = 128
 
@@ -288,7 +291,7 @@ def nvfp4_global_scale(x: torch.Tensor, amax_clamp: float = DEFAULT_FP4_AMAX_CLA
 
 def _cast_back_spec(out_dtype: torch.dtype, fmt: Fp4Format, layout: Fp4ScaleLayout) -> KernelSpec:
     return KernelSpec("kernels/smxx_fp4_cast_back.cuh", "smxx_fp4_cast_back_impl",
-                      (CPP_TYPES[out_dtype], NUM_WARPS, PASSES, fmt.cpp, layout.cpp))
+                      (CPP_TYPES[out_dtype], NUM_WARPS, _CAST_BACK_PASSES, fmt.cpp, layout.cpp))
 
 
 @functools.lru_cache(maxsize=None)
@@ -298,7 +301,8 @@ def _cast_back_kernel(out_dtype: torch.dtype, fmt: Fp4Format, layout: Fp4ScaleLa
 
 def _cast_back(codes, scales, global_scale, fmt: Fp4Format, layout: Fp4ScaleLayout, out_dtype, out):
     m, k = _check_codes(codes, fmt.group_size)
-    rows_per_block = block_rows(32 * _THREAD_ELEMENTS, _THREAD_ELEMENTS)
+    # Mirrors TokenGroupTile<32 * vector, vector, NUM_WARPS, _CAST_BACK_PASSES>: one row per warp and pass.
+    rows_per_block = NUM_WARPS * _CAST_BACK_PASSES
     _check_rows(m, rows_per_block, "codes")
     if out_dtype not in FLOAT_TYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
@@ -323,7 +327,7 @@ def _cast_back(codes, scales, global_scale, fmt: Fp4Format, layout: Fp4ScaleLayo
     kernel = _cast_back_kernel(out_dtype, fmt, layout)
     scale_stride = tma_aligned_size(m, 4) if layout == Fp4ScaleLayout.packed_ue8m0 else 0
     global_ptr = global_scale.data_ptr() if fmt == Fp4Format.nv else 0
-    grid = (ceil_div(k, 32 * _THREAD_ELEMENTS), ceil_div(m, rows_per_block), 1)
+    grid = (ceil_div(k, 32 * (16 // y.element_size())), ceil_div(m, rows_per_block), 1)
     kernel.launch(grid, (codes.data_ptr(), scales.data_ptr(), global_ptr, y.data_ptr(), m, k, scale_stride),
                   codes.get_device())
     return y
