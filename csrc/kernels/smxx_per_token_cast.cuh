@@ -21,11 +21,19 @@
 
 namespace deep_kernels {
 
+// NOTE: 6 blocks per SM (at most 40 registers) keep 6 x 256 x kPasses x 16 bytes = 96 KB of loads in flight per
+// SM, where 4 blocks (the 41-53 registers ptxas picks by itself) keep 64 KB; groups narrower than 128 bytes
+// would need stack space under that cap, so they keep ptxas's choice.
+template <typename InT, int GROUP_SIZE>
+constexpr int per_token_cast_min_blocks() {
+    return GROUP_SIZE * sizeof(InT) >= 128 ? 6 : 1;
+}
+
 // NOTE: kScaleMode comes last with the original behaviour as its default, so specializations named before it
 // existed still instantiate.
 template <typename InT, int GROUP_SIZE, bool kUE8M0, ScaleLayout kLayout, int kNumWarps, int kPasses,
           ScaleMode kScaleMode = ScaleMode::Multiply>
-__global__ void __launch_bounds__(kNumWarps * 32)
+__global__ void __launch_bounds__(kNumWarps * 32, (per_token_cast_min_blocks<InT, GROUP_SIZE>()))
 smxx_per_token_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, void* __restrict__ scales,
                          uint32_t shape_m, uint32_t shape_k, uint32_t x_row_stride, uint32_t scale_stride,
                          float amax_clamp) {
@@ -38,18 +46,21 @@ smxx_per_token_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, voi
     using Tile = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses, kGroupsPerBlock>;
     using Vector = uint4;
     DK_STATIC_ASSERT(!kPacked || kUE8M0, "packed scales are UE8M0");
-    DK_STATIC_ASSERT(Tile::kBlockRowsPerGroup <= Tile::kNumThreads, "a thread per scale word of the block");
+    DK_STATIC_ASSERT(!kPacked || Tile::kBlockRowsPerGroup <= Tile::kNumThreads, "a thread per scale word of the block");
 
     // Loads first: kPasses independent 16-byte loads per thread. With packed scales the last block column
-    // may reach past K by whole groups; their warps load nothing and stage zero bytes (the word's padding).
+    // may reach past K by whole groups; their warps store no codes and stage zero bytes (the word's padding).
+    // NOTE: loads clamp the row to M - 1 and a padding group to the last group, so they need no predicate
+    // and no zero fill (which cost two byte permutes per bf16 element); what they read there is never stored.
     const Tile tile;
-    const bool group_valid = tile.group < shape_k / GROUP_SIZE;
-    Vector loaded[kPasses] = {};
+    const uint32_t num_groups = shape_k / GROUP_SIZE;
+    const bool group_valid = tile.group < num_groups;
+    const uint32_t load_column = group_valid ? tile.column : tile.column - (tile.group - (num_groups - 1)) * GROUP_SIZE;
+    Vector loaded[kPasses];
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-        const uint32_t row = tile.row(pass);
-        if (row < shape_m && group_valid)
-            loaded[pass] = __ldg(reinterpret_cast<const Vector*>(x + static_cast<uint64_t>(row) * x_row_stride + tile.column));
+        const uint32_t row = min(tile.row(pass), shape_m - 1);
+        loaded[pass] = __ldg(reinterpret_cast<const Vector*>(x + static_cast<uint64_t>(row) * x_row_stride + load_column));
     }
 
     // Per pass: group amax, scale, cast, store
