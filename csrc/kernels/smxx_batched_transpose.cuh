@@ -21,21 +21,6 @@ template <> struct Element<1> { using Type = uint8_t; };
 template <> struct Element<2> { using Type = uint16_t; };
 template <> struct Element<4> { using Type = uint32_t; };
 
-// 16 bytes of an output row at dst: one 16-byte store where the row is whole vectors, else the elements
-// before the row's end (`remaining` elements from dst).
-template <typename T>
-DK_DEVICE void store_run(T* dst, const uint4& run, bool vector_store, uint32_t remaining) {
-    if (vector_store) {
-        *reinterpret_cast<uint4*>(dst) = run;
-    } else {
-        const T* elements = reinterpret_cast<const T*>(&run);
-        #pragma unroll
-        for (uint32_t e = 0; e < 16 / sizeof(T); ++e)
-            if (e < remaining)
-                dst[e] = elements[e];
-    }
-}
-
 }  // namespace batched_transpose
 
 template <int kElementBytes>
@@ -89,16 +74,23 @@ smxx_batched_transpose_impl(const void* __restrict__ x_base, void* __restrict__ 
         }
     }
 
+    // Shared memory, 16 bytes per tile row chunk. Bytes: the tile transposed as 32-bit words, word (column, quad) =
+    // the bytes of tile rows 4 quad .. 4 quad + 3 in column `column` (little-endian), at position quad ^ 4 (column
+    // / 16 % 8) of the column's 32 words: a warp's word stores (8 chunks x 4 quads) hit 32 different banks, and
+    // the XOR keeps each aligned run of 4 words together for the 16-byte reads. Wider elements: the input tile,
+    // chunk c of row m at position c ^ (m / kVec) % kChunks, so that the lanes of a quarter-warp hit 8 different
+    // bank groups when they store one row's chunks, and the lanes gathering one output row read 8 different
+    // bank groups.
+    // NOTE: single-byte shared-memory stores and gathers (16 of each per 16 bytes) held e4m3 at ~73% of copy
+    // bandwidth; transposing 4 x 4 byte blocks in registers (8 byte permutes per 16 bytes) leaves one 4-byte
+    // store per word and one 16-byte read per 16 output bytes.
+    __shared__ uint4 smem_tile[TILE][kChunks];
+    auto& smem_words = *reinterpret_cast<uint32_t (*)[TILE][TILE / 4]>(smem_tile);
+    const auto word_position = [](uint32_t column, uint32_t quad) { return quad ^ column / 16 % 8 * 4; };
+    const auto element_offset = [](uint32_t row, uint32_t column) {
+        return (row * kChunks + ((column / kVec) ^ (row / kVec) % kChunks)) * kVec + column % kVec;
+    };
     if constexpr (kElementBytes == 1) {
-        // Bytes: shared memory holds the tile transposed as 32-bit words, word (column, quad) = the bytes of
-        // tile rows 4 quad .. 4 quad + 3 in column `column` (little-endian), at position quad ^ 4 (column / 16
-        // % 8) of the column's 32 words: a warp's word stores (8 chunks x 4 quads) hit 32 different banks, and
-        // the XOR keeps each aligned run of 4 words together for the 16-byte reads.
-        // NOTE: single-byte shared-memory stores and gathers (16 of each per 16 bytes) held e4m3 at ~73% of copy
-        // bandwidth; transposing 4 x 4 byte blocks in registers (8 byte permutes per 16 bytes) leaves one 4-byte
-        // store per word and one 16-byte read per 16 output bytes.
-        __shared__ uint32_t smem_words[TILE][TILE / 4];
-        const auto word_position = [](uint32_t column, uint32_t quad) { return quad ^ column / 16 % 8 * 4; };
         #pragma unroll
         for (int step = 0; step < kVectorsPerThread / 4; ++step) {
             const uint32_t quad = threadIdx.x / kChunks + step * kRowsPerStep;
@@ -123,47 +115,42 @@ smxx_batched_transpose_impl(const void* __restrict__ x_base, void* __restrict__ 
                 }
             }
         }
-        __syncthreads();
-
-        // Read and store: output row n_base + column, bytes m_base + chunk * 16 .. + 15 (quads 4 chunk .. + 3)
-        #pragma unroll
-        for (int i = 0; i < kVectorsPerThread; ++i) {
-            const uint32_t column = threadIdx.x / kChunks + i * kRowsPerStep, chunk = threadIdx.x % kChunks;
-            const uint32_t n = n_base + column, m = m_base + chunk * kVec;
-            if (n >= shape_n || m >= shape_m)
-                continue;
-            const uint4 gathered = *reinterpret_cast<const uint4*>(&smem_words[column][word_position(column, chunk * 4)]);
-            batched_transpose::store_run(y + static_cast<uint64_t>(n) * shape_m + m, gathered, vector_stores, shape_m - m);
-        }
     } else {
-        // Wider elements: the input tile, chunk c of row m at position c ^ (m / kVec) % kChunks, so that the
-        // lanes of a quarter-warp hit 8 different bank groups when they store one row's chunks, and the lanes
-        // gathering one output row read 8 different bank groups
-        __shared__ uint4 smem_tile[TILE][kChunks];
-        const auto element_offset = [](uint32_t row, uint32_t column) {
-            return (row * kChunks + ((column / kVec) ^ (row / kVec) % kChunks)) * kVec + column % kVec;
-        };
-        const T* smem_elements = reinterpret_cast<const T*>(smem_tile);
         #pragma unroll
         for (int i = 0; i < kVectorsPerThread; ++i) {
             const uint32_t row = load_row(i);
             smem_tile[row][(threadIdx.x % kChunks) ^ (row / kVec) % kChunks] = loaded[i];
         }
-        __syncthreads();
+    }
+    __syncthreads();
 
-        // Gather and store: output row n_base + column, elements m_base + chunk * kVec + e
-        #pragma unroll
-        for (int i = 0; i < kVectorsPerThread; ++i) {
-            const uint32_t column = threadIdx.x / kChunks + i * kRowsPerStep, chunk = threadIdx.x % kChunks;
-            const uint32_t n = n_base + column, m = m_base + chunk * kVec;
-            if (n >= shape_n || m >= shape_m)
-                continue;
-            uint4 gathered;
+    // Gather and store: output row n_base + column, elements m_base + chunk * kVec + e (bytes: quads 4 chunk ..
+    // 4 chunk + 3, one 16-byte read)
+    #pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+        const uint32_t column = threadIdx.x / kChunks + i * kRowsPerStep, chunk = threadIdx.x % kChunks;
+        const uint32_t n = n_base + column, m = m_base + chunk * kVec;
+        if (n >= shape_n || m >= shape_m)
+            continue;
+        uint4 gathered;
+        if constexpr (kElementBytes == 1) {
+            gathered = *reinterpret_cast<const uint4*>(&smem_words[column][word_position(column, chunk * 4)]);
+        } else {
             T* elements = reinterpret_cast<T*>(&gathered);
+            const T* smem_elements = reinterpret_cast<const T*>(smem_tile);
             #pragma unroll
             for (int e = 0; e < kVec; ++e)
                 elements[e] = smem_elements[element_offset(chunk * kVec + e, column)];
-            batched_transpose::store_run(y + static_cast<uint64_t>(n) * shape_m + m, gathered, vector_stores, shape_m - m);
+        }
+        T* dst = y + static_cast<uint64_t>(n) * shape_m + m;
+        if (vector_stores) {
+            *reinterpret_cast<uint4*>(dst) = gathered;
+        } else {
+            const T* elements = reinterpret_cast<const T*>(&gathered);
+            #pragma unroll
+            for (int e = 0; e < kVec; ++e)
+                if (m + e < shape_m)
+                    dst[e] = elements[e];
         }
     }
 }
