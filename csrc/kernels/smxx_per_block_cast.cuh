@@ -17,8 +17,19 @@
 
 namespace deep_kernels {
 
+// NOTE: 1536 threads per SM (at most 40 registers) keep 96 KB of loads in flight per SM where ptxas's own choice
+// (44-64 registers) keeps 64 KB; with more than 4 vectors per thread, or Divide's per-element slow path, 40
+// registers would spill, so those keep ptxas's choice.
+template <typename InT, int BLOCK_SIZE, int kTileBlocks, int kNumWarps, ScaleMode kScaleMode>
+constexpr int per_block_cast_min_blocks() {
+    const int threads_per_row = BLOCK_SIZE * kTileBlocks / (16 / static_cast<int>(sizeof(InT)));
+    const int passes = BLOCK_SIZE * threads_per_row / (kNumWarps * 32);
+    return kScaleMode == ScaleMode::Multiply && passes <= 4 ? 1536 / (kNumWarps * 32) : 1;
+}
+
 template <typename InT, int BLOCK_SIZE, int kTileBlocks, int kNumWarps, bool kUE8M0, ScaleMode kScaleMode>
-__global__ void __launch_bounds__(kNumWarps * 32)
+__global__ void __launch_bounds__(kNumWarps * 32,
+                                  (per_block_cast_min_blocks<InT, BLOCK_SIZE, kTileBlocks, kNumWarps, kScaleMode>()))
 smxx_per_block_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales,
                          uint32_t shape_m, uint32_t shape_k, uint32_t x_row_stride, float amax_clamp) {
     // Static checks and thread mapping: kThreadsPerRow threads cover one row of the tile, kLanesPerBlock
@@ -46,13 +57,16 @@ smxx_per_block_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, flo
     // NOTE: the last tile may reach past K by whole blocks; their threads still join the reductions.
     const bool column_valid = column < shape_k;
 
-    // Loads first: kPasses independent 16-byte loads per thread; rows past M stay zero (the padding)
-    uint4 loaded[kPasses] = {};
+    // Loads first: kPasses independent 16-byte loads per thread.
+    // NOTE: rows past M (zeros in the reference) load row M - 1 instead, a row of the same block, so the block's
+    // amax is unchanged (max is idempotent and |x| >= 0); columns past K load column 0, and their block amaxes are
+    // never read. Unpredicated loads need no zero fill (two byte permutes per bf16 element) and fewer registers.
+    const uint32_t load_column = column_valid ? column : 0;
+    uint4 loaded[kPasses];
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-        const uint32_t row = first_row + pass * kRowsPerPass;
-        if (column_valid && row < shape_m)
-            loaded[pass] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<uint64_t>(row) * x_row_stride + column));
+        const uint32_t row = min(first_row + pass * kRowsPerPass, shape_m - 1);
+        loaded[pass] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<uint64_t>(row) * x_row_stride + load_column));
     }
 
     // Block amax: this thread's vectors, then the lanes of its block in the warp (the same bits of

@@ -137,7 +137,10 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
                                   float(amax_clamp)), x.get_device())
         return q, scales
     kernel = _cast_kernel(x.dtype, group_size, ue8m0, layout, mode)
-    grid = (num_groups, ceil_div(m, block_rows(group_size, 16 // x.element_size())), 1)
+    # NOTE: with packed scales a CTA takes the 4 groups of a scale word (csrc/common/token_group_tile.cuh), the
+    # 4 CTAs of a word column splitting the row block: group columns round up to whole words.
+    group_columns = ceil_div(num_groups, 4) * 4 if layout == ScaleLayout.packed_ue8m0 else num_groups
+    grid = (group_columns, ceil_div(m, block_rows(group_size, 16 // x.element_size())), 1)
     kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), scale_stride,
                          float(amax_clamp)), x.get_device())
     return q, scales
