@@ -3,6 +3,8 @@
 // expf) reproduces every value bit for bit.
 #pragma once
 
+#include <cstdint>
+
 #include "common/macros.cuh"
 #include "common/quant.cuh"
 
@@ -30,9 +32,81 @@ DK_DEVICE bool up_clamped(float up, float clamp) {
     return kClamped && (up > clamp || up < -clamp);
 }
 
-// The denominator 1 + expf(-g) of the sigmoid and silu(g) = g / (1 + expf(-g)).
+// The denominator 1 + expf(-g) of the sigmoid and silu(g) = g / (1 + expf(-g)): CUDA's expf step for step
+// (libdevice's __nv_expf as nvcc 13 emits it: e = 2^t * 2^j), with its last product and the sum 1 + e
+// fused into one FMA.
+// NOTE: 2^t * 2^j is exact unless it leaves the normal range; below it 1 + e and 1 + 2^t * 2^j both round
+// to 1, from 2^128 on both overflow, so the FMA's single rounding gives RN(1 + expf(-g)) and saves an
+// instruction per element.
 DK_DEVICE float sigmoid_denominator(float gate) {
-    return __fadd_rn(1.0f, expf(-gate));
+    const float x = -gate;
+    const float j = __fmaf_rd(__saturatef(__fmaf_rn(x, 0x1.77313Ap-8f, 0.5f)), 252.0f, 12582913.0f);
+    const float t = __fmaf_rn(x, 0x1.4AE0C0p-26f, __fmaf_rn(x, 0x1.715476p+0f, -__fadd_rn(j, -12583039.0f)));
+    float power;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(power) : "f"(t));
+    return __fmaf_rn(power, __uint_as_float(__float_as_uint(j) << 23), 1.0f);
+}
+
+// The two bf16 halves of a word as FP32 (exact: bf16 is FP32's upper half).
+DK_DEVICE float bf16_low(uint32_t pair) {
+    return __uint_as_float(pair << 16);
+}
+
+DK_DEVICE float bf16_high(uint32_t pair) {
+    return __uint_as_float(pair & 0xffff0000u);
+}
+
+// Exact division by a sigmoid denominator d = 1 + expf(-g) without __fdiv_rn's per-element range check
+// and slow-path branch. reciprocal_estimate(d) is a Newton step on the hardware reciprocal and
+// divide_fast(a, d, r) the Markstein correction RN(q + r (a - d q)), q = RN(a r): the steps of the fast
+// path of IEEE division (div.rn.f32), which gives RN(a / d) wherever its range check passes.
+// NOTE: every step scales exactly with powers of two while its result stays normal (the hardware
+// reciprocal works on the significand; each FMA rounds once), so the steps give RN(a / d) for any a, d
+// whose significands do in a moderate range where the check passes, as long as nothing leaves the normal
+// range: d in [1, 2^126) (the reciprocal is normal), |a| >= 2^-100 (a - d q is a multiple of 2^-149, so
+// exact) and |a / d| normal. For |g| in [2^-100, 87], d < 1 + e^87 < 2^126 and |g / d| > 2^-120, as is
+// 1 / d; fast_silu_gates selects those gates, and tests/test_quant_swiglu.py checks every bf16 gate.
+DK_DEVICE float reciprocal_estimate(float denominator) {
+    float estimate;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(denominator));
+    return __fmaf_rn(estimate, __fmaf_rn(-denominator, estimate, 1.0f), estimate);
+}
+
+DK_DEVICE float divide_fast(float numerator, float denominator, float reciprocal) {
+    const float quotient = __fmul_rn(numerator, reciprocal);
+    return __fmaf_rn(reciprocal, __fmaf_rn(-denominator, quotient, numerator), quotient);
+}
+
+// silu(g) = g / (1 + expf(-g)), with the fast division (for gates fast_silu_gates accepts) or __fdiv_rn.
+template <bool kFastDivision>
+DK_DEVICE float silu(float gate) {
+    const float denominator = sigmoid_denominator(gate);
+    return kFastDivision ? divide_fast(gate, denominator, reciprocal_estimate(denominator))
+                         : __fdiv_rn(gate, denominator);
+}
+
+// Whether every bf16 gate of the vectors (before the clamp) has a magnitude in [2^-100, 87], where
+// reciprocal_estimate and divide_fast give silu's and the sigmoid's IEEE divisions (no zero, subnormal,
+// infinity or NaN; a clamp c >= 2^-100 keeps min(gate, c) in range). Bit patterns of the magnitudes
+// compare as unsigned integers, two to a word.
+constexpr uint32_t kFastGateMinBits = 0x0D80u;  // bf16 2^-100
+constexpr uint32_t kFastGateMaxBits = 0x42AEu;  // bf16 87
+constexpr float kFastClampMin = 0x1p-100f;
+
+template <int kNum>
+DK_DEVICE bool fast_silu_gates(const uint4 (&gates)[kNum]) {
+    uint32_t lowest = 0xffffffffu, highest = 0u;
+    #pragma unroll
+    for (int v = 0; v < kNum; ++v) {
+        const uint32_t words[4] = {gates[v].x & 0x7fff7fffu, gates[v].y & 0x7fff7fffu, gates[v].z & 0x7fff7fffu,
+                                   gates[v].w & 0x7fff7fffu};
+        #pragma unroll
+        for (int i = 0; i < 4; i += 2) {
+            lowest = __vimin3_u16x2(lowest, words[i], words[i + 1]);
+            highest = __vimax3_u16x2(highest, words[i], words[i + 1]);
+        }
+    }
+    return min(lowest & 0xffffu, lowest >> 16) >= kFastGateMinBits && max(highest & 0xffffu, highest >> 16) <= kFastGateMaxBits;
 }
 
 }  // namespace deep_kernels

@@ -22,6 +22,31 @@
 
 namespace deep_kernels {
 
+// y = (silu(gc) * uc) * w of the vectors' elements (no product without kWeighted); returns their largest
+// magnitude (NaN propagates).
+template <bool kFastDivision, bool kWeighted, bool kClamped, int kVectors>
+DK_DEVICE float swiglu_values(const uint4 (&gate)[kVectors], const uint4 (&up)[kVectors], float clamp, float weight,
+                              float (&y)[8 * kVectors]) {
+    float amax = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < 4 * kVectors; ++i) {
+        const uint32_t gate_pair = reinterpret_cast<const uint32_t*>(gate)[i];
+        const uint32_t up_pair = reinterpret_cast<const uint32_t*>(up)[i];
+        const float gates[2] = {bf16_low(gate_pair), bf16_high(gate_pair)};
+        const float ups[2] = {bf16_low(up_pair), bf16_high(up_pair)};
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const float g = clamp_gate<kClamped>(gates[j], clamp);
+            float value = __fmul_rn(silu<kFastDivision>(g), clamp_up<kClamped>(ups[j], clamp));
+            if constexpr (kWeighted)
+                value = __fmul_rn(value, weight);
+            y[2 * i + j] = value;
+            amax = max_nan(amax, fabsf(value));
+        }
+    }
+    return amax;
+}
+
 template <int kNumWarps, int kPasses, bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout,
           ScaleMode kScaleMode>
 __global__ void __launch_bounds__(kNumWarps * 32)
@@ -79,22 +104,20 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             weight[pass] = __ldg(weights + weight_index[pass]);
     }
 
-    // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store)
+    // Per pass: SwiGLU (the fast division where every gate allows it, the weight's product only with
+    // weights), then group amax, scale, cast and store (or the bf16 store)
+    const bool fast_clamp = !kClamped || clamp >= kFastClampMin;
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-        const __nv_bfloat16* gate_values = reinterpret_cast<const __nv_bfloat16*>(gate[pass]);
-        const __nv_bfloat16* up_values = reinterpret_cast<const __nv_bfloat16*>(up[pass]);
         float y[kVec];
-        float amax = 0.0f;
-        #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-            const float g = clamp_gate<kClamped>(__bfloat162float(gate_values[i]), clamp);
-            const float u = clamp_up<kClamped>(__bfloat162float(up_values[i]), clamp);
-            y[i] = __fmul_rn(__fdiv_rn(g, sigmoid_denominator(g)), u);
-            if (weights != nullptr)
-                y[i] = __fmul_rn(y[i], weight[pass]);
-            amax = max_nan(amax, fabsf(y[i]));
-        }
+        float amax;
+        const bool fast = fast_clamp && fast_silu_gates(gate[pass]);
+        if (weights != nullptr)
+            amax = fast ? swiglu_values<true, true, kClamped>(gate[pass], up[pass], clamp, weight[pass], y)
+                        : swiglu_values<false, true, kClamped>(gate[pass], up[pass], clamp, weight[pass], y);
+        else
+            amax = fast ? swiglu_values<true, false, kClamped>(gate[pass], up[pass], clamp, 1.0f, y)
+                        : swiglu_values<false, false, kClamped>(gate[pass], up[pass], clamp, 1.0f, y);
         const uint64_t out_offset = (first_global_row + tile.row(pass)) * hidden + tile.column;
         if constexpr (kQuantize) {
             // NOTE: all 32 lanes reach the shuffles; skipped rows reduce their zeros and stop after.
