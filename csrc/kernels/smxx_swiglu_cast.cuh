@@ -5,7 +5,7 @@
 // to bf16 (RNE). Rows: blockIdx.z is the expert of the masked layout (rows = E x T_max, rows of expert e from
 // masked_m[e] on are skipped) or 0; with pos, a row whose position is outside [0, pos_limit) is skipped,
 // and its weight is weights[pos[row]]. Skipped rows are neither read nor written. Memory-bound: each
-// thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses rows, all
+// thread takes 32 columns of a group (four 16-byte vectors of each half) in each of kPasses rows, all
 // loads in flight before use; no shared memory.
 #pragma once
 
@@ -57,9 +57,10 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
                       float amax_clamp) {
     // Static checks and types
     constexpr int GROUP_SIZE = 128;
-    // NOTE: 16 columns per thread (not 8) halve the per-group work per element (shuffles, the scale's two
-    // divisions), which matters here: silu's expf and division leave little issue slack at HBM speed.
-    constexpr int kVectors = 2;
+    // NOTE: 32 columns per thread (not 8 or 16) cut the per-group work per element (shuffles, the scale's
+    // two divisions, the scale store's branch), which matters here: silu's expf and division leave little
+    // issue slack at HBM speed.
+    constexpr int kVectors = 4;
     constexpr int kVec = 8 * kVectors;
     using Tile = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses>;
     DK_STATIC_ASSERT(kLayout != ScaleLayout::MNMajorPackedUE8M0 || kUE8M0, "packed scales are UE8M0");
@@ -87,11 +88,11 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             valid[pass] = weight_index[pass] < pos_limit;
         }
     }
-    uint4 gate[kPasses][kVectors] = {}, up[kPasses][kVectors] = {};
+    // NOTE: a skipped row's vectors stay unset (no zeroing instructions): only valid rows use them.
+    uint4 gate[kPasses][kVectors], up[kPasses][kVectors];
     float weight[kPasses];
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-        weight[pass] = 1.0f;
         if (!valid[pass])
             continue;
         const __nv_bfloat16* row_x = x + (first_global_row + tile.row(pass)) * x_row_stride + tile.column;
@@ -110,24 +111,30 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         float y[kVec];
-        float amax;
-        const bool fast = fast_clamp && fast_silu_gates(gate[pass]);
-        if (weights != nullptr)
-            amax = fast ? swiglu_values<true, true, kClamped>(gate[pass], up[pass], clamp, weight[pass], y)
-                        : swiglu_values<false, true, kClamped>(gate[pass], up[pass], clamp, weight[pass], y);
-        else
-            amax = fast ? swiglu_values<true, false, kClamped>(gate[pass], up[pass], clamp, 1.0f, y)
-                        : swiglu_values<false, false, kClamped>(gate[pass], up[pass], clamp, 1.0f, y);
+        float amax = 0.0f;
+        if (valid[pass]) {
+            const bool fast = fast_clamp && fast_silu_gates(gate[pass]);
+            if (weights != nullptr)
+                amax = fast ? swiglu_values<true, true, kClamped>(gate[pass], up[pass], clamp, weight[pass], y)
+                            : swiglu_values<false, true, kClamped>(gate[pass], up[pass], clamp, weight[pass], y);
+            else
+                amax = fast ? swiglu_values<true, false, kClamped>(gate[pass], up[pass], clamp, 1.0f, y)
+                            : swiglu_values<false, false, kClamped>(gate[pass], up[pass], clamp, 1.0f, y);
+        }
         const uint64_t out_offset = (first_global_row + tile.row(pass)) * hidden + tile.column;
         if constexpr (kQuantize) {
-            // NOTE: all 32 lanes reach the shuffles; skipped rows reduce their zeros and stop after.
+            // NOTE: all 32 lanes reach the shuffles; skipped rows reduce a zero amax and stop after.
             amax = max_nan(Tile::group_reduce(amax, max_nan), amax_clamp);
             if (!valid[pass])
                 continue;
             const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
             uint32_t codes[kVec / 4];
             scaler.quantize(y, codes);
-            store_codes(static_cast<uint8_t*>(out) + out_offset, codes);
+            #pragma unroll
+            for (int v = 0; v < kVec / 16; ++v) {
+                const uint32_t vector_codes[4] = {codes[4 * v], codes[4 * v + 1], codes[4 * v + 2], codes[4 * v + 3]};
+                store_codes(static_cast<uint8_t*>(out) + out_offset + 16 * v, vector_codes);
+            }
             if (tile.is_group_leader) {
                 // The expert's scales start scale_expert_stride elements (bytes when packed) further.
                 const uint64_t expert_offset = static_cast<uint64_t>(expert) * scale_expert_stride;
