@@ -46,7 +46,7 @@ _FORWARD_BLOCK_ROWS = 32 // (GROUP_SIZE // 32) * NUM_WARPS * _FORWARD_PASSES
 NO_POSITION_LIMIT = INT32_LIMIT + 1
 UINT32_LIMIT = 2**32 - 1
 _BACKWARD_WARPS = 8
-_BACKWARD_UNROLL = 4
+_BACKWARD_UNROLL = 2
 
 
 def _forward_spec(clamped: bool, quantize: bool, ue8m0: bool = False, layout: ScaleLayout = ScaleLayout.mn_major,
