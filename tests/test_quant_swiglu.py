@@ -437,6 +437,35 @@ def test_backward_row_strides():
     _check_against_reference("swiglu_backward", (x, dy, CLAMP, weights, None), {}, (dx, dweights))
 
 
+def _every_bf16_gate(hidden: int) -> tuple:
+    """(x, dy) of 65536 rows, one per bf16 bit pattern: row r's gate r sits in column r % hidden among
+    gates of 0.5 (which the kernels' fast division accepts), ups are 1 and dy is 1 there, 0 elsewhere, so
+    that dweights[r] = silu(gate r) in FP32."""
+    rows = torch.arange(65536, device="cuda")
+    columns = rows % hidden
+    gate = torch.full((65536, hidden), 0.5, dtype=torch.bfloat16, device="cuda")
+    gate[rows, columns] = rows.to(torch.int16).view(torch.bfloat16)
+    x = torch.cat([gate, torch.ones_like(gate)], dim=1)
+    dy = torch.zeros_like(gate)
+    dy[rows, columns] = 1.0
+    return x, dy
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("clamp", [None, CLAMP, 1 / 3, 3e-30])
+def test_every_bf16_gate(clamp):
+    # silu's fast division (common/swiglu.cuh) against IEEE division for every gate: exactly through
+    # dweights, and through the forwards' outputs. Clamps: none, the usual one, one that bf16 cannot
+    # hold, and a tiny one (>= 2^-100, still on the fast path).
+    x, dy = _every_bf16_gate(512)
+    dx, dweights = deep_kernels.swiglu_backward(x, dy, clamp)
+    _check_against_reference("swiglu_backward", (x, dy, clamp, None, None), {}, (dx, dweights))
+    y = deep_kernels.swiglu_forward(x, clamp)
+    _check_against_reference("swiglu_forward", (x, clamp, None, None), {}, (y,))
+    q, scales = deep_kernels.swiglu_cast_to_fp8(x, clamp)
+    _check_against_reference("swiglu_cast_to_fp8", (x, clamp, None, None), {}, (q, scales))
+
+
 @pytest.mark.gpu
 def test_empty_inputs():
     x = torch.empty((0, 2 * 7168), dtype=torch.bfloat16, device="cuda")
