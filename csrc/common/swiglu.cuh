@@ -77,6 +77,11 @@ DK_DEVICE float divide_fast(float numerator, float denominator, float reciprocal
     return __fmaf_rn(reciprocal, __fmaf_rn(-denominator, quotient, numerator), quotient);
 }
 
+// divide_fast(1, d, r), whose first product is r itself.
+DK_DEVICE float reciprocal_fast(float denominator, float reciprocal) {
+    return __fmaf_rn(reciprocal, __fmaf_rn(-denominator, reciprocal, 1.0f), reciprocal);
+}
+
 // silu(g) = g / (1 + expf(-g)), with the fast division (for gates fast_silu_gates accepts) or __fdiv_rn.
 template <bool kFastDivision>
 DK_DEVICE float silu(float gate) {

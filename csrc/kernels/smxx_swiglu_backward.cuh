@@ -43,7 +43,7 @@ DK_DEVICE void swiglu_gradients(const uint4& gate, const uint4& up, const uint4&
             float sigmoid, silu;
             if constexpr (kFastDivision) {
                 const float reciprocal = reciprocal_estimate(denominator);
-                sigmoid = divide_fast(1.0f, denominator, reciprocal);
+                sigmoid = reciprocal_fast(denominator, reciprocal);
                 silu = divide_fast(g, denominator, reciprocal);
             } else {
                 sigmoid = __fdiv_rn(1.0f, denominator);
@@ -69,6 +69,7 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
     // Types
     constexpr int kVec = 8;
     constexpr int kChunk = 32 * kVec;
+    constexpr int kChunkVectors = 32;
 
     // The warp's row, its position and weight
     const uint32_t lane = threadIdx.x % 32;
@@ -82,38 +83,41 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
             return;
     }
     const float weight = weights != nullptr ? __ldg(weights + weight_index) : 1.0f;
+    // The lane's first vector of each half; chunk j of an iteration is kChunkVectors * j vectors further.
     const __nv_bfloat16* gate_row = x + static_cast<uint64_t>(row) * x_row_stride;
-    const __nv_bfloat16* dy_row = dy + static_cast<uint64_t>(row) * dy_row_stride;
-    __nv_bfloat16* dx_row = dx + static_cast<uint64_t>(row) * hidden * 2;
+    const uint4* gate_vectors = reinterpret_cast<const uint4*>(gate_row) + lane;
+    const uint4* up_vectors = reinterpret_cast<const uint4*>(gate_row + hidden) + lane;
+    const uint4* grad_vectors = reinterpret_cast<const uint4*>(dy + static_cast<uint64_t>(row) * dy_row_stride) + lane;
+    uint4* dgate_vectors = reinterpret_cast<uint4*>(dx + static_cast<uint64_t>(row) * hidden * 2) + lane;
+    uint4* dup_vectors = dgate_vectors + hidden / kVec;
 
     // Chunks of the row, kUnroll per iteration: the next iteration's loads are issued before this one's
     // gradients, which go in chunk order (the fast division where the iteration has all its chunks and
     // every gate allows it, the weight's product only with weights).
     // NOTE: with the loads one iteration ahead every warp keeps ~3 KB in flight while it computes; loads
     // issued only at the top of each iteration left the warps computing with nothing in flight.
-    const auto load_chunks = [&](uint32_t base, uint4 (&gate)[kUnroll], uint4 (&up)[kUnroll], uint4 (&grad)[kUnroll]) {
+    const auto load_chunks = [&](uint32_t base, uint32_t vector, uint4 (&gate)[kUnroll], uint4 (&up)[kUnroll],
+                                 uint4 (&grad)[kUnroll]) {
         #pragma unroll
         for (int j = 0; j < kUnroll; ++j) {
-            const uint32_t column = base + j * kChunk;
-            if (column < hidden) {
-                gate[j] = __ldg(reinterpret_cast<const uint4*>(gate_row + column));
-                up[j] = __ldg(reinterpret_cast<const uint4*>(gate_row + hidden + column));
-                grad[j] = __ldg(reinterpret_cast<const uint4*>(dy_row + column));
+            if (base + j * kChunk < hidden) {
+                gate[j] = __ldg(gate_vectors + vector + j * kChunkVectors);
+                up[j] = __ldg(up_vectors + vector + j * kChunkVectors);
+                grad[j] = __ldg(grad_vectors + vector + j * kChunkVectors);
             }
         }
     };
     const bool fast_clamp = !kClamped || clamp >= kFastClampMin;
     float partial[kVec] = {};
     uint4 gate[kUnroll], up[kUnroll], grad[kUnroll];
-    load_chunks(lane * kVec, gate, up, grad);
-    for (uint32_t base = lane * kVec; base < hidden; base += kChunk * kUnroll) {
+    load_chunks(lane * kVec, 0, gate, up, grad);
+    for (uint32_t base = lane * kVec, vector = 0; base < hidden; base += kChunk * kUnroll, vector += kChunkVectors * kUnroll) {
         uint4 next_gate[kUnroll], next_up[kUnroll], next_grad[kUnroll];
-        load_chunks(base + kChunk * kUnroll, next_gate, next_up, next_grad);
+        load_chunks(base + kChunk * kUnroll, vector + kChunkVectors * kUnroll, next_gate, next_up, next_grad);
         const bool fast = fast_clamp && base + (kUnroll - 1) * kChunk < hidden && fast_silu_gates(gate);
         #pragma unroll
         for (int j = 0; j < kUnroll; ++j) {
-            const uint32_t column = base + j * kChunk;
-            if (column >= hidden)
+            if (base + j * kChunk >= hidden)
                 break;
             uint4 dgate, dup;
             if (weights != nullptr) {
@@ -127,8 +131,8 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
                 else
                     swiglu_gradients<false, false, kClamped>(gate[j], up[j], grad[j], clamp, 1.0f, dgate, dup, partial);
             }
-            *reinterpret_cast<uint4*>(dx_row + column) = dgate;
-            *reinterpret_cast<uint4*>(dx_row + hidden + column) = dup;
+            dgate_vectors[vector + j * kChunkVectors] = dgate;
+            dup_vectors[vector + j * kChunkVectors] = dup;
         }
         #pragma unroll
         for (int j = 0; j < kUnroll; ++j) {
