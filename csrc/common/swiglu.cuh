@@ -1,6 +1,7 @@
-// SwiGLU's elementwise steps, shared by its forward and backward kernels. Each is an explicit IEEE FP32
-// operation (no FMA contraction), so a plain-torch reference evaluated on the GPU (where torch.exp is
-// expf) reproduces every value bit for bit.
+// SwiGLU's elementwise steps, shared by its forward and backward kernels. Each gives the value of the
+// reference's IEEE FP32 operation (no FMA contraction of the formula's steps; the fused and fast steps
+// below are exact rewrites), so a plain-torch reference evaluated on the GPU (where torch.exp is expf)
+// reproduces every value bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -60,12 +61,13 @@ DK_DEVICE float bf16_high(uint32_t pair) {
 // and slow-path branch. reciprocal_estimate(d) is a Newton step on the hardware reciprocal and
 // divide_fast(a, d, r) the Markstein correction RN(q + r (a - d q)), q = RN(a r): the steps of the fast
 // path of IEEE division (div.rn.f32), which gives RN(a / d) wherever its range check passes.
-// NOTE: every step scales exactly with powers of two while its result stays normal (the hardware
-// reciprocal works on the significand; each FMA rounds once), so the steps give RN(a / d) for any a, d
-// whose significands do in a moderate range where the check passes, as long as nothing leaves the normal
-// range: d in [1, 2^126) (the reciprocal is normal), |a| >= 2^-100 (a - d q is a multiple of 2^-149, so
-// exact) and |a / d| normal. For |g| in [2^-100, 87], d < 1 + e^87 < 2^126 and |g / d| > 2^-120, as is
-// 1 / d; fast_silu_gates selects those gates, and tests/test_quant_swiglu.py checks every bf16 gate.
+// NOTE: each step scales exactly by powers of two while its result stays normal (the hardware reciprocal
+// works on the significand, each FMA rounds once), so the steps give RN(a / d) for every a, d whose
+// significands they divide exactly at moderate exponents, where the range check always passes, as long
+// as no step leaves the normal range: d in [1, 2^126) (r normal), |a| >= 2^-100 (a - d q, a multiple of
+// 2^-149, is exact) and |a / d| normal. For |g| in [2^-100, 87]: d < 1 + e^87 < 2^126, |g / d| > 2^-120
+// and 1 / d > 2^-126. fast_silu_gates selects those gates; tests/test_quant_swiglu.py checks every bf16
+// gate on the GPU.
 DK_DEVICE float reciprocal_estimate(float denominator) {
     float estimate;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(denominator));
@@ -111,7 +113,8 @@ DK_DEVICE bool fast_silu_gates(const uint4 (&gates)[kNum]) {
             highest = __vimax3_u16x2(highest, words[i], words[i + 1]);
         }
     }
-    return min(lowest & 0xffffu, lowest >> 16) >= kFastGateMinBits && max(highest & 0xffffu, highest >> 16) <= kFastGateMaxBits;
+    return min(lowest & 0xffffu, lowest >> 16) >= kFastGateMinBits &&
+           max(highest & 0xffffu, highest >> 16) <= kFastGateMaxBits;
 }
 
 }  // namespace deep_kernels

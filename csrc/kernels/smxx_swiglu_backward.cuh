@@ -111,25 +111,27 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
     float partial[kVec] = {};
     uint4 gate[kUnroll], up[kUnroll], grad[kUnroll];
     load_chunks(lane * kVec, 0, gate, up, grad);
-    for (uint32_t base = lane * kVec, vector = 0; base < hidden; base += kChunk * kUnroll, vector += kChunkVectors * kUnroll) {
+    constexpr int kStep = kChunk * kUnroll, kVectorStep = kChunkVectors * kUnroll;
+    for (uint32_t base = lane * kVec, vector = 0; base < hidden; base += kStep, vector += kVectorStep) {
         uint4 next_gate[kUnroll], next_up[kUnroll], next_grad[kUnroll];
-        load_chunks(base + kChunk * kUnroll, vector + kChunkVectors * kUnroll, next_gate, next_up, next_grad);
+        load_chunks(base + kStep, vector + kVectorStep, next_gate, next_up, next_grad);
         const bool fast = fast_clamp && base + (kUnroll - 1) * kChunk < hidden && fast_silu_gates(gate);
         #pragma unroll
         for (int j = 0; j < kUnroll; ++j) {
             if (base + j * kChunk >= hidden)
                 break;
             uint4 dgate, dup;
+            const uint4 &g = gate[j], &u = up[j], &d = grad[j];
             if (weights != nullptr) {
                 if (fast)
-                    swiglu_gradients<true, true, kClamped>(gate[j], up[j], grad[j], clamp, weight, dgate, dup, partial);
+                    swiglu_gradients<true, true, kClamped>(g, u, d, clamp, weight, dgate, dup, partial);
                 else
-                    swiglu_gradients<false, true, kClamped>(gate[j], up[j], grad[j], clamp, weight, dgate, dup, partial);
+                    swiglu_gradients<false, true, kClamped>(g, u, d, clamp, weight, dgate, dup, partial);
             } else {
                 if (fast)
-                    swiglu_gradients<true, false, kClamped>(gate[j], up[j], grad[j], clamp, 1.0f, dgate, dup, partial);
+                    swiglu_gradients<true, false, kClamped>(g, u, d, clamp, 1.0f, dgate, dup, partial);
                 else
-                    swiglu_gradients<false, false, kClamped>(gate[j], up[j], grad[j], clamp, 1.0f, dgate, dup, partial);
+                    swiglu_gradients<false, false, kClamped>(g, u, d, clamp, 1.0f, dgate, dup, partial);
             }
             dgate_vectors[vector + j * kChunkVectors] = dgate;
             dup_vectors[vector + j * kChunkVectors] = dup;
