@@ -92,29 +92,50 @@ DK_DEVICE float silu(float gate) {
                          : __fdiv_rn(gate, denominator);
 }
 
-// Whether every bf16 gate of the vectors (before the clamp) has a magnitude in [2^-100, 87], where
-// reciprocal_estimate and divide_fast give silu's and the sigmoid's IEEE divisions (no zero, subnormal,
-// infinity or NaN; a clamp c >= 2^-100 keeps min(gate, c) in range). Bit patterns of the magnitudes
-// compare as unsigned integers, two to a word.
-constexpr uint32_t kFastGateMinBits = 0x0D80u;  // bf16 2^-100
-constexpr uint32_t kFastGateMaxBits = 0x42AEu;  // bf16 87
-constexpr float kFastClampMin = 0x1p-100f;
-
+// The smallest and the largest magnitude of the vectors' bf16 elements as bit patterns (x and y), which
+// compare as unsigned integers (two to a word; NaN above infinity above every finite value).
 template <int kNum>
-DK_DEVICE bool fast_silu_gates(const uint4 (&gates)[kNum]) {
+DK_DEVICE uint2 magnitude_range(const uint4 (&vectors)[kNum]) {
     uint32_t lowest = 0xffffffffu, highest = 0u;
     #pragma unroll
     for (int v = 0; v < kNum; ++v) {
-        const uint32_t words[4] = {gates[v].x & 0x7fff7fffu, gates[v].y & 0x7fff7fffu, gates[v].z & 0x7fff7fffu,
-                                   gates[v].w & 0x7fff7fffu};
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(&vectors[v]);
         #pragma unroll
         for (int i = 0; i < 4; i += 2) {
-            lowest = __vimin3_u16x2(lowest, words[i], words[i + 1]);
-            highest = __vimax3_u16x2(highest, words[i], words[i + 1]);
+            const uint32_t first = words[i] & 0x7fff7fffu, second = words[i + 1] & 0x7fff7fffu;
+            lowest = __vimin3_u16x2(lowest, first, second);
+            highest = __vimax3_u16x2(highest, first, second);
         }
     }
-    return min(lowest & 0xffffu, lowest >> 16) >= kFastGateMinBits &&
-           max(highest & 0xffffu, highest >> 16) <= kFastGateMaxBits;
+    return make_uint2(min(lowest & 0xffffu, lowest >> 16), max(highest & 0xffffu, highest >> 16));
+}
+
+template <int kNum>
+DK_DEVICE uint32_t largest_magnitude(const uint4 (&vectors)[kNum]) {
+    uint32_t highest = 0u;
+    #pragma unroll
+    for (int v = 0; v < kNum; ++v) {
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(&vectors[v]);
+        #pragma unroll
+        for (int i = 0; i < 4; i += 2)
+            highest = __vimax3_u16x2(highest, words[i] & 0x7fff7fffu, words[i + 1] & 0x7fff7fffu);
+    }
+    return max(highest & 0xffffu, highest >> 16);
+}
+
+// Whether gates (before the clamp) of this magnitude_range have their silu's and sigmoid's IEEE divisions
+// from reciprocal_estimate and divide_fast: magnitudes in [2^-100, 87] (no zero, subnormal, infinity or
+// NaN; a clamp c >= 2^-100 keeps min(gate, c) in range).
+constexpr float kFastClampMin = 0x1p-100f;
+
+DK_DEVICE bool fast_silu_gates(uint2 gate_range) {
+    return gate_range.x >= 0x0D80u && gate_range.y <= 0x42AEu;  // bf16 2^-100 and 87
+}
+
+// The bit pattern of the largest bf16 <= c (c > 0 finite): a bf16 magnitude m has m <= c iff its bit
+// pattern is at most this one.
+DK_DEVICE uint32_t bf16_floor_bits(float c) {
+    return __float_as_uint(c) >> 16;
 }
 
 }  // namespace deep_kernels

@@ -59,8 +59,10 @@ DK_DEVICE void swiglu_gradients(const uint4& gate, const uint4& up, const uint4&
     }
 }
 
+// NOTE: 3 blocks per SM fit the unclamped kernel in 80 registers; the clamped one needs more (at 80 its
+// IEEE division's slow path saves registers to a stack frame), so 2.
 template <int kNumWarps, int kUnroll, bool kClamped>
-__global__ void __launch_bounds__(kNumWarps * 32)
+__global__ void __launch_bounds__(kNumWarps * 32, kClamped ? 2 : 3)
 smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ dy,
                           __nv_bfloat16* __restrict__ dx, float* __restrict__ dweights,
                           const float* __restrict__ weights, const int32_t* __restrict__ pos, uint32_t num_rows,
@@ -92,8 +94,11 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
     uint4* dup_vectors = dgate_vectors + hidden / kVec;
 
     // Chunks of the row, kUnroll per iteration: the next iteration's loads are issued before this one's
-    // gradients, which go in chunk order (the fast division where the iteration has all its chunks and
-    // every gate allows it, the weight's product only with weights).
+    // gradients, which go in chunk order. The fast steps (the fast division, no clamping) where the
+    // iteration has all its chunks, every gate allows the fast division and every |gate| and |up| lies
+    // within the clamp (which then changes nothing); the weight's product only with weights.
+    // NOTE: with clamping active the backward takes the IEEE steps: a third variant (fast division with
+    // clamping) took the kernel past 80 registers (3 blocks per SM); it has issue slack to spare.
     // NOTE: with the loads one iteration ahead every warp keeps ~3 KB in flight while it computes; loads
     // issued only at the top of each iteration left the warps computing with nothing in flight.
     const auto load_chunks = [&](uint32_t base, uint32_t vector, uint4 (&gate)[kUnroll], uint4 (&up)[kUnroll],
@@ -107,7 +112,7 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
             }
         }
     };
-    const bool fast_clamp = !kClamped || clamp >= kFastClampMin;
+    const uint32_t clamp_bits = kClamped ? bf16_floor_bits(clamp) : 0u;
     float partial[kVec] = {};
     uint4 gate[kUnroll], up[kUnroll], grad[kUnroll];
     load_chunks(lane * kVec, 0, gate, up, grad);
@@ -115,7 +120,12 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
     for (uint32_t base = lane * kVec, vector = 0; base < hidden; base += kStep, vector += kVectorStep) {
         uint4 next_gate[kUnroll], next_up[kUnroll], next_grad[kUnroll];
         load_chunks(base + kStep, vector + kVectorStep, next_gate, next_up, next_grad);
-        const bool fast = fast_clamp && base + (kUnroll - 1) * kChunk < hidden && fast_silu_gates(gate);
+        bool fast = false;
+        if (base + (kUnroll - 1) * kChunk < hidden) {
+            const uint2 gate_range = magnitude_range(gate);
+            fast = fast_silu_gates(gate_range) &&
+                   (!kClamped || (gate_range.y <= clamp_bits && largest_magnitude(up) <= clamp_bits));
+        }
         #pragma unroll
         for (int j = 0; j < kUnroll; ++j) {
             if (base + j * kChunk >= hidden)
@@ -124,12 +134,12 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
             const uint4 &g = gate[j], &u = up[j], &d = grad[j];
             if (weights != nullptr) {
                 if (fast)
-                    swiglu_gradients<true, true, kClamped>(g, u, d, clamp, weight, dgate, dup, partial);
+                    swiglu_gradients<true, true, false>(g, u, d, clamp, weight, dgate, dup, partial);
                 else
                     swiglu_gradients<false, true, kClamped>(g, u, d, clamp, weight, dgate, dup, partial);
             } else {
                 if (fast)
-                    swiglu_gradients<true, false, kClamped>(g, u, d, clamp, 1.0f, dgate, dup, partial);
+                    swiglu_gradients<true, false, false>(g, u, d, clamp, 1.0f, dgate, dup, partial);
                 else
                     swiglu_gradients<false, false, kClamped>(g, u, d, clamp, 1.0f, dgate, dup, partial);
             }

@@ -105,21 +105,29 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             weight[pass] = __ldg(weights + weight_index[pass]);
     }
 
-    // Per pass: SwiGLU (the fast division where every gate allows it, the weight's product only with
-    // weights), then group amax, scale, cast and store (or the bf16 store)
+    // Per pass: SwiGLU (the fast division where every gate allows it, no clamping where every |gate| and
+    // |up| lies within the clamp, which then changes nothing, the weight's product only with weights),
+    // then group amax, scale, cast and store (or the bf16 store)
     const bool fast_clamp = !kClamped || clamp >= kFastClampMin;
+    const uint32_t clamp_bits = kClamped ? bf16_floor_bits(clamp) : 0u;
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         float y[kVec];
         float amax = 0.0f;
         if (valid[pass]) {
-            const bool fast = fast_clamp && fast_silu_gates(gate[pass]);
+            const uint4 (&g)[kVectors] = gate[pass];
+            const uint4 (&u)[kVectors] = up[pass];
+            const uint2 gate_range = magnitude_range(g);
+            const bool fast = fast_clamp && fast_silu_gates(gate_range);
+            const bool unclamped = kClamped && fast && gate_range.y <= clamp_bits && largest_magnitude(u) <= clamp_bits;
             if (weights != nullptr)
-                amax = fast ? swiglu_values<true, true, kClamped>(gate[pass], up[pass], clamp, weight[pass], y)
-                            : swiglu_values<false, true, kClamped>(gate[pass], up[pass], clamp, weight[pass], y);
+                amax = unclamped ? swiglu_values<true, true, false>(g, u, clamp, weight[pass], y)
+                       : fast    ? swiglu_values<true, true, kClamped>(g, u, clamp, weight[pass], y)
+                                 : swiglu_values<false, true, kClamped>(g, u, clamp, weight[pass], y);
             else
-                amax = fast ? swiglu_values<true, false, kClamped>(gate[pass], up[pass], clamp, 1.0f, y)
-                            : swiglu_values<false, false, kClamped>(gate[pass], up[pass], clamp, 1.0f, y);
+                amax = unclamped ? swiglu_values<true, false, false>(g, u, clamp, 1.0f, y)
+                       : fast    ? swiglu_values<true, false, kClamped>(g, u, clamp, 1.0f, y)
+                                 : swiglu_values<false, false, kClamped>(g, u, clamp, 1.0f, y);
         }
         const uint64_t out_offset = (first_global_row + tile.row(pass)) * hidden + tile.column;
         if constexpr (kQuantize) {
