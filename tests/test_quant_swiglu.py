@@ -155,6 +155,58 @@ def test_reference_backward_row_sum_order():
     assert torch.equal(_row_sums(values), values.double().sum(dim=1).float())  # small integers: exact
 
 
+# ---- silu's fast division (CPU: common/swiglu.cuh's steps in numpy) ----
+
+def _silu_fast_division(numerator, denominator):
+    """reciprocal_estimate then divide_fast (reciprocal_fast for a numerator of 1), step for step, with the
+    hardware reciprocal taken as RN(1 / d).
+    NOTE: the steps' exactness rests on the hardware reciprocal (a merely faithful one breaks them, e.g.
+    at d = 2 - 2^-23), which numpy cannot model: this checks the steps' algebra; test_every_bf16_gate
+    checks the hardware's."""
+    import numpy as np
+    from test_quant import _fma32
+
+    one = np.float32(1)
+    estimate = (one / denominator).astype(np.float32)
+    reciprocal = _fma32(estimate, _fma32(-denominator, estimate, np.full_like(estimate, one)), estimate)
+    quotient = (numerator * reciprocal).astype(np.float32)
+    return _fma32(reciprocal, _fma32(-denominator, quotient, numerator), quotient)
+
+
+def _check_silu_fast_division(numerator, denominator):
+    import numpy as np
+
+    exact = (numerator / denominator).astype(np.float32)
+    fast = _silu_fast_division(numerator, denominator)
+    assert np.array_equal(fast.view(np.uint32), exact.view(np.uint32))
+
+
+def test_silu_fast_division_matches_ieee_division():
+    import numpy as np
+
+    # Every bf16 gate that fast_silu_gates accepts (|g| in [2^-100, 87]), over d = 1 + exp(-g) and over
+    # one (the sigmoid), with d from numpy's exp (the division's correctness does not depend on it).
+    bits = np.arange(0x0D80, 0x42AF, dtype=np.uint32) << 16
+    gates = np.concatenate([bits.view(np.float32), -bits.view(np.float32)])
+    denominators = (np.float32(1) + np.exp(-gates)).astype(np.float32)
+    assert denominators.max() < 2.0**126
+    _check_silu_fast_division(gates, denominators)
+    _check_silu_fast_division(np.ones_like(denominators), denominators)
+    # Random quotients next to FP32 midpoints (the hard cases) over d in [1, 2^126), |a| in [2^-100, 87].
+    rng = np.random.default_rng(0)
+    n = 2_000_000
+    denominator_exponent = rng.integers(0, 126, n)
+    quotient_exponent = rng.integers(-100, 7, n) - denominator_exponent
+    denominator = np.ldexp(1 + rng.integers(0, 1 << 23, n) / 2.0**23, denominator_exponent).astype(np.float32)
+    quotient = np.ldexp(1 + (rng.integers(0, 1 << 23, n) + 0.5) / 2.0**23, quotient_exponent)
+    numerator = (quotient * denominator.astype(np.float64)).astype(np.float32)
+    numerator = np.nextafter(numerator, np.where(rng.integers(0, 2, n) == 1, np.inf, 0).astype(np.float32))
+    keep = (numerator >= 2.0**-100) & (numerator <= 87) & (numerator / denominator.astype(np.float64) >= 2.0**-120)
+    assert keep.sum() > n // 20
+    _check_silu_fast_division(numerator[keep], denominator[keep])
+    _check_silu_fast_division(-numerator[keep], denominator[keep])
+
+
 # ---- validation (CPU tensors: every check that precedes the device check) ----
 
 _X = torch.ones(4, 512, dtype=torch.bfloat16)

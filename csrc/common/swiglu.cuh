@@ -61,13 +61,14 @@ DK_DEVICE float bf16_high(uint32_t pair) {
 // and slow-path branch. reciprocal_estimate(d) is a Newton step on the hardware reciprocal and
 // divide_fast(a, d, r) the Markstein correction RN(q + r (a - d q)), q = RN(a r): the steps of the fast
 // path of IEEE division (div.rn.f32), which gives RN(a / d) wherever its range check passes.
-// NOTE: each step scales exactly by powers of two while its result stays normal (the hardware reciprocal
-// works on the significand, each FMA rounds once), so the steps give RN(a / d) for every a, d whose
-// significands they divide exactly at moderate exponents, where the range check always passes, as long
-// as no step leaves the normal range: d in [1, 2^126) (r normal), |a| >= 2^-100 (a - d q, a multiple of
-// 2^-149, is exact) and |a / d| normal. For |g| in [2^-100, 87]: d < 1 + e^87 < 2^126, |g / d| > 2^-120
-// and 1 / d > 2^-126. fast_silu_gates selects those gates; tests/test_quant_swiglu.py checks every bf16
-// gate on the GPU.
+// NOTE: the steps are exact only with the hardware reciprocal (a merely faithful estimate breaks them,
+// e.g. at d = 2 - 2^-23), so the claim rests on div.rn.f32's: where its check passes (moderate exponents
+// of a, d and a / d) the same steps give RN(a / d). With d fixed they scale exactly with a's exponent
+// while every result stays normal (each FMA rounds once; a - d q, a multiple of 2^-149 for |a| >=
+// 2^-100, is exact), which carries them to every |a| in [2^-100, 87] over d in (1, 2] (min(gate, c) = c
+// for any c in range, d = 1 + expf(-c)); d beyond 2 comes from bf16 gates only (g < 0 down to -87: d <
+// 1 + e^87 < 2^126, r and g / d normal), and tests/test_quant_swiglu.py checks every bf16 gate on the
+// GPU (test_every_bf16_gate). fast_silu_gates selects the gates with |g| in [2^-100, 87].
 DK_DEVICE float reciprocal_estimate(float denominator) {
     float estimate;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(denominator));
