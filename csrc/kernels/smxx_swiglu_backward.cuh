@@ -97,8 +97,8 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
     // gradients, which go in chunk order. The fast steps (the fast division, no clamping) where the
     // iteration has all its chunks, every gate allows the fast division and every |gate| and |up| lies
     // within the clamp (which then changes nothing); the weight's product only with weights.
-    // NOTE: with clamping active the backward takes the IEEE steps: a third variant (fast division with
-    // clamping) took the kernel past 80 registers (3 blocks per SM); it has issue slack to spare.
+    // NOTE: with clamping active the backward takes the IEEE steps (no third variant, fast division with
+    // clamping, adding code and registers): it has issue slack to spare, the forward has not.
     // NOTE: with the loads one iteration ahead every warp keeps ~3 KB in flight while it computes; loads
     // issued only at the top of each iteration left the warps computing with nothing in flight.
     const auto load_chunks = [&](uint32_t base, uint32_t vector, uint4 (&gate)[kUnroll], uint4 (&up)[kUnroll],
@@ -131,17 +131,17 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
             if (base + j * kChunk >= hidden)
                 break;
             uint4 dgate, dup;
-            const uint4 &g = gate[j], &u = up[j], &d = grad[j];
+            const uint4 &gj = gate[j], &uj = up[j], &dj = grad[j];
             if (weights != nullptr) {
                 if (fast)
-                    swiglu_gradients<true, true, false>(g, u, d, clamp, weight, dgate, dup, partial);
+                    swiglu_gradients<true, true, false>(gj, uj, dj, clamp, weight, dgate, dup, partial);
                 else
-                    swiglu_gradients<false, true, kClamped>(g, u, d, clamp, weight, dgate, dup, partial);
+                    swiglu_gradients<false, true, kClamped>(gj, uj, dj, clamp, weight, dgate, dup, partial);
             } else {
                 if (fast)
-                    swiglu_gradients<true, false, false>(g, u, d, clamp, 1.0f, dgate, dup, partial);
+                    swiglu_gradients<true, false, false>(gj, uj, dj, clamp, 1.0f, dgate, dup, partial);
                 else
-                    swiglu_gradients<false, false, kClamped>(g, u, d, clamp, 1.0f, dgate, dup, partial);
+                    swiglu_gradients<false, false, kClamped>(gj, uj, dj, clamp, 1.0f, dgate, dup, partial);
             }
             dgate_vectors[vector + j * kChunkVectors] = dgate;
             dup_vectors[vector + j * kChunkVectors] = dup;
