@@ -155,58 +155,6 @@ def test_reference_backward_row_sum_order():
     assert torch.equal(_row_sums(values), values.double().sum(dim=1).float())  # small integers: exact
 
 
-# ---- silu's fast division (CPU: common/swiglu.cuh's steps in numpy) ----
-
-def _silu_fast_division(numerator, denominator):
-    """reciprocal_estimate then divide_fast (reciprocal_fast for a numerator of 1), step for step, with the
-    hardware reciprocal taken as RN(1 / d).
-    NOTE: the steps' exactness rests on the hardware reciprocal (a merely faithful one breaks them, e.g.
-    at d = 2 - 2^-23), which numpy cannot model: this checks the steps' algebra; test_every_bf16_gate
-    checks the hardware's."""
-    import numpy as np
-    from test_quant import _fma32
-
-    one = np.float32(1)
-    estimate = (one / denominator).astype(np.float32)
-    reciprocal = _fma32(estimate, _fma32(-denominator, estimate, np.full_like(estimate, one)), estimate)
-    quotient = (numerator * reciprocal).astype(np.float32)
-    return _fma32(reciprocal, _fma32(-denominator, quotient, numerator), quotient)
-
-
-def _check_silu_fast_division(numerator, denominator):
-    import numpy as np
-
-    exact = (numerator / denominator).astype(np.float32)
-    fast = _silu_fast_division(numerator, denominator)
-    assert np.array_equal(fast.view(np.uint32), exact.view(np.uint32))
-
-
-def test_silu_fast_division_matches_ieee_division():
-    import numpy as np
-
-    # Every bf16 gate that fast_silu_gates accepts (|g| in [2^-100, 87]), over d = 1 + exp(-g) and over
-    # one (the sigmoid), with d from numpy's exp (the division's correctness does not depend on it).
-    bits = np.arange(0x0D80, 0x42AF, dtype=np.uint32) << 16
-    gates = np.concatenate([bits.view(np.float32), -bits.view(np.float32)])
-    denominators = (np.float32(1) + np.exp(-gates)).astype(np.float32)
-    assert denominators.max() < 2.0**126
-    _check_silu_fast_division(gates, denominators)
-    _check_silu_fast_division(np.ones_like(denominators), denominators)
-    # Random quotients next to FP32 midpoints (the hard cases) over d in [1, 2^126), |a| in [2^-100, 87].
-    rng = np.random.default_rng(0)
-    n = 2_000_000
-    denominator_exponent = rng.integers(0, 126, n)
-    quotient_exponent = rng.integers(-100, 7, n) - denominator_exponent
-    denominator = np.ldexp(1 + rng.integers(0, 1 << 23, n) / 2.0**23, denominator_exponent).astype(np.float32)
-    quotient = np.ldexp(1 + (rng.integers(0, 1 << 23, n) + 0.5) / 2.0**23, quotient_exponent)
-    numerator = (quotient * denominator.astype(np.float64)).astype(np.float32)
-    numerator = np.nextafter(numerator, np.where(rng.integers(0, 2, n) == 1, np.inf, 0).astype(np.float32))
-    keep = (numerator >= 2.0**-100) & (numerator <= 87) & (numerator / denominator.astype(np.float64) >= 2.0**-120)
-    assert keep.sum() > n // 20
-    _check_silu_fast_division(numerator[keep], denominator[keep])
-    _check_silu_fast_division(-numerator[keep], denominator[keep])
-
-
 # ---- validation (CPU tensors: every check that precedes the device check) ----
 
 _X = torch.ones(4, 512, dtype=torch.bfloat16)
@@ -487,35 +435,6 @@ def test_backward_row_strides():
     weights = torch.rand(300, device="cuda")
     dx, dweights = deep_kernels.swiglu_backward(x, dy, CLAMP, weights)
     _check_against_reference("swiglu_backward", (x, dy, CLAMP, weights, None), {}, (dx, dweights))
-
-
-def _every_bf16_gate(hidden: int) -> tuple:
-    """(x, dy) of 65536 rows, one per bf16 bit pattern: row r's gate r sits in column r % hidden among
-    gates of 0.5 (which the kernels' fast division accepts), ups are 1 and dy is 1 there, 0 elsewhere, so
-    that dweights[r] = silu(gate r) in FP32."""
-    rows = torch.arange(65536, device="cuda")
-    columns = rows % hidden
-    gate = torch.full((65536, hidden), 0.5, dtype=torch.bfloat16, device="cuda")
-    gate[rows, columns] = rows.to(torch.int16).view(torch.bfloat16)
-    x = torch.cat([gate, torch.ones_like(gate)], dim=1)
-    dy = torch.zeros_like(gate)
-    dy[rows, columns] = 1.0
-    return x, dy
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("clamp", [None, CLAMP, float.fromhex("0x1.555556p-2"), float.fromhex("0x1.555556p-99")])
-def test_every_bf16_gate(clamp):
-    # silu's fast division (common/swiglu.cuh) against IEEE division for every gate: exactly through
-    # dweights, and through the forwards' outputs. Clamps (FP32 values): none, the usual one, one that
-    # bf16 cannot hold, and a tiny one (>= 2^-100, still on the fast path).
-    x, dy = _every_bf16_gate(512)
-    dx, dweights = deep_kernels.swiglu_backward(x, dy, clamp)
-    _check_against_reference("swiglu_backward", (x, dy, clamp, None, None), {}, (dx, dweights))
-    y = deep_kernels.swiglu_forward(x, clamp)
-    _check_against_reference("swiglu_forward", (x, clamp, None, None), {}, (y,))
-    q, scales = deep_kernels.swiglu_cast_to_fp8(x, clamp)
-    _check_against_reference("swiglu_cast_to_fp8", (x, clamp, None, None), {}, (q, scales))
 
 
 @pytest.mark.gpu
