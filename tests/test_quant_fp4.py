@@ -19,14 +19,6 @@ from conftest import FULL
 MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
-def _assert_equal(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
-    """assert_bitwise_equal, with one-byte float types (fp4 x2, e8m0, e4m3) compared as their bytes."""
-    assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != {expected.dtype}"
-    if actual.element_size() == 1:
-        actual, expected = actual.view(torch.uint8), expected.view(torch.uint8)
-    assert_bitwise_equal(actual, expected, name)
-
-
 def _fp32(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)
 
@@ -262,7 +254,7 @@ def test_reference_requant_is_the_fp8_cast_of_the_cast_back():
     q, fp8_scales = reference.mxfp4_requant_to_fp8(codes, scales, scale_layout="row_major")
     values = reference.mxfp4_cast_back(codes, scales, torch.float32)
     q_ref, scales_ref = per_token_cast_to_fp8(values, 128, ue8m0=True, scale_layout="row_major")
-    _assert_equal(q, q_ref, "q")
+    assert_bitwise_equal(q, q_ref, "q")
     assert_bitwise_equal(fp8_scales, scales_ref, "scales")
 
 
@@ -387,11 +379,11 @@ def _check_fp4_cast(op: str, x: torch.Tensor, *args, **kwargs) -> None:
     out = (poison_(empty_like_strided(codes_ref)), poison_(empty_like_strided(scales_ref)))
     codes, scales = getattr(deep_kernels, op)(x, *args, out=out, **kwargs)
     assert codes is out[0] and scales is out[1]
-    _assert_equal(codes, codes_ref, "codes")
-    _assert_equal(scales, scales_ref, "scales")
+    assert_bitwise_equal(codes, codes_ref, "codes")
+    assert_bitwise_equal(scales, scales_ref, "scales")
     again = getattr(deep_kernels, op)(x, *args, **kwargs)
-    _assert_equal(again[0], codes_ref, "codes")
-    _assert_equal(again[1], scales_ref, "scales")
+    assert_bitwise_equal(again[0], codes_ref, "codes")
+    assert_bitwise_equal(again[1], scales_ref, "scales")
 
 
 MX_SHAPES = [(1, 32), (7, 7168), (64, 1536), (33, 160), (4001, 7168)] + ([(8001, 4096), (3, 96)] if FULL else [])
@@ -482,7 +474,7 @@ def test_requant_matches_reference(m, k, packed_in, layout, low, high):
     q_ref, scales_ref = reference.mxfp4_requant_to_fp8(codes, scales, scale_layout=layout)
     out = (poison_(empty_like_strided(q_ref)), poison_(empty_like_strided(scales_ref)))
     q, fp8_scales = deep_kernels.mxfp4_requant_to_fp8(codes, scales, scale_layout=layout, out=out)
-    _assert_equal(q, q_ref, "q")
+    assert_bitwise_equal(q, q_ref, "q")
     assert_bitwise_equal(fp8_scales, scales_ref, "scales")
     if low == 120:  # within 2^14: exact
         values = reference.mxfp4_cast_back(codes, scales, torch.float32)
@@ -531,8 +523,8 @@ def test_deterministic_and_graph_capturable():
         poison_(y)
         graph.replay()
         torch.cuda.synchronize()
-        _assert_equal(out[0], first[0], "codes")
-        _assert_equal(out[1], first[1], "scales")
+        assert_bitwise_equal(out[0], first[0], "codes")
+        assert_bitwise_equal(out[1], first[1], "scales")
         assert_bitwise_equal(y, reference.nvfp4_cast_back(first[0], first[1], g, "swizzled"), "y")
 
 

@@ -42,10 +42,7 @@ def run(ctx: BenchContext) -> list:
     for m, k in SHAPES:
         for op, shape, config, kernel, peer, num_bytes in cases(m, k):
             for i, (actual, expected) in enumerate(zip(_as_tuple(kernel()), _as_tuple(peer()))):
-                assert actual.dtype == expected.dtype, op
-                assert_bitwise_equal(actual.view(torch.uint8) if actual.element_size() == 1 else actual,
-                                     expected.view(torch.uint8) if expected.element_size() == 1 else expected,
-                                     f"{op} output {i}")
+                assert_bitwise_equal(actual, expected, f"{op} output {i}")
             us = time_kernel_us(kernel, ctx.flusher)
             peer_name, peer_us = timed_peer(peer, ctx, compiled=m == COMPILED_PEER_ROWS)
             rows.append(memory_bound_row(op, shape, config, us, num_bytes, ctx, peer_name, peer_us,

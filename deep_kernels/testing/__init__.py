@@ -27,7 +27,11 @@ def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, name: str
 
 
 def _dense_bytes(t: torch.Tensor) -> torch.Tensor:
-    # NOTE: not contiguous(): it keeps odd strides of size-1 dimensions, which view(uint8) rejects.
+    # NOTE: one-byte types (e4m3, e8m0, packed e2m1) are copied as their bytes: torch cannot copy every
+    # one of them on every device. Not contiguous(): it keeps odd strides of size-1 dimensions, which
+    # view(uint8) rejects.
+    if t.element_size() == 1:
+        t = t.view(torch.uint8)
     return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t).view(-1).view(torch.uint8)
 
 
