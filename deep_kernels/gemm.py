@@ -50,41 +50,36 @@ def get_mn_major_tma_aligned_tensor(scales: torch.Tensor) -> torch.Tensor:
     return out.copy_(scales)
 
 
+def _fp32_scales(scales, name: str, rows: int, k_blocks: int, num_groups, shape_text: str) -> torch.Tensor:
+    """Scales [rows, K / 128] (or [G, rows, K / 128] with num_groups) checked, as FP32: packed UE8M0 unpacked
+    (contiguous), FP32 as given."""
+    lead = () if num_groups is None else (num_groups,)
+    check_rank(scales, name, len(lead) + 2)
+    if scales.dtype == torch.int32:
+        packed = lead + (rows, ceil_div(k_blocks, 4))
+        if tuple(scales.shape) != packed:
+            raise ValueError(f"packed UE8M0 {name} must have shape {packed}, got {tuple(scales.shape)}")
+        all_rows = (num_groups or 1) * rows
+        return unpack_ue8m0(scales.reshape(all_rows, packed[-1]), all_rows, k_blocks).view(*lead, rows, k_blocks)
+    check_dtype(scales, name, (torch.float32, torch.int32))
+    if tuple(scales.shape) != lead + (rows, k_blocks):
+        raise ValueError(f"{name} must have shape {shape_text} = {lead + (rows, k_blocks)}, "
+                         f"got {tuple(scales.shape)}")
+    return scales
+
+
 def scale_a(sfa, m: int, k_blocks: int, num_groups: int = None) -> torch.Tensor:
     """sfa [M, K / 128] (or [G, M, K / 128] with num_groups) as the kernel reads it: checked, packed UE8M0
     unpacked, converted to MN-major TMA-aligned FP32 (the input itself when it already is)."""
-    lead = () if num_groups is None else (num_groups,)
-    what = "[M, K / 128]" if num_groups is None else "[G, M_max, K / 128]"
-    check_rank(sfa, "sfa", len(lead) + 2)
-    if sfa.dtype == torch.int32:
-        packed = lead + (m, ceil_div(k_blocks, 4))
-        if tuple(sfa.shape) != packed:
-            raise ValueError(f"packed UE8M0 sfa must have shape {packed}, got {tuple(sfa.shape)}")
-        rows = (num_groups or 1) * m
-        unpacked = unpack_ue8m0(sfa.reshape(rows, packed[-1]), rows, k_blocks)
-        return get_mn_major_tma_aligned_tensor(unpacked.view(*lead, m, k_blocks))
-    check_dtype(sfa, "sfa", (torch.float32, torch.int32))
-    if tuple(sfa.shape) != lead + (m, k_blocks):
-        raise ValueError(f"sfa must have shape {what} = {lead + (m, k_blocks)}, got {tuple(sfa.shape)}")
-    return get_mn_major_tma_aligned_tensor(sfa)
+    shape_text = "[M, K / 128]" if num_groups is None else "[G, M_max, K / 128]"
+    return get_mn_major_tma_aligned_tensor(_fp32_scales(sfa, "sfa", m, k_blocks, num_groups, shape_text))
 
 
 def scale_b(sfb, n_blocks: int, k_blocks: int, num_groups: int = None) -> torch.Tensor:
     """sfb [ceil(N / 128), K / 128] (or [G, ...] with num_groups) as the kernel reads it: checked, packed
     UE8M0 unpacked, contiguous FP32."""
-    lead = () if num_groups is None else (num_groups,)
-    what = "[ceil(N / 128), K / 128]" if num_groups is None else "[G, ceil(N / 128), K / 128]"
-    check_rank(sfb, "sfb", len(lead) + 2)
-    if sfb.dtype == torch.int32:
-        packed = lead + (n_blocks, ceil_div(k_blocks, 4))
-        if tuple(sfb.shape) != packed:
-            raise ValueError(f"packed UE8M0 sfb must have shape {packed}, got {tuple(sfb.shape)}")
-        rows = (num_groups or 1) * n_blocks
-        return unpack_ue8m0(sfb.reshape(rows, packed[-1]), rows, k_blocks).contiguous().view(*lead, n_blocks, k_blocks)
-    check_dtype(sfb, "sfb", (torch.float32, torch.int32))
-    if tuple(sfb.shape) != lead + (n_blocks, k_blocks):
-        raise ValueError(f"sfb must have shape {what} = {lead + (n_blocks, k_blocks)}, got {tuple(sfb.shape)}")
-    return sfb.contiguous()
+    shape_text = "[ceil(N / 128), K / 128]" if num_groups is None else "[G, ceil(N / 128), K / 128]"
+    return _fp32_scales(sfb, "sfb", n_blocks, k_blocks, num_groups, shape_text).contiguous()
 
 
 def check_k_n(k: int, n: int) -> None:
