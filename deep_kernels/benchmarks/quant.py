@@ -6,10 +6,9 @@ import torch
 
 import deep_kernels
 from deep_kernels.benchmarks import quant_e5m6, quant_fp4, quant_swiglu
-from deep_kernels.benchmarks.report import COMPILED_PEER_ROWS, BenchContext, memory_bound_row, timed_peer
+from deep_kernels.benchmarks.report import COMPILED_PEER_ROWS, BenchContext, checked_memory_row
 from deep_kernels.reference import quant as reference
-from deep_kernels.testing import assert_bitwise_equal, random_activations
-from deep_kernels.testing.bench import time_kernel_us
+from deep_kernels.testing import random_activations
 
 SHAPES = ((4096, 7168), (16384, 7168))
 GROUP_SIZE = 128
@@ -60,18 +59,9 @@ def cases(shapes=SHAPES, device: str = "cuda"):
                    2 * batched.numel() * batched.element_size())
 
 
-def _as_tuple(result) -> tuple:
-    return result if isinstance(result, tuple) else (result,)
-
-
 def _checked_row(op: str, shape: dict, config: str, args: tuple, kwargs: dict, num_bytes: int,
                  ctx: BenchContext) -> dict:
     """The kernel `op` checked bit for bit against its reference, then timed with its peer."""
-    kernel, eager = getattr(deep_kernels, op), getattr(reference, op)
-    expected = eager(*args, **kwargs)
-    for i, (actual, wanted) in enumerate(zip(_as_tuple(kernel(*args, **kwargs)), _as_tuple(expected))):
-        assert_bitwise_equal(actual, wanted, f"output {i}")
-    us = time_kernel_us(lambda: kernel(*args, **kwargs), ctx.flusher)
-    peer, peer_us = timed_peer(lambda: eager(*args, **kwargs), ctx, 
-                               compiled=shape.get("b", 1) * shape["m"] == COMPILED_PEER_ROWS)
-    return memory_bound_row(op, shape, config, us, num_bytes, ctx, peer, peer_us, "bitwise equal")
+    return checked_memory_row(op, shape, config, lambda: getattr(deep_kernels, op)(*args, **kwargs),
+                              lambda: getattr(reference, op)(*args, **kwargs), num_bytes, ctx,
+                              compiled=shape.get("b", 1) * shape["m"] == COMPILED_PEER_ROWS)

@@ -4,10 +4,9 @@ the reference (torch.compile of it at 16384 rows, eager at 4096)."""
 import torch
 
 import deep_kernels
-from deep_kernels.benchmarks.report import COMPILED_PEER_ROWS, BenchContext, memory_bound_row, timed_peer
+from deep_kernels.benchmarks.report import COMPILED_PEER_ROWS, BenchContext, checked_memory_row
 from deep_kernels.reference.quant import fp4 as reference
-from deep_kernels.testing import assert_bitwise_equal, random_activations
-from deep_kernels.testing.bench import time_kernel_us
+from deep_kernels.testing import random_activations
 
 SHAPES = ((4096, 7168), (16384, 7168))
 
@@ -33,18 +32,6 @@ def cases(m: int, k: int, device="cuda") -> list:
     ]
 
 
-def _as_tuple(result) -> tuple:
-    return result if isinstance(result, tuple) else (result,)
-
-
 def run(ctx: BenchContext) -> list:
-    rows = []
-    for m, k in SHAPES:
-        for op, shape, config, kernel, peer, num_bytes in cases(m, k):
-            for i, (actual, expected) in enumerate(zip(_as_tuple(kernel()), _as_tuple(peer()))):
-                assert_bitwise_equal(actual, expected, f"{op} output {i}")
-            us = time_kernel_us(kernel, ctx.flusher)
-            peer_name, peer_us = timed_peer(peer, ctx, compiled=m == COMPILED_PEER_ROWS)
-            rows.append(memory_bound_row(op, shape, config, us, num_bytes, ctx, peer_name, peer_us,
-                                         "bitwise equal"))
-    return rows
+    return [checked_memory_row(op, shape, config, kernel, peer, num_bytes, ctx, compiled=m == COMPILED_PEER_ROWS)
+            for m, k in SHAPES for op, shape, config, kernel, peer, num_bytes in cases(m, k)]

@@ -4,10 +4,9 @@ bandwidth and the reference (torch.compile of it at 16384 rows, eager at the sma
 import torch
 
 import deep_kernels
-from deep_kernels.benchmarks.report import COMPILED_PEER_ROWS, BenchContext, memory_bound_row, timed_peer
+from deep_kernels.benchmarks.report import COMPILED_PEER_ROWS, BenchContext, checked_memory_row
 from deep_kernels.reference import quant as reference
-from deep_kernels.testing import assert_bitwise_equal, random_activations
-from deep_kernels.testing.bench import time_kernel_us
+from deep_kernels.testing import random_activations
 
 # (N rows, H): x is [N, 2H].
 SHAPES = ((4096, 7168), (16384, 7168), (4096, 2048), (16384, 2048))
@@ -49,14 +48,9 @@ def run(ctx: BenchContext) -> list:
         for label, options, with_rows, op in CASES:
             backward = op == "swiglu_backward"
             args, kwargs = _arguments(num_rows, hidden, options, with_rows, backward)
-            call = lambda fn: fn(*args, **kwargs)  # noqa: E731
-            names = ("dx", "dweights") if backward else ("q", "scales")
-            for name, actual, expected in zip(names, call(getattr(deep_kernels, op)), call(getattr(reference, op))):
-                assert_bitwise_equal(actual, expected, name)
-            us = time_kernel_us(lambda: call(getattr(deep_kernels, op)), ctx.flusher)
-            peer, peer_us = timed_peer(lambda: call(getattr(reference, op)), ctx,
-                                       compiled=num_rows == COMPILED_PEER_ROWS)
-            rows.append(memory_bound_row(
-                op, {"m": num_rows, "h": hidden}, f"bf16 x [m, 2h], {label}", us,
-                _num_bytes(num_rows, hidden, with_rows, backward, options), ctx, peer, peer_us, "bitwise equal"))
+            rows.append(checked_memory_row(
+                op, {"m": num_rows, "h": hidden}, f"bf16 x [m, 2h], {label}",
+                lambda: getattr(deep_kernels, op)(*args, **kwargs), lambda: getattr(reference, op)(*args, **kwargs),
+                _num_bytes(num_rows, hidden, with_rows, backward, options), ctx,
+                compiled=num_rows == COMPILED_PEER_ROWS))
     return rows

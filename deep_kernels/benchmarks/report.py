@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from deep_kernels.device import info
+from deep_kernels.testing import assert_bitwise_equal
 from deep_kernels.testing.bench import L2Flusher, copy_bandwidth_gbps, time_kernel_us
 
 
@@ -61,6 +62,23 @@ def memory_bound_row(op: str, shape: dict, config: str, us: float, num_bytes: in
         "gbps": round(gbps, 1), "roofline_fraction": round(gbps / ctx.copy_gbps, 3),
         "peer": peer, "peer_us": round(peer_us, 2), "speedup": round(peer_us / us, 3), "check": check,
     }
+
+
+def _as_tuple(result) -> tuple:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def checked_memory_row(op: str, shape: dict, config: str, kernel_call, reference_call, num_bytes: int,
+                       ctx: BenchContext, compiled: bool) -> dict:
+    """A memory-bound row: the kernel's outputs checked bit for bit against the reference's, then the kernel
+    and its peer (timed_peer of the reference call, compiled or not) timed."""
+    actual, expected = _as_tuple(kernel_call()), _as_tuple(reference_call())
+    assert len(actual) == len(expected), f"{op}: {len(actual)} outputs, the reference has {len(expected)}"
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert_bitwise_equal(a, e, f"{op} output {i}")
+    us = time_kernel_us(kernel_call, ctx.flusher)
+    peer, peer_us = timed_peer(reference_call, ctx, compiled=compiled)
+    return memory_bound_row(op, shape, config, us, num_bytes, ctx, peer, peer_us, "bitwise equal")
 
 
 def summarize(rows: list) -> dict:
