@@ -53,7 +53,8 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
-    check_amax_clamp, check_output, check_scales, empty_scales, parse_layout, parse_scale_mode, scale_geometry,
+    cast_outputs, check_amax_clamp, check_output, check_scales, output_or_new, parse_layout,
+    parse_scale_mode, scale_geometry,
 )
 from deep_kernels.validation import (
     check_cuda_device, check_dtype, check_rank, check_row_major_rows, check_tensor, ceil_div, tma_aligned_size,
@@ -316,12 +317,8 @@ def _cast_back(codes, scales, global_scale, fmt: Fp4Format, layout: Fp4ScaleLayo
     if fmt == Fp4Format.nv:
         check_cuda_device(global_scale, "global_scale", like=codes)
 
-    if out is None:
-        y = codes.new_empty((m, k), dtype=out_dtype)
-    else:
-        y = out
-        check_output(y, "out", (m, k), out_dtype, codes)
-        _check_out_alignment(y, "out")
+    y = output_or_new(out, "out", (m, k), out_dtype, codes)
+    _check_out_alignment(y, "out")
     if m == 0 or k == 0:
         return y
     kernel = _cast_back_kernel(out_dtype, fmt, layout)
@@ -418,15 +415,7 @@ def mxfp4_requant_to_fp8(codes: torch.Tensor, scales: torch.Tensor, scale_layout
     check_cuda_device(scales, "scales", like=codes)
 
     num_groups = k // _REQUANT_GROUP_SIZE
-    if out is None:
-        q = codes.new_empty((m, k), dtype=torch.float8_e4m3fn)
-        out_scales = empty_scales(m, num_groups, out_layout, codes)
-    else:
-        q, out_scales = out
-        check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, codes)
-        _check_out_alignment(q, "out[0]")
-        check_scales(out_scales, "out[1]", m, num_groups, out_layout)
-        check_cuda_device(out_scales, "out[1]", like=codes)
+    q, out_scales = cast_outputs(out, codes, m, k, num_groups, out_layout)
     if m == 0 or k == 0:
         return q, out_scales
 

@@ -15,7 +15,7 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, ScaleLayout, ScaleMode, cast_outputs, check_amax_clamp,
-    check_output, parse_layout, parse_scale_mode,
+    output_or_new, parse_layout, parse_scale_mode,
 )
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div
 
@@ -135,11 +135,7 @@ def batched_transpose(x: torch.Tensor, out: torch.Tensor = None) -> torch.Tensor
                          f"and {MAX_ROW_BLOCKS * tile} rows): split it")
     check_cuda_device(x, "x")
 
-    if out is None:
-        y = x.new_empty((b, n, m))
-    else:
-        y = out
-        check_output(y, "out", (b, n, m), x.dtype, x)
+    y = output_or_new(out, "out", (b, n, m), x.dtype, x)
     if y.numel() == 0:
         return y
 
