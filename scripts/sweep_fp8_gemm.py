@@ -1,7 +1,8 @@
 """Time a grid of FP8 GEMM configs per shape on the GPU, to check and refit the heuristics' model.
 
 Usage (on the GPU machine): python scripts/sweep_fp8_gemm.py --m 64 128 --out sweep.json
-Prints, per shape, the heuristics' pick and the fastest config measured, with the model's estimates.
+Prints, per shape, the heuristics' pick and the fastest config measured, with the model's estimates, and
+with --both-k-loops each pipelinable config also with the plain (unpipelined) K loop.
 """
 
 import argparse
@@ -21,16 +22,20 @@ from deep_kernels.testing.bench import L2Flusher, time_kernel_us
 NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 
 
-def configs_for(m: int, n: int, k: int, block_ns, splits):
-    for block_m in heuristics.BLOCK_MS:
+def configs_for(m: int, n: int, k: int, block_ms, block_ns, splits, both_k_loops: bool):
+    for block_m in block_ms:
         if block_m > 64 and m <= 64:
             continue
         for block_n in block_ns:
             if heuristics.max_stages(block_m, block_n, 2) < heuristics.MIN_STAGES:
                 continue
+            k_loops = (True, False) if both_k_loops and heuristics.can_pipeline(block_m, block_n) else (None,)
             for num_splits in splits:
-                if num_splits <= k // heuristics.BLOCK_K:
-                    yield heuristics.make_config(block_m, block_n, 1, False, 2, num_splits=num_splits)
+                if num_splits > k // heuristics.BLOCK_K:
+                    continue
+                for pipelined in k_loops:
+                    yield heuristics.make_config(block_m, block_n, 1, False, 2, num_splits=num_splits,
+                                                 pipelined=pipelined)
 
 
 def main() -> None:
@@ -38,11 +43,13 @@ def main() -> None:
     parser.add_argument("--m", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--block-n", type=int, nargs="+", default=[32, 64, 96, 128, 192])
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8])
+    parser.add_argument("--block-m", type=int, nargs="+", default=list(heuristics.BLOCK_MS))
+    parser.add_argument("--both-k-loops", action="store_true")
     parser.add_argument("--out", default="sweep.json")
     args = parser.parse_args()
     num_sms = get_num_sms()
     problems = [(m, n, k, config) for m in args.m for n, k in NKS
-                for config in configs_for(m, n, k, args.block_n, args.splits)]
+                for config in configs_for(m, n, k, args.block_m, args.block_n, args.splits, args.both_k_loops)]
     precompile([KernelSpec(heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl",
                            tuple(heuristics.template_args(config, n, k, "bfloat16", False)))
                 for _, n, k, config in problems])
@@ -62,7 +69,8 @@ def main() -> None:
         gemm._prepared_calls.clear()
         us = time_kernel_us(lambda: deep_kernels.fp8_gemm_nt(a, b, d), flusher, reps=20)
         rows.append({"m": m, "n": n, "k": k, "block_m": config.block_m, "block_n": config.block_n,
-                     "splits": config.num_splits, "us": round(us, 2),
+                     "splits": config.num_splits, "pipelined": config.pipelined, "us": round(us, 2),
+                     "tflops": round(2 * m * n * k / us / 1e6, 1),
                      "model_us": round(heuristics.estimate_seconds(config, m, n, k, num_sms) * 1e6, 2)})
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
@@ -71,12 +79,13 @@ def main() -> None:
         for n, k in NKS:
             shape_rows = [r for r in rows if (r["m"], r["n"], r["k"]) == (m, n, k)]
             pick = heuristics.get_fp8_gemm_config(m, n, k, num_sms, allow_split_k=True)
-            picked = [r for r in shape_rows if (r["block_m"], r["block_n"], r["splits"]) ==
-                      (pick.block_m, pick.block_n, pick.num_splits)]
+            picked = [r for r in shape_rows if (r["block_m"], r["block_n"], r["splits"], r["pipelined"]) ==
+                      (pick.block_m, pick.block_n, pick.num_splits, pick.pipelined)]
             best = min(shape_rows, key=lambda r: r["us"])
             picked_text = f"{picked[0]['us']:7.2f} us" if picked else "(not swept)"
-            print(f"{m:5d}x{n:5d}x{k:5d} pick {pick.block_m}x{pick.block_n}/{pick.num_splits} {picked_text} | "
-                  f"best {best['block_m']}x{best['block_n']}/{best['splits']} {best['us']:7.2f} us "
+            print(f"{m:5d}x{n:5d}x{k:5d} pick {pick.block_m}x{pick.block_n}/{pick.num_splits}"
+                  f"{'p' if pick.pipelined else ''} {picked_text} | best {best['block_m']}x{best['block_n']}/"
+                  f"{best['splits']}{'p' if best['pipelined'] else ''} {best['us']:7.2f} us {best['tflops']} TFLOPS "
                   f"(model {best['model_us']:.2f})")
 
 

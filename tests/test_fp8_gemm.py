@@ -240,7 +240,7 @@ def test_split_k_with_fewer_sms(m, n, k, num_sms):
     try:
         _check_split_k(m, n, k, "bf16")
         _check_split_k(m, n, k, "c")
-        if n == 2112:  # 33 tiles of 64 columns: still split over 33 or 60 SMs
+        if n == 2112 and num_sms == 60:  # 33 tiles of 64 columns (unsplit with 33 SMs: one tile each)
             assert _chosen_config(m, n, k, torch.bfloat16, False).num_splits > 1
     finally:
         deep_kernels.set_num_sms(previous)
@@ -281,3 +281,28 @@ def test_split_k_workspace_cannot_grow_during_capture(monkeypatch):
     with pytest.raises(RuntimeError, match="during CUDA-graph capture"):
         with torch.cuda.graph(graph):
             deep_kernels.fp8_gemm_nt(a, b, d)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_m,block_n,splits", [(128, 128, 1), (128, 112, 1), (64, 96, 1), (64, 64, 3)])
+@pytest.mark.parametrize("m,n,k", [(4001, 2112, 7168), (129, 576, 640), (77, 1040, 128), (300, 7168, 384)])
+def test_pipelined_k_loop_matches_plain(monkeypatch, block_m, block_n, splits, m, n, k):
+    # The pipelined K loop promotes the same partial sums in the same order as the plain one, so D is the
+    # same bytes; odd and even K-block counts (one K block too) and tiles straddling sfb blocks (112, 96).
+    if splits > k // 128:
+        pytest.skip("fewer K blocks than splits")
+    a, b = make_inputs(m, n, k)
+    outputs = []
+    for pipelined in (True, False):
+        monkeypatch.setattr(gemm, "_config_override", lambda pipelined=pipelined: {
+            "block_m": block_m, "block_n": block_n, "multicast": 1, "multicast_on_a": 0, "splits": splits,
+            "pipelined": int(pipelined)})
+        monkeypatch.setattr(gemm, "_plans", {})
+        monkeypatch.setattr(gemm, "_prepared_calls", {})
+        assert _chosen_config(m, n, k, torch.bfloat16, False).pipelined == pipelined
+        d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
+        deep_kernels.fp8_gemm_nt(a, b, d)
+        outputs.append(d)
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
+    assert calc_diff(outputs[0], expected) < BOUND
+    assert_bitwise_equal(outputs[0], outputs[1], "d (pipelined against plain K loop)")

@@ -148,11 +148,11 @@ def test_template_args_order():
                                 swizzle_d_bytes=32, smem_bytes=heur.smem_bytes(128, 112, 6, 2))
     assert heur.template_args(config, 7168, 2048, "bfloat16", False) == [
         "7168", "2048", "128", "112", "128", "6", "128", "256", "2", "true",
-        "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1"]
+        "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1", "false"]
     args = heur.template_args(config, 7168, 2048, "torch.float32", True, "m_grouped_masked")
-    assert args[-4:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1"]
+    assert args[-5:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false"]
     assert heur.template_args(heur.make_config(64, 64, 1, False, 2, num_splits=4), 2112, 7168, "bfloat16",
-                              False)[-1] == "4"
+                              False)[-2:] == ["4", "true"]
     with pytest.raises(ValueError, match="float32"):
         heur.template_args(config, 7168, 2048, "bfloat16", True)
     with pytest.raises(ValueError, match="gemm_type"):
@@ -327,3 +327,21 @@ def test_split_k_jobs_cover_every_tile_and_split_once(m, n, k, num_ctas):
     expected = {(mb, nb, s) for mb in range(math.ceil(m / config.block_m)) for nb in range(math.ceil(n / config.block_n))
                 for s in range(config.num_splits)}
     assert len(jobs) == len(set(jobs)) and set(jobs) == expected
+
+
+def test_pipelined_k_loop_where_registers_allow():
+    import re
+    from pathlib import Path
+
+    header = (Path(__file__).parents[1] / "csrc" / heur.KERNEL_HEADER).read_text()
+    widest = re.search(r"kMaxPipelinedBlockN\[2\] = \{(\d+), (\d+)\}", header).groups()
+    assert tuple(map(int, widest)) == (heur.MAX_PIPELINED_BLOCK_N[1], heur.MAX_PIPELINED_BLOCK_N[2])
+    for config in heur.candidate_configs(4096, 7168, NUM_SMS, k=2048):
+        assert config.pipelined == (config.block_n <= heur.MAX_PIPELINED_BLOCK_N[config.num_math_warpgroups])
+    assert heur.make_config(128, 128, 1, False, 2).pipelined
+    assert not heur.make_config(128, 128, 1, False, 2, pipelined=False).pipelined
+    assert not heur.make_config(128, 160, 1, False, 2).pipelined
+    with pytest.raises(ValueError, match="cannot be pipelined"):
+        heur.make_config(128, 144, 1, False, 2, pipelined=True)
+    kernels = heur.compile_coverage_kernels()
+    assert {kernel.config.pipelined for kernel in kernels if kernel.config.block_n <= 128} == {True, False}

@@ -7,6 +7,9 @@
 // (Normal kind, no multicast): kNumSplits jobs per tile, each over an even share of the K blocks; each
 // math warpgroup stores its FP32 partial sums to a workspace slot, and the last job of the tile to arrive
 // (per-warpgroup ticket) sums slots 0 .. kNumSplits - 1 in that fixed order and stores D (deterministic).
+// kPipelined (tiles narrow enough for a second accumulator set, kMaxPipelinedBlockN): each warpgroup issues
+// K block i + 1's wgmma group before it waits for and promotes block i, so the promotion, the barrier waits
+// and the wgmma latency overlap the tensor cores' work instead of draining them every K block.
 // Unsupported: K % 128 != 0, N % 16 != 0, BLOCK_M other than 64 / 128, BLOCK_N > 192, C distinct from D
 // (the host copies C into D first).
 //
@@ -77,6 +80,9 @@ constexpr uint32_t kWarpgroupBlockM = 64;
 constexpr uint32_t kScaleBlock = 128;
 constexpr uint32_t kWgmmaK = 32;
 constexpr uint32_t kMaxSmemBytes = 232448;
+// Widest pipelined tile by math warpgroup count: three sets of BLOCK_N / 2 accumulators (two partial, one
+// final) plus addressing fit the 240 (one warpgroup) or 232 (two) registers without spilling.
+constexpr uint32_t kMaxPipelinedBlockN[2] = {128, 128};
 
 // gcd(n, 128) for n > 0: tiles of width n start at multiples of it inside a 128-wide scale block.
 DK_HOST_DEVICE constexpr uint32_t gcd_with_scale_block(uint32_t n) {
@@ -165,15 +171,21 @@ DK_DEVICE void run_tma_producer(const Stages& stages, const Ring& ring, TileSche
     }
 }
 
+// The factors sfa[row] * sfb of one K block for a thread's two rows (lo, hi), against the tile's first and
+// second sfb block.
+struct PromotionScales {
+    float lo, hi, second_lo, second_hi;
+};
+
 // final += partial * sfa[row] * sfb: accumulator groups (8 columns each) from kSecondGroup on use the
 // second sfb block (kSecondGroup = BLOCK_N / 8: the tile lies in one block).
 template <uint32_t BLOCK_N, uint32_t kSecondGroup>
-DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2], float scale_lo,
-                       float scale_hi, float second_scale_lo, float second_scale_hi) {
+DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2],
+                       const PromotionScales& scales) {
 #pragma unroll
     for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
-        const float lo = j < kSecondGroup ? scale_lo : second_scale_lo;
-        const float hi = j < kSecondGroup ? scale_hi : second_scale_hi;
+        const float lo = j < kSecondGroup ? scales.lo : scales.second_lo;
+        const float hi = j < kSecondGroup ? scales.hi : scales.second_hi;
         final_acc[j * 4 + 0] += lo * partial[j * 4 + 0];
         final_acc[j * 4 + 1] += lo * partial[j * 4 + 1];
         final_acc[j * 4 + 2] += hi * partial[j * 4 + 2];
@@ -311,8 +323,8 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[BLOCK_N / 2], uint8_t* s
 }
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t BLOCK_K, uint32_t kNumStages,
-          GemmType kGemmType, typename OutputType, bool kWithAccumulation, uint32_t kNumSplits, typename Stages,
-          typename Ring, typename TileScheduler>
+          GemmType kGemmType, typename OutputType, bool kWithAccumulation, uint32_t kNumSplits, bool kPipelined,
+          typename Stages, typename Ring, typename TileScheduler>
 DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileScheduler& scheduler,
                                   uint8_t* smem_d_wg, const CUtensorMap* tmap_d, const float* sfb, OutputType* d,
                                   float* split_workspace, uint32_t* split_tickets) {
@@ -329,6 +341,8 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
     const uint32_t row_lo = wg_idx * kWarpgroupBlockM + (threadIdx.x / 32 % 4) * 16 + lane_idx / 4;
 
     float partial[BLOCK_N / 2];
+    // Only the pipelined K loop uses it (the compiler drops it otherwise).
+    float partial_next[BLOCK_N / 2];
     float final_acc[BLOCK_N / 2];
     PipelineState<kNumStages> state;
 
@@ -344,38 +358,77 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
         // NOTE: a straddling tile past the last sfb block only has columns past N, which are never stored.
         const float* sfb_second = sfb_first + (n_first / kScaleBlock + 1 < kNumSfbRows ? kNumKBlocks : 0);
 
-#pragma unroll
-        for (uint32_t i = 0; i < BLOCK_N / 2; ++i)
-            final_acc[i] = 0.0f;
-        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks, kNumSplits>(tile.split_idx + 1);
-        for (uint32_t k_block = split_k_block_begin<kNumKBlocks, kNumSplits>(tile.split_idx); k_block < k_block_end;
-             ++k_block) {
+        // Waits for the K block's stage, issues its wgmma group into `acc` and returns its promotion scales.
+        auto issue_k_block = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block,
+                                 const PipelineState<kNumStages>& k_state) -> PromotionScales {
             // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
             const float sfb_0 = __ldg(sfb_first + k_block);
             const float sfb_1 = kStraddles ? __ldg(sfb_second + k_block) : sfb_0;
-            ring.consumer_wait(state);
-            const float* smem_sfa = stages.sfa_stage(state.stage);
+            ring.consumer_wait(k_state);
+            const float* smem_sfa = stages.sfa_stage(k_state.stage);
             const float sfa_lo = smem_sfa[row_lo];
             const float sfa_hi = smem_sfa[row_lo + 8];
 
-            const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(state.stage) +
+            const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(k_state.stage) +
                                                                       wg_idx * kWarpgroupBlockM * BLOCK_K);
-            const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(state.stage));
+            const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
             ptx::wgmma_fence();
 #pragma unroll
             for (uint32_t k = 0; k < BLOCK_K / kWgmmaK; ++k) {
                 // Descriptor addresses are in 16-byte units: one k32 step of e4m3 is 32 bytes.
                 const uint64_t k_offset = k * kWgmmaK / 16;
-                ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, partial, k > 0 ? 1u : 0u);
+                ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
             }
             ptx::wgmma_commit_group();
-            ptx::wgmma_wait_group<0>();
-            ptx::fence_operands(partial);
-            ring.consumer_release(state, lane_idx);
+            return {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
+        };
+        // Once at most kNumPending later groups are in flight, `acc`'s group is done: frees its stage and
+        // adds it into final_acc.
+        auto retire_k_block = [&](auto num_pending, float(&acc)[BLOCK_N / 2], const PromotionScales& scales,
+                                  const PipelineState<kNumStages>& k_state) {
+            ptx::wgmma_wait_group<decltype(num_pending)::value>();
+            ptx::fence_operands(acc);
+            ring.consumer_release(k_state, lane_idx);
+            promote<BLOCK_N, kSecondGroup>(acc, final_acc, scales);
+        };
+        constexpr std::integral_constant<int, 0> kNoneInFlight;
+        constexpr std::integral_constant<int, 1> kOneInFlight;
 
-            promote<BLOCK_N, kSecondGroup>(partial, final_acc, sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1,
-                                           sfa_hi * sfb_1);
+#pragma unroll
+        for (uint32_t i = 0; i < BLOCK_N / 2; ++i)
+            final_acc[i] = 0.0f;
+        const uint32_t k_block_begin = split_k_block_begin<kNumKBlocks, kNumSplits>(tile.split_idx);
+        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks, kNumSplits>(tile.split_idx + 1);
+        if constexpr (!kPipelined) {
+            for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
+                const PromotionScales scales = issue_k_block(partial, k_block, state);
+                retire_k_block(kNoneInFlight, partial, scales, state);
+                state.advance();
+            }
+        } else {
+            // Two accumulator sets: K block i + 1's wgmma group runs on the tensor cores while block i is
+            // promoted. The loop is unrolled by two so that each set is named at compile time.
+            PipelineState<kNumStages> retiring = state;
+            PromotionScales scales = issue_k_block(partial, k_block_begin, state);
             state.advance();
+            for (uint32_t k_block = k_block_begin + 1;; k_block += 2) {
+                if (k_block == k_block_end) {
+                    retire_k_block(kNoneInFlight, partial, scales, retiring);
+                    break;
+                }
+                const PromotionScales next_scales = issue_k_block(partial_next, k_block, state);
+                retire_k_block(kOneInFlight, partial, scales, retiring);
+                retiring = state;
+                state.advance();
+                if (k_block + 1 == k_block_end) {
+                    retire_k_block(kNoneInFlight, partial_next, next_scales, retiring);
+                    break;
+                }
+                scales = issue_k_block(partial, k_block + 1, state);
+                retire_k_block(kOneInFlight, partial_next, next_scales, retiring);
+                retiring = state;
+                state.advance();
+            }
         }
     };
 
@@ -439,7 +492,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           uint32_t kNumTMAThreads, uint32_t kNumMathThreads,
           uint32_t kNumTMAMulticast, bool kIsMulticastOnA,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumSplits>
+          uint32_t kNumSplits, bool kPipelined>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -461,6 +514,8 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
     DK_STATIC_ASSERT((!kWithAccumulation || std::is_same_v<OutputType, float>), "accumulation into FP32 D");
     DK_STATIC_ASSERT(kNumSplits >= 1 && kNumSplits <= SHAPE_K / BLOCK_K, "every split has at least one K block");
+    DK_STATIC_ASSERT(!kPipelined || BLOCK_N <= kMaxPipelinedBlockN[kNumMathWarpgroups - 1],
+                     "three accumulator sets fit the math warpgroups' registers");
 
     // Register budgets: 128 x 40 + 256 x 232 = 64,512 of 65,536 with two math warpgroups.
     constexpr uint32_t kNumTMARegisters = 40;
@@ -522,8 +577,8 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         ptx::setmaxnreg_inc<kNumMathRegisters>();
         uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Store::kBytes;
         run_math_warpgroup<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kGemmType, OutputType,
-                           kWithAccumulation, kNumSplits>(stages, ring, scheduler, smem_d_wg, &tmap_d, sfb, d,
-                                                          split_workspace, split_tickets);
+                           kWithAccumulation, kNumSplits, kPipelined>(stages, ring, scheduler, smem_d_wg, &tmap_d,
+                                                                      sfb, d, split_workspace, split_tickets);
     }
 
     // Teardown

@@ -51,10 +51,18 @@ BLOCK_MS = (64, 128)
 # Multiples of 16 up to 192 (two 64 x N accumulator sets per thread must fit in 232 registers) whose
 # tiles cover at most two 128-wide sfb blocks: BLOCK_N <= 128 + gcd(BLOCK_N, 128).
 BLOCK_NS = tuple(n for n in range(16, 193, 16) if n <= 128 + math.gcd(n, 128))
+# Widest tile whose K loop can be pipelined (two partial accumulator sets and the final one in registers), by
+# math warpgroup count; the kernel's kMaxPipelinedBlockN.
+MAX_PIPELINED_BLOCK_N = {1: 128, 2: 128}
 
 # Model constants (seconds, bytes/s), fitted on an H200 (2026-11-30): about 9% mean
 # error on 160 measured (shape, config) points; picks within 2% of the best measured config.
 MATH_SECONDS_PER_K_BLOCK = {1: (0.15e-6, 0.0022e-6), 2: (0.12e-6, 0.00266e-6)}  # a + b * BLOCK_N, by math WGs
+# Share of the constant term a that a pipelined K loop still pays, by math WGs (the rest overlaps the next
+# wgmma group). Fitted on the H200 (2026-11-30) to a sweep of both K loops over the 18 benchmark shapes
+# (plain / pipelined time at equal tiles: 1.00-1.04 at M = 4096, mean 1.04 at M = 64 and 128); with it the
+# model's pick is within 5% of the fastest swept config on every shape (geomean 0.6%).
+PIPELINED_CONSTANT_SHARE = {1: 0.4, 2: 0.9}
 SM_INGEST_BYTES_PER_S = 90e9
 AGGREGATE_INGEST_BYTES_PER_S = 14e12
 DRAM_BYTES_PER_S = 2.8e12
@@ -90,6 +98,7 @@ class Fp8GemmConfig:
     smem_bytes: int
     block_k: int = BLOCK_K
     num_splits: int = 1
+    pipelined: bool = False
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -133,6 +142,11 @@ def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: 
     fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes)
     per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes) - fixed
     return min(MAX_STAGES, (smem_capacity - fixed) // per_stage)
+
+
+def can_pipeline(block_m: int, block_n: int) -> bool:
+    """Whether the tile's K loop can keep two wgmma groups in flight (registers for three accumulator sets)."""
+    return block_n <= MAX_PIPELINED_BLOCK_N[block_m // 64]
 
 
 def num_tiles(config: Fp8GemmConfig, m: int, n: int) -> int:
@@ -183,7 +197,7 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     wgs = config.num_math_warpgroups
     a, b = MATH_SECONDS_PER_K_BLOCK[wgs]
     # NOTE: below N = 64 a wgmma is bound by reading A from shared memory, not by its N.
-    math_s = a + b * max(config.block_n, 64)
+    math_s = a * (PIPELINED_CONSTANT_SHARE[wgs] if config.pipelined else 1.0) + b * max(config.block_n, 64)
     a_bytes, b_bytes = config.block_m * BLOCK_K, config.block_n * BLOCK_K
     stage_bytes = a_bytes + b_bytes + config.block_m * 4
     l2_bytes = stage_bytes
@@ -244,6 +258,7 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes),
                         num_splits=num_splits,
+                        pipelined=can_pipeline(block_m, block_n),
                     )
 
 
@@ -322,6 +337,7 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         cpp_type,
         "true" if with_accumulation else "false",
         str(config.num_splits),
+        "true" if config.pipelined else "false",
     ]
 
 
@@ -359,20 +375,29 @@ def all_candidate_configs(num_sms: int = 132, smem_capacity: int = SMEM_CAPACITY
 
 
 def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
-                out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1) -> Fp8GemmConfig:
-    """A config of the given tiling with as many stages as fit (or num_stages), for overrides and tests."""
+                out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
+                pipelined: bool = None) -> Fp8GemmConfig:
+    """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
+    allows unless pipelined says otherwise, for overrides and tests."""
     if num_splits != 1 and num_tma_multicast != 1:
         raise ValueError("split-K needs num_tma_multicast == 1")
+    if pipelined is None:
+        pipelined = can_pipeline(block_m, block_n)
+    elif pipelined and not can_pipeline(block_m, block_n):
+        raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined: block_n must be at most "
+                         f"{MAX_PIPELINED_BLOCK_N[block_m // 64]}")
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes)
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
-                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes), num_splits=num_splits)
+                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes), num_splits=num_splits,
+                         pipelined=pipelined)
 
 
 def compile_coverage_kernels(num_sms: int = 132) -> list:
     """all_candidate_configs() plus kernels for the code paths those picks leave out on the H200: multicast
     on A and on B, both grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
-    partial slot in flight) and with splits not dividing K."""
+    partial slot in flight) and with splits not dividing K, the plain K loop of a pipelinable tile and the
+    widest pipelined tile of one math warpgroup."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -385,6 +410,8 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(128, 96, 1, False, 4), 7168, 2048, "float32", True, "m_grouped_masked"),
         CandidateKernel(make_config(128, 192, 1, False, 4, num_splits=2), 4096, 7168, "float32", True),
         CandidateKernel(make_config(64, 192, 1, False, 2, num_splits=5), 24576, 1536, "bfloat16", False),
+        CandidateKernel(make_config(128, 128, 1, False, 2, pipelined=False), 4096, 7168, "bfloat16", False),
+        CandidateKernel(make_config(64, 128, 1, False, 2, num_splits=3), 7168, 2048, "float32", True),
     ]
     for kernel in extras:
         kernels.setdefault(tuple(kernel.template_args()), kernel)
