@@ -32,7 +32,19 @@ echo "tests took $(( $(date +%s) - start )) s"
 suites=()
 for suite in "$@"; do suites+=(--suite "$suite"); done
 results=$(mktemp -d)
+# SM clock and power through the benchmarks: what the tensor cores ran at under load.
+nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit --format=csv,noheader,nounits -lms 100 >"$OUT/clocks.csv" 2>/dev/null &
+clock_sampler=$!
 python3 -m deep_kernels bench --out "$results" --commit "${DK_COMMIT:-unknown}" "${suites[@]}" 2>&1 | tee "$OUT/bench.log" | grep -v "^wrote"
+kill "$clock_sampler" 2>/dev/null
+python3 - "$OUT/clocks.csv" <<'PY'
+import statistics, sys
+samples = [[float(v) for v in line.split(",")] for line in open(sys.argv[1]) if line.count(",") == 2]
+loaded = [clock for clock, power, limit in samples if power > 0.8 * limit]
+if loaded:
+    print(f"SM clock while power > 80% of its limit: median {statistics.median(loaded):.0f} MHz, "
+          f"min {min(loaded):.0f} MHz ({len(loaded)} of {len(samples)} samples)")
+PY
 # One archive: the device tool returns at most 8 files.
 tar -C "$results" -cf "$OUT/results.tar" .
 echo

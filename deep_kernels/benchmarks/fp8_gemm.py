@@ -4,7 +4,7 @@
 import torch
 
 import deep_kernels
-from deep_kernels.benchmarks.report import BenchContext
+from deep_kernels.benchmarks.report import BenchContext, same_bytes_copy_us
 from deep_kernels.gemm import _plan
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference.quant import per_block_cast_to_fp8
@@ -15,6 +15,8 @@ MS = (64, 128, 4096)
 NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 # H200 dense FP8 tensor-core rate (datasheet), the ceiling of roofline_fraction's compute term.
 FP8_PEAK_TFLOPS = 1979.0
+# Rows up to this M are memory-bound: they also time a copy of the same bytes (the size's own copy floor).
+DECODE_MAX_M = 128
 
 
 def _cublas(a, b, sfa_column_major, sfb):
@@ -54,6 +56,7 @@ def run(ctx: BenchContext) -> list:
                 "us": round(us, 2), "tflops": round(flops / us / 1e6, 1), "gbps": round(num_bytes / us / 1e3, 1),
                 "roofline_fraction": round(bound_us / us, 3),
                 "memory_roofline_fraction": round(num_bytes / ctx.copy_gbps / 1e3 / us, 3),
+                "same_bytes_copy_us": round(same_bytes_copy_us(num_bytes, ctx), 2) if m <= DECODE_MAX_M else None,
                 "peer": "torch._scaled_mm blockwise (cuBLAS)",
                 "peer_us": round(peer_us, 2) if peer_us else None,
                 "speedup": round(peer_us / us, 3) if peer_us else None,

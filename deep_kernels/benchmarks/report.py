@@ -54,6 +54,14 @@ def timed_peer(call, ctx: BenchContext, compiled: bool = True, dynamic: bool = N
     return name, time_kernel_us(call, ctx.flusher, reps=reps)
 
 
+def same_bytes_copy_us(num_bytes: int, ctx: BenchContext) -> float:
+    """Time of a device-to-device copy moving num_bytes (half read, half written), timed like the kernels:
+    what the copy bandwidth allows at this size, fixed costs (launch, first-byte latency, tail) included."""
+    src = torch.empty(max(num_bytes // 2, 16), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return time_kernel_us(lambda: dst.copy_(src), ctx.flusher)
+
+
 def memory_bound_row(op: str, shape: dict, config: str, us: float, num_bytes: int, ctx: BenchContext,
                      peer: str, peer_us: float, check: str) -> dict:
     gbps = num_bytes / us / 1e3
