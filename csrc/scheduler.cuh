@@ -7,9 +7,11 @@
 // shared pipeline barriers require. A member past the matrix edge (odd block count) or on padding is
 // still walked as an invalid tile: the kernel keeps the pipeline going but computes and stores nothing.
 //
-// Split-K (Normal kind, no multicast): with kNumSplits > 1 every tile is kNumSplits jobs, one per K range;
-// the walk is over jobs (job = unit * kNumSplits + split), so the splits of a tile run side by side and
-// the last one to finish reduces soon after the others.
+// Split-K (Normal kind, no multicast): with kNumSplits > 1 the tiles from num_unsplit_tiles on are
+// kNumSplits jobs each, one per K range; earlier tiles are one job. The walk is over jobs (tiles
+// [0, num_unsplit_tiles) first, then split tile t's jobs side by side), so the splits of a tile run in the
+// same wave and the last one to finish reduces soon after the others. The host splits every tile at decode
+// sizes (num_unsplit_tiles = 0) and only the last, partial wave's tiles when there are more tiles than SMs.
 //
 // Rasterisation: units are walked in bands of kNumNUnitsPerBand N-units; inside a band the N-unit varies
 // fastest, so the CTAs running at the same time touch a compact block of A rows and B rows in L2.
@@ -45,8 +47,11 @@ struct TileInfo {
     uint32_t m_block_idx;
     uint32_t n_block_idx;
     uint32_t group_idx;
-    // K range of the job: split split_idx of the tile's kNumSplits (0 without split-K).
+    // K range of the job: split split_idx of the tile's num_splits (1, or kNumSplits for a split tile).
     uint32_t split_idx;
+    uint32_t num_splits;
+    // A split tile's index among the split tiles (its workspace slots and tickets).
+    uint32_t split_tile_idx;
     // This CTA computes and stores the tile (false: pipeline-only lockstep partner of a valid tile).
     bool is_valid;
     // Both CTAs of the cluster need the same shared-operand tile, so the leader may multicast it.
@@ -70,6 +75,7 @@ struct Scheduler {
     const uint32_t shape_m;
     const int* const grouped_layout;
     const uint32_t num_groups;
+    const uint32_t num_unsplit_tiles;
     const uint32_t cta_rank;
     const uint32_t num_clusters;
     // The next unit (job, with split-K) of this cluster.
@@ -80,10 +86,11 @@ struct Scheduler {
     uint32_t group_first_unit = 0;
     uint32_t group_num_m_blocks = 0;
 
-    DK_DEVICE Scheduler(uint32_t shape_m, const int* grouped_layout, uint32_t num_groups)
+    DK_DEVICE Scheduler(uint32_t shape_m, const int* grouped_layout, uint32_t num_groups, uint32_t num_unsplit_tiles = 0)
         : shape_m(shape_m),
           grouped_layout(grouped_layout),
           num_groups(num_groups),
+          num_unsplit_tiles(num_unsplit_tiles),
           cta_rank(blockIdx.x % kNumTMAMulticast),
           num_clusters(gridDim.x / kNumTMAMulticast),
           next_unit_idx(blockIdx.x / kNumTMAMulticast) {
@@ -98,8 +105,17 @@ struct Scheduler {
         while (true) {
             const uint32_t job_idx = next_unit_idx;
             next_unit_idx += num_clusters;
-            const uint32_t unit_idx = job_idx / kNumSplits;
-            tile.split_idx = job_idx - unit_idx * kNumSplits;
+            uint32_t unit_idx = job_idx;
+            tile.split_idx = 0;
+            tile.num_splits = 1;
+            tile.split_tile_idx = 0;
+            if (kNumSplits > 1 && job_idx >= num_unsplit_tiles) {
+                const uint32_t split_job_idx = job_idx - num_unsplit_tiles;
+                tile.split_tile_idx = split_job_idx / kNumSplits;
+                tile.split_idx = split_job_idx - tile.split_tile_idx * kNumSplits;
+                tile.num_splits = kNumSplits;
+                unit_idx = num_unsplit_tiles + tile.split_tile_idx;
+            }
             if (!seek_group(unit_idx))
                 return false;
 

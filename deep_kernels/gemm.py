@@ -27,8 +27,8 @@ from deep_kernels.validation import (
 
 SCALE_BLOCK = 128
 # tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, shape_m, grouped_layout, num_groups, d (grouped kinds' row stores),
-# split_workspace, split_tickets (split-K)
-PARAM_KINDS = "TTTTPIPIPPP"
+# split_workspace, split_tickets, num_unsplit_tiles (split-K)
+PARAM_KINDS = "TTTTPIPIPPPI"
 
 
 def get_mn_major_tma_aligned_tensor(scales: torch.Tensor) -> torch.Tensor:
@@ -169,8 +169,8 @@ _plans = {}
 
 
 def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int = None):
-    """(kernel, config, grid, split-K workspace sizes) of a problem on num_sms SMs (default: get_num_sms());
-    one dict lookup once seen."""
+    """(kernel, config, grid, split-K layout: (num_unsplit_tiles, workspace floats, tickets)) of a problem on
+    num_sms SMs (default: get_num_sms()); one dict lookup once seen."""
     num_sms = num_sms or get_num_sms()
     key = (m, n, k, out_dtype, accumulate, num_sms)
     plan = _plans.get(key)
@@ -179,7 +179,9 @@ def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_
         config = _choose_config(m, n, k, num_sms, out_bytes, accumulate)
         kernel = get_gemm_kernel(config, n, k, out_dtype, accumulate)
         grid = (heuristics.grid_size(config, m, n, num_sms), 1, 1)
-        plan = _plans[key] = (kernel, config, grid, heuristics.split_workspace_sizes(config, m, n))
+        split_layout = (heuristics.num_unsplit_tiles(config, m, n, num_sms),
+                        *heuristics.split_workspace_sizes(config, m, n, num_sms))
+        plan = _plans[key] = (kernel, config, grid, split_layout)
     return plan
 
 
@@ -234,7 +236,7 @@ class _PreparedCall:
     num_sms: int = None  # the SM count the grid was planned for
     kernel: object = None  # None when M = 0: nothing to launch
     grid: tuple = None
-    split_sizes: tuple = (0, 0)
+    split_layout: tuple = (0, 0, 0)  # (num_unsplit_tiles, workspace floats, tickets)
     map_a: tuple = None
     map_b: tuple = None
     map_sfa: tuple = None
@@ -247,9 +249,9 @@ def _prepare_call(a, sfa, b, sfb, d, c) -> _PreparedCall:
         return _PreparedCall(m, n, k, scales_ready)
     kernel_sfa = sfa if scales_ready else scale_a(sfa, m, k // SCALE_BLOCK)
     num_sms = get_num_sms()
-    kernel, config, grid, split_sizes = _plan(m, n, k, d.dtype, c is not None, num_sms)
+    kernel, config, grid, split_layout = _plan(m, n, k, d.dtype, c is not None, num_sms)
     return _PreparedCall(
-        m, n, k, scales_ready, num_sms, kernel, grid, split_sizes,
+        m, n, k, scales_ready, num_sms, kernel, grid, split_layout,
         map_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128)[1:],
         map_b=tensor_map(b, (config.block_n, SCALE_BLOCK), 128)[1:],
         map_sfa=tensor_map(kernel_sfa, (config.block_m, 1), transpose=True)[1:],
@@ -276,7 +278,8 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
     Notes:
         Deterministic: the same inputs give the same bits (fixed reduction order, split-K included).
         Split-K: where the output has fewer tiles than SMs (decode sizes), the heuristics may split K
-        over several CTAs per tile; their FP32 partial tiles meet in a persistent per-device workspace
+        over several CTAs per tile, and with more tiles than SMs split the tiles of the last, partial wave
+        the same way; their FP32 partial tiles meet in a persistent per-device workspace
         (grown on demand, never during CUDA-graph capture: run a shape once before capturing it) and the
         last CTA of each tile sums them in split order. Split-K launches on one device share that
         workspace, so they must not run concurrently on different streams.
@@ -311,13 +314,13 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
 
     device_index = a.get_device()
     workspace_ptr = tickets_ptr = 0
-    workspace_floats, num_tickets = call.split_sizes
+    num_unsplit_tiles, workspace_floats, num_tickets = call.split_layout
     if num_tickets:
         workspace = _split_workspace(device_index, workspace_floats, num_tickets)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
     call.kernel.launch(call.grid, (
         (a_ptr,) + call.map_a, (b_ptr,) + call.map_b, (sfa_ptr,) + call.map_sfa, (d_ptr,) + call.map_d,
-        sfb.data_ptr(), call.m, 0, 0, 0, workspace_ptr, tickets_ptr,
+        sfb.data_ptr(), call.m, 0, 0, 0, workspace_ptr, tickets_ptr, num_unsplit_tiles,
     ), device_index)
     return d
 

@@ -209,7 +209,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
         tensor_map(sfa, (config.block_m, 1), transpose=True),
         tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
-        sfb.data_ptr(), m, m_indices.data_ptr(), num_groups, d.data_ptr(), 0, 0,
+        sfb.data_ptr(), m, m_indices.data_ptr(), num_groups, d.data_ptr(), 0, 0, 0,
     ), a.get_device())
     return d
 
@@ -251,7 +251,7 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
         tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
         tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m)),
         tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
-        sfb.data_ptr(), m_max, masked_m.data_ptr(), num_groups, d.data_ptr(), 0, 0,
+        sfb.data_ptr(), m_max, masked_m.data_ptr(), num_groups, d.data_ptr(), 0, 0, 0,
     ), a.get_device())
     return d
 

@@ -8,6 +8,7 @@ import torch
 
 import deep_kernels
 from deep_kernels import gemm
+from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_, random_activations
@@ -306,3 +307,22 @@ def test_pipelined_k_loop_matches_plain(monkeypatch, block_m, block_n, splits, m
     expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
     assert calc_diff(outputs[0], expected) < BOUND
     assert_bitwise_equal(outputs[0], outputs[1], "d (pipelined against plain K loop)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["bf16", "c_alias"])
+@pytest.mark.parametrize("m,n,k,block_m,block_n,splits", [
+    (4096, 4096, 7168, 128, 192, 3),  # 704 tiles: 5 whole waves, 44 tiles split 3 ways
+    (4001, 2112, 1024, 128, 96, 3),   # 704 tiles again, 8 K blocks split 2 / 3 / 3
+    (1000, 576, 640, 64, 48, 2),      # 192 tiles on 132 SMs: 60 split tiles
+])
+def test_tail_split_matches_reference(monkeypatch, mode, m, n, k, block_m, block_n, splits):
+    monkeypatch.setattr(gemm, "_config_override", lambda: {
+        "block_m": block_m, "block_n": block_n, "multicast": 1, "multicast_on_a": 0, "splits": splits})
+    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "_prepared_calls", {})
+    out_dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    config = _chosen_config(m, n, k, out_dtype, mode != "bf16")
+    tiles = heuristics.num_tiles(config, m, n)
+    assert 0 < heuristics.num_unsplit_tiles(config, m, n, deep_kernels.get_num_sms()) < tiles
+    _check_split_k(m, n, k, mode)

@@ -63,7 +63,7 @@ def test_multicast_legality_and_grid(m, n, k, out_bytes, accumulate):
     grid = heur.grid_size(config, m, n, NUM_SMS)
     assert 0 < grid <= NUM_SMS
     assert grid % config.num_tma_multicast == 0
-    assert grid <= heur.num_work_units(config, m, n) * config.num_tma_multicast
+    assert grid <= heur.num_work_units(config, m, n, NUM_SMS) * config.num_tma_multicast
 
 
 def test_multicast_candidates_only_when_pairs_are_whole():
@@ -100,7 +100,7 @@ def test_decode_spreads_weights_over_the_sms():
     for m in (1, 64, 128):
         for n, k in ((7168, 16384), (24576, 1536), (32768, 512), (7168, 2048)):
             config = pick(m, n, k)
-            units = heur.num_work_units(config, m, n)
+            units = heur.num_work_units(config, m, n, NUM_SMS)
             ctas = heur.grid_size(config, m, n, NUM_SMS)
             assert ctas >= NUM_SMS // 2, (m, n, k, config)
             assert math.ceil(units / (ctas // config.num_tma_multicast)) <= 2, (m, n, k, config)
@@ -113,7 +113,7 @@ def test_large_m_uses_large_tiles_and_fills_waves():
         config = pick(4096, n, k)
         assert config.block_m == 128 and config.block_n >= 128
         clusters = heur.grid_size(config, 4096, n, NUM_SMS) // config.num_tma_multicast
-        units = heur.num_work_units(config, 4096, n)
+        units = heur.num_work_units(config, 4096, n, NUM_SMS)
         waves = math.ceil(units / clusters)
         assert units / (waves * clusters) >= 0.85, (n, k, config)
 
@@ -235,7 +235,7 @@ def test_decode_shapes_fill_the_sms_in_one_wave(m, n, k):
     # Each SM gets a job: tiles x splits reach most of the 132 SMs, and split-K never needs a second wave.
     for out_bytes, accumulate in OUTPUTS:
         config = pick(m, n, k, out_bytes, accumulate)
-        jobs = heur.num_work_units(config, m, n)
+        jobs = heur.num_work_units(config, m, n, NUM_SMS)
         assert jobs >= 0.8 * NUM_SMS, (m, n, k, config)
         if config.num_splits > 1:
             assert jobs <= NUM_SMS and heur.grid_size(config, m, n, NUM_SMS) == jobs
@@ -254,10 +254,12 @@ def test_split_k_only_where_legal(m, n, k, out_bytes, accumulate):
     config = pick(m, n, k, out_bytes, accumulate)
     assert 1 <= config.num_splits <= k // heur.BLOCK_K
     if config.num_splits > 1:
+        # Every tile split into one wave of jobs, or only the last partial wave's tiles.
         assert config.num_tma_multicast == 1
-        assert heur.num_tiles(config, m, n) < NUM_SMS
-    if m >= 4001:
-        assert config.num_splits == 1, config  # large M is never split
+        tiles = heur.num_tiles(config, m, n)
+        unsplit = heur.num_unsplit_tiles(config, m, n, NUM_SMS)
+        assert unsplit == (0 if tiles < NUM_SMS else tiles // NUM_SMS * NUM_SMS)
+        assert 0 < (tiles - unsplit) * config.num_splits <= NUM_SMS
 
 
 def test_split_k_is_opt_in():
@@ -274,8 +276,9 @@ def test_split_k_follows_the_sm_count(num_sms):
     for m in (1, 64, 128):
         for n, k in DECODE_NKS:
             config = pick(m, n, k, num_sms=num_sms)
-            if config.num_splits > 1:
-                assert heur.num_work_units(config, m, n) <= num_sms
+            if config.num_splits > 1:  # the split jobs fit one wave
+                unsplit = heur.num_unsplit_tiles(config, m, n, num_sms)
+                assert heur.num_work_units(config, m, n, num_sms) - unsplit <= num_sms
             assert 0 < heur.grid_size(config, m, n, num_sms) <= num_sms
 
 
@@ -283,8 +286,14 @@ def test_split_workspace_sizes():
     config = heur.make_config(128, 64, 1, False, 2, num_splits=4)
     tiles = 1 * 33  # m = 100 -> one M-block; n = 2112 -> 33 N-blocks
     assert heur.num_tiles(config, 100, 2112) == tiles
-    assert heur.split_workspace_sizes(config, 100, 2112) == (tiles * 4 * 128 * 64, tiles * 2)
-    assert heur.split_workspace_sizes(heur.make_config(128, 64, 1, False, 2), 100, 2112) == (0, 0)
+    assert heur.num_unsplit_tiles(config, 100, 2112, NUM_SMS) == 0
+    assert heur.split_workspace_sizes(config, 100, 2112, NUM_SMS) == (tiles * 4 * 128 * 64, tiles * 2)
+    assert heur.split_workspace_sizes(heur.make_config(128, 64, 1, False, 2), 100, 2112, NUM_SMS) == (0, 0)
+    # Tail split: 4096 x 4096 in 128 x 192 tiles is 32 x 22 = 704 tiles = 5 waves of 132 and 44 split tiles.
+    tail = heur.make_config(128, 192, 1, False, 2, num_splits=3)
+    assert heur.num_unsplit_tiles(tail, 4096, 4096, NUM_SMS) == 660
+    assert heur.num_work_units(tail, 4096, 4096, NUM_SMS) == 660 + 44 * 3
+    assert heur.split_workspace_sizes(tail, 4096, 4096, NUM_SMS) == (44 * 3 * 128 * 192, 44 * 2)
     with pytest.raises(ValueError, match="multicast"):
         heur.make_config(128, 64, 2, True, 2, num_splits=2)
 
@@ -296,7 +305,7 @@ def test_picked_split_configs_are_compiled():
 
 
 # The kernel's split of K blocks (csrc/kernels/sm90_fp8_gemm.cuh: split_k_block_begin) and the scheduler's
-# job order (job = unit * splits + split), mirrored.
+# job order (unsplit tiles first, then split tile t's jobs side by side), mirrored.
 def split_k_blocks(num_k_blocks, num_splits, split):
     return range(split * num_k_blocks // num_splits, (split + 1) * num_k_blocks // num_splits)
 
@@ -309,24 +318,36 @@ def test_split_k_ranges_partition_k(num_k_blocks, num_splits):
     assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
 
 
-@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 4096, 7168), (17, 7168, 16384)])
+@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 4096, 7168), (17, 7168, 16384), (4096, 4096, 7168)])
 @pytest.mark.parametrize("num_ctas", (None, 7, 1))
 def test_split_k_jobs_cover_every_tile_and_split_once(m, n, k, num_ctas):
     config = pick(m, n, k)
+    if m == 4096:  # more tiles than SMs: the tail split of the last wave
+        config = heur.make_config(128, 192, 1, False, 2, num_splits=3)
     assert config.num_splits > 1
     num_ctas = num_ctas or heur.grid_size(config, m, n, NUM_SMS)
-    unsplit = heur.Fp8GemmConfig(**{**config.__dict__, "num_splits": 1})
-    tiles = [tile for per_cta in scheduled_tiles(unsplit, m, n, 1) for tile in per_cta]
+    num_unsplit = heur.num_unsplit_tiles(config, m, n, NUM_SMS)
+    whole = heur.Fp8GemmConfig(**{**config.__dict__, "num_splits": 1})
+    tiles = [tile for per_cta in scheduled_tiles(whole, m, n, 1) for tile in per_cta]
     jobs = []
     for cta in range(num_ctas):
-        for job in range(cta, heur.num_work_units(config, m, n), num_ctas):
-            unit, split = divmod(job, config.num_splits)
+        for job in range(cta, heur.num_work_units(config, m, n, NUM_SMS), num_ctas):
+            if job < num_unsplit:
+                unit, split, num_splits = job, 0, 1
+            else:
+                split_tile, split = divmod(job - num_unsplit, config.num_splits)
+                unit, num_splits = num_unsplit + split_tile, config.num_splits
             m_block, n_block, valid = tiles[unit]
             assert valid
-            jobs.append((m_block, n_block, split))
-    expected = {(mb, nb, s) for mb in range(math.ceil(m / config.block_m)) for nb in range(math.ceil(n / config.block_n))
-                for s in range(config.num_splits)}
-    assert len(jobs) == len(set(jobs)) and set(jobs) == expected
+            jobs.append((m_block, n_block, split, num_splits))
+    num_tiles = math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
+    assert len(jobs) == num_unsplit + (num_tiles - num_unsplit) * config.num_splits == len(set(jobs))
+    covered = {}
+    for m_block, n_block, split, num_splits in jobs:
+        covered.setdefault((m_block, n_block), set()).add((split, num_splits))
+    assert len(covered) == num_tiles
+    for splits in covered.values():
+        assert splits == {(0, 1)} or splits == {(s, config.num_splits) for s in range(config.num_splits)}
 
 
 def test_pipelined_k_loop_where_registers_allow():

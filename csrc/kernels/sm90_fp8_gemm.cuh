@@ -4,9 +4,10 @@
 // wgmma (64 rows each), promote every 128-deep K block into FP32 registers with sfa * sfb and store tiles
 // through shared memory with TMA (setmaxnreg 232, 240 with one math warpgroup); the last warpgroup's first
 // warp issues the TMA loads (setmaxnreg 40). Optional 2-CTA cluster multicasting A or B. Optional split-K
-// (Normal kind, no multicast): kNumSplits jobs per tile, each over an even share of the K blocks; each
-// math warpgroup stores its FP32 partial sums to a workspace slot, and the last job of the tile to arrive
-// (per-warpgroup ticket) sums slots 0 .. kNumSplits - 1 in that fixed order and stores D (deterministic).
+// (Normal kind, no multicast): the tiles from num_unsplit_tiles on (scheduler.cuh) are kNumSplits jobs each,
+// each over an even share of the K blocks; each math warpgroup stores its FP32 partial sums to a workspace
+// slot, and the last job of the tile to arrive (per-warpgroup ticket) sums slots 0 .. kNumSplits - 1 in that
+// fixed order and stores D (deterministic).
 // kPipelined (tiles narrow enough for a second accumulator set, kMaxPipelinedBlockN): each warpgroup issues
 // K block i + 1's wgmma group before it waits for and promotes block i, so the promotion, the barrier waits
 // and the wgmma latency overlap the tensor cores' work instead of draining them every K block.
@@ -32,10 +33,12 @@
 //   grouped_layout / num_groups: nullptr / 0 (Normal), int32 group per A row (contiguous; -1 = padding),
 //             int32 valid rows per group (masked).
 //   split_workspace / split_tickets (kNumSplits > 1; else unused, may be nullptr): FP32 workspace of
-//             num_tiles * BLOCK_M * BLOCK_N * kNumSplits floats, 16-byte aligned, and uint32 tickets, one
-//             per (tile, math warpgroup), ZERO before the first launch; each launch leaves them zero
-//             again. num_tiles = ceil(M / BLOCK_M) * ceil(N / BLOCK_N). Launches sharing them must not
-//             overlap in time (stream order does it).
+//             num_split_tiles * BLOCK_M * BLOCK_N * kNumSplits floats, 16-byte aligned, and uint32 tickets,
+//             one per (split tile, math warpgroup), ZERO before the first launch; each launch leaves them
+//             zero again. num_split_tiles = ceil(M / BLOCK_M) * ceil(N / BLOCK_N) - num_unsplit_tiles.
+//             Launches sharing them must not overlap in time (stream order does it).
+//   num_unsplit_tiles (kNumSplits > 1): tiles, in the scheduler's order, run as one job each (0: every tile
+//             is split); at most the tile count.
 //   d         D's base address (dense, as tmap_d describes it); read only by the grouped kinds' row-predicated
 //             store (nullptr for Normal).
 //   Rows past M (past M_max per group when masked) load as zeros and are clipped on store. D rows of
@@ -102,10 +105,10 @@ struct StageBuffers {
     DK_DEVICE float* sfa_stage(uint32_t stage) const { return sfa + stage * kStageSfaFloats; }
 };
 
-// K blocks [split_k_block_begin(s), split_k_block_begin(s + 1)) belong to split s of kNumSplits.
-template <uint32_t kNumKBlocks, uint32_t kNumSplits>
-DK_DEVICE uint32_t split_k_block_begin(uint32_t split_idx) {
-    return split_idx * kNumKBlocks / kNumSplits;
+// K blocks [split_k_block_begin(s, n), split_k_block_begin(s + 1, n)) belong to split s of n.
+template <uint32_t kNumKBlocks>
+DK_DEVICE uint32_t split_k_block_begin(uint32_t split_idx, uint32_t num_splits) {
+    return split_idx * kNumKBlocks / num_splits;
 }
 
 // Loads one box; masked grouped GEMMs address A, sfa (and store D) through 3D maps with the group outermost.
@@ -147,8 +150,8 @@ DK_DEVICE void run_tma_producer(const Stages& stages, const Ring& ring, TileSche
         const int32_t b_row = static_cast<int32_t>((kGemmType == GemmType::Normal ? 0 : tile.group_idx * SHAPE_N) +
                                                    tile.n_block_idx * BLOCK_N);
         const bool multicast = kNumTMAMulticast > 1 && tile.is_multicast_valid;
-        const uint32_t k_block_end = split_k_block_begin<SHAPE_K / BLOCK_K, kNumSplits>(tile.split_idx + 1);
-        for (uint32_t k_block = split_k_block_begin<SHAPE_K / BLOCK_K, kNumSplits>(tile.split_idx);
+        const uint32_t k_block_end = split_k_block_begin<SHAPE_K / BLOCK_K>(tile.split_idx + 1, tile.num_splits);
+        for (uint32_t k_block = split_k_block_begin<SHAPE_K / BLOCK_K>(tile.split_idx, tile.num_splits);
              k_block < k_block_end; ++k_block) {
             ring.producer_acquire(state);
             uint64_t* full_barrier = ring.producer_expect_bytes(state, kStageTxBytes);
@@ -333,7 +336,6 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
     // Tiles start at multiples of kTileOffsetStep inside a 128-wide sfb block.
     constexpr uint32_t kTileOffsetStep = gcd_with_scale_block(BLOCK_N);
     constexpr uint32_t kNumTileOffsets = kScaleBlock / kTileOffsetStep;
-    constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
     constexpr uint32_t kNumMathWarpgroups = BLOCK_M / kWarpgroupBlockM;
     const uint32_t wg_idx = threadIdx.x / kNumThreadsPerWarpgroup;
     const uint32_t lane_idx = threadIdx.x % 32;
@@ -397,8 +399,8 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
 #pragma unroll
         for (uint32_t i = 0; i < BLOCK_N / 2; ++i)
             final_acc[i] = 0.0f;
-        const uint32_t k_block_begin = split_k_block_begin<kNumKBlocks, kNumSplits>(tile.split_idx);
-        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks, kNumSplits>(tile.split_idx + 1);
+        const uint32_t k_block_begin = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
+        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
         if constexpr (!kPipelined) {
             for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
                 const PromotionScales scales = issue_k_block(partial, k_block, state);
@@ -454,29 +456,31 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
             tile_offset_idx, [&](auto offset_idx) { accumulate_tile(tile, offset_idx); },
             std::make_integer_sequence<uint32_t, kNumTileOffsets>{});
         if constexpr (kNumSplits > 1) {
-            // The wgmma accumulators are free until the next tile: they receive the sum of the splits.
-            const uint32_t wg_slot = (tile.m_block_idx * kNumNBlocks + tile.n_block_idx) * kNumMathWarpgroups + wg_idx;
-            float* slots = split_workspace + static_cast<size_t>(wg_slot) * kNumSplits * kWarpgroupBlockM * BLOCK_N;
-            const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
-            if (!reduce_splits<BLOCK_N, kNumSplits>(final_acc, partial, slots, split_tickets + wg_slot,
-                                                    tile.split_idx, barrier_id))
-                continue;
-            store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(partial, smem_d_wg, tmap_d,
-                                                                                              tile, wg_idx);
-        } else {
-            // Normal tiles rely on the TMA store's clipping at M; grouped ones vote per warpgroup (the 128 threads
-            // cover its 64 rows) and store a tile with any rejected row through the row-predicated path.
-            if constexpr (kGemmType != GemmType::Normal) {
+            if (tile.num_splits > 1) {
+                // The wgmma accumulators are free until the next tile: they receive the sum of the splits.
+                const uint32_t wg_slot = tile.split_tile_idx * kNumMathWarpgroups + wg_idx;
+                float* slots = split_workspace + static_cast<size_t>(wg_slot) * kNumSplits * kWarpgroupBlockM * BLOCK_N;
                 const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
-                if (ptx::named_barrier_sync_or(barrier_id, kNumThreadsPerWarpgroup, !rows_valid)) {
-                    store_tile_rows<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(
-                        final_acc, smem_d_wg, d, tile, wg_idx, scheduler);
-                    continue;
+                if (reduce_splits<BLOCK_N, kNumSplits>(final_acc, partial, slots, split_tickets + wg_slot,
+                                                       tile.split_idx, barrier_id)) {
+                    store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(
+                        partial, smem_d_wg, tmap_d, tile, wg_idx);
                 }
+                continue;
             }
-            store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(final_acc, smem_d_wg, tmap_d,
-                                                                                              tile, wg_idx);
         }
+        // Normal tiles rely on the TMA store's clipping at M; grouped ones vote per warpgroup (the 128 threads
+        // cover its 64 rows) and store a tile with any rejected row through the row-predicated path.
+        if constexpr (kGemmType != GemmType::Normal) {
+            const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
+            if (ptx::named_barrier_sync_or(barrier_id, kNumThreadsPerWarpgroup, !rows_valid)) {
+                store_tile_rows<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(
+                    final_acc, smem_d_wg, d, tile, wg_idx, scheduler);
+                continue;
+            }
+        }
+        store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(final_acc, smem_d_wg, tmap_d,
+                                                                                          tile, wg_idx);
     }
 
     // Stores must be complete (not only done reading shared memory) before the CTA exits.
@@ -497,7 +501,7 @@ __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
                    const float* sfb, uint32_t shape_m, const int* grouped_layout, uint32_t num_groups,
-                   OutputType* d, float* split_workspace, uint32_t* split_tickets) {
+                   OutputType* d, float* split_workspace, uint32_t* split_tickets, uint32_t num_unsplit_tiles) {
     using namespace sm90_fp8_gemm_detail;
 
     // Static checks
@@ -562,7 +566,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
 
     // Scheduler
     Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits> scheduler(
-        shape_m, grouped_layout, num_groups);
+        shape_m, grouped_layout, num_groups, num_unsplit_tiles);
 
     if (role == WarpRole::Producer) {
         // Producer branch: register reconfiguration, then one thread issues every TMA load.

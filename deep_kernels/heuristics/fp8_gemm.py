@@ -23,13 +23,15 @@ deterministic.
   rarely picks it; the kernel keeps it for other devices and shapes.
 
 Split-K (Normal kind, no multicast). When the tiles of a config are fewer than the SMs, the config is
-also offered with S = 2 .. min(K / 128, num_sms // tiles) splits (so the jobs, tiles x S, fit one wave):
-each job runs ceil(K / 128 / S) K blocks, then stores its FP32 partial tile (BLOCK_M x BLOCK_N x 4 bytes)
-to an L2-resident workspace and takes a ticket (SPLIT_SECONDS), and the last job of each tile reads the S
-partials back (at the per-SM ingest rate) before its epilogue. At decode sizes a K block of one tile is
-latency-bound (the wgmma group, its wait and the promotion: MATH_SECONDS_PER_K_BLOCK's constant term),
-not bandwidth-bound, so cutting every CTA's K loop S-fold is what pays; a tile count at or above the SM
-count never splits (large M is untouched). Ties keep fewer splits.
+also offered with S = 2 .. min(K / 128, num_sms // tiles) splits of every tile (so the jobs, tiles x S, fit
+one wave): each job runs ceil(K / 128 / S) K blocks, then stores its FP32 partial tile (BLOCK_M x BLOCK_N x
+4 bytes) to an L2-resident workspace and takes a ticket (SPLIT_SECONDS), and the last job of each tile
+reads the S partials back (at the per-SM ingest rate) before its epilogue. At decode sizes a K block of one
+tile is latency-bound (the wgmma group, its wait and the promotion: MATH_SECONDS_PER_K_BLOCK's constant
+term), not bandwidth-bound, so cutting every CTA's K loop S-fold is what pays. With more tiles than SMs
+only the last, partial wave is split (tail split): the first num_unsplit_tiles = tiles // SMs x SMs tiles
+run whole, and the remaining tiles x S jobs (S = 2 .. min(K / 128, SMs // remaining tiles, MAX_TAIL_SPLITS))
+fill the last wave. Ties keep fewer splits.
 
 Time constants were fitted on an H200 (132 SMs, clocks as throttled under FP8 load) against measured
 runs of this kernel; they only need to rank configs, not to predict absolute times exactly.
@@ -74,6 +76,8 @@ OVERLAP_LOSS = 0.25  # share of the smaller of the two bounds that the larger do
 # the split-K configs of the 12 decode shapes (measured within 0.4 us where split, e.g. 11.8 us at
 # 64x2112x7168), so that 64x7168x2048 keeps its unsplit 64x64 tiles (9.3 us, against 11.1 us split).
 SPLIT_SECONDS = 2.0e-6
+# Most splits of a tail split (the last job of a tile reads the partials back one after another).
+MAX_TAIL_SPLITS = 8
 
 GEMM_TYPES = {
     "normal": "deep_kernels::GemmType::Normal",
@@ -154,17 +158,26 @@ def num_tiles(config: Fp8GemmConfig, m: int, n: int) -> int:
     return _ceil_div(m, config.block_m) * _ceil_div(n, config.block_n)
 
 
-def split_workspace_sizes(config: Fp8GemmConfig, m: int, n: int) -> tuple:
+def num_unsplit_tiles(config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> int:
+    """Tiles of a split-K config that run whole: 0 with fewer tiles than SMs (every tile is split), else
+    the full waves' tiles (only the last, partial wave is split)."""
+    if config.num_splits == 1:
+        return num_tiles(config, m, n)
+    return num_tiles(config, m, n) // num_sms * num_sms
+
+
+def split_workspace_sizes(config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> tuple:
     """(FP32 workspace floats, uint32 tickets) a split-K launch needs; (0, 0) without split-K."""
     if config.num_splits == 1:
         return 0, 0
-    tiles = num_tiles(config, m, n)
-    return tiles * config.num_splits * config.block_m * config.block_n, tiles * config.num_math_warpgroups
+    split_tiles = num_tiles(config, m, n) - num_unsplit_tiles(config, m, n, num_sms)
+    return (split_tiles * config.num_splits * config.block_m * config.block_n,
+            split_tiles * config.num_math_warpgroups)
 
 
-def num_work_units(config: Fp8GemmConfig, m: int, n: int, num_groups: int = 1) -> int:
-    """Scheduler units (tiles, or tile pairs with multicast; with split-K, jobs: tiles x splits) of a
-    Normal or masked (m rows per group) GEMM."""
+def num_work_units(config: Fp8GemmConfig, m: int, n: int, num_sms: int, num_groups: int = 1) -> int:
+    """Scheduler units (tiles, or tile pairs with multicast; with split-K, jobs: the unsplit tiles plus
+    splits x the split tiles) of a Normal or masked (m rows per group) GEMM on num_sms SMs."""
     num_m_blocks = _ceil_div(m, config.block_m)
     num_n_blocks = _ceil_div(n, config.block_n)
     if config.num_tma_multicast == 2:
@@ -172,7 +185,9 @@ def num_work_units(config: Fp8GemmConfig, m: int, n: int, num_groups: int = 1) -
             num_n_blocks = _ceil_div(num_n_blocks, 2)
         else:
             num_m_blocks = _ceil_div(num_m_blocks, 2)
-    return num_groups * num_m_blocks * num_n_blocks * config.num_splits
+    units = num_groups * num_m_blocks * num_n_blocks
+    unsplit = num_unsplit_tiles(config, m, n, num_sms) if config.num_splits > 1 else units
+    return unsplit + (units - unsplit) * config.num_splits
 
 
 def grid_size(config: Fp8GemmConfig, m: int, n: int, num_sms: int, num_groups: int = 1) -> int:
@@ -181,17 +196,16 @@ def grid_size(config: Fp8GemmConfig, m: int, n: int, num_sms: int, num_groups: i
     For contiguous grouped GEMMs pass m = total rows; for masked ones the work depends on device data, so
     launch num_sms rounded down to the cluster size.
     """
-    clusters = min(num_sms // config.num_tma_multicast, max(1, num_work_units(config, m, n, num_groups)))
+    clusters = min(num_sms // config.num_tma_multicast, max(1, num_work_units(config, m, n, num_sms, num_groups)))
     return clusters * config.num_tma_multicast
 
 
 def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
                      with_accumulation: bool = False, num_groups: int = 1) -> float:
     """The model's run-time estimate (see the module docstring)."""
-    units = num_work_units(config, m, n, num_groups)
+    units = num_work_units(config, m, n, num_sms, num_groups)
     ctas = grid_size(config, m, n, num_sms, num_groups)
     clusters = ctas // config.num_tma_multicast
-    tiles_per_cta = _ceil_div(units, clusters)
     active_ctas = min(ctas, units * config.num_tma_multicast)
 
     wgs = config.num_math_warpgroups
@@ -204,14 +218,20 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     if config.num_tma_multicast == 2:
         l2_bytes -= (a_bytes if config.multicast_on_a else b_bytes) / 2
     load_s = max(stage_bytes / SM_INGEST_BYTES_PER_S, l2_bytes * active_ctas / AGGREGATE_INGEST_BYTES_PER_S)
-    tile_s = _ceil_div(k // BLOCK_K, config.num_splits) * max(math_s, load_s) + EPILOGUE_SECONDS[wgs]
+    k_block_s = max(math_s, load_s)
+    busiest_cta_s = _ceil_div(units, clusters) * (k // BLOCK_K * k_block_s + EPILOGUE_SECONDS[wgs])
     if config.num_splits > 1:
+        # Whole waves of unsplit tiles (none at decode sizes), then one or more waves of split jobs.
+        unsplit = num_unsplit_tiles(config, m, n, num_sms)
         partial_bytes = config.block_m * config.block_n * 4
-        tile_s += SPLIT_SECONDS + config.num_splits * partial_bytes / SM_INGEST_BYTES_PER_S
+        job_s = (_ceil_div(k // BLOCK_K, config.num_splits) * k_block_s + EPILOGUE_SECONDS[wgs] + SPLIT_SECONDS +
+                 config.num_splits * partial_bytes / SM_INGEST_BYTES_PER_S)
+        busiest_cta_s = (unsplit // clusters * (k // BLOCK_K * k_block_s + EPILOGUE_SECONDS[wgs]) +
+                         _ceil_div(units - unsplit, clusters) * job_s)
 
     d_passes = 2 if with_accumulation else 1
     dram_bytes = num_groups * (m * k + n * k + d_passes * m * n * out_dtype_bytes)
-    busiest_cta_s, dram_s = tiles_per_cta * tile_s, dram_bytes / DRAM_BYTES_PER_S
+    dram_s = dram_bytes / DRAM_BYTES_PER_S
     seconds = LAUNCH_SECONDS + max(busiest_cta_s, dram_s) + OVERLAP_LOSS * min(busiest_cta_s, dram_s)
     return seconds * (MULTICAST_PENALTY if config.num_tma_multicast == 2 else 1.0)
 
@@ -228,12 +248,16 @@ def _multicast_options(m: int, n: int, block_m: int, block_n: int, num_sms: int)
 
 
 def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_multicast: int, num_sms: int):
-    """Split counts to try: 1, and with fewer tiles than SMs (no multicast) 2 .. one wave of jobs."""
+    """Split counts to try: 1, and (no multicast) 2 .. one wave of jobs: every tile's splits with fewer
+    tiles than SMs, the last partial wave's (at most MAX_TAIL_SPLITS) with more."""
     yield 1
     tiles = _ceil_div(m, block_m) * _ceil_div(n, block_n)
-    if num_tma_multicast != 1 or tiles >= num_sms:
+    if num_tma_multicast != 1:
         return
-    yield from range(2, min(k // BLOCK_K, num_sms // tiles) + 1)
+    if tiles < num_sms:
+        yield from range(2, min(k // BLOCK_K, num_sms // tiles) + 1)
+    elif tiles % num_sms:
+        yield from range(2, min(k // BLOCK_K, num_sms // (tiles % num_sms), MAX_TAIL_SPLITS) + 1)
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
