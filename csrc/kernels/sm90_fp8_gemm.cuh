@@ -483,9 +483,10 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
                                                                                           tile, wg_idx);
     }
 
-    // Stores must be complete (not only done reading shared memory) before the CTA exits.
+    // The last stores must have read their shared memory before the CTA exits; their global writes complete
+    // with the grid (nothing in this launch reads them), so the CTA does not wait for them.
     if (threadIdx.x % kNumThreadsPerWarpgroup == 0)
-        ptx::tma_store_wait<0>();
+        ptx::tma_store_wait_read<0>();
 }
 
 }  // namespace sm90_fp8_gemm_detail

@@ -110,10 +110,4 @@ DK_DEVICE void tma_store_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kNumPending) : "memory");
 }
 
-// Waits until at most kNumPending committed store groups of this thread are still incomplete.
-template <int kNumPending>
-DK_DEVICE void tma_store_wait() {
-    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kNumPending) : "memory");
-}
-
 }  // namespace deep_kernels::ptx
