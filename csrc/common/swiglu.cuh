@@ -12,7 +12,7 @@ namespace deep_kernels {
 // NOTE: one shift or mask per element; __bfloat162float of each element of the vector costs an extra PRMT
 // for the odd ones.
 template <int kNum>
-DK_DEVICE void unpack_bf16(const uint4 (&vectors)[kNum], float (&values)[8 * kNum]) {
+DK_DEVICE void unpack_bf16(const uint4* vectors, float (&values)[8 * kNum]) {
     const uint32_t* words = reinterpret_cast<const uint32_t*>(vectors);
     #pragma unroll
     for (int i = 0; i < 4 * kNum; ++i) {
@@ -40,7 +40,7 @@ DK_DEVICE bool gate_clamped(float gate, float clamp) {
 
 template <bool kClamped>
 DK_DEVICE bool up_clamped(float up, float clamp) {
-    return kClamped && (up > clamp || up < -clamp);
+    return kClamped && fabsf(up) > clamp;
 }
 
 // The denominator 1 + expf(-g) of the sigmoid and silu(g) = g / (1 + expf(-g)).

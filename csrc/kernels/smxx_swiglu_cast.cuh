@@ -86,7 +86,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         float gate_values[kVec], y[kVec];
-        unpack_bf16(gate[pass], gate_values);
+        unpack_bf16<kVectors>(gate[pass], gate_values);
         GateRange range;
         #pragma unroll
         for (int i = 0; i < kVec; ++i) {
@@ -100,7 +100,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             #pragma unroll
             for (int v = 0; v < kVectors; ++v)
                 gate_again[v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass)) + v);
-            unpack_bf16(gate_again, gate_values);
+            unpack_bf16<kVectors>(gate_again, gate_values);
             #pragma unroll
             for (int i = 0; i < kVec; ++i) {
                 const float g = clamp_gate<kClamped>(gate_values[i], clamp);
@@ -108,7 +108,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             }
         }
         float up_values[kVec], amax = 0.0f;
-        unpack_bf16(up[pass], up_values);
+        unpack_bf16<kVectors>(up[pass], up_values);
         #pragma unroll
         for (int i = 0; i < kVec; ++i) {
             y[i] = __fmul_rn(y[i], clamp_up<kClamped>(up_values[i], clamp));
