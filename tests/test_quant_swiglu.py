@@ -437,6 +437,36 @@ def test_backward_row_strides():
     _check_against_reference("swiglu_backward", (x, dy, CLAMP, weights, None), {}, (dx, dweights))
 
 
+def _every_bf16_gate() -> torch.Tensor:
+    """x [2^16, 2 * 128]: row r's gates all hold the bf16 of bit pattern r (every value once, NaN, inf,
+    zeros and subnormals included); its ups are 1 in column 0 and random elsewhere."""
+    gates = torch.arange(-(2**15), 2**15, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
+    x = random_activations(2**16, 256, torch.bfloat16)
+    x[:, :128] = gates.unsqueeze(1)
+    x[:, 128] = 1
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("clamp", [None, CLAMP])
+def test_every_bf16_gate_matches_reference(clamp):
+    # The kernels divide by 1 + expf(-g) without IEEE division's per-element check (common/swiglu.cuh):
+    # every gate a bf16 tensor can hold, the clamp's too, must give the IEEE quotients. dy is one-hot in
+    # column 0 so dweights is silu(g) itself in FP32, not only its bf16 rounding.
+    x = _every_bf16_gate()
+    dy = torch.zeros((x.shape[0], 128), dtype=torch.bfloat16, device="cuda")
+    dy[:, 0] = 1
+    dx, dweights = deep_kernels.swiglu_backward(x, dy, clamp)
+    _check_against_reference("swiglu_backward", (x, dy, clamp), {}, (dx, dweights))
+    gate = x[:, 0].float() if clamp is None else torch.minimum(x[:, 0].float(), torch.tensor(clamp, device="cuda"))
+    silu = gate / (torch.exp(-gate) + 1)
+    exposed = silu.isfinite() & dweights.isfinite()  # not where another column's 0 * inf is NaN
+    assert exposed.sum() > 60000 and torch.equal(dweights[exposed], silu[exposed])  # the quotients themselves
+    y = deep_kernels.swiglu_forward(x, clamp)
+    _check_against_reference("swiglu_forward", (x, clamp), {}, (y,))
+    _check_against_reference("swiglu_cast_to_fp8", (x, clamp), {}, deep_kernels.swiglu_cast_to_fp8(x, clamp))
+
+
 @pytest.mark.gpu
 def test_empty_inputs():
     x = torch.empty((0, 2 * 7168), dtype=torch.bfloat16, device="cuda")

@@ -4,9 +4,10 @@
 // goes to e4m3 in 1x128 groups with per_token_cast's numerics (common/quant.cuh), or with kQuantize = false
 // to bf16 (RNE). Rows: blockIdx.z is the expert of the masked layout (rows = E x T_max, rows of expert e from
 // masked_m[e] on are skipped) or 0; with pos, a row whose position is outside [0, pos_limit) is skipped,
-// and its weight is weights[pos[row]]. Skipped rows are neither read nor written. Memory-bound: each
-// thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses rows, all
-// loads in flight before use; no shared memory.
+// and its weight is weights[pos[row]]. Skipped rows are neither read nor written. silu's division is
+// SigmoidDenominator's (common/swiglu.cuh), or IEEE division for a thread's 16 gates of a row when one
+// leaves its fast range. Memory-bound: each thread takes 16 columns of a group (two 16-byte vectors of
+// each half) in each of kPasses rows, all loads in flight before use; no shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -94,7 +95,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             y[i] = SigmoidDenominator(g).divide(g);
             range.add(g);
         }
-        if (!(clamp_fast && range.fast())) {
+        if (valid[pass] && !(clamp_fast && range.fast())) {
             // NOTE: the rare slow path reads the gates again (from L2) rather than keep them in registers.
             uint4 gate_again[kVectors];
             #pragma unroll
