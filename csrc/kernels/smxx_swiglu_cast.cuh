@@ -37,6 +37,9 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
     // divisions), which matters here: silu's expf and division leave little issue slack at HBM speed.
     constexpr int kVectors = 2;
     constexpr int kVec = 8 * kVectors;
+    // NOTE: two passes of loads (64 bytes a thread) are in flight while a pass computes; all kPasses at once
+    // would not fit in the 64 registers that keep 4 blocks on an SM.
+    constexpr int kPassesInFlight = kPasses < 2 ? kPasses : 2;
     using Tile = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses>;
     DK_STATIC_ASSERT(kLayout != ScaleLayout::MNMajorPackedUE8M0 || kUE8M0, "packed scales are UE8M0");
 
@@ -68,11 +71,10 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
     };
     uint4 gate[kPasses][kVectors] = {}, up[kPasses][kVectors] = {};
     float weight[kPasses];
-    #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
+    const auto load_pass = [&](int pass) {
         weight[pass] = 1.0f;
         if (!valid[pass])
-            continue;
+            return;
         #pragma unroll
         for (int v = 0; v < kVectors; ++v) {
             gate[pass][v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass)) + v);
@@ -80,9 +82,13 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
         }
         if (weights != nullptr)
             weight[pass] = __ldg(weights + weight_index[pass]);
-    }
+    };
+    #pragma unroll
+    for (int pass = 0; pass < kPassesInFlight; ++pass)
+        load_pass(pass);
 
-    // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store)
+    // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store), then the loads of the
+    // pass kPassesInFlight further
     const bool clamp_fast = clamp_divides_fast<kClamped>(clamp);
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
@@ -121,19 +127,17 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
         if constexpr (kQuantize) {
             // NOTE: all 32 lanes reach the shuffles; skipped rows reduce their zeros and stop after.
             amax = max_nan(Tile::group_reduce(amax, max_nan), amax_clamp);
-            if (!valid[pass])
-                continue;
-            // The expert's scales start scale_expert_stride elements (bytes when packed) further.
-            const uint64_t expert_offset = static_cast<uint64_t>(expert) * scale_expert_stride;
-            void* expert_scales = kLayout == ScaleLayout::MNMajorPackedUE8M0
-                                      ? static_cast<void*>(static_cast<uint8_t*>(scales) + expert_offset)
-                                      : static_cast<void*>(static_cast<float*>(scales) + expert_offset);
-            cast_group_to_e4m3<kUE8M0, kScaleMode, kLayout>(y, amax, static_cast<uint8_t*>(out) + out_offset,
-                                                            tile.is_group_leader, expert_scales, tile.row(pass),
-                                                            blockIdx.x, gridDim.x, scale_stride);
-        } else {
-            if (!valid[pass])
-                continue;
+            if (valid[pass]) {
+                // The expert's scales start scale_expert_stride elements (bytes when packed) further.
+                const uint64_t expert_offset = static_cast<uint64_t>(expert) * scale_expert_stride;
+                void* expert_scales = kLayout == ScaleLayout::MNMajorPackedUE8M0
+                                          ? static_cast<void*>(static_cast<uint8_t*>(scales) + expert_offset)
+                                          : static_cast<void*>(static_cast<float*>(scales) + expert_offset);
+                cast_group_to_e4m3<kUE8M0, kScaleMode, kLayout>(y, amax, static_cast<uint8_t*>(out) + out_offset,
+                                                                tile.is_group_leader, expert_scales,
+                                                                tile.row(pass), blockIdx.x, gridDim.x, scale_stride);
+            }
+        } else if (valid[pass]) {
             uint4 packed[kVectors];
             __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(packed);
             #pragma unroll
@@ -143,6 +147,8 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             for (int v = 0; v < kVectors; ++v)
                 reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(out) + out_offset)[v] = packed[v];
         }
+        if (pass + kPassesInFlight < kPasses)
+            load_pass(pass + kPassesInFlight);
     }
 }
 
