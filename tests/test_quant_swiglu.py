@@ -468,6 +468,18 @@ def test_every_bf16_gate_matches_reference(clamp):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("clamp", [3e-30, 0.3, 100.0, 1e30])
+def test_unusual_clamps_match_reference(clamp):
+    # Clamps below or above the fast division's gate range (common/swiglu.cuh) take IEEE division where
+    # they bite; 0.3 is not a bf16 value.
+    x = _special_rows(random_activations(333, 2 * 384, torch.bfloat16)) * 16
+    dy = random_activations(333, 384, torch.bfloat16)
+    _check_against_reference("swiglu_forward", (x, clamp), {}, (deep_kernels.swiglu_forward(x, clamp),))
+    _check_against_reference("swiglu_cast_to_fp8", (x, clamp), {}, deep_kernels.swiglu_cast_to_fp8(x, clamp))
+    _check_against_reference("swiglu_backward", (x, dy, clamp), {}, deep_kernels.swiglu_backward(x, dy, clamp))
+
+
+@pytest.mark.gpu
 def test_empty_inputs():
     x = torch.empty((0, 2 * 7168), dtype=torch.bfloat16, device="cuda")
     q, scales = deep_kernels.swiglu_cast_to_fp8(x)
