@@ -50,11 +50,13 @@ DK_DEVICE float sigmoid_denominator(float gate) {
 
 // The sigmoid's denominator d with a reciprocal estimate r (rcp.approx refined by one Newton step), and
 // a / d by the fast path of nvcc's div.rn.f32 on sm_90 (the same operations: q0 = a r, then
-// q0 + r (a - d q0)), which gives the IEEE quotient when its hardware check (FCHK) lets it through.
-// NOTE: __fdiv_rn pays that check with a branch per element, and the branch keeps the compiler from
-// overlapping the elements' expf chains; here a vector's check is one range test (GateRange). Every
-// gate of the fast range is a bf16 value or the clamp: tests/test_quant_swiglu.py compares the fast
-// quotients of all 2^16 bf16 gates with IEEE division on the GPU, and clamp_divides_fast checks the clamp's.
+// q0 + r (a - d q0)), without its per-element check (FCHK) and slow-path branch.
+// NOTE: that branch keeps the compiler from overlapping the elements' expf chains; here a vector's check
+// is one range test (GateRange). The quotient is the IEEE one for a = gate and a = 1 and every gate of
+// GateRange's fast range that is a bf16 value: tests/test_quant_swiglu.py evaluates the steps exactly for
+// each such gate, each d from an expf within 2 ulp (CUDA's bound) and each rcp.approx within 2 ulp, and
+// compares the kernels with IEEE division on the GPU for all 2^16 bf16 gates. The clamp, the one gate
+// that need not be a bf16 value, is checked at run time (clamp_divides_fast).
 struct SigmoidDenominator {
     float d;  // 1 + expf(-gate)
     float r;  // about 1 / d
@@ -72,9 +74,10 @@ struct SigmoidDenominator {
     }
 };
 
-// The magnitude range of a vector's gates (after the clamp); fast() when every one lies in [2^-90, 64]
-// (no zero, subnormal, inf or NaN): there d stays below 2^93 and every step of SigmoidDenominator is a
-// normal number far from overflow.
+// The magnitude range of a vector's gates (after the clamp); fast() when every one lies in [2^-20, 64]
+// (no zero, subnormal, inf or NaN): there d is below 2^93, every step of SigmoidDenominator is a normal
+// number far from overflow, and d's significand is never all ones, the divisor whose Newton step can
+// round the wrong way (d = 2 - 2^-23 comes from gates below 2^-21).
 struct GateRange {
     float smallest = __int_as_float(0x7f800000), largest = 0.0f;
 
@@ -83,7 +86,7 @@ struct GateRange {
         largest = max_nan(largest, fabsf(gate));
     }
 
-    DK_DEVICE bool fast() const { return smallest >= 0x1p-90f && largest <= 64.0f; }
+    DK_DEVICE bool fast() const { return smallest >= 0x1p-20f && largest <= 64.0f; }
 };
 
 // Whether SigmoidDenominator's quotients of the clamp (the one gate that need not be a bf16 value) are the
