@@ -51,8 +51,9 @@ DK_DEVICE float sigmoid_denominator(float gate) {
 // The sigmoid's denominator d with a reciprocal estimate r (rcp.approx refined by one Newton step), and
 // a / d by the fast path of nvcc's div.rn.f32 on sm_90 (the same operations: q0 = a r, then
 // q0 + r (a - d q0)), without its per-element check (FCHK) and slow-path branch.
-// NOTE: that branch keeps the compiler from overlapping the elements' expf chains; here a vector's check
-// is one range test (GateRange). The quotient is the IEEE one for a = gate and a = 1 and every gate of
+// NOTE: the check and its branch (FCHK, BSSY, BRA, BSYNC) cost 4 of __fdiv_rn's 10 instructions per
+// element and cut the code into per-element regions the compiler does not schedule across; here a
+// vector's check is one range test (GateRange). The quotient is the IEEE one for a = gate and a = 1 and every gate of
 // GateRange's fast range that is a bf16 value: tests/test_quant_swiglu.py evaluates the steps exactly for
 // each such gate, each d from an expf within 2 ulp (CUDA's bound) and each rcp.approx within 2 ulp, and
 // compares the kernels with IEEE division on the GPU for all 2^16 bf16 gates. The clamp, the one gate
