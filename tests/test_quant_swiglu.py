@@ -4,6 +4,9 @@ evaluated on the GPU (GPU: CUDA's expf, which torch.exp calls there, may differ 
 the last bit)."""
 
 import math
+import struct
+from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
@@ -238,6 +241,57 @@ def test_backward_rejects_bad_input(args, kwargs, error, match):
         deep_kernels.swiglu_backward(*args, **kwargs)
 
 
+# ---- the kernels' fast division (CPU): every step evaluated exactly over its whole gate range ----
+
+def _round_to_float32(x: Fraction) -> Fraction:
+    """x rounded to the nearest FP32 value, ties to even (subnormals included, no overflow)."""
+    if x == 0:
+        return x
+    magnitude = abs(x)
+    exponent = max(magnitude.numerator.bit_length() - magnitude.denominator.bit_length(), -126)
+    if exponent > -126 and Fraction(2) ** exponent > magnitude:
+        exponent -= 1  # now 2^exponent <= |x| < 2^(exponent + 1), or the subnormal scale
+    step = Fraction(2) ** (exponent - 23)
+    units, remainder = divmod(magnitude / step, 1)
+    if remainder > Fraction(1, 2) or (remainder == Fraction(1, 2) and units % 2 == 1):
+        units += 1
+    return (units if x > 0 else -units) * step
+
+
+def _float32_neighbours(x: Fraction, ulps: int) -> list:
+    """The positive FP32 values at most `ulps` steps from the one nearest to the positive x."""
+    bits = struct.unpack("<I", struct.pack("<f", float(_round_to_float32(x))))[0]
+    return [Fraction(struct.unpack("<f", struct.pack("<I", b))[0]) for b in range(bits - ulps, bits + ulps + 1)]
+
+
+def _fast_division(a: Fraction, d: Fraction, estimate: Fraction) -> Fraction:
+    """SigmoidDenominator(g).divide(a) of csrc/common/swiglu.cuh, each FMA and product rounded once."""
+    r = _round_to_float32(estimate * _round_to_float32(1 - d * estimate) + estimate)
+    q = _round_to_float32(a * r)
+    return _round_to_float32(r * _round_to_float32(a - d * q) + q)
+
+
+def test_fast_division_is_ieee_over_its_gate_range():
+    # The kernels' fast range (GateRange::fast), and every bf16 gate in it (a sample without DK_FULL_TEST):
+    # for each d = 1 + e with e any FP32 within 2 ulp of exp(-g) (CUDA's expf bound) and each rcp.approx
+    # estimate within 2 ulp of 1 / d, the quotients g / d and 1 / d are the correctly rounded ones.
+    source = (Path(__file__).resolve().parent.parent / "csrc/common/swiglu.cuh").read_text()
+    assert "smallest >= 0x1p-20f && largest <= 64.0f" in source
+    magnitudes = torch.arange(0x3580, 0x4281, 1 if FULL else 7, dtype=torch.int32)  # [2^-20, 64]
+    assert magnitudes[0] == 0x3580 and torch.tensor(0x3580, dtype=torch.int16).view(torch.bfloat16) == 2.0**-20
+    checked = 0
+    for bits in magnitudes.tolist() + [0x4280]:
+        for gate in (bits, bits | 0x8000):
+            g = Fraction(torch.tensor(gate - (gate >> 15 << 16), dtype=torch.int16).view(torch.bfloat16).item())
+            for e in _float32_neighbours(Fraction(math.exp(-g)), 2):
+                d = _round_to_float32(1 + e)
+                for estimate in _float32_neighbours(1 / d, 2):
+                    for a in (g, Fraction(1)):
+                        assert _fast_division(a, d, estimate) == _round_to_float32(a / d), (gate, d, estimate, a)
+                        checked += 1
+    assert checked > (30000 if FULL else 4000)
+
+
 def test_kernels_are_precompiled():
     specs = {(spec.name, spec.template_args) for spec in quant.precompile_specs()}
     names = {name for name, _ in specs}
@@ -435,6 +489,48 @@ def test_backward_row_strides():
     weights = torch.rand(300, device="cuda")
     dx, dweights = deep_kernels.swiglu_backward(x, dy, CLAMP, weights)
     _check_against_reference("swiglu_backward", (x, dy, CLAMP, weights, None), {}, (dx, dweights))
+
+
+def _every_bf16_gate() -> torch.Tensor:
+    """x [2^16, 2 * 128]: row r's gates all hold the bf16 of bit pattern r (every value once, NaN, inf,
+    zeros and subnormals included); its ups are 1 in column 0 and random elsewhere."""
+    gates = torch.arange(-(2**15), 2**15, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
+    x = random_activations(2**16, 256, torch.bfloat16)
+    x[:, :128] = gates.unsqueeze(1)
+    x[:, 128] = 1
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("clamp", [None, CLAMP])
+def test_every_bf16_gate_matches_reference(clamp):
+    # The kernels divide by 1 + expf(-g) without IEEE division's per-element check (common/swiglu.cuh):
+    # every gate a bf16 tensor can hold, the clamp's too, must give the IEEE quotients. dy is one-hot in
+    # column 0 so dweights is silu(g) itself in FP32, not only its bf16 rounding.
+    x = _every_bf16_gate()
+    dy = torch.zeros((x.shape[0], 128), dtype=torch.bfloat16, device="cuda")
+    dy[:, 0] = 1
+    dx, dweights = deep_kernels.swiglu_backward(x, dy, clamp)
+    _check_against_reference("swiglu_backward", (x, dy, clamp), {}, (dx, dweights))
+    gate = x[:, 0].float() if clamp is None else torch.minimum(x[:, 0].float(), torch.tensor(clamp, device="cuda"))
+    silu = gate / (torch.exp(-gate) + 1)
+    exposed = silu.isfinite() & dweights.isfinite()  # not where another column's 0 * inf is NaN
+    assert exposed.sum() > 60000 and torch.equal(dweights[exposed], silu[exposed])  # the quotients themselves
+    y = deep_kernels.swiglu_forward(x, clamp)
+    _check_against_reference("swiglu_forward", (x, clamp), {}, (y,))
+    _check_against_reference("swiglu_cast_to_fp8", (x, clamp), {}, deep_kernels.swiglu_cast_to_fp8(x, clamp))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("clamp", [3e-30, 0.3, 100.0, 1e30])
+def test_unusual_clamps_match_reference(clamp):
+    # Clamps below or above the fast division's gate range (common/swiglu.cuh) take IEEE division where
+    # they bite; 0.3 is not a bf16 value.
+    x = _special_rows(random_activations(333, 2 * 384, torch.bfloat16)) * 16
+    dy = random_activations(333, 384, torch.bfloat16)
+    _check_against_reference("swiglu_forward", (x, clamp), {}, (deep_kernels.swiglu_forward(x, clamp),))
+    _check_against_reference("swiglu_cast_to_fp8", (x, clamp), {}, deep_kernels.swiglu_cast_to_fp8(x, clamp))
+    _check_against_reference("swiglu_backward", (x, dy, clamp), {}, deep_kernels.swiglu_backward(x, dy, clamp))
 
 
 @pytest.mark.gpu

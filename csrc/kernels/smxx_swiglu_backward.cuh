@@ -7,8 +7,10 @@
 //   dweights = sum over H of dy * (silu * uc): per lane 8 running sums (one per vector element) over
 //   the row's 256-column chunks in order, then pairs of elements (01 23 45 67, then 0123 4567), then
 //   lanes by xor-butterfly (16, 8, 4, 2, 1)
-// One warp per row, kUnroll chunks (3 x 16-byte vectors each) in flight per lane; a row whose position
-// is outside [0, pos_limit) is neither read nor written. No shared memory.
+// One warp per row; each lane loads its next chunk (3 x 16-byte vectors) before it computes the current
+// one, so a chunk's loads are always in flight. sigmoid and silu take SigmoidDenominator's division, with
+// IEEE division for a chunk whose gates leave its fast range. A row whose position is outside
+// [0, pos_limit) is neither read nor written. No shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,8 +22,13 @@
 
 namespace deep_kernels {
 
-template <int kNumWarps, int kUnroll, bool kClamped>
-__global__ void __launch_bounds__(kNumWarps * 32)
+// One lane's 8 columns of a chunk: gate, up and dy.
+struct SwigluChunk {
+    uint4 gate, up, grad;
+};
+
+template <int kNumWarps, bool kClamped>
+__global__ void __launch_bounds__(kNumWarps * 32, 1024 / (kNumWarps * 32))
 smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ dy,
                           __nv_bfloat16* __restrict__ dx, float* __restrict__ dweights,
                           const float* __restrict__ weights, const int32_t* __restrict__ pos, uint32_t num_rows,
@@ -46,51 +53,86 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
     const __nv_bfloat16* gate_row = x + static_cast<uint64_t>(row) * x_row_stride;
     const __nv_bfloat16* dy_row = dy + static_cast<uint64_t>(row) * dy_row_stride;
     __nv_bfloat16* dx_row = dx + static_cast<uint64_t>(row) * hidden * 2;
+    const bool clamp_fast = clamp_divides_fast<kClamped>(clamp);
 
-    // Chunks of the row: loads of kUnroll chunks first, then the gradients in chunk order
+    const auto load = [&](uint32_t column) {
+        return SwigluChunk{__ldg(reinterpret_cast<const uint4*>(gate_row + column)),
+                           __ldg(reinterpret_cast<const uint4*>(gate_row + hidden + column)),
+                           __ldg(reinterpret_cast<const uint4*>(dy_row + column))};
+    };
+    // The gradients of one chunk, its terms added to the lane's running sums
     float partial[kVec] = {};
-    for (uint32_t base = lane * kVec; base < hidden; base += kChunk * kUnroll) {
-        uint4 gate[kUnroll], up[kUnroll], grad[kUnroll];
+    const auto process = [&](const SwigluChunk& chunk, uint32_t column) {
+        float gate_in[kVec], up_in[kVec], grad[kVec];
+        unpack_bf16<1>(&chunk.gate, gate_in);
+        GateRange range;
         #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-            const uint32_t column = base + j * kChunk;
-            if (column < hidden) {
-                gate[j] = __ldg(reinterpret_cast<const uint4*>(gate_row + column));
-                up[j] = __ldg(reinterpret_cast<const uint4*>(gate_row + hidden + column));
-                grad[j] = __ldg(reinterpret_cast<const uint4*>(dy_row + column));
+        for (int i = 0; i < kVec; ++i)
+            range.add(clamp_gate<kClamped>(gate_in[i], clamp));
+        const bool fast = clamp_fast && range.fast();
+        unpack_bf16<1>(&chunk.up, up_in);
+        unpack_bf16<1>(&chunk.grad, grad);
+        uint4 dgate_packed, dup_packed;
+        __nv_bfloat162* dgate = reinterpret_cast<__nv_bfloat162*>(&dgate_packed);
+        __nv_bfloat162* dup = reinterpret_cast<__nv_bfloat162*>(&dup_packed);
+        // NOTE: half a chunk at a time keeps the kernel within 64 registers (4 blocks per SM).
+        #pragma unroll
+        for (int half = 0; half < kVec; half += kVec / 2) {
+            float sigmoid[kVec / 2], silu[kVec / 2];
+            if (fast) {
+                #pragma unroll
+                for (int i = 0; i < kVec / 2; ++i) {
+                    const float g = clamp_gate<kClamped>(gate_in[half + i], clamp);
+                    const SigmoidDenominator denominator(g);
+                    sigmoid[i] = denominator.divide(1.0f);
+                    silu[i] = denominator.divide(g);
+                }
+            } else {
+                #pragma unroll
+                for (int i = 0; i < kVec / 2; ++i) {
+                    const float g = clamp_gate<kClamped>(gate_in[half + i], clamp);
+                    const float denominator = sigmoid_denominator(g);
+                    sigmoid[i] = __fdiv_rn(1.0f, denominator);
+                    silu[i] = __fdiv_rn(g, denominator);
+                }
             }
-        }
-        #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-            const uint32_t column = base + j * kChunk;
-            if (column >= hidden)
-                break;
-            const __nv_bfloat16* gate_values = reinterpret_cast<const __nv_bfloat16*>(&gate[j]);
-            const __nv_bfloat16* up_values = reinterpret_cast<const __nv_bfloat16*>(&up[j]);
-            const __nv_bfloat16* grad_values = reinterpret_cast<const __nv_bfloat16*>(&grad[j]);
-            uint4 dgate_packed, dup_packed;
-            __nv_bfloat16* dgate = reinterpret_cast<__nv_bfloat16*>(&dgate_packed);
-            __nv_bfloat16* dup = reinterpret_cast<__nv_bfloat16*>(&dup_packed);
+            float dg[kVec / 2], du[kVec / 2];
             #pragma unroll
-            for (int i = 0; i < kVec; ++i) {
-                const float gate_in = __bfloat162float(gate_values[i]), up_in = __bfloat162float(up_values[i]);
-                const float g = clamp_gate<kClamped>(gate_in, clamp);
-                const float u = clamp_up<kClamped>(up_in, clamp);
-                const float dy_value = __bfloat162float(grad_values[i]);
-                const float dyw = weights != nullptr ? __fmul_rn(dy_value, weight) : dy_value;
-                const float denominator = sigmoid_denominator(g);
-                const float sigmoid = __fdiv_rn(1.0f, denominator);
-                const float silu = __fdiv_rn(g, denominator);
-                const float dsilu = __fmul_rn(sigmoid, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sigmoid))));
-                const float dg = __fmul_rn(__fmul_rn(dyw, u), dsilu);
-                const float du = __fmul_rn(dyw, silu);
-                dgate[i] = __float2bfloat16_rn(gate_clamped<kClamped>(gate_in, clamp) ? 0.0f : dg);
-                dup[i] = __float2bfloat16_rn(up_clamped<kClamped>(up_in, clamp) ? 0.0f : du);
-                partial[i] = __fadd_rn(partial[i], __fmul_rn(dy_value, __fmul_rn(silu, u)));
+            for (int i = 0; i < kVec / 2; ++i) {
+                const int k = half + i;
+                const float g = clamp_gate<kClamped>(gate_in[k], clamp);
+                const float u = clamp_up<kClamped>(up_in[k], clamp);
+                const float dyw = weights != nullptr ? __fmul_rn(grad[k], weight) : grad[k];
+                const float dsilu =
+                    __fmul_rn(sigmoid[i], __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sigmoid[i]))));
+                dg[i] = gate_clamped<kClamped>(gate_in[k], clamp) ? 0.0f : __fmul_rn(__fmul_rn(dyw, u), dsilu);
+                du[i] = up_clamped<kClamped>(up_in[k], clamp) ? 0.0f : __fmul_rn(dyw, silu[i]);
+                partial[k] = __fadd_rn(partial[k], __fmul_rn(grad[k], __fmul_rn(silu[i], u)));
             }
-            *reinterpret_cast<uint4*>(dx_row + column) = dgate_packed;
-            *reinterpret_cast<uint4*>(dx_row + hidden + column) = dup_packed;
+            #pragma unroll
+            for (int i = 0; i < kVec / 4; ++i) {
+                dgate[half / 2 + i] = __floats2bfloat162_rn(dg[2 * i], dg[2 * i + 1]);
+                dup[half / 2 + i] = __floats2bfloat162_rn(du[2 * i], du[2 * i + 1]);
+            }
         }
+        *reinterpret_cast<uint4*>(dx_row + column) = dgate_packed;
+        *reinterpret_cast<uint4*>(dx_row + hidden + column) = dup_packed;
+    };
+
+    // The row's chunks in order, two per iteration (current and next in registers without copies)
+    SwigluChunk even{}, odd{};
+    uint32_t column = lane * kVec;
+    if (column < hidden)
+        even = load(column);
+    for (; column < hidden; column += 2 * kChunk) {
+        if (column + kChunk < hidden)
+            odd = load(column + kChunk);
+        process(even, column);
+        if (column + kChunk >= hidden)
+            break;
+        if (column + 2 * kChunk < hidden)
+            even = load(column + 2 * kChunk);
+        process(odd, column + kChunk);
     }
 
     // dweights: the lane's elements pairwise, then the lanes

@@ -40,13 +40,12 @@ from deep_kernels.validation import (
 GROUP_SIZE = 128
 # The forward's tile (csrc/kernels/smxx_swiglu_cast.cuh): 16 columns per thread, 8 lanes per group, so a
 # warp covers 4 rows and a block NUM_WARPS * 4 * _FORWARD_PASSES.
-_FORWARD_PASSES = 2
+_FORWARD_PASSES = 4
 _FORWARD_BLOCK_ROWS = 32 // (GROUP_SIZE // 16) * NUM_WARPS * _FORWARD_PASSES
 # Positions are int32: without weights every non-negative one selects its row.
 NO_POSITION_LIMIT = INT32_LIMIT + 1
 UINT32_LIMIT = 2**32 - 1
 _BACKWARD_WARPS = 8
-_BACKWARD_UNROLL = 4
 
 
 def _forward_spec(clamped: bool, quantize: bool, ue8m0: bool = False, layout: ScaleLayout = ScaleLayout.mn_major,
@@ -65,7 +64,7 @@ def _forward_kernel(clamped: bool, quantize: bool, ue8m0: bool = False, layout: 
 
 def _backward_spec(clamped: bool) -> KernelSpec:
     return KernelSpec("kernels/smxx_swiglu_backward.cuh", "smxx_swiglu_backward_impl",
-                      (_BACKWARD_WARPS, _BACKWARD_UNROLL, str(clamped).lower()))
+                      (_BACKWARD_WARPS, str(clamped).lower()))
 
 
 @functools.lru_cache(maxsize=None)
