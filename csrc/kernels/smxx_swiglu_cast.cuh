@@ -4,10 +4,9 @@
 // goes to e4m3 in 1x128 groups with per_token_cast's numerics (common/quant.cuh), or with kQuantize = false
 // to bf16 (RNE). Rows: blockIdx.z is the expert of the masked layout (rows = E x T_max, rows of expert e from
 // masked_m[e] on are skipped) or 0; with pos, a row whose position is outside [0, pos_limit) is skipped,
-// and its weight is weights[pos[row]]. Skipped rows are neither read nor written. silu's division is
-// SigmoidDenominator's (common/swiglu.cuh), or IEEE division for a thread's 16 gates of a row when one
-// leaves its fast range. Memory-bound: each thread takes 16 columns of a group (two 16-byte vectors of
-// each half) in each of kPasses rows, all loads in flight before use; no shared memory.
+// and its weight is weights[pos[row]]. Skipped rows are neither read nor written. Memory-bound: each
+// thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses rows, all
+// loads in flight before use; no shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,7 +24,7 @@ namespace deep_kernels {
 
 template <int kNumWarps, int kPasses, bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout,
           ScaleMode kScaleMode>
-__global__ void __launch_bounds__(kNumWarps * 32, 1024 / (kNumWarps * 32))
+__global__ void __launch_bounds__(kNumWarps * 32)
 smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ out, void* __restrict__ scales,
                       const float* __restrict__ weights, const int32_t* __restrict__ pos,
                       const int32_t* __restrict__ masked_m, uint32_t num_rows, uint32_t hidden, uint32_t x_row_stride,
@@ -37,9 +36,6 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
     // divisions), which matters here: silu's expf and division leave little issue slack at HBM speed.
     constexpr int kVectors = 2;
     constexpr int kVec = 8 * kVectors;
-    // NOTE: two passes of loads (64 bytes a thread) are in flight while a pass computes; all kPasses at once
-    // would not fit in the 64 registers that keep 4 blocks on an SM.
-    constexpr int kPassesInFlight = kPasses < 2 ? kPasses : 2;
     using Tile = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses>;
     DK_STATIC_ASSERT(kLayout != ScaleLayout::MNMajorPackedUE8M0 || kUE8M0, "packed scales are UE8M0");
 
@@ -66,59 +62,35 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             valid[pass] = weight_index[pass] < pos_limit;
         }
     }
-    const auto gate_of = [&](int pass) {  // the thread's first gate element of a pass's row
-        return x + (first_global_row + tile.row(pass)) * x_row_stride + tile.column;
-    };
     uint4 gate[kPasses][kVectors] = {}, up[kPasses][kVectors] = {};
     float weight[kPasses];
-    const auto load_pass = [&](int pass) {
+    #pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
         weight[pass] = 1.0f;
         if (!valid[pass])
-            return;
+            continue;
+        const __nv_bfloat16* row_x = x + (first_global_row + tile.row(pass)) * x_row_stride + tile.column;
         #pragma unroll
         for (int v = 0; v < kVectors; ++v) {
-            gate[pass][v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass)) + v);
-            up[pass][v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass) + hidden) + v);
+            gate[pass][v] = __ldg(reinterpret_cast<const uint4*>(row_x) + v);
+            up[pass][v] = __ldg(reinterpret_cast<const uint4*>(row_x + hidden) + v);
         }
         if (weights != nullptr)
             weight[pass] = __ldg(weights + weight_index[pass]);
-    };
-    #pragma unroll
-    for (int pass = 0; pass < kPassesInFlight; ++pass)
-        load_pass(pass);
+    }
 
-    // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store), then the loads of the
-    // pass kPassesInFlight further
-    const bool clamp_fast = clamp_divides_fast<kClamped>(clamp);
+    // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store)
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-        float gate_values[kVec], y[kVec];
-        unpack_bf16<kVectors>(gate[pass], gate_values);
-        GateRange range;
+        const __nv_bfloat16* gate_values = reinterpret_cast<const __nv_bfloat16*>(gate[pass]);
+        const __nv_bfloat16* up_values = reinterpret_cast<const __nv_bfloat16*>(up[pass]);
+        float y[kVec];
+        float amax = 0.0f;
         #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-            const float g = clamp_gate<kClamped>(gate_values[i], clamp);
-            y[i] = SigmoidDenominator(g).divide(g);
-            range.add(g);
-        }
-        if (valid[pass] && !(clamp_fast && range.fast())) {
-            // NOTE: the rare slow path reads the gates again (from L2) rather than keep them in registers.
-            uint4 gate_again[kVectors];
-            #pragma unroll
-            for (int v = 0; v < kVectors; ++v)
-                gate_again[v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass)) + v);
-            unpack_bf16<kVectors>(gate_again, gate_values);
-            #pragma unroll
-            for (int i = 0; i < kVec; ++i) {
-                const float g = clamp_gate<kClamped>(gate_values[i], clamp);
-                y[i] = __fdiv_rn(g, sigmoid_denominator(g));
-            }
-        }
-        float up_values[kVec], amax = 0.0f;
-        unpack_bf16<kVectors>(up[pass], up_values);
-        #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-            y[i] = __fmul_rn(y[i], clamp_up<kClamped>(up_values[i], clamp));
+            const float g = clamp_gate<kClamped>(__bfloat162float(gate_values[i]), clamp);
+            const float u = clamp_up<kClamped>(__bfloat162float(up_values[i]), clamp);
+            y[i] = __fmul_rn(__fdiv_rn(g, sigmoid_denominator(g)), u);
             if (weights != nullptr)
                 y[i] = __fmul_rn(y[i], weight[pass]);
             amax = max_nan(amax, fabsf(y[i]));
@@ -127,17 +99,23 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
         if constexpr (kQuantize) {
             // NOTE: all 32 lanes reach the shuffles; skipped rows reduce their zeros and stop after.
             amax = max_nan(Tile::group_reduce(amax, max_nan), amax_clamp);
-            if (valid[pass]) {
+            if (!valid[pass])
+                continue;
+            const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
+            uint32_t codes[kVec / 4];
+            scaler.quantize(y, codes);
+            store_codes(static_cast<uint8_t*>(out) + out_offset, codes);
+            if (tile.is_group_leader) {
                 // The expert's scales start scale_expert_stride elements (bytes when packed) further.
                 const uint64_t expert_offset = static_cast<uint64_t>(expert) * scale_expert_stride;
                 void* expert_scales = kLayout == ScaleLayout::MNMajorPackedUE8M0
                                           ? static_cast<void*>(static_cast<uint8_t*>(scales) + expert_offset)
                                           : static_cast<void*>(static_cast<float*>(scales) + expert_offset);
-                cast_group_to_e4m3<kUE8M0, kScaleMode, kLayout>(y, amax, static_cast<uint8_t*>(out) + out_offset,
-                                                                tile.is_group_leader, expert_scales,
-                                                                tile.row(pass), blockIdx.x, gridDim.x, scale_stride);
+                store_scale<kLayout>(expert_scales, tile.row(pass), blockIdx.x, gridDim.x, scale_stride, scaler.scale);
             }
-        } else if (valid[pass]) {
+        } else {
+            if (!valid[pass])
+                continue;
             uint4 packed[kVectors];
             __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(packed);
             #pragma unroll
@@ -147,8 +125,6 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             for (int v = 0; v < kVectors; ++v)
                 reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(out) + out_offset)[v] = packed[v];
         }
-        if (pass + kPassesInFlight < kPasses)
-            load_pass(pass + kPassesInFlight);
     }
 }
 

@@ -40,7 +40,7 @@ from deep_kernels.validation import (
 GROUP_SIZE = 128
 # The forward's tile (csrc/kernels/smxx_swiglu_cast.cuh): 16 columns per thread, 8 lanes per group, so a
 # warp covers 4 rows and a block NUM_WARPS * 4 * _FORWARD_PASSES.
-_FORWARD_PASSES = 4
+_FORWARD_PASSES = 2
 _FORWARD_BLOCK_ROWS = 32 // (GROUP_SIZE // 16) * NUM_WARPS * _FORWARD_PASSES
 # Positions are int32: without weights every non-negative one selects its row.
 NO_POSITION_LIMIT = INT32_LIMIT + 1
