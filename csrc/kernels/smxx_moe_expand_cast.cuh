@@ -37,9 +37,11 @@ DK_DEVICE void store_expanded_scale(void* scales, const ScaleStrides& strides, u
     }
 }
 
+// NOTE: the cap of 4 blocks per SM (64 registers) holds every specialization without spills; left to itself,
+// ptxas gave kTopK = 1 a 40-register budget and spilled across the calls of the IEEE divisions' slow paths.
 template <typename InT, int kTopK, int GROUP_SIZE, bool kUE8M0, bool kPackedScales, ScaleMode kScaleMode,
           int kNumWarps, int kPasses>
-__global__ void __launch_bounds__(kNumWarps * 32)
+__global__ void __launch_bounds__(kNumWarps * 32, 4)
 smxx_moe_expand_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, void* __restrict__ scales,
                           const int32_t* __restrict__ slot_to_row, const int32_t* __restrict__ m_indices,
                           const int32_t* __restrict__ masked_slots, const int32_t* __restrict__ row_slots,
