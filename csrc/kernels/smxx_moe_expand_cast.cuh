@@ -5,7 +5,8 @@
 // q [rows, K] row-major; scales in any ScaleLayout, batched per expert for the masked layout (ScaleStrides).
 // Rows without a slot are the cast of a zero row (codes 0, the scale of amax_clamp) when zero_rows_per_block > 0
 // (common/moe_rows.cuh: PaddingRows). Contiguous layout: rows from *num_rows on are never written.
-// Memory-bound: the TokenGroupTile mapping of smxx_per_token_cast over tokens, kTopK stores per cast vector.
+// Memory-bound: the TokenGroupTile mapping of smxx_per_token_cast over tokens with 16 elements per thread, so
+// that each token's codes are cast once and stored as one 16-byte vector per thread to each of its kTopK rows.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,8 +38,8 @@ DK_DEVICE void store_expanded_scale(void* scales, const ScaleStrides& strides, u
     }
 }
 
-// NOTE: the cap of 4 blocks per SM (64 registers) holds every specialization without spills; left to itself,
-// ptxas gave kTopK = 1 a 40-register budget and spilled across the calls of the IEEE divisions' slow paths.
+// NOTE: asking for 4 blocks per SM (up to 64 registers) keeps every specialization free of spills; left to
+// itself, ptxas gives some a 40-register budget and spills across the calls of the IEEE divisions' slow paths.
 template <typename InT, int kTopK, int GROUP_SIZE, bool kUE8M0, bool kPackedScales, ScaleMode kScaleMode,
           int kNumWarps, int kPasses>
 __global__ void __launch_bounds__(kNumWarps * 32, 4)
@@ -50,8 +51,14 @@ smxx_moe_expand_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, vo
                           uint32_t zero_rows_per_block, uint32_t scale_batch_rows, uint32_t scale_batch_stride,
                           uint32_t scale_row_stride, uint32_t scale_column_stride, float amax_clamp) {
     // Static checks and types; the tile's rows are tokens
-    constexpr int kVec = 16 / sizeof(InT);
-    using Tile = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses>;
+    // NOTE: a thread owns kVec = 16 elements of a token, so that their codes, stored kTopK times, are one
+    // 16-byte store each; it loads them as kLoads 16-byte vectors, and kPasses counts loads, not tile passes.
+    constexpr int kVec = 16;
+    constexpr int kElementsPerLoad = 16 / sizeof(InT);
+    constexpr int kLoads = kVec / kElementsPerLoad;
+    constexpr int kTilePasses = kPasses / kLoads;
+    using Tile = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kTilePasses>;
+    DK_STATIC_ASSERT(kPasses % kLoads == 0, "whole tile passes");
     DK_STATIC_ASSERT(!kPackedScales || kUE8M0, "packed scales are UE8M0");
 
     // Loads first: kPasses 16-byte loads per thread
@@ -59,24 +66,35 @@ smxx_moe_expand_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, vo
     // read there is never stored. A block past the last token loads nothing (T may be 0).
     const Tile tile;
     const bool has_tokens = tile.first_block_row < num_tokens;
-    uint4 loaded[kPasses];
+    uint4 loaded[kTilePasses][kLoads];
     #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
+    for (int pass = 0; pass < kTilePasses; ++pass) {
         const uint64_t token = min(tile.row(pass), num_tokens - 1);
-        loaded[pass] = has_tokens ? __ldg(reinterpret_cast<const uint4*>(x + token * x_row_stride + tile.column))
-                                  : make_uint4(0, 0, 0, 0);
+        const auto* vectors = reinterpret_cast<const uint4*>(x + token * x_row_stride + tile.column);
+        #pragma unroll
+        for (int i = 0; i < kLoads; ++i)
+            loaded[pass][i] = has_tokens ? __ldg(vectors + i) : make_uint4(0, 0, 0, 0);
     }
 
     // Per pass: group amax, scale and codes, once per token (and the scale of a zero row, amax_clamp's)
     // NOTE: the codes of every pass come before the tokens' rows and the padding rows are looked up: the slow
     // paths of the IEEE divisions are calls, and what lives across them may be spilled to the stack.
     const float zero_row_scale = E4M3Scaler<kUE8M0, kScaleMode>(amax_clamp).scale;
-    uint32_t codes[kPasses][kVec / 4];
-    float pass_scales[kPasses];
+    uint32_t codes[kTilePasses][kVec / 4];
+    float pass_scales[kTilePasses];
     #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
+    for (int pass = 0; pass < kTilePasses; ++pass) {
         float values[kVec];
-        const float amax = max_nan(Tile::group_reduce(unpack_vector<InT>(loaded[pass], values), max_nan), amax_clamp);
+        float amax = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+            float elements[kElementsPerLoad];
+            amax = max_nan(amax, unpack_vector<InT>(loaded[pass][i], elements));
+            #pragma unroll
+            for (int e = 0; e < kElementsPerLoad; ++e)
+                values[i * kElementsPerLoad + e] = elements[e];
+        }
+        amax = max_nan(Tile::group_reduce(amax, max_nan), amax_clamp);
         const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
         scaler.quantize(values, codes[pass]);
         pass_scales[pass] = scaler.scale;
@@ -87,9 +105,9 @@ smxx_moe_expand_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, vo
     const ScaleStrides strides{scale_batch_rows, scale_batch_stride, scale_row_stride, scale_column_stride};
     const uint32_t num_groups = shape_k / GROUP_SIZE;
     if (has_tokens) {
-        int32_t rows[kPasses][kTopK];
+        int32_t rows[kTilePasses][kTopK];
         #pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) {
+        for (int pass = 0; pass < kTilePasses; ++pass) {
             #pragma unroll
             for (int j = 0; j < kTopK; ++j)
                 rows[pass][j] = tile.row(pass) < num_tokens ? slot_row(slot_to_row, m_indices, masked_slots,
@@ -97,7 +115,7 @@ smxx_moe_expand_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, vo
                                                             : -1;
         }
         #pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) {
+        for (int pass = 0; pass < kTilePasses; ++pass) {
             #pragma unroll
             for (int j = 0; j < kTopK; ++j) {
                 const int32_t row = rows[pass][j];

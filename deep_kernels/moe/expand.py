@@ -26,7 +26,7 @@ from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.moe.gate import MAX_TOP_K
 from deep_kernels.moe.layout import MoeLayout, contiguous_max_rows
 from deep_kernels.quant.common import (
-    DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows, check_amax_clamp,
+    DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, check_amax_clamp,
     parse_layout, parse_scale_mode, scale_geometry, scale_layout_of,
 )
 from deep_kernels.validation import (
@@ -46,6 +46,9 @@ _EXPAND_COLUMN_THREADS, _EXPAND_TOKEN_LANES, _EXPAND_VECTORS_PER_THREAD = 128, 2
 _EXPAND_CHUNK_VECTORS = _EXPAND_COLUMN_THREADS * _EXPAND_VECTORS_PER_THREAD
 # The most rows without a slot one expand block checks and zeroes (a warp ballot: csrc/common/moe_rows.cuh).
 _PADDING_ROWS_PER_BLOCK = 32
+# Expand-cast: a thread casts 16 elements of a token (one 16-byte store of codes per row), loaded as
+# element-size 16-byte vectors; PASSES counts its loads (csrc/kernels/smxx_moe_expand_cast.cuh).
+_CAST_ELEMENTS_PER_THREAD = 16
 # Reduce: 128 threads along a row's vectors, 2 tokens per block; each thread loads its token's k rows.
 _REDUCE_COLUMN_THREADS, _REDUCE_TOKEN_LANES = 128, 2
 _LAYOUT_FIELDS = ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row")
@@ -302,6 +305,12 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
 
 # ---- fused expand + per-token FP8 cast ----
 
+def _cast_block_tokens(dtype: torch.dtype) -> int:
+    """Tokens of one expand-cast block: the kernel's TokenGroupTile::BLOCK_ROWS."""
+    lanes_per_group = GROUP_SIZE // _CAST_ELEMENTS_PER_THREAD
+    return 32 // lanes_per_group * NUM_WARPS * (PASSES * (16 // dtype.itemsize) // _CAST_ELEMENTS_PER_THREAD)
+
+
 def _expand_cast_spec(dtype: torch.dtype, k: int, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode) -> KernelSpec:
     packed = layout == ScaleLayout.packed_ue8m0
     return KernelSpec("kernels/smxx_moe_expand_cast.cuh", "smxx_moe_expand_cast_impl",
@@ -350,7 +359,7 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
     shape = _expanded_shape(sizes, hidden, masked)
     num_out_rows = shape[0] * (shape[1] if masked else 1)
     num_groups = hidden // GROUP_SIZE
-    token_blocks = ceil_div(num_tokens, block_rows(GROUP_SIZE, 16 // x.element_size()))
+    token_blocks = ceil_div(num_tokens, _cast_block_tokens(x.dtype))
     row_blocks, padding_rows = _padding_share(num_out_rows, token_blocks, max(num_groups, 1), zero_padding)
     if row_blocks > MAX_ROW_BLOCKS:
         raise ValueError(f"the layout has too many rows ({num_out_rows}) or tokens ({num_tokens}) for one launch: "
