@@ -161,6 +161,11 @@ def test_padding_shares_cover_every_row_in_shares_of_at_most_32(num_out_rows, to
     assert expand._padding_share(num_out_rows, token_blocks, columns, False) == (token_blocks, 0)
 
 
+def test_padding_shares_of_an_empty_layout():
+    assert expand._padding_share(0, 0, 56, True) == (0, 0)
+    assert expand._padding_share(0, 0, 1, False) == (0, 0)
+
+
 # ---- validation (CPU tensors: every check that precedes the device check) ----
 
 LAYOUT = _cpu_layout(num_tokens=8, k=2, num_experts=4, max_tokens=3)

@@ -130,23 +130,21 @@ smxx_moe_expand_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, vo
     }
 
     // Padding rows: the whole block writes each one's zero codes and the scale of a zero row in every group
-    if (padding.bits != 0) {
-        for (uint32_t bits = padding.bits; bits != 0; bits &= bits - 1) {
-            const uint32_t row = padding.first_row + __ffs(bits) - 1;
-            uint4* codes = reinterpret_cast<uint4*>(q + static_cast<uint64_t>(row) * shape_k);
-            for (uint32_t column = threadIdx.x; column < shape_k / 16; column += blockDim.x)
-                codes[column] = make_uint4(0, 0, 0, 0);
-            if constexpr (kPackedScales) {
-                const uint32_t byte = ue8m0_byte(zero_row_scale);
-                for (uint32_t word = threadIdx.x; word * 4 < num_groups; word += blockDim.x) {
-                    const uint32_t used = min(num_groups - word * 4, 4u);
-                    static_cast<uint32_t*>(scales)[strides.offset(row, word)] =
-                        (byte * 0x01010101u) & (0xffffffffu >> (32 - 8 * used));
-                }
-            } else {
-                for (uint32_t group = threadIdx.x; group < num_groups; group += blockDim.x)
-                    static_cast<float*>(scales)[strides.offset(row, group)] = zero_row_scale;
+    for (uint32_t bits = padding.bits; bits != 0; bits &= bits - 1) {
+        const uint32_t row = padding.first_row + __ffs(bits) - 1;
+        uint4* row_codes = reinterpret_cast<uint4*>(q + static_cast<uint64_t>(row) * shape_k);
+        for (uint32_t column = threadIdx.x; column < shape_k / 16; column += blockDim.x)
+            row_codes[column] = make_uint4(0, 0, 0, 0);
+        if constexpr (kPackedScales) {
+            const uint32_t byte = ue8m0_byte(zero_row_scale);
+            for (uint32_t word = threadIdx.x; word * 4 < num_groups; word += blockDim.x) {
+                const uint32_t used = min(num_groups - word * 4, 4u);
+                static_cast<uint32_t*>(scales)[strides.offset(row, word)] =
+                    (byte * 0x01010101u) & (0xffffffffu >> (32 - 8 * used));
             }
+        } else {
+            for (uint32_t group = threadIdx.x; group < num_groups; group += blockDim.x)
+                static_cast<float*>(scales)[strides.offset(row, group)] = zero_row_scale;
         }
     }
 }

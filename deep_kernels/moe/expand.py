@@ -200,10 +200,10 @@ def _padding_share(num_out_rows: int, token_blocks: int, columns: int, zero_padd
     """(blocks along the token dimension, padding rows per block) of an expand launch whose grid is that many
     blocks times `columns`: enough blocks for every token, and with zero_padding for every row in shares of
     at most _PADDING_ROWS_PER_BLOCK rows, spread evenly over all the blocks."""
-    if not zero_padding:
-        return token_blocks, 0
-    blocks = max(token_blocks, ceil_div(ceil_div(num_out_rows, _PADDING_ROWS_PER_BLOCK), columns))
-    return blocks, ceil_div(num_out_rows, blocks * columns)
+    blocks = token_blocks
+    if zero_padding:
+        blocks = max(token_blocks, ceil_div(ceil_div(num_out_rows, _PADDING_ROWS_PER_BLOCK), columns))
+    return blocks, ceil_div(num_out_rows, blocks * columns) if zero_padding and blocks > 0 else 0
 
 
 # ---- expand ----
