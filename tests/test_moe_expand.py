@@ -150,15 +150,19 @@ def test_reference_reduce_matches_a_loop(masked, dtype):
 
 
 @pytest.mark.parametrize("num_out_rows,token_blocks,columns", [
-    (163584, 8192, 2), (33024, 32, 2), (1, 0, 1), (4096, 0, 56), (5, 1, 3), (100000, 7, 1), (4001, 63, 56),
+    (163584, 8192, 2), (33024, 32, 2), (1024, 1, 2), (1, 0, 1), (4096, 0, 56), (5, 1, 3), (100000, 7, 1),
+    (4001, 63, 56),
 ])
-def test_padding_shares_cover_every_row_in_shares_of_at_most_32(num_out_rows, token_blocks, columns):
+@pytest.mark.parametrize("num_sms", [None, 132])
+def test_padding_shares_cover_every_row_in_shares_of_at_most_32(num_out_rows, token_blocks, columns, num_sms):
     # The expand kernels' blocks zero the rows without a slot in shares (csrc/common/moe_rows.cuh: PaddingRows).
-    blocks, share = expand._padding_share(num_out_rows, token_blocks, columns, True)
+    blocks, share = expand._padding_share(num_out_rows, token_blocks, columns, True, num_sms)
     assert blocks >= token_blocks and 1 <= share <= 32
     assert blocks * columns * share >= num_out_rows  # the shares of all blocks reach the last row
     assert (blocks - 1) * columns * share < num_out_rows or blocks == token_blocks  # no block row only past it
-    assert expand._padding_share(num_out_rows, token_blocks, columns, False) == (token_blocks, 0)
+    if num_sms is not None:  # small layouts still spread over the SMs: shares no larger than 8 blocks per SM need
+        assert share <= -(-num_out_rows // (8 * num_sms))
+    assert expand._padding_share(num_out_rows, token_blocks, columns, False, num_sms) == (token_blocks, 0)
 
 
 def test_padding_shares_of_an_empty_layout():

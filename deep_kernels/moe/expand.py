@@ -21,6 +21,7 @@ import functools
 
 import torch
 
+from deep_kernels.device import get_num_sms
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.moe.gate import MAX_TOP_K
@@ -44,8 +45,9 @@ _KERNEL_TYPES = {**CPP_TYPES, torch.float8_e4m3fn: "__nv_fp8_e4m3"}
 # Expand: 128 threads along a token row's 16-byte vectors, 2 token lanes, 4 vectors (loads in flight) per thread.
 _EXPAND_COLUMN_THREADS, _EXPAND_TOKEN_LANES, _EXPAND_VECTORS_PER_THREAD = 128, 2, 4
 _EXPAND_CHUNK_VECTORS = _EXPAND_COLUMN_THREADS * _EXPAND_VECTORS_PER_THREAD
-# The most rows without a slot one expand block checks and zeroes (a warp ballot: csrc/common/moe_rows.cuh).
-_PADDING_ROWS_PER_BLOCK = 32
+# The most rows without a slot one expand block checks and zeroes (a warp ballot: csrc/common/moe_rows.cuh),
+# and the blocks per SM that smaller shares aim for.
+_PADDING_ROWS_PER_BLOCK, _PADDING_BLOCKS_PER_SM = 32, 8
 # Expand-cast: a thread casts 16 elements of a token (one 16-byte store of codes per row), loaded as
 # element-size 16-byte vectors; PASSES counts its loads (csrc/kernels/smxx_moe_expand_cast.cuh).
 _CAST_ELEMENTS_PER_THREAD = 16
@@ -196,14 +198,18 @@ def _layout_args(layout, masked: bool, num_tokens: int, num_out_rows: int, max_t
             0 if masked else layout.num_rows.data_ptr(), num_tokens, num_out_rows, max_tokens if masked else 0)
 
 
-def _padding_share(num_out_rows: int, token_blocks: int, columns: int, zero_padding: bool) -> tuple:
+def _padding_share(num_out_rows: int, token_blocks: int, columns: int, zero_padding: bool, num_sms=None) -> tuple:
     """(blocks along the token dimension, padding rows per block) of an expand launch whose grid is that many
     blocks times `columns`: enough blocks for every token, and with zero_padding for every row in shares of
-    at most _PADDING_ROWS_PER_BLOCK rows, spread evenly over all the blocks."""
-    blocks = token_blocks
-    if zero_padding:
-        blocks = max(token_blocks, ceil_div(ceil_div(num_out_rows, _PADDING_ROWS_PER_BLOCK), columns))
-    return blocks, ceil_div(num_out_rows, blocks * columns) if zero_padding and blocks > 0 else 0
+    at most _PADDING_ROWS_PER_BLOCK rows, spread evenly over all the blocks. Given num_sms, the shares are
+    smaller where that gives each SM _PADDING_BLOCKS_PER_SM blocks (a small layout is mostly padding rows)."""
+    if not zero_padding or num_out_rows == 0:
+        return token_blocks, 0
+    share = _PADDING_ROWS_PER_BLOCK
+    if num_sms is not None:
+        share = max(1, min(share, ceil_div(num_out_rows, _PADDING_BLOCKS_PER_SM * num_sms)))
+    blocks = max(token_blocks, ceil_div(ceil_div(num_out_rows, share), columns))
+    return blocks, ceil_div(num_out_rows, blocks * columns)
 
 
 # ---- expand ----
@@ -293,7 +299,7 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
         scale_args = (columns, *x_strides, batch_rows_arg, batch_stride, column_stride)
     chunks = ceil_div(row_vectors, _EXPAND_CHUNK_VECTORS)
     blocks, padding_rows = _padding_share(num_out_rows, ceil_div(num_tokens, _EXPAND_TOKEN_LANES), chunks,
-                                          zero_padding)
+                                          zero_padding, get_num_sms())
     if blocks == 0:
         return result
     _expand_kernel(k).launch((blocks, chunks, 1), (
@@ -360,8 +366,9 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
     num_out_rows = shape[0] * (shape[1] if masked else 1)
     num_groups = hidden // GROUP_SIZE
     token_blocks = ceil_div(num_tokens, _cast_block_tokens(x.dtype))
-    row_blocks, padding_rows = _padding_share(num_out_rows, token_blocks, max(num_groups, 1), zero_padding)
-    if row_blocks > MAX_ROW_BLOCKS:
+    # NOTE: the launch's shares (for the SM count) are smaller only where the rows then come to
+    # _PADDING_BLOCKS_PER_SM blocks per SM, far below the limit: the largest shares decide it.
+    if _padding_share(num_out_rows, token_blocks, max(num_groups, 1), zero_padding)[0] > MAX_ROW_BLOCKS:
         raise ValueError(f"the layout has too many rows ({num_out_rows}) or tokens ({num_tokens}) for one launch: "
                          "split the tokens")
     batches, batch_rows = (num_experts, max_tokens) if masked else (None, num_out_rows)
@@ -378,7 +385,10 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
     else:
         check_cuda_device(q, "out[0]", like=x)
         check_cuda_device(scales, "out[1]", like=x)
-    if num_out_rows == 0 or hidden == 0 or row_blocks == 0:
+    if num_out_rows == 0 or hidden == 0:
+        return q, scales
+    row_blocks, padding_rows = _padding_share(num_out_rows, token_blocks, num_groups, zero_padding, get_num_sms())
+    if row_blocks == 0:  # no tokens, and no padding rows to write
         return q, scales
 
     kernel = _expand_cast_kernel(x.dtype, k, ue8m0, layout_kind, mode)
