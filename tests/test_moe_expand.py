@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels.moe import MoeLayout, contiguous_max_rows
+from deep_kernels.moe import MoeLayout, contiguous_max_rows, expand
 from deep_kernels.reference import moe as reference
 from deep_kernels.reference import quant as quant_reference
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
@@ -147,6 +147,27 @@ def test_reference_reduce_matches_a_loop(masked, dtype):
         out = reference.moe_reduce(y, layout, weights, scales, masked=masked, out_dtype=out_dtype)
         expected = torch.from_numpy(_loop_reduce(y_rows, rows, weights.numpy())).to(out_dtype)
         assert_bitwise_equal(out, expected, "out")
+
+
+@pytest.mark.parametrize("num_out_rows,token_blocks,columns", [
+    (163584, 8192, 2), (33024, 32, 2), (1024, 1, 2), (1, 0, 1), (4096, 0, 56), (5, 1, 3), (100000, 7, 1),
+    (4001, 63, 56),
+])
+@pytest.mark.parametrize("num_sms", [None, 132])
+def test_padding_shares_cover_every_row_in_shares_of_at_most_32(num_out_rows, token_blocks, columns, num_sms):
+    # The expand kernels' blocks zero the rows without a slot in shares (csrc/common/moe_rows.cuh: PaddingRows).
+    blocks, share = expand._padding_share(num_out_rows, token_blocks, columns, True, num_sms)
+    assert blocks >= token_blocks and 1 <= share <= 32
+    assert blocks * columns * share >= num_out_rows  # the shares of all blocks reach the last row
+    assert (blocks - 1) * columns * share < num_out_rows or blocks == token_blocks  # no block row only past it
+    if num_sms is not None:  # small layouts still spread over the SMs: shares no larger than 8 blocks per SM need
+        assert share <= -(-num_out_rows // (8 * num_sms))
+    assert expand._padding_share(num_out_rows, token_blocks, columns, False, num_sms) == (token_blocks, 0)
+
+
+def test_padding_shares_of_an_empty_layout():
+    assert expand._padding_share(0, 0, 56, True) == (0, 0)
+    assert expand._padding_share(0, 0, 1, False) == (0, 0)
 
 
 # ---- validation (CPU tensors: every check that precedes the device check) ----
@@ -388,6 +409,61 @@ def test_expand_without_zero_padding_writes_only_rows_with_a_slot(variant, maske
         actual, wanted = _dense_bytes(actual), _dense_bytes(wanted)
         assert torch.equal(actual[has_slot], wanted[has_slot])
         assert (actual[~has_slot] == 0xFF).all(), "a row without a slot was written"
+
+
+def _sparse_routing(num_tokens: int, num_experts: int, k: int, max_tokens: int, seed: int = 0):
+    """Distinct experts per token, experts 1 and E - 2 never chosen, every 7th token with all its slots
+    dropped and 10% of the other slots dropped; the layout with its masked part."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    scores = torch.rand((num_tokens, num_experts), device="cuda", generator=generator)
+    scores[:, [1, num_experts - 2]] = -1.0
+    indices = scores.topk(k, dim=1).indices.int()
+    indices[torch.rand(indices.shape, device="cuda", generator=generator) < 0.1] = -1
+    indices[::7] = -1
+    return deep_kernels.moe_layout(indices, num_experts, max_tokens)
+
+
+def _check_written(actual, expected, layout, masked: bool, zero_padding: bool, name: str) -> None:
+    """zero_padding: _check_rows. Without: the rows with a slot equal, every other row untouched (poison)."""
+    if zero_padding:
+        _check_rows(actual, expected, layout, masked, name)
+        return
+    has_slot = (layout.masked_slots if masked else layout.row_to_slot) >= 0
+    actual, expected = _dense_bytes(actual), _dense_bytes(expected)
+    assert torch.equal(actual[has_slot], expected[has_slot]), name
+    assert (actual[~has_slot] == 0xFF).all(), f"{name}: a row without a slot was written"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [4001, 0])
+@pytest.mark.parametrize("zero_padding", [True, False])
+def test_expand_with_empty_experts_and_fully_dropped_tokens(num_tokens, zero_padding):
+    num_experts, k, hidden, max_tokens = 16, 4, 384, 800
+    layout = _sparse_routing(num_tokens, num_experts, k, max_tokens)
+    counts = layout.counts.tolist()
+    assert counts[1] == 0 and counts[num_experts - 2] == 0
+    assert num_tokens == 0 or max(counts) > max_tokens  # some experts overflow the masked layout
+    x = random_activations(num_tokens, hidden, torch.bfloat16)
+    inputs = [(x, None)]
+    if num_tokens > 0:
+        for ue8m0, scale_layout in SCALE_VARIANTS:
+            inputs.append(deep_kernels.per_token_cast_to_fp8(x, 128, ue8m0, scale_layout))
+    for masked in (False, True):
+        for values, scales in inputs:
+            expected = reference.moe_expand(values, layout, scales, masked=masked)
+            expected = expected if isinstance(expected, tuple) else (expected,)
+            out = tuple(_poisoned(t) for t in expected)
+            deep_kernels.moe_expand(values, layout, scales, masked=masked, zero_padding=zero_padding,
+                                    out=out if scales is not None else out[0])
+            for i, (actual, wanted) in enumerate(zip(out, expected)):
+                _check_written(actual, wanted, layout, masked, zero_padding, f"{values.dtype} output {i}")
+        for ue8m0, scale_layout in SCALE_VARIANTS:
+            kwargs = dict(masked=masked, ue8m0=ue8m0, scale_layout=scale_layout)
+            expected = reference.moe_expand_cast_to_fp8(x, layout, **kwargs)
+            out = tuple(_poisoned(t) for t in expected)
+            deep_kernels.moe_expand_cast_to_fp8(x, layout, zero_padding=zero_padding, out=out, **kwargs)
+            for name, actual, wanted in zip(("q", "scales"), out, expected):
+                _check_written(actual, wanted, layout, masked, zero_padding, f"cast {scale_layout} {name}")
 
 
 def _reduce_inputs(layout, num_tokens: int, hidden: int, variant: str, masked: bool):

@@ -1,5 +1,6 @@
 // What the MoE expand and reduce kernels share: the row a routed slot occupies in either grouped-GEMM
-// layout, and the addressing of per-row scales that may be batched per expert (the masked layout).
+// layout, the padding rows an expand block zeroes, and the addressing of per-row scales that may be batched
+// per expert (the masked layout).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,28 @@ struct ScaleStrides {
         const uint32_t batch = row / batch_rows, row_in_batch = row % batch_rows;
         return static_cast<uint64_t>(batch) * batch_stride + static_cast<uint64_t>(row_in_batch) * row_stride +
                static_cast<uint64_t>(column) * column_stride;
+    }
+};
+
+// The rows a block of the expand kernels zeroes: those without a slot (row_slots[row] < 0) among its share
+// [first_row, first_row + rows_per_block) (rows_per_block <= 32, first_row from the block's linear index),
+// below the row limit (*num_rows, or num_out_rows where num_rows is null). Bit i of bits is row first_row + i.
+// Every thread of the block constructs it (one ballot per warp: every warp gets the same bits).
+struct PaddingRows {
+    uint32_t first_row;
+    uint32_t bits;
+
+    DK_DEVICE PaddingRows(const int32_t* __restrict__ row_slots, const int32_t* __restrict__ num_rows,
+                          uint32_t num_out_rows, uint32_t rows_per_block) {
+        const uint32_t lane = threadIdx.x % 32;
+        first_row = (blockIdx.y * gridDim.x + blockIdx.x) * rows_per_block;
+        const uint32_t row = first_row + lane;
+        const bool in_share = lane < rows_per_block && row < num_out_rows;
+        // NOTE: the slot is in bounds whatever num_rows holds, so both loads are in flight together.
+        const bool unslotted = in_share && __ldg(row_slots + row) < 0;
+        const uint32_t row_limit =
+            num_rows == nullptr ? num_out_rows : min(num_out_rows, static_cast<uint32_t>(__ldg(num_rows)));
+        bits = __ballot_sync(0xffffffffu, unslotted && row < row_limit);
     }
 };
 

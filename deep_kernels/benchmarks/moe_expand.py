@@ -18,8 +18,8 @@ SCALE_COLUMNS = HIDDEN // 128
 
 
 def _expand_bytes(tokens_read: int, num_rows: int, element_bytes: int, scale_bytes: int = 0) -> int:
-    """The least DRAM traffic: each routed token's row read once (its k slots share it through L2), every row
-    up to num_rows written (padding rows as zeros)."""
+    """The least DRAM traffic, which the token-major kernels move: each routed token's row read once (and
+    stored to its k slots' rows), every row up to num_rows written (padding rows as zeros)."""
     return (tokens_read + num_rows) * (HIDDEN * element_bytes + scale_bytes)
 
 

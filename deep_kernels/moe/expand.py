@@ -5,7 +5,11 @@ moe_expand: row r of the contiguous layout [max_rows, H] is x[row_to_slot[r] // 
     (padding within an expert's segment, masked rows from masked_m on) are zero, or left unwritten with
     zero_padding=False; rows of the contiguous layout from num_rows on belong to no expert and are never
     written. FP8 rows bring their per-token scales, gathered into the scale layout the grouped GEMM reads.
-moe_expand_cast_to_fp8: the same gather fused with per_token_cast_to_fp8 (1 x 128 groups), bit for bit.
+    Token-major: each token row is read once and stored to its slots' rows (slot_to_row); the same launch's
+    blocks also zero the rows without a slot (a share of at most 32 rows each, found through row_to_slot or
+    masked_slots).
+moe_expand_cast_to_fp8: the same expansion fused with per_token_cast_to_fp8 (1 x 128 groups), bit for bit;
+    each token is cast once and its codes and scales stored to its k rows.
 moe_reduce: out[t] = sum over j of weights[t, j] * y[row of slot t * k + j], in FP32, slots in order,
     dropped slots skipped: acc = 0; acc = acc + w_j * y_j (IEEE products and sums, never fused); out = RNE(acc).
 Scales of expanded rows (quant.common's layouts, over the expanded rows): contiguous [rows, G] as in quant;
@@ -17,12 +21,13 @@ import functools
 
 import torch
 
+from deep_kernels.device import get_num_sms
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.moe.gate import MAX_TOP_K
 from deep_kernels.moe.layout import MoeLayout, contiguous_max_rows
 from deep_kernels.quant.common import (
-    DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows, check_amax_clamp,
+    DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, check_amax_clamp,
     parse_layout, parse_scale_mode, scale_geometry, scale_layout_of,
 )
 from deep_kernels.validation import (
@@ -37,9 +42,15 @@ REDUCE_DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 _KERNEL_TYPES = {**CPP_TYPES, torch.float8_e4m3fn: "__nv_fp8_e4m3"}
 
-# Expand: 128 threads along a row's 16-byte vectors, 2 row lanes, 4 rows (loads in flight) per thread.
-_EXPAND_COLUMN_THREADS, _EXPAND_ROW_LANES, _EXPAND_ROWS_PER_THREAD = 128, 2, 4
-_EXPAND_BLOCK_ROWS = _EXPAND_ROW_LANES * _EXPAND_ROWS_PER_THREAD
+# Expand: 128 threads along a token row's 16-byte vectors, 2 token lanes, 4 vectors (loads in flight) per thread.
+_EXPAND_COLUMN_THREADS, _EXPAND_TOKEN_LANES, _EXPAND_VECTORS_PER_THREAD = 128, 2, 4
+_EXPAND_CHUNK_VECTORS = _EXPAND_COLUMN_THREADS * _EXPAND_VECTORS_PER_THREAD
+# The most rows without a slot one expand block checks and zeroes (a warp ballot: csrc/common/moe_rows.cuh),
+# and the blocks per SM that smaller shares aim for.
+_PADDING_ROWS_PER_BLOCK, _PADDING_BLOCKS_PER_SM = 32, 8
+# Expand-cast: a thread casts 16 elements of a token (one 16-byte store of codes per row), loaded as
+# element-size 16-byte vectors; PASSES counts its loads (csrc/kernels/smxx_moe_expand_cast.cuh).
+_CAST_ELEMENTS_PER_THREAD = 16
 # Reduce: 128 threads along a row's vectors, 2 tokens per block; each thread loads its token's k rows.
 _REDUCE_COLUMN_THREADS, _REDUCE_TOKEN_LANES = 128, 2
 _LAYOUT_FIELDS = ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row")
@@ -179,17 +190,39 @@ def _row_slots(layout, masked: bool) -> torch.Tensor:
     return layout.masked_slots if masked else layout.row_to_slot
 
 
+def _layout_args(layout, masked: bool, num_tokens: int, num_out_rows: int, max_tokens) -> tuple:
+    """The expand kernels' layout parameters: slot_to_row, m_indices, masked_slots (or 0), the row slots,
+    num_rows (or 0: masked), T, the rows of the layout and max_tokens (0: contiguous)."""
+    return (layout.slot_to_row.data_ptr(), layout.m_indices.data_ptr(),
+            layout.masked_slots.data_ptr() if masked else 0, _row_slots(layout, masked).data_ptr(),
+            0 if masked else layout.num_rows.data_ptr(), num_tokens, num_out_rows, max_tokens if masked else 0)
+
+
+def _padding_share(num_out_rows: int, token_blocks: int, columns: int, zero_padding: bool, num_sms=None) -> tuple:
+    """(blocks along the token dimension, padding rows per block) of an expand launch whose grid is that many
+    blocks times `columns`: enough blocks for every token, and with zero_padding for every row in shares of
+    at most _PADDING_ROWS_PER_BLOCK rows, spread evenly over all the blocks. Given num_sms, the shares are
+    smaller where that gives each SM _PADDING_BLOCKS_PER_SM blocks (a small layout is mostly padding rows)."""
+    if not zero_padding or num_out_rows == 0:
+        return token_blocks, 0
+    share = _PADDING_ROWS_PER_BLOCK
+    if num_sms is not None:
+        share = max(1, min(share, ceil_div(num_out_rows, _PADDING_BLOCKS_PER_SM * num_sms)))
+    blocks = max(token_blocks, ceil_div(ceil_div(num_out_rows, share), columns))
+    return blocks, ceil_div(num_out_rows, blocks * columns)
+
+
 # ---- expand ----
 
-def _expand_spec() -> KernelSpec:
+def _expand_spec(k: int) -> KernelSpec:
     return KernelSpec("kernels/smxx_moe_expand.cuh", "smxx_moe_expand_impl",
-                      (_EXPAND_COLUMN_THREADS, _EXPAND_ROW_LANES, _EXPAND_ROWS_PER_THREAD))
+                      (k, _EXPAND_COLUMN_THREADS, _EXPAND_TOKEN_LANES, _EXPAND_VECTORS_PER_THREAD))
 
 
 @functools.lru_cache(maxsize=None)
-def _expand_kernel():
-    return get_kernel(_expand_spec(), param_kinds="PPPPPP" + "I" * 11,
-                      block_threads=_EXPAND_COLUMN_THREADS * _EXPAND_ROW_LANES)
+def _expand_kernel(k: int):
+    return get_kernel(_expand_spec(k), param_kinds="P" * 9 + "I" * 12,
+                      block_threads=_EXPAND_COLUMN_THREADS * _EXPAND_TOKEN_LANES)
 
 
 def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, masked: bool = False,
@@ -214,7 +247,9 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
 
     Notes:
         Rows without a slot are zero (scale 0 for FP8) unless zero_padding is False; contiguous rows from
-        layout.num_rows on are never written. No host synchronization or allocation besides `out`: CUDA-graph safe. Deterministic.
+        layout.num_rows on are never written. Each token row is read once and stored to the rows of its slots;
+        every output element has one writer: deterministic. No host synchronization or allocation besides
+        `out`: CUDA-graph safe.
     """
     sizes = _check_x(x, layout, masked, EXPAND_DTYPES)
     _check_bool(zero_padding, "zero_padding")
@@ -262,26 +297,36 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
         x_strides = (num_groups, 1) if x_layout == ScaleLayout.row_major else (1, scales.stride(1))
         batch_rows_arg, batch_stride, _, column_stride = _kernel_strides(out_geometry, batch_rows)
         scale_args = (columns, *x_strides, batch_rows_arg, batch_stride, column_stride)
-    grid = (ceil_div(num_out_rows, _EXPAND_BLOCK_ROWS), ceil_div(row_vectors, _EXPAND_COLUMN_THREADS), 1)
-    _expand_kernel().launch(grid, (
+    chunks = ceil_div(row_vectors, _EXPAND_CHUNK_VECTORS)
+    blocks, padding_rows = _padding_share(num_out_rows, ceil_div(num_tokens, _EXPAND_TOKEN_LANES), chunks,
+                                          zero_padding, get_num_sms())
+    if blocks == 0:
+        return result
+    _expand_kernel(k).launch((blocks, chunks, 1), (
         x.data_ptr(), rows.data_ptr(), scales.data_ptr() if is_fp8 else 0, out_scales.data_ptr() if is_fp8 else 0,
-        _row_slots(layout, masked).data_ptr(), 0 if masked else layout.num_rows.data_ptr(), num_out_rows,
-        row_vectors, x.stride(0) * x.element_size() // 16, k, *scale_args, int(zero_padding)), x.get_device())
+        *_layout_args(layout, masked, num_tokens, num_out_rows, max_tokens), row_vectors,
+        x.stride(0) * x.element_size() // 16, padding_rows, *scale_args), x.get_device())
     return result
 
 
 # ---- fused expand + per-token FP8 cast ----
 
-def _expand_cast_spec(dtype: torch.dtype, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode) -> KernelSpec:
+def _cast_block_tokens(dtype: torch.dtype) -> int:
+    """Tokens of one expand-cast block: the kernel's TokenGroupTile::BLOCK_ROWS."""
+    lanes_per_group = GROUP_SIZE // _CAST_ELEMENTS_PER_THREAD
+    return 32 // lanes_per_group * NUM_WARPS * (PASSES * (16 // dtype.itemsize) // _CAST_ELEMENTS_PER_THREAD)
+
+
+def _expand_cast_spec(dtype: torch.dtype, k: int, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode) -> KernelSpec:
     packed = layout == ScaleLayout.packed_ue8m0
     return KernelSpec("kernels/smxx_moe_expand_cast.cuh", "smxx_moe_expand_cast_impl",
-                      (CPP_TYPES[dtype], GROUP_SIZE, str(ue8m0).lower(), str(packed).lower(), mode.cpp, NUM_WARPS,
-                       PASSES))
+                      (CPP_TYPES[dtype], k, GROUP_SIZE, str(ue8m0).lower(), str(packed).lower(), mode.cpp,
+                       NUM_WARPS, PASSES))
 
 
 @functools.lru_cache(maxsize=None)
-def _expand_cast_kernel(dtype: torch.dtype, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode):
-    return get_kernel(_expand_cast_spec(dtype, ue8m0, layout, mode), param_kinds="PPPPP" + "I" * 8 + "fI",
+def _expand_cast_kernel(dtype: torch.dtype, k: int, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode):
+    return get_kernel(_expand_cast_spec(dtype, k, ue8m0, layout, mode), param_kinds="P" * 8 + "I" * 10 + "f",
                       block_threads=NUM_WARPS * 32)
 
 
@@ -305,11 +350,12 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
     Notes:
         Bit-exact with per_token_cast_to_fp8(moe_expand(x, layout, masked=masked)) of the reference: rows
         without a slot are zero rows (codes 0, scale amax_clamp / 448 or its UE8M0 rounding); contiguous rows
-        from layout.num_rows on are not written. CUDA-graph safe; deterministic.
+        from layout.num_rows on are not written. Each token is read and cast once, its codes and scales stored
+        to the rows of its slots; every output element has one writer: deterministic. CUDA-graph safe.
     """
     sizes = _check_x(x, layout, masked, CAST_DTYPES)
     _check_bool(zero_padding, "zero_padding")
-    _, k, num_experts, _, max_tokens = sizes
+    num_tokens, k, num_experts, _, max_tokens = sizes
     hidden = x.shape[1]
     if hidden % GROUP_SIZE != 0:
         raise ValueError(f"x.shape[1] (H = {hidden}) must be a multiple of the group size {GROUP_SIZE}")
@@ -318,10 +364,14 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
     check_amax_clamp(amax_clamp)
     shape = _expanded_shape(sizes, hidden, masked)
     num_out_rows = shape[0] * (shape[1] if masked else 1)
-    if ceil_div(num_out_rows, block_rows(GROUP_SIZE, 16 // x.element_size())) > MAX_ROW_BLOCKS:
-        raise ValueError(f"the layout has too many rows ({num_out_rows}) for one launch: split the tokens")
-    batches, batch_rows = (num_experts, max_tokens) if masked else (None, num_out_rows)
     num_groups = hidden // GROUP_SIZE
+    token_blocks = ceil_div(num_tokens, _cast_block_tokens(x.dtype))
+    # NOTE: the launch's shares (for the SM count) are smaller only where the rows then come to
+    # _PADDING_BLOCKS_PER_SM blocks per SM, far below the limit: the largest shares decide it.
+    if _padding_share(num_out_rows, token_blocks, max(num_groups, 1), zero_padding)[0] > MAX_ROW_BLOCKS:
+        raise ValueError(f"the layout has too many rows ({num_out_rows}) or tokens ({num_tokens}) for one launch: "
+                         "split the tokens")
+    batches, batch_rows = (num_experts, max_tokens) if masked else (None, num_out_rows)
     geometry = expanded_scale_geometry(batches, batch_rows, num_groups, layout_kind)
     if out is not None:
         q, scales = _unpack_out(out, 2)
@@ -337,13 +387,14 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
         check_cuda_device(scales, "out[1]", like=x)
     if num_out_rows == 0 or hidden == 0:
         return q, scales
+    row_blocks, padding_rows = _padding_share(num_out_rows, token_blocks, num_groups, zero_padding, get_num_sms())
+    if row_blocks == 0:  # no tokens, and no padding rows to write
+        return q, scales
 
-    kernel = _expand_cast_kernel(x.dtype, ue8m0, layout_kind, mode)
-    grid = (num_groups, ceil_div(num_out_rows, block_rows(GROUP_SIZE, 16 // x.element_size())), 1)
-    kernel.launch(grid, (
-        x.data_ptr(), q.data_ptr(), scales.data_ptr(), _row_slots(layout, masked).data_ptr(),
-        0 if masked else layout.num_rows.data_ptr(), num_out_rows, hidden, x.stride(0), k,
-        *_kernel_strides(geometry, batch_rows), float(amax_clamp), int(zero_padding)), x.get_device())
+    kernel = _expand_cast_kernel(x.dtype, k, ue8m0, layout_kind, mode)
+    kernel.launch((num_groups, row_blocks, 1), (
+        x.data_ptr(), q.data_ptr(), scales.data_ptr(), *_layout_args(layout, masked, num_tokens, num_out_rows, max_tokens),
+        hidden, x.stride(0), padding_rows, *_kernel_strides(geometry, batch_rows), float(amax_clamp)), x.get_device())
     return q, scales
 
 
@@ -439,13 +490,14 @@ def moe_reduce(y: torch.Tensor, layout: MoeLayout, weights: torch.Tensor, scales
 
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
-    specs = [_expand_spec()]
+    specs = [_expand_spec(k) for k in (1, 6, 8)]
     for dtype in CAST_DTYPES:
         for ue8m0, layout, mode in ((False, ScaleLayout.mn_major, ScaleMode.mul),
                                     (False, ScaleLayout.mn_major, ScaleMode.div),
                                     (True, ScaleLayout.mn_major, ScaleMode.mul),
                                     (True, ScaleLayout.packed_ue8m0, ScaleMode.mul)):
-            specs.append(_expand_cast_spec(dtype, ue8m0, layout, mode))
+            specs.append(_expand_cast_spec(dtype, 8, ue8m0, layout, mode))
+    specs.extend(_expand_cast_spec(torch.bfloat16, k, False, ScaleLayout.mn_major, ScaleMode.mul) for k in (1, 6))
     for in_dtype, packed in ((torch.bfloat16, False), (torch.float32, False), (torch.float8_e4m3fn, False),
                              (torch.float8_e4m3fn, True)):
         for out_dtype in OUT_DTYPES:
