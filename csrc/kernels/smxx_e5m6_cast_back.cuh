@@ -46,8 +46,8 @@ smxx_e5m6_cast_back_impl(const uint32_t* __restrict__ packed, const float* __res
             const uint32_t tile_vector = c * 32 + lane;
             const uint32_t vector = (first_tile + t) * (kTileWords / 4) + tile_vector;
             const uint32_t valid_words = vector < full_vectors ? 4 : (vector == full_vectors ? tail_words : 0);
-            ptx::cp_async_16(&smem_words[warp][t][tile_vector * 4], packed + static_cast<uint64_t>(min(vector, full_vectors)) * 4,
-                             valid_words * 4);
+            const uint32_t* src = packed + static_cast<uint64_t>(min(vector, full_vectors)) * 4;
+            ptx::cp_async_16(&smem_words[warp][t][tile_vector * 4], src, valid_words * 4);
         }
     }
 
@@ -94,8 +94,9 @@ smxx_e5m6_cast_back_impl(const uint32_t* __restrict__ packed, const float* __res
             #pragma unroll
             for (int w = 0; w < 4; ++w) {
                 if constexpr (kVectorCodes == 8) {
-                    const __nv_bfloat162 pair = __floats2bfloat162_rn(e5m6_to_float(codes[2 * w]) * vector_scales[t][j],
-                                                                      e5m6_to_float(codes[2 * w + 1]) * vector_scales[t][j]);
+                    const float scale = vector_scales[t][j];
+                    const __nv_bfloat162 pair = __floats2bfloat162_rn(e5m6_to_float(codes[2 * w]) * scale,
+                                                                      e5m6_to_float(codes[2 * w + 1]) * scale);
                     out[w] = *reinterpret_cast<const uint32_t*>(&pair);
                 } else {
                     out[w] = __float_as_uint(e5m6_to_float(codes[w]) * vector_scales[t][j]);
