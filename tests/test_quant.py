@@ -349,13 +349,16 @@ def _fma32(a, b, c):
 
 
 def _divide_by_scale(x, scale):
-    """csrc/common/quant.cuh's Divide step (E4M3Scaler's constants, divide_by_scale), step for step."""
+    """csrc/common/quant.cuh's ScaleDivisor(scale).divide(x) (divide_by_scale), step for step."""
     import numpy as np
 
     with np.errstate(all="ignore"):
-        prescale = np.where((scale > 0) & (scale < np.float32(2.0 ** -92)), np.float32(2.0 ** 100), np.float32(1))
+        magnitude = np.abs(scale)
+        prescale = np.where((magnitude > 0) & (magnitude < np.float32(2.0 ** -92)), np.float32(2.0 ** 100),
+                            np.where(magnitude >= np.float32(2.0 ** 100), np.float32(2.0 ** -100), np.float32(1)))
         scaled = (scale * prescale).astype(np.float32)
-        divisor = np.where(np.isinf(scaled), np.float32(0), np.where(scaled == 0, np.float32(-1), scaled))
+        divisor = np.where(np.isinf(scaled), np.float32(0),
+                           np.where(scaled == 0, np.copysign(np.float32(1), -scaled), scaled)).astype(np.float32)
         reciprocal = (np.float32(1) / scaled).astype(np.float32)
         x = (x * prescale).astype(np.float32)
         quotient = (x * reciprocal).astype(np.float32)
@@ -425,12 +428,14 @@ def test_division_steps_match_ieee_division_for_every_bf16_group_member():
 def test_division_steps_with_special_scales_and_values():
     import numpy as np
 
-    # Zero, subnormal, tiny, infinite and NaN scales, each with the values a group of that scale can hold
-    # (|x| <= amax, amax from 448 * scale up to where scale = RN(amax / 448) would grow; any with inf or NaN).
+    # Zero, subnormal, tiny, huge, infinite and NaN scales (never negative), each with the values a group of that
+    # scale can hold: |x| <= amax, amax up to where scale = RN(amax / 448) would grow (finite for a finite scale);
+    # any with infinite and NaN scales.
     values = np.float32([0.0, -0.0, 1e-45, -1e-45, 1e-39, -3e-40, 1e-30, -2.5, 7.0, 3e38, -3e38, np.inf, -np.inf,
                          np.nan])
-    for scale in np.float32([0.0, 1e-45, 3e-42, 1e-38, 2.0 ** -92, 1.0, 7e35, np.inf, np.nan]):
-        largest = np.inf if not np.isfinite(scale) else 448 * (np.float64(scale) + 2.0 ** -150) * (1 + 2.0 ** -23)
+    for scale in np.float32([0.0, 1e-45, 3e-42, 1e-38, 2.0 ** -92, 1.0, 7e35, 2.0 ** 100, 3e38, np.inf, np.nan]):
+        largest = np.inf if not np.isfinite(scale) else min(
+            448 * (np.float64(scale) + 2.0 ** -150) * (1 + 2.0 ** -23), np.finfo(np.float32).max)
         x = values[(np.abs(values) <= largest) | np.isnan(scale)]
         _check_division(x, scale)
         with np.errstate(all="ignore"):
@@ -438,7 +443,7 @@ def test_division_steps_with_special_scales_and_values():
         got = _divide_by_scale(x, np.full_like(x, scale))
         zero = exact == 0
         assert np.array_equal(np.signbit(got[zero]), np.signbit(exact[zero])), scale  # -0 stays -0
-        if scale == 0 or np.isinf(scale) or np.isnan(scale):  # special scales: the IEEE quotient itself
+        if scale == 0 or not np.isfinite(scale):  # special scales: the IEEE quotient itself
             assert np.array_equal(np.isnan(got), np.isnan(exact)), scale
             finite = ~np.isnan(exact)
             assert np.array_equal(got.view(np.uint32)[finite], exact.view(np.uint32)[finite]), scale

@@ -63,15 +63,40 @@ DK_DEVICE float divide_by_scale(float x, float divisor, float reciprocal) {
     return __fmaf_rn(-residual, reciprocal, quotient);
 }
 
-// The smallest scale divide_by_scale takes as it is; smaller ones are scaled by kScaleUp (scale and x alike).
-constexpr float kMinDirectScale = 0x1p-92f;
-constexpr float kScaleUp = 0x1p100f;
+// x / scale through divide_by_scale for any FP32 scale: x / scale = (x * prescale) / divisor, divisor = scale *
+// prescale (exact) inside divide_by_scale's range (prescale 2^100 for magnitudes below 2^-92, 2^-100 from 2^100
+// up), reciprocal = RN(1 / divisor). x * prescale is exact where it matters: scaled up, |x| is at most a small
+// multiple of the scale (a group member over its own scale, an amax over a tiny global scale: an overflow to inf
+// comes only with a quotient far past e4m3's range); scaled down, a result below 2^-126 means a quotient below
+// 2^-226, a zero of x's sign in e4m3. Special scales take the same steps with chosen constants: +-inf, divisor 0
+// and reciprocal +-0 (x / inf: zeros for finite x, NaN for inf); +-0, divisor -+1 and reciprocal +-inf (x * inf,
+// as x / 0); NaN, NaN throughout. (A negative scale divides right, but for it -0 quotients may come out +0.)
+struct ScaleDivisor {
+    float prescale, divisor, reciprocal;
+
+    DK_DEVICE explicit ScaleDivisor(float scale) {
+        const float magnitude = fabsf(scale);
+        prescale = magnitude > 0.0f && magnitude < 0x1p-92f ? 0x1p100f : (magnitude >= 0x1p100f ? 0x1p-100f : 1.0f);
+        const float scaled = scale * prescale;
+        divisor = isinf(scaled) ? 0.0f : (scaled == 0.0f ? copysignf(1.0f, -scaled) : scaled);
+        reciprocal = __frcp_rn(scaled);
+    }
+
+    DK_DEVICE float divide(float x) const {
+        return divide_by_scale(x * prescale, divisor, reciprocal);
+    }
+
+    // divide without the prescale step, for callers that checked prescale == 1
+    DK_DEVICE float divide_direct(float x) const {
+        return divide_by_scale(x, divisor, reciprocal);
+    }
+};
 
 // The scale of a group from its clamped amax, and the step that maps x into [-format_max, format_max].
 template <bool kUE8M0, ScaleMode kScaleMode>
 struct GroupScaler {
     float scale;       // what dequantization multiplies by
-    float multiplier;  // format_max / amax (or 1 / scale with kUE8M0); E4M3Scaler with kDivides: RN(1 / divisor)
+    float multiplier;  // format_max / amax (or 1 / scale with kUE8M0)
 
     GroupScaler() = default;
 
@@ -93,29 +118,14 @@ struct GroupScaler {
     }
 };
 
-// The group scaler of e4m3 codes.
-// ScaleMode::Divide with FP32 scales divides with divide_by_scale: x / scale = (x * prescale) / divisor, where
-// divisor = scale * prescale (exact) lies in divide_by_scale's range (prescale kScaleUp for scales below
-// kMinDirectScale, which only tiny amax clamps give; |x| <= amax keeps x * kScaleUp exact and finite), and
-// multiplier = RN(1 / divisor). The special scales take the same steps with chosen constants: inf (an infinite
-// amax): divisor 0 and multiplier 0, so finite x give zeros of their sign and infinities NaN, as x / inf; 0 (amax
-// below 448 * 2^-150): divisor -1 and multiplier inf, so x gives x * inf (+-inf, NaN for zeros), as x / 0; NaN:
-// NaN throughout.
+// The group scaler of e4m3 codes; ScaleMode::Divide with FP32 scales divides by ScaleDivisor's steps.
 template <bool kUE8M0, ScaleMode kScaleMode>
 struct E4M3Scaler : GroupScaler<kUE8M0, kScaleMode> {
     static constexpr bool kDivides = kScaleMode == ScaleMode::Divide && !kUE8M0;
-    float divisor = 0.0f;   // kDivides: see above
-    float prescale = 1.0f;  // kDivides: 1 or kScaleUp
+    ScaleDivisor divisor;
 
-    DK_DEVICE explicit E4M3Scaler(float amax) : GroupScaler<kUE8M0, kScaleMode>(amax, kE4M3Max) {
-        if constexpr (kDivides) {
-            const float scale = this->scale;
-            prescale = scale > 0.0f && scale < kMinDirectScale ? kScaleUp : 1.0f;
-            const float scaled = scale * prescale;
-            divisor = isinf(scaled) ? 0.0f : (scaled == 0.0f ? -1.0f : scaled);
-            this->multiplier = __frcp_rn(scaled);
-        }
-    }
+    DK_DEVICE explicit E4M3Scaler(float amax)
+        : GroupScaler<kUE8M0, kScaleMode>(amax, kE4M3Max), divisor(kDivides ? this->scale : 1.0f) {}
 
     // kVec values to e4m3 codes (RNE, saturating to +-448; NaN stays NaN), packed little-endian: code i is
     // byte i % 4 of words[i / 4].
@@ -127,14 +137,14 @@ struct E4M3Scaler : GroupScaler<kUE8M0, kScaleMode> {
         DK_STATIC_ASSERT(kVec % 4 == 0, "codes are packed four to a word");
         float scaled[kVec];
         if constexpr (kDivides) {
-            if (prescale == 1.0f) {
+            if (divisor.prescale == 1.0f) {
                 #pragma unroll
                 for (int i = 0; i < kVec; ++i)
-                    scaled[i] = divide_by_scale(values[i], divisor, this->multiplier);
+                    scaled[i] = divisor.divide_direct(values[i]);
             } else {
                 #pragma unroll
                 for (int i = 0; i < kVec; ++i)
-                    scaled[i] = divide_by_scale(values[i] * prescale, divisor, this->multiplier);
+                    scaled[i] = divisor.divide(values[i]);
             }
         } else {
             #pragma unroll
@@ -178,16 +188,21 @@ DK_DEVICE float vectors_amax(const uint4 (&vectors)[kNum]) {
     return amax;
 }
 
-// Codes packed as E4M3Scaler::quantize packs them (4, 8 or 16 bytes) to an address aligned to their size.
+// Codes packed as E4M3Scaler::quantize packs them (4, 8 or a multiple of 16 bytes) to an address aligned to their
+// size (to 16 bytes for more than 16).
 template <int kWords>
 DK_DEVICE void store_codes(uint8_t* dst, const uint32_t (&words)[kWords]) {
-    DK_STATIC_ASSERT(kWords == 1 || kWords == 2 || kWords == 4, "one 4-, 8- or 16-byte store");
-    if constexpr (kWords == 4)
-        *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
-    else if constexpr (kWords == 2)
+    DK_STATIC_ASSERT(kWords == 1 || kWords == 2 || kWords % 4 == 0, "4- or 8-byte stores, or 16-byte stores");
+    if constexpr (kWords % 4 == 0) {
+        #pragma unroll
+        for (int i = 0; i < kWords / 4; ++i)
+            reinterpret_cast<uint4*>(dst)[i] =
+                make_uint4(words[4 * i], words[4 * i + 1], words[4 * i + 2], words[4 * i + 3]);
+    } else if constexpr (kWords == 2) {
         *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
-    else
+    } else {
         *reinterpret_cast<uint32_t*>(dst) = words[0];
+    }
 }
 
 // One 16-byte input vector of InT cast by `scaler` (an E4M3Scaler) to its codes at dst, aligned to their size.
