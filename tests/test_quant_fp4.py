@@ -410,7 +410,7 @@ def test_nvfp4_cast_matches_reference(m, k, dtype, layout, scale_mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("g", [1e-30, 1.0, 1e30])
+@pytest.mark.parametrize("g", [1e-30, 1.0, 1e30, 3e30, 0.0, math.inf])  # prescaled up, direct, scaled down, specials
 def test_nvfp4_cast_extreme_global_scales(g):
     x = _special_rows(random_activations(300, 512, torch.float32))
     _check_fp4_cast("per_token_cast_to_nvfp4", x, torch.full((1,), g, device="cuda"), scale_layout="swizzled")

@@ -205,15 +205,20 @@ DK_DEVICE void store_codes(uint8_t* dst, const uint32_t (&words)[kWords]) {
     }
 }
 
+// kVec values cast by `scaler` (an E4M3Scaler) to their codes at dst, aligned to their size (to 16 bytes past 16).
+template <typename Scaler, int kVec>
+DK_DEVICE void cast_values(const Scaler& scaler, const float (&values)[kVec], uint8_t* dst) {
+    uint32_t codes[kVec / 4];
+    scaler.quantize(values, codes);
+    store_codes(dst, codes);
+}
+
 // One 16-byte input vector of InT cast by `scaler` (an E4M3Scaler) to its codes at dst, aligned to their size.
 template <typename InT, typename Scaler>
 DK_DEVICE void cast_vector(const Scaler& scaler, const uint4& vector, uint8_t* dst) {
-    constexpr int kVec = 16 / sizeof(InT);
-    float values[kVec];
-    uint32_t codes[kVec / 4];
+    float values[16 / sizeof(InT)];
     unpack_vector<InT>(vector, values);
-    scaler.quantize(values, codes);
-    store_codes(dst, codes);
+    cast_values(scaler, values, dst);
 }
 
 // Element offset of (row, group)'s scale: FP32 elements, or bytes for the packed layout.
@@ -252,9 +257,7 @@ DK_DEVICE void cast_group_to_e4m3(const float (&values)[kVec], float amax, uint8
                                   void* scales, uint32_t row, uint32_t group, uint32_t num_groups,
                                   uint32_t scale_stride) {
     const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
-    uint32_t codes[kVec / 4];
-    scaler.quantize(values, codes);
-    store_codes(dst, codes);
+    cast_values(scaler, values, dst);
     if (is_group_leader)
         store_scale<kLayout>(scales, row, group, num_groups, scale_stride, scaler.scale);
 }

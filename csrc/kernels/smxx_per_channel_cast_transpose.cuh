@@ -89,21 +89,26 @@ smxx_per_channel_cast_transpose_impl(const InT* __restrict__ x, uint8_t* __restr
         amax[e] = max_nan(amax[e], amax_clamp);
     }
     const uint32_t k_first = k_base + chunk * kVec, m_first = m_base + run * kRunM;
-    if (k_first >= shape_k || m_first >= shape_m)
+    if (k_first >= shape_k)
         return;
 
-    // Per column: scale, cast the run and store its 16 codes; the chunk's first run (never past M) writes the
-    // column scales
+    // Per column: scale, cast the run and store its 16 codes; the chunk's lane `run` writes column run's scale
+    float run_column_scale = 0.0f;
     #pragma unroll
     for (int e = 0; e < kVec; ++e) {
-        float values[kRunM];
-        #pragma unroll
-        for (int i = 0; i < kRunM; ++i)
-            values[i] = static_cast<float>(reinterpret_cast<const InT*>(&column_run[i])[e]);
-        uint8_t* dst = q + static_cast<uint64_t>(k_first + e) * shape_m + m_first;
-        cast_group_to_e4m3<kUE8M0, kScaleMode, kLayout>(values, amax[e], dst, run == 0, scales, k_first + e,
-                                                        blockIdx.y, gridDim.y, scale_stride);
+        const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax[e]);
+        if (m_first < shape_m) {
+            float values[kRunM];
+            #pragma unroll
+            for (int i = 0; i < kRunM; ++i)
+                values[i] = static_cast<float>(reinterpret_cast<const InT*>(&column_run[i])[e]);
+            cast_values(scaler, values, q + static_cast<uint64_t>(k_first + e) * shape_m + m_first);
+        }
+        if (run == e)
+            run_column_scale = scaler.scale;
     }
+    if (run < kVec)
+        store_scale<kLayout>(scales, k_first + run, blockIdx.y, gridDim.y, scale_stride, run_column_scale);
 }
 
 }  // namespace deep_kernels
