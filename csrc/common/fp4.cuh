@@ -175,11 +175,13 @@ DK_DEVICE float e4m3_to_float(uint8_t byte) {
 // ceil_to_power_of_two for every FP32 amax from 1e-37 to FLT_MAX. An infinite amax gives scale inf (byte 0xFF) and
 // multiplier 0, a NaN scale and multiplier NaN, as the division and reciprocal would.
 // NOTE: NV divides with divide_by_scale's steps, not __fdiv_rn (a check and a slow-path call each, whose registers
-// held the kernel to 4 blocks per SM): amax / 6 is the IEEE quotient for every FP32 amax from 2^-125 up
-// (scripts/brute_force_e4m3_division.c checks them all), and the quotient by the global scale (global_divisor, one
-// per thread) has the e4m3 code of the IEEE quotient, max with 2^-9 included (2^-9 being one of divide_by_scale's
-// 5-bit values). An infinite amax takes inf / global_scale = inf * (global_divisor's reciprocal): the reciprocal
-// has 1 / global_scale's sign and is 0 only for an infinite global scale (inf / inf is NaN either way).
+// held the kernel to 4 blocks per SM). amax / 6 is the IEEE quotient for every FP32 amax from 2^-125 up
+// (scripts/brute_force_e4m3_division.c checks them all; inf is taken as it is). The quotient by the global scale
+// comes from global_divisor (one per thread) where it is below 1024 in magnitude (or NaN), so nothing overflows,
+// and has the e4m3 code of the IEEE quotient, max with 2^-9 included (2^-9 is one of divide_by_scale's 5-bit
+// values); from 1024 up (and for a zero global scale) the code saturates either way, so the IEEE quotient's
+// infinity of the global scale's sign stands in; an infinite global scale divides (0 for finite units, NaN for
+// inf, as IEEE).
 template <Fp4Format kFormat, ScaleMode kScaleMode>
 struct Fp4Scaler {
     float scale;
@@ -196,8 +198,10 @@ struct Fp4Scaler {
             byte = ue8m0_byte(scale);
         } else {
             constexpr float kOneSixth = 1.0f / kE2M1Max;
-            const float unit = divide_by_scale(amax, kE2M1Max, kOneSixth);
-            const float quotient = isinf(amax) ? amax * global_divisor.reciprocal : global_divisor.divide(unit);
+            const float unit = isinf(amax) ? amax : divide_by_scale(amax, kE2M1Max, kOneSixth);
+            const bool below_1024 = !(unit >= 1024.0f * fabsf(global_scale));
+            const float quotient = below_1024 || isinf(global_scale) ? global_divisor.divide(unit)
+                                                                     : copysignf(INFINITY, global_scale);
             const float block = max_nan(quotient, kE4M3MinSubnormal);
             byte = static_cast<uint8_t>(__nv_cvt_float_to_fp8(block, __NV_SATFINITE, __NV_E4M3));
             scale = e4m3_to_float(byte) * global_scale;

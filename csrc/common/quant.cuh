@@ -65,12 +65,12 @@ DK_DEVICE float divide_by_scale(float x, float divisor, float reciprocal) {
 
 // x / scale through divide_by_scale for any FP32 scale: x / scale = (x * prescale) / divisor, divisor = scale *
 // prescale (exact) inside divide_by_scale's range (prescale 2^100 for magnitudes below 2^-92, 2^-100 from 2^100
-// up), reciprocal = RN(1 / divisor). x * prescale is exact where it matters: scaled up, |x| is at most a small
-// multiple of the scale (a group member over its own scale, an amax over a tiny global scale: an overflow to inf
-// comes only with a quotient far past e4m3's range); scaled down, a result below 2^-126 means a quotient below
-// 2^-226, a zero of x's sign in e4m3. Special scales take the same steps with chosen constants: +-inf, divisor 0
-// and reciprocal +-0 (x / inf: zeros for finite x, NaN for inf); +-0, divisor -+1 and reciprocal +-inf (x * inf,
-// as x / 0); NaN, NaN throughout. (A negative scale divides right, but for it -0 quotients may come out +0.)
+// up), reciprocal = RN(1 / divisor). Callers keep |x / scale| below 2^100 (a group member over its own scale is at
+// most ~700 times it; fp4.cuh checks its quotients), so nothing overflows and x * prescale is exact where it
+// matters (scaled down, a result below 2^-126 means a quotient below 2^-226, a zero of x's sign in e4m3). Special
+// scales take the same steps with chosen constants: +-inf, divisor 0 and reciprocal +-0 (x / inf: zeros for
+// finite x, NaN for inf); +-0, divisor -+1 and reciprocal +-inf (x * inf, as x / 0); NaN, NaN throughout. (A
+// negative scale divides right, but for it -0 quotients may come out +0.)
 struct ScaleDivisor {
     float prescale, divisor, reciprocal;
 
