@@ -200,8 +200,8 @@ struct Fp4Scaler {
             constexpr float kOneSixth = 1.0f / kE2M1Max;
             const float unit = isinf(amax) ? amax : divide_by_scale(amax, kE2M1Max, kOneSixth);
             const bool below_1024 = !(unit >= 1024.0f * fabsf(global_scale));
-            const float quotient = below_1024 || isinf(global_scale) ? global_divisor.divide(unit)
-                                                                     : copysignf(INFINITY, global_scale);
+            const float infinity = copysignf(__uint_as_float(0x7F800000u), global_scale);
+            const float quotient = below_1024 || isinf(global_scale) ? global_divisor.divide(unit) : infinity;
             const float block = max_nan(quotient, kE4M3MinSubnormal);
             byte = static_cast<uint8_t>(__nv_cvt_float_to_fp8(block, __NV_SATFINITE, __NV_E4M3));
             scale = e4m3_to_float(byte) * global_scale;
