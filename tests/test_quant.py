@@ -330,7 +330,7 @@ def test_mismatched_devices_and_bad_out_are_rejected():
         deep_kernels.per_block_cast_to_fp8(x, out=(q, block_scales.double()))
 
 
-# ---- Divide mode's fast exact division (CPU: the algorithm of csrc/common/quant.cuh, in exact arithmetic) ----
+# ---- Divide mode's division (CPU: the steps of csrc/common/quant.cuh, in exact arithmetic) ----
 
 def _fma32(a, b, c):
     """RN_fp32(a * b + c) of float32 arrays, as the GPU's FMA: the exact value is s + err (a float64 product is
@@ -348,51 +348,105 @@ def _fma32(a, b, c):
     return np.where(midpoint & (err != 0) & (np.sign(err) == np.sign(diff)), neighbour, rounded)
 
 
-def _divide_by_scale_fast(x, divisor):
-    """csrc/common/quant.cuh's divide_by_scale_fast, step for step."""
+def _divide_by_scale(x, scale):
+    """csrc/common/quant.cuh's ScaleDivisor(scale).divide(x) (divide_by_scale), step for step."""
     import numpy as np
 
-    reciprocal = (np.float32(1) / divisor).astype(np.float32)
-    a = np.abs(x)
-    y0 = a * reciprocal
-    y1 = _fma32(_fma32(-divisor, y0, a), reciprocal, y0)
-    return np.copysign(_fma32(_fma32(-divisor, y1, a), reciprocal, y1), x)
+    with np.errstate(all="ignore"):
+        magnitude = np.abs(scale)
+        prescale = np.where((magnitude > 0) & (magnitude < np.float32(2.0 ** -92)), np.float32(2.0 ** 100),
+                            np.where(magnitude >= np.float32(2.0 ** 100), np.float32(2.0 ** -100), np.float32(1)))
+        scaled = (scale * prescale).astype(np.float32)
+        divisor = np.where(np.isinf(scaled), np.float32(0),
+                           np.where(scaled == 0, np.copysign(np.float32(1), -scaled), scaled)).astype(np.float32)
+        reciprocal = (np.float32(1) / scaled).astype(np.float32)
+        x = (x * prescale).astype(np.float32)
+        quotient = (x * reciprocal).astype(np.float32)
+        residual = _fma32(quotient, divisor, -x)
+        return _fma32(-residual, reciprocal, quotient)
 
 
-def _check_fast_division(x, divisor):
-    """Where the quotient reaches 2^-12 the fast path is IEEE division bit for bit; below, both round to a zero
-    of x's sign in e4m3."""
+def _e4m3_codes(values):
+    """The e4m3 bytes of FP32 values as the kernels' conversion gives them (RNE, saturating at +-448, every NaN
+    0x7F, the GPU's FP32 NaN being positive)."""
     import numpy as np
 
-    exact = x / divisor
-    fast = _divide_by_scale_fast(x, divisor)
-    large = np.abs(exact) >= 2.0 ** -12
-    assert np.array_equal(exact[large].view(np.uint32), fast[large].view(np.uint32))
-    assert (np.abs(fast[~large]) < 2.0 ** -10).all() and np.array_equal(np.signbit(fast), np.signbit(x))
+    values = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+    codes = values.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    return torch.where(values.isnan(), 0x7F, codes)
 
 
-def test_fast_division_matches_ieee_division():
+def _check_division(x, scale):
+    """divide_by_scale's e4m3 codes are those of IEEE division, -0 and NaN included."""
+    import numpy as np
+
+    x, scale = np.broadcast_arrays(np.float32(x), np.float32(scale))
+    with np.errstate(all="ignore"):
+        exact = (x / scale).astype(np.float32)
+    assert torch.equal(_e4m3_codes(_divide_by_scale(x, scale)), _e4m3_codes(exact))
+
+
+def test_division_steps_match_ieee_division_near_every_e4m3_midpoint():
     import numpy as np
 
     rng = np.random.default_rng(0)
-    # The scales: the ends of the fast range, power-of-two and all-ones significands, and random ones.
-    exponents = np.concatenate([[-64, 63, 0, -7, -21], rng.integers(-64, 64, 19)])
-    significands = np.concatenate([[0, 0x7FFFFF, 1, 0x7FFFFE], rng.integers(0, 1 << 23, 20)])
-    divisors = np.ldexp(1 + significands[:, None] / 2.0 ** 23, exponents[None, :]).astype(np.float32).reshape(-1)
-    divisors = divisors[divisors <= 2.0 ** 64]
-    # Every positive finite bf16 value up to 449 * divisor (a group's members), with either sign.
+    # Divisor significands (the ends and random ones; scripts/brute_force_e4m3_division.c takes all 2^23 in the
+    # same window) times every 5-bit boundary b in [1, 2) times x within 4 ulps of b * divisor, at random binades
+    # of the divisor (2^-92 to 2^119) and of the quotient (2^-10, where 0 and 2^-9 meet, to 2^8; x finite).
+    significands = np.concatenate([[0, 1, 2, 0x7FFFFF, 0x7FFFFE, 0x400000], rng.integers(0, 1 << 23, 4090)])
+    divisor = (1 + significands / 2.0 ** 23).astype(np.float32)
+    boundaries = np.arange(16, 32, dtype=np.float32) / 16
+    centers = (boundaries[None, :].astype(np.float64) * divisor[:, None]).astype(np.float32)
+    steps = np.arange(-4, 5, dtype=np.int32)
+    x = (centers.view(np.int32)[:, :, None] + steps).view(np.float32)
+    shape = x.shape
+    divisor_exponent = rng.integers(-92, 120, shape[0]).astype(np.float64)
+    quotient_exponent = np.minimum(rng.integers(-10, 9, shape), 125 - divisor_exponent[:, None, None])
+    scale = np.ldexp(divisor.astype(np.float64), divisor_exponent.astype(int)).astype(np.float32)
+    x_exponent = (divisor_exponent[:, None, None] + quotient_exponent).astype(int)
+    x = np.ldexp(x.astype(np.float64), x_exponent).astype(np.float32)
+    signs = np.where(rng.integers(0, 2, shape) == 1, np.float32(-1), np.float32(1))
+    _check_division((x * signs).reshape(-1), np.broadcast_to(scale[:, None, None], shape).reshape(-1))
+
+
+def test_division_steps_match_ieee_division_for_every_bf16_group_member():
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    # Scales across and beyond the direct range (tiny ones take the kScaleUp step), with every bf16 value up to
+    # 449 * scale (a group's members) of either sign, zeros included.
+    exponents = np.concatenate([[-92, -93, 119, 0, -7, -100, -126, -127, -140, -149], rng.integers(-149, 120, 14)])
+    significands = np.concatenate([[0, 0x7FFFFF, 1, 0x7FFFFE], rng.integers(0, 1 << 23, 12)])
+    scales = np.ldexp(1 + significands[:, None] / 2.0 ** 23, exponents[None, :]).astype(np.float32).reshape(-1)
+    scales = np.unique(scales[scales > 0])
     bf16 = (np.arange(1, 0x7F80, dtype=np.uint32) << 16).view(np.float32)
-    for divisor in divisors:
-        x = bf16[bf16 <= 449 * np.float64(divisor)]
-        _check_fast_division(np.concatenate([x, -x, np.float32([0.0, -0.0])]), np.full(x.size * 2 + 2, divisor))
-    # Random fp32 values whose quotients sit next to fp32 midpoints (the hard cases for a division).
-    n = 2_000_000
-    divisor = np.ldexp(1 + rng.integers(0, 1 << 23, n) / 2.0 ** 23, rng.integers(-64, 64, n)).astype(np.float32)
-    quotient = np.ldexp(1 + (rng.integers(0, 1 << 23, n) + 0.5) / 2.0 ** 23, rng.integers(-13, 9, n))
-    x = (quotient * divisor.astype(np.float64)).astype(np.float32)
-    x = np.nextafter(x, np.where(rng.integers(0, 2, n) == 1, np.inf, 0).astype(np.float32))
-    keep = x <= 449 * divisor.astype(np.float64)
-    _check_fast_division(x[keep], divisor[keep])
+    for scale in scales:
+        x = bf16[bf16 <= 449 * np.float64(scale)]
+        _check_division(np.concatenate([x, -x, np.float32([0.0, -0.0])]), scale)
+
+
+def test_division_steps_with_special_scales_and_values():
+    import numpy as np
+
+    # Zero, subnormal, tiny, huge, infinite and NaN scales (never negative), each with the values a group of that
+    # scale can hold: |x| <= amax, amax up to where scale = RN(amax / 448) would grow (finite for a finite scale);
+    # any with infinite and NaN scales.
+    values = np.float32([0.0, -0.0, 1e-45, -1e-45, 1e-39, -3e-40, 1e-30, -2.5, 7.0, 3e38, -3e38, np.inf, -np.inf,
+                         np.nan])
+    for scale in np.float32([0.0, 1e-45, 3e-42, 1e-38, 2.0 ** -92, 1.0, 7e35, 2.0 ** 100, 3e38, np.inf, np.nan]):
+        largest = np.inf if not np.isfinite(scale) else min(
+            448 * (np.float64(scale) + 2.0 ** -150) * (1 + 2.0 ** -23), np.finfo(np.float32).max)
+        x = values[(np.abs(values) <= largest) | np.isnan(scale)]
+        _check_division(x, scale)
+        with np.errstate(all="ignore"):
+            exact = (x / scale).astype(np.float32)
+        got = _divide_by_scale(x, np.full_like(x, scale))
+        zero = exact == 0
+        assert np.array_equal(np.signbit(got[zero]), np.signbit(exact[zero])), scale  # -0 stays -0
+        if scale == 0 or not np.isfinite(scale):  # special scales: the IEEE quotient itself
+            assert np.array_equal(np.isnan(got), np.isnan(exact)), scale
+            finite = ~np.isnan(exact)
+            assert np.array_equal(got.view(np.uint32)[finite], exact.view(np.uint32)[finite]), scale
 
 
 # ---- edge values (CPU: what the module docstring promises; GPU: bit-exact with the reference) ----

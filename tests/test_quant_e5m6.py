@@ -8,7 +8,7 @@ import torch
 
 import deep_kernels
 from deep_kernels.quant import E5M6_MAX
-from deep_kernels.quant.e5m6 import rows_per_block
+from deep_kernels.quant.e5m6 import MAX_GROUPS, row_divisor, rows_per_block
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
 
@@ -160,6 +160,18 @@ def test_rows_per_block_keep_outputs_aligned():
         assert rows in (1, 2, 4) and rows * k % 32 == 0 and (rows == 1 or rows // 2 * k % 32 != 0)
 
 
+def test_row_divisor_divides_every_group_index():
+    # The cast-back's row of group g is (g * magic) >> shift: checked at every multiple of the divisor (and its
+    # neighbours) up to 2^17 and near the largest group index, for small, power-of-two, odd and large divisors.
+    for divisor in [*range(1, 300), 512, 896, 1000, 4095, 4097, 65535, 65536, 65537, 2**20 + 7, 2**30 + 3, 2**31 - 1]:
+        magic, shift = row_divisor(divisor)
+        assert 0 < magic < 2**32 and shift >= 31
+        multiples = torch.arange(0, 2**17 // divisor + 2, dtype=torch.int64) * divisor
+        top = torch.arange(MAX_GROUPS - 2**12, MAX_GROUPS, dtype=torch.int64)
+        groups = torch.cat([multiples - 1, multiples, multiples + 1, top]).clamp(0, MAX_GROUPS - 1)
+        assert torch.equal((groups * magic) >> shift, groups // divisor), divisor
+
+
 @pytest.mark.parametrize("packed,scales,kwargs,error,match", [
     (torch.zeros(4, 12, dtype=torch.int64), torch.ones(4), {}, TypeError, "packed must be"),
     (torch.zeros(12, dtype=torch.int32), torch.ones(4), {}, ValueError, "packed must be 2-D"),
@@ -197,7 +209,8 @@ def _special_rows(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-SHAPES = [(1, 128), (1, 1000), (4001, 128), (4001, 7168), (4001, 1000), (4001, 24)] + (
+# (7, 8): one group a row; 1000 and 24: the packed words end mid-vector and mid-tile (128 groups).
+SHAPES = [(1, 128), (1, 1000), (4001, 128), (4001, 7168), (4001, 1000), (4001, 24), (7, 8)] + (
     [(1, 7168), (8001, 4096), (3, 8)] if FULL else [])
 
 

@@ -341,6 +341,44 @@ def test_cast_backs_and_requant_reject_bad_input():
         deep_kernels.nvfp4_global_scale(torch.ones(4), amax_clamp=1e-38)
 
 
+def _nv_block_bytes(amax, global_scale):
+    """csrc/common/fp4.cuh's NVFP4 block byte, step for step (divide_by_scale and ScaleDivisor as replayed by
+    tests/test_quant.py)."""
+    import numpy as np
+    from test_quant import _divide_by_scale, _e4m3_codes
+
+    with np.errstate(all="ignore"):
+        unit = np.where(np.isinf(amax), amax, _divide_by_scale(amax, np.full_like(amax, 6.0)))
+        below_1024 = ~(unit >= np.float32(1024) * np.abs(global_scale))
+        quotient = np.where(below_1024 | np.isinf(global_scale), _divide_by_scale(unit, global_scale),
+                            np.copysign(np.float32(np.inf), global_scale)).astype(np.float32)
+        block = np.where(np.isnan(quotient), quotient, np.maximum(quotient, np.float32(2.0 ** -9)))
+    return _e4m3_codes(block)
+
+
+def test_nvfp4_block_scale_steps_match_ieee_divisions():
+    import numpy as np
+    from test_quant import _e4m3_codes
+
+    rng = np.random.default_rng(5)
+    # amax from the smallest clamp to FLT_MAX (log-uniform, and next to e4m3 midpoints times 6 * g), inf and NaN,
+    # over global scales small, ordinary, huge (either prescale), zero, infinite, NaN and negative.
+    finite = np.exp2(rng.uniform(np.log2(1e-37), 128, 20000)).astype(np.float32)
+    specials = np.float32([1e-37, 3e38, np.finfo(np.float32).max, 1.0, 6.0, np.inf, np.nan])
+    for g in np.float32([1e-30, 1e-20, 2.0 ** -92, 1e-3, 1.0, 1e30, 3e30, 2.0 ** 100, 3e38, 1e-40, 0.0, -0.0,
+                         np.inf, np.nan, -2.0]):
+        codes = torch.arange(1, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).double().numpy()
+        midpoints = (codes[:-1] + codes[1:]) / 2 * 6 * np.float64(g)
+        near = (midpoints[rng.integers(0, midpoints.size, 4000)] * (1 + rng.integers(-8, 9, 4000) * 2.0 ** -24))
+        with np.errstate(all="ignore"):
+            near = near.astype(np.float32)
+        amax = np.concatenate([finite, specials, near[np.isfinite(near) & (near >= 1e-37)]])
+        with np.errstate(all="ignore"):
+            exact = ((amax / np.float32(6)).astype(np.float32) / g).astype(np.float32)
+            exact = np.where(np.isnan(exact), exact, np.maximum(exact, np.float32(2.0 ** -9)))
+        assert torch.equal(_nv_block_bytes(amax, np.full_like(amax, g)), _e4m3_codes(exact)), g
+
+
 def test_global_scale():
     x = random_activations(8, 64, torch.bfloat16, device="cpu", seed=7)
     x[3, 5] = -1000.0
@@ -410,7 +448,7 @@ def test_nvfp4_cast_matches_reference(m, k, dtype, layout, scale_mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("g", [1e-30, 1.0, 1e30])
+@pytest.mark.parametrize("g", [1e-30, 1.0, 1e30, 3e30, 0.0, math.inf])  # prescaled up, direct, scaled down, specials
 def test_nvfp4_cast_extreme_global_scales(g):
     x = _special_rows(random_activations(300, 512, torch.float32))
     _check_fp4_cast("per_token_cast_to_nvfp4", x, torch.full((1,), g, device="cuda"), scale_layout="swizzled")

@@ -167,20 +167,28 @@ DK_DEVICE float e4m3_to_float(uint8_t byte) {
 // and the step into e2m1 range.
 //   MX: scale = the power of two >= amax / 6 (IEEE division), multiplier = 1 / scale (exact; both scale modes
 //       coincide)
-//   NV: byte = E4M3(max(amax / 6 / global_scale, 2^-9)) (RNE, saturating at 448, NaN kept),
+//   NV: byte = E4M3(max(amax / 6 / global_scale, 2^-9)) (IEEE divisions, RNE, saturating at 448, NaN kept),
 //       scale = float(byte) * global_scale, multiplier = 1 / scale (IEEE), or Divide: x / scale
 // NOTE: MX in integer ops: with amax = 2^E * m (m in [1, 2)), amax / 6 = 2^(E-2) * m / 1.5 rounds to at most
 // 2^(E-2) exactly when m <= 1.5 (m / 1.5 > 1 by at least 2/3 ulp otherwise), so the scale's biased exponent is
 // E - 2 + (m's fraction > 0.5), one subtraction with carry; checked against the IEEE division and
 // ceil_to_power_of_two for every FP32 amax from 1e-37 to FLT_MAX. An infinite amax gives scale inf (byte 0xFF) and
 // multiplier 0, a NaN scale and multiplier NaN, as the division and reciprocal would.
+// NOTE: NV divides with divide_by_scale's steps, not __fdiv_rn (a check and a slow-path call each, whose registers
+// held the kernel to 4 blocks per SM). amax / 6 is the IEEE quotient for every FP32 amax from 2^-125 up
+// (scripts/brute_force_e4m3_division.c checks them all; inf is taken as it is). The quotient by the global scale
+// comes from global_divisor (one per thread) where it is below 1024 in magnitude (or NaN), so nothing overflows,
+// and has the e4m3 code of the IEEE quotient, max with 2^-9 included (2^-9 is one of divide_by_scale's 5-bit
+// values); from 1024 up (and for a zero global scale) the code saturates either way, so the IEEE quotient's
+// infinity of the global scale's sign stands in; an infinite global scale divides (0 for finite units, NaN for
+// inf, as IEEE).
 template <Fp4Format kFormat, ScaleMode kScaleMode>
 struct Fp4Scaler {
     float scale;
     float multiplier;
     uint8_t byte;
 
-    DK_DEVICE Fp4Scaler(float amax, float global_scale) {
+    DK_DEVICE Fp4Scaler(float amax, float global_scale, const ScaleDivisor& global_divisor) {
         if constexpr (kFormat == Fp4Format::MX) {
             const uint32_t bits = __float_as_uint(amax);
             const bool finite = bits < 0x7F800000u;
@@ -189,8 +197,12 @@ struct Fp4Scaler {
             multiplier = finite ? __uint_as_float(0x7F000000u - scale_bits) : (bits == 0x7F800000u ? 0.0f : amax);
             byte = ue8m0_byte(scale);
         } else {
-            const float unit = __fdiv_rn(amax, kE2M1Max);
-            const float block = max_nan(__fdiv_rn(unit, global_scale), kE4M3MinSubnormal);
+            constexpr float kOneSixth = 1.0f / kE2M1Max;
+            const float unit = isinf(amax) ? amax : divide_by_scale(amax, kE2M1Max, kOneSixth);
+            const bool below_1024 = !(unit >= 1024.0f * fabsf(global_scale));
+            const float infinity = copysignf(__uint_as_float(0x7F800000u), global_scale);
+            const float quotient = below_1024 || isinf(global_scale) ? global_divisor.divide(unit) : infinity;
+            const float block = max_nan(quotient, kE4M3MinSubnormal);
             byte = static_cast<uint8_t>(__nv_cvt_float_to_fp8(block, __NV_SATFINITE, __NV_E4M3));
             scale = e4m3_to_float(byte) * global_scale;
             multiplier = __frcp_rn(scale);

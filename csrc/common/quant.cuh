@@ -1,5 +1,5 @@
 // Numerics shared by the quantization kernels: NaN-propagating max, power-of-two scales, the scaling step
-// of both scale modes (for any format's largest value; e4m3 with Divide's fast exact division), e4m3
+// of both scale modes (for any format's largest value; e4m3 with Divide's three-operation division), e4m3
 // codes, 16-byte vector unpacking and code stores, scale addressing and stores.
 #pragma once
 
@@ -47,30 +47,56 @@ DK_DEVICE float ue8m0_to_float(uint8_t byte) {
     return byte == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(static_cast<uint32_t>(byte) << 23);
 }
 
-// |x| / divisor on the fast path of ScaleMode::Divide, with the sign of x. reciprocal = RN(1 / divisor).
-// y1 = y0 + r (a - b y0) refines y0 = a * r to within one ulp of a / b; Markstein's theorem (Muller et al.,
-// Handbook of Floating-Point Arithmetic, Thm. 4.10: y faithful, r = RN(1 / b), a - b y exact by FMA, no
-// underflow) then makes RN(y1 + r (a - b y1)) = RN(a / b). For divisor in [2^-64, 2^64] and |x| <= 449 *
-// divisor (a group member), every intermediate is normal and a - b y1 exact whenever |x / divisor| >= 2^-12,
-// so the result is the IEEE quotient there; below, both are smaller than 2^-10 and round to a zero of x's
-// sign in e4m3 (copysign keeps the sign of -0). tests/test_quant.py checks this against true division.
-DK_DEVICE float divide_by_scale_fast(float x, float divisor, float reciprocal) {
-    const float a = fabsf(x);
-    const float y0 = __fmul_rn(a, reciprocal);
-    const float y1 = __fmaf_rn(__fmaf_rn(-divisor, y0, a), reciprocal, y0);
-    return copysignf(__fmaf_rn(__fmaf_rn(-divisor, y1, a), reciprocal, y1), x);
+// x / divisor rounded as e4m3 needs it, from reciprocal = RN(1 / divisor): q0 = RN(x r), the residual e =
+// q0 d - x (one FMA) and one correction RN(q0 - e r) (Markstein). Equal to IEEE division wherever an e4m3 code
+// depends on it, for divisor in [2^-92, 2^126) and any x: with the divisor and the quotient scaled to [1, 2) by
+// powers of two (which every step follows exactly while e is a multiple of 2^-149: quotients from 2^-11 up and
+// divisors from 2^-92 up), a brute force over every divisor significand and every x within 4 ulps of b *
+// divisor, b each 5-bit value in [1, 2) (the e4m3 rounding midpoints of every binade, 2^-10 included), finds
+// no quotient that differs from IEEE division even in FP32, and only a one-ulp difference at such a b could
+// change a code; quotients below 2^-11 round to a zero of x's sign either way (the residual's sign order
+// keeps -0: -0 / d gives q0 = -0, e = +0, -e r + q0 = -0). scripts/brute_force_e4m3_division.c is the brute
+// force; tests/test_quant.py replays the steps on CPU.
+DK_DEVICE float divide_by_scale(float x, float divisor, float reciprocal) {
+    const float quotient = __fmul_rn(x, reciprocal);
+    const float residual = __fmaf_rn(quotient, divisor, -x);
+    return __fmaf_rn(-residual, reciprocal, quotient);
 }
 
-// The scales for which divide_by_scale_fast gives the codes of IEEE division (NaN and inf excluded).
-DK_DEVICE bool has_fast_division(float scale) {
-    return scale >= 0x1p-64f && scale <= 0x1p64f;
-}
+// x / scale through divide_by_scale for any FP32 scale: x / scale = (x * prescale) / divisor, divisor = scale *
+// prescale (exact) inside divide_by_scale's range (prescale 2^100 for magnitudes below 2^-92, 2^-100 from 2^100
+// up), reciprocal = RN(1 / divisor). Callers keep |x / scale| below 2^100 (a group member over its own scale is at
+// most ~700 times it; fp4.cuh checks its quotients), so nothing overflows and x * prescale is exact where it
+// matters (scaled down, a result below 2^-126 means a quotient below 2^-226, a zero of x's sign in e4m3). Special
+// scales take the same steps with chosen constants: +-inf, divisor 0 and reciprocal +-0 (x / inf: zeros for
+// finite x, NaN for inf); +-0, divisor -+1 and reciprocal +-inf (x * inf, as x / 0); NaN, NaN throughout. (A
+// negative scale divides right, but for it -0 quotients may come out +0.)
+struct ScaleDivisor {
+    float prescale, divisor, reciprocal;
+
+    DK_DEVICE explicit ScaleDivisor(float scale) {
+        const float magnitude = fabsf(scale);
+        prescale = magnitude > 0.0f && magnitude < 0x1p-92f ? 0x1p100f : (magnitude >= 0x1p100f ? 0x1p-100f : 1.0f);
+        const float scaled = scale * prescale;
+        divisor = isinf(scaled) ? 0.0f : (scaled == 0.0f ? copysignf(1.0f, -scaled) : scaled);
+        reciprocal = __frcp_rn(scaled);
+    }
+
+    DK_DEVICE float divide(float x) const {
+        return divide_by_scale(x * prescale, divisor, reciprocal);
+    }
+
+    // divide without the prescale step, for callers that checked prescale == 1
+    DK_DEVICE float divide_direct(float x) const {
+        return divide_by_scale(x, divisor, reciprocal);
+    }
+};
 
 // The scale of a group from its clamped amax, and the step that maps x into [-format_max, format_max].
 template <bool kUE8M0, ScaleMode kScaleMode>
 struct GroupScaler {
     float scale;       // what dequantization multiplies by
-    float multiplier;  // format_max / amax (or 1 / scale with kUE8M0); E4M3Scaler's Divide: RN(1 / scale)
+    float multiplier;  // format_max / amax (or 1 / scale with kUE8M0)
 
     GroupScaler() = default;
 
@@ -92,38 +118,33 @@ struct GroupScaler {
     }
 };
 
-// The group scaler of e4m3 codes.
+// The group scaler of e4m3 codes; ScaleMode::Divide with FP32 scales divides by ScaleDivisor's steps.
 template <bool kUE8M0, ScaleMode kScaleMode>
 struct E4M3Scaler : GroupScaler<kUE8M0, kScaleMode> {
-    using GroupScaler<kUE8M0, kScaleMode>::apply;
+    static constexpr bool kDivides = kScaleMode == ScaleMode::Divide && !kUE8M0;
+    ScaleDivisor divisor;
 
-    bool fast_divide = false;  // ScaleMode::Divide: divide_by_scale_fast gives IEEE division's codes
-
-    DK_DEVICE explicit E4M3Scaler(float amax) : GroupScaler<kUE8M0, kScaleMode>(amax, kE4M3Max) {
-        if constexpr (kScaleMode == ScaleMode::Divide && !kUE8M0) {
-            this->multiplier = __frcp_rn(this->scale);
-            fast_divide = has_fast_division(this->scale);
-        }
-    }
+    DK_DEVICE explicit E4M3Scaler(float amax)
+        : GroupScaler<kUE8M0, kScaleMode>(amax, kE4M3Max), divisor(kDivides ? this->scale : 1.0f) {}
 
     // kVec values to e4m3 codes (RNE, saturating to +-448; NaN stays NaN), packed little-endian: code i is
     // byte i % 4 of words[i / 4].
-    // NOTE: the IEEE division per element (__fdiv_rn: a range check and a slow-path call) held Divide at
-    // ~77% of copy bandwidth; the inlined fast path serves every practical scale (amax from about 2^-55 to
-    // 2^72), chosen once per group rather than per element.
+    // NOTE: IEEE division per element (__fdiv_rn: a range check and a slow-path call) held Divide at ~77% of copy
+    // bandwidth, and a per-group choice between a fast path and __fdiv_rn still cost registers (the call's);
+    // divide_by_scale is three FP32 operations with no branch, whatever the scale.
     template <int kVec>
     DK_DEVICE void quantize(const float (&values)[kVec], uint32_t (&words)[kVec / 4]) const {
         DK_STATIC_ASSERT(kVec % 4 == 0, "codes are packed four to a word");
         float scaled[kVec];
-        if constexpr (kScaleMode == ScaleMode::Divide && !kUE8M0) {
-            if (fast_divide) {
+        if constexpr (kDivides) {
+            if (divisor.prescale == 1.0f) {
                 #pragma unroll
                 for (int i = 0; i < kVec; ++i)
-                    scaled[i] = divide_by_scale_fast(values[i], this->scale, this->multiplier);
+                    scaled[i] = divisor.divide_direct(values[i]);
             } else {
                 #pragma unroll
                 for (int i = 0; i < kVec; ++i)
-                    scaled[i] = __fdiv_rn(values[i], this->scale);
+                    scaled[i] = divisor.divide(values[i]);
             }
         } else {
             #pragma unroll
@@ -167,27 +188,37 @@ DK_DEVICE float vectors_amax(const uint4 (&vectors)[kNum]) {
     return amax;
 }
 
-// Codes packed as E4M3Scaler::quantize packs them (4, 8 or 16 bytes) to an address aligned to their size.
+// Codes packed as E4M3Scaler::quantize packs them (4, 8 or a multiple of 16 bytes) to an address aligned to their
+// size (to 16 bytes for more than 16).
 template <int kWords>
 DK_DEVICE void store_codes(uint8_t* dst, const uint32_t (&words)[kWords]) {
-    DK_STATIC_ASSERT(kWords == 1 || kWords == 2 || kWords == 4, "one 4-, 8- or 16-byte store");
-    if constexpr (kWords == 4)
-        *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
-    else if constexpr (kWords == 2)
+    DK_STATIC_ASSERT(kWords == 1 || kWords == 2 || kWords % 4 == 0, "4- or 8-byte stores, or 16-byte stores");
+    if constexpr (kWords % 4 == 0) {
+        #pragma unroll
+        for (int i = 0; i < kWords / 4; ++i)
+            reinterpret_cast<uint4*>(dst)[i] =
+                make_uint4(words[4 * i], words[4 * i + 1], words[4 * i + 2], words[4 * i + 3]);
+    } else if constexpr (kWords == 2) {
         *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
-    else
+    } else {
         *reinterpret_cast<uint32_t*>(dst) = words[0];
+    }
+}
+
+// kVec values cast by `scaler` (an E4M3Scaler) to their codes at dst, aligned to their size (to 16 bytes past 16).
+template <typename Scaler, int kVec>
+DK_DEVICE void cast_values(const Scaler& scaler, const float (&values)[kVec], uint8_t* dst) {
+    uint32_t codes[kVec / 4];
+    scaler.quantize(values, codes);
+    store_codes(dst, codes);
 }
 
 // One 16-byte input vector of InT cast by `scaler` (an E4M3Scaler) to its codes at dst, aligned to their size.
 template <typename InT, typename Scaler>
 DK_DEVICE void cast_vector(const Scaler& scaler, const uint4& vector, uint8_t* dst) {
-    constexpr int kVec = 16 / sizeof(InT);
-    float values[kVec];
-    uint32_t codes[kVec / 4];
+    float values[16 / sizeof(InT)];
     unpack_vector<InT>(vector, values);
-    scaler.quantize(values, codes);
-    store_codes(dst, codes);
+    cast_values(scaler, values, dst);
 }
 
 // Element offset of (row, group)'s scale: FP32 elements, or bytes for the packed layout.
@@ -226,9 +257,7 @@ DK_DEVICE void cast_group_to_e4m3(const float (&values)[kVec], float amax, uint8
                                   void* scales, uint32_t row, uint32_t group, uint32_t num_groups,
                                   uint32_t scale_stride) {
     const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
-    uint32_t codes[kVec / 4];
-    scaler.quantize(values, codes);
-    store_codes(dst, codes);
+    cast_values(scaler, values, dst);
     if (is_group_leader)
         store_scale<kLayout>(scales, row, group, num_groups, scale_stride, scaler.scale);
 }

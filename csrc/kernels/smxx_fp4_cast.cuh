@@ -55,6 +55,7 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
             loaded[pass][i] = __ldg(src + i);
     }
     const float global = kFormat == Fp4Format::NV ? __ldg(global_scale) : 1.0f;
+    const ScaleDivisor global_divisor(global);
 
     // Per pass: group amax, scale, cast, store
     const uint32_t num_groups = shape_k / GROUP_SIZE, group = tile.column / GROUP_SIZE;
@@ -79,7 +80,7 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
         // Codes of each 16-byte vector: 4 bytes (bf16) or 2 (fp32)
         // NOTE: MX multipliers are powers of two, so the codes' FMAs take them (pack_e2m1's step) instead of a
         // multiply per element.
-        const Fp4Scaler<kFormat, kScaleMode> scaler(amax, global);
+        const Fp4Scaler<kFormat, kScaleMode> scaler(amax, global, global_divisor);
         uint32_t vector_codes[kLoads];
         #pragma unroll
         for (int i = 0; i < kLoads; ++i) {

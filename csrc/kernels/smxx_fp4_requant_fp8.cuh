@@ -59,16 +59,9 @@ smxx_fp4_requant_fp8_impl(const uint8_t* __restrict__ codes, const uint8_t* __re
         if (row >= shape_m)
             continue;
 
-        const E4M3Scaler<true, ScaleMode::Multiply> scaler(amax);
-        uint32_t fp8_words[kVec / 4];
-        scaler.quantize(values, fp8_words);
-        auto* q_row = reinterpret_cast<uint4*>(q + static_cast<uint64_t>(row) * shape_k + tile.column);
-        #pragma unroll
-        for (int i = 0; i < kVec / 16; ++i)
-            q_row[i] = make_uint4(fp8_words[4 * i], fp8_words[4 * i + 1], fp8_words[4 * i + 2], fp8_words[4 * i + 3]);
-
-        if (tile.is_group_leader)
-            store_scale<kOutLayout>(out_scales, row, blockIdx.x, gridDim.x, out_scale_stride, scaler.scale);
+        cast_group_to_e4m3<true, ScaleMode::Multiply, kOutLayout>(
+            values, amax, q + static_cast<uint64_t>(row) * shape_k + tile.column, tile.is_group_leader, out_scales, row,
+            blockIdx.x, gridDim.x, out_scale_stride);
     }
 }
 

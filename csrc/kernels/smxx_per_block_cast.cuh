@@ -18,18 +18,18 @@
 namespace deep_kernels {
 
 // NOTE: 1536 threads per SM (at most 40 registers) keep 96 KB of loads in flight per SM where ptxas's own choice
-// (44-64 registers) keeps 64 KB; with more than 4 vectors per thread, or Divide's per-element slow path, 40
-// registers would spill, so those keep ptxas's choice.
-template <typename InT, int BLOCK_SIZE, int kTileBlocks, int kNumWarps, ScaleMode kScaleMode>
+// (43-64 registers) keeps 64 KB; with more than 4 vectors per thread 40 registers would spill, so those keep
+// ptxas's choice.
+template <typename InT, int BLOCK_SIZE, int kTileBlocks, int kNumWarps>
 constexpr int per_block_cast_min_blocks() {
     const int threads_per_row = BLOCK_SIZE * kTileBlocks / (16 / static_cast<int>(sizeof(InT)));
     const int passes = BLOCK_SIZE * threads_per_row / (kNumWarps * 32);
-    return kScaleMode == ScaleMode::Multiply && passes <= 4 ? 1536 / (kNumWarps * 32) : 1;
+    return passes <= 4 ? 1536 / (kNumWarps * 32) : 1;
 }
 
 template <typename InT, int BLOCK_SIZE, int kTileBlocks, int kNumWarps, bool kUE8M0, ScaleMode kScaleMode>
 __global__ void __launch_bounds__(kNumWarps * 32,
-                                  (per_block_cast_min_blocks<InT, BLOCK_SIZE, kTileBlocks, kNumWarps, kScaleMode>()))
+                                  (per_block_cast_min_blocks<InT, BLOCK_SIZE, kTileBlocks, kNumWarps>()))
 smxx_per_block_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales,
                          uint32_t shape_m, uint32_t shape_k, uint32_t x_row_stride, float amax_clamp) {
     // Static checks and thread mapping: kThreadsPerRow threads cover one row of the tile, kLanesPerBlock

@@ -102,9 +102,7 @@ smxx_per_channel_cast_transpose_impl(const InT* __restrict__ x, uint8_t* __restr
             #pragma unroll
             for (int i = 0; i < kRunM; ++i)
                 values[i] = static_cast<float>(reinterpret_cast<const InT*>(&column_run[i])[e]);
-            uint32_t codes[kRunM / 4];
-            scaler.quantize(values, codes);
-            store_codes(q + static_cast<uint64_t>(k_first + e) * shape_m + m_first, codes);
+            cast_values(scaler, values, q + static_cast<uint64_t>(k_first + e) * shape_m + m_first);
         }
         if (run == e)
             run_column_scale = scaler.scale;

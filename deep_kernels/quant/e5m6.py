@@ -43,8 +43,8 @@ MAX_GROUPS = 2**31
 
 _CAST_WARPS = 4
 _CAST_BACK_WARPS = 8
-_CAST_BACK_UNITS = 2  # units of 4 groups per thread
-_CAST_BACK_UNIT_GROUPS = 4
+_CAST_BACK_TILES = 2  # warp tiles of 128 groups per warp
+_CAST_BACK_TILE_GROUPS = 128
 
 
 def packed_words(k: int) -> int:
@@ -56,6 +56,14 @@ def rows_per_block(k: int) -> int:
     """Rows per CTA of the cast: the fewest (1, 2 or 4) with rows * K a multiple of 32, so that every CTA's
     packed output starts 16-byte aligned."""
     return 4 // math.gcd(k // CODES_PER_GROUP, 4)
+
+
+def row_divisor(groups_per_row: int) -> tuple:
+    """(magic, shift) with group // groups_per_row == (group * magic) >> shift for every group < 2^31: with
+    l = ceil(log2(groups_per_row)), magic = ceil(2^(31 + l) / groups_per_row) < 2^32, whose excess over
+    2^(31 + l) / groups_per_row adds less than group / 2^(31 + l) < 1 / groups_per_row to the quotient."""
+    shift = 31 + (groups_per_row - 1).bit_length()
+    return -(-(1 << shift) // groups_per_row), shift
 
 
 def _check_aligned(t: torch.Tensor, name: str) -> None:
@@ -130,13 +138,13 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
 def _cast_back_spec(out_dtype: torch.dtype) -> KernelSpec:
     return KernelSpec(
         "kernels/smxx_e5m6_cast_back.cuh", "smxx_e5m6_cast_back_impl",
-        (CPP_TYPES[out_dtype], _CAST_BACK_WARPS, _CAST_BACK_UNITS),
+        (CPP_TYPES[out_dtype], _CAST_BACK_WARPS, _CAST_BACK_TILES),
     )
 
 
 @functools.lru_cache(maxsize=None)
 def _cast_back_kernel(out_dtype: torch.dtype):
-    return get_kernel(_cast_back_spec(out_dtype), param_kinds="PPPII", block_threads=_CAST_BACK_WARPS * 32)
+    return get_kernel(_cast_back_spec(out_dtype), param_kinds="PPPIII", block_threads=_CAST_BACK_WARPS * 32)
 
 
 def per_token_cast_back_e5m6(packed: torch.Tensor, scales: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
@@ -182,10 +190,11 @@ def per_token_cast_back_e5m6(packed: torch.Tensor, scales: torch.Tensor, out_dty
     if m == 0 or k == 0:
         return y
     num_groups = m * k // CODES_PER_GROUP
-    per_block = _CAST_BACK_UNITS * _CAST_BACK_UNIT_GROUPS * _CAST_BACK_WARPS * 32
+    per_block = _CAST_BACK_TILES * _CAST_BACK_TILE_GROUPS * _CAST_BACK_WARPS
+    row_magic, row_shift = row_divisor(k // CODES_PER_GROUP)
     _cast_back_kernel(out_dtype).launch(
         (ceil_div(num_groups, per_block), 1, 1),
-        (packed.data_ptr(), scales.data_ptr(), y.data_ptr(), num_groups, k // CODES_PER_GROUP), packed.get_device())
+        (packed.data_ptr(), scales.data_ptr(), y.data_ptr(), num_groups, row_magic, row_shift), packed.get_device())
     return y
 
 

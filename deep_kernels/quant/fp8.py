@@ -9,10 +9,10 @@ Numerics (bit-exact with deep_kernels.reference.quant), per group (per-token) or
            scale modes give the same bits (dividing by a power of two is multiplying by its exact inverse)
 The two modes differ in the last bit of x's scaled value for some inputs, so a few codes differ (by one
 e4m3 step at most); pick the one the consumer's dequantization was calibrated with. The kernels get "div"'s
-quotient from an inlined reciprocal-and-FMA sequence that gives IEEE division's codes (csrc/common/quant.cuh,
-divide_by_scale_fast). Rounding to e4m3 is round-to-nearest-even saturating at +-448 (-0 stays -0). A NaN in
-a group makes its scale and all its codes NaN; an infinity makes the scale inf, its own code NaN and the
-group's finite codes zeros of their sign.
+quotient from one reciprocal per group and three FP32 operations per element that give IEEE division's codes
+(csrc/common/quant.cuh, divide_by_scale). Rounding to e4m3 is round-to-nearest-even saturating at +-448 (-0
+stays -0). A NaN in a group makes its scale and all its codes NaN; an infinity makes the scale inf, its own
+code NaN and the group's finite codes zeros of their sign.
 Scale layouts: see deep_kernels.quant.common.
 """
 

@@ -1,0 +1,25 @@
+// Asynchronous 16-byte copies from global to shared memory (cp.async, sm_80+), bypassing L1, with zero fill.
+#pragma once
+
+#include <cstdint>
+
+#include "common/macros.cuh"
+#include "ptx/mbarrier.cuh"
+
+namespace deep_kernels::ptx {
+
+// Copies the first src_bytes (0 to 16) of the 16 bytes at src to smem_dst and zero-fills the rest; src is not
+// read past src_bytes. Both addresses 16-byte aligned.
+DK_DEVICE void cp_async_16(void* smem_dst, const void* src, uint32_t src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_address(smem_dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+// Waits for every cp.async this thread issued (their data is then visible to this thread; a __syncwarp or
+// barrier makes it visible to others).
+DK_DEVICE void cp_async_wait_all() {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+}  // namespace deep_kernels::ptx
