@@ -1,10 +1,11 @@
 // MoE token expansion, token-major: each token row of x [T, H] is read once and stored to the rows of its
 // routed slots (slot s = t * kTopK + j) in a grouped-GEMM layout: the contiguous layout (row slot_to_row[s]) or
 // the flattened masked layout (common/moe_rows.cuh: slot_row); dropped slots are not written. Rows are raw
-// 16-byte vectors (any element type: bf16, fp32, fp8), so one kernel serves every dtype. With scales, each
-// token's scale columns (FP32 values or packed UE8M0 words) go to its rows the same way (ScaleStrides).
-// Rows without a slot (row_slots[r] == -1) are zero rows (zero scales) when zero_rows_per_block > 0: the
-// block of linear index b zeroes those of rows [b * zero_rows_per_block, ...), at most 32 (PaddingRows).
+// 16-byte vectors (any element type: bf16, fp32, fp8), so one kernel serves every dtype.
+// Shares: the block of linear index b owns rows [b * rows_per_block, ...), at most 32. With zero_padding it
+// zeroes those without a slot (row_slots[r] == -1; PaddingRows). With scales it writes its share's scale
+// rows (FP32 values or packed UE8M0 words; ScaleStrides): each row's from its token (row_slots[r] / kTopK),
+// zero for a row without a slot (with zero_padding).
 // Contiguous layout: rows from *num_rows on are never written; masked layout: num_rows null.
 // Memory-bound: a block covers kTokenLanes tokens of one chunk of kColumnThreads * kVectorsPerThread vectors;
 // each thread issues its kVectorsPerThread 16-byte loads before the kTopK stores of each. No shared memory.
@@ -24,9 +25,9 @@ smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __
                      const int32_t* __restrict__ m_indices, const int32_t* __restrict__ masked_slots,
                      const int32_t* __restrict__ row_slots, const int32_t* __restrict__ num_rows,
                      uint32_t num_tokens, uint32_t num_out_rows, uint32_t masked_tokens, uint32_t row_vectors,
-                     uint32_t x_row_vectors, uint32_t zero_rows_per_block, uint32_t scale_columns,
-                     uint32_t x_scale_row_stride, uint32_t x_scale_column_stride, uint32_t scale_batch_rows,
-                     uint32_t scale_batch_stride, uint32_t scale_column_stride) {
+                     uint32_t x_row_vectors, uint32_t rows_per_block, uint32_t zero_padding,
+                     uint32_t scale_columns, uint32_t x_scale_row_stride, uint32_t x_scale_column_stride,
+                     uint32_t scale_batch_rows, uint32_t scale_batch_stride, uint32_t scale_column_stride) {
     // Tile: blockIdx.x is the token block, blockIdx.y the column chunk; a token lane per token
     constexpr uint32_t kChunkVectors = kColumnThreads * kVectorsPerThread;
     const uint32_t token = blockIdx.x * kTokenLanes + threadIdx.x / kColumnThreads;
@@ -47,18 +48,29 @@ smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __
     #pragma unroll
     for (int j = 0; j < kTopK; ++j)
         rows[j] = has_token ? slot_row(slot_to_row, m_indices, masked_slots, masked_tokens, token * kTopK + j) : -1;
-    const PaddingRows padding(row_slots, num_rows, num_out_rows, zero_rows_per_block);
+    const PaddingRows padding(row_slots, num_rows, num_out_rows, zero_padding ? rows_per_block : 0);
 
-    // Scales: the first column chunk's threads copy the token's scale columns to each of its rows
-    const ScaleStrides strides{scale_batch_rows, scale_batch_stride, 1, scale_column_stride};
-    if (out_scales != nullptr && blockIdx.y == 0 && has_token) {
-        for (uint32_t column = threadIdx.x % kColumnThreads; column < scale_columns; column += kColumnThreads) {
-            const uint32_t word = __ldg(x_scales + static_cast<uint64_t>(token) * x_scale_row_stride +
-                                        static_cast<uint64_t>(column) * x_scale_column_stride);
-            #pragma unroll
-            for (int j = 0; j < kTopK; ++j)
-                if (rows[j] >= 0)
-                    out_scales[strides.offset(rows[j], column)] = word;
+    // Scales of the share's rows: lane i takes row i of the share and warp w scale columns w, w + kNumWarps, ...,
+    // so a warp's stores are 32 consecutive rows of one column (128 contiguous bytes in the MN-major layouts).
+    // NOTE: written by rows, not by tokens: a token's rows lie far apart, and single words scattered over the
+    // layout cost partial-sector writes to DRAM; the tokens' scales (a few MB) are read from L2.
+    if (out_scales != nullptr) {
+        constexpr uint32_t kNumWarps = kColumnThreads * kTokenLanes / 32;
+        const ScaleStrides strides{scale_batch_rows, scale_batch_stride, 1, scale_column_stride};
+        const uint32_t lane = threadIdx.x % 32;
+        const uint32_t row = (blockIdx.y * gridDim.x + blockIdx.x) * rows_per_block + lane;
+        const uint32_t row_limit =
+            num_rows == nullptr ? num_out_rows : min(num_out_rows, static_cast<uint32_t>(__ldg(num_rows)));
+        const bool in_share = lane < rows_per_block && row < row_limit;
+        const int32_t slot = in_share ? __ldg(row_slots + row) : -1;
+        if (in_share && (slot >= 0 || zero_padding)) {
+            const uint32_t* token_scales =
+                x_scales + static_cast<uint64_t>(slot < 0 ? 0 : static_cast<uint32_t>(slot) / kTopK) * x_scale_row_stride;
+            #pragma unroll 4
+            for (uint32_t column = threadIdx.x / 32; column < scale_columns; column += kNumWarps) {
+                out_scales[strides.offset(row, column)] =
+                    slot < 0 ? 0u : __ldg(token_scales + static_cast<uint64_t>(column) * x_scale_column_stride);
+            }
         }
     }
 
@@ -76,15 +88,12 @@ smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __
         }
     }
 
-    // Padding rows: the whole block zeroes each one (and its scale columns)
+    // Padding rows: the whole block zeroes each one
     for (uint32_t bits = padding.bits; bits != 0; bits &= bits - 1) {
         const uint32_t padding_row = padding.first_row + __ffs(bits) - 1;
         uint4* row = out + static_cast<uint64_t>(padding_row) * row_vectors;
         for (uint32_t column = threadIdx.x; column < row_vectors; column += blockDim.x)
             row[column] = make_uint4(0, 0, 0, 0);
-        if (out_scales != nullptr)
-            for (uint32_t column = threadIdx.x; column < scale_columns; column += blockDim.x)
-                out_scales[strides.offset(padding_row, column)] = 0u;
     }
 }
 

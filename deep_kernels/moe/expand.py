@@ -198,12 +198,13 @@ def _layout_args(layout, masked: bool, num_tokens: int, num_out_rows: int, max_t
             0 if masked else layout.num_rows.data_ptr(), num_tokens, num_out_rows, max_tokens if masked else 0)
 
 
-def _padding_share(num_out_rows: int, token_blocks: int, columns: int, zero_padding: bool, num_sms=None) -> tuple:
-    """(blocks along the token dimension, padding rows per block) of an expand launch whose grid is that many
-    blocks times `columns`: enough blocks for every token, and with zero_padding for every row in shares of
-    at most _PADDING_ROWS_PER_BLOCK rows, spread evenly over all the blocks. Given num_sms, the shares are
-    smaller where that gives each SM _PADDING_BLOCKS_PER_SM blocks (a small layout is mostly padding rows)."""
-    if not zero_padding or num_out_rows == 0:
+def _padding_share(num_out_rows: int, token_blocks: int, columns: int, row_shares: bool, num_sms=None) -> tuple:
+    """(blocks along the token dimension, rows per block) of an expand launch whose grid is that many blocks
+    times `columns`: enough blocks for every token, and with row_shares (zero padding, or moe_expand's
+    scales) for every row in shares of at most _PADDING_ROWS_PER_BLOCK rows, spread evenly over all the
+    blocks. Given num_sms, the shares are smaller where that gives each SM _PADDING_BLOCKS_PER_SM blocks (a
+    small layout is mostly padding rows)."""
+    if not row_shares or num_out_rows == 0:
         return token_blocks, 0
     share = _PADDING_ROWS_PER_BLOCK
     if num_sms is not None:
@@ -221,7 +222,7 @@ def _expand_spec(k: int) -> KernelSpec:
 
 @functools.lru_cache(maxsize=None)
 def _expand_kernel(k: int):
-    return get_kernel(_expand_spec(k), param_kinds="P" * 9 + "I" * 12,
+    return get_kernel(_expand_spec(k), param_kinds="P" * 9 + "I" * 13,
                       block_threads=_EXPAND_COLUMN_THREADS * _EXPAND_TOKEN_LANES)
 
 
@@ -298,14 +299,15 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
         batch_rows_arg, batch_stride, _, column_stride = _kernel_strides(out_geometry, batch_rows)
         scale_args = (columns, *x_strides, batch_rows_arg, batch_stride, column_stride)
     chunks = ceil_div(row_vectors, _EXPAND_CHUNK_VECTORS)
-    blocks, padding_rows = _padding_share(num_out_rows, ceil_div(num_tokens, _EXPAND_TOKEN_LANES), chunks,
-                                          zero_padding, get_num_sms())
+    # NOTE: scales are written by row shares (csrc/kernels/smxx_moe_expand.cuh says why), so FP8 always has them.
+    blocks, rows_per_block = _padding_share(num_out_rows, ceil_div(num_tokens, _EXPAND_TOKEN_LANES), chunks,
+                                            zero_padding or is_fp8, get_num_sms())
     if blocks == 0:
         return result
     _expand_kernel(k).launch((blocks, chunks, 1), (
         x.data_ptr(), rows.data_ptr(), scales.data_ptr() if is_fp8 else 0, out_scales.data_ptr() if is_fp8 else 0,
         *_layout_args(layout, masked, num_tokens, num_out_rows, max_tokens), row_vectors,
-        x.stride(0) * x.element_size() // 16, padding_rows, *scale_args), x.get_device())
+        x.stride(0) * x.element_size() // 16, rows_per_block, int(zero_padding), *scale_args), x.get_device())
     return result
 
 
