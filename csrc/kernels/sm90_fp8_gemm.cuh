@@ -11,6 +11,9 @@
 // kPipelined (tiles narrow enough for a second accumulator set, kMaxPipelinedBlockN): each warpgroup issues
 // K block i + 1's wgmma group before it waits for and promotes block i, so the promotion, the barrier waits
 // and the wgmma latency overlap the tensor cores' work instead of draining them every K block.
+// kNumSubTiles = 2 (tiles too wide for a second accumulator set): each K block is two wgmma groups, one per
+// half of the tile's columns; a half is promoted while the other half's group runs, and the next K block's
+// first half is issued before the second half is promoted (A is read from shared memory twice per K block).
 // Unsupported: K % 128 != 0, N % 16 != 0, BLOCK_M other than 64 / 128, BLOCK_N > 192, C distinct from D
 // (the host copies C into D first).
 //
@@ -180,19 +183,21 @@ struct PromotionScales {
     float lo, hi, second_lo, second_hi;
 };
 
-// final += partial * sfa[row] * sfb: accumulator groups (8 columns each) from kSecondGroup on use the
-// second sfb block (kSecondGroup = BLOCK_N / 8: the tile lies in one block).
-template <uint32_t BLOCK_N, uint32_t kSecondGroup>
-DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2],
+// final += partial * sfa[row] * sfb for the tile's accumulator groups (8 columns each) [kFirstGroup,
+// kFirstGroup + kNumGroups), whose partial sums are `partial`: groups from kSecondGroup on use the second sfb
+// block (kSecondGroup = BLOCK_N / 8: the tile lies in one block).
+template <uint32_t BLOCK_N, uint32_t kSecondGroup, uint32_t kFirstGroup = 0, uint32_t kNumGroups = BLOCK_N / 8>
+DK_DEVICE void promote(const float (&partial)[kNumGroups * 4], float (&final_acc)[BLOCK_N / 2],
                        const PromotionScales& scales) {
 #pragma unroll
-    for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
-        const float lo = j < kSecondGroup ? scales.lo : scales.second_lo;
-        const float hi = j < kSecondGroup ? scales.hi : scales.second_hi;
-        final_acc[j * 4 + 0] += lo * partial[j * 4 + 0];
-        final_acc[j * 4 + 1] += lo * partial[j * 4 + 1];
-        final_acc[j * 4 + 2] += hi * partial[j * 4 + 2];
-        final_acc[j * 4 + 3] += hi * partial[j * 4 + 3];
+    for (uint32_t j = 0; j < kNumGroups; ++j) {
+        const uint32_t group = kFirstGroup + j;
+        const float lo = group < kSecondGroup ? scales.lo : scales.second_lo;
+        const float hi = group < kSecondGroup ? scales.hi : scales.second_hi;
+        final_acc[group * 4 + 0] += lo * partial[j * 4 + 0];
+        final_acc[group * 4 + 1] += lo * partial[j * 4 + 1];
+        final_acc[group * 4 + 2] += hi * partial[j * 4 + 2];
+        final_acc[group * 4 + 3] += hi * partial[j * 4 + 3];
     }
 }
 
@@ -327,7 +332,7 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[BLOCK_N / 2], uint8_t* s
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t BLOCK_K, uint32_t kNumStages,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation, uint32_t kNumSplits, bool kPipelined,
-          typename Stages, typename Ring, typename TileScheduler>
+          uint32_t kNumSubTiles, typename Stages, typename Ring, typename TileScheduler>
 DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileScheduler& scheduler,
                                   uint8_t* smem_d_wg, const CUtensorMap* tmap_d, const float* sfb, OutputType* d,
                                   float* split_workspace, uint32_t* split_tickets) {
@@ -360,9 +365,8 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
         // NOTE: a straddling tile past the last sfb block only has columns past N, which are never stored.
         const float* sfb_second = sfb_first + (n_first / kScaleBlock + 1 < kNumSfbRows ? kNumKBlocks : 0);
 
-        // Waits for the K block's stage, issues its wgmma group into `acc` and returns its promotion scales.
-        auto issue_k_block = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block,
-                                 const PipelineState<kNumStages>& k_state) -> PromotionScales {
+        // Waits for the K block's stage and returns its promotion scales.
+        auto wait_k_block = [&](uint32_t k_block, const PipelineState<kNumStages>& k_state) -> PromotionScales {
             // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
             const float sfb_0 = __ldg(sfb_first + k_block);
             const float sfb_1 = kStraddles ? __ldg(sfb_second + k_block) : sfb_0;
@@ -370,7 +374,12 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
             const float* smem_sfa = stages.sfa_stage(k_state.stage);
             const float sfa_lo = smem_sfa[row_lo];
             const float sfa_hi = smem_sfa[row_lo + 8];
-
+            return {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
+        };
+        // Waits for the K block's stage, issues its wgmma group into `acc` and returns its promotion scales.
+        auto issue_k_block = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block,
+                                 const PipelineState<kNumStages>& k_state) -> PromotionScales {
+            const PromotionScales scales = wait_k_block(k_block, k_state);
             const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(k_state.stage) +
                                                                       wg_idx * kWarpgroupBlockM * BLOCK_K);
             const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
@@ -382,7 +391,7 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
                 ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
             }
             ptx::wgmma_commit_group();
-            return {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
+            return scales;
         };
         // Once at most kNumPending later groups are in flight, `acc`'s group is done: frees its stage and
         // adds it into final_acc.
@@ -401,7 +410,54 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
             final_acc[i] = 0.0f;
         const uint32_t k_block_begin = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
         const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
-        if constexpr (!kPipelined) {
+        if constexpr (kNumSubTiles == 2) {
+            constexpr uint32_t kHalfN = BLOCK_N / 2;
+            constexpr uint32_t kHalfGroups = kHalfN / 8;
+            float first_half[kHalfN / 2], second_half[kHalfN / 2];
+            auto issue_half = [&](float(&acc)[kHalfN / 2], uint32_t half, const PipelineState<kNumStages>& k_state) {
+                const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(k_state.stage) +
+                                                                          wg_idx * kWarpgroupBlockM * BLOCK_K);
+                const uint64_t desc_b =
+                    ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage) + half * kHalfN * BLOCK_K);
+                ptx::wgmma_fence();
+#pragma unroll
+                for (uint32_t k = 0; k < BLOCK_K / kWgmmaK; ++k) {
+                    const uint64_t k_offset = k * kWgmmaK / 16;
+                    ptx::Fp8Wgmma<kHalfN>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
+                }
+                ptx::wgmma_commit_group();
+            };
+            PromotionScales scales = wait_k_block(k_block_begin, state);
+            issue_half(first_half, 0, state);
+            issue_half(second_half, 1, state);
+            // NOTE: the last K block is peeled off so that no wgmma is issued under a branch (ptxas would then
+            // serialize every wgmma of the kernel).
+            for (uint32_t k_block = k_block_begin; k_block + 1 < k_block_end; ++k_block) {
+                // In flight: this block's halves; then its second half and the next block's first half.
+                PipelineState<kNumStages> next_state = state;
+                next_state.advance();
+                ptx::wgmma_wait_group<1>();
+                ptx::fence_operands(first_half);
+                promote<BLOCK_N, kSecondGroup, 0, kHalfGroups>(first_half, final_acc, scales);
+                const PromotionScales next_scales = wait_k_block(k_block + 1, next_state);
+                issue_half(first_half, 0, next_state);
+                ptx::wgmma_wait_group<1>();
+                ptx::fence_operands(second_half);
+                ring.consumer_release(state, lane_idx);
+                promote<BLOCK_N, kSecondGroup, kHalfGroups, kHalfGroups>(second_half, final_acc, scales);
+                issue_half(second_half, 1, next_state);
+                scales = next_scales;
+                state = next_state;
+            }
+            ptx::wgmma_wait_group<1>();
+            ptx::fence_operands(first_half);
+            promote<BLOCK_N, kSecondGroup, 0, kHalfGroups>(first_half, final_acc, scales);
+            ptx::wgmma_wait_group<0>();
+            ptx::fence_operands(second_half);
+            ring.consumer_release(state, lane_idx);
+            promote<BLOCK_N, kSecondGroup, kHalfGroups, kHalfGroups>(second_half, final_acc, scales);
+            state.advance();
+        } else if constexpr (!kPipelined) {
             for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
                 const PromotionScales scales = issue_k_block(partial, k_block, state);
                 retire_k_block(kNoneInFlight, partial, scales, state);
@@ -497,7 +553,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           uint32_t kNumTMAThreads, uint32_t kNumMathThreads,
           uint32_t kNumTMAMulticast, bool kIsMulticastOnA,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumSplits, bool kPipelined>
+          uint32_t kNumSplits, bool kPipelined, uint32_t kNumSubTiles>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -521,6 +577,8 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     DK_STATIC_ASSERT(kNumSplits >= 1 && kNumSplits <= SHAPE_K / BLOCK_K, "every split has at least one K block");
     DK_STATIC_ASSERT(!kPipelined || BLOCK_N <= kMaxPipelinedBlockN[kNumMathWarpgroups - 1],
                      "three accumulator sets fit the math warpgroups' registers");
+    DK_STATIC_ASSERT(kNumSubTiles == 1 || (kNumSubTiles == 2 && !kPipelined && BLOCK_N % 32 == 0),
+                     "one sub-tile, or two of a multiple of 16 columns without the two-set pipeline");
 
     // Register budgets: 128 x 40 + 256 x 232 = 64,512 of 65,536 with two math warpgroups.
     constexpr uint32_t kNumTMARegisters = 40;
@@ -582,8 +640,8 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         ptx::setmaxnreg_inc<kNumMathRegisters>();
         uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Store::kBytes;
         run_math_warpgroup<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kGemmType, OutputType,
-                           kWithAccumulation, kNumSplits, kPipelined>(stages, ring, scheduler, smem_d_wg, &tmap_d,
-                                                                      sfb, d, split_workspace, split_tickets);
+                           kWithAccumulation, kNumSplits, kPipelined, kNumSubTiles>(
+            stages, ring, scheduler, smem_d_wg, &tmap_d, sfb, d, split_workspace, split_tickets);
     }
 
     // Teardown
