@@ -351,6 +351,7 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
     // Only the pipelined K loop uses it (the compiler drops it otherwise).
     float partial_next[BLOCK_N / 2];
     float final_acc[BLOCK_N / 2];
+    float first_half[BLOCK_N / 4], second_half[BLOCK_N / 4];
     PipelineState<kNumStages> state;
 
     // The K loop of one tile whose first column sits kTileOffset columns into its sfb block.
@@ -413,7 +414,6 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
         if constexpr (kNumSubTiles == 2) {
             constexpr uint32_t kHalfN = BLOCK_N / 2;
             constexpr uint32_t kHalfGroups = kHalfN / 8;
-            float first_half[kHalfN / 2], second_half[kHalfN / 2];
             auto issue_half = [&](float(&acc)[kHalfN / 2], uint32_t half, const PipelineState<kNumStages>& k_state) {
                 const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(k_state.stage) +
                                                                           wg_idx * kWarpgroupBlockM * BLOCK_K);
@@ -427,36 +427,37 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
                 }
                 ptx::wgmma_commit_group();
             };
+            // Jobs j = 2 i + h: half h of K block k_block_begin + i, issued into first_half (h = 0) or
+            // second_half (h = 1) one job ahead of the job being promoted, as the two-set loop does.
+            const uint32_t job_end = 2 * (k_block_end - k_block_begin);
+            PipelineState<kNumStages> retiring = state;
             PromotionScales scales = wait_k_block(k_block_begin, state);
             issue_half(first_half, 0, state);
-            issue_half(second_half, 1, state);
-            // NOTE: the last K block is peeled off so that no wgmma is issued under a branch (ptxas would then
-            // serialize every wgmma of the kernel).
-            for (uint32_t k_block = k_block_begin; k_block + 1 < k_block_end; ++k_block) {
-                // In flight: this block's halves; then its second half and the next block's first half.
-                PipelineState<kNumStages> next_state = state;
-                next_state.advance();
+            for (uint32_t job = 1;; job += 2) {
+                // job: a second half, of the block whose first half (job - 1) is in flight.
+                ring.consumer_wait(state);
+                issue_half(second_half, 1, state);
                 ptx::wgmma_wait_group<1>();
                 ptx::fence_operands(first_half);
                 promote<BLOCK_N, kSecondGroup, 0, kHalfGroups>(first_half, final_acc, scales);
-                const PromotionScales next_scales = wait_k_block(k_block + 1, next_state);
-                issue_half(first_half, 0, next_state);
+                if (job + 1 == job_end) {
+                    ptx::wgmma_wait_group<0>();
+                    ptx::fence_operands(second_half);
+                    ring.consumer_release(retiring, lane_idx);
+                    promote<BLOCK_N, kSecondGroup, kHalfGroups, kHalfGroups>(second_half, final_acc, scales);
+                    state.advance();
+                    break;
+                }
+                state.advance();
+                const PromotionScales next_scales = wait_k_block(k_block_begin + (job + 1) / 2, state);
+                issue_half(first_half, 0, state);
                 ptx::wgmma_wait_group<1>();
                 ptx::fence_operands(second_half);
-                ring.consumer_release(state, lane_idx);
+                ring.consumer_release(retiring, lane_idx);
                 promote<BLOCK_N, kSecondGroup, kHalfGroups, kHalfGroups>(second_half, final_acc, scales);
-                issue_half(second_half, 1, next_state);
+                retiring = state;
                 scales = next_scales;
-                state = next_state;
             }
-            ptx::wgmma_wait_group<1>();
-            ptx::fence_operands(first_half);
-            promote<BLOCK_N, kSecondGroup, 0, kHalfGroups>(first_half, final_acc, scales);
-            ptx::wgmma_wait_group<0>();
-            ptx::fence_operands(second_half);
-            ring.consumer_release(state, lane_idx);
-            promote<BLOCK_N, kSecondGroup, kHalfGroups, kHalfGroups>(second_half, final_acc, scales);
-            state.advance();
         } else if constexpr (!kPipelined) {
             for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
                 const PromotionScales scales = issue_k_block(partial, k_block, state);
