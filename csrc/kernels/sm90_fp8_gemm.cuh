@@ -435,7 +435,14 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
             issue_half(first_half, 0, state);
             for (uint32_t job = 1;; job += 2) {
                 // job: a second half, of the block whose first half (job - 1) is in flight.
-                ring.consumer_wait(state);
+                // NOTE: never taken (jobs end at the break below), but without an exit test at the loop's head
+                // ptxas serializes every wgmma of the loop (C7514); with it, it tracks the groups in flight.
+                if (job >= job_end) {
+                    ptx::wgmma_wait_group<0>();
+                    ptx::fence_operands(first_half);
+                    promote<BLOCK_N, kSecondGroup, 0, kHalfGroups>(first_half, final_acc, scales);
+                    break;
+                }
                 issue_half(second_half, 1, state);
                 ptx::wgmma_wait_group<1>();
                 ptx::fence_operands(first_half);
