@@ -46,7 +46,7 @@ def configs_for(m: int, n: int, k: int, block_ms, block_ns, splits, both_k_loops
                     for pipelined in k_loops:
                         yield heuristics.make_config(block_m, block_n, num_tma_multicast, on_a, 2,
                                                      num_splits=num_splits, pipelined=pipelined)
-                    if 2 in sub_tiles and block_n % 32 == 0:
+                    if 2 in sub_tiles and block_n % 32 == 0 and num_splits == 1:
                         yield heuristics.make_config(block_m, block_n, num_tma_multicast, on_a, 2,
                                                      num_splits=num_splits, pipelined=False, num_sub_tiles=2)
 

@@ -585,8 +585,10 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     DK_STATIC_ASSERT(kNumSplits >= 1 && kNumSplits <= SHAPE_K / BLOCK_K, "every split has at least one K block");
     DK_STATIC_ASSERT(!kPipelined || BLOCK_N <= kMaxPipelinedBlockN[kNumMathWarpgroups - 1],
                      "three accumulator sets fit the math warpgroups' registers");
-    DK_STATIC_ASSERT(kNumSubTiles == 1 || (kNumSubTiles == 2 && !kPipelined && BLOCK_N % 32 == 0),
-                     "one sub-tile, or two of a multiple of 16 columns without the two-set pipeline");
+    // NOTE: split-K sums the splits into a third accumulator set, which the sub-tile loop's halves leave no
+    // registers for at wide tiles.
+    DK_STATIC_ASSERT(kNumSubTiles == 1 || (kNumSubTiles == 2 && !kPipelined && kNumSplits == 1 && BLOCK_N % 32 == 0),
+                     "one sub-tile, or two of a multiple of 16 columns without the two-set pipeline or split-K");
 
     // Register budgets: 128 x 40 + 256 x 232 = 64,512 of 65,536 with two math warpgroups.
     constexpr uint32_t kNumTMARegisters = 40;

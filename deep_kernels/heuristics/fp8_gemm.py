@@ -408,8 +408,9 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     allows unless pipelined says otherwise, for overrides and tests."""
     if num_splits != 1 and num_tma_multicast != 1:
         raise ValueError("split-K needs num_tma_multicast == 1")
-    if num_sub_tiles not in (1, 2) or (num_sub_tiles == 2 and block_n % 32):
-        raise ValueError(f"num_sub_tiles must be 1, or 2 with block_n a multiple of 32, got {num_sub_tiles}")
+    if num_sub_tiles not in (1, 2) or (num_sub_tiles == 2 and (block_n % 32 or num_splits != 1)):
+        raise ValueError(f"num_sub_tiles must be 1, or 2 with block_n a multiple of 32 and no split-K, got "
+                         f"{num_sub_tiles}")
     if pipelined is None:
         pipelined = can_pipeline(block_m, block_n) and num_sub_tiles == 1
     elif pipelined and num_sub_tiles == 2:
@@ -444,8 +445,7 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(128, 128, 1, False, 2, pipelined=False), 4096, 7168, "bfloat16", False),
         CandidateKernel(make_config(64, 128, 1, False, 2, num_splits=3), 7168, 2048, "float32", True),
         CandidateKernel(make_config(128, 192, 1, False, 2, num_sub_tiles=2), 4096, 7168, "bfloat16", False),
-        CandidateKernel(make_config(128, 160, 1, False, 4, num_splits=2, num_sub_tiles=2), 7168, 2048, "float32",
-                        True),
+        CandidateKernel(make_config(128, 160, 1, False, 4, num_sub_tiles=2), 7168, 2048, "float32", True),
         CandidateKernel(make_config(64, 128, 1, False, 2, num_sub_tiles=2), 7168, 2048, "bfloat16", False,
                         "m_grouped_masked"),
     ]
