@@ -435,16 +435,22 @@ def _check_expand(x, layout, scales, masked):
     return out
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens,num_experts,k,hidden", SHAPES)
-@pytest.mark.parametrize("variant", ["bf16", "fp32", "fp8 row_major", "fp8 mn_major", "fp8 packed_ue8m0"])
-def test_moe_expand_matches_reference(num_tokens, num_experts, k, hidden, variant):
+def _expand_inputs(num_tokens: int, num_experts: int, k: int, hidden: int, variant: str) -> tuple:
+    """(layout, x, scales) of _routing: x bf16, fp32, or FP8 with scales in the variant's layout ("fp8 mn_major")."""
     _, _, layout = _routing(num_tokens, num_experts, k)
     x = random_activations(num_tokens, hidden, torch.float32 if variant == "fp32" else torch.bfloat16)
     scales = None
     if variant.startswith("fp8"):
         scale_layout = variant.split()[1]
         x, scales = deep_kernels.per_token_cast_to_fp8(x, 128, scale_layout == "packed_ue8m0", scale_layout)
+    return layout, x, scales
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens,num_experts,k,hidden", SHAPES)
+@pytest.mark.parametrize("variant", ["bf16", "fp32", "fp8 row_major", "fp8 mn_major", "fp8 packed_ue8m0"])
+def test_moe_expand_matches_reference(num_tokens, num_experts, k, hidden, variant):
+    layout, x, scales = _expand_inputs(num_tokens, num_experts, k, hidden, variant)
     for masked in (False, True):
         _check_expand(x, layout, scales, masked)
     if num_tokens > 1:  # a row stride wider than H
@@ -464,12 +470,7 @@ TEST_TILES = EXPAND_TILE_CANDIDATES + (ExpandTile(32, 8, 2, 3), ExpandTile(224, 
 @pytest.mark.parametrize("variant", ["bf16", "fp8 row_major", "fp8 mn_major", "fp8 packed_ue8m0"])
 def test_moe_expand_tiles_match_reference(tile, num_tokens, num_experts, k, hidden, variant, monkeypatch):
     monkeypatch.setattr(expand, "_tile_override", lambda: tile)
-    _, _, layout = _routing(num_tokens, num_experts, k)
-    x = random_activations(num_tokens, hidden, torch.bfloat16)
-    scales = None
-    if variant.startswith("fp8"):
-        scale_layout = variant.split()[1]
-        x, scales = deep_kernels.per_token_cast_to_fp8(x, 128, scale_layout == "packed_ue8m0", scale_layout)
+    layout, x, scales = _expand_inputs(num_tokens, num_experts, k, hidden, variant)
     for masked in (False, True):
         _check_expand(x, layout, scales, masked)
     expected = reference.moe_expand(x, layout, scales)

@@ -71,9 +71,9 @@ DEFAULT_EXPAND_TILE = ExpandTile(128, 2, 4)
 # The tiles registered for precompilation (and timed by scripts/bench_moe_expand_tiles.py): chunks that divide
 # 448 or 896 vectors exactly, more token lanes, more loads in flight, scale loads batched.
 EXPAND_TILE_CANDIDATES = (
-    DEFAULT_EXPAND_TILE, ExpandTile(128, 2, 4, 8), ExpandTile(128, 4, 4, 4), ExpandTile(64, 4, 7),
-    ExpandTile(64, 4, 7, 8), ExpandTile(64, 8, 7, 4), ExpandTile(32, 8, 14, 8), ExpandTile(128, 2, 7),
-    ExpandTile(128, 4, 7, 4),
+    DEFAULT_EXPAND_TILE, ExpandTile(128, 2, 4, 4), ExpandTile(128, 2, 4, 8), ExpandTile(128, 4, 4, 4),
+    ExpandTile(64, 4, 7), ExpandTile(64, 4, 7, 8), ExpandTile(64, 8, 7, 4), ExpandTile(32, 8, 14, 8),
+    ExpandTile(128, 2, 7), ExpandTile(128, 4, 7, 4),
 )
 _EXPAND_TILE_LIMITS = {"column_threads": (32, 1024), "token_lanes": (1, 32), "vectors": (1, 16),
                        "scale_loads": (1, 16)}
