@@ -254,8 +254,8 @@ def _global_accesses(sass_text: str) -> list:
 @pytest.mark.parametrize("tile", EXPAND_TILE_CANDIDATES, ids=_tile_text)
 def test_expand_tile_sass_has_wide_accesses_with_loads_first(tile):
     # Each thread's row loads are 16-byte LDGs issued before any 16-byte store (k = 8 rows each, and the
-    # padding rows' zero store), and each pass of the scale section issues its scale_loads loads before its
-    # first store (32-bit accesses after the last row load).
+    # padding rows' zero store), and the scale section's first pass issues its scale_loads loads (32-bit)
+    # before its first store.
     (entry,) = precompile([expand._expand_spec(8, tile)], arch="90a", progress=False)
     cubin = entry / cache.BINARY_NAME
     assert sass.kernel_problems("smxx_moe_expand", cubin) == []
@@ -266,8 +266,7 @@ def test_expand_tile_sass_has_wide_accesses_with_loads_first(tile):
     assert row_loads[-1] < row_stores[0]
     first_scale_store = accesses.index("STG.E")
     assert row_loads[-1] < first_scale_store < row_stores[0]
-    scale_loads = [a for a in accesses[row_loads[-1] + 1:first_scale_store] if a.startswith("LDG")]
-    assert len(scale_loads) >= tile.scale_loads
+    assert accesses[first_scale_store - tile.scale_loads:first_scale_store] == ["LDG.E.CONSTANT"] * tile.scale_loads
 
 
 # ---- validation (CPU tensors: every check that precedes the device check) ----
