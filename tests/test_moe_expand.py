@@ -1,15 +1,21 @@
 """MoE expand and reduce: the references against loop formulations (CPU), input validation (CPU), and the
 kernels bit-exact against the references (GPU)."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
 import deep_kernels
+from deep_kernels import envs
+from deep_kernels.jit import cache
+from deep_kernels.jit.precompile import precompile
 from deep_kernels.moe import MoeLayout, contiguous_max_rows, expand
+from deep_kernels.moe.expand import DEFAULT_EXPAND_TILE, EXPAND_TILE_CANDIDATES, ExpandTile
 from deep_kernels.reference import moe as reference
 from deep_kernels.reference import quant as quant_reference
-from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
+from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations, sass
 
 from conftest import FULL
 
@@ -168,6 +174,99 @@ def test_padding_shares_cover_every_row_in_shares_of_at_most_32(num_out_rows, to
 def test_padding_shares_of_an_empty_layout():
     assert expand._padding_share(0, 0, 56, True) == (0, 0)
     assert expand._padding_share(0, 0, 1, False) == (0, 0)
+
+
+# ---- expand tiles ----
+
+def _tile_text(tile: ExpandTile) -> str:
+    return ",".join(f"{key}={value}" for key, value in tile._asdict().items())
+
+
+def test_default_expand_tile_is_used_for_every_row_size_and_precompiled():
+    assert DEFAULT_EXPAND_TILE == (128, 2, 4, 1) and DEFAULT_EXPAND_TILE.chunk_vectors == 512
+    assert all(expand.expand_tile(row_vectors) == DEFAULT_EXPAND_TILE for row_vectors in (1, 16, 272, 448, 896, 4096))
+    assert EXPAND_TILE_CANDIDATES[0] == DEFAULT_EXPAND_TILE
+    assert len(set(EXPAND_TILE_CANDIDATES)) == len(EXPAND_TILE_CANDIDATES)
+    specs = expand.precompile_specs()
+    for tile in EXPAND_TILE_CANDIDATES:
+        assert expand.parse_expand_tile(_tile_text(tile), base=ExpandTile(32, 1, 1, 16)) == tile
+        assert expand._expand_spec(8, tile) in specs
+    # Chunks that divide a 7168-element row exactly: 448 (FP8) and 896 (bf16) vectors.
+    assert {t.chunk_vectors for t in EXPAND_TILE_CANDIDATES} >= {448, 896}
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("column_threads=64,token_lanes=4,vectors=7", ExpandTile(64, 4, 7, 1)),
+    ("vectors=8", ExpandTile(128, 2, 8, 1)),
+    (" scale_loads=8 , token_lanes=8 ", ExpandTile(128, 8, 4, 8)),
+    ("column_threads=224,token_lanes=1", ExpandTile(224, 1, 4, 1)),
+])
+def test_parse_expand_tile(text, expected):
+    assert expand.parse_expand_tile(text) == expected
+
+
+@pytest.mark.parametrize("text,match", [
+    ("threads=64", "expected key=integer items"),
+    ("vectors=x", "expected key=integer items"),
+    ("vectors", "expected key=integer items"),
+    ("vectors=-1", "expected key=integer items"),
+    ("vectors=0", "vectors must be in \\[1, 16\\], got 0"),
+    ("scale_loads=17", "scale_loads must be in"),
+    ("column_threads=48", "multiple of 32"),
+    ("column_threads=512,token_lanes=4", "at most 1024, got 512 \\* 4"),
+])
+def test_parse_expand_tile_rejects_bad_text(text, match):
+    with pytest.raises(ValueError, match="DK_MOE_EXPAND_TILE: .*" + match):
+        expand.parse_expand_tile(text)
+
+
+@pytest.fixture
+def fresh_tile_override():
+    """_tile_override and envs.get_once forget what they read, before and after the test."""
+    envs.get_once.cache_clear()
+    expand._tile_override.cache_clear()
+    yield
+    envs.get_once.cache_clear()
+    expand._tile_override.cache_clear()
+
+
+def test_tile_override_comes_from_the_environment(monkeypatch, fresh_tile_override):
+    monkeypatch.setenv("DK_MOE_EXPAND_TILE", "column_threads=64,token_lanes=4,vectors=7,scale_loads=8")
+    assert expand._tile_override() == ExpandTile(64, 4, 7, 8)
+    monkeypatch.setenv("DK_MOE_EXPAND_TILE", "vectors=2")
+    assert expand._tile_override() == ExpandTile(64, 4, 7, 8)  # read once
+
+
+def test_tile_override_unset_or_invalid(monkeypatch, fresh_tile_override):
+    monkeypatch.delenv("DK_MOE_EXPAND_TILE", raising=False)
+    assert expand._tile_override() is None
+    envs.get_once.cache_clear()
+    expand._tile_override.cache_clear()
+    monkeypatch.setenv("DK_MOE_EXPAND_TILE", "column_threads=96,vectors=99")
+    with pytest.raises(ValueError, match="DK_MOE_EXPAND_TILE: vectors must be in"):
+        expand._tile_override()
+
+
+def _global_accesses(sass_text: str) -> list:
+    return re.findall(r"\b(?:LDG|STG)\.E[.\w]*", sass_text)
+
+
+@pytest.mark.parametrize("tile", EXPAND_TILE_CANDIDATES, ids=_tile_text)
+def test_expand_tile_sass_has_wide_accesses_with_loads_first(tile):
+    # Each thread's row loads are 16-byte LDGs issued before any 16-byte store (k = 8 rows each, and the
+    # padding rows' zero store), and the scale section's first pass issues its scale_loads loads (32-bit)
+    # before its first store.
+    (entry,) = precompile([expand._expand_spec(8, tile)], arch="90a", progress=False)
+    cubin = entry / cache.BINARY_NAME
+    assert sass.kernel_problems("smxx_moe_expand", cubin) == []
+    accesses = _global_accesses(sass.sass(cubin))
+    row_loads = [i for i, a in enumerate(accesses) if a == "LDG.E.128"]
+    row_stores = [i for i, a in enumerate(accesses) if a == "STG.E.128"]
+    assert len(row_loads) == tile.vectors and len(row_stores) == 8 * tile.vectors + 1
+    assert row_loads[-1] < row_stores[0]
+    first_scale_store = accesses.index("STG.E")
+    assert row_loads[-1] < first_scale_store < row_stores[0]
+    assert accesses[first_scale_store - tile.scale_loads:first_scale_store] == ["LDG.E.CONSTANT"] * tile.scale_loads
 
 
 # ---- validation (CPU tensors: every check that precedes the device check) ----
@@ -335,22 +434,50 @@ def _check_expand(x, layout, scales, masked):
     return out
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens,num_experts,k,hidden", SHAPES)
-@pytest.mark.parametrize("variant", ["bf16", "fp32", "fp8 row_major", "fp8 mn_major", "fp8 packed_ue8m0"])
-def test_moe_expand_matches_reference(num_tokens, num_experts, k, hidden, variant):
+def _expand_inputs(num_tokens: int, num_experts: int, k: int, hidden: int, variant: str) -> tuple:
+    """(layout, x, scales) of _routing: x bf16, fp32, or FP8 with scales in the variant's layout ("fp8 mn_major")."""
     _, _, layout = _routing(num_tokens, num_experts, k)
     x = random_activations(num_tokens, hidden, torch.float32 if variant == "fp32" else torch.bfloat16)
     scales = None
     if variant.startswith("fp8"):
         scale_layout = variant.split()[1]
         x, scales = deep_kernels.per_token_cast_to_fp8(x, 128, scale_layout == "packed_ue8m0", scale_layout)
+    return layout, x, scales
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens,num_experts,k,hidden", SHAPES)
+@pytest.mark.parametrize("variant", ["bf16", "fp32", "fp8 row_major", "fp8 mn_major", "fp8 packed_ue8m0"])
+def test_moe_expand_matches_reference(num_tokens, num_experts, k, hidden, variant):
+    layout, x, scales = _expand_inputs(num_tokens, num_experts, k, hidden, variant)
     for masked in (False, True):
         _check_expand(x, layout, scales, masked)
     if num_tokens > 1:  # a row stride wider than H
         wide = torch.zeros((num_tokens, hidden + 128), dtype=x.dtype, device="cuda")
         wide[:, :hidden] = x
         _check_expand(wide[:, :hidden], layout, scales, False)
+
+
+# The candidates, and tiles of odd geometry: many chunks of 64 or 32 vectors (partial last chunks), a partial
+# last pass of scale loads (3 per thread), 7 warps, 32 warps of one vector each.
+TEST_TILES = EXPAND_TILE_CANDIDATES + (ExpandTile(32, 8, 2, 3), ExpandTile(224, 1, 2), ExpandTile(32, 32, 1, 16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", TEST_TILES, ids=_tile_text)
+@pytest.mark.parametrize("num_tokens,num_experts,k,hidden", [(4001, 256, 8, 7168), (4001, 8, 6, 2176), (1, 8, 1, 128)])
+@pytest.mark.parametrize("variant", ["bf16", "fp8 row_major", "fp8 mn_major", "fp8 packed_ue8m0"])
+def test_moe_expand_tiles_match_reference(tile, num_tokens, num_experts, k, hidden, variant, monkeypatch):
+    monkeypatch.setattr(expand, "_tile_override", lambda: tile)
+    layout, x, scales = _expand_inputs(num_tokens, num_experts, k, hidden, variant)
+    for masked in (False, True):
+        _check_expand(x, layout, scales, masked)
+    expected = reference.moe_expand(x, layout, scales)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    out = tuple(_poisoned(t) for t in expected)
+    deep_kernels.moe_expand(x, layout, scales, zero_padding=False, out=out if scales is not None else out[0])
+    for i, (actual, wanted) in enumerate(zip(out, expected)):
+        _check_written(actual, wanted, layout, False, False, f"zero_padding=False output {i}")
 
 
 @pytest.mark.gpu

@@ -8,7 +8,8 @@
 // zero for a row without a slot (with zero_padding).
 // Contiguous layout: rows from *num_rows on are never written; masked layout: num_rows null.
 // Memory-bound: a block covers kTokenLanes tokens of one chunk of kColumnThreads * kVectorsPerThread vectors;
-// each thread issues its kVectorsPerThread 16-byte loads before the kTopK stores of each. No shared memory.
+// each thread issues its kVectorsPerThread 16-byte loads before the kTopK stores of each, and kScaleLoads scale
+// loads before their stores. The tile is the launcher's choice (moe/expand.py: expand_tile). No shared memory.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,7 @@
 
 namespace deep_kernels {
 
-template <int kTopK, int kColumnThreads, int kTokenLanes, int kVectorsPerThread>
+template <int kTopK, int kColumnThreads, int kTokenLanes, int kVectorsPerThread, int kScaleLoads>
 __global__ void __launch_bounds__(kColumnThreads * kTokenLanes)
 smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __restrict__ x_scales,
                      uint32_t* __restrict__ out_scales, const int32_t* __restrict__ slot_to_row,
@@ -28,6 +29,9 @@ smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __
                      uint32_t x_row_vectors, uint32_t rows_per_block, uint32_t zero_padding,
                      uint32_t scale_columns, uint32_t x_scale_row_stride, uint32_t x_scale_column_stride,
                      uint32_t scale_batch_rows, uint32_t scale_batch_stride, uint32_t scale_column_stride) {
+    DK_STATIC_ASSERT(kColumnThreads % 32 == 0 && kColumnThreads * kTokenLanes <= 1024, "whole warps, one block");
+    DK_STATIC_ASSERT(kVectorsPerThread >= 1 && kScaleLoads >= 1, "at least one load in flight");
+
     // Tile: blockIdx.x is the token block, blockIdx.y the column chunk; a token lane per token
     constexpr uint32_t kChunkVectors = kColumnThreads * kVectorsPerThread;
     const uint32_t token = blockIdx.x * kTokenLanes + threadIdx.x / kColumnThreads;
@@ -66,10 +70,24 @@ smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __
         if (in_share && (slot >= 0 || zero_padding)) {
             const uint32_t* token_scales =
                 x_scales + static_cast<uint64_t>(slot < 0 ? 0 : static_cast<uint32_t>(slot) / kTopK) * x_scale_row_stride;
-            #pragma unroll 4
-            for (uint32_t column = threadIdx.x / 32; column < scale_columns; column += kNumWarps) {
-                out_scales[strides.offset(row, column)] =
-                    slot < 0 ? 0u : __ldg(token_scales + static_cast<uint64_t>(column) * x_scale_column_stride);
+            // NOTE: ptxas keeps each load of the loop after the stores before it (an L2 round trip per column),
+            // so the kScaleLoads loads of a pass are all issued before its stores (one: the loop unrolled 4 times).
+            #pragma unroll (kScaleLoads == 1 ? 4 : 1)
+            for (uint32_t first_column = threadIdx.x / 32; first_column < scale_columns;
+                 first_column += kNumWarps * kScaleLoads) {
+                uint32_t values[kScaleLoads];
+                #pragma unroll
+                for (int i = 0; i < kScaleLoads; ++i) {
+                    const uint32_t column = first_column + i * kNumWarps;
+                    values[i] = slot < 0 || column >= scale_columns
+                                    ? 0u : __ldg(token_scales + static_cast<uint64_t>(column) * x_scale_column_stride);
+                }
+                #pragma unroll
+                for (int i = 0; i < kScaleLoads; ++i) {
+                    const uint32_t column = first_column + i * kNumWarps;
+                    if (column < scale_columns)
+                        out_scales[strides.offset(row, column)] = values[i];
+                }
             }
         }
     }

@@ -23,15 +23,22 @@ def _expand_bytes(tokens_read: int, num_rows: int, element_bytes: int, scale_byt
     return (tokens_read + num_rows) * (HIDDEN * element_bytes + scale_bytes)
 
 
+def routed_layout(num_tokens: int, bias: torch.Tensor) -> tuple:
+    """(weights, layout, num_rows, kept_slots, tokens_read) of DeepSeek-V3 routing of random logits: the
+    layout's rows up to num_rows, its slots kept, and the tokens with a kept slot (each read once)."""
+    logits = torch.randn((num_tokens, NUM_EXPERTS), device="cuda")
+    weights, indices = deep_kernels.topk_gate(logits, TOP_K, bias=bias, **GATE)
+    layout = deep_kernels.moe_layout(indices, NUM_EXPERTS)
+    num_rows, kept_slots = int(layout.num_rows.item()), int((layout.slot_to_row >= 0).sum().item())
+    tokens_read = int((layout.slot_to_row >= 0).any(dim=1).sum().item())
+    return weights, layout, num_rows, kept_slots, tokens_read
+
+
 def run(ctx: BenchContext) -> list:
     rows = []
     bias = torch.randn(NUM_EXPERTS, device="cuda") * 0.1
     for num_tokens in TOKENS:
-        logits = torch.randn((num_tokens, NUM_EXPERTS), device="cuda")
-        weights, indices = deep_kernels.topk_gate(logits, TOP_K, bias=bias, **GATE)
-        layout = deep_kernels.moe_layout(indices, NUM_EXPERTS)
-        num_rows, kept_slots = int(layout.num_rows.item()), int((layout.slot_to_row >= 0).sum().item())
-        tokens_read = int((layout.slot_to_row >= 0).any(dim=1).sum().item())
+        weights, layout, num_rows, kept_slots, tokens_read = routed_layout(num_tokens, bias)
         shape = {"t": num_tokens, "h": HIDDEN, "e": NUM_EXPERTS, "k": TOP_K}
         x = random_activations(num_tokens, HIDDEN, torch.bfloat16)
         q, scales = deep_kernels.per_token_cast_to_fp8(x, 128)

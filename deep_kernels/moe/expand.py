@@ -18,9 +18,11 @@ masked [E, max_tokens, G] with each expert's [max_tokens, G] block in that layou
 """
 
 import functools
+from typing import NamedTuple
 
 import torch
 
+from deep_kernels import envs
 from deep_kernels.device import get_num_sms
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
@@ -42,9 +44,39 @@ REDUCE_DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 _KERNEL_TYPES = {**CPP_TYPES, torch.float8_e4m3fn: "__nv_fp8_e4m3"}
 
-# Expand: 128 threads along a token row's 16-byte vectors, 2 token lanes, 4 vectors (loads in flight) per thread.
-_EXPAND_COLUMN_THREADS, _EXPAND_TOKEN_LANES, _EXPAND_VECTORS_PER_THREAD = 128, 2, 4
-_EXPAND_CHUNK_VECTORS = _EXPAND_COLUMN_THREADS * _EXPAND_VECTORS_PER_THREAD
+
+
+class ExpandTile(NamedTuple):
+    """moe_expand's launch tile (csrc/kernels/smxx_moe_expand.cuh): a block of column_threads * token_lanes
+    threads covers token_lanes tokens of a chunk of column_threads * vectors 16-byte vectors of their rows
+    (a row of more vectors takes several chunks); each thread has `vectors` row loads and, for FP8 scales,
+    scale_loads scale loads in flight."""
+    column_threads: int
+    token_lanes: int
+    vectors: int
+    scale_loads: int = 1
+
+    @property
+    def chunk_vectors(self) -> int:
+        return self.column_threads * self.vectors
+
+    @property
+    def threads(self) -> int:
+        return self.column_threads * self.token_lanes
+
+
+# Today's tile for every row size: a 7168-element row is 448 (FP8) or 896 (bf16) vectors, so 1/8 of the column
+# threads idle in its last chunk.
+DEFAULT_EXPAND_TILE = ExpandTile(128, 2, 4)
+# The tiles registered for precompilation (and timed by scripts/bench_moe_expand_tiles.py): chunks that divide
+# 448 or 896 vectors exactly, more token lanes, more loads in flight, scale loads batched.
+EXPAND_TILE_CANDIDATES = (
+    DEFAULT_EXPAND_TILE, ExpandTile(128, 2, 4, 4), ExpandTile(128, 2, 4, 8), ExpandTile(128, 4, 4, 4),
+    ExpandTile(64, 4, 7), ExpandTile(64, 4, 7, 8), ExpandTile(64, 8, 7, 4), ExpandTile(32, 8, 14, 8),
+    ExpandTile(128, 2, 7), ExpandTile(128, 4, 7, 4),
+)
+_EXPAND_TILE_LIMITS = {"column_threads": (32, 1024), "token_lanes": (1, 32), "vectors": (1, 16),
+                       "scale_loads": (1, 16)}
 # The most rows without a slot one expand block checks and zeroes (a warp ballot: csrc/common/moe_rows.cuh),
 # and the blocks per SM that smaller shares aim for.
 _PADDING_ROWS_PER_BLOCK, _PADDING_BLOCKS_PER_SM = 32, 8
@@ -215,15 +247,49 @@ def _padding_share(num_out_rows: int, token_blocks: int, columns: int, row_share
 
 # ---- expand ----
 
-def _expand_spec(k: int) -> KernelSpec:
-    return KernelSpec("kernels/smxx_moe_expand.cuh", "smxx_moe_expand_impl",
-                      (k, _EXPAND_COLUMN_THREADS, _EXPAND_TOKEN_LANES, _EXPAND_VECTORS_PER_THREAD))
+def expand_tile(row_vectors: int) -> ExpandTile:
+    """moe_expand's launch tile for rows of row_vectors 16-byte vectors (H * element size / 16).
+
+    Today DEFAULT_EXPAND_TILE (128, 2, 4) for every row size. DK_MOE_EXPAND_TILE overrides it for experiments
+    (read once per process; parse_expand_tile); EXPAND_TILE_CANDIDATES lists the tiles precompiled for that.
+    """
+    return DEFAULT_EXPAND_TILE
+
+
+def parse_expand_tile(text: str, base: ExpandTile = DEFAULT_EXPAND_TILE) -> ExpandTile:
+    """The tile of "column_threads=64,token_lanes=4,vectors=7,scale_loads=8" (DK_MOE_EXPAND_TILE's syntax); the
+    fields not given are base's. column_threads whole warps, at most 1024 threads a block."""
+    fields = {}
+    for item in text.split(","):
+        key, _, value = item.strip().partition("=")
+        if key not in _EXPAND_TILE_LIMITS or not value.strip().isdigit():
+            raise ValueError(f"DK_MOE_EXPAND_TILE: expected key=integer items with keys "
+                             f"{', '.join(_EXPAND_TILE_LIMITS)}, got {item!r}")
+        low, high = _EXPAND_TILE_LIMITS[key]
+        if not low <= int(value) <= high:
+            raise ValueError(f"DK_MOE_EXPAND_TILE: {key} must be in [{low}, {high}], got {value.strip()}")
+        fields[key] = int(value)
+    tile = base._replace(**fields)
+    if tile.column_threads % 32 != 0 or tile.threads > 1024:
+        raise ValueError(f"DK_MOE_EXPAND_TILE: column_threads must be a multiple of 32 and column_threads * "
+                         f"token_lanes at most 1024, got {tile.column_threads} * {tile.token_lanes}")
+    return tile
 
 
 @functools.lru_cache(maxsize=None)
-def _expand_kernel(k: int):
-    return get_kernel(_expand_spec(k), param_kinds="P" * 9 + "I" * 13,
-                      block_threads=_EXPAND_COLUMN_THREADS * _EXPAND_TOKEN_LANES)
+def _tile_override():
+    """DK_MOE_EXPAND_TILE's tile, or None when unset (read once per process)."""
+    text = envs.get_once("DK_MOE_EXPAND_TILE")
+    return parse_expand_tile(text) if text else None
+
+
+def _expand_spec(k: int, tile: ExpandTile = DEFAULT_EXPAND_TILE) -> KernelSpec:
+    return KernelSpec("kernels/smxx_moe_expand.cuh", "smxx_moe_expand_impl", (k, *tile))
+
+
+@functools.lru_cache(maxsize=None)
+def _expand_kernel(k: int, tile: ExpandTile):
+    return get_kernel(_expand_spec(k, tile), param_kinds="P" * 9 + "I" * 13, block_threads=tile.threads)
 
 
 def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, masked: bool = False,
@@ -298,13 +364,14 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
         x_strides = (num_groups, 1) if x_layout == ScaleLayout.row_major else (1, scales.stride(1))
         batch_rows_arg, batch_stride, _, column_stride = _kernel_strides(out_geometry, batch_rows)
         scale_args = (columns, *x_strides, batch_rows_arg, batch_stride, column_stride)
-    chunks = ceil_div(row_vectors, _EXPAND_CHUNK_VECTORS)
+    tile = _tile_override() or expand_tile(row_vectors)
+    chunks = ceil_div(row_vectors, tile.chunk_vectors)
     # NOTE: scales are written by row shares (csrc/kernels/smxx_moe_expand.cuh says why), so FP8 always has them.
-    blocks, rows_per_block = _padding_share(num_out_rows, ceil_div(num_tokens, _EXPAND_TOKEN_LANES), chunks,
+    blocks, rows_per_block = _padding_share(num_out_rows, ceil_div(num_tokens, tile.token_lanes), chunks,
                                             zero_padding or is_fp8, get_num_sms())
     if blocks == 0:
         return result
-    _expand_kernel(k).launch((blocks, chunks, 1), (
+    _expand_kernel(k, tile).launch((blocks, chunks, 1), (
         x.data_ptr(), rows.data_ptr(), scales.data_ptr() if is_fp8 else 0, out_scales.data_ptr() if is_fp8 else 0,
         *_layout_args(layout, masked, num_tokens, num_out_rows, max_tokens), row_vectors,
         x.stride(0) * x.element_size() // 16, rows_per_block, int(zero_padding), *scale_args), x.get_device())
@@ -493,6 +560,7 @@ def moe_reduce(y: torch.Tensor, layout: MoeLayout, weights: torch.Tensor, scales
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     specs = [_expand_spec(k) for k in (1, 6, 8)]
+    specs.extend(_expand_spec(8, tile) for tile in EXPAND_TILE_CANDIDATES if tile != DEFAULT_EXPAND_TILE)
     for dtype in CAST_DTYPES:
         for ue8m0, layout, mode in ((False, ScaleLayout.mn_major, ScaleMode.mul),
                                     (False, ScaleLayout.mn_major, ScaleMode.div),
