@@ -40,6 +40,10 @@ from deep_kernels.validation import (
 )
 
 GROUP_SIZE = 128
+# Positions are int32: without weights every non-negative one selects its row.
+NO_POSITION_LIMIT = INT32_LIMIT + 1
+UINT32_LIMIT = 2**32 - 1
+_BACKWARD_WARPS = 8
 
 
 @dataclass(frozen=True)
@@ -118,11 +122,6 @@ def _parsed_forward_config(text: str) -> ForwardConfig:
 def _forward_config() -> ForwardConfig:
     """The forward's structure: DK_SWIGLU_CAST_CONFIG (read once per process), else the default."""
     return _parsed_forward_config(envs.get_once("DK_SWIGLU_CAST_CONFIG") or "")
-
-# Positions are int32: without weights every non-negative one selects its row.
-NO_POSITION_LIMIT = INT32_LIMIT + 1
-UINT32_LIMIT = 2**32 - 1
-_BACKWARD_WARPS = 8
 
 
 def _cpp_bool(flag: bool) -> str:
