@@ -59,6 +59,9 @@ VARIABLES = {
                "override the FP8 GEMM heuristics for experiments, e.g. block_m=128,block_n=112,stages=5,multicast=2"),
         EnvVar("DK_MOE_EXPAND_TILE", _optional_str, None,
                "override moe_expand's launch tile for experiments, e.g. column_threads=64,token_lanes=4,vectors=7"),
+        EnvVar("DK_SWIGLU_CAST_CONFIG", _optional_str, None,
+               "the SwiGLU forward kernel's structure for experiments, "
+               "e.g. passes=4,in_flight=2,fast_div=1,min_blocks=4"),
         EnvVar("DK_NUM_SMS", _optional_int, None,
                "number of SMs the persistent kernels use (default: all of the device's)"),
     )

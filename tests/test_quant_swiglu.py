@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import deep_kernels
 from deep_kernels import quant
+from deep_kernels.quant import swiglu
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
 
@@ -296,9 +297,47 @@ def test_kernels_are_precompiled():
     specs = {(spec.name, spec.template_args) for spec in quant.precompile_specs()}
     names = {name for name, _ in specs}
     assert {"smxx_swiglu_cast", "smxx_swiglu_backward"} <= names
-    # Every variant the tests run, with and without clamp: 6 quantized layouts and modes, and the bf16 output.
-    assert sum(name == "smxx_swiglu_cast" for name, _ in specs) == 2 * (len(LAYOUTS) + 1)
+    # Every variant the tests run, with and without clamp: 6 quantized layouts and modes, and the bf16 output,
+    # for each forward structure.
+    assert sum(name == "smxx_swiglu_cast" for name, _ in specs) == 2 * (len(LAYOUTS) + 1) * len(swiglu.FORWARD_VARIANTS)
     assert sum(name == "smxx_swiglu_backward" for name, _ in specs) == 2
+
+
+def test_forward_config_parses_and_defaults():
+    assert swiglu._parsed_forward_config("") == swiglu.ForwardConfig() == swiglu.FORWARD_VARIANTS["ieee"]
+    assert swiglu.ForwardConfig() == swiglu.ForwardConfig(passes=2, in_flight=2, fast_div=False, min_blocks=0)
+    assert swiglu.parse_forward_config("passes=4,in_flight=2,fast_div=1,min_blocks=4") == \
+        swiglu.FORWARD_VARIANTS["rework"]
+    assert swiglu.parse_forward_config("passes=4") == swiglu.ForwardConfig(passes=4, in_flight=4)
+    assert swiglu.parse_forward_config(" fast_div=1 , min_blocks=3 ") == swiglu.ForwardConfig(fast_div=True,
+                                                                                            min_blocks=3)
+    # 4 rows a warp in each pass.
+    assert swiglu.ForwardConfig(passes=4).block_rows == 4 * swiglu.NUM_WARPS * 4
+    # Every variant is a distinct kernel.
+    assert len(set(swiglu.FORWARD_VARIANTS.values())) == len(swiglu.FORWARD_VARIANTS)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("passes=3", "passes must be 1, 2, 4 or 8"),
+    ("passes=2,in_flight=3", "in_flight must be in 1..passes"),
+    ("in_flight=0", "in_flight must be in 1..passes"),
+    ("reread=1", "expected"),
+    ("min_blocks=9", "min_blocks must be in 0..8"),
+    ("stages=2", "expected"),
+    ("passes=two", "expected"),
+    ("passes", "expected"),
+])
+def test_forward_config_rejects_bad_text(text, match):
+    with pytest.raises(ValueError, match=f"DK_SWIGLU_CAST_CONFIG: .*{match}"):
+        swiglu.parse_forward_config(text)
+
+
+def test_forward_config_comes_from_the_environment(monkeypatch):
+    from deep_kernels import envs
+
+    monkeypatch.setattr(envs, "get_once", lambda name: {"DK_SWIGLU_CAST_CONFIG": "passes=1"}.get(name))
+    assert swiglu._forward_config() == swiglu.ForwardConfig(passes=1, in_flight=1)
+    assert "DK_SWIGLU_CAST_CONFIG" in envs.VARIABLES
 
 
 def test_benchmark_cases_build_on_cpu():
@@ -310,6 +349,26 @@ def test_benchmark_cases_build_on_cpu():
         outputs = getattr(reference, op)(*args, **kwargs)
         assert all(t.shape[0] == 64 for t in outputs), label
         assert quant_swiglu._num_bytes(64, 256, with_rows, backward, options) > 64 * 256 * 5
+
+
+def test_variant_benchmark_builds_on_cpu():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_swiglu_variants.py"
+    module_spec = importlib.util.spec_from_file_location("bench_swiglu_variants", path)
+    bench = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(bench)
+    assert len(bench.CASES) == 2 and all(op == "swiglu_cast_to_fp8" for *_, op in bench.CASES)
+    for label, options, with_rows, _ in bench.CASES:
+        for data in bench.INPUTS:
+            args, kwargs = bench._arguments(64, 256, options, with_rows, data, device="cpu")
+            q, scales = reference.swiglu_cast_to_fp8(*args, **kwargs)
+            assert q.shape == (64, 256) and args[0].dtype == torch.bfloat16, (label, data)
+    # The variant switch restores the module's config function.
+    previous = swiglu._forward_config
+    assert bench._with_variant(swiglu.FORWARD_VARIANTS["rework"], lambda: swiglu._forward_config()) == \
+        swiglu.FORWARD_VARIANTS["rework"]
+    assert swiglu._forward_config is previous
 
 
 # ---- kernels against the reference evaluated on the GPU ----
@@ -350,11 +409,20 @@ SHAPES = [(1, 7168), (4001, 7168), (257, 384)] + ([(8001, 2048), (3, 128)] if FU
 OPTIONS = ["plain", "clamp", "weights", "pos", "pos_only"]
 
 
+@pytest.fixture(params=list(swiglu.FORWARD_VARIANTS))
+def forward_variant(request, monkeypatch):
+    """Each forward structure of FORWARD_VARIANTS, as DK_SWIGLU_CAST_CONFIG would set it (the kernels
+    are cached per structure, so switching needs no cache reset)."""
+    config = swiglu.FORWARD_VARIANTS[request.param]
+    monkeypatch.setattr(swiglu, "_forward_config", lambda: config)
+    return config
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_rows,hidden", SHAPES)
 @pytest.mark.parametrize("option", OPTIONS)
 @pytest.mark.parametrize("ue8m0,layout,scale_mode", LAYOUTS)
-def test_cast_matches_reference(num_rows, hidden, option, ue8m0, layout, scale_mode):
+def test_cast_matches_reference(forward_variant, num_rows, hidden, option, ue8m0, layout, scale_mode):
     x = _special_rows(random_activations(num_rows, 2 * hidden, torch.bfloat16))
     clamp, weights, pos = _rows(num_rows, option, "cuda")
     kwargs = dict(ue8m0=ue8m0, scale_layout=layout, scale_mode=scale_mode)
@@ -370,7 +438,7 @@ def test_cast_matches_reference(num_rows, hidden, option, ue8m0, layout, scale_m
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_rows,hidden", SHAPES)
 @pytest.mark.parametrize("option", OPTIONS)
-def test_bf16_forward_matches_reference(num_rows, hidden, option):
+def test_bf16_forward_matches_reference(forward_variant, num_rows, hidden, option):
     x = _special_rows(random_activations(num_rows, 2 * hidden, torch.bfloat16))
     clamp, weights, pos = _rows(num_rows, option, "cuda")
     y = deep_kernels.swiglu_forward(x, clamp, weights, pos)
@@ -380,7 +448,7 @@ def test_bf16_forward_matches_reference(num_rows, hidden, option):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ue8m0,layout,scale_mode", LAYOUTS)
-def test_cast_row_stride_and_moe_layout(ue8m0, layout, scale_mode):
+def test_cast_row_stride_and_moe_layout(forward_variant, ue8m0, layout, scale_mode):
     # Rows of the contiguous MoE layout: row_to_slot maps rows to top-k slots, -1 on padding rows.
     topk_idx = torch.randint(0, 8, (301, 4), device="cuda", dtype=torch.int32)
     moe = deep_kernels.moe_layout(topk_idx, 8)
@@ -426,7 +494,7 @@ def _masked_inputs(num_experts: int, max_tokens: int, hidden: int, with_weights:
 @pytest.mark.parametrize("ue8m0,layout,scale_mode", LAYOUTS)
 @pytest.mark.parametrize("with_weights", [False, True])
 @pytest.mark.parametrize("clamp", [None, CLAMP])
-def test_masked_matches_reference(ue8m0, layout, scale_mode, with_weights, clamp):
+def test_masked_matches_reference(forward_variant, ue8m0, layout, scale_mode, with_weights, clamp):
     num_experts, max_tokens, hidden = 6, 301, 640
     x, weights, pos = _masked_inputs(num_experts, max_tokens, hidden, with_weights)
     masked_m = torch.tensor([0, 301, 17, 129, 1, 500], device="cuda", dtype=torch.int32)
@@ -503,7 +571,7 @@ def _every_bf16_gate() -> torch.Tensor:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("clamp", [None, CLAMP])
-def test_every_bf16_gate_matches_reference(clamp):
+def test_every_bf16_gate_matches_reference(forward_variant, clamp):
     # The kernels divide by 1 + expf(-g) without IEEE division's per-element check (common/swiglu.cuh):
     # every gate a bf16 tensor can hold, the clamp's too, must give the IEEE quotients. dy is one-hot in
     # column 0 so dweights is silu(g) itself in FP32, not only its bf16 rounding.
@@ -523,7 +591,7 @@ def test_every_bf16_gate_matches_reference(clamp):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("clamp", [3e-30, 0.3, 100.0, 1e30])
-def test_unusual_clamps_match_reference(clamp):
+def test_unusual_clamps_match_reference(forward_variant, clamp):
     # Clamps below or above the fast division's gate range (common/swiglu.cuh) take IEEE division where
     # they bite; 0.3 is not a bf16 value.
     x = _special_rows(random_activations(333, 2 * 384, torch.bfloat16)) * 16

@@ -5,8 +5,14 @@
 // to bf16 (RNE). Rows: blockIdx.z is the expert of the masked layout (rows = E x T_max, rows of expert e from
 // masked_m[e] on are skipped) or 0; with pos, a row whose position is outside [0, pos_limit) is skipped,
 // and its weight is weights[pos[row]]. Skipped rows are neither read nor written. Memory-bound: each
-// thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses rows, all
-// loads in flight before use; no shared memory.
+// thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses rows; no shared
+// memory. The structure is chosen by template arguments for experiments (DK_SWIGLU_CAST_CONFIG, see
+// deep_kernels/quant/swiglu.py; the default is kPasses = kPassesInFlight = 2, IEEE division, no register cap):
+//   kPassesInFlight: the passes whose loads are issued up front; each finished pass then issues the loads of
+//     the pass kPassesInFlight further (kPassesInFlight = kPasses: all loads in flight before use).
+//   kFastDivide: silu's division by SigmoidDenominator's steps (common/swiglu.cuh), with IEEE division for a
+//     thread's 16 gates of a row when one leaves GateRange's fast range (the gates read again from L2).
+//   kMinBlocks: the blocks per SM __launch_bounds__ asks for (a register cap), 0 for none.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,9 +28,9 @@
 
 namespace deep_kernels {
 
-template <int kNumWarps, int kPasses, bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout,
-          ScaleMode kScaleMode>
-__global__ void __launch_bounds__(kNumWarps * 32)
+template <int kNumWarps, int kPasses, int kPassesInFlight, bool kFastDivide, int kMinBlocks,
+          bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout, ScaleMode kScaleMode>
+__global__ void __launch_bounds__(kNumWarps * 32, kMinBlocks)
 smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ out, void* __restrict__ scales,
                       const float* __restrict__ weights, const int32_t* __restrict__ pos,
                       const int32_t* __restrict__ masked_m, uint32_t num_rows, uint32_t hidden, uint32_t x_row_stride,
@@ -38,6 +44,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
     constexpr int kVec = 8 * kVectors;
     using Tile = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses>;
     DK_STATIC_ASSERT(kLayout != ScaleLayout::MNMajorPackedUE8M0 || kUE8M0, "packed scales are UE8M0");
+    DK_STATIC_ASSERT(kPassesInFlight >= 1 && kPassesInFlight <= kPasses, "1 to kPasses passes of loads in flight");
 
     // Rows of this expert: the masked count, clamped to [0, num_rows]; blocks past it have no work
     const uint32_t expert = blockIdx.z;
@@ -48,7 +55,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
         return;
     const uint64_t first_global_row = static_cast<uint64_t>(expert) * num_rows;
 
-    // Row validity and weights, then every pass's loads
+    // Row validity and weights, then the loads of the first kPassesInFlight passes
     const Tile tile;
     bool valid[kPasses];
     uint32_t weight_index[kPasses];
@@ -62,60 +69,94 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             valid[pass] = weight_index[pass] < pos_limit;
         }
     }
+    const auto gate_of = [&](int pass) {  // the thread's first gate element of a pass's row
+        return x + (first_global_row + tile.row(pass)) * x_row_stride + tile.column;
+    };
     uint4 gate[kPasses][kVectors] = {}, up[kPasses][kVectors] = {};
     float weight[kPasses];
-    #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
+    const auto load_pass = [&](int pass) {
         weight[pass] = 1.0f;
         if (!valid[pass])
-            continue;
-        const __nv_bfloat16* row_x = x + (first_global_row + tile.row(pass)) * x_row_stride + tile.column;
+            return;
         #pragma unroll
         for (int v = 0; v < kVectors; ++v) {
-            gate[pass][v] = __ldg(reinterpret_cast<const uint4*>(row_x) + v);
-            up[pass][v] = __ldg(reinterpret_cast<const uint4*>(row_x + hidden) + v);
+            gate[pass][v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass)) + v);
+            up[pass][v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass) + hidden) + v);
         }
         if (weights != nullptr)
             weight[pass] = __ldg(weights + weight_index[pass]);
-    }
+    };
+    #pragma unroll
+    for (int pass = 0; pass < kPassesInFlight; ++pass)
+        load_pass(pass);
 
-    // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store)
+    // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store), then the loads of the
+    // pass kPassesInFlight further
+    const bool clamp_fast = kFastDivide && clamp_divides_fast<kClamped>(clamp);
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-        const __nv_bfloat16* gate_values = reinterpret_cast<const __nv_bfloat16*>(gate[pass]);
-        const __nv_bfloat16* up_values = reinterpret_cast<const __nv_bfloat16*>(up[pass]);
-        float y[kVec];
-        float amax = 0.0f;
-        #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-            const float g = clamp_gate<kClamped>(__bfloat162float(gate_values[i]), clamp);
-            const float u = clamp_up<kClamped>(__bfloat162float(up_values[i]), clamp);
-            y[i] = __fmul_rn(__fdiv_rn(g, sigmoid_denominator(g)), u);
-            if (weights != nullptr)
-                y[i] = __fmul_rn(y[i], weight[pass]);
-            amax = max_nan(amax, fabsf(y[i]));
+        float y[kVec], amax = 0.0f;
+        if constexpr (kFastDivide) {
+            float gate_values[kVec];
+            unpack_bf16<kVectors>(gate[pass], gate_values);
+            GateRange range;
+            #pragma unroll
+            for (int i = 0; i < kVec; ++i) {
+                const float g = clamp_gate<kClamped>(gate_values[i], clamp);
+                y[i] = SigmoidDenominator(g).divide(g);
+                range.add(g);
+            }
+            if (valid[pass] && !(clamp_fast && range.fast())) {
+                // NOTE: the slow path reads the gates again (from L2): kept in registers across its division
+                // calls, they cost 13 to 25 more (2 blocks per SM, or stack use under a cap).
+                uint4 gate_again[kVectors];
+                #pragma unroll
+                for (int v = 0; v < kVectors; ++v)
+                    gate_again[v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass)) + v);
+                unpack_bf16<kVectors>(gate_again, gate_values);
+                #pragma unroll
+                for (int i = 0; i < kVec; ++i) {
+                    const float g = clamp_gate<kClamped>(gate_values[i], clamp);
+                    y[i] = __fdiv_rn(g, sigmoid_denominator(g));
+                }
+            }
+            float up_values[kVec];
+            unpack_bf16<kVectors>(up[pass], up_values);
+            #pragma unroll
+            for (int i = 0; i < kVec; ++i) {
+                y[i] = __fmul_rn(y[i], clamp_up<kClamped>(up_values[i], clamp));
+                if (weights != nullptr)
+                    y[i] = __fmul_rn(y[i], weight[pass]);
+                amax = max_nan(amax, fabsf(y[i]));
+            }
+        } else {
+            const __nv_bfloat16* gate_values = reinterpret_cast<const __nv_bfloat16*>(gate[pass]);
+            const __nv_bfloat16* up_values = reinterpret_cast<const __nv_bfloat16*>(up[pass]);
+            #pragma unroll
+            for (int i = 0; i < kVec; ++i) {
+                const float g = clamp_gate<kClamped>(__bfloat162float(gate_values[i]), clamp);
+                const float u = clamp_up<kClamped>(__bfloat162float(up_values[i]), clamp);
+                y[i] = __fmul_rn(__fdiv_rn(g, sigmoid_denominator(g)), u);
+                if (weights != nullptr)
+                    y[i] = __fmul_rn(y[i], weight[pass]);
+                amax = max_nan(amax, fabsf(y[i]));
+            }
         }
         const uint64_t out_offset = (first_global_row + tile.row(pass)) * hidden + tile.column;
         if constexpr (kQuantize) {
             // NOTE: all 32 lanes reach the shuffles; skipped rows reduce their zeros and stop after.
             amax = max_nan(Tile::group_reduce(amax, max_nan), amax_clamp);
-            if (!valid[pass])
-                continue;
-            const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
-            uint32_t codes[kVec / 4];
-            scaler.quantize(y, codes);
-            store_codes(static_cast<uint8_t*>(out) + out_offset, codes);
-            if (tile.is_group_leader) {
+            if (valid[pass]) {
                 // The expert's scales start scale_expert_stride elements (bytes when packed) further.
                 const uint64_t expert_offset = static_cast<uint64_t>(expert) * scale_expert_stride;
                 void* expert_scales = kLayout == ScaleLayout::MNMajorPackedUE8M0
                                           ? static_cast<void*>(static_cast<uint8_t*>(scales) + expert_offset)
                                           : static_cast<void*>(static_cast<float*>(scales) + expert_offset);
-                store_scale<kLayout>(expert_scales, tile.row(pass), blockIdx.x, gridDim.x, scale_stride, scaler.scale);
+                cast_group_to_e4m3<kUE8M0, kScaleMode, kLayout>(y, amax, static_cast<uint8_t*>(out) + out_offset,
+                                                                tile.is_group_leader, expert_scales,
+                                                                tile.row(pass), blockIdx.x, gridDim.x, scale_stride);
             }
-        } else {
-            if (!valid[pass])
-                continue;
+        } else if (valid[pass]) {
             uint4 packed[kVectors];
             __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(packed);
             #pragma unroll
@@ -125,6 +166,8 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             for (int v = 0; v < kVectors; ++v)
                 reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(out) + out_offset)[v] = packed[v];
         }
+        if (pass + kPassesInFlight < kPasses)
+            load_pass(pass + kPassesInFlight);
     }
 }
 

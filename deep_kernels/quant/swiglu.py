@@ -24,9 +24,11 @@ SKIPPED: not read, and its outputs (codes, scales, y, dx, dweights) are not writ
 """
 
 import functools
+from dataclasses import dataclass, fields
 
 import torch
 
+from deep_kernels import envs
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
@@ -38,27 +40,105 @@ from deep_kernels.validation import (
 )
 
 GROUP_SIZE = 128
-# The forward's tile (csrc/kernels/smxx_swiglu_cast.cuh): 16 columns per thread, 8 lanes per group, so a
-# warp covers 4 rows and a block NUM_WARPS * 4 * _FORWARD_PASSES.
-_FORWARD_PASSES = 2
-_FORWARD_BLOCK_ROWS = 32 // (GROUP_SIZE // 16) * NUM_WARPS * _FORWARD_PASSES
 # Positions are int32: without weights every non-negative one selects its row.
 NO_POSITION_LIMIT = INT32_LIMIT + 1
 UINT32_LIMIT = 2**32 - 1
 _BACKWARD_WARPS = 8
 
 
-def _forward_spec(clamped: bool, quantize: bool, ue8m0: bool = False, layout: ScaleLayout = ScaleLayout.mn_major,
-                  mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
-    flags = (str(flag).lower() for flag in (clamped, quantize, ue8m0))
-    return KernelSpec("kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
-                      (NUM_WARPS, _FORWARD_PASSES, *flags, layout.cpp, mode.cpp))
+@dataclass(frozen=True)
+class ForwardConfig:
+    """The structure of the forward kernel (csrc/kernels/smxx_swiglu_cast.cuh's template arguments), for
+    experiments: every config gives the same bytes.
+
+    passes: rows a thread takes; in_flight: passes whose loads are issued up front, each finished pass then
+    issuing the loads of the pass in_flight further (None: all passes); fast_div: silu's division by the
+    fast steps of div.rn, with IEEE division for a thread's 16 gates of a row when one leaves their range
+    (the gates read again from L2); min_blocks: the blocks per SM the launch bounds ask for (a register
+    cap), 0 for none.
+    """
+    passes: int = 2
+    in_flight: int = None
+    fast_div: bool = False
+    min_blocks: int = 0
+
+    def __post_init__(self):
+        if self.in_flight is None:
+            object.__setattr__(self, "in_flight", self.passes)
+        if self.passes not in (1, 2, 4, 8):
+            raise ValueError(f"passes must be 1, 2, 4 or 8, got {self.passes}")
+        if not 1 <= self.in_flight <= self.passes:
+            raise ValueError(f"in_flight must be in 1..passes = {self.passes}, got {self.in_flight}")
+        if not 0 <= self.min_blocks <= 8:
+            raise ValueError(f"min_blocks must be in 0..8 (blocks of {NUM_WARPS * 32} threads per SM), "
+                             f"got {self.min_blocks}")
+
+    @property
+    def block_rows(self) -> int:
+        """Rows of a block: 16 columns per thread, 8 lanes per group, so a warp covers 4 rows a pass."""
+        return 32 // (GROUP_SIZE // 16) * NUM_WARPS * self.passes
+
+
+# Forward structures for A/B experiments (scripts/bench_swiglu_variants.py, DK_SWIGLU_CAST_CONFIG); "ieee" is
+# the default, "rework" the fast-division kernel of branch swiglu (6cb9814), "fast" its 2-pass form (8c0826c).
+# Registers on sm_90a (unclamped fp32 scales / clamped packed ue8m0) and 256-thread blocks per SM: ieee 62/53
+# (4), ieee_p1 40/38 (6), ieee_p4 92/87 (2), ieee_refill 56 (4), fast_p8_refill 80 (3: at 64 it spills), the
+# others 62 to 64 (4).
+FORWARD_VARIANTS = {
+    "ieee": ForwardConfig(),
+    "ieee_p1": ForwardConfig(passes=1),
+    "ieee_p4": ForwardConfig(passes=4),
+    "ieee_refill": ForwardConfig(passes=4, in_flight=2, min_blocks=4),
+    "ieee_p8_refill": ForwardConfig(passes=8, in_flight=2, min_blocks=4),
+    "fast": ForwardConfig(fast_div=True, min_blocks=4),
+    "rework": ForwardConfig(passes=4, in_flight=2, fast_div=True, min_blocks=4),
+    "fast_p8_refill": ForwardConfig(passes=8, in_flight=2, fast_div=True, min_blocks=3),
+}
+
+
+def parse_forward_config(text: str) -> ForwardConfig:
+    """A ForwardConfig from "passes=4,in_flight=2,fast_div=1,min_blocks=4" (fields left out keep
+    their defaults)."""
+    known = {field.name for field in fields(ForwardConfig)}
+    values = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in known or not value.strip().isdigit():
+            raise ValueError(f"DK_SWIGLU_CAST_CONFIG: expected {'/'.join(sorted(known))}=<integer> items, got {item!r}")
+        values[key] = int(value)
+    try:
+        return ForwardConfig(**{key: bool(value) if key == "fast_div" else value
+                                for key, value in values.items()})
+    except ValueError as error:
+        raise ValueError(f"DK_SWIGLU_CAST_CONFIG: {error}") from None
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_kernel(clamped: bool, quantize: bool, ue8m0: bool = False, layout: ScaleLayout = ScaleLayout.mn_major,
-                    mode: ScaleMode = ScaleMode.mul):
-    return get_kernel(_forward_spec(clamped, quantize, ue8m0, layout, mode), param_kinds="PPPPPPIIIIIIff",
+def _parsed_forward_config(text: str) -> ForwardConfig:
+    return parse_forward_config(text) if text else ForwardConfig()
+
+
+def _forward_config() -> ForwardConfig:
+    """The forward's structure: DK_SWIGLU_CAST_CONFIG (read once per process), else the default."""
+    return _parsed_forward_config(envs.get_once("DK_SWIGLU_CAST_CONFIG") or "")
+
+
+def _cpp_bool(flag: bool) -> str:
+    return str(bool(flag)).lower()
+
+
+def _forward_spec(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0: bool = False,
+                  layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
+    structure = (config.passes, config.in_flight, _cpp_bool(config.fast_div), config.min_blocks)
+    return KernelSpec("kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
+                      (NUM_WARPS, *structure, *map(_cpp_bool, (clamped, quantize, ue8m0)), layout.cpp, mode.cpp))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_kernel(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0: bool = False,
+                    layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul):
+    return get_kernel(_forward_spec(config, clamped, quantize, ue8m0, layout, mode), param_kinds="PPPPPPIIIIIIff",
                       block_threads=NUM_WARPS * 32)
 
 
@@ -84,7 +164,7 @@ def _check_x(x, rank: int) -> int:
 
 
 def _check_row_blocks(num_rows: int) -> None:
-    if ceil_div(num_rows, _FORWARD_BLOCK_ROWS) > MAX_ROW_BLOCKS:
+    if ceil_div(num_rows, _forward_config().block_rows) > MAX_ROW_BLOCKS:
         raise ValueError(f"x has too many rows ({num_rows}) for one launch: split it")
 
 
@@ -193,7 +273,9 @@ def _launch_forward(x, out, scales, weights, pos, masked_m, num_experts: int, nu
                     quantize: bool, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode, geometry, limit: int,
                     clamp: float, amax_clamp: float) -> None:
     clamped = clamp != float("inf")
-    kernel = _forward_kernel(clamped, quantize, ue8m0, layout, mode) if quantize else _forward_kernel(clamped, False)
+    config = _forward_config()
+    kernel = (_forward_kernel(config, clamped, quantize, ue8m0, layout, mode) if quantize
+              else _forward_kernel(config, clamped, False))
     scale_stride = scale_expert_stride = 0
     if quantize:
         _, _, strides = geometry
@@ -201,7 +283,7 @@ def _launch_forward(x, out, scales, weights, pos, masked_m, num_experts: int, nu
         bytes_per_unit = 4 if layout == ScaleLayout.packed_ue8m0 else 1
         scale_stride = strides[-2] if layout == ScaleLayout.row_major else strides[-1]
         scale_expert_stride = strides[0] * bytes_per_unit if len(strides) == 3 else 0
-    grid = (hidden // GROUP_SIZE, ceil_div(num_rows, _FORWARD_BLOCK_ROWS), num_experts)
+    grid = (hidden // GROUP_SIZE, ceil_div(num_rows, config.block_rows), num_experts)
     kernel.launch(grid, (x.data_ptr(), out.data_ptr(), _pointer(scales), _pointer(weights), _pointer(pos),
                          _pointer(masked_m), num_rows, hidden, x.stride(0), scale_stride, scale_expert_stride,
                          limit, clamp, float(amax_clamp)), x.get_device())
@@ -402,6 +484,7 @@ def precompile_specs() -> list:
     cast_variants = [(False, ScaleLayout.mn_major, ScaleMode.mul), (False, ScaleLayout.row_major, ScaleMode.mul),
                      (True, ScaleLayout.mn_major, ScaleMode.mul), (True, ScaleLayout.row_major, ScaleMode.mul),
                      (True, ScaleLayout.packed_ue8m0, ScaleMode.mul), (False, ScaleLayout.mn_major, ScaleMode.div)]
-    return [spec for clamped in (False, True) for spec in
-            [_forward_spec(clamped, True, ue8m0, layout, mode) for ue8m0, layout, mode in cast_variants]
-            + [_forward_spec(clamped, False), _backward_spec(clamped)]]
+    # Every forward structure of FORWARD_VARIANTS (the GPU tests run each), the default first.
+    return [spec for config in FORWARD_VARIANTS.values() for clamped in (False, True) for spec in
+            [_forward_spec(config, clamped, True, ue8m0, layout, mode) for ue8m0, layout, mode in cast_variants]
+            + [_forward_spec(config, clamped, False)]] + [_backward_spec(clamped) for clamped in (False, True)]
