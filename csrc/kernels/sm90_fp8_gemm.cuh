@@ -377,21 +377,28 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
             const float sfa_hi = smem_sfa[row_lo + 8];
             return {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
         };
-        // Waits for the K block's stage, issues its wgmma group into `acc` and returns its promotion scales.
-        auto issue_k_block = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block,
-                                 const PipelineState<kNumStages>& k_state) -> PromotionScales {
-            const PromotionScales scales = wait_k_block(k_block, k_state);
+        // Issues the wgmma group of a K block's stage into `acc`: the tile's columns [first_column, first_column
+        // + N), N = 2 x acc's size (the whole tile, or a sub-tile).
+        auto issue_group = [&](auto& acc, uint32_t first_column, const PipelineState<kNumStages>& k_state) {
+            constexpr uint32_t kGroupN = sizeof(acc) / sizeof(float) * 2;
             const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(k_state.stage) +
                                                                       wg_idx * kWarpgroupBlockM * BLOCK_K);
-            const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
+            const uint64_t desc_b =
+                ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage) + first_column * BLOCK_K);
             ptx::wgmma_fence();
 #pragma unroll
             for (uint32_t k = 0; k < BLOCK_K / kWgmmaK; ++k) {
                 // Descriptor addresses are in 16-byte units: one k32 step of e4m3 is 32 bytes.
                 const uint64_t k_offset = k * kWgmmaK / 16;
-                ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
+                ptx::Fp8Wgmma<kGroupN>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
             }
             ptx::wgmma_commit_group();
+        };
+        // Waits for the K block's stage, issues its wgmma group into `acc` and returns its promotion scales.
+        auto issue_k_block = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block,
+                                 const PipelineState<kNumStages>& k_state) -> PromotionScales {
+            const PromotionScales scales = wait_k_block(k_block, k_state);
+            issue_group(acc, 0, k_state);
             return scales;
         };
         // Once at most kNumPending later groups are in flight, `acc`'s group is done: frees its stage and
@@ -414,25 +421,12 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
         if constexpr (kNumSubTiles == 2) {
             constexpr uint32_t kHalfN = BLOCK_N / 2;
             constexpr uint32_t kHalfGroups = kHalfN / 8;
-            auto issue_half = [&](float(&acc)[kHalfN / 2], uint32_t half, const PipelineState<kNumStages>& k_state) {
-                const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(k_state.stage) +
-                                                                          wg_idx * kWarpgroupBlockM * BLOCK_K);
-                const uint64_t desc_b =
-                    ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage) + half * kHalfN * BLOCK_K);
-                ptx::wgmma_fence();
-#pragma unroll
-                for (uint32_t k = 0; k < BLOCK_K / kWgmmaK; ++k) {
-                    const uint64_t k_offset = k * kWgmmaK / 16;
-                    ptx::Fp8Wgmma<kHalfN>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
-                }
-                ptx::wgmma_commit_group();
-            };
             // Jobs j = 2 i + h: half h of K block k_block_begin + i, issued into first_half (h = 0) or
             // second_half (h = 1) one job ahead of the job being promoted, as the two-set loop does.
             const uint32_t job_end = 2 * (k_block_end - k_block_begin);
             PipelineState<kNumStages> retiring = state;
             PromotionScales scales = wait_k_block(k_block_begin, state);
-            issue_half(first_half, 0, state);
+            issue_group(first_half, 0, state);
             for (uint32_t job = 1;; job += 2) {
                 // job: a second half, of the block whose first half (job - 1) is in flight.
                 // NOTE: never taken (jobs end at the break below), but without an exit test at the loop's head
@@ -443,7 +437,7 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
                     promote<BLOCK_N, kSecondGroup, 0, kHalfGroups>(first_half, final_acc, scales);
                     break;
                 }
-                issue_half(second_half, 1, state);
+                issue_group(second_half, kHalfN, state);
                 ptx::wgmma_wait_group<1>();
                 ptx::fence_operands(first_half);
                 promote<BLOCK_N, kSecondGroup, 0, kHalfGroups>(first_half, final_acc, scales);
@@ -457,7 +451,7 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
                 }
                 state.advance();
                 const PromotionScales next_scales = wait_k_block(k_block_begin + (job + 1) / 2, state);
-                issue_half(first_half, 0, state);
+                issue_group(first_half, 0, state);
                 ptx::wgmma_wait_group<1>();
                 ptx::fence_operands(second_half);
                 ring.consumer_release(retiring, lane_idx);
