@@ -603,3 +603,19 @@ def test_benchmark_cases_build_on_cpu():
         ops.add(op)
     assert ops == {"per_token_cast_to_fp8", "per_token_cast_back", "per_block_cast_to_fp8",
                    "per_channel_cast_transpose_to_fp8", "batched_transpose"}
+
+
+@pytest.mark.parametrize("m,num_groups", [(1, 1), (5, 56), (4001, 7), (64, 4)])
+def test_kernel_scale_stride_is_the_row_or_column_step(m, num_groups):
+    # What the casts pass their kernels: the step between rows (row-major) or group columns (MN-major, packed
+    # words), for flat scales and for the masked layout's per-expert blocks.
+    from deep_kernels.quant.common import ScaleLayout, empty_scales, kernel_scale_stride
+    from deep_kernels.quant.swiglu import empty_masked_scales
+    from deep_kernels.validation import tma_aligned_size
+
+    like = torch.empty(0)
+    expected = {ScaleLayout.row_major: num_groups, ScaleLayout.mn_major: tma_aligned_size(m, 4),
+                ScaleLayout.packed_ue8m0: tma_aligned_size(m, 4)}
+    for layout, stride in expected.items():
+        assert kernel_scale_stride(empty_scales(m, num_groups, layout, like), layout) == stride
+        assert kernel_scale_stride(empty_masked_scales(3, m, num_groups, layout, like), layout) == stride

@@ -70,6 +70,12 @@ def scale_geometry(m: int, num_groups: int, layout: ScaleLayout) -> tuple:
     return torch.int32, (m, ceil_div(num_groups, 4)), (1, tma_aligned_size(m, 4))
 
 
+def kernel_scale_stride(scales: torch.Tensor, layout: ScaleLayout) -> int:
+    """The scale kernels' stride argument, in elements (int32 words when packed): between rows in the
+    row-major layout, between group columns in the MN-major ones (batch dimensions lead)."""
+    return scales.stride(-2) if layout == ScaleLayout.row_major else scales.stride(-1)
+
+
 def empty_scales(m: int, num_groups: int, layout: ScaleLayout, like: torch.Tensor) -> torch.Tensor:
     """An uninitialised scale tensor of [m, num_groups] groups in `layout`, on like's device."""
     dtype, shape, strides = scale_geometry(m, num_groups, layout)
@@ -85,7 +91,12 @@ def unpack_ue8m0(words: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
 
 def check_scales(scales: torch.Tensor, name: str, m: int, num_groups: int, layout: ScaleLayout) -> None:
     """scales has the dtype, shape and strides (of dimensions longer than 1) of `layout`."""
-    dtype, shape, strides = scale_geometry(m, num_groups, layout)
+    check_scale_geometry(scales, name, scale_geometry(m, num_groups, layout), layout)
+
+
+def check_scale_geometry(scales: torch.Tensor, name: str, geometry: tuple, layout: ScaleLayout) -> None:
+    """scales has the (dtype, shape, strides) geometry, strides compared on dimensions longer than 1."""
+    dtype, shape, strides = geometry
     check_dtype(scales, name, (dtype,))
     if tuple(scales.shape) != shape or any(
         size > 1 and stride != want for size, stride, want in zip(shape, scales.stride(), strides)

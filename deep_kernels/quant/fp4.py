@@ -54,7 +54,7 @@ from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
     cast_outputs, check_amax_clamp, check_output, check_scales, output_or_new, parse_layout,
-    parse_scale_mode, scale_geometry,
+    parse_scale_mode, scale_geometry, kernel_scale_stride,
 )
 from deep_kernels.validation import (
     check_cuda_device, check_dtype, check_rank, check_row_major_rows, check_tensor, ceil_div, tma_aligned_size,
@@ -421,7 +421,7 @@ def mxfp4_requant_to_fp8(codes: torch.Tensor, scales: torch.Tensor, scale_layout
 
     kernel = _requant_kernel(in_layout, out_layout)
     in_stride = tma_aligned_size(m, 4) if in_layout == Fp4ScaleLayout.packed_ue8m0 else 0
-    out_stride = num_groups if out_layout == ScaleLayout.row_major else tma_aligned_size(m, 4)
+    out_stride = kernel_scale_stride(out_scales, out_layout)
     grid = (num_groups, ceil_div(m, rows_per_block), 1)
     kernel.launch(grid, (codes.data_ptr(), scales.data_ptr(), q.data_ptr(), out_scales.data_ptr(), m, k, in_stride,
                          out_stride, float(amax_clamp)), codes.get_device())

@@ -25,9 +25,9 @@ from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
     cast_outputs, check_amax_clamp, check_group_size, check_output, output_or_new, parse_layout,
-    parse_scale_mode, scale_layout_of, supported_group_sizes,
+    parse_scale_mode, scale_layout_of, kernel_scale_stride, supported_group_sizes,
 )
-from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div, tma_aligned_size
+from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div
 
 
 def _cast_spec(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLayout,
@@ -130,10 +130,10 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
     if m == 0 or k == 0:
         return q, scales
 
-    scale_stride = num_groups if layout == ScaleLayout.row_major else scales.stride(1)
+    stride = kernel_scale_stride(scales, layout)
     if per_row:
         kernel = _row_cast_kernel(x.dtype, _row_vectors(k, x.dtype), ue8m0, layout, mode)
-        kernel.launch((m, 1, 1), (x.data_ptr(), q.data_ptr(), scales.data_ptr(), k, x.stride(0), scale_stride,
+        kernel.launch((m, 1, 1), (x.data_ptr(), q.data_ptr(), scales.data_ptr(), k, x.stride(0), stride,
                                   float(amax_clamp)), x.get_device())
         return q, scales
     kernel = _cast_kernel(x.dtype, group_size, ue8m0, layout, mode)
@@ -141,7 +141,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
     # 4 CTAs of a word column splitting the row block: group columns round up to whole words.
     group_columns = ceil_div(num_groups, 4) * 4 if layout == ScaleLayout.packed_ue8m0 else num_groups
     grid = (group_columns, ceil_div(m, block_rows(group_size, 16 // x.element_size())), 1)
-    kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), scale_stride,
+    kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), stride,
                          float(amax_clamp)), x.get_device())
     return q, scales
 
@@ -265,9 +265,9 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
     if m == 0 or k == 0:
         return y
     kernel = _cast_back_kernel(out_dtype, group_size, layout)
-    scale_stride = num_groups if layout == ScaleLayout.row_major else tma_aligned_size(m, 4)
     grid = (num_groups, ceil_div(m, block_rows(group_size, 8)), 1)
-    kernel.launch(grid, (q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, scale_stride), q.get_device())
+    kernel.launch(grid, (q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, kernel_scale_stride(scales, layout)),
+                  q.get_device())
     return y
 
 

@@ -17,9 +17,9 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, check_amax_clamp, cast_outputs,
-    parse_layout, parse_scale_mode,
+    parse_layout, parse_scale_mode, kernel_scale_stride,
 )
-from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, ceil_div, tma_aligned_size
+from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, ceil_div
 
 BLOCK_SIZE = 128
 
@@ -79,11 +79,10 @@ def requant_per_block_to_per_token(q: torch.Tensor, scales: torch.Tensor, ue8m0:
     if m == 0 or k == 0:
         return q_out, scales_out
 
-    scale_stride = num_groups if layout == ScaleLayout.row_major else tma_aligned_size(m, 4)
     _requant_kernel(ue8m0, layout, mode).launch(
         (num_groups, ceil_div(m, BLOCK_SIZE), 1),
-        (q.data_ptr(), scales.data_ptr(), q_out.data_ptr(), scales_out.data_ptr(), m, k, scale_stride,
-         float(amax_clamp)),
+        (q.data_ptr(), scales.data_ptr(), q_out.data_ptr(), scales_out.data_ptr(), m, k,
+         kernel_scale_stride(scales_out, layout), float(amax_clamp)),
         q.get_device())
     return q_out, scales_out
 

@@ -33,7 +33,7 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, ScaleLayout, ScaleMode, check_amax_clamp, check_output,
-    parse_layout, parse_scale_mode, scale_geometry,
+    check_scale_geometry, kernel_scale_stride, parse_layout, parse_scale_mode, scale_geometry,
 )
 from deep_kernels.validation import (
     INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows,
@@ -259,13 +259,7 @@ def empty_masked_scales(num_experts: int, max_tokens: int, num_groups: int, layo
 
 
 def _check_scales_out(scales, geometry: tuple, layout: ScaleLayout, like: torch.Tensor) -> None:
-    dtype, shape, strides = geometry
-    check_dtype(scales, "out[1]", (dtype,))
-    if tuple(scales.shape) != shape or any(
-        size > 1 and stride != want for size, stride, want in zip(shape, scales.stride(), strides)
-    ):
-        raise ValueError(f"out[1] must have shape {shape} with strides {strides} ({layout.name} scales), "
-                         f"got shape {tuple(scales.shape)} strides {tuple(scales.stride())}")
+    check_scale_geometry(scales, "out[1]", geometry, layout)
     check_cuda_device(scales, "out[1]", like=like)
 
 
@@ -281,7 +275,7 @@ def _launch_forward(x, out, scales, weights, pos, masked_m, num_experts: int, nu
         _, _, strides = geometry
         # Packed scales are addressed in bytes: four per int32 word.
         bytes_per_unit = 4 if layout == ScaleLayout.packed_ue8m0 else 1
-        scale_stride = strides[-2] if layout == ScaleLayout.row_major else strides[-1]
+        scale_stride = kernel_scale_stride(scales, layout)
         scale_expert_stride = strides[0] * bytes_per_unit if len(strides) == 3 else 0
     grid = (hidden // GROUP_SIZE, ceil_div(num_rows, config.block_rows), num_experts)
     kernel.launch(grid, (x.data_ptr(), out.data_ptr(), _pointer(scales), _pointer(weights), _pointer(pos),

@@ -15,7 +15,7 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, ScaleLayout, ScaleMode, cast_outputs, check_amax_clamp,
-    output_or_new, parse_layout, parse_scale_mode,
+    output_or_new, parse_layout, parse_scale_mode, kernel_scale_stride,
 )
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div
 
@@ -91,10 +91,9 @@ def per_channel_cast_transpose_to_fp8(x: torch.Tensor, ue8m0: bool = False, scal
         return q, scales
 
     kernel = _cast_transpose_kernel(x.dtype, ue8m0, layout, mode)
-    scale_stride = num_groups if layout == ScaleLayout.row_major else scales.stride(1)
     grid = (ceil_div(k, TILE_BYTES // x.element_size()), num_groups, 1)
-    kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), scale_stride,
-                         float(amax_clamp)), x.get_device())
+    kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0),
+                         kernel_scale_stride(scales, layout), float(amax_clamp)), x.get_device())
     return q, scales
 
 
