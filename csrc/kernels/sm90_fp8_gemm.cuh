@@ -348,7 +348,8 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
     const uint32_t row_lo = wg_idx * kWarpgroupBlockM + (threadIdx.x / 32 % 4) * 16 + lane_idx / 4;
 
     float partial[BLOCK_N / 2];
-    // Only the pipelined K loop uses it (the compiler drops it otherwise).
+    // Only the pipelined K loop uses partial_next, only the sub-tile K loop the halves (the compiler drops
+    // what a kernel does not use).
     float partial_next[BLOCK_N / 2];
     float final_acc[BLOCK_N / 2];
     float first_half[BLOCK_N / 4], second_half[BLOCK_N / 4];
