@@ -9,17 +9,7 @@ OUT=${OUT:-/tmp/deep_kernels_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# NOTE: the image's $CXX wrapper has built extensions that crash at their first call.
-export DK_JIT_HOST_CXX=/usr/bin/g++
-
-cutlass_source=$(python3 -c "import importlib.util as u, os; print(os.path.join(u.find_spec('cutlass_library').submodule_search_locations[0], 'source'))") || exit 1
-mkdir -p third_party && ln -sfn "$cutlass_source" third_party/cutlass
-
+source scripts/gpu_env.sh || exit 1
 python3 -m deep_kernels info
 # Every family's specializations in parallel first, so that the tests' first calls mostly hit the cache.
 start=$(date +%s)
