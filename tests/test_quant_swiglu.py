@@ -244,8 +244,8 @@ def test_backward_rejects_bad_input(args, kwargs, error, match):
 
 # ---- the kernels' fast division (CPU): every step evaluated exactly over its whole gate range ----
 
-def _round_to_float32(x: Fraction) -> Fraction:
-    """x rounded to the nearest FP32 value, ties to even (subnormals included, no overflow)."""
+def _round_to_float32(x: Fraction, toward_zero: bool = False) -> Fraction:
+    """x rounded to the nearest FP32 value, ties to even, or toward zero (subnormals included, no overflow)."""
     if x == 0:
         return x
     magnitude = abs(x)
@@ -254,7 +254,9 @@ def _round_to_float32(x: Fraction) -> Fraction:
         exponent -= 1  # now 2^exponent <= |x| < 2^(exponent + 1), or the subnormal scale
     step = Fraction(2) ** (exponent - 23)
     units, remainder = divmod(magnitude / step, 1)
-    if remainder > Fraction(1, 2) or (remainder == Fraction(1, 2) and units % 2 == 1):
+    if toward_zero:
+        pass
+    elif remainder > Fraction(1, 2) or (remainder == Fraction(1, 2) and units % 2 == 1):
         units += 1
     return (units if x > 0 else -units) * step
 
@@ -293,6 +295,71 @@ def test_fast_division_is_ieee_over_its_gate_range():
     assert checked > (30000 if FULL else 4000)
 
 
+def _bf16_value(bits: int) -> Fraction:
+    return Fraction(torch.tensor(bits - (bits >> 15 << 16), dtype=torch.int16).view(torch.bfloat16).item())
+
+
+def _reciprocals(divisor: Fraction) -> list:
+    """ScaledSigmoidDenominator.r for a positive divisor: the exact RN(1 / divisor) for an all-ones significand,
+    else the refined rcp.approx of each estimate within 2 ulp of 1 / divisor."""
+    exponent = divisor.numerator.bit_length() - divisor.denominator.bit_length()
+    if Fraction(2) ** exponent > divisor:
+        exponent -= 1
+    if divisor == Fraction(2) ** (exponent + 1) - Fraction(2) ** (exponent - 23):
+        return [Fraction(2) ** -(exponent + 1) * (1 + Fraction(2) ** -23)]
+    return [_round_to_float32(estimate * _round_to_float32(1 - divisor * estimate) + estimate)
+            for estimate in _float32_neighbours(1 / divisor, 2)]
+
+
+def _scaled_quotients(g: Fraction, d: Fraction, r: Fraction) -> tuple:
+    """ScaledSigmoidDenominator(g).silu(g) and .sigmoid() of csrc/common/swiglu.cuh for a finite d and its r,
+    each FMA and product rounded once."""
+    scale = Fraction(2) ** 64
+    huge, tiny = d >= scale, abs(g) < 1 / scale
+    divisor = d / scale if huge else d
+
+    def divide(a):
+        q = _round_to_float32(a * r)
+        return _round_to_float32(r * _round_to_float32(a - divisor * q) + q)
+
+    q = divide(g * scale if tiny else g)
+    silu = _round_to_float32(q / scale) if huge or tiny else q
+    q = divide(Fraction(1))
+    truncated = _round_to_float32(q / scale, toward_zero=True)
+    residual = _round_to_float32(1 - truncated * scale * divisor)
+    sigmoid = _round_to_float32(_round_to_float32(residual / scale) * r + truncated) if huge else q
+    return silu, sigmoid
+
+
+def test_scaled_division_is_ieee_for_every_bf16_gate():
+    # ScaledSigmoidDenominator.silu and .sigmoid of csrc/common/swiglu.cuh for every finite nonzero bf16 gate with a finite
+    # d (a sample without DK_FULL_TEST, which keeps every gate of the scaled ranges): for each d = 1 + e with e
+    # any FP32 within 2 ulp of exp(-g) and each rcp.approx estimate within 2 ulp, the quotients are the
+    # correctly rounded g / d and 1 / d; for the tiny gates (below 2^-64) e = 1, where exp(-g) lies within
+    # 2^-64 of 1 (the GPU test of every bf16 gate checks the real expf). Zeros, infinities, NaN and an
+    # infinite d take the functions' selects.
+    source = (Path(__file__).resolve().parent.parent / "csrc/common/swiglu.cuh").read_text()
+    assert "huge(d >= 0x1p64f)" in source and "fabsf(gate) < 0x1p-64f" in source
+    scale = Fraction(2) ** 64
+    checked = scaled = subnormal = 0
+    for bits in range(1, 0x7f80):
+        for gate in (bits, bits | 0x8000):
+            g = _bf16_value(gate)
+            tiny = abs(g) < 1 / scale
+            if -g > Fraction(885, 10) or not (FULL or tiny or -g > 44 or bits % 23 == 0):
+                continue  # from -89 on expf(-g) is inf
+            e_center = Fraction(math.exp(-float(g)))
+            for e in ([1] if tiny else _float32_neighbours(e_center, 2) if e_center > 2.0**-140 else [e_center]):
+                d = _round_to_float32(1 + e)
+                for r in _reciprocals(d / scale if d >= scale else d):
+                    silu, sigmoid = _scaled_quotients(g, d, r)
+                    assert (silu, sigmoid) == (_round_to_float32(g / d), _round_to_float32(1 / d)), (hex(gate), d, r)
+                    checked += 1
+                    scaled += d >= scale or tiny
+                    subnormal += d > 2**126
+    assert scaled > 10000 and subnormal >= 75 and checked > (500000 if FULL else 60000)
+
+
 def test_kernels_are_precompiled():
     specs = {(spec.name, spec.template_args) for spec in quant.precompile_specs()}
     names = {name for name, _ in specs}
@@ -304,13 +371,12 @@ def test_kernels_are_precompiled():
 
 
 def test_forward_config_parses_and_defaults():
-    assert swiglu._parsed_forward_config("") == swiglu.ForwardConfig() == swiglu.FORWARD_VARIANTS["ieee"]
-    assert swiglu.ForwardConfig() == swiglu.ForwardConfig(passes=2, in_flight=2, fast_div=False, min_blocks=0)
-    assert swiglu.parse_forward_config("passes=4,in_flight=2,fast_div=1,min_blocks=4") == \
-        swiglu.FORWARD_VARIANTS["rework"]
+    assert swiglu._parsed_forward_config("") == swiglu.ForwardConfig() == swiglu.FORWARD_VARIANTS["p1"]
+    assert swiglu.ForwardConfig() == swiglu.ForwardConfig(passes=1, in_flight=1, range_check=True, min_blocks=0)
+    assert swiglu.parse_forward_config("passes=2,in_flight=2") == swiglu.FORWARD_VARIANTS["p2"]
     assert swiglu.parse_forward_config("passes=4") == swiglu.ForwardConfig(passes=4, in_flight=4)
-    assert swiglu.parse_forward_config(" fast_div=1 , min_blocks=3 ") == swiglu.ForwardConfig(fast_div=True,
-                                                                                            min_blocks=3)
+    assert swiglu.parse_forward_config(" range_check=0 , min_blocks=3 ") == swiglu.ForwardConfig(range_check=False,
+                                                                                               min_blocks=3)
     # 4 rows a warp in each pass.
     assert swiglu.ForwardConfig(passes=4).block_rows == 4 * swiglu.NUM_WARPS * 4
     # Every variant is a distinct kernel.
@@ -335,8 +401,8 @@ def test_forward_config_rejects_bad_text(text, match):
 def test_forward_config_comes_from_the_environment(monkeypatch):
     from deep_kernels import envs
 
-    monkeypatch.setattr(envs, "get_once", lambda name: {"DK_SWIGLU_CAST_CONFIG": "passes=1"}.get(name))
-    assert swiglu._forward_config() == swiglu.ForwardConfig(passes=1, in_flight=1)
+    monkeypatch.setattr(envs, "get_once", lambda name: {"DK_SWIGLU_CAST_CONFIG": "passes=2"}.get(name))
+    assert swiglu._forward_config() == swiglu.ForwardConfig(passes=2, in_flight=2)
     assert "DK_SWIGLU_CAST_CONFIG" in envs.VARIABLES
 
 
@@ -366,8 +432,8 @@ def test_variant_benchmark_builds_on_cpu():
             assert q.shape == (64, 256) and args[0].dtype == torch.bfloat16, (label, data)
     # The variant switch restores the module's config function.
     previous = swiglu._forward_config
-    assert bench._with_variant(swiglu.FORWARD_VARIANTS["rework"], lambda: swiglu._forward_config()) == \
-        swiglu.FORWARD_VARIANTS["rework"]
+    assert bench._with_variant(swiglu.FORWARD_VARIANTS["p2"], lambda: swiglu._forward_config()) == \
+        swiglu.FORWARD_VARIANTS["p2"]
     assert swiglu._forward_config is previous
 
 
@@ -592,8 +658,8 @@ def test_every_bf16_gate_matches_reference(forward_variant, clamp):
 @pytest.mark.gpu
 @pytest.mark.parametrize("clamp", [3e-30, 0.3, 100.0, 1e30])
 def test_unusual_clamps_match_reference(forward_variant, clamp):
-    # Clamps below or above the fast division's gate range (common/swiglu.cuh) take IEEE division where
-    # they bite; 0.3 is not a bf16 value.
+    # A clamped gate takes silu(c) by IEEE division (common/swiglu.cuh), whatever c: below or above the fast
+    # division's gate range, and 0.3, which is not a bf16 value.
     x = _special_rows(random_activations(333, 2 * 384, torch.bfloat16)) * 16
     dy = random_activations(333, 384, torch.bfloat16)
     _check_against_reference("swiglu_forward", (x, clamp), {}, (deep_kernels.swiglu_forward(x, clamp),))

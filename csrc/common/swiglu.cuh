@@ -21,12 +21,8 @@ DK_DEVICE void unpack_bf16(const uint4* vectors, float (&values)[8 * kNum]) {
     }
 }
 
-// min(gate, c) and max(min(up, c), -c), NaN propagating; without kClamped the values as they are.
-template <bool kClamped>
-DK_DEVICE float clamp_gate(float gate, float clamp) {
-    return kClamped ? min_nan(gate, clamp) : gate;
-}
-
+// max(min(up, c), -c), NaN propagating; without kClamped the value as it is. (A clamped gate, min(gate, c)
+// = c, takes silu(c) from one IEEE division per thread.)
 template <bool kClamped>
 DK_DEVICE float clamp_up(float up, float clamp) {
     return kClamped ? max_nan(min_nan(up, clamp), -clamp) : up;
@@ -48,34 +44,85 @@ DK_DEVICE float sigmoid_denominator(float gate) {
     return __fadd_rn(1.0f, expf(-gate));
 }
 
-// The sigmoid's denominator d with a reciprocal estimate r (rcp.approx refined by one Newton step), and
-// a / d by the fast path of nvcc's div.rn.f32 on sm_90 (the same operations: q0 = a r, then
-// q0 + r (a - d q0)), without its per-element check (FCHK) and slow-path branch.
+// About 1 / d: rcp.approx refined by one Newton step; RN(1 / d) for d normal, well inside the exponent range,
+// unless d's significand is all ones (where the Newton step can round the wrong way).
+DK_DEVICE float refined_reciprocal(float d) {
+    float estimate;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(d));
+    return __fmaf_rn(estimate, __fmaf_rn(-d, estimate, 1.0f), estimate);
+}
+
+// a / d from r ~ 1 / d by the fast path of nvcc's div.rn.f32 on sm_90 (the same operations: q0 = a r, then
+// q0 + r (a - d q0)), without its per-element check (FCHK) and slow-path branch. With r = RN(1 / d) and every
+// step a normal number, it is the IEEE quotient (Markstein's theorem).
+DK_DEVICE float divide_by_reciprocal(float a, float d, float r) {
+    const float q = __fmul_rn(a, r);
+    return __fmaf_rn(r, __fmaf_rn(-d, q, a), q);
+}
+
+// The sigmoid's denominator d with refined_reciprocal(d), and a / d by divide_by_reciprocal.
 // NOTE: the check and its branch (FCHK, BSSY, BRA, BSYNC) cost 4 of __fdiv_rn's 10 instructions per
 // element and cut the code into per-element regions the compiler does not schedule across; here a
 // vector's check is one range test (GateRange). The quotient is the IEEE one for a = gate and a = 1 and every gate of
 // GateRange's fast range that is a bf16 value: tests/test_quant_swiglu.py evaluates the steps exactly for
 // each such gate, each d from an expf within 2 ulp (CUDA's bound) and each rcp.approx within 2 ulp, and
-// compares the kernels with IEEE division on the GPU for all 2^16 bf16 gates. The clamp, the one gate
-// that need not be a bf16 value, is checked at run time (clamp_divides_fast).
+// compares the kernels with IEEE division on the GPU for all 2^16 bf16 gates.
 struct SigmoidDenominator {
     float d;  // 1 + expf(-gate)
     float r;  // about 1 / d
 
-    DK_DEVICE explicit SigmoidDenominator(float gate) : d(sigmoid_denominator(gate)) {
-        float estimate;
-        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(d));
-        r = __fmaf_rn(estimate, __fmaf_rn(-d, estimate, 1.0f), estimate);
-    }
+    DK_DEVICE explicit SigmoidDenominator(float gate) : d(sigmoid_denominator(gate)), r(refined_reciprocal(d)) {}
 
     // a / d, the IEEE quotient for the gates of GateRange's fast range and a = 1 or a = gate.
-    DK_DEVICE float divide(float a) const {
-        const float q = __fmul_rn(a, r);
-        return __fmaf_rn(r, __fmaf_rn(-d, q, a), q);
+    DK_DEVICE float divide(float a) const { return divide_by_reciprocal(a, d, r); }
+};
+
+// The sigmoid's denominator d = 1 + expf(-gate) and the quotients silu(gate) = gate / d and sigmoid(gate) = 1 / d,
+// the IEEE ones for every bf16 gate (zeros, subnormals, infinities and NaN included) by SigmoidDenominator's
+// steps, with no call or branch: a d from 2^64 up (gates below about -44) is scaled by 2^-64, so that the
+// steps stay far from the exponent range's ends, and r is set to RN(1 / divisor) where the divisor's
+// significand is all ones (Markstein's exception). tests/test_quant_swiglu.py replays the steps for every
+// bf16 gate (d from an expf within 2 ulp, rcp.approx within 2 ulp) and compares the kernels with IEEE
+// division on the GPU for all 2^16 of them.
+struct ScaledSigmoidDenominator {
+    float d;        // 1 + expf(-gate)
+    bool huge;      // d >= 2^64 (inf included)
+    float divisor;  // d, or d * 2^-64 when huge
+    float r;        // RN(1 / divisor) for a finite divisor
+
+    DK_DEVICE explicit ScaledSigmoidDenominator(float gate)
+        : d(sigmoid_denominator(gate)), huge(d >= 0x1p64f), divisor(huge ? __fmul_rn(d, 0x1p-64f) : d) {
+        const uint32_t bits = __float_as_uint(divisor);
+        // RN(1 / (2^e (2 - 2^-23))) = 2^-(e+1) (1 + 2^-23): biased exponent 253 - (e + 127), significand 1
+        r = (bits & 0x7fffffu) == 0x7fffffu ? __uint_as_float(((253u - (bits >> 23)) << 23) | 1u)
+                                            : refined_reciprocal(divisor);
+    }
+
+    // gate / d for the gate d was made from. A gate below 2^-64 in magnitude is scaled by 2^64, so the steps
+    // give the quotient times 2^64 (as a huge d does), which scales back exactly (a normal number: at least
+    // 2^-122 in magnitude for a huge d, and for a tiny gate d is 2, so the scaled quotient is exact). An
+    // infinite d gives gate * 0 (-0, or NaN for -inf), a zero or infinite gate itself.
+    DK_DEVICE float silu(float gate) const {
+        const bool tiny = fabsf(gate) < 0x1p-64f;
+        const float q = divide_by_reciprocal(tiny ? __fmul_rn(gate, 0x1p64f) : gate, divisor, r);
+        const float quotient = huge || tiny ? __fmul_rn(q, 0x1p-64f) : q;
+        return isinf(d) ? __fmul_rn(gate, 0.0f) : (gate == 0.0f || isinf(gate) ? gate : quotient);
+    }
+
+    // 1 / d. With a huge d the steps give q = 2^64 / d, and 1 / d is c + (1 - 2^64 c / divisor) r 2^-64 in one
+    // rounding, c = q 2^-64 rounded toward zero (exact where 1 / d is normal; for d above 2^126 the correction
+    // decides the rounding of the subnormal quotient, which scaling q back would round twice). An infinite d
+    // gives 0.
+    DK_DEVICE float sigmoid() const {
+        const float q = divide_by_reciprocal(1.0f, divisor, r);
+        const float truncated = __fmul_rz(q, 0x1p-64f);
+        const float residual = __fmaf_rn(-__fmul_rn(truncated, 0x1p64f), divisor, 1.0f);
+        const float scaled_back = __fmaf_rn(__fmul_rn(residual, 0x1p-64f), r, truncated);
+        return isinf(d) ? 0.0f : (huge ? scaled_back : q);
     }
 };
 
-// The magnitude range of a vector's gates (after the clamp); fast() when every one lies in [2^-20, 64]
+// The magnitude range of a vector's gates (bf16 values, before any clamp); fast() when every one lies in [2^-20, 64]
 // (no zero, subnormal, inf or NaN): there d is below 2^93, every step of SigmoidDenominator is a normal
 // number far from overflow, and d's significand is never all ones, the divisor whose Newton step can
 // round the wrong way (d = 2 - 2^-23 comes from gates below 2^-21).
@@ -89,16 +136,5 @@ struct GateRange {
 
     DK_DEVICE bool fast() const { return smallest >= 0x1p-20f && largest <= 64.0f; }
 };
-
-// Whether SigmoidDenominator's quotients of the clamp (the one gate that need not be a bf16 value) are the
-// IEEE ones; always true without kClamped.
-template <bool kClamped>
-DK_DEVICE bool clamp_divides_fast(float clamp) {
-    if constexpr (!kClamped)
-        return true;
-    const SigmoidDenominator denominator(clamp);
-    return denominator.divide(clamp) == __fdiv_rn(clamp, denominator.d) &&
-           denominator.divide(1.0f) == __fdiv_rn(1.0f, denominator.d);
-}
 
 }  // namespace deep_kernels

@@ -8,8 +8,10 @@
 //   the row's 256-column chunks in order, then pairs of elements (01 23 45 67, then 0123 4567), then
 //   lanes by xor-butterfly (16, 8, 4, 2, 1)
 // One warp per row; each lane loads its next chunk (3 x 16-byte vectors) before it computes the current
-// one, so a chunk's loads are always in flight. sigmoid and silu take SigmoidDenominator's division, with
-// IEEE division for a chunk whose gates leave its fast range. A row whose position is outside
+// one, so a chunk's loads are always in flight. sigmoid and silu take SigmoidDenominator's steps, or
+// ScaledSigmoidDenominator's for a chunk whose gates leave their fast range (common/swiglu.cuh: the
+// IEEE quotients with no call); a clamped gate takes silu(c), computed once per warp by IEEE division (its
+// dgate is zero). A row whose position is outside
 // [0, pos_limit) is neither read nor written. No shared memory.
 #pragma once
 
@@ -53,7 +55,7 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
     const __nv_bfloat16* gate_row = x + static_cast<uint64_t>(row) * x_row_stride;
     const __nv_bfloat16* dy_row = dy + static_cast<uint64_t>(row) * dy_row_stride;
     __nv_bfloat16* dx_row = dx + static_cast<uint64_t>(row) * hidden * 2;
-    const bool clamp_fast = clamp_divides_fast<kClamped>(clamp);
+    const float silu_of_clamp = kClamped ? __fdiv_rn(clamp, sigmoid_denominator(clamp)) : 0.0f;
 
     const auto load = [&](uint32_t column) {
         return SwigluChunk{__ldg(reinterpret_cast<const uint4*>(gate_row + column)),
@@ -68,52 +70,46 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
         GateRange range;
         #pragma unroll
         for (int i = 0; i < kVec; ++i)
-            range.add(clamp_gate<kClamped>(gate_in[i], clamp));
-        const bool fast = clamp_fast && range.fast();
+            range.add(gate_in[i]);
+        const bool fast = range.fast();
         unpack_bf16<1>(&chunk.up, up_in);
         unpack_bf16<1>(&chunk.grad, grad);
         uint4 dgate_packed, dup_packed;
         __nv_bfloat162* dgate = reinterpret_cast<__nv_bfloat162*>(&dgate_packed);
         __nv_bfloat162* dup = reinterpret_cast<__nv_bfloat162*>(&dup_packed);
-        // NOTE: half a chunk at a time keeps the kernel within 64 registers (4 blocks per SM).
+        // NOTE: a pair of elements at a time keeps the kernel within 64 registers (4 blocks per SM).
         #pragma unroll
-        for (int half = 0; half < kVec; half += kVec / 2) {
-            float sigmoid[kVec / 2], silu[kVec / 2];
-            if (fast) {
-                #pragma unroll
-                for (int i = 0; i < kVec / 2; ++i) {
-                    const float g = clamp_gate<kClamped>(gate_in[half + i], clamp);
+        for (int pair = 0; pair < kVec / 2; ++pair) {
+            float sigmoid[2], silu[2], dg[2], du[2];
+            #pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const float g = gate_in[2 * pair + i];
+                if (fast) {
                     const SigmoidDenominator denominator(g);
                     sigmoid[i] = denominator.divide(1.0f);
                     silu[i] = denominator.divide(g);
-                }
-            } else {
-                #pragma unroll
-                for (int i = 0; i < kVec / 2; ++i) {
-                    const float g = clamp_gate<kClamped>(gate_in[half + i], clamp);
-                    const float denominator = sigmoid_denominator(g);
-                    sigmoid[i] = __fdiv_rn(1.0f, denominator);
-                    silu[i] = __fdiv_rn(g, denominator);
+                } else {
+                    const ScaledSigmoidDenominator denominator(g);
+                    sigmoid[i] = denominator.sigmoid();
+                    silu[i] = denominator.silu(g);
                 }
             }
-            float dg[kVec / 2], du[kVec / 2];
             #pragma unroll
-            for (int i = 0; i < kVec / 2; ++i) {
-                const int k = half + i;
-                const float g = clamp_gate<kClamped>(gate_in[k], clamp);
+            for (int i = 0; i < 2; ++i) {
+                const int k = 2 * pair + i;
+                const float g = gate_in[k];
                 const float u = clamp_up<kClamped>(up_in[k], clamp);
+                if (gate_clamped<kClamped>(g, clamp))
+                    silu[i] = silu_of_clamp;
                 const float dyw = weights != nullptr ? __fmul_rn(grad[k], weight) : grad[k];
                 const float dsilu =
                     __fmul_rn(sigmoid[i], __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sigmoid[i]))));
-                dg[i] = gate_clamped<kClamped>(gate_in[k], clamp) ? 0.0f : __fmul_rn(__fmul_rn(dyw, u), dsilu);
+                dg[i] = gate_clamped<kClamped>(g, clamp) ? 0.0f : __fmul_rn(__fmul_rn(dyw, u), dsilu);
                 du[i] = up_clamped<kClamped>(up_in[k], clamp) ? 0.0f : __fmul_rn(dyw, silu[i]);
                 partial[k] = __fadd_rn(partial[k], __fmul_rn(grad[k], __fmul_rn(silu[i], u)));
             }
-            #pragma unroll
-            for (int i = 0; i < kVec / 4; ++i) {
-                dgate[half / 2 + i] = __floats2bfloat162_rn(dg[2 * i], dg[2 * i + 1]);
-                dup[half / 2 + i] = __floats2bfloat162_rn(du[2 * i], du[2 * i + 1]);
-            }
+            dgate[pair] = __floats2bfloat162_rn(dg[0], dg[1]);
+            dup[pair] = __floats2bfloat162_rn(du[0], du[1]);
         }
         *reinterpret_cast<uint4*>(dx_row + column) = dgate_packed;
         *reinterpret_cast<uint4*>(dx_row + hidden + column) = dup_packed;

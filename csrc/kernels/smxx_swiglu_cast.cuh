@@ -7,12 +7,14 @@
 // and its weight is weights[pos[row]]. Skipped rows are neither read nor written. Memory-bound: each
 // thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses rows; no shared
 // memory. The structure is chosen by template arguments for experiments (DK_SWIGLU_CAST_CONFIG, see
-// deep_kernels/quant/swiglu.py; the default is kPasses = kPassesInFlight = 2, IEEE division, no register cap):
+// deep_kernels/quant/swiglu.py):
 //   kPassesInFlight: the passes whose loads are issued up front; each finished pass then issues the loads of
 //     the pass kPassesInFlight further (kPassesInFlight = kPasses: all loads in flight before use).
-//   kFastDivide: silu's division by SigmoidDenominator's steps (common/swiglu.cuh), with IEEE division for a
-//     thread's 16 gates of a row when one leaves GateRange's fast range (the gates read again from L2).
+//   kRangeCheck: silu by SigmoidDenominator's steps (common/swiglu.cuh), and by ScaledSigmoidDenominator's for a thread's 16
+//     gates of a row when one leaves GateRange's fast range; else ScaledSigmoidDenominator's for every gate.
 //   kMinBlocks: the blocks per SM __launch_bounds__ asks for (a register cap), 0 for none.
+// Either way silu is IEEE division's quotient for every bf16 gate without its per-element check and slow-path
+// call, and a clamped gate takes silu(c), computed once per thread by IEEE division.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,7 +30,7 @@
 
 namespace deep_kernels {
 
-template <int kNumWarps, int kPasses, int kPassesInFlight, bool kFastDivide, int kMinBlocks,
+template <int kNumWarps, int kPasses, int kPassesInFlight, bool kRangeCheck, int kMinBlocks,
           bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout, ScaleMode kScaleMode>
 __global__ void __launch_bounds__(kNumWarps * 32, kMinBlocks)
 smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ out, void* __restrict__ scales,
@@ -92,55 +94,37 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
 
     // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store), then the loads of the
     // pass kPassesInFlight further
-    const bool clamp_fast = kFastDivide && clamp_divides_fast<kClamped>(clamp);
+    const float silu_of_clamp = kClamped ? __fdiv_rn(clamp, sigmoid_denominator(clamp)) : 0.0f;
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-        float y[kVec], amax = 0.0f;
-        if constexpr (kFastDivide) {
-            float gate_values[kVec];
-            unpack_bf16<kVectors>(gate[pass], gate_values);
+        float gate_values[kVec], up_values[kVec], y[kVec], amax = 0.0f;
+        unpack_bf16<kVectors>(gate[pass], gate_values);
+        unpack_bf16<kVectors>(up[pass], up_values);
+        if constexpr (kRangeCheck) {
             GateRange range;
             #pragma unroll
             for (int i = 0; i < kVec; ++i) {
-                const float g = clamp_gate<kClamped>(gate_values[i], clamp);
-                y[i] = SigmoidDenominator(g).divide(g);
-                range.add(g);
+                y[i] = SigmoidDenominator(gate_values[i]).divide(gate_values[i]);
+                range.add(gate_values[i]);
             }
-            if (valid[pass] && !(clamp_fast && range.fast())) {
-                // NOTE: the slow path reads the gates again (from L2): kept in registers across its division
-                // calls, they cost 13 to 25 more (2 blocks per SM, or stack use under a cap).
-                uint4 gate_again[kVectors];
+            if (!range.fast()) {
                 #pragma unroll
-                for (int v = 0; v < kVectors; ++v)
-                    gate_again[v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass)) + v);
-                unpack_bf16<kVectors>(gate_again, gate_values);
-                #pragma unroll
-                for (int i = 0; i < kVec; ++i) {
-                    const float g = clamp_gate<kClamped>(gate_values[i], clamp);
-                    y[i] = __fdiv_rn(g, sigmoid_denominator(g));
-                }
-            }
-            float up_values[kVec];
-            unpack_bf16<kVectors>(up[pass], up_values);
-            #pragma unroll
-            for (int i = 0; i < kVec; ++i) {
-                y[i] = __fmul_rn(y[i], clamp_up<kClamped>(up_values[i], clamp));
-                if (weights != nullptr)
-                    y[i] = __fmul_rn(y[i], weight[pass]);
-                amax = max_nan(amax, fabsf(y[i]));
+                for (int i = 0; i < kVec; ++i)
+                    y[i] = ScaledSigmoidDenominator(gate_values[i]).silu(gate_values[i]);
             }
         } else {
-            const __nv_bfloat16* gate_values = reinterpret_cast<const __nv_bfloat16*>(gate[pass]);
-            const __nv_bfloat16* up_values = reinterpret_cast<const __nv_bfloat16*>(up[pass]);
             #pragma unroll
-            for (int i = 0; i < kVec; ++i) {
-                const float g = clamp_gate<kClamped>(__bfloat162float(gate_values[i]), clamp);
-                const float u = clamp_up<kClamped>(__bfloat162float(up_values[i]), clamp);
-                y[i] = __fmul_rn(__fdiv_rn(g, sigmoid_denominator(g)), u);
-                if (weights != nullptr)
-                    y[i] = __fmul_rn(y[i], weight[pass]);
-                amax = max_nan(amax, fabsf(y[i]));
-            }
+            for (int i = 0; i < kVec; ++i)
+                y[i] = ScaledSigmoidDenominator(gate_values[i]).silu(gate_values[i]);
+        }
+        #pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+            if (gate_clamped<kClamped>(gate_values[i], clamp))
+                y[i] = silu_of_clamp;
+            y[i] = __fmul_rn(y[i], clamp_up<kClamped>(up_values[i], clamp));
+            if (weights != nullptr)
+                y[i] = __fmul_rn(y[i], weight[pass]);
+            amax = max_nan(amax, fabsf(y[i]));
         }
         const uint64_t out_offset = (first_global_row + tile.row(pass)) * hidden + tile.column;
         if constexpr (kQuantize) {

@@ -52,14 +52,14 @@ class ForwardConfig:
     experiments: every config gives the same bytes.
 
     passes: rows a thread takes; in_flight: passes whose loads are issued up front, each finished pass then
-    issuing the loads of the pass in_flight further (None: all passes); fast_div: silu's division by the
-    fast steps of div.rn, with IEEE division for a thread's 16 gates of a row when one leaves their range
-    (the gates read again from L2); min_blocks: the blocks per SM the launch bounds ask for (a register
-    cap), 0 for none.
+    issuing the loads of the pass in_flight further (None: all passes); range_check: silu by the fast steps
+    of div.rn, and by their scaled form (exact for every bf16 gate, a few more instructions) for a thread's
+    16 gates of a row when one leaves the fast steps' range; without it the scaled form for every gate;
+    min_blocks: the blocks per SM the launch bounds ask for (a register cap), 0 for none.
     """
-    passes: int = 2
+    passes: int = 1
     in_flight: int = None
-    fast_div: bool = False
+    range_check: bool = True
     min_blocks: int = 0
 
     def __post_init__(self):
@@ -79,25 +79,20 @@ class ForwardConfig:
         return 32 // (GROUP_SIZE // 16) * NUM_WARPS * self.passes
 
 
-# Forward structures for A/B experiments (scripts/bench_swiglu_variants.py, DK_SWIGLU_CAST_CONFIG); "ieee" is
-# the default, "rework" the fast-division kernel of branch swiglu (6cb9814), "fast" its 2-pass form (8c0826c).
-# Registers on sm_90a (unclamped fp32 scales / clamped packed ue8m0) and 256-thread blocks per SM: ieee 62/53
-# (4), ieee_p1 40/38 (6), ieee_p4 92/87 (2), ieee_refill 56 (4), fast_p8_refill 80 (3: at 64 it spills), the
-# others 62 to 64 (4).
+# Forward structures for A/B experiments (scripts/bench_swiglu_variants.py, DK_SWIGLU_CAST_CONFIG); "p1" is the
+# default. On 2026-11-30, with IEEE division (__fdiv_rn) for silu, one pass was the fastest of eight structures
+# at [16384, 2 x 7168] and [16384, 2 x 2048] (60-66% of copy bandwidth, two passes 54-59%); the fast steps
+# with an IEEE fallback reached 94% on unit-normal gates but 50% on the quant suite's activations, whose
+# large rows sent most warps to the fallback's calls.
 FORWARD_VARIANTS = {
-    "ieee": ForwardConfig(),
-    "ieee_p1": ForwardConfig(passes=1),
-    "ieee_p4": ForwardConfig(passes=4),
-    "ieee_refill": ForwardConfig(passes=4, in_flight=2, min_blocks=4),
-    "ieee_p8_refill": ForwardConfig(passes=8, in_flight=2, min_blocks=4),
-    "fast": ForwardConfig(fast_div=True, min_blocks=4),
-    "rework": ForwardConfig(passes=4, in_flight=2, fast_div=True, min_blocks=4),
-    "fast_p8_refill": ForwardConfig(passes=8, in_flight=2, fast_div=True, min_blocks=3),
+    "p1": ForwardConfig(),
+    "p1_scaled": ForwardConfig(range_check=False),
+    "p2": ForwardConfig(passes=2),
 }
 
 
 def parse_forward_config(text: str) -> ForwardConfig:
-    """A ForwardConfig from "passes=4,in_flight=2,fast_div=1,min_blocks=4" (fields left out keep
+    """A ForwardConfig from "passes=4,in_flight=2,range_check=0,min_blocks=4" (fields left out keep
     their defaults)."""
     known = {field.name for field in fields(ForwardConfig)}
     values = {}
@@ -108,7 +103,7 @@ def parse_forward_config(text: str) -> ForwardConfig:
             raise ValueError(f"DK_SWIGLU_CAST_CONFIG: expected {'/'.join(sorted(known))}=<integer> items, got {item!r}")
         values[key] = int(value)
     try:
-        return ForwardConfig(**{key: bool(value) if key == "fast_div" else value
+        return ForwardConfig(**{key: bool(value) if key == "range_check" else value
                                 for key, value in values.items()})
     except ValueError as error:
         raise ValueError(f"DK_SWIGLU_CAST_CONFIG: {error}") from None
@@ -130,7 +125,7 @@ def _cpp_bool(flag: bool) -> str:
 
 def _forward_spec(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0: bool = False,
                   layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
-    structure = (config.passes, config.in_flight, _cpp_bool(config.fast_div), config.min_blocks)
+    structure = (config.passes, config.in_flight, _cpp_bool(config.range_check), config.min_blocks)
     return KernelSpec("kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
                       (NUM_WARPS, *structure, *map(_cpp_bool, (clamped, quantize, ue8m0)), layout.cpp, mode.cpp))
 
