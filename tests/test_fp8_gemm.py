@@ -326,18 +326,3 @@ def test_tail_split_matches_reference(monkeypatch, mode, m, n, k, block_m, block
     tiles = heuristics.num_tiles(config, m, n)
     assert 0 < heuristics.num_unsplit_tiles(config, m, n, deep_kernels.get_num_sms()) < tiles
     _check_split_k(m, n, k, mode)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("block_m,block_n", [(128, 192), (128, 160), (64, 128), (64, 192)])
-@pytest.mark.parametrize("m,n,k", [(4001, 2112, 7168), (129, 576, 640), (77, 1040, 128), (300, 7168, 384)])
-def test_sub_tile_k_loop_matches_reference(monkeypatch, block_m, block_n, m, n, k):
-    # The K loop over two column halves per K block: odd and even K-block counts (one K block too), tiles
-    # straddling sfb blocks (160, 192); against the reference and run to run.
-    monkeypatch.setattr(gemm, "_config_override", lambda: {
-        "block_m": block_m, "block_n": block_n, "multicast": 1, "multicast_on_a": 0, "splits": 1,
-        "pipelined": 0, "sub_tiles": 2})
-    monkeypatch.setattr(gemm, "_plans", {})
-    monkeypatch.setattr(gemm, "_prepared_calls", {})
-    assert _chosen_config(m, n, k, torch.bfloat16, False).num_sub_tiles == 2
-    _check_split_k(m, n, k, "bf16")

@@ -148,13 +148,11 @@ def test_template_args_order():
                                 swizzle_d_bytes=32, smem_bytes=heur.smem_bytes(128, 112, 6, 2))
     assert heur.template_args(config, 7168, 2048, "bfloat16", False) == [
         "7168", "2048", "128", "112", "128", "6", "128", "256", "2", "true",
-        "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1", "false", "1"]
+        "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1", "false"]
     args = heur.template_args(config, 7168, 2048, "torch.float32", True, "m_grouped_masked")
-    assert args[-6:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "1"]
+    assert args[-5:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false"]
     assert heur.template_args(heur.make_config(64, 64, 1, False, 2, num_splits=4), 2112, 7168, "bfloat16",
-                              False)[-3:] == ["4", "true", "1"]
-    assert heur.template_args(heur.make_config(128, 192, 1, False, 2, num_sub_tiles=2), 2112, 7168, "bfloat16",
-                              False)[-2:] == ["false", "2"]
+                              False)[-2:] == ["4", "true"]
     with pytest.raises(ValueError, match="float32"):
         heur.template_args(config, 7168, 2048, "bfloat16", True)
     with pytest.raises(ValueError, match="gemm_type"):

@@ -11,9 +11,6 @@
 // kPipelined (tiles narrow enough for a second accumulator set, kMaxPipelinedBlockN): each warpgroup issues
 // K block i + 1's wgmma group before it waits for and promotes block i, so the promotion, the barrier waits
 // and the wgmma latency overlap the tensor cores' work instead of draining them every K block.
-// kNumSubTiles = 2 (tiles too wide for a second accumulator set): each K block is two wgmma groups, one per
-// half of the tile's columns; a half is promoted while the other half's group runs, and the next K block's
-// first half is issued before the second half is promoted (A is read from shared memory twice per K block).
 // Unsupported: K % 128 != 0, N % 16 != 0, BLOCK_M other than 64 / 128, BLOCK_N > 192, C distinct from D
 // (the host copies C into D first).
 //
@@ -183,21 +180,19 @@ struct PromotionScales {
     float lo, hi, second_lo, second_hi;
 };
 
-// final += partial * sfa[row] * sfb for the tile's accumulator groups (8 columns each) [kFirstGroup,
-// kFirstGroup + kNumGroups), whose partial sums are `partial`: groups from kSecondGroup on use the second sfb
-// block (kSecondGroup = BLOCK_N / 8: the tile lies in one block).
-template <uint32_t BLOCK_N, uint32_t kSecondGroup, uint32_t kFirstGroup = 0, uint32_t kNumGroups = BLOCK_N / 8>
-DK_DEVICE void promote(const float (&partial)[kNumGroups * 4], float (&final_acc)[BLOCK_N / 2],
+// final += partial * sfa[row] * sfb: accumulator groups (8 columns each) from kSecondGroup on use the
+// second sfb block (kSecondGroup = BLOCK_N / 8: the tile lies in one block).
+template <uint32_t BLOCK_N, uint32_t kSecondGroup>
+DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2],
                        const PromotionScales& scales) {
 #pragma unroll
-    for (uint32_t j = 0; j < kNumGroups; ++j) {
-        const uint32_t group = kFirstGroup + j;
-        const float lo = group < kSecondGroup ? scales.lo : scales.second_lo;
-        const float hi = group < kSecondGroup ? scales.hi : scales.second_hi;
-        final_acc[group * 4 + 0] += lo * partial[j * 4 + 0];
-        final_acc[group * 4 + 1] += lo * partial[j * 4 + 1];
-        final_acc[group * 4 + 2] += hi * partial[j * 4 + 2];
-        final_acc[group * 4 + 3] += hi * partial[j * 4 + 3];
+    for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
+        const float lo = j < kSecondGroup ? scales.lo : scales.second_lo;
+        const float hi = j < kSecondGroup ? scales.hi : scales.second_hi;
+        final_acc[j * 4 + 0] += lo * partial[j * 4 + 0];
+        final_acc[j * 4 + 1] += lo * partial[j * 4 + 1];
+        final_acc[j * 4 + 2] += hi * partial[j * 4 + 2];
+        final_acc[j * 4 + 3] += hi * partial[j * 4 + 3];
     }
 }
 
@@ -332,7 +327,7 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[BLOCK_N / 2], uint8_t* s
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t BLOCK_K, uint32_t kNumStages,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation, uint32_t kNumSplits, bool kPipelined,
-          uint32_t kNumSubTiles, typename Stages, typename Ring, typename TileScheduler>
+          typename Stages, typename Ring, typename TileScheduler>
 DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileScheduler& scheduler,
                                   uint8_t* smem_d_wg, const CUtensorMap* tmap_d, const float* sfb, OutputType* d,
                                   float* split_workspace, uint32_t* split_tickets) {
@@ -348,11 +343,9 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
     const uint32_t row_lo = wg_idx * kWarpgroupBlockM + (threadIdx.x / 32 % 4) * 16 + lane_idx / 4;
 
     float partial[BLOCK_N / 2];
-    // Only the pipelined K loop uses partial_next, only the sub-tile K loop the halves (the compiler drops
-    // what a kernel does not use).
+    // Only the pipelined K loop uses it (the compiler drops it otherwise).
     float partial_next[BLOCK_N / 2];
     float final_acc[BLOCK_N / 2];
-    float first_half[BLOCK_N / 4], second_half[BLOCK_N / 4];
     PipelineState<kNumStages> state;
 
     // The K loop of one tile whose first column sits kTileOffset columns into its sfb block.
@@ -367,8 +360,9 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
         // NOTE: a straddling tile past the last sfb block only has columns past N, which are never stored.
         const float* sfb_second = sfb_first + (n_first / kScaleBlock + 1 < kNumSfbRows ? kNumKBlocks : 0);
 
-        // Waits for the K block's stage and returns its promotion scales.
-        auto wait_k_block = [&](uint32_t k_block, const PipelineState<kNumStages>& k_state) -> PromotionScales {
+        // Waits for the K block's stage, issues its wgmma group into `acc` and returns its promotion scales.
+        auto issue_k_block = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block,
+                                 const PipelineState<kNumStages>& k_state) -> PromotionScales {
             // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
             const float sfb_0 = __ldg(sfb_first + k_block);
             const float sfb_1 = kStraddles ? __ldg(sfb_second + k_block) : sfb_0;
@@ -376,30 +370,19 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
             const float* smem_sfa = stages.sfa_stage(k_state.stage);
             const float sfa_lo = smem_sfa[row_lo];
             const float sfa_hi = smem_sfa[row_lo + 8];
-            return {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
-        };
-        // Issues the wgmma group of a K block's stage into `acc`: the tile's columns [first_column, first_column
-        // + N), N = 2 x acc's size (the whole tile, or a sub-tile).
-        auto issue_group = [&](auto& acc, uint32_t first_column, const PipelineState<kNumStages>& k_state) {
-            constexpr uint32_t kGroupN = sizeof(acc) / sizeof(float) * 2;
+            const PromotionScales scales{sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
+
             const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(k_state.stage) +
                                                                       wg_idx * kWarpgroupBlockM * BLOCK_K);
-            const uint64_t desc_b =
-                ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage) + first_column * BLOCK_K);
+            const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
             ptx::wgmma_fence();
 #pragma unroll
             for (uint32_t k = 0; k < BLOCK_K / kWgmmaK; ++k) {
                 // Descriptor addresses are in 16-byte units: one k32 step of e4m3 is 32 bytes.
                 const uint64_t k_offset = k * kWgmmaK / 16;
-                ptx::Fp8Wgmma<kGroupN>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
+                ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
             }
             ptx::wgmma_commit_group();
-        };
-        // Waits for the K block's stage, issues its wgmma group into `acc` and returns its promotion scales.
-        auto issue_k_block = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block,
-                                 const PipelineState<kNumStages>& k_state) -> PromotionScales {
-            const PromotionScales scales = wait_k_block(k_block, k_state);
-            issue_group(acc, 0, k_state);
             return scales;
         };
         // Once at most kNumPending later groups are in flight, `acc`'s group is done: frees its stage and
@@ -419,48 +402,7 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
             final_acc[i] = 0.0f;
         const uint32_t k_block_begin = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
         const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
-        if constexpr (kNumSubTiles == 2) {
-            constexpr uint32_t kHalfN = BLOCK_N / 2;
-            constexpr uint32_t kHalfGroups = kHalfN / 8;
-            // Jobs j = 2 i + h: half h of K block k_block_begin + i, issued into first_half (h = 0) or
-            // second_half (h = 1) one job ahead of the job being promoted, as the two-set loop does.
-            const uint32_t job_end = 2 * (k_block_end - k_block_begin);
-            PipelineState<kNumStages> retiring = state;
-            PromotionScales scales = wait_k_block(k_block_begin, state);
-            issue_group(first_half, 0, state);
-            for (uint32_t job = 1;; job += 2) {
-                // job: a second half, of the block whose first half (job - 1) is in flight.
-                // NOTE: never taken (jobs end at the break below), but without an exit test at the loop's head
-                // ptxas serializes every wgmma of the loop (C7514); with it, it tracks the groups in flight.
-                if (job >= job_end) {
-                    ptx::wgmma_wait_group<0>();
-                    ptx::fence_operands(first_half);
-                    promote<BLOCK_N, kSecondGroup, 0, kHalfGroups>(first_half, final_acc, scales);
-                    break;
-                }
-                issue_group(second_half, kHalfN, state);
-                ptx::wgmma_wait_group<1>();
-                ptx::fence_operands(first_half);
-                promote<BLOCK_N, kSecondGroup, 0, kHalfGroups>(first_half, final_acc, scales);
-                if (job + 1 == job_end) {
-                    ptx::wgmma_wait_group<0>();
-                    ptx::fence_operands(second_half);
-                    ring.consumer_release(retiring, lane_idx);
-                    promote<BLOCK_N, kSecondGroup, kHalfGroups, kHalfGroups>(second_half, final_acc, scales);
-                    state.advance();
-                    break;
-                }
-                state.advance();
-                const PromotionScales next_scales = wait_k_block(k_block_begin + (job + 1) / 2, state);
-                issue_group(first_half, 0, state);
-                ptx::wgmma_wait_group<1>();
-                ptx::fence_operands(second_half);
-                ring.consumer_release(retiring, lane_idx);
-                promote<BLOCK_N, kSecondGroup, kHalfGroups, kHalfGroups>(second_half, final_acc, scales);
-                retiring = state;
-                scales = next_scales;
-            }
-        } else if constexpr (!kPipelined) {
+        if constexpr (!kPipelined) {
             for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
                 const PromotionScales scales = issue_k_block(partial, k_block, state);
                 retire_k_block(kNoneInFlight, partial, scales, state);
@@ -556,7 +498,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           uint32_t kNumTMAThreads, uint32_t kNumMathThreads,
           uint32_t kNumTMAMulticast, bool kIsMulticastOnA,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumSplits, bool kPipelined, uint32_t kNumSubTiles>
+          uint32_t kNumSplits, bool kPipelined>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -580,10 +522,6 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     DK_STATIC_ASSERT(kNumSplits >= 1 && kNumSplits <= SHAPE_K / BLOCK_K, "every split has at least one K block");
     DK_STATIC_ASSERT(!kPipelined || BLOCK_N <= kMaxPipelinedBlockN[kNumMathWarpgroups - 1],
                      "three accumulator sets fit the math warpgroups' registers");
-    // NOTE: split-K sums the splits into a third accumulator set, which the sub-tile loop's halves leave no
-    // registers for at wide tiles.
-    DK_STATIC_ASSERT(kNumSubTiles == 1 || (kNumSubTiles == 2 && !kPipelined && kNumSplits == 1 && BLOCK_N % 32 == 0),
-                     "one sub-tile, or two of a multiple of 16 columns without the two-set pipeline or split-K");
 
     // Register budgets: 128 x 40 + 256 x 232 = 64,512 of 65,536 with two math warpgroups.
     constexpr uint32_t kNumTMARegisters = 40;
@@ -645,8 +583,8 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         ptx::setmaxnreg_inc<kNumMathRegisters>();
         uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Store::kBytes;
         run_math_warpgroup<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kGemmType, OutputType,
-                           kWithAccumulation, kNumSplits, kPipelined, kNumSubTiles>(
-            stages, ring, scheduler, smem_d_wg, &tmap_d, sfb, d, split_workspace, split_tickets);
+                           kWithAccumulation, kNumSplits, kPipelined>(stages, ring, scheduler, smem_d_wg, &tmap_d,
+                                                                      sfb, d, split_workspace, split_tickets);
     }
 
     // Teardown

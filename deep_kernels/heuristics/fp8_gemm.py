@@ -103,8 +103,6 @@ class Fp8GemmConfig:
     block_k: int = BLOCK_K
     num_splits: int = 1
     pipelined: bool = False
-    # 2: each K block as two wgmma groups over the tile's column halves (experiments only so far)
-    num_sub_tiles: int = 1
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -364,7 +362,6 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         "true" if with_accumulation else "false",
         str(config.num_splits),
         "true" if config.pipelined else "false",
-        str(config.num_sub_tiles),
     ]
 
 
@@ -403,18 +400,13 @@ def all_candidate_configs(num_sms: int = 132, smem_capacity: int = SMEM_CAPACITY
 
 def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
-                pipelined: bool = None, num_sub_tiles: int = 1) -> Fp8GemmConfig:
+                pipelined: bool = None) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
     allows unless pipelined says otherwise, for overrides and tests."""
     if num_splits != 1 and num_tma_multicast != 1:
         raise ValueError("split-K needs num_tma_multicast == 1")
-    if num_sub_tiles not in (1, 2) or (num_sub_tiles == 2 and (block_n % 32 or num_splits != 1)):
-        raise ValueError(f"num_sub_tiles must be 1, or 2 with block_n a multiple of 32 and no split-K, got "
-                         f"{num_sub_tiles}")
     if pipelined is None:
-        pipelined = can_pipeline(block_m, block_n) and num_sub_tiles == 1
-    elif pipelined and num_sub_tiles == 2:
-        raise ValueError("the two-set pipelined K loop and sub-tiles exclude each other")
+        pipelined = can_pipeline(block_m, block_n)
     elif pipelined and not can_pipeline(block_m, block_n):
         raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined: block_n must be at most "
                          f"{MAX_PIPELINED_BLOCK_N[block_m // 64]}")
@@ -422,7 +414,7 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes), num_splits=num_splits,
-                         pipelined=pipelined, num_sub_tiles=num_sub_tiles)
+                         pipelined=pipelined)
 
 
 def compile_coverage_kernels(num_sms: int = 132) -> list:
@@ -444,10 +436,6 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(64, 192, 1, False, 2, num_splits=5), 24576, 1536, "bfloat16", False),
         CandidateKernel(make_config(128, 128, 1, False, 2, pipelined=False), 4096, 7168, "bfloat16", False),
         CandidateKernel(make_config(64, 128, 1, False, 2, num_splits=3), 7168, 2048, "float32", True),
-        CandidateKernel(make_config(128, 192, 1, False, 2, num_sub_tiles=2), 4096, 7168, "bfloat16", False),
-        CandidateKernel(make_config(128, 160, 1, False, 4, num_sub_tiles=2), 7168, 2048, "float32", True),
-        CandidateKernel(make_config(64, 128, 1, False, 2, num_sub_tiles=2), 7168, 2048, "bfloat16", False,
-                        "m_grouped_masked"),
     ]
     for kernel in extras:
         kernels.setdefault(tuple(kernel.template_args()), kernel)
