@@ -271,7 +271,7 @@ def _fast_division(a: Fraction, d: Fraction, estimate: Fraction) -> Fraction:
     """SigmoidDenominator(g).divide(a) of csrc/common/swiglu.cuh, each FMA and product rounded once."""
     r = _round_to_float32(estimate * _round_to_float32(1 - d * estimate) + estimate)
     q = _round_to_float32(a * r)
-    return _round_to_float32(r * _round_to_float32(a - d * q) + q)
+    return _round_to_float32(q - r * _round_to_float32(d * q - a))
 
 
 def test_fast_division_is_ieee_over_its_gate_range():
@@ -320,7 +320,7 @@ def _scaled_quotients(g: Fraction, d: Fraction, r: Fraction) -> tuple:
 
     def divide(a):
         q = _round_to_float32(a * r)
-        return _round_to_float32(r * _round_to_float32(a - divisor * q) + q)
+        return _round_to_float32(q - r * _round_to_float32(divisor * q - a))
 
     q = divide(g * scale if tiny else g)
     silu = _round_to_float32(q / scale) if huge or tiny else q
@@ -373,7 +373,7 @@ def test_kernels_are_precompiled():
 def test_forward_config_parses_and_defaults():
     assert swiglu._parsed_forward_config("") == swiglu.ForwardConfig() == swiglu.FORWARD_VARIANTS["p1"]
     assert swiglu.ForwardConfig() == swiglu.ForwardConfig(passes=1, in_flight=1, range_check=True, min_blocks=0)
-    assert swiglu.parse_forward_config("passes=2,in_flight=2") == swiglu.FORWARD_VARIANTS["p2"]
+    assert swiglu.parse_forward_config("passes=2,in_flight=2,range_check=0") == swiglu.FORWARD_VARIANTS["p2_scaled"]
     assert swiglu.parse_forward_config("passes=4") == swiglu.ForwardConfig(passes=4, in_flight=4)
     assert swiglu.parse_forward_config(" range_check=0 , min_blocks=3 ") == swiglu.ForwardConfig(range_check=False,
                                                                                                min_blocks=3)
@@ -432,8 +432,8 @@ def test_variant_benchmark_builds_on_cpu():
             assert q.shape == (64, 256) and args[0].dtype == torch.bfloat16, (label, data)
     # The variant switch restores the module's config function.
     previous = swiglu._forward_config
-    assert bench._with_variant(swiglu.FORWARD_VARIANTS["p2"], lambda: swiglu._forward_config()) == \
-        swiglu.FORWARD_VARIANTS["p2"]
+    assert bench._with_variant(swiglu.FORWARD_VARIANTS["p2_b3"], lambda: swiglu._forward_config()) == \
+        swiglu.FORWARD_VARIANTS["p2_b3"]
     assert swiglu._forward_config is previous
 
 

@@ -52,15 +52,10 @@ DK_DEVICE float refined_reciprocal(float d) {
     return __fmaf_rn(estimate, __fmaf_rn(-d, estimate, 1.0f), estimate);
 }
 
-// a / d from r ~ 1 / d by the fast path of nvcc's div.rn.f32 on sm_90 (the same operations: q0 = a r, then
-// q0 + r (a - d q0)), without its per-element check (FCHK) and slow-path branch. With r = RN(1 / d) and every
-// step a normal number, it is the IEEE quotient (Markstein's theorem).
-DK_DEVICE float divide_by_reciprocal(float a, float d, float r) {
-    const float q = __fmul_rn(a, r);
-    return __fmaf_rn(r, __fmaf_rn(-d, q, a), q);
-}
-
-// The sigmoid's denominator d with refined_reciprocal(d), and a / d by divide_by_reciprocal.
+// The sigmoid's denominator d with refined_reciprocal(d), and a / d by the steps of nvcc's div.rn.f32 fast path
+// on sm_90 (q0 = a r, then q0 - r (d q0 - a): common/quant.cuh's divide_by_scale) without its per-element check
+// (FCHK) and slow-path branch. With r = RN(1 / d) and every step a normal number, the quotient is the IEEE one
+// (Markstein's theorem); the residual's sign order keeps the sign of a zero a.
 // NOTE: the check and its branch (FCHK, BSSY, BRA, BSYNC) cost 4 of __fdiv_rn's 10 instructions per
 // element and cut the code into per-element regions the compiler does not schedule across; here a
 // vector's check is one range test (GateRange). The quotient is the IEEE one for a = gate and a = 1 and every gate of
@@ -74,7 +69,7 @@ struct SigmoidDenominator {
     DK_DEVICE explicit SigmoidDenominator(float gate) : d(sigmoid_denominator(gate)), r(refined_reciprocal(d)) {}
 
     // a / d, the IEEE quotient for the gates of GateRange's fast range and a = 1 or a = gate.
-    DK_DEVICE float divide(float a) const { return divide_by_reciprocal(a, d, r); }
+    DK_DEVICE float divide(float a) const { return divide_by_scale(a, d, r); }
 };
 
 // The sigmoid's denominator d = 1 + expf(-gate) and the quotients silu(gate) = gate / d and sigmoid(gate) = 1 / d,
@@ -98,15 +93,15 @@ struct ScaledSigmoidDenominator {
                                             : refined_reciprocal(divisor);
     }
 
-    // gate / d for the gate d was made from. A gate below 2^-64 in magnitude is scaled by 2^64, so the steps
-    // give the quotient times 2^64 (as a huge d does), which scales back exactly (a normal number: at least
-    // 2^-122 in magnitude for a huge d, and for a tiny gate d is 2, so the scaled quotient is exact). An
-    // infinite d gives gate * 0 (-0, or NaN for -inf), a zero or infinite gate itself.
+    // gate / d for the gate d was made from. A gate below 2^-64 in magnitude (zeros included) is scaled by
+    // 2^64, so the steps give the quotient times 2^64 (as a huge d does), which scales back exactly (a normal
+    // number: at least 2^-122 in magnitude for a huge d, and for a tiny gate d is 2, so the scaled quotient is
+    // exact). An infinite d gives gate * 0 (-0, or NaN for -inf), an infinite gate itself.
     DK_DEVICE float silu(float gate) const {
         const bool tiny = fabsf(gate) < 0x1p-64f;
-        const float q = divide_by_reciprocal(tiny ? __fmul_rn(gate, 0x1p64f) : gate, divisor, r);
+        const float q = divide_by_scale(tiny ? __fmul_rn(gate, 0x1p64f) : gate, divisor, r);
         const float quotient = huge || tiny ? __fmul_rn(q, 0x1p-64f) : q;
-        return isinf(d) ? __fmul_rn(gate, 0.0f) : (gate == 0.0f || isinf(gate) ? gate : quotient);
+        return isinf(d) || isinf(gate) ? __fmul_rn(gate, isinf(d) ? 0.0f : 1.0f) : quotient;
     }
 
     // 1 / d. With a huge d the steps give q = 2^64 / d, and 1 / d is c + (1 - 2^64 c / divisor) r 2^-64 in one
@@ -114,7 +109,7 @@ struct ScaledSigmoidDenominator {
     // decides the rounding of the subnormal quotient, which scaling q back would round twice). An infinite d
     // gives 0.
     DK_DEVICE float sigmoid() const {
-        const float q = divide_by_reciprocal(1.0f, divisor, r);
+        const float q = divide_by_scale(1.0f, divisor, r);
         const float truncated = __fmul_rz(q, 0x1p-64f);
         const float residual = __fmaf_rn(-__fmul_rn(truncated, 0x1p64f), divisor, 1.0f);
         const float scaled_back = __fmaf_rn(__fmul_rn(residual, 0x1p-64f), r, truncated);

@@ -108,6 +108,13 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
                 range.add(gate_values[i]);
             }
             if (!range.fast()) {
+                // NOTE: the gates are read again (from L2): kept in registers across this path they cost the
+                // register budget of a second pass in flight.
+                uint4 gate_again[kVectors];
+                #pragma unroll
+                for (int v = 0; v < kVectors; ++v)
+                    gate_again[v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass)) + v);
+                unpack_bf16<kVectors>(gate_again, gate_values);
                 #pragma unroll
                 for (int i = 0; i < kVec; ++i)
                     y[i] = ScaledSigmoidDenominator(gate_values[i]).silu(gate_values[i]);

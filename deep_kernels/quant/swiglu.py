@@ -87,7 +87,9 @@ class ForwardConfig:
 FORWARD_VARIANTS = {
     "p1": ForwardConfig(),
     "p1_scaled": ForwardConfig(range_check=False),
-    "p2": ForwardConfig(passes=2),
+    "p2_scaled": ForwardConfig(passes=2, range_check=False),
+    "p2_b3": ForwardConfig(passes=2, min_blocks=3),
+    "refill4_b3": ForwardConfig(passes=4, in_flight=2, min_blocks=3),
 }
 
 
