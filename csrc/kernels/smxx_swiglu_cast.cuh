@@ -107,7 +107,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
                 y[i] = SigmoidDenominator(gate_values[i]).divide(gate_values[i]);
                 range.add(gate_values[i]);
             }
-            if (!range.fast()) {
+            if (valid[pass] && !range.fast()) {
                 // NOTE: the gates are read again (from L2): kept in registers across this path they cost the
                 // register budget of a second pass in flight.
                 uint4 gate_again[kVectors];
