@@ -372,19 +372,22 @@ def test_kernels_are_precompiled():
 
 def test_forward_config_parses_and_defaults():
     assert swiglu._parsed_forward_config("") == swiglu.ForwardConfig() == swiglu.FORWARD_VARIANTS["p1"]
-    assert swiglu.ForwardConfig() == swiglu.ForwardConfig(passes=1, in_flight=1, range_check=True, min_blocks=0)
+    assert swiglu.ForwardConfig() == swiglu.ForwardConfig(rows_per_warp=4, passes=1, in_flight=1, range_check=True, min_blocks=0)
     assert swiglu.parse_forward_config("passes=2,in_flight=2,range_check=0") == swiglu.FORWARD_VARIANTS["p2_scaled"]
     assert swiglu.parse_forward_config("passes=4") == swiglu.ForwardConfig(passes=4, in_flight=4)
     assert swiglu.parse_forward_config(" range_check=0 , min_blocks=3 ") == swiglu.ForwardConfig(range_check=False,
                                                                                                min_blocks=3)
     # 4 rows a warp in each pass.
     assert swiglu.ForwardConfig(passes=4).block_rows == 4 * swiglu.NUM_WARPS * 4
+    assert swiglu.ForwardConfig(rows_per_warp=1, passes=2).block_rows == swiglu.NUM_WARPS * 2
+    assert (swiglu.ForwardConfig().block_columns, swiglu.ForwardConfig(rows_per_warp=1).block_columns) == (128, 512)
     # Every variant is a distinct kernel.
     assert len(set(swiglu.FORWARD_VARIANTS.values())) == len(swiglu.FORWARD_VARIANTS)
 
 
 @pytest.mark.parametrize("text,match", [
     ("passes=3", "passes must be 1, 2, 4 or 8"),
+    ("rows_per_warp=2", "rows_per_warp must be 1 or 4"),
     ("passes=2,in_flight=3", "in_flight must be in 1..passes"),
     ("in_flight=0", "in_flight must be in 1..passes"),
     ("reread=1", "expected"),
@@ -432,8 +435,8 @@ def test_variant_benchmark_builds_on_cpu():
             assert q.shape == (64, 256) and args[0].dtype == torch.bfloat16, (label, data)
     # The variant switch restores the module's config function.
     previous = swiglu._forward_config
-    assert bench._with_variant(swiglu.FORWARD_VARIANTS["p2_b3"], lambda: swiglu._forward_config()) == \
-        swiglu.FORWARD_VARIANTS["p2_b3"]
+    assert bench._with_variant(swiglu.FORWARD_VARIANTS["refill4_b3"], lambda: swiglu._forward_config()) == \
+        swiglu.FORWARD_VARIANTS["refill4_b3"]
     assert swiglu._forward_config is previous
 
 

@@ -5,8 +5,8 @@
 // to bf16 (RNE). Rows: blockIdx.z is the expert of the masked layout (rows = E x T_max, rows of expert e from
 // masked_m[e] on are skipped) or 0; with pos, a row whose position is outside [0, pos_limit) is skipped,
 // and its weight is weights[pos[row]]. Skipped rows are neither read nor written. Memory-bound: each
-// thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses rows; no shared
-// memory. The structure is chosen by template arguments for experiments (DK_SWIGLU_CAST_CONFIG, see
+// thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses rows, a warp's
+// lanes the groups of 4 rows or (kRowsPerWarp = 1) 4 groups of one row; no shared memory. The structure is chosen by template arguments for experiments (DK_SWIGLU_CAST_CONFIG, see
 // deep_kernels/quant/swiglu.py):
 //   kPassesInFlight: the passes whose loads are issued up front; each finished pass then issues the loads of
 //     the pass kPassesInFlight further (kPassesInFlight = kPasses: all loads in flight before use).
@@ -30,7 +30,7 @@
 
 namespace deep_kernels {
 
-template <int kNumWarps, int kPasses, int kPassesInFlight, bool kRangeCheck, int kMinBlocks,
+template <int kNumWarps, int kRowsPerWarp, int kPasses, int kPassesInFlight, bool kRangeCheck, int kMinBlocks,
           bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout, ScaleMode kScaleMode>
 __global__ void __launch_bounds__(kNumWarps * 32, kMinBlocks)
 smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ out, void* __restrict__ scales,
@@ -44,7 +44,10 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
     // divisions), which matters here: silu's expf and division leave little issue slack at HBM speed.
     constexpr int kVectors = 2;
     constexpr int kVec = 8 * kVectors;
-    using Tile = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses>;
+    using Group = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses>;
+    DK_STATIC_ASSERT(kRowsPerWarp == 1 || kRowsPerWarp == Group::kRowsPerWarp, "a warp takes one row, or one group of rows");
+    // The rows of a warp and the columns of a block: one group of kRowsPerWarp rows, or 32 / kRowsPerWarp groups of a row
+    using Tile = TokenGroupTile<GROUP_SIZE * Group::kRowsPerWarp / kRowsPerWarp, kVec, kNumWarps, kPasses>;
     DK_STATIC_ASSERT(kLayout != ScaleLayout::MNMajorPackedUE8M0 || kUE8M0, "packed scales are UE8M0");
     DK_STATIC_ASSERT(kPassesInFlight >= 1 && kPassesInFlight <= kPasses, "1 to kPasses passes of loads in flight");
 
@@ -59,12 +62,15 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
 
     // Row validity and weights, then the loads of the first kPassesInFlight passes
     const Tile tile;
+    const uint32_t group = tile.column / GROUP_SIZE;
+    const bool is_group_leader = tile.column % GROUP_SIZE == 0;
+    const bool column_valid = tile.column < hidden;  // false only in a row's last block with kRowsPerWarp = 1
     bool valid[kPasses];
     uint32_t weight_index[kPasses];
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         const uint32_t row = tile.row(pass);
-        valid[pass] = row < valid_rows;
+        valid[pass] = column_valid && row < valid_rows;
         weight_index[pass] = static_cast<uint32_t>(first_global_row + row);
         if (pos != nullptr && valid[pass]) {
             weight_index[pass] = static_cast<uint32_t>(__ldg(pos + first_global_row + row));
@@ -136,7 +142,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
         const uint64_t out_offset = (first_global_row + tile.row(pass)) * hidden + tile.column;
         if constexpr (kQuantize) {
             // NOTE: all 32 lanes reach the shuffles; skipped rows reduce their zeros and stop after.
-            amax = max_nan(Tile::group_reduce(amax, max_nan), amax_clamp);
+            amax = max_nan(Group::group_reduce(amax, max_nan), amax_clamp);
             if (valid[pass]) {
                 // The expert's scales start scale_expert_stride elements (bytes when packed) further.
                 const uint64_t expert_offset = static_cast<uint64_t>(expert) * scale_expert_stride;
@@ -144,8 +150,8 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
                                           ? static_cast<void*>(static_cast<uint8_t*>(scales) + expert_offset)
                                           : static_cast<void*>(static_cast<float*>(scales) + expert_offset);
                 cast_group_to_e4m3<kUE8M0, kScaleMode, kLayout>(y, amax, static_cast<uint8_t*>(out) + out_offset,
-                                                                tile.is_group_leader, expert_scales,
-                                                                tile.row(pass), blockIdx.x, gridDim.x, scale_stride);
+                                                                is_group_leader, expert_scales, tile.row(pass),
+                                                                group, hidden / GROUP_SIZE, scale_stride);
             }
         } else if (valid[pass]) {
             uint4 packed[kVectors];

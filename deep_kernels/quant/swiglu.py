@@ -51,12 +51,14 @@ class ForwardConfig:
     """The structure of the forward kernel (csrc/kernels/smxx_swiglu_cast.cuh's template arguments), for
     experiments: every config gives the same bytes.
 
-    passes: rows a thread takes; in_flight: passes whose loads are issued up front, each finished pass then
+    rows_per_warp: the rows a warp's lanes cover in a pass (4: one group of each, 1: 4 groups of one row, so
+    that a row's gates decide alone whether the warp takes the fallback); passes: rows a thread takes; in_flight: passes whose loads are issued up front, each finished pass then
     issuing the loads of the pass in_flight further (None: all passes); range_check: silu by the fast steps
     of div.rn, and by their scaled form (exact for every bf16 gate, a few more instructions) for a thread's
     16 gates of a row when one leaves the fast steps' range; without it the scaled form for every gate;
     min_blocks: the blocks per SM the launch bounds ask for (a register cap), 0 for none.
     """
+    rows_per_warp: int = 4
     passes: int = 1
     in_flight: int = None
     range_check: bool = True
@@ -65,6 +67,8 @@ class ForwardConfig:
     def __post_init__(self):
         if self.in_flight is None:
             object.__setattr__(self, "in_flight", self.passes)
+        if self.rows_per_warp not in (1, 4):
+            raise ValueError(f"rows_per_warp must be 1 or 4, got {self.rows_per_warp}")
         if self.passes not in (1, 2, 4, 8):
             raise ValueError(f"passes must be 1, 2, 4 or 8, got {self.passes}")
         if not 1 <= self.in_flight <= self.passes:
@@ -75,8 +79,13 @@ class ForwardConfig:
 
     @property
     def block_rows(self) -> int:
-        """Rows of a block: 16 columns per thread, 8 lanes per group, so a warp covers 4 rows a pass."""
-        return 32 // (GROUP_SIZE // 16) * NUM_WARPS * self.passes
+        """Rows of a block: a warp covers rows_per_warp rows a pass."""
+        return self.rows_per_warp * NUM_WARPS * self.passes
+
+    @property
+    def block_columns(self) -> int:
+        """Columns of y a block covers: 16 per thread, 32 // rows_per_warp threads a row."""
+        return 16 * 32 // self.rows_per_warp
 
 
 # Forward structures for A/B experiments (scripts/bench_swiglu_variants.py, DK_SWIGLU_CAST_CONFIG); "p1" is the
@@ -86,9 +95,9 @@ class ForwardConfig:
 # large rows sent most warps to the fallback's calls.
 FORWARD_VARIANTS = {
     "p1": ForwardConfig(),
+    "p1_row": ForwardConfig(rows_per_warp=1),
     "p1_scaled": ForwardConfig(range_check=False),
     "p2_scaled": ForwardConfig(passes=2, range_check=False),
-    "p2_b3": ForwardConfig(passes=2, min_blocks=3),
     "refill4_b3": ForwardConfig(passes=4, in_flight=2, min_blocks=3),
 }
 
@@ -127,7 +136,7 @@ def _cpp_bool(flag: bool) -> str:
 
 def _forward_spec(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0: bool = False,
                   layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
-    structure = (config.passes, config.in_flight, _cpp_bool(config.range_check), config.min_blocks)
+    structure = (config.rows_per_warp, config.passes, config.in_flight, _cpp_bool(config.range_check), config.min_blocks)
     return KernelSpec("kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
                       (NUM_WARPS, *structure, *map(_cpp_bool, (clamped, quantize, ue8m0)), layout.cpp, mode.cpp))
 
@@ -274,7 +283,7 @@ def _launch_forward(x, out, scales, weights, pos, masked_m, num_experts: int, nu
         bytes_per_unit = 4 if layout == ScaleLayout.packed_ue8m0 else 1
         scale_stride = kernel_scale_stride(scales, layout)
         scale_expert_stride = strides[0] * bytes_per_unit if len(strides) == 3 else 0
-    grid = (hidden // GROUP_SIZE, ceil_div(num_rows, config.block_rows), num_experts)
+    grid = (ceil_div(hidden, config.block_columns), ceil_div(num_rows, config.block_rows), num_experts)
     kernel.launch(grid, (x.data_ptr(), out.data_ptr(), _pointer(scales), _pointer(weights), _pointer(pos),
                          _pointer(masked_m), num_rows, hidden, x.stride(0), scale_stride, scale_expert_stride,
                          limit, clamp, float(amax_clamp)), x.get_device())
