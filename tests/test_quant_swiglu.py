@@ -371,16 +371,17 @@ def test_kernels_are_precompiled():
 
 
 def test_forward_config_parses_and_defaults():
-    assert swiglu._parsed_forward_config("") == swiglu.ForwardConfig() == swiglu.FORWARD_VARIANTS["p1"]
-    assert swiglu.ForwardConfig() == swiglu.ForwardConfig(rows_per_warp=4, passes=1, in_flight=1, range_check=True, min_blocks=0)
-    assert swiglu.parse_forward_config("passes=2,in_flight=2,range_check=0") == swiglu.FORWARD_VARIANTS["p2_scaled"]
+    assert swiglu._parsed_forward_config("") == swiglu.ForwardConfig() == swiglu.FORWARD_VARIANTS["p1_row"]
+    assert swiglu.ForwardConfig() == swiglu.ForwardConfig(rows_per_warp=1, passes=1, in_flight=1, range_check=True, min_blocks=0)
+    assert swiglu.parse_forward_config("rows_per_warp=4,passes=4,in_flight=2,min_blocks=3") == \
+        swiglu.FORWARD_VARIANTS["refill4_b3"]
     assert swiglu.parse_forward_config("passes=4") == swiglu.ForwardConfig(passes=4, in_flight=4)
     assert swiglu.parse_forward_config(" range_check=0 , min_blocks=3 ") == swiglu.ForwardConfig(range_check=False,
                                                                                                min_blocks=3)
     # 4 rows a warp in each pass.
-    assert swiglu.ForwardConfig(passes=4).block_rows == 4 * swiglu.NUM_WARPS * 4
-    assert swiglu.ForwardConfig(rows_per_warp=1, passes=2).block_rows == swiglu.NUM_WARPS * 2
-    assert (swiglu.ForwardConfig().block_columns, swiglu.ForwardConfig(rows_per_warp=1).block_columns) == (128, 512)
+    assert swiglu.ForwardConfig(rows_per_warp=4, passes=4).block_rows == 4 * swiglu.NUM_WARPS * 4
+    assert swiglu.ForwardConfig(passes=2).block_rows == swiglu.NUM_WARPS * 2
+    assert (swiglu.ForwardConfig(rows_per_warp=4).block_columns, swiglu.ForwardConfig().block_columns) == (128, 512)
     # Every variant is a distinct kernel.
     assert len(set(swiglu.FORWARD_VARIANTS.values())) == len(swiglu.FORWARD_VARIANTS)
 

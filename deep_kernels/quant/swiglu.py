@@ -58,7 +58,7 @@ class ForwardConfig:
     16 gates of a row when one leaves the fast steps' range; without it the scaled form for every gate;
     min_blocks: the blocks per SM the launch bounds ask for (a register cap), 0 for none.
     """
-    rows_per_warp: int = 4
+    rows_per_warp: int = 1
     passes: int = 1
     in_flight: int = None
     range_check: bool = True
@@ -88,17 +88,17 @@ class ForwardConfig:
         return 16 * 32 // self.rows_per_warp
 
 
-# Forward structures for A/B experiments (scripts/bench_swiglu_variants.py, DK_SWIGLU_CAST_CONFIG); "p1" is the
-# default. On 2026-11-30, with IEEE division (__fdiv_rn) for silu, one pass was the fastest of eight structures
-# at [16384, 2 x 7168] and [16384, 2 x 2048] (60-66% of copy bandwidth, two passes 54-59%); the fast steps
-# with an IEEE fallback reached 94% on unit-normal gates but 50% on the quant suite's activations, whose
-# large rows sent most warps to the fallback's calls.
+# Forward structures for A/B experiments (scripts/bench_swiglu_variants.py, DK_SWIGLU_CAST_CONFIG); "p1_row" is
+# the default. Measured on 2026-11-30 at [16384, 2 x 7168], fp32 scales, on the quant suite's activations (rows
+# of magnitudes 2^-8..2^7, whose large rows take the fallback) and on unit-normal gates: p1_row 80% / 95% of
+# copy bandwidth, p1 63% / 91% (a warp spans 4 rows, so most warps of the activations meet a large row),
+# refill4_b3 40% / 92%; with clamp 7, ue8m0 packed scales and weights[pos] 61% / 70%, 51% / 70% and 31% / 78%.
+# Without the range check (the scaled steps for every gate) one or two passes gave 71% on both inputs, and
+# IEEE division (__fdiv_rn) per gate, the structure before, 59-66%.
 FORWARD_VARIANTS = {
-    "p1": ForwardConfig(),
-    "p1_row": ForwardConfig(rows_per_warp=1),
-    "p1_scaled": ForwardConfig(range_check=False),
-    "p2_scaled": ForwardConfig(passes=2, range_check=False),
-    "refill4_b3": ForwardConfig(passes=4, in_flight=2, min_blocks=3),
+    "p1_row": ForwardConfig(),
+    "p1": ForwardConfig(rows_per_warp=4),
+    "refill4_b3": ForwardConfig(rows_per_warp=4, passes=4, in_flight=2, min_blocks=3),
 }
 
 
