@@ -61,7 +61,7 @@ VARIABLES = {
                "override moe_expand's launch tile for experiments, e.g. column_threads=64,token_lanes=4,vectors=7"),
         EnvVar("DK_SWIGLU_CAST_CONFIG", _optional_str, None,
                "the SwiGLU forward kernel's structure for experiments, "
-               "e.g. passes=4,in_flight=2,fast_div=1,min_blocks=4"),
+               "e.g. rows_per_warp=4,passes=4,in_flight=2,range_check=1,min_blocks=3"),
         EnvVar("DK_NUM_SMS", _optional_int, None,
                "number of SMs the persistent kernels use (default: all of the device's)"),
     )
