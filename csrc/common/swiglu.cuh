@@ -21,8 +21,13 @@ DK_DEVICE void unpack_bf16(const uint4* vectors, float (&values)[8 * kNum]) {
     }
 }
 
-// max(min(up, c), -c), NaN propagating; without kClamped the value as it is. (A clamped gate, min(gate, c)
-// = c, takes silu(c) from one IEEE division per thread.)
+// min(gate, c) and max(min(up, c), -c), NaN propagating; without kClamped the values as they are. (A clamped
+// gate takes silu(c) from one IEEE division per thread; min(gate, c) is what the fast range is checked on.)
+template <bool kClamped>
+DK_DEVICE float clamp_gate(float gate, float clamp) {
+    return kClamped ? min_nan(gate, clamp) : gate;
+}
+
 template <bool kClamped>
 DK_DEVICE float clamp_up(float up, float clamp) {
     return kClamped ? max_nan(min_nan(up, clamp), -clamp) : up;
@@ -117,7 +122,7 @@ struct ScaledSigmoidDenominator {
     }
 };
 
-// The magnitude range of a vector's gates (bf16 values, before any clamp); fast() when every one lies in [2^-20, 64]
+// The magnitude range of a vector's gates (after the clamp: a clamped gate's quotients are not used); fast() when every one lies in [2^-20, 64]
 // (no zero, subnormal, inf or NaN): there d is below 2^93, every step of SigmoidDenominator is a normal
 // number far from overflow, and d's significand is never all ones, the divisor whose Newton step can
 // round the wrong way (d = 2 - 2^-23 comes from gates below 2^-21).

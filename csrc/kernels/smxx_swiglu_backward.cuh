@@ -70,7 +70,7 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
         GateRange range;
         #pragma unroll
         for (int i = 0; i < kVec; ++i)
-            range.add(gate_in[i]);
+            range.add(clamp_gate<kClamped>(gate_in[i], clamp));
         const bool fast = range.fast();
         unpack_bf16<1>(&chunk.up, up_in);
         unpack_bf16<1>(&chunk.grad, grad);

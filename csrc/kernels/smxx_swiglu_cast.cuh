@@ -111,7 +111,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             #pragma unroll
             for (int i = 0; i < kVec; ++i) {
                 y[i] = SigmoidDenominator(gate_values[i]).divide(gate_values[i]);
-                range.add(gate_values[i]);
+                range.add(clamp_gate<kClamped>(gate_values[i], clamp));
             }
             if (valid[pass] && !range.fast()) {
                 // NOTE: the gates are read again (from L2): kept in registers across this path they cost the
