@@ -367,7 +367,7 @@ def test_kernels_are_precompiled():
     # Every variant the tests run, with and without clamp: 6 quantized layouts and modes, and the bf16 output,
     # for each forward structure.
     assert sum(name == "smxx_swiglu_cast" for name, _ in specs) == 2 * (len(LAYOUTS) + 1) * len(swiglu.FORWARD_VARIANTS)
-    assert sum(name == "smxx_swiglu_backward" for name, _ in specs) == 2
+    assert sum(name == "smxx_swiglu_backward" for name, _ in specs) == 2 * len(swiglu.BACKWARD_VARIANTS)
 
 
 def test_forward_config_parses_and_defaults():
@@ -428,16 +428,18 @@ def test_variant_benchmark_builds_on_cpu():
     module_spec = importlib.util.spec_from_file_location("bench_swiglu_variants", path)
     bench = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(bench)
-    assert len(bench.CASES) == 2 and all(op == "swiglu_cast_to_fp8" for *_, op in bench.CASES)
-    for label, options, with_rows, _ in bench.CASES:
+    assert {op for *_, op in bench.CASES} == set(bench.VARIANTS)
+    for label, options, with_rows, op in bench.CASES:
         for data in bench.INPUTS:
-            args, kwargs = bench._arguments(64, 256, options, with_rows, data, device="cpu")
-            q, scales = reference.swiglu_cast_to_fp8(*args, **kwargs)
-            assert q.shape == (64, 256) and args[0].dtype == torch.bfloat16, (label, data)
-    # The variant switch restores the module's config function.
+            args, kwargs = bench._arguments(64, 256, options, with_rows, op == "swiglu_backward", data, device="cpu")
+            outputs = getattr(reference, op)(*args, **kwargs)
+            assert outputs[0].shape[0] == 64 and args[0].dtype == torch.bfloat16, (label, data)
+    # The variant switch restores the module's config functions.
     previous = swiglu._forward_config
-    assert bench._with_variant(swiglu.FORWARD_VARIANTS["refill4_b3"], lambda: swiglu._forward_config()) == \
-        swiglu.FORWARD_VARIANTS["refill4_b3"]
+    assert bench._with_variant("swiglu_cast_to_fp8", swiglu.FORWARD_VARIANTS["refill4_b3"],
+                               lambda: swiglu._forward_config()) == swiglu.FORWARD_VARIANTS["refill4_b3"]
+    assert bench._with_variant("swiglu_backward", swiglu.BACKWARD_VARIANTS["ahead2_b3"],
+                               lambda: swiglu._backward_config()) == swiglu.BACKWARD_VARIANTS["ahead2_b3"]
     assert swiglu._forward_config is previous
 
 
@@ -486,6 +488,14 @@ def forward_variant(request, monkeypatch):
     config = swiglu.FORWARD_VARIANTS[request.param]
     monkeypatch.setattr(swiglu, "_forward_config", lambda: config)
     return config
+
+
+@pytest.fixture(params=list(swiglu.BACKWARD_VARIANTS))
+def backward_variant(request, monkeypatch):
+    """Each backward structure of BACKWARD_VARIANTS (kernels are cached per structure)."""
+    config = swiglu.BACKWARD_VARIANTS[request.param]
+    monkeypatch.setattr(swiglu, "_backward_config", lambda: config)
+    return request.param
 
 
 @pytest.mark.gpu
@@ -609,7 +619,7 @@ BACKWARD_SHAPES = [(1, 7168), (4001, 7168), (257, 384), (33, 128)] + ([(8001, 20
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_rows,hidden", BACKWARD_SHAPES)
 @pytest.mark.parametrize("option", OPTIONS)
-def test_backward_matches_reference(num_rows, hidden, option):
+def test_backward_matches_reference(backward_variant, num_rows, hidden, option):
     x = _special_rows(random_activations(num_rows, 2 * hidden, torch.bfloat16))
     dy = random_activations(num_rows, hidden, torch.bfloat16)
     dy[num_rows // 2, 5] = math.inf
@@ -621,7 +631,7 @@ def test_backward_matches_reference(num_rows, hidden, option):
 
 
 @pytest.mark.gpu
-def test_backward_row_strides():
+def test_backward_row_strides(backward_variant):
     x = random_activations(300, 2 * 1024 + 128, torch.bfloat16)[:, :2048]
     dy = random_activations(300, 1024 + 64, torch.bfloat16)[:, :1024]
     weights = torch.rand(300, device="cuda")
@@ -641,7 +651,7 @@ def _every_bf16_gate() -> torch.Tensor:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("clamp", [None, CLAMP])
-def test_every_bf16_gate_matches_reference(forward_variant, clamp):
+def test_every_bf16_gate_matches_reference(backward_variant, forward_variant, clamp):
     # The kernels divide by 1 + expf(-g) without IEEE division's per-element check (common/swiglu.cuh):
     # every gate a bf16 tensor can hold, the clamp's too, must give the IEEE quotients. dy is one-hot in
     # column 0 so dweights is silu(g) itself in FP32, not only its bf16 rounding.
@@ -661,7 +671,7 @@ def test_every_bf16_gate_matches_reference(forward_variant, clamp):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("clamp", [3e-30, 0.3, 100.0, 1e30])
-def test_unusual_clamps_match_reference(forward_variant, clamp):
+def test_unusual_clamps_match_reference(backward_variant, forward_variant, clamp):
     # A clamped gate takes silu(c) by IEEE division (common/swiglu.cuh), whatever c: below or above the fast
     # division's gate range, and 0.3, which is not a bf16 value.
     x = _special_rows(random_activations(333, 2 * 384, torch.bfloat16)) * 16

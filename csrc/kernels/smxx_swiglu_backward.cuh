@@ -7,8 +7,9 @@
 //   dweights = sum over H of dy * (silu * uc): per lane 8 running sums (one per vector element) over
 //   the row's 256-column chunks in order, then pairs of elements (01 23 45 67, then 0123 4567), then
 //   lanes by xor-butterfly (16, 8, 4, 2, 1)
-// One warp per row; each lane loads its next chunk (3 x 16-byte vectors) before it computes the current
-// one, so a chunk's loads are always in flight. sigmoid and silu take SigmoidDenominator's steps, or
+// One warp per row; each lane loads the chunk kChunksAhead further (3 x 16-byte vectors) before it computes the
+// current one, so kChunksAhead chunks' loads are always in flight; kMinBlocks is the blocks per SM the launch
+// bounds ask for (the register budget). sigmoid and silu take SigmoidDenominator's steps, or
 // ScaledSigmoidDenominator's for a chunk whose gates leave their fast range (common/swiglu.cuh: the
 // IEEE quotients with no call); a clamped gate takes silu(c), computed once per warp by IEEE division (its
 // dgate is zero). A row whose position is outside
@@ -29,8 +30,8 @@ struct SwigluChunk {
     uint4 gate, up, grad;
 };
 
-template <int kNumWarps, bool kClamped>
-__global__ void __launch_bounds__(kNumWarps * 32, 1024 / (kNumWarps * 32))
+template <int kNumWarps, int kChunksAhead, int kMinBlocks, bool kClamped>
+__global__ void __launch_bounds__(kNumWarps * 32, kMinBlocks)
 smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ dy,
                           __nv_bfloat16* __restrict__ dx, float* __restrict__ dweights,
                           const float* __restrict__ weights, const int32_t* __restrict__ pos, uint32_t num_rows,
@@ -77,7 +78,7 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
         uint4 dgate_packed, dup_packed;
         __nv_bfloat162* dgate = reinterpret_cast<__nv_bfloat162*>(&dgate_packed);
         __nv_bfloat162* dup = reinterpret_cast<__nv_bfloat162*>(&dup_packed);
-        // NOTE: a pair of elements at a time keeps the kernel within 64 registers (4 blocks per SM).
+        // NOTE: a pair of elements at a time keeps one chunk ahead within 64 registers (4 blocks per SM).
         #pragma unroll
         for (int pair = 0; pair < kVec / 2; ++pair) {
             float sigmoid[2], silu[2], dg[2], du[2];
@@ -115,20 +116,24 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
         *reinterpret_cast<uint4*>(dx_row + hidden + column) = dup_packed;
     };
 
-    // The row's chunks in order, two per iteration (current and next in registers without copies)
-    SwigluChunk even{}, odd{};
-    uint32_t column = lane * kVec;
-    if (column < hidden)
-        even = load(column);
-    for (; column < hidden; column += 2 * kChunk) {
-        if (column + kChunk < hidden)
-            odd = load(column + kChunk);
-        process(even, column);
-        if (column + kChunk >= hidden)
-            break;
-        if (column + 2 * kChunk < hidden)
-            even = load(column + 2 * kChunk);
-        process(odd, column + kChunk);
+    // The row's chunks in order, kChunksAhead + 1 per iteration, each in its own registers (no copies): chunk i
+    // of an iteration is processed after the load of the chunk kChunksAhead further is issued
+    constexpr int kBuffers = kChunksAhead + 1;
+    SwigluChunk chunks[kBuffers] = {};
+    #pragma unroll
+    for (int i = 0; i < kChunksAhead; ++i)
+        if (lane * kVec + i * kChunk < hidden)
+            chunks[i] = load(lane * kVec + i * kChunk);
+    for (uint32_t first = lane * kVec; first < hidden; first += kBuffers * kChunk) {
+        #pragma unroll
+        for (int i = 0; i < kBuffers; ++i) {
+            const uint32_t column = first + i * kChunk;
+            if (column >= hidden)
+                break;
+            if (column + kChunksAhead * kChunk < hidden)
+                chunks[(i + kChunksAhead) % kBuffers] = load(column + kChunksAhead * kChunk);
+            process(chunks[i], column);
+        }
     }
 
     // dweights: the lane's elements pairwise, then the lanes

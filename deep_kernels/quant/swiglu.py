@@ -148,14 +148,35 @@ def _forward_kernel(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0:
                       block_threads=NUM_WARPS * 32)
 
 
-def _backward_spec(clamped: bool) -> KernelSpec:
+@dataclass(frozen=True)
+class BackwardConfig:
+    """The structure of the backward kernel (csrc/kernels/smxx_swiglu_backward.cuh's template arguments), for
+    experiments: every config gives the same bytes. chunks_ahead: 256-column chunks a warp's loads run ahead
+    of its computation; min_blocks: the blocks per SM the launch bounds ask for (a register cap)."""
+    chunks_ahead: int = 1
+    min_blocks: int = 4
+
+
+# Backward structures timed side by side by scripts/bench_swiglu_variants.py; the first is the default.
+BACKWARD_VARIANTS = {
+    "ahead1": BackwardConfig(),
+    "ahead2_b3": BackwardConfig(chunks_ahead=2, min_blocks=3),
+}
+
+
+def _backward_config() -> BackwardConfig:
+    return BACKWARD_VARIANTS["ahead1"]
+
+
+def _backward_spec(config: BackwardConfig, clamped: bool) -> KernelSpec:
     return KernelSpec("kernels/smxx_swiglu_backward.cuh", "smxx_swiglu_backward_impl",
-                      (_BACKWARD_WARPS, str(clamped).lower()))
+                      (_BACKWARD_WARPS, config.chunks_ahead, config.min_blocks, _cpp_bool(clamped)))
 
 
 @functools.lru_cache(maxsize=None)
-def _backward_kernel(clamped: bool):
-    return get_kernel(_backward_spec(clamped), param_kinds="PPPPPPIIIIIf", block_threads=_BACKWARD_WARPS * 32)
+def _backward_kernel(config: BackwardConfig, clamped: bool):
+    return get_kernel(_backward_spec(config, clamped), param_kinds="PPPPPPIIIIIf",
+                      block_threads=_BACKWARD_WARPS * 32)
 
 
 def _check_x(x, rank: int) -> int:
@@ -472,7 +493,7 @@ def swiglu_backward(x: torch.Tensor, dy: torch.Tensor, clamp: float = None, weig
         check_output(dweights, "out[1]", (num_rows,), torch.float32, x)
     if num_rows == 0 or hidden == 0:
         return dx, dweights
-    _backward_kernel(c != float("inf")).launch(
+    _backward_kernel(_backward_config(), c != float("inf")).launch(
         (ceil_div(num_rows, _BACKWARD_WARPS), 1, 1),
         (x.data_ptr(), dy.data_ptr(), dx.data_ptr(), dweights.data_ptr(), _pointer(weights), _pointer(pos),
          num_rows, hidden, x.stride(0), dy.stride(0), limit, c), x.get_device())
@@ -487,4 +508,5 @@ def precompile_specs() -> list:
     # Every forward structure of FORWARD_VARIANTS (the GPU tests run each), the default first.
     return [spec for config in FORWARD_VARIANTS.values() for clamped in (False, True) for spec in
             [_forward_spec(config, clamped, True, ue8m0, layout, mode) for ue8m0, layout, mode in cast_variants]
-            + [_forward_spec(config, clamped, False)]] + [_backward_spec(clamped) for clamped in (False, True)]
+            + [_forward_spec(config, clamped, False)]] + \
+        [_backward_spec(config, clamped) for config in BACKWARD_VARIANTS.values() for clamped in (False, True)]
