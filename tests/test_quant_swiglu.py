@@ -332,12 +332,12 @@ def _scaled_quotients(g: Fraction, d: Fraction, r: Fraction) -> tuple:
 
 
 def test_scaled_division_is_ieee_for_every_bf16_gate():
-    # ScaledSigmoidDenominator.silu and .sigmoid of csrc/common/swiglu.cuh for every finite nonzero bf16 gate with a finite
-    # d (a sample without DK_FULL_TEST, which keeps every gate of the scaled ranges): for each d = 1 + e with e
-    # any FP32 within 2 ulp of exp(-g) and each rcp.approx estimate within 2 ulp, the quotients are the
-    # correctly rounded g / d and 1 / d; for the tiny gates (below 2^-64) e = 1, where exp(-g) lies within
-    # 2^-64 of 1 (the GPU test of every bf16 gate checks the real expf). Zeros, infinities, NaN and an
-    # infinite d take the functions' selects.
+    # ScaledSigmoidDenominator.silu and .sigmoid of csrc/common/swiglu.cuh for every finite nonzero bf16 gate
+    # with a finite d (a sample without DK_FULL_TEST, which keeps every gate of the scaled ranges): for each
+    # d = 1 + e with e any FP32 within 2 ulp of exp(-g) and each rcp.approx estimate within 2 ulp, the
+    # quotients are the correctly rounded g / d and 1 / d; for the tiny gates (below 2^-64) e = 1, where
+    # exp(-g) lies within 2^-64 of 1. Zeros (signs kept by the residual's order), infinities, NaN and an
+    # infinite d are IEEE special cases: the GPU test of every bf16 gate checks them and the real expf.
     source = (Path(__file__).resolve().parent.parent / "csrc/common/swiglu.cuh").read_text()
     assert "huge(d >= 0x1p64f)" in source and "fabsf(gate) < 0x1p-64f" in source
     scale = Fraction(2) ** 64
@@ -372,7 +372,8 @@ def test_kernels_are_precompiled():
 
 def test_forward_config_parses_and_defaults():
     assert swiglu._parsed_forward_config("") == swiglu.ForwardConfig() == swiglu.FORWARD_VARIANTS["p1_row"]
-    assert swiglu.ForwardConfig() == swiglu.ForwardConfig(rows_per_warp=1, passes=1, in_flight=1, range_check=True, min_blocks=0)
+    assert swiglu.ForwardConfig() == swiglu.ForwardConfig(rows_per_warp=1, passes=1, in_flight=1, range_check=True,
+                                                          min_blocks=0)
     assert swiglu.parse_forward_config("rows_per_warp=4,passes=4,in_flight=2,min_blocks=3") == \
         swiglu.FORWARD_VARIANTS["refill4_b3"]
     assert swiglu.parse_forward_config("passes=4") == swiglu.ForwardConfig(passes=4, in_flight=4)

@@ -6,12 +6,12 @@
 // masked_m[e] on are skipped) or 0; with pos, a row whose position is outside [0, pos_limit) is skipped,
 // and its weight is weights[pos[row]]. Skipped rows are neither read nor written. Memory-bound: each
 // thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses rows, a warp's
-// lanes the groups of 4 rows or (kRowsPerWarp = 1) 4 groups of one row; no shared memory. The structure is chosen by template arguments for experiments (DK_SWIGLU_CAST_CONFIG, see
-// deep_kernels/quant/swiglu.py):
+// lanes the groups of 4 rows or (kRowsPerWarp = 1) 4 groups of one row; no shared memory. The structure is
+// chosen by template arguments for experiments (DK_SWIGLU_CAST_CONFIG, see deep_kernels/quant/swiglu.py):
 //   kPassesInFlight: the passes whose loads are issued up front; each finished pass then issues the loads of
 //     the pass kPassesInFlight further (kPassesInFlight = kPasses: all loads in flight before use).
-//   kRangeCheck: silu by SigmoidDenominator's steps (common/swiglu.cuh), and by ScaledSigmoidDenominator's for a thread's 16
-//     gates of a row when one leaves GateRange's fast range; else ScaledSigmoidDenominator's for every gate.
+//   kRangeCheck: silu by SigmoidDenominator's steps (common/swiglu.cuh), and by ScaledSigmoidDenominator's for
+//     a thread's 16 gates of a row when one leaves GateRange's fast range; else by the latter for every gate.
 //   kMinBlocks: the blocks per SM __launch_bounds__ asks for (a register cap), 0 for none.
 // Either way silu is IEEE division's quotient for every bf16 gate without its per-element check and slow-path
 // call, and a clamped gate takes silu(c), computed once per thread by IEEE division.
@@ -45,8 +45,9 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
     constexpr int kVectors = 2;
     constexpr int kVec = 8 * kVectors;
     using Group = TokenGroupTile<GROUP_SIZE, kVec, kNumWarps, kPasses>;
-    DK_STATIC_ASSERT(kRowsPerWarp == 1 || kRowsPerWarp == Group::kRowsPerWarp, "a warp takes one row, or one group of rows");
-    // The rows of a warp and the columns of a block: one group of kRowsPerWarp rows, or 32 / kRowsPerWarp groups of a row
+    DK_STATIC_ASSERT(kRowsPerWarp == 1 || kRowsPerWarp == Group::kRowsPerWarp,
+                     "a warp takes one row, or one group of rows");
+    // A warp's lanes: one group of each of its rows, or (one row) 32 / Group::kLanesPerGroup groups of it
     using Tile = TokenGroupTile<GROUP_SIZE * Group::kRowsPerWarp / kRowsPerWarp, kVec, kNumWarps, kPasses>;
     DK_STATIC_ASSERT(kLayout != ScaleLayout::MNMajorPackedUE8M0 || kUE8M0, "packed scales are UE8M0");
     DK_STATIC_ASSERT(kPassesInFlight >= 1 && kPassesInFlight <= kPasses, "1 to kPasses passes of loads in flight");

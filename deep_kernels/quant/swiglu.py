@@ -52,8 +52,9 @@ class ForwardConfig:
     experiments: every config gives the same bytes.
 
     rows_per_warp: the rows a warp's lanes cover in a pass (4: one group of each, 1: 4 groups of one row, so
-    that a row's gates decide alone whether the warp takes the fallback); passes: rows a thread takes; in_flight: passes whose loads are issued up front, each finished pass then
-    issuing the loads of the pass in_flight further (None: all passes); range_check: silu by the fast steps
+    that a row's gates decide alone whether the warp takes the fallback); passes: rows a thread takes;
+    in_flight: passes whose loads are issued up front, each finished pass then issuing the loads of the pass
+    in_flight further (None: all passes); range_check: silu by the fast steps
     of div.rn, and by their scaled form (exact for every bf16 gate, a few more instructions) for a thread's
     16 gates of a row when one leaves the fast steps' range; without it the scaled form for every gate;
     min_blocks: the blocks per SM the launch bounds ask for (a register cap), 0 for none.
@@ -136,7 +137,8 @@ def _cpp_bool(flag: bool) -> str:
 
 def _forward_spec(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0: bool = False,
                   layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
-    structure = (config.rows_per_warp, config.passes, config.in_flight, _cpp_bool(config.range_check), config.min_blocks)
+    structure = (config.rows_per_warp, config.passes, config.in_flight, _cpp_bool(config.range_check),
+                 config.min_blocks)
     return KernelSpec("kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
                       (NUM_WARPS, *structure, *map(_cpp_bool, (clamped, quantize, ue8m0)), layout.cpp, mode.cpp))
 
@@ -157,7 +159,9 @@ class BackwardConfig:
     min_blocks: int = 4
 
 
-# Backward structures timed side by side by scripts/bench_swiglu_variants.py; the first is the default.
+# Backward structures timed side by side by scripts/bench_swiglu_variants.py; the first is the default. On
+# 2026-11-30 at [16384, 2 x 7168] (clamp 7, weights[pos]): ahead1 87% of copy bandwidth on the quant suite's
+# activations and 93% on unit-normal gates, ahead2_b3 80% and 90% (fewer warps per SM outweigh the loads ahead).
 BACKWARD_VARIANTS = {
     "ahead1": BackwardConfig(),
     "ahead2_b3": BackwardConfig(chunks_ahead=2, min_blocks=3),
