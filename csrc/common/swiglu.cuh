@@ -123,9 +123,9 @@ struct ScaledSigmoidDenominator {
 };
 
 // The magnitude range of a vector's gates (after the clamp: a clamped gate's quotients are not used); fast()
-// when every one lies in [2^-20, 64] (no zero, subnormal, inf or NaN): there d is below 2^93, every step of SigmoidDenominator is a normal
-// number far from overflow, and d's significand is never all ones, the divisor whose Newton step can
-// round the wrong way (d = 2 - 2^-23 comes from gates below 2^-21).
+// when every one lies in [2^-20, 64] (no zero, subnormal, inf or NaN): there d is below 2^93, every step of
+// SigmoidDenominator is a normal number far from overflow, and d's significand is never all ones, the
+// divisor whose Newton step can round the wrong way (d = 2 - 2^-23 comes from gates below 2^-21).
 struct GateRange {
     float smallest = __int_as_float(0x7f800000), largest = 0.0f;
 
