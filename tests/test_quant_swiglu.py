@@ -377,6 +377,7 @@ def test_forward_config_parses_and_defaults():
     assert swiglu.parse_forward_config("rows_per_warp=4,passes=4,in_flight=2,min_blocks=3") == \
         swiglu.FORWARD_VARIANTS["refill4_b3"]
     assert swiglu.parse_forward_config("passes=4") == swiglu.ForwardConfig(passes=4, in_flight=4)
+    assert swiglu.parse_forward_config("early_loads=1") == swiglu.FORWARD_VARIANTS["p1_row_early"]
     assert swiglu.parse_forward_config(" range_check=0 , min_blocks=3 ") == swiglu.ForwardConfig(range_check=False,
                                                                                                min_blocks=3)
     # 4 rows a warp in each pass.

@@ -4,15 +4,17 @@
 // goes to e4m3 in 1x128 groups with per_token_cast's numerics (common/quant.cuh), or with kQuantize = false
 // to bf16 (RNE). Rows: blockIdx.z is the expert of the masked layout (rows = E x T_max, rows of expert e from
 // masked_m[e] on are skipped) or 0; with pos, a row whose position is outside [0, pos_limit) is skipped,
-// and its weight is weights[pos[row]]. Skipped rows are neither read nor written. Memory-bound: each
-// thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses rows, a warp's
-// lanes the groups of 4 rows or (kRowsPerWarp = 1) 4 groups of one row; no shared memory. The structure is
+// and its weight is weights[pos[row]]. Skipped rows are not written, nor read but with kEarlyLoads (pos rows).
+// Memory-bound: each thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses
+// rows, a warp's lanes the groups of 4 rows or (kRowsPerWarp = 1) 4 groups of one row; no shared memory. The structure is
 // chosen by template arguments for experiments (DK_SWIGLU_CAST_CONFIG, see deep_kernels/quant/swiglu.py):
 //   kPassesInFlight: the passes whose loads are issued up front; each finished pass then issues the loads of
 //     the pass kPassesInFlight further (kPassesInFlight = kPasses: all loads in flight before use).
 //   kRangeCheck: silu by SigmoidDenominator's steps (common/swiglu.cuh), and by ScaledSigmoidDenominator's for
 //     a thread's 16 gates of a row when one leaves GateRange's fast range; else by the latter for every gate.
 //   kMinBlocks: the blocks per SM __launch_bounds__ asks for (a register cap), 0 for none.
+//   kEarlyLoads: the loads of a row are issued before its position is read (pos rows that turn out skipped are
+//     read, not written), so that they do not wait for the position's load.
 // Either way silu is IEEE division's quotient for every bf16 gate without its per-element check and slow-path
 // call, and a clamped gate takes silu(c), computed once per thread by IEEE division.
 #pragma once
@@ -31,6 +33,7 @@
 namespace deep_kernels {
 
 template <int kNumWarps, int kRowsPerWarp, int kPasses, int kPassesInFlight, bool kRangeCheck, int kMinBlocks,
+          bool kEarlyLoads,
           bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout, ScaleMode kScaleMode>
 __global__ void __launch_bounds__(kNumWarps * 32, kMinBlocks)
 smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ out, void* __restrict__ scales,
@@ -61,43 +64,57 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
         return;
     const uint64_t first_global_row = static_cast<uint64_t>(expert) * num_rows;
 
-    // Row validity and weights, then the loads of the first kPassesInFlight passes
+    // Row bounds, positions and weights, and the loads of the first kPassesInFlight passes (before the positions
+    // with kEarlyLoads)
     const Tile tile;
     const uint32_t group = tile.column / GROUP_SIZE;
     const bool is_group_leader = tile.column % GROUP_SIZE == 0;
     const bool column_valid = tile.column < hidden;  // false only in a row's last block with kRowsPerWarp = 1
-    bool valid[kPasses];
+    bool in_rows[kPasses], valid[kPasses];
     uint32_t weight_index[kPasses];
-    #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-        const uint32_t row = tile.row(pass);
-        valid[pass] = column_valid && row < valid_rows;
-        weight_index[pass] = static_cast<uint32_t>(first_global_row + row);
-        if (pos != nullptr && valid[pass]) {
-            weight_index[pass] = static_cast<uint32_t>(__ldg(pos + first_global_row + row));
-            valid[pass] = weight_index[pass] < pos_limit;
-        }
-    }
     const auto gate_of = [&](int pass) {  // the thread's first gate element of a pass's row
         return x + (first_global_row + tile.row(pass)) * x_row_stride + tile.column;
     };
     uint4 gate[kPasses][kVectors] = {}, up[kPasses][kVectors] = {};
     float weight[kPasses];
     const auto load_pass = [&](int pass) {
-        weight[pass] = 1.0f;
-        if (!valid[pass])
+        if constexpr (!kEarlyLoads)
+            weight[pass] = 1.0f;
+        if (!(kEarlyLoads ? in_rows[pass] : valid[pass]))
             return;
         #pragma unroll
         for (int v = 0; v < kVectors; ++v) {
             gate[pass][v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass)) + v);
             up[pass][v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass) + hidden) + v);
         }
-        if (weights != nullptr)
+        if (!kEarlyLoads && weights != nullptr)
             weight[pass] = __ldg(weights + weight_index[pass]);
     };
     #pragma unroll
-    for (int pass = 0; pass < kPassesInFlight; ++pass)
-        load_pass(pass);
+    for (int pass = 0; pass < kPasses; ++pass)
+        in_rows[pass] = column_valid && tile.row(pass) < valid_rows;
+    if constexpr (kEarlyLoads) {
+        #pragma unroll
+        for (int pass = 0; pass < kPassesInFlight; ++pass)
+            load_pass(pass);
+    }
+    #pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+        const uint32_t row = tile.row(pass);
+        valid[pass] = in_rows[pass];
+        weight_index[pass] = static_cast<uint32_t>(first_global_row + row);
+        if (pos != nullptr && valid[pass]) {
+            weight_index[pass] = static_cast<uint32_t>(__ldg(pos + first_global_row + row));
+            valid[pass] = weight_index[pass] < pos_limit;
+        }
+        if constexpr (kEarlyLoads)
+            weight[pass] = weights != nullptr && valid[pass] ? __ldg(weights + weight_index[pass]) : 1.0f;
+    }
+    if constexpr (!kEarlyLoads) {
+        #pragma unroll
+        for (int pass = 0; pass < kPassesInFlight; ++pass)
+            load_pass(pass);
+    }
 
     // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store), then the loads of the
     // pass kPassesInFlight further
