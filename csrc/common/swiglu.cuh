@@ -49,6 +49,13 @@ DK_DEVICE float sigmoid_denominator(float gate) {
     return __fadd_rn(1.0f, expf(-gate));
 }
 
+// silu(c) by IEEE division, for the gates the clamp replaces (c need not be a bf16 value, so it takes neither
+// of the division steps below); computed once per thread. Without kClamped, unused.
+template <bool kClamped>
+DK_DEVICE float silu_of_clamp(float clamp) {
+    return kClamped ? __fdiv_rn(clamp, sigmoid_denominator(clamp)) : 0.0f;
+}
+
 // About 1 / d: rcp.approx refined by one Newton step; RN(1 / d) for d normal, well inside the exponent range,
 // unless d's significand is all ones (where the Newton step can round the wrong way).
 DK_DEVICE float refined_reciprocal(float d) {

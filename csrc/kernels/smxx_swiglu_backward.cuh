@@ -10,10 +10,9 @@
 // One warp per row; each lane loads the chunk kChunksAhead further (3 x 16-byte vectors) before it computes the
 // current one, so kChunksAhead chunks' loads are always in flight; kMinBlocks is the blocks per SM the launch
 // bounds ask for (the register budget). sigmoid and silu take SigmoidDenominator's steps, or
-// ScaledSigmoidDenominator's for a chunk whose gates leave their fast range (common/swiglu.cuh: the
-// IEEE quotients with no call); a clamped gate takes silu(c), computed once per warp by IEEE division (its
-// dgate is zero). A row whose position is outside
-// [0, pos_limit) is neither read nor written. No shared memory.
+// ScaledSigmoidDenominator's for a chunk whose gates leave their fast range (common/swiglu.cuh: the IEEE
+// quotients with no call); a clamped gate takes silu(c), computed once per thread by IEEE division (its dgate is
+// zero). A row whose position is outside [0, pos_limit) is neither read nor written. No shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -56,7 +55,7 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
     const __nv_bfloat16* gate_row = x + static_cast<uint64_t>(row) * x_row_stride;
     const __nv_bfloat16* dy_row = dy + static_cast<uint64_t>(row) * dy_row_stride;
     __nv_bfloat16* dx_row = dx + static_cast<uint64_t>(row) * hidden * 2;
-    const float silu_of_clamp = kClamped ? __fdiv_rn(clamp, sigmoid_denominator(clamp)) : 0.0f;
+    const float clamped_silu = silu_of_clamp<kClamped>(clamp);
 
     const auto load = [&](uint32_t column) {
         return SwigluChunk{__ldg(reinterpret_cast<const uint4*>(gate_row + column)),
@@ -100,12 +99,13 @@ smxx_swiglu_backward_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat
                 const int k = 2 * pair + i;
                 const float g = gate_in[k];
                 const float u = clamp_up<kClamped>(up_in[k], clamp);
-                if (gate_clamped<kClamped>(g, clamp))
-                    silu[i] = silu_of_clamp;
+                const bool clamped = gate_clamped<kClamped>(g, clamp);
+                if (clamped)
+                    silu[i] = clamped_silu;
                 const float dyw = weights != nullptr ? __fmul_rn(grad[k], weight) : grad[k];
                 const float dsilu =
                     __fmul_rn(sigmoid[i], __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sigmoid[i]))));
-                dg[i] = gate_clamped<kClamped>(g, clamp) ? 0.0f : __fmul_rn(__fmul_rn(dyw, u), dsilu);
+                dg[i] = clamped ? 0.0f : __fmul_rn(__fmul_rn(dyw, u), dsilu);
                 du[i] = up_clamped<kClamped>(up_in[k], clamp) ? 0.0f : __fmul_rn(dyw, silu[i]);
                 partial[k] = __fadd_rn(partial[k], __fmul_rn(grad[k], __fmul_rn(silu[i], u)));
             }

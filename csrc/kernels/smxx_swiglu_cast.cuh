@@ -6,8 +6,8 @@
 // masked_m[e] on are skipped) or 0; with pos, a row whose position is outside [0, pos_limit) is skipped,
 // and its weight is weights[pos[row]]. Skipped rows are not written, nor read but with kEarlyLoads (pos rows).
 // Memory-bound: each thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses
-// rows, a warp's lanes the groups of 4 rows or (kRowsPerWarp = 1) 4 groups of one row; no shared memory. The structure is
-// chosen by template arguments for experiments (DK_SWIGLU_CAST_CONFIG, see deep_kernels/quant/swiglu.py):
+// rows, a warp's lanes the groups of 4 rows or (kRowsPerWarp = 1) 4 groups of one row; no shared memory. The
+// structure is chosen by template arguments for experiments (DK_SWIGLU_CAST_CONFIG, deep_kernels/quant/swiglu.py):
 //   kPassesInFlight: the passes whose loads are issued up front; each finished pass then issues the loads of
 //     the pass kPassesInFlight further (kPassesInFlight = kPasses: all loads in flight before use).
 //   kRangeCheck: silu by SigmoidDenominator's steps (common/swiglu.cuh), and by ScaledSigmoidDenominator's for
@@ -33,8 +33,7 @@
 namespace deep_kernels {
 
 template <int kNumWarps, int kRowsPerWarp, int kPasses, int kPassesInFlight, bool kRangeCheck, int kMinBlocks,
-          bool kEarlyLoads,
-          bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout, ScaleMode kScaleMode>
+          bool kEarlyLoads, bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout, ScaleMode kScaleMode>
 __global__ void __launch_bounds__(kNumWarps * 32, kMinBlocks)
 smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ out, void* __restrict__ scales,
                       const float* __restrict__ weights, const int32_t* __restrict__ pos,
@@ -118,7 +117,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
 
     // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store), then the loads of the
     // pass kPassesInFlight further
-    const float silu_of_clamp = kClamped ? __fdiv_rn(clamp, sigmoid_denominator(clamp)) : 0.0f;
+    const float clamped_silu = silu_of_clamp<kClamped>(clamp);
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         float gate_values[kVec], up_values[kVec], y[kVec], amax = 0.0f;
@@ -151,7 +150,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
         #pragma unroll
         for (int i = 0; i < kVec; ++i) {
             if (gate_clamped<kClamped>(gate_values[i], clamp))
-                y[i] = silu_of_clamp;
+                y[i] = clamped_silu;
             y[i] = __fmul_rn(y[i], clamp_up<kClamped>(up_values[i], clamp));
             if (weights != nullptr)
                 y[i] = __fmul_rn(y[i], weight[pass]);

@@ -20,7 +20,8 @@ last bit: the reference matches the kernels bit for bit only when evaluated on t
 Rows: `weights` (FP32) gives each row a weight, weights.view(-1)[pos[row]] with a position map `pos`
 (int32, e.g. MoeLayout.row_to_slot), else weights.view(-1)[row]. A row whose position is -1 (padding) is
 SKIPPED: not read (but for the forward's experimental early_loads structure), and its outputs (codes, scales,
-y, dx, dweights) are not written, keeping whatever `out` held. The masked layout x [E, T_max, 2H] skips rows t >= masked_m[e] in the same way.
+y, dx, dweights) are not written, keeping whatever `out` held. The masked layout x [E, T_max, 2H] skips rows
+t >= masked_m[e] in the same way.
 """
 
 import functools
@@ -54,9 +55,9 @@ class ForwardConfig:
     rows_per_warp: the rows a warp's lanes cover in a pass (4: one group of each, 1: 4 groups of one row, so
     that a row's gates decide alone whether the warp takes the fallback); passes: rows a thread takes;
     in_flight: passes whose loads are issued up front, each finished pass then issuing the loads of the pass
-    in_flight further (None: all passes); range_check: silu by the fast steps
-    of div.rn, and by their scaled form (exact for every bf16 gate, a few more instructions) for a thread's
-    16 gates of a row when one leaves the fast steps' range; without it the scaled form for every gate;
+    in_flight further (None: all passes); range_check: silu by the fast steps of div.rn, and by their scaled
+    form (exact for every bf16 gate, a few more instructions) for a thread's 16 gates of a row when one leaves
+    the fast steps' range; without it the scaled form for every gate;
     min_blocks: the blocks per SM the launch bounds ask for (a register cap), 0 for none; early_loads: a
     row's loads issued before its position is read (rows that pos skips are then read, never written).
     """
