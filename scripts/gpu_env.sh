@@ -10,4 +10,3 @@ export DK_JIT_HOST_CXX=/usr/bin/g++
 
 cutlass_source=$(python3 -c "import importlib.util as u, os; print(os.path.join(u.find_spec('cutlass_library').submodule_search_locations[0], 'source'))") || return 1
 mkdir -p third_party && ln -sfn "$cutlass_source" third_party/cutlass
-

@@ -45,4 +45,4 @@ PY
 # One archive: the device tool returns at most 8 files.
 tar -C "$results" -cf "$OUT/results.tar" .
 echo
-[ -f "$OUT/pytest.log" ] && echo "pytest: $(tail -n 1 "$OUT/pytest.log")"
+if [ -f "$OUT/pytest.log" ]; then echo "pytest: $(tail -n 1 "$OUT/pytest.log")"; fi

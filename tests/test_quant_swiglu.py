@@ -254,9 +254,7 @@ def _round_to_float32(x: Fraction, toward_zero: bool = False) -> Fraction:
         exponent -= 1  # now 2^exponent <= |x| < 2^(exponent + 1), or the subnormal scale
     step = Fraction(2) ** (exponent - 23)
     units, remainder = divmod(magnitude / step, 1)
-    if toward_zero:
-        pass
-    elif remainder > Fraction(1, 2) or (remainder == Fraction(1, 2) and units % 2 == 1):
+    if not toward_zero and (remainder > Fraction(1, 2) or (remainder == Fraction(1, 2) and units % 2 == 1)):
         units += 1
     return (units if x > 0 else -units) * step
 
@@ -267,11 +265,19 @@ def _float32_neighbours(x: Fraction, ulps: int) -> list:
     return [Fraction(struct.unpack("<f", struct.pack("<I", b))[0]) for b in range(bits - ulps, bits + ulps + 1)]
 
 
-def _fast_division(a: Fraction, d: Fraction, estimate: Fraction) -> Fraction:
-    """SigmoidDenominator(g).divide(a) of csrc/common/swiglu.cuh, each FMA and product rounded once."""
-    r = _round_to_float32(estimate * _round_to_float32(1 - d * estimate) + estimate)
+def _refined_reciprocal(d: Fraction, estimate: Fraction) -> Fraction:
+    """refined_reciprocal of csrc/common/swiglu.cuh from an rcp.approx estimate: one Newton step in FMAs."""
+    return _round_to_float32(estimate * _round_to_float32(1 - d * estimate) + estimate)
+
+
+def _divide(a: Fraction, d: Fraction, r: Fraction) -> Fraction:
+    """divide_by_scale(a, d, r) of csrc/common/quant.cuh, each FMA and product rounded once."""
     q = _round_to_float32(a * r)
     return _round_to_float32(q - r * _round_to_float32(d * q - a))
+
+
+def _bf16_value(bits: int) -> Fraction:
+    return Fraction(torch.tensor(bits - (bits >> 15 << 16), dtype=torch.int16).view(torch.bfloat16).item())
 
 
 def test_fast_division_is_ieee_over_its_gate_range():
@@ -285,18 +291,15 @@ def test_fast_division_is_ieee_over_its_gate_range():
     checked = 0
     for bits in magnitudes.tolist() + [0x4280]:
         for gate in (bits, bits | 0x8000):
-            g = Fraction(torch.tensor(gate - (gate >> 15 << 16), dtype=torch.int16).view(torch.bfloat16).item())
+            g = _bf16_value(gate)
             for e in _float32_neighbours(Fraction(math.exp(-g)), 2):
                 d = _round_to_float32(1 + e)
                 for estimate in _float32_neighbours(1 / d, 2):
                     for a in (g, Fraction(1)):
-                        assert _fast_division(a, d, estimate) == _round_to_float32(a / d), (gate, d, estimate, a)
+                        assert _divide(a, d, _refined_reciprocal(d, estimate)) == _round_to_float32(a / d), \
+                            (gate, d, estimate, a)
                         checked += 1
     assert checked > (30000 if FULL else 4000)
-
-
-def _bf16_value(bits: int) -> Fraction:
-    return Fraction(torch.tensor(bits - (bits >> 15 << 16), dtype=torch.int16).view(torch.bfloat16).item())
 
 
 def _reciprocals(divisor: Fraction) -> list:
@@ -307,8 +310,7 @@ def _reciprocals(divisor: Fraction) -> list:
         exponent -= 1
     if divisor == Fraction(2) ** (exponent + 1) - Fraction(2) ** (exponent - 23):
         return [Fraction(2) ** -(exponent + 1) * (1 + Fraction(2) ** -23)]
-    return [_round_to_float32(estimate * _round_to_float32(1 - divisor * estimate) + estimate)
-            for estimate in _float32_neighbours(1 / divisor, 2)]
+    return [_refined_reciprocal(divisor, estimate) for estimate in _float32_neighbours(1 / divisor, 2)]
 
 
 def _scaled_quotients(g: Fraction, d: Fraction, r: Fraction) -> tuple:
@@ -317,14 +319,9 @@ def _scaled_quotients(g: Fraction, d: Fraction, r: Fraction) -> tuple:
     scale = Fraction(2) ** 64
     huge, tiny = d >= scale, abs(g) < 1 / scale
     divisor = d / scale if huge else d
-
-    def divide(a):
-        q = _round_to_float32(a * r)
-        return _round_to_float32(q - r * _round_to_float32(divisor * q - a))
-
-    q = divide(g * scale if tiny else g)
+    q = _divide(g * scale if tiny else g, divisor, r)
     silu = _round_to_float32(q / scale) if huge or tiny else q
-    q = divide(Fraction(1))
+    q = _divide(Fraction(1), divisor, r)
     truncated = _round_to_float32(q / scale, toward_zero=True)
     residual = _round_to_float32(1 - truncated * scale * divisor)
     sigmoid = _round_to_float32(_round_to_float32(residual / scale) * r + truncated) if huge else q
@@ -437,12 +434,12 @@ def test_variant_benchmark_builds_on_cpu():
             outputs = getattr(reference, op)(*args, **kwargs)
             assert outputs[0].shape[0] == 64 and args[0].dtype == torch.bfloat16, (label, data)
     # The variant switch restores the module's config functions.
-    previous = swiglu._forward_config
+    previous, previous_backward = swiglu._forward_config, swiglu._backward_config
     assert bench._with_variant("swiglu_cast_to_fp8", swiglu.FORWARD_VARIANTS["refill4_b3"],
                                lambda: swiglu._forward_config()) == swiglu.FORWARD_VARIANTS["refill4_b3"]
     assert bench._with_variant("swiglu_backward", swiglu.BACKWARD_VARIANTS["ahead2_b3"],
                                lambda: swiglu._backward_config()) == swiglu.BACKWARD_VARIANTS["ahead2_b3"]
-    assert swiglu._forward_config is previous
+    assert swiglu._forward_config is previous and swiglu._backward_config is previous_backward
 
 
 # ---- kernels against the reference evaluated on the GPU ----
