@@ -302,6 +302,34 @@ def test_fast_division_is_ieee_over_its_gate_range():
     assert checked > (30000 if FULL else 4000)
 
 
+def test_forward_fast_silu_is_ieee_over_its_gate_range():
+    # fast_silu's steps (no Newton step, on gate / 4 and d / 4) for every finite bf16 gate from 2^-20 in magnitude
+    # (GateRange::silu_fast; a sample without DK_FULL_TEST): for each e = expf(-g) within 2 ulp of exp(-g) and each
+    # rcp.approx estimate within 2 ulp of 4 / d, the quotient is the correctly rounded g / RN(1 + e). From 20 up e is
+    # below 2^-28, so d = 1 whatever expf returns; below about -88.72 expf is inf and the steps give -0 (the
+    # clamped d / 4 = FLT_MAX has the estimate 0: q0 = -0, and the correction adds 0 * (-g / 4)).
+    source = (Path(__file__).resolve().parent.parent / "csrc/common/swiglu.cuh").read_text()
+    assert "smallest >= 0x1p-20f && largest <= 0x1.fffffep127f" in source
+    assert "fminf(__fmaf_rn(expf(-gate), 0.25f, 0.25f), 0x1.fffffep127f)" in source
+    largest = 0x7F7F  # bf16's largest finite magnitude
+    band = [0x42AF, 0x42B0, 0x42B1]  # 87.5, 88 and 88.5: the largest finite d (from 2^126 up)
+    checked = 0
+    for bits in list(range(0x3580, largest, 1 if FULL else 11)) + band + [largest]:  # magnitudes from 2^-20
+        for gate in (bits, bits | 0x8000):
+            g = _bf16_value(gate)
+            if -g > Fraction(8873, 100):
+                continue
+            exponentials = [Fraction(0)] if g >= 20 else _float32_neighbours(Fraction(math.exp(-g)), 2)
+            for e in exponentials:
+                quarter_d = _round_to_float32(e / 4 + Fraction(1, 4))
+                assert quarter_d < 2**126
+                for estimate in _float32_neighbours(1 / quarter_d, 2):
+                    assert _divide(g / 4, quarter_d, estimate) == _round_to_float32(g / _round_to_float32(1 + e)), \
+                        (gate, e, estimate)
+                    checked += 1
+    assert checked > (200000 if FULL else 20000)
+
+
 def _reciprocals(divisor: Fraction) -> list:
     """ScaledSigmoidDenominator.r for a positive divisor: the exact RN(1 / divisor) for an all-ones significand,
     else the refined rcp.approx of each estimate within 2 ulp of 1 / divisor."""
@@ -370,11 +398,11 @@ def test_kernels_are_precompiled():
 def test_forward_config_parses_and_defaults():
     assert swiglu._parsed_forward_config("") == swiglu.ForwardConfig() == swiglu.FORWARD_VARIANTS["p1_row"]
     assert swiglu.ForwardConfig() == swiglu.ForwardConfig(rows_per_warp=1, passes=1, in_flight=1, range_check=True,
-                                                          min_blocks=0)
+                                                          min_blocks=6)
+    assert swiglu.parse_forward_config("passes=2,min_blocks=0") == swiglu.FORWARD_VARIANTS["p2_row"]
     assert swiglu.parse_forward_config("rows_per_warp=4,passes=4,in_flight=2,min_blocks=3") == \
-        swiglu.FORWARD_VARIANTS["refill4_b3"]
+        swiglu.ForwardConfig(rows_per_warp=4, passes=4, in_flight=2, min_blocks=3)
     assert swiglu.parse_forward_config("passes=4") == swiglu.ForwardConfig(passes=4, in_flight=4)
-    assert swiglu.parse_forward_config("early_loads=1") == swiglu.FORWARD_VARIANTS["p1_row_early"]
     assert swiglu.parse_forward_config(" range_check=0 , min_blocks=3 ") == swiglu.ForwardConfig(range_check=False,
                                                                                                min_blocks=3)
     # 4 rows a warp in each pass.
@@ -435,8 +463,8 @@ def test_variant_benchmark_builds_on_cpu():
             assert outputs[0].shape[0] == 64 and args[0].dtype == torch.bfloat16, (label, data)
     # The variant switch restores the module's config functions.
     previous, previous_backward = swiglu._forward_config, swiglu._backward_config
-    assert bench._with_variant("swiglu_cast_to_fp8", swiglu.FORWARD_VARIANTS["refill4_b3"],
-                               lambda: swiglu._forward_config()) == swiglu.FORWARD_VARIANTS["refill4_b3"]
+    assert bench._with_variant("swiglu_cast_to_fp8", swiglu.FORWARD_VARIANTS["p2_row"],
+                               lambda: swiglu._forward_config()) == swiglu.FORWARD_VARIANTS["p2_row"]
     assert bench._with_variant("swiglu_backward", swiglu.BACKWARD_VARIANTS["ahead2_b3"],
                                lambda: swiglu._backward_config()) == swiglu.BACKWARD_VARIANTS["ahead2_b3"]
     assert swiglu._forward_config is previous and swiglu._backward_config is previous_backward

@@ -64,6 +64,21 @@ DK_DEVICE float refined_reciprocal(float d) {
     return __fmaf_rn(estimate, __fmaf_rn(-d, estimate, 1.0f), estimate);
 }
 
+// silu(gate) = gate / (1 + expf(-gate)) for the forward, where only this quotient is needed: divide_by_scale's
+// steps on gate / 4 and d / 4 (the same quotient) from the bare rcp.approx estimate of 4 / d, no Newton step.
+// d / 4 is RN(1 + e) / 4 in one FMA, below 2^126 for every finite d, so the estimate and every step are normal
+// numbers; an infinite d (gates from about -88.7 down) is clamped to FLT_MAX, whose estimate flushes to zero, so
+// the steps give -0, the quotient gate / inf. The quotient is the IEEE one for every finite bf16 gate of at least
+// 2^-20 in magnitude (GateRange::silu_fast): tests/test_quant_swiglu.py evaluates the steps exactly for each such
+// gate, each d from an expf within 2 ulp and each estimate within 2 ulp of 4 / d. (A dividend of 8 significant
+// bits leaves the correction step enough margin; 1 / d, the backward's sigmoid, needs the Newton step.)
+DK_DEVICE float fast_silu(float gate) {
+    const float quarter_d = fminf(__fmaf_rn(expf(-gate), 0.25f, 0.25f), 0x1.fffffep127f);
+    float estimate;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(quarter_d));
+    return divide_by_scale(__fmul_rn(gate, 0.25f), quarter_d, estimate);
+}
+
 // The sigmoid's denominator d with refined_reciprocal(d), and a / d by the steps of nvcc's div.rn.f32 fast path
 // on sm_90 (q0 = a r, then q0 - r (d q0 - a): common/quant.cuh's divide_by_scale) without its per-element check
 // (FCHK) and slow-path branch. With r = RN(1 / d) and every step a normal number, the quotient is the IEEE one
@@ -142,6 +157,10 @@ struct GateRange {
     }
 
     DK_DEVICE bool fast() const { return smallest >= 0x1p-20f && largest <= 64.0f; }
+
+    // Whether fast_silu is exact for every gate: no zero, subnormal, inf or NaN. Below 2^-21 in magnitude d
+    // approaches 2 - 2^-23, where the correction step can round the wrong way.
+    DK_DEVICE bool silu_fast() const { return smallest >= 0x1p-20f && largest <= 0x1.fffffep127f; }
 };
 
 }  // namespace deep_kernels

@@ -4,19 +4,19 @@
 // goes to e4m3 in 1x128 groups with per_token_cast's numerics (common/quant.cuh), or with kQuantize = false
 // to bf16 (RNE). Rows: blockIdx.z is the expert of the masked layout (rows = E x T_max, rows of expert e from
 // masked_m[e] on are skipped) or 0; with pos, a row whose position is outside [0, pos_limit) is skipped,
-// and its weight is weights[pos[row]]. Skipped rows are not written, nor read but with kEarlyLoads (pos rows).
+// and its weight is weights[pos[row]]. Skipped rows are neither read nor written.
 // Memory-bound: each thread takes 16 columns of a group (two 16-byte vectors of each half) in each of kPasses
 // rows, a warp's lanes the groups of 4 rows or (kRowsPerWarp = 1) 4 groups of one row; no shared memory. The
 // structure is chosen by template arguments for experiments (DK_SWIGLU_CAST_CONFIG, deep_kernels/quant/swiglu.py):
 //   kPassesInFlight: the passes whose loads are issued up front; each finished pass then issues the loads of
 //     the pass kPassesInFlight further (kPassesInFlight = kPasses: all loads in flight before use).
-//   kRangeCheck: silu by SigmoidDenominator's steps (common/swiglu.cuh), and by ScaledSigmoidDenominator's for
-//     a thread's 16 gates of a row when one leaves GateRange's fast range; else by the latter for every gate.
+//   kRangeCheck: silu by fast_silu's steps (common/swiglu.cuh), and by ScaledSigmoidDenominator's for a
+//     thread's 8 gates of a row when one leaves GateRange::silu_fast's range (zeros, subnormals, inf and NaN);
+//     else by the latter for every gate.
 //   kMinBlocks: the blocks per SM __launch_bounds__ asks for (a register cap), 0 for none.
-//   kEarlyLoads: the loads of a row are issued before its position is read (pos rows that turn out skipped are
-//     read, not written), so that they do not wait for the position's load.
 // Either way silu is IEEE division's quotient for every bf16 gate without its per-element check and slow-path
-// call, and a clamped gate takes silu(c), computed once per thread by IEEE division.
+// call, and a clamped gate takes silu(c), computed once per thread by IEEE division (the fast steps take
+// min(gate, c) when they give that quotient for c, which each thread checks once).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,7 +33,7 @@
 namespace deep_kernels {
 
 template <int kNumWarps, int kRowsPerWarp, int kPasses, int kPassesInFlight, bool kRangeCheck, int kMinBlocks,
-          bool kEarlyLoads, bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout, ScaleMode kScaleMode>
+          bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout, ScaleMode kScaleMode>
 __global__ void __launch_bounds__(kNumWarps * 32, kMinBlocks)
 smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ out, void* __restrict__ scales,
                       const float* __restrict__ weights, const int32_t* __restrict__ pos,
@@ -63,98 +63,91 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
         return;
     const uint64_t first_global_row = static_cast<uint64_t>(expert) * num_rows;
 
-    // Row bounds, positions and weights, and the loads of the first kPassesInFlight passes (before the positions
-    // with kEarlyLoads)
+    // Row validity and weights, then the loads of the first kPassesInFlight passes
     const Tile tile;
     const uint32_t group = tile.column / GROUP_SIZE;
     const bool is_group_leader = tile.column % GROUP_SIZE == 0;
     const bool column_valid = tile.column < hidden;  // false only in a row's last block with kRowsPerWarp = 1
-    bool in_rows[kPasses], valid[kPasses];
+    bool valid[kPasses];
     uint32_t weight_index[kPasses];
+    #pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+        const uint32_t row = tile.row(pass);
+        valid[pass] = column_valid && row < valid_rows;
+        weight_index[pass] = static_cast<uint32_t>(first_global_row + row);
+        if (pos != nullptr && valid[pass]) {
+            weight_index[pass] = static_cast<uint32_t>(__ldg(pos + first_global_row + row));
+            valid[pass] = weight_index[pass] < pos_limit;
+        }
+    }
     const auto gate_of = [&](int pass) {  // the thread's first gate element of a pass's row
         return x + (first_global_row + tile.row(pass)) * x_row_stride + tile.column;
     };
     uint4 gate[kPasses][kVectors] = {}, up[kPasses][kVectors] = {};
     float weight[kPasses];
     const auto load_pass = [&](int pass) {
-        if constexpr (!kEarlyLoads)
-            weight[pass] = 1.0f;
-        if (!(kEarlyLoads ? in_rows[pass] : valid[pass]))
+        weight[pass] = 1.0f;
+        if (!valid[pass])
             return;
         #pragma unroll
         for (int v = 0; v < kVectors; ++v) {
             gate[pass][v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass)) + v);
             up[pass][v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass) + hidden) + v);
         }
-        if (!kEarlyLoads && weights != nullptr)
+        if (weights != nullptr)
             weight[pass] = __ldg(weights + weight_index[pass]);
     };
     #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass)
-        in_rows[pass] = column_valid && tile.row(pass) < valid_rows;
-    if constexpr (kEarlyLoads) {
-        #pragma unroll
-        for (int pass = 0; pass < kPassesInFlight; ++pass)
-            load_pass(pass);
-    }
-    #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-        const uint32_t row = tile.row(pass);
-        valid[pass] = in_rows[pass];
-        weight_index[pass] = static_cast<uint32_t>(first_global_row + row);
-        if (pos != nullptr && valid[pass]) {
-            weight_index[pass] = static_cast<uint32_t>(__ldg(pos + first_global_row + row));
-            valid[pass] = weight_index[pass] < pos_limit;
-        }
-        if constexpr (kEarlyLoads)
-            weight[pass] = weights != nullptr && valid[pass] ? __ldg(weights + weight_index[pass]) : 1.0f;
-    }
-    if constexpr (!kEarlyLoads) {
-        #pragma unroll
-        for (int pass = 0; pass < kPassesInFlight; ++pass)
-            load_pass(pass);
-    }
+    for (int pass = 0; pass < kPassesInFlight; ++pass)
+        load_pass(pass);
 
     // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store), then the loads of the
     // pass kPassesInFlight further
     const float clamped_silu = silu_of_clamp<kClamped>(clamp);
+    // fast_silu(min(gate, c)) is then silu(c) for every clamped gate, unless the fast steps miss c's IEEE quotient
+    // (c need not be a bf16 value, which their proof covers): then the scaled steps and a select take every gate.
+    const bool clamp_is_fast = !kClamped || __float_as_uint(fast_silu(clamp)) == __float_as_uint(clamped_silu);
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         float gate_values[kVec], up_values[kVec], y[kVec], amax = 0.0f;
         unpack_bf16<kVectors>(gate[pass], gate_values);
         unpack_bf16<kVectors>(up[pass], up_values);
-        if constexpr (kRangeCheck) {
-            GateRange range;
-            #pragma unroll
-            for (int i = 0; i < kVec; ++i) {
-                y[i] = SigmoidDenominator(gate_values[i]).divide(gate_values[i]);
-                range.add(clamp_gate<kClamped>(gate_values[i], clamp));
-            }
-            if (valid[pass] && !range.fast()) {
-                // NOTE: the gates are read again (from L2): kept in registers across this path they cost the
-                // register budget of a second pass in flight.
-                uint4 gate_again[kVectors];
-                #pragma unroll
-                for (int v = 0; v < kVectors; ++v)
-                    gate_again[v] = __ldg(reinterpret_cast<const uint4*>(gate_of(pass)) + v);
-                unpack_bf16<kVectors>(gate_again, gate_values);
-                #pragma unroll
-                for (int i = 0; i < kVec; ++i)
-                    y[i] = ScaledSigmoidDenominator(gate_values[i]).silu(gate_values[i]);
-            }
-        } else {
-            #pragma unroll
-            for (int i = 0; i < kVec; ++i)
-                y[i] = ScaledSigmoidDenominator(gate_values[i]).silu(gate_values[i]);
-        }
+        // Per 8 gates: the fast steps where the clamped gates allow them, else the scaled ones (decided before
+        // either runs, so large gates pay for one of them; per 8, not 16, so that fewer denominators are live)
         #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-            if (gate_clamped<kClamped>(gate_values[i], clamp))
-                y[i] = clamped_silu;
-            y[i] = __fmul_rn(y[i], clamp_up<kClamped>(up_values[i], clamp));
-            if (weights != nullptr)
-                y[i] = __fmul_rn(y[i], weight[pass]);
-            amax = max_nan(amax, fabsf(y[i]));
+        for (int v = 0; v < kVectors; ++v) {
+            // The vector's clamped gates: silu(min(gate, c)) is silu(c) where min(gate, c) == c
+            float gates[8];
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                gates[i] = clamp_gate<kClamped>(gate_values[8 * v + i], clamp);
+            bool fast = false;
+            if constexpr (kRangeCheck) {
+                GateRange range;
+                #pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    range.add(gates[i]);
+                fast = !valid[pass] || (clamp_is_fast && range.silu_fast());
+            }
+            if (fast) {
+                #pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    y[8 * v + i] = fast_silu(gates[i]);
+            } else {
+                #pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    y[8 * v + i] = ScaledSigmoidDenominator(gates[i]).silu(gates[i]);
+                #pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    y[8 * v + i] = kClamped && gates[i] == clamp ? clamped_silu : y[8 * v + i];
+            }
+            #pragma unroll
+            for (int i = 8 * v; i < 8 * v + 8; ++i) {
+                y[i] = __fmul_rn(y[i], clamp_up<kClamped>(up_values[i], clamp));
+                if (weights != nullptr)
+                    y[i] = __fmul_rn(y[i], weight[pass]);
+                amax = max_nan(amax, fabsf(y[i]));
+            }
         }
         const uint64_t out_offset = (first_global_row + tile.row(pass)) * hidden + tile.column;
         if constexpr (kQuantize) {

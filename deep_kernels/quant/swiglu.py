@@ -19,9 +19,8 @@ last bit: the reference matches the kernels bit for bit only when evaluated on t
 
 Rows: `weights` (FP32) gives each row a weight, weights.view(-1)[pos[row]] with a position map `pos`
 (int32, e.g. MoeLayout.row_to_slot), else weights.view(-1)[row]. A row whose position is -1 (padding) is
-SKIPPED: not read (but for the forward's experimental early_loads structure), and its outputs (codes, scales,
-y, dx, dweights) are not written, keeping whatever `out` held. The masked layout x [E, T_max, 2H] skips rows
-t >= masked_m[e] in the same way.
+SKIPPED: not read, and its outputs (codes, scales, y, dx, dweights) are not written, keeping whatever `out`
+held. The masked layout x [E, T_max, 2H] skips rows t >= masked_m[e] in the same way.
 """
 
 import functools
@@ -55,18 +54,16 @@ class ForwardConfig:
     rows_per_warp: the rows a warp's lanes cover in a pass (4: one group of each, 1: 4 groups of one row, so
     that a row's gates decide alone whether the warp takes the fallback); passes: rows a thread takes;
     in_flight: passes whose loads are issued up front, each finished pass then issuing the loads of the pass
-    in_flight further (None: all passes); range_check: silu by the fast steps of div.rn, and by their scaled
-    form (exact for every bf16 gate, a few more instructions) for a thread's 16 gates of a row when one leaves
-    the fast steps' range; without it the scaled form for every gate;
-    min_blocks: the blocks per SM the launch bounds ask for (a register cap), 0 for none; early_loads: a
-    row's loads issued before its position is read (rows that pos skips are then read, never written).
+    in_flight further (None: all passes); range_check: silu by the fast steps (common/swiglu.cuh's fast_silu),
+    and by the scaled ones (exact for every bf16 gate, twice the instructions) for a thread's 8 gates of a row
+    when one is zero, subnormal, inf or NaN; without it the scaled steps for every gate; min_blocks: the blocks
+    per SM the launch bounds ask for (a register cap), 0 for none.
     """
     rows_per_warp: int = 1
     passes: int = 1
     in_flight: int = None
     range_check: bool = True
-    min_blocks: int = 0
-    early_loads: bool = False
+    min_blocks: int = 6
 
     def __post_init__(self):
         if self.in_flight is None:
@@ -93,18 +90,16 @@ class ForwardConfig:
 
 
 # Forward structures for A/B experiments (scripts/bench_swiglu_variants.py, DK_SWIGLU_CAST_CONFIG); "p1_row" is
-# the default. Measured on 2026-11-30 at [16384, 2 x 7168], fp32 scales, on the quant suite's activations (rows
-# of magnitudes 2^-8..2^7, whose large rows take the fallback) and on unit-normal gates: p1_row 80% / 95% of
-# copy bandwidth, p1 63% / 91% (a warp spans 4 rows, so most warps of the activations meet a large row),
-# refill4_b3 40% / 92%; with clamp 7, ue8m0 packed scales and weights[pos] 61% / 70%, 51% / 70% and 31% / 78%.
-# Without the range check (the scaled steps for every gate) one or two passes gave 71% on both inputs, and
-# IEEE division (__fdiv_rn) per gate, the structure before, 59-66%. p1_row_early (not timed yet) issues a row's
-# loads before its position's, which otherwise come a memory latency later in the weights[pos] case.
+# the default. Measured on 2026-11-30 at [16384, 2 x 7168] on the quant suite's activations (rows of magnitudes
+# 2^-8..2^7) and on unit-normal gates, as fractions of the copy bandwidth: fp32 scales, p1_row 88% / 89%,
+# p1_row_b0 84% / 84% (48 registers, 5 blocks per SM), p2_row 89% / 90%; with clamp 7, ue8m0 packed scales and
+# weights[pos] 77% / 78%, 75% / 75% and 78% / 78%. Slower structures of the same day, since dropped: four rows a
+# warp (a warp meets more rows of large gates), all of a thread's loads in flight over 4 passes (64-79
+# registers), and a row's loads issued before its position (no change: the position's latency is hidden).
 FORWARD_VARIANTS = {
     "p1_row": ForwardConfig(),
-    "p1": ForwardConfig(rows_per_warp=4),
-    "refill4_b3": ForwardConfig(rows_per_warp=4, passes=4, in_flight=2, min_blocks=3),
-    "p1_row_early": ForwardConfig(early_loads=True),
+    "p1_row_b0": ForwardConfig(min_blocks=0),
+    "p2_row": ForwardConfig(passes=2, min_blocks=0),
 }
 
 
@@ -120,7 +115,7 @@ def parse_forward_config(text: str) -> ForwardConfig:
             raise ValueError(f"DK_SWIGLU_CAST_CONFIG: expected {'/'.join(sorted(known))}=<integer> items, got {item!r}")
         values[key] = int(value)
     try:
-        return ForwardConfig(**{key: bool(value) if key in ("range_check", "early_loads") else value
+        return ForwardConfig(**{key: bool(value) if key == "range_check" else value
                                 for key, value in values.items()})
     except ValueError as error:
         raise ValueError(f"DK_SWIGLU_CAST_CONFIG: {error}") from None
@@ -143,7 +138,7 @@ def _cpp_bool(flag: bool) -> str:
 def _forward_spec(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0: bool = False,
                   layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
     structure = (config.rows_per_warp, config.passes, config.in_flight, _cpp_bool(config.range_check),
-                 config.min_blocks, _cpp_bool(config.early_loads))
+                 config.min_blocks)
     return KernelSpec("kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
                       (NUM_WARPS, *structure, *map(_cpp_bool, (clamped, quantize, ue8m0)), layout.cpp, mode.cpp))
 
