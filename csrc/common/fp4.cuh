@@ -78,11 +78,13 @@ constexpr float kE2M1Magic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) are in
 // NOTE: RNE of a * 2 + 2^23 to an integer is e2m1's step of 0.5 below 2; a + 2 and a / 2 + 4 give the codes of
 // the steps of 1 on [2, 4) and 2 on [4, 6]. Each is exact in its range and larger outside it, so the code is
 // their minimum: FMAs and float min only (no e2m1 cvt before sm_100). The lines grow with a, so saturating the
-// code at 7 (last, where fminf also turns NaN into 7) is saturating a at 6 first.
+// code at 7 (last, where fminf also turns NaN into 7) is saturating a at 6 first. Without kSaturate, for a below 7
+// only (so not NaN): the last line then stays below 7.5 and rounds to at most 7 by itself.
+template <bool kSaturate = true>
 DK_DEVICE float e2m1_magnitude(float x, float step) {
     const float code = fminf(fminf(fmaf(fabsf(x), 2.0f * step, kE2M1Magic), fmaf(fabsf(x), step, kE2M1Magic + 2.0f)),
                              fmaf(fabsf(x), 0.5f * step, kE2M1Magic + 4.0f));
-    return fminf(code, kE2M1Magic + 7.0f);
+    return kSaturate ? fminf(code, kE2M1Magic + 7.0f) : code;
 }
 
 // The e2m1 codes of kNum (4 or 8) values times step (e2m1_magnitude), packed little-endian (element 2j in the
@@ -92,14 +94,14 @@ DK_DEVICE float e2m1_magnitude(float x, float step) {
 // NOTE: a byte is low + (high << 4) of the two magnitude floats' bits (one LEA; the exponent bits land above
 // the byte), and the 8 sign bits are gathered with byte permutes from the inputs' top bytes rather than per
 // element.
-template <int kNum>
+template <int kNum, bool kSaturate = true>
 DK_DEVICE uint32_t pack_e2m1(const float (&values)[kNum], float step, const uint4& inputs) {
     DK_STATIC_ASSERT(kNum == 4 || kNum == 8, "a 16-byte vector of bf16 or fp32");
     uint32_t bytes[kNum / 2];
     #pragma unroll
     for (int j = 0; j < kNum / 2; ++j)
-        bytes[j] = __float_as_uint(e2m1_magnitude(values[2 * j], step)) +
-                   (__float_as_uint(e2m1_magnitude(values[2 * j + 1], step)) << 4);
+        bytes[j] = __float_as_uint(e2m1_magnitude<kSaturate>(values[2 * j], step)) +
+                   (__float_as_uint(e2m1_magnitude<kSaturate>(values[2 * j + 1], step)) << 4);
     uint32_t magnitudes, even_signs, odd_signs;  // sign bytes: bit 7 of byte j is element 2j's or 2j + 1's sign
     if constexpr (kNum == 8) {
         magnitudes = __byte_perm(__byte_perm(bytes[0], bytes[1], 0x0040), __byte_perm(bytes[2], bytes[3], 0x0040),

@@ -68,8 +68,9 @@ MIN_FP4_AMAX_CLAMP = 1e-37
 CODE_TYPES = (torch.float4_e2m1fn_x2, torch.uint8)
 # Elements a cast thread handles per pass (a warp: 32 times as many of one row).
 _THREAD_ELEMENTS = 16
-# Cast passes by input dtype: 4 16-byte loads in flight per thread.
-_CAST_PASSES = {torch.bfloat16: 2, torch.float32: 1}
+# Cast passes by input dtype: 8 16-byte loads of bf16 in flight per thread, 4 of fp32. Measured on 2026-11-30 at
+# [16384, 7168] bf16 (fractions of the copy bandwidth): 1, 2 and 4 passes, MXFP4 84%, 91%, 93%; NVFP4 76%, 80%, 82%.
+_CAST_PASSES = {torch.bfloat16: 4, torch.float32: 1}
 # Cast-back: a lane writes one 16-byte vector of bf16 or fp32 per pass (a warp: 512 bytes of one row), with 8
 # loads of codes (4 or 2 bytes) and scales in flight per thread.
 _CAST_BACK_PASSES = 8
