@@ -22,15 +22,17 @@ from conftest import FULL
 
 LAYOUTS = [(False, "mn_major", "mul"), (False, "row_major", "mul"), (True, "mn_major", "mul"),
            (True, "row_major", "mul"), (True, "packed_ue8m0", "mul"), (False, "mn_major", "div")]
-CLAMP = 7.0
+CLAMP = 7.0  # a bf16 value: the forward clamps the loaded bf16 pairs
+FLOAT_CLAMP = 7.1  # not one: the forward clamps each element in FP32
 
 
 def _rows(num_rows: int, option: str, device: str, seed: int = 0):
-    """(clamp, weights, pos) of a row option: "plain", "clamp", "weights" (one per row), "pos" (positions
-    into top-k weights [T, 4] with about a fifth of the rows at -1), "pos_only" (no weights)."""
+    """(clamp, weights, pos) of a row option: "plain", "clamp", "float_clamp" (a clamp bf16 does not hold),
+    "weights" (one per row), "pos" (positions into top-k weights [T, 4] with about a fifth of the rows at -1),
+    "pos_only" (no weights)."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    clamp = CLAMP if option in ("clamp", "pos") else None
-    if option in ("plain", "clamp"):
+    clamp = {"clamp": CLAMP, "pos": CLAMP, "float_clamp": FLOAT_CLAMP}.get(option)
+    if option in ("plain", "clamp", "float_clamp"):
         return clamp, None, None
     if option == "weights":
         return clamp, torch.rand((num_rows,), generator=generator, device=device) + 0.5, None
@@ -389,10 +391,16 @@ def test_kernels_are_precompiled():
     specs = {(spec.name, spec.template_args) for spec in quant.precompile_specs()}
     names = {name for name, _ in specs}
     assert {"smxx_swiglu_cast", "smxx_swiglu_backward"} <= names
-    # Every variant the tests run, with and without clamp: 6 quantized layouts and modes, and the bf16 output,
-    # for each forward structure.
-    assert sum(name == "smxx_swiglu_cast" for name, _ in specs) == 2 * (len(LAYOUTS) + 1) * len(swiglu.FORWARD_VARIANTS)
+    # Every variant the tests run, without a clamp, with a bf16 one and with another: 6 quantized layouts and
+    # modes, and the bf16 output, for each forward structure.
+    assert sum(name == "smxx_swiglu_cast" for name, _ in specs) == 3 * (len(LAYOUTS) + 1) * len(swiglu.FORWARD_VARIANTS)
     assert sum(name == "smxx_swiglu_backward" for name, _ in specs) == 2 * len(swiglu.BACKWARD_VARIANTS)
+
+
+def test_bf16_clamps_take_the_pair_kernels():
+    # A clamp that bf16 holds exactly is applied to the loaded bf16 pairs (the same values as FP32 min and max).
+    assert swiglu._is_bf16(CLAMP) and swiglu._is_bf16(100.0) and swiglu._is_bf16(2.0**-100)
+    assert not any(map(swiglu._is_bf16, (FLOAT_CLAMP, 0.3, 3e-30, 1e30)))
 
 
 def test_forward_config_parses_and_defaults():
@@ -505,7 +513,7 @@ def _check_against_reference(op: str, args: tuple, kwargs: dict, outputs: tuple)
 
 
 SHAPES = [(1, 7168), (4001, 7168), (257, 384)] + ([(8001, 2048), (3, 128)] if FULL else [])
-OPTIONS = ["plain", "clamp", "weights", "pos", "pos_only"]
+OPTIONS = ["plain", "clamp", "float_clamp", "weights", "pos", "pos_only"]
 
 
 @pytest.fixture(params=list(swiglu.FORWARD_VARIANTS))

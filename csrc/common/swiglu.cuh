@@ -3,6 +3,8 @@
 // expf) reproduces every value bit for bit.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include "common/macros.cuh"
 #include "common/quant.cuh"
 
@@ -31,6 +33,24 @@ DK_DEVICE float clamp_gate(float gate, float clamp) {
 template <bool kClamped>
 DK_DEVICE float clamp_up(float up, float clamp) {
     return kClamped ? max_nan(min_nan(up, clamp), -clamp) : up;
+}
+
+// clamp_gate and clamp_up on the bf16 pairs of kNum 16-byte vectors of gates and ups, in place, for a clamp
+// that bf16 holds exactly: the clamped values are bf16 values then, the same as FP32's min and max give (NaN
+// propagating), at one instruction per pair instead of one per element and bound.
+template <int kNum>
+DK_DEVICE void clamp_bf16_pairs(uint4 (&gates)[kNum], uint4 (&ups)[kNum], float clamp) {
+    const __nv_bfloat162 upper = __float2bfloat162_rn(clamp), lower = __float2bfloat162_rn(-clamp);
+    #pragma unroll
+    for (int v = 0; v < kNum; ++v) {
+        auto* gate_pairs = reinterpret_cast<__nv_bfloat162*>(&gates[v]);
+        auto* up_pairs = reinterpret_cast<__nv_bfloat162*>(&ups[v]);
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            gate_pairs[i] = __hmin2_nan(gate_pairs[i], upper);
+            up_pairs[i] = __hmax2_nan(__hmin2_nan(up_pairs[i], upper), lower);
+        }
+    }
 }
 
 // Whether the clamp changed the value (where the clamp's gradient is zero); NaN is not clamped.

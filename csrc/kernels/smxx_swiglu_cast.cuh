@@ -1,6 +1,7 @@
 // Fused SwiGLU and per-token FP8 cast: x [rows, 2H] bf16 (gate | up) -> y [rows, H], per element in FP32
 //   y = (silu(min(gate, c)) * max(min(up, c), -c)) * w,  silu(g) = g / (1 + expf(-g))  (IEEE division)
-// (min/max propagate NaN, only with kClamped; w is the row's weight, no product without weights), then y
+// (min/max propagate NaN, only with kClamped, on the loaded bf16 pairs with kBf16Clamp, where c is a bf16 value;
+// w is the row's weight, no product without weights), then y
 // goes to e4m3 in 1x128 groups with per_token_cast's numerics (common/quant.cuh), or with kQuantize = false
 // to bf16 (RNE). Rows: blockIdx.z is the expert of the masked layout (rows = E x T_max, rows of expert e from
 // masked_m[e] on are skipped) or 0; with pos, a row whose position is outside [0, pos_limit) is skipped,
@@ -33,7 +34,7 @@
 namespace deep_kernels {
 
 template <int kNumWarps, int kRowsPerWarp, int kPasses, int kPassesInFlight, bool kRangeCheck, int kMinBlocks,
-          bool kClamped, bool kQuantize, bool kUE8M0, ScaleLayout kLayout, ScaleMode kScaleMode>
+          bool kClamped, bool kBf16Clamp, bool kQuantize, bool kUE8M0, ScaleLayout kLayout, ScaleMode kScaleMode>
 __global__ void __launch_bounds__(kNumWarps * 32, kMinBlocks)
 smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ out, void* __restrict__ scales,
                       const float* __restrict__ weights, const int32_t* __restrict__ pos,
@@ -53,6 +54,8 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
     using Tile = TokenGroupTile<GROUP_SIZE * Group::kRowsPerWarp / kRowsPerWarp, kVec, kNumWarps, kPasses>;
     DK_STATIC_ASSERT(kLayout != ScaleLayout::MNMajorPackedUE8M0 || kUE8M0, "packed scales are UE8M0");
     DK_STATIC_ASSERT(kPassesInFlight >= 1 && kPassesInFlight <= kPasses, "1 to kPasses passes of loads in flight");
+    DK_STATIC_ASSERT(kClamped || !kBf16Clamp, "a bf16 clamp is a clamp");
+    constexpr bool kFloatClamp = kClamped && !kBf16Clamp;  // else the loaded bf16 pairs are clamped
 
     // Rows of this expert: the masked count, clamped to [0, num_rows]; blocks past it have no work
     const uint32_t expert = blockIdx.z;
@@ -110,6 +113,8 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         float gate_values[kVec], up_values[kVec], y[kVec], amax = 0.0f;
+        if constexpr (kBf16Clamp)
+            clamp_bf16_pairs<kVectors>(gate[pass], up[pass], clamp);
         unpack_bf16<kVectors>(gate[pass], gate_values);
         unpack_bf16<kVectors>(up[pass], up_values);
         // Per 8 gates: the fast steps where the clamped gates allow them, else the scaled ones (decided before
@@ -120,7 +125,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             float gates[8];
             #pragma unroll
             for (int i = 0; i < 8; ++i)
-                gates[i] = clamp_gate<kClamped>(gate_values[8 * v + i], clamp);
+                gates[i] = clamp_gate<kFloatClamp>(gate_values[8 * v + i], clamp);
             bool fast = false;
             if constexpr (kRangeCheck) {
                 GateRange range;
@@ -143,7 +148,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
             }
             #pragma unroll
             for (int i = 8 * v; i < 8 * v + 8; ++i) {
-                y[i] = __fmul_rn(y[i], clamp_up<kClamped>(up_values[i], clamp));
+                y[i] = __fmul_rn(y[i], clamp_up<kFloatClamp>(up_values[i], clamp));
                 if (weights != nullptr)
                     y[i] = __fmul_rn(y[i], weight[pass]);
                 amax = max_nan(amax, fabsf(y[i]));

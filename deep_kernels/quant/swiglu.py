@@ -136,18 +136,26 @@ def _cpp_bool(flag: bool) -> str:
 
 
 def _forward_spec(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0: bool = False,
-                  layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
+                  layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul,
+                  bf16_clamp: bool = False) -> KernelSpec:
+    """bf16_clamp: the clamp is a bf16 value, so the kernel clamps the loaded bf16 pairs (fewer instructions)."""
     structure = (config.rows_per_warp, config.passes, config.in_flight, _cpp_bool(config.range_check),
                  config.min_blocks)
     return KernelSpec("kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
-                      (NUM_WARPS, *structure, *map(_cpp_bool, (clamped, quantize, ue8m0)), layout.cpp, mode.cpp))
+                      (NUM_WARPS, *structure, *map(_cpp_bool, (clamped, bf16_clamp, quantize, ue8m0)), layout.cpp,
+                       mode.cpp))
 
 
 @functools.lru_cache(maxsize=None)
 def _forward_kernel(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0: bool = False,
-                    layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul):
-    return get_kernel(_forward_spec(config, clamped, quantize, ue8m0, layout, mode), param_kinds="PPPPPPIIIIIIff",
-                      block_threads=NUM_WARPS * 32)
+                    layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul,
+                    bf16_clamp: bool = False):
+    return get_kernel(_forward_spec(config, clamped, quantize, ue8m0, layout, mode, bf16_clamp),
+                      param_kinds="PPPPPPIIIIIIff", block_threads=NUM_WARPS * 32)
+
+
+def _is_bf16(value: float) -> bool:
+    return torch.tensor(value, dtype=torch.bfloat16).item() == value
 
 
 @dataclass(frozen=True)
@@ -298,9 +306,10 @@ def _launch_forward(x, out, scales, weights, pos, masked_m, num_experts: int, nu
                     quantize: bool, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode, geometry, limit: int,
                     clamp: float, amax_clamp: float) -> None:
     clamped = clamp != float("inf")
+    bf16_clamp = clamped and _is_bf16(clamp)
     config = _forward_config()
-    kernel = (_forward_kernel(config, clamped, quantize, ue8m0, layout, mode) if quantize
-              else _forward_kernel(config, clamped, False))
+    kernel = (_forward_kernel(config, clamped, quantize, ue8m0, layout, mode, bf16_clamp) if quantize
+              else _forward_kernel(config, clamped, False, bf16_clamp=bf16_clamp))
     scale_stride = scale_expert_stride = 0
     if quantize:
         _, _, strides = geometry
@@ -509,8 +518,11 @@ def precompile_specs() -> list:
     cast_variants = [(False, ScaleLayout.mn_major, ScaleMode.mul), (False, ScaleLayout.row_major, ScaleMode.mul),
                      (True, ScaleLayout.mn_major, ScaleMode.mul), (True, ScaleLayout.row_major, ScaleMode.mul),
                      (True, ScaleLayout.packed_ue8m0, ScaleMode.mul), (False, ScaleLayout.mn_major, ScaleMode.div)]
-    # Every forward structure of FORWARD_VARIANTS (the GPU tests run each), the default first.
-    return [spec for config in FORWARD_VARIANTS.values() for clamped in (False, True) for spec in
-            [_forward_spec(config, clamped, True, ue8m0, layout, mode) for ue8m0, layout, mode in cast_variants]
-            + [_forward_spec(config, clamped, False)]] + \
+    # Every forward structure of FORWARD_VARIANTS (the GPU tests run each), the default first; no clamp, a clamp
+    # of any value, and a bf16 one.
+    clamps = [(False, False), (True, False), (True, True)]
+    return [spec for config in FORWARD_VARIANTS.values() for clamped, bf16_clamp in clamps for spec in
+            [_forward_spec(config, clamped, True, ue8m0, layout, mode, bf16_clamp)
+             for ue8m0, layout, mode in cast_variants]
+            + [_forward_spec(config, clamped, False, bf16_clamp=bf16_clamp)]] + \
         [_backward_spec(config, clamped) for config in BACKWARD_VARIANTS.values() for clamped in (False, True)]
