@@ -93,9 +93,11 @@ class ForwardConfig:
 # the default. Measured on 2026-11-30 at [16384, 2 x 7168] on the quant suite's activations (rows of magnitudes
 # 2^-8..2^7) and on unit-normal gates, as fractions of the copy bandwidth: fp32 scales, p1_row 88% / 89%,
 # p1_row_b0 84% / 84% (48 registers, 5 blocks per SM), p2_row 89% / 90%; with clamp 7, ue8m0 packed scales and
-# weights[pos] 77% / 78%, 75% / 75% and 78% / 78%. Slower structures of the same day, since dropped: four rows a
-# warp (a warp meets more rows of large gates), all of a thread's loads in flight over 4 passes (64-79
-# registers), and a row's loads issued before its position (no change: the position's latency is hidden).
+# weights[pos] 77% / 78%, 75% / 75% and 78% / 78% (p1_row 78% / 79% once bf16 clamps were applied to the loaded
+# pairs). Slower structures of the same day, since dropped: four rows a warp (a warp meets more rows of large
+# gates), all of a thread's loads in flight over 4 passes (64-79 registers), and a row's loads issued before its
+# position (no change: the position's latency is hidden). Nsight Compute puts both p1_row cases at 0.82-0.84
+# warp instructions issued per scheduler and cycle: what remains is instruction count, not memory parallelism.
 FORWARD_VARIANTS = {
     "p1_row": ForwardConfig(),
     "p1_row_b0": ForwardConfig(min_blocks=0),
