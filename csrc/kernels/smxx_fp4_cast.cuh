@@ -87,16 +87,17 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
         const Fp4Scaler<kFormat, kScaleMode> scaler(amax, global, global_divisor);
         uint32_t vector_codes[kLoads];
         const auto encode = [&](auto saturate) {
+            constexpr bool kSaturate = decltype(saturate)::value;
             #pragma unroll
             for (int i = 0; i < kLoads; ++i) {
                 if constexpr (kFormat == Fp4Format::MX) {
-                    vector_codes[i] = pack_e2m1<kVec, decltype(saturate)::value>(values[i], scaler.multiplier, loaded[pass][i]);
+                    vector_codes[i] = pack_e2m1<kVec, kSaturate>(values[i], scaler.multiplier, loaded[pass][i]);
                 } else {
                     float scaled[kVec];
                     #pragma unroll
                     for (int j = 0; j < kVec; ++j)
                         scaled[j] = scaler.apply(values[i][j]);
-                    vector_codes[i] = pack_e2m1<kVec, decltype(saturate)::value>(scaled, 1.0f, loaded[pass][i]);
+                    vector_codes[i] = pack_e2m1<kVec, kSaturate>(scaled, 1.0f, loaded[pass][i]);
                 }
             }
         };

@@ -12,7 +12,7 @@
 //   kPassesInFlight: the passes whose loads are issued up front; each finished pass then issues the loads of
 //     the pass kPassesInFlight further (kPassesInFlight = kPasses: all loads in flight before use).
 //   kRangeCheck: silu by fast_silu's steps (common/swiglu.cuh), and by ScaledSigmoidDenominator's for a
-//     thread's 8 gates of a row when one leaves GateRange::silu_fast's range (zeros, subnormals, inf and NaN);
+//     thread's 8 gates of a row when one leaves GateRange::silu_fast's range (below 2^-20 in magnitude, inf, NaN);
 //     else by the latter for every gate.
 //   kMinBlocks: the blocks per SM __launch_bounds__ asks for (a register cap), 0 for none.
 // Either way silu is IEEE division's quotient for every bf16 gate without its per-element check and slow-path

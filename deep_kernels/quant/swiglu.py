@@ -56,7 +56,7 @@ class ForwardConfig:
     in_flight: passes whose loads are issued up front, each finished pass then issuing the loads of the pass
     in_flight further (None: all passes); range_check: silu by the fast steps (common/swiglu.cuh's fast_silu),
     and by the scaled ones (exact for every bf16 gate, twice the instructions) for a thread's 8 gates of a row
-    when one is zero, subnormal, inf or NaN; without it the scaled steps for every gate; min_blocks: the blocks
+    when one is below 2^-20 in magnitude, inf or NaN; without it the scaled steps for every gate; min_blocks: the blocks
     per SM the launch bounds ask for (a register cap), 0 for none.
     """
     rows_per_warp: int = 1
