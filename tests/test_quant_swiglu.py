@@ -399,8 +399,10 @@ def test_kernels_are_precompiled():
 
 def test_bf16_clamps_take_the_pair_kernels():
     # A clamp that bf16 holds exactly is applied to the loaded bf16 pairs (the same values as FP32 min and max).
-    assert swiglu._is_bf16(CLAMP) and swiglu._is_bf16(100.0) and swiglu._is_bf16(2.0**-100)
-    assert not any(map(swiglu._is_bf16, (FLOAT_CLAMP, 0.3, 3e-30, 1e30)))
+    assert all(map(swiglu._is_bf16, (CLAMP, 100.0, 2.0**-100, 2.0**-133)))  # 2^-133: a bf16 subnormal
+    assert not any(map(swiglu._is_bf16, (FLOAT_CLAMP, 0.3, 3e-30, 1e30, 1e39)))  # 1e39: beyond FP32
+    assert all(swiglu._is_bf16(v) == (torch.tensor(v, dtype=torch.bfloat16).item() == v)
+               for v in (CLAMP, FLOAT_CLAMP, 2.0**-133, 2.0**-140, 1e-45, 3.3895313892515355e38, 3.4e38))
 
 
 def test_forward_config_parses_and_defaults():

@@ -76,11 +76,17 @@ DK_DEVICE float silu_of_clamp(float clamp) {
     return kClamped ? __fdiv_rn(clamp, sigmoid_denominator(clamp)) : 0.0f;
 }
 
+// rcp.approx.ftz: 1 / d within 1 ulp (subnormal results flushed to zero).
+DK_DEVICE float approximate_reciprocal(float d) {
+    float estimate;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(d));
+    return estimate;
+}
+
 // About 1 / d: rcp.approx refined by one Newton step; RN(1 / d) for d normal, well inside the exponent range,
 // unless d's significand is all ones (where the Newton step can round the wrong way).
 DK_DEVICE float refined_reciprocal(float d) {
-    float estimate;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(d));
+    const float estimate = approximate_reciprocal(d);
     return __fmaf_rn(estimate, __fmaf_rn(-d, estimate, 1.0f), estimate);
 }
 
@@ -94,9 +100,7 @@ DK_DEVICE float refined_reciprocal(float d) {
 // bits leaves the correction step enough margin; 1 / d, the backward's sigmoid, needs the Newton step.)
 DK_DEVICE float fast_silu(float gate) {
     const float quarter_d = fminf(__fmaf_rn(expf(-gate), 0.25f, 0.25f), 0x1.fffffep127f);
-    float estimate;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(quarter_d));
-    return divide_by_scale(__fmul_rn(gate, 0.25f), quarter_d, estimate);
+    return divide_by_scale(__fmul_rn(gate, 0.25f), quarter_d, approximate_reciprocal(quarter_d));
 }
 
 // The sigmoid's denominator d with refined_reciprocal(d), and a / d by the steps of nvcc's div.rn.f32 fast path

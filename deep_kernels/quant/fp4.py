@@ -53,8 +53,8 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
-    cast_outputs, check_amax_clamp, check_output, check_scales, output_or_new, parse_layout,
-    parse_scale_mode, scale_geometry, kernel_scale_stride,
+    cast_outputs, check_amax_clamp, check_output, check_scales, kernel_scale_stride, output_or_new, parse_layout,
+    parse_scale_mode, scale_geometry,
 )
 from deep_kernels.validation import (
     check_cuda_device, check_dtype, check_rank, check_row_major_rows, check_tensor, ceil_div, tma_aligned_size,
