@@ -182,9 +182,8 @@ def _tile_text(tile: ExpandTile) -> str:
     return ",".join(f"{key}={value}" for key, value in tile._asdict().items())
 
 
-def test_default_expand_tile_is_used_for_every_row_size_and_precompiled():
+def test_default_expand_tile_is_precompiled():
     assert DEFAULT_EXPAND_TILE == (128, 2, 4, 1) and DEFAULT_EXPAND_TILE.chunk_vectors == 512
-    assert all(expand.expand_tile(row_vectors) == DEFAULT_EXPAND_TILE for row_vectors in (1, 16, 272, 448, 896, 4096))
     assert EXPAND_TILE_CANDIDATES[0] == DEFAULT_EXPAND_TILE
     assert len(set(EXPAND_TILE_CANDIDATES)) == len(EXPAND_TILE_CANDIDATES)
     specs = expand.precompile_specs()

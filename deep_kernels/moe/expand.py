@@ -45,7 +45,6 @@ OUT_DTYPES = (torch.bfloat16, torch.float32)
 _KERNEL_TYPES = {**CPP_TYPES, torch.float8_e4m3fn: "__nv_fp8_e4m3"}
 
 
-
 class ExpandTile(NamedTuple):
     """moe_expand's launch tile (csrc/kernels/smxx_moe_expand.cuh): a block of column_threads * token_lanes
     threads covers token_lanes tokens of a chunk of column_threads * vectors 16-byte vectors of their rows
@@ -65,8 +64,9 @@ class ExpandTile(NamedTuple):
         return self.column_threads * self.token_lanes
 
 
-# Today's tile for every row size: a 7168-element row is 448 (FP8) or 896 (bf16) vectors, so 1/8 of the column
-# threads idle in its last chunk.
+# The tile of every row size (no tile measured faster at T = 16384; DK_MOE_EXPAND_TILE overrides it for experiments,
+# read once per process): a 7168-element row is 448 (FP8) or 896 (bf16) vectors, so 1/8 of the column threads
+# idle in its last chunk.
 DEFAULT_EXPAND_TILE = ExpandTile(128, 2, 4)
 # The tiles registered for precompilation (and timed by scripts/bench_moe_expand_tiles.py): chunks that divide
 # 448 or 896 vectors exactly, more token lanes, more loads in flight, scale loads batched.
@@ -247,15 +247,6 @@ def _padding_share(num_out_rows: int, token_blocks: int, columns: int, row_share
 
 # ---- expand ----
 
-def expand_tile(row_vectors: int) -> ExpandTile:
-    """moe_expand's launch tile for rows of row_vectors 16-byte vectors (H * element size / 16).
-
-    Today DEFAULT_EXPAND_TILE (128, 2, 4) for every row size. DK_MOE_EXPAND_TILE overrides it for experiments
-    (read once per process; parse_expand_tile); EXPAND_TILE_CANDIDATES lists the tiles precompiled for that.
-    """
-    return DEFAULT_EXPAND_TILE
-
-
 def parse_expand_tile(text: str, base: ExpandTile = DEFAULT_EXPAND_TILE) -> ExpandTile:
     """The tile of "column_threads=64,token_lanes=4,vectors=7,scale_loads=8" (DK_MOE_EXPAND_TILE's syntax); the
     fields not given are base's. column_threads whole warps, at most 1024 threads a block."""
@@ -364,7 +355,7 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
         x_strides = (num_groups, 1) if x_layout == ScaleLayout.row_major else (1, scales.stride(1))
         batch_rows_arg, batch_stride, _, column_stride = _kernel_strides(out_geometry, batch_rows)
         scale_args = (columns, *x_strides, batch_rows_arg, batch_stride, column_stride)
-    tile = _tile_override() or expand_tile(row_vectors)
+    tile = _tile_override() or DEFAULT_EXPAND_TILE
     chunks = ceil_div(row_vectors, tile.chunk_vectors)
     # NOTE: scales are written by row shares (csrc/kernels/smxx_moe_expand.cuh says why), so FP8 always has them.
     blocks, rows_per_block = _padding_share(num_out_rows, ceil_div(num_tokens, tile.token_lanes), chunks,
