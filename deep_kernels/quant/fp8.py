@@ -24,8 +24,8 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import CPP_TYPES, KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
-    cast_outputs, check_amax_clamp, check_group_size, check_output, output_or_new, parse_layout,
-    parse_scale_mode, scale_layout_of, kernel_scale_stride, supported_group_sizes,
+    cast_outputs, check_amax_clamp, check_group_size, check_output, kernel_scale_stride, output_or_new,
+    parse_layout, parse_scale_mode, scale_layout_of, supported_group_sizes,
 )
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div
 
