@@ -1,5 +1,6 @@
 """Time moe_expand's launch tiles on the moe_expand suite's DeepSeek-V3 routing (H = 7168, E = 256, k = 8,
-contiguous layout): bf16 rows, and FP8 rows with their FP32 MN-major scales, at 16384 and 4096 tokens.
+contiguous layout): bf16 rows, FP8 rows alone and FP8 rows with their FP32 MN-major scales, at 16384 and 4096
+tokens.
 
 Each tile is forced through deep_kernels.moe.expand._tile_override (what DK_MOE_EXPAND_TILE sets); its output
 is checked bitwise against the default tile's, and the default tile's against the reference. Prints us, GB/s
@@ -83,6 +84,9 @@ def main() -> None:
               f"{tokens_read} tokens read")
         _time_tiles("bf16", (x, layout), _expand_bytes(tokens_read, num_rows, 2), num_rows, list(row_tiles.values()),
                     flusher, copy_gbps, args.reps)
+        # The FP8 rows' bytes alone, as bf16 pairs (moe_expand takes FP8 only with its scales).
+        _time_tiles("fp8 rows only", (q.view(torch.bfloat16), layout), _expand_bytes(tokens_read, num_rows, 1), num_rows,
+                    list(row_tiles.values()), flusher, copy_gbps, args.reps)
         _time_tiles("fp8 + fp32 mn_major scales", (q, layout, scales),
                     _expand_bytes(tokens_read, num_rows, 1, SCALE_COLUMNS * 4), num_rows, tiles, flusher, copy_gbps,
                     args.reps)

@@ -160,14 +160,17 @@ def test_reference_reduce_matches_a_loop(masked, dtype):
     (4001, 63, 56),
 ])
 @pytest.mark.parametrize("num_sms", [None, 132])
-def test_padding_shares_cover_every_row_in_shares_of_at_most_32(num_out_rows, token_blocks, columns, num_sms):
+@pytest.mark.parametrize("row_alignment", [1, 8, 32])
+def test_padding_shares_cover_every_row_in_shares_of_at_most_32(num_out_rows, token_blocks, columns, num_sms,
+                                                                row_alignment):
     # The expand kernels' blocks zero the rows without a slot in shares (csrc/common/moe_rows.cuh: PaddingRows).
-    blocks, share = expand._padding_share(num_out_rows, token_blocks, columns, True, num_sms)
-    assert blocks >= token_blocks and 1 <= share <= 32
+    blocks, share = expand._padding_share(num_out_rows, token_blocks, columns, True, num_sms, row_alignment)
+    assert blocks >= token_blocks and 1 <= share <= 32 and share % row_alignment == 0
     assert blocks * columns * share >= num_out_rows  # the shares of all blocks reach the last row
     assert (blocks - 1) * columns * share < num_out_rows or blocks == token_blocks  # no block row only past it
     if num_sms is not None:  # small layouts still spread over the SMs: shares no larger than 8 blocks per SM need
-        assert share <= -(-num_out_rows // (8 * num_sms))
+        spread_share = -(-num_out_rows // (8 * num_sms))
+        assert share <= -(-spread_share // row_alignment) * row_alignment
     assert expand._padding_share(num_out_rows, token_blocks, columns, False, num_sms) == (token_blocks, 0)
 
 
@@ -253,18 +256,18 @@ def _global_accesses(sass_text: str) -> list:
 @pytest.mark.parametrize("tile", EXPAND_TILE_CANDIDATES, ids=_tile_text)
 def test_expand_tile_sass_has_wide_accesses_with_loads_first(tile):
     # Each thread's row loads are 16-byte LDGs issued before any 16-byte store (k = 8 rows each, and the
-    # padding rows' zero store), and the scale section's first pass issues its scale_loads loads (32-bit)
-    # before its first store.
+    # padding rows' zero store; streaming: .EF, evict first), and after them the scale section's first pass
+    # issues its scale_loads loads (32-bit) before its first store.
     (entry,) = precompile([expand._expand_spec(8, tile)], arch="90a", progress=False)
     cubin = entry / cache.BINARY_NAME
     assert sass.kernel_problems("smxx_moe_expand", cubin) == []
     accesses = _global_accesses(sass.sass(cubin))
     row_loads = [i for i, a in enumerate(accesses) if a == "LDG.E.128"]
-    row_stores = [i for i, a in enumerate(accesses) if a == "STG.E.128"]
+    row_stores = [i for i, a in enumerate(accesses) if a == "STG.E.EF.128"]
     assert len(row_loads) == tile.vectors and len(row_stores) == 8 * tile.vectors + 1
     assert row_loads[-1] < row_stores[0]
-    first_scale_store = accesses.index("STG.E")
-    assert row_loads[-1] < first_scale_store < row_stores[0]
+    first_scale_store = accesses.index("STG.E.EF")
+    assert row_stores[-1] < first_scale_store
     assert accesses[first_scale_store - tile.scale_loads:first_scale_store] == ["LDG.E.CONSTANT"] * tile.scale_loads
 
 

@@ -1,5 +1,6 @@
 // Global-memory accesses with explicit caching and ordering: L2-only (.cg) vector loads and stores for
-// data another CTA reads or wrote, and the gpu-scope atomic, load and store of an arrival counter.
+// data another CTA reads or wrote, a read-only load that asks L2 to keep its line, and the gpu-scope
+// atomic, load and store of an arrival counter.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,16 @@ DK_DEVICE void st_global_cg(float* ptr, float x, float y, float z, float w) {
 DK_DEVICE void ld_global_cg(const float* ptr, float& x, float& y, float& z, float& w) {
     asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(x), "=f"(y), "=f"(z), "=f"(w) : "l"(ptr)
                  : "memory");
+}
+
+// A read-only (.nc) load whose L2 line is evicted after others (evict_last): for small data that many CTAs
+// read again while a larger stream passes through L2.
+DK_DEVICE uint32_t ld_global_nc_evict_last(const uint32_t* ptr) {
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    uint32_t value;
+    asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(value) : "l"(ptr), "l"(policy));
+    return value;
 }
 
 // Orders this thread's earlier memory accesses before its later ones for every thread of the GPU.
