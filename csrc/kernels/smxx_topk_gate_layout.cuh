@@ -4,7 +4,7 @@
 //   every block: fills its share of the worst-case-sized m_indices, row_to_slot and masked_slots with -1,
 //     gates its tokens (warp w: tokens w, w + kNumWarps, ... of the block's tokens_per_warp * kNumWarps),
 //     keeps their experts in shared memory and counts them per expert (warp w: the block's slots
-//     [32 w, 32 w + 32), one tile) into block_counts [gridDim.x, E]
+//     [32 w, 32 w + 32), one tile) into block_counts [token blocks, E] (the blocks past the tokens only fill)
 //   a grid barrier (co-residency is the cooperative launch's guarantee)
 //   every block: sums block_counts into each expert's total and its count in earlier blocks, scans the
 //     totals into segment offsets, and writes the rows of its own slots over the fill (block 0 also the
@@ -67,6 +67,21 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     // the atomic would otherwise wait for a DRAM read on the critical path).
     if (threadIdx.x == 0)
         ptx::prefetch_l2(barrier);
+    // The warp's first token row (lanes 0-15) and the bias (lanes 16-31) head for L2 before the fill's stores
+    // are issued, so the gate's first loads find them on the way (the DRAM round trip starts 0.4 us earlier).
+    const uint32_t tokens_per_block = tokens_per_warp * kNumWarps;
+    const uint32_t first_token = blockIdx.x * tokens_per_block;
+    {
+        constexpr uint32_t kLineBytes = 128, kPrefetchLanes = 16;
+        const auto* row = reinterpret_cast<const uint8_t*>(
+            logits + static_cast<uint64_t>(min(first_token + warp, num_tokens - 1)) * logits_row_stride);
+        // One more line than the row holds covers a row that does not start on a line.
+        if (lane <= NUM_EXPERTS * sizeof(InT) / kLineBytes && lane < kPrefetchLanes)
+            ptx::prefetch_l2(row + lane * kLineBytes);
+        const uint32_t bias_line = lane - kPrefetchLanes;
+        if (bias != nullptr && lane >= kPrefetchLanes && bias_line <= NUM_EXPERTS * sizeof(float) / kLineBytes)
+            ptx::prefetch_l2(reinterpret_cast<const uint8_t*>(bias) + bias_line * kLineBytes);
+    }
 
     // The block's share of the -1 fill: stores issued first complete while the gate computes, so the
     // fence before the grid barrier finds them done
@@ -78,8 +93,6 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     // Gate: one token per warp at a time
     // NOTE: warps past the last token gate it again and store nothing: a branch around the gate would make
     // the compiler give its warp-wide reductions a divergent fallback that spills to a stack frame.
-    const uint32_t tokens_per_block = tokens_per_warp * kNumWarps;
-    const uint32_t first_token = blockIdx.x * tokens_per_block;
     for (uint32_t i = 0; i < tokens_per_warp; ++i) {
         const uint32_t token_in_block = i * kNumWarps + warp;
         const uint32_t token = first_token + token_in_block;
@@ -104,20 +117,24 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     if (expert >= 0 && rank_in_tile == 0)
         smem_warp_base[warp][expert] = __popc(peers);
     __syncthreads();
-    for (uint32_t e = threadIdx.x; e < NUM_EXPERTS; e += kNumThreads)
-        block_counts[blockIdx.x * NUM_EXPERTS + e] = scan_warp_counts<kNumWarps>(smem_warp_base, e, 0);
+    // Only the blocks holding tokens count (the others, launched for the fill, have no slots).
+    const uint32_t token_blocks = (num_tokens + tokens_per_block - 1) / tokens_per_block;
+    if (blockIdx.x < token_blocks) {
+        for (uint32_t e = threadIdx.x; e < NUM_EXPERTS; e += kNumThreads)
+            block_counts[blockIdx.x * NUM_EXPERTS + e] = scan_warp_counts<kNumWarps>(smem_warp_base, e, 0);
+    }
 
     grid_barrier_sync(barrier);
 
     // Per expert: the total and the slots of earlier blocks (kCountBatch L2 loads in flight: one round trip
-    // up to 32 blocks, T <= 256 at 8 warps; .cg, since other blocks wrote them during this launch)
+    // up to 32 token blocks, T <= 256 at 8 warps; .cg, since other blocks wrote them during this launch)
     for (uint32_t e = threadIdx.x; e < kMaxMoeExperts; e += kNumThreads) {
         int total = 0, earlier = 0;
-        for (uint32_t first = 0; e < NUM_EXPERTS && first < gridDim.x; first += kCountBatch) {
+        for (uint32_t first = 0; e < NUM_EXPERTS && first < token_blocks; first += kCountBatch) {
             int count[kCountBatch];
             #pragma unroll
             for (int b = 0; b < kCountBatch; ++b)
-                count[b] = first + b < gridDim.x ? __ldcg(block_counts + (first + b) * NUM_EXPERTS + e) : 0;
+                count[b] = first + b < token_blocks ? __ldcg(block_counts + (first + b) * NUM_EXPERTS + e) : 0;
             #pragma unroll
             for (int b = 0; b < kCountBatch; ++b) {
                 total += count[b];
