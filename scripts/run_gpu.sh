@@ -2,7 +2,8 @@
 # The GPU runner: in one call on an H200, install the wheels carried in .whl/, run the whole test suite
 # and the benchmarks, write logs and benchmark results (results.tar: <gpu>/<suite>.json and .png) under
 # $OUT, and print a short table last.
-# Usage (device): DK_COMMIT=<sha> [DK_GPU_TESTS="tests/test_x.py ..."] bash scripts/run_gpu.sh [bench suites...]
+# Usage (device): DK_COMMIT=<sha> [DK_GPU_TESTS="tests/test_x.py ..."] [DK_PRECOMPILE_FAMILIES="moe ..."]
+#                 bash scripts/run_gpu.sh [bench suites...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/deep_kernels_out}
@@ -11,9 +12,12 @@ export PYTHONUNBUFFERED=1
 
 source scripts/gpu_env.sh || exit 1
 python3 -m deep_kernels info
-# Every family's specializations in parallel first, so that the tests' first calls mostly hit the cache.
+# Every family's specializations in parallel first, so that the tests' first calls mostly hit the cache
+# (DK_PRECOMPILE_FAMILIES: only these, space-separated, for a run that tests and times some families).
 start=$(date +%s)
-python3 -m deep_kernels precompile 2>&1 | tail -n 1
+families=()
+for family in ${DK_PRECOMPILE_FAMILIES-}; do families+=(--family "$family"); done
+python3 -m deep_kernels precompile "${families[@]}" 2>&1 | tail -n 1
 echo "precompile took $(( $(date +%s) - start )) s"
 # DK_GPU_TESTS: the test paths to run (default: all of tests/; empty: none, to split a session's work
 # over two calls of the 10-minute limit).
