@@ -190,7 +190,9 @@ struct Fp4Scaler {
     float multiplier;
     uint8_t byte;
 
-    DK_DEVICE Fp4Scaler(float amax, float global_scale, const ScaleDivisor& global_divisor) {
+    // NV: nv_multipliers[b] = nv_multiplier(b, global_scale) for every byte b (MX: unused, may be null).
+    DK_DEVICE Fp4Scaler(float amax, float global_scale, const ScaleDivisor& global_divisor,
+                        const float* nv_multipliers) {
         if constexpr (kFormat == Fp4Format::MX) {
             const uint32_t bits = __float_as_uint(amax);
             const bool finite = bits < 0x7F800000u;
@@ -207,8 +209,15 @@ struct Fp4Scaler {
             const float block = max_nan(quotient, kE4M3MinSubnormal);
             byte = static_cast<uint8_t>(__nv_cvt_float_to_fp8(block, __NV_SATFINITE, __NV_E4M3));
             scale = e4m3_to_float(byte) * global_scale;
-            multiplier = __frcp_rn(scale);
+            multiplier = nv_multipliers[byte];
         }
+    }
+
+    // NV: the multiplier of scale byte `byte`, 1 / (E4M3 value * global scale) (IEEE). A kernel tabulates
+    // the 256 bytes' once per block: a shared-memory load per group instead of a reciprocal with its range
+    // check and slow-path call.
+    DK_DEVICE static float nv_multiplier(uint8_t byte, float global_scale) {
+        return __frcp_rn(e4m3_to_float(byte) * global_scale);
     }
 
     DK_DEVICE float apply(float x) const {

@@ -4,7 +4,8 @@
 //   NV: 1x16 groups, E4M3 scales times the FP32 global scale read from device memory (row-major, or the
 //       128x4 swizzled tiles of block-scaled GEMMs; rows past M and groups past G of the last tiles get 0)
 // Memory-bound: a thread casts 16 consecutive elements per pass (2 or 4 16-byte loads, all passes' loads in
-// flight first), a warp one row's 512, and writes its codes as one contiguous 256-byte run; no shared memory.
+// flight first), a warp one row's 512, and writes its codes as one contiguous 256-byte run; NV tabulates the
+// multipliers of the 256 scale bytes in shared memory.
 // NOTE: 16 elements a thread (not one 16-byte vector) halve the per-group work (amax shuffles, scale) per code,
 // which otherwise makes the kernel issue-bound rather than memory-bound; a warp's two (bf16) loads together
 // still read whole sectors, which L1 serves to the second. Not supported (the host checks): other group sizes or
@@ -57,6 +58,12 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
     }
     const float global = kFormat == Fp4Format::NV ? __ldg(global_scale) : 1.0f;
     const ScaleDivisor global_divisor(global);
+    __shared__ float nv_multipliers[kFormat == Fp4Format::NV ? 256 : 1];
+    if constexpr (kFormat == Fp4Format::NV) {
+        for (uint32_t byte = threadIdx.x; byte < 256; byte += kNumWarps * 32)
+            nv_multipliers[byte] = Fp4Scaler<kFormat, kScaleMode>::nv_multiplier(static_cast<uint8_t>(byte), global);
+        __syncthreads();
+    }
 
     // Per pass: group amax, scale, cast, store
     const uint32_t num_groups = shape_k / GROUP_SIZE, group = tile.column / GROUP_SIZE;
@@ -84,7 +91,7 @@ smxx_fp4_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ codes, uint8
         // NOTE: where the group's |x| * multiplier stay below 7 (RN(amax * multiplier) < 7, so no NaN either), as
         // they do but for NaN, infinities, saturated NV scales and subnormal E4M3 ones, the codes need no
         // saturating min: one instruction fewer per element.
-        const Fp4Scaler<kFormat, kScaleMode> scaler(amax, global, global_divisor);
+        const Fp4Scaler<kFormat, kScaleMode> scaler(amax, global, global_divisor, nv_multipliers);
         uint32_t vector_codes[kLoads];
         const auto encode = [&](auto saturate) {
             constexpr bool kSaturate = decltype(saturate)::value;
