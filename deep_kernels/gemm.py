@@ -103,7 +103,7 @@ def get_gemm_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: 
 
 def _config_override():
     """DK_FP8_GEMM_CONFIG="block_m=128,block_n=112,stages=5,multicast=2,multicast_on_a=1" (or ...,splits=4,
-    or ...,pipelined=0) for experiments (read once per process)."""
+    or ...,pipelined=0, or ...,overlap_epilogue=1) for experiments (read once per process)."""
     text = envs.get_once("DK_FP8_GEMM_CONFIG")
     if not text:
         return None
@@ -121,7 +121,8 @@ def _choose_config(m: int, n: int, k: int, num_sms: int, out_bytes: int, accumul
             override.get("multicast", config.num_tma_multicast),
             bool(override.get("multicast_on_a", config.multicast_on_a)), out_bytes, override.get("stages"),
             override.get("splits", config.num_splits),
-            bool(override["pipelined"]) if "pipelined" in override else None)
+            bool(override["pipelined"]) if "pipelined" in override else None,
+            bool(override.get("overlap_epilogue", config.overlap_epilogue)))
         if not 1 <= config.num_splits <= k // SCALE_BLOCK:
             raise ValueError(f"DK_FP8_GEMM_CONFIG: splits must be in 1..K / 128 = {k // SCALE_BLOCK}, "
                              f"got {config.num_splits}")

@@ -2,7 +2,9 @@
 
 Usage (on the GPU machine): python scripts/sweep_fp8_gemm.py --m 64 128 --out sweep.json
 Prints, per shape, the heuristics' pick and the fastest config measured, with the model's estimates, and
-with --both-k-loops each pipelinable config also with the plain (unpipelined) K loop.
+with --both-k-loops each pipelinable config also with the plain (unpipelined) K loop, with --overlap-epilogue
+each 128-row unsplit config also with the epilogue overlap (the next tile's first K block issued before a
+tile's store).
 """
 
 import argparse
@@ -26,7 +28,8 @@ NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (
 MULTICASTS = {"none": (1, False), "a": (2, True), "b": (2, False)}
 
 
-def configs_for(m: int, n: int, k: int, block_ms, block_ns, splits, both_k_loops: bool, multicasts):
+def configs_for(m: int, n: int, k: int, block_ms, block_ns, splits, both_k_loops: bool, multicasts,
+                overlap_epilogue: bool = False):
     for block_m in block_ms:
         if block_m > 64 and m <= 64:
             continue
@@ -42,14 +45,17 @@ def configs_for(m: int, n: int, k: int, block_ms, block_ns, splits, both_k_loops
                     if num_tma_multicast > 1 and (num_splits > 1 or (on_a and -(-n // block_n) % 2) or
                                                   (not on_a and -(-m // block_m) % 2)):
                         continue
+                    overlaps = (False, True) if overlap_epilogue and block_m == 128 and num_splits == 1 else (False,)
                     for pipelined in k_loops:
-                        yield heuristics.make_config(block_m, block_n, num_tma_multicast, on_a, 2,
-                                                     num_splits=num_splits, pipelined=pipelined)
+                        for overlap in overlaps:
+                            yield heuristics.make_config(block_m, block_n, num_tma_multicast, on_a, 2,
+                                                         num_splits=num_splits, pipelined=pipelined,
+                                                         overlap_epilogue=overlap)
 
 
-def _label(block_m, block_n, splits, pipelined, multicast, on_a) -> str:
-    """128x192/1 (split count), p: pipelined K loop, +a / +b: multicast on A / B."""
-    return (f"{block_m}x{block_n}/{splits}{'p' if pipelined else ''}"
+def _label(block_m, block_n, splits, pipelined, multicast, on_a, overlap=False) -> str:
+    """128x192/1 (split count), p: pipelined K loop, o: epilogue overlap, +a / +b: multicast on A / B."""
+    return (f"{block_m}x{block_n}/{splits}{'p' if pipelined else ''}{'o' if overlap else ''}"
             f"{('+a' if on_a else '+b') if multicast > 1 else ''}")
 
 
@@ -60,13 +66,14 @@ def main() -> None:
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8])
     parser.add_argument("--block-m", type=int, nargs="+", default=list(heuristics.BLOCK_MS))
     parser.add_argument("--both-k-loops", action="store_true")
+    parser.add_argument("--overlap-epilogue", action="store_true")
     parser.add_argument("--multicast", nargs="+", choices=sorted(MULTICASTS), default=["none"])
     parser.add_argument("--out", default="sweep.json")
     args = parser.parse_args()
     num_sms = get_num_sms()
     problems = [(m, n, k, config) for m in args.m for n, k in NKS
                 for config in configs_for(m, n, k, args.block_m, args.block_n, args.splits, args.both_k_loops,
-                                          args.multicast)]
+                                          args.multicast, args.overlap_epilogue)]
     precompile([KernelSpec(heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl",
                            tuple(heuristics.template_args(config, n, k, "bfloat16", False)))
                 for _, n, k, config in problems])
@@ -87,6 +94,7 @@ def main() -> None:
         us = time_kernel_us(lambda: deep_kernels.fp8_gemm_nt(a, b, d), flusher, reps=20)
         rows.append({"m": m, "n": n, "k": k, "block_m": config.block_m, "block_n": config.block_n,
                      "splits": config.num_splits, "pipelined": config.pipelined,
+                     "overlap": config.overlap_epilogue,
                      "multicast": config.num_tma_multicast, "multicast_on_a": config.multicast_on_a, "us": round(us, 2),
                      "tflops": round(2 * m * n * k / us / 1e6, 1),
                      "model_us": round(heuristics.estimate_seconds(config, m, n, k, num_sms) * 1e6, 2)})
@@ -98,15 +106,15 @@ def main() -> None:
             shape_rows = [r for r in rows if (r["m"], r["n"], r["k"]) == (m, n, k)]
             pick = heuristics.get_fp8_gemm_config(m, n, k, num_sms, allow_split_k=True)
             picked = [r for r in shape_rows if (r["block_m"], r["block_n"], r["splits"], r["pipelined"], r["multicast"],
-                                                r["multicast_on_a"]) == (pick.block_m, pick.block_n, pick.num_splits,
-                                                                         pick.pipelined, pick.num_tma_multicast,
-                                                                         pick.multicast_on_a)]
+                                                r["multicast_on_a"], r["overlap"]) ==
+                      (pick.block_m, pick.block_n, pick.num_splits, pick.pipelined, pick.num_tma_multicast,
+                       pick.multicast_on_a, pick.overlap_epilogue)]
             best = min(shape_rows, key=lambda r: r["us"])
             picked_text = f"{picked[0]['us']:7.2f} us" if picked else "(not swept)"
             pick_label = _label(pick.block_m, pick.block_n, pick.num_splits, pick.pipelined, pick.num_tma_multicast,
                                 pick.multicast_on_a)
             best_label = _label(best["block_m"], best["block_n"], best["splits"], best["pipelined"], best["multicast"],
-                                best["multicast_on_a"])
+                                best["multicast_on_a"], best["overlap"])
             print(f"{m:5d}x{n:5d}x{k:5d} pick {pick_label} {picked_text} | best {best_label} {best['us']:7.2f} us "
                   f"{best['tflops']} TFLOPS (model {best['model_us']:.2f})")
 

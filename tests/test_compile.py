@@ -1,6 +1,8 @@
 """Every kernel the families precompile builds for sm_90a, with no stack frame, no local memory and,
 for matrix kernels, the tensor-core instructions they are written for."""
 
+import re
+
 import pytest
 
 from deep_kernels import gemm
@@ -45,3 +47,14 @@ def test_pipelined_gemm_keeps_a_wgmma_group_in_flight(compiled):
     assert pipelined
     for spec, entry in pipelined:
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass.sass(entry / cache.BINARY_NAME), spec
+
+
+def test_epilogue_overlap_stores_with_a_wgmma_group_in_flight(compiled):
+    # The next tile's first wgmma group is issued before the tile's store and waited for only after it: some
+    # TMA store (or reduce) follows a wgmma with no wait between them (without the overlap, a wait always does).
+    overlapped = [(spec, entry) for spec, entry in compiled
+                  if spec.name == "sm90_fp8_gemm" and spec.template_args[15] == "true"]
+    assert overlapped
+    for spec, entry in overlapped:
+        events = re.findall(r"\b(QGMMA|WARPGROUP\.DEPBAR|UTMASTG|UTMAREDG)", sass.sass(entry / cache.BINARY_NAME))
+        assert any(a == "QGMMA" and b in ("UTMASTG", "UTMAREDG") for a, b in zip(events, events[1:])), spec

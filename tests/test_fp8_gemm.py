@@ -222,6 +222,33 @@ def forced_split_k(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_n,multicast,accumulate", [(192, 1, False), (128, 1, False), (160, 1, True),
+                                                          (192, 2, False)])
+@pytest.mark.parametrize("m,n,k", [(4001, 7168, 2048), (1031, 4096, 384), (257, 2112, 128)])
+def test_epilogue_overlap_matches_plain(monkeypatch, block_n, multicast, accumulate, m, n, k):
+    # Issuing the next tile's first K block before the store changes when, not what, is promoted: D is the
+    # same bytes. Several tiles per CTA (the overlap path), one K block (a tile's first block is its last),
+    # plain and pipelined K loops, accumulation into FP32 D, multicast pairs with lockstep partners.
+    a, b = make_inputs(m, n, k)
+    out_dtype = torch.float32 if accumulate else torch.bfloat16
+    c = torch.randn((m, n), device="cuda") if accumulate else None
+    outputs = []
+    for overlap in (True, False):
+        monkeypatch.setattr(gemm, "_config_override", lambda overlap=overlap: {
+            "block_m": 128, "block_n": block_n, "multicast": multicast, "multicast_on_a": 0, "splits": 1,
+            "overlap_epilogue": int(overlap)})
+        monkeypatch.setattr(gemm, "_plans", {})
+        monkeypatch.setattr(gemm, "_prepared_calls", {})
+        assert _chosen_config(m, n, k, out_dtype, accumulate).overlap_epilogue == overlap
+        d = c.clone() if accumulate else poison_(torch.empty((m, n), device="cuda", dtype=out_dtype))
+        deep_kernels.fp8_gemm_nt(a, b, d, c=d if accumulate else None)
+        outputs.append(d)
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64), c=c)
+    assert calc_diff(outputs[0], expected) < BOUND
+    assert_bitwise_equal(outputs[0], outputs[1], "d (epilogue overlap against plain)")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["bf16", "c_alias"])
 @pytest.mark.parametrize("n,k", DEEPSEEK_NK)
 @pytest.mark.parametrize("m", [17, 128])

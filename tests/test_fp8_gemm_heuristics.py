@@ -148,11 +148,11 @@ def test_template_args_order():
                                 swizzle_d_bytes=32, smem_bytes=heur.smem_bytes(128, 112, 6, 2))
     assert heur.template_args(config, 7168, 2048, "bfloat16", False) == [
         "7168", "2048", "128", "112", "128", "6", "128", "256", "2", "true",
-        "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1", "false"]
+        "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1", "false", "false"]
     args = heur.template_args(config, 7168, 2048, "torch.float32", True, "m_grouped_masked")
-    assert args[-5:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false"]
+    assert args[-6:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false"]
     assert heur.template_args(heur.make_config(64, 64, 1, False, 2, num_splits=4), 2112, 7168, "bfloat16",
-                              False)[-2:] == ["4", "true"]
+                              False)[-3:] == ["4", "true", "false"]
     with pytest.raises(ValueError, match="float32"):
         heur.template_args(config, 7168, 2048, "bfloat16", True)
     with pytest.raises(ValueError, match="gemm_type"):
@@ -366,3 +366,15 @@ def test_pipelined_k_loop_where_registers_allow():
         heur.make_config(128, 144, 1, False, 2, pipelined=True)
     kernels = heur.compile_coverage_kernels()
     assert {kernel.config.pipelined for kernel in kernels if kernel.config.block_n <= 128} == {True, False}
+
+
+def test_epilogue_overlap_is_an_option_of_128_row_unsplit_tiles():
+    assert not heur.make_config(128, 192, 1, False, 2).overlap_epilogue
+    assert heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True).overlap_epilogue
+    for block_m, splits in ((64, 1), (128, 2)):
+        with pytest.raises(ValueError, match="epilogue overlap needs"):
+            heur.make_config(block_m, 128, 1, False, 2, num_splits=splits, overlap_epilogue=True)
+    for m, n, k in ((4096, 7168, 2048), (64, 2112, 7168)):
+        assert not heur.get_fp8_gemm_config(m, n, k, NUM_SMS, allow_split_k=True).overlap_epilogue
+    args = heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True)
+    assert heur.template_args(args, 7168, 2048, "bfloat16", False)[15] == "true"

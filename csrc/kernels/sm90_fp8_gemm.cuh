@@ -11,6 +11,8 @@
 // kPipelined (tiles narrow enough for a second accumulator set, kMaxPipelinedBlockN): each warpgroup issues
 // K block i + 1's wgmma group before it waits for and promotes block i, so the promotion, the barrier waits
 // and the wgmma latency overlap the tensor cores' work instead of draining them every K block.
+// kOverlapEpilogue (Normal kind, BLOCK_M 128, no split-K; an experiment, off by default): the next tile's first K
+// block's wgmma group is issued before a tile's store, so the tensor cores work while the store converts and stages.
 // Unsupported: K % 128 != 0, N % 16 != 0, BLOCK_M other than 64 / 128, BLOCK_N > 192, C distinct from D
 // (the host copies C into D first).
 //
@@ -325,9 +327,23 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[BLOCK_N / 2], uint8_t* s
                     [&](uint32_t row) { return scheduler.is_valid_row(first_row + row, tile.group_idx); });
 }
 
+// The rows of sfb (one per K block) of a tile's first 128-wide block of columns and of the next one.
+struct SfbBlocks {
+    const float* first;
+    const float* second;
+};
+
+// A K block whose wgmma group was issued ahead (the first of a tile, issued during the previous tile's
+// epilogue): its promotion scales and the stage it reads, which it frees when retired.
+template <uint32_t kNumStages>
+struct IssuedKBlock {
+    PromotionScales scales;
+    PipelineState<kNumStages> state;
+};
+
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t BLOCK_K, uint32_t kNumStages,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation, uint32_t kNumSplits, bool kPipelined,
-          typename Stages, typename Ring, typename TileScheduler>
+          bool kOverlapEpilogue, typename Stages, typename Ring, typename TileScheduler>
 DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileScheduler& scheduler,
                                   uint8_t* smem_d_wg, const CUtensorMap* tmap_d, const float* sfb, OutputType* d,
                                   float* split_workspace, uint32_t* split_tickets) {
@@ -348,42 +364,54 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
     float final_acc[BLOCK_N / 2];
     PipelineState<kNumStages> state;
 
-    // The K loop of one tile whose first column sits kTileOffset columns into its sfb block.
-    auto accumulate_tile = [&](const TileInfo& tile, auto tile_offset_idx) {
-        constexpr uint32_t kTileOffset = decltype(tile_offset_idx)::value * kTileOffsetStep;
-        constexpr uint32_t kSecondGroup = (kScaleBlock - kTileOffset < BLOCK_N ? kScaleBlock - kTileOffset : BLOCK_N) / 8;
-        constexpr bool kStraddles = kSecondGroup < BLOCK_N / 8;
+    // The tile's first sfb block and the next one (the first again past the last block: a straddling tile past
+    // the last sfb block only has columns past N, which are never stored).
+    const auto sfb_blocks = [&](const TileInfo& tile) -> SfbBlocks {
         const uint32_t n_first = tile.n_block_idx * BLOCK_N;
         const uint32_t sfb_row =
             (kGemmType == GemmType::Normal ? 0 : tile.group_idx * kNumSfbRows) + n_first / kScaleBlock;
-        const float* sfb_first = sfb + sfb_row * kNumKBlocks;
-        // NOTE: a straddling tile past the last sfb block only has columns past N, which are never stored.
-        const float* sfb_second = sfb_first + (n_first / kScaleBlock + 1 < kNumSfbRows ? kNumKBlocks : 0);
+        const float* first = sfb + sfb_row * kNumKBlocks;
+        return {first, first + (n_first / kScaleBlock + 1 < kNumSfbRows ? kNumKBlocks : 0)};
+    };
 
-        // Waits for the K block's stage, issues its wgmma group into `acc` and returns its promotion scales.
-        auto issue_k_block = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block,
-                                 const PipelineState<kNumStages>& k_state) -> PromotionScales {
-            // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
-            const float sfb_0 = __ldg(sfb_first + k_block);
-            const float sfb_1 = kStraddles ? __ldg(sfb_second + k_block) : sfb_0;
-            ring.consumer_wait(k_state);
-            const float* smem_sfa = stages.sfa_stage(k_state.stage);
-            const float sfa_lo = smem_sfa[row_lo];
-            const float sfa_hi = smem_sfa[row_lo + 8];
-            const PromotionScales scales{sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
+    // Waits for the K block's stage, issues its wgmma group into `acc` and returns its promotion scales (the
+    // second sfb block's only where the tile straddles two).
+    const auto issue_k_block = [&](auto straddles, const SfbBlocks& sfb_rows,
+                                   float(&acc)[BLOCK_N / 2], uint32_t k_block,
+                                   const PipelineState<kNumStages>& k_state) -> PromotionScales {
+        // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
+        const float sfb_0 = __ldg(sfb_rows.first + k_block);
+        const float sfb_1 = decltype(straddles)::value ? __ldg(sfb_rows.second + k_block) : sfb_0;
+        ring.consumer_wait(k_state);
+        const float* smem_sfa = stages.sfa_stage(k_state.stage);
+        const float sfa_lo = smem_sfa[row_lo];
+        const float sfa_hi = smem_sfa[row_lo + 8];
+        const PromotionScales scales{sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
 
-            const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(k_state.stage) +
-                                                                      wg_idx * kWarpgroupBlockM * BLOCK_K);
-            const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
-            ptx::wgmma_fence();
+        const uint64_t desc_a =
+            ptx::make_smem_desc_k_major_sw128(stages.a_stage(k_state.stage) + wg_idx * kWarpgroupBlockM * BLOCK_K);
+        const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
+        ptx::wgmma_fence();
 #pragma unroll
-            for (uint32_t k = 0; k < BLOCK_K / kWgmmaK; ++k) {
-                // Descriptor addresses are in 16-byte units: one k32 step of e4m3 is 32 bytes.
-                const uint64_t k_offset = k * kWgmmaK / 16;
-                ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
-            }
-            ptx::wgmma_commit_group();
-            return scales;
+        for (uint32_t k = 0; k < BLOCK_K / kWgmmaK; ++k) {
+            // Descriptor addresses are in 16-byte units: one k32 step of e4m3 is 32 bytes.
+            const uint64_t k_offset = k * kWgmmaK / 16;
+            ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
+        }
+        ptx::wgmma_commit_group();
+        return scales;
+    };
+
+    // The K loop of one tile whose first column sits kTileOffset columns into its sfb block; `first` is its first
+    // K block if that was issued ahead (into `partial`), else std::false_type.
+    auto accumulate_tile = [&](const TileInfo& tile, auto tile_offset_idx, auto first) {
+        constexpr bool kIssuedAhead = !std::is_same_v<decltype(first), std::false_type>;
+        constexpr uint32_t kTileOffset = decltype(tile_offset_idx)::value * kTileOffsetStep;
+        constexpr uint32_t kSecondGroup = (kScaleBlock - kTileOffset < BLOCK_N ? kScaleBlock - kTileOffset : BLOCK_N) / 8;
+        constexpr std::integral_constant<bool, (kSecondGroup < BLOCK_N / 8)> kStraddles;
+        const auto sfb_rows = sfb_blocks(tile);
+        auto issue = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block) {
+            return issue_k_block(kStraddles, sfb_rows, acc, k_block, state);
         };
         // Once at most kNumPending later groups are in flight, `acc`'s group is done: frees its stage and
         // adds it into final_acc.
@@ -403,23 +431,35 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
         const uint32_t k_block_begin = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
         const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
         if constexpr (!kPipelined) {
-            for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
-                const PromotionScales scales = issue_k_block(partial, k_block, state);
+            uint32_t k_block = k_block_begin;
+            if constexpr (kIssuedAhead) {
+                retire_k_block(kNoneInFlight, partial, first.scales, first.state);
+                ++k_block;
+            }
+            for (; k_block < k_block_end; ++k_block) {
+                const PromotionScales scales = issue(partial, k_block);
                 retire_k_block(kNoneInFlight, partial, scales, state);
                 state.advance();
             }
         } else {
             // Two accumulator sets: K block i + 1's wgmma group runs on the tensor cores while block i is
-            // promoted. The loop is unrolled by two so that each set is named at compile time.
+            // promoted. The loop is unrolled by two so that each set is named at compile time. The first block's
+            // group goes to `partial` (unless it was issued ahead).
             PipelineState<kNumStages> retiring = state;
-            PromotionScales scales = issue_k_block(partial, k_block_begin, state);
-            state.advance();
+            PromotionScales scales;
+            if constexpr (kIssuedAhead) {
+                retiring = first.state;
+                scales = first.scales;
+            } else {
+                scales = issue(partial, k_block_begin);
+                state.advance();
+            }
             for (uint32_t k_block = k_block_begin + 1;; k_block += 2) {
                 if (k_block == k_block_end) {
                     retire_k_block(kNoneInFlight, partial, scales, retiring);
                     break;
                 }
-                const PromotionScales next_scales = issue_k_block(partial_next, k_block, state);
+                const PromotionScales next_scales = issue(partial_next, k_block);
                 retire_k_block(kOneInFlight, partial, scales, retiring);
                 retiring = state;
                 state.advance();
@@ -427,7 +467,7 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
                     retire_k_block(kNoneInFlight, partial_next, next_scales, retiring);
                     break;
                 }
-                scales = issue_k_block(partial, k_block + 1, state);
+                scales = issue(partial, k_block + 1);
                 retire_k_block(kOneInFlight, partial_next, next_scales, retiring);
                 retiring = state;
                 state.advance();
@@ -435,27 +475,9 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
         }
     };
 
-    TileInfo tile;
-    while (scheduler.get_next_tile(tile)) {
-        if (!tile.is_valid) {
-            // Lockstep partner of a valid tile (never with split-K): consume the stages so the cluster's
-            // barriers stay in step.
-            for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
-                ring.consumer_wait(state);
-                ring.consumer_release(state, lane_idx);
-                state.advance();
-            }
-            continue;
-        }
-        // Grouped kinds: whether this thread's two rows are written; read before the K loop to hide the load.
-        const uint32_t tile_row_lo = tile.m_block_idx * BLOCK_M + row_lo;
-        const bool rows_valid = kGemmType == GemmType::Normal || (scheduler.is_valid_row(tile_row_lo, tile.group_idx) &&
-                                                                  scheduler.is_valid_row(tile_row_lo + 8, tile.group_idx));
-        // NOTE: one K loop per possible straddle point keeps the per-column scale choice out of the loop.
-        const uint32_t tile_offset_idx = tile.n_block_idx * BLOCK_N % kScaleBlock / kTileOffsetStep;
-        dispatch_index(
-            tile_offset_idx, [&](auto offset_idx) { accumulate_tile(tile, offset_idx); },
-            std::make_integer_sequence<uint32_t, kNumTileOffsets>{});
+    // The tile's store: split-K partial sums and their reduction, the grouped kinds' row-predicated store, or
+    // the TMA store. With split-K it reduces into `partial`.
+    auto store = [&](const TileInfo& tile, bool rows_valid) {
         if constexpr (kNumSplits > 1) {
             if (tile.num_splits > 1) {
                 // The wgmma accumulators are free until the next tile: they receive the sum of the splits.
@@ -467,7 +489,7 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
                     store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(
                         partial, smem_d_wg, tmap_d, tile, wg_idx);
                 }
-                continue;
+                return;
             }
         }
         // Normal tiles rely on the TMA store's clipping at M; grouped ones vote per warpgroup (the 128 threads
@@ -477,11 +499,79 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
             if (ptx::named_barrier_sync_or(barrier_id, kNumThreadsPerWarpgroup, !rows_valid)) {
                 store_tile_rows<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(
                     final_acc, smem_d_wg, d, tile, wg_idx, scheduler);
-                continue;
+                return;
             }
         }
         store_tile<SHAPE_N, BLOCK_M, BLOCK_N, kGemmType, OutputType, kWithAccumulation>(final_acc, smem_d_wg, tmap_d,
                                                                                           tile, wg_idx);
+    };
+
+    // Grouped kinds: whether this thread's two rows are written; read before the K loop to hide the load.
+    const auto rows_valid_of = [&](const TileInfo& tile) {
+        const uint32_t tile_row_lo = tile.m_block_idx * BLOCK_M + row_lo;
+        return kGemmType == GemmType::Normal || (scheduler.is_valid_row(tile_row_lo, tile.group_idx) &&
+                                                 scheduler.is_valid_row(tile_row_lo + 8, tile.group_idx));
+    };
+    // NOTE: one K loop per possible straddle point keeps the per-column scale choice out of the loop.
+    const auto accumulate = [&](const TileInfo& tile, auto first) {
+        const uint32_t tile_offset_idx = tile.n_block_idx * BLOCK_N % kScaleBlock / kTileOffsetStep;
+        dispatch_index(
+            tile_offset_idx, [&](auto offset_idx) { accumulate_tile(tile, offset_idx, first); },
+            std::make_integer_sequence<uint32_t, kNumTileOffsets>{});
+    };
+
+    // Lockstep partner of a valid tile (never with split-K): consume the stages so the cluster's barriers stay in
+    // step.
+    const auto skip_tile = [&]() {
+        for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+            ring.consumer_wait(state);
+            ring.consumer_release(state, lane_idx);
+            state.advance();
+        }
+    };
+
+    TileInfo tile;
+    if constexpr (!kOverlapEpilogue) {
+        while (scheduler.get_next_tile(tile)) {
+            if (!tile.is_valid) {
+                skip_tile();
+                continue;
+            }
+            const bool rows_valid = rows_valid_of(tile);
+            accumulate(tile, std::false_type{});
+            store(tile, rows_valid);
+        }
+    } else {
+        // NOTE: the next tile's first K block is issued before this tile's store, so that its wgmma group runs on
+        // the tensor cores while the store converts and stages. The issue, the store and the next tile's K loop
+        // stay on one path up to that block's wait: where control flow merged the group in flight with another
+        // definition of `partial`, ptxas would wait for it right away.
+        bool has_tile = scheduler.get_next_tile(tile);
+        while (has_tile) {
+            if (!tile.is_valid) {
+                skip_tile();
+                has_tile = scheduler.get_next_tile(tile);
+                continue;
+            }
+            bool rows_valid = rows_valid_of(tile);
+            accumulate(tile, std::false_type{});
+            TileInfo next;
+            has_tile = scheduler.get_next_tile(next);
+            while (has_tile && next.is_valid) {
+                IssuedKBlock<kNumStages> first;
+                first.state = state;
+                first.scales = issue_k_block(std::true_type{}, sfb_blocks(next), partial,
+                                             split_k_block_begin<kNumKBlocks>(next.split_idx, next.num_splits), state);
+                state.advance();
+                store(tile, rows_valid);
+                tile = next;
+                rows_valid = rows_valid_of(tile);
+                accumulate(tile, first);
+                has_tile = scheduler.get_next_tile(next);
+            }
+            store(tile, rows_valid);
+            tile = next;
+        }
     }
 
     // The last stores must have read their shared memory before the CTA exits; their global writes complete
@@ -498,7 +588,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           uint32_t kNumTMAThreads, uint32_t kNumMathThreads,
           uint32_t kNumTMAMulticast, bool kIsMulticastOnA,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumSplits, bool kPipelined>
+          uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -522,6 +612,10 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     DK_STATIC_ASSERT(kNumSplits >= 1 && kNumSplits <= SHAPE_K / BLOCK_K, "every split has at least one K block");
     DK_STATIC_ASSERT(!kPipelined || BLOCK_N <= kMaxPipelinedBlockN[kNumMathWarpgroups - 1],
                      "three accumulator sets fit the math warpgroups' registers");
+    // NOTE: ptxas serializes every wgmma of a kernel whose group in flight meets a divergent path, as the
+    // split-K reduction and the grouped kinds' row-predicated store are, and (C7514) of the one-warpgroup tiles.
+    DK_STATIC_ASSERT(!kOverlapEpilogue || (kGemmType == GemmType::Normal && kNumSplits == 1 && BLOCK_M == 128),
+                     "the epilogue overlap is for the Normal kind's 128-row tiles without split-K");
 
     // Register budgets: 128 x 40 + 256 x 232 = 64,512 of 65,536 with two math warpgroups.
     constexpr uint32_t kNumTMARegisters = 40;
@@ -583,8 +677,8 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         ptx::setmaxnreg_inc<kNumMathRegisters>();
         uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Store::kBytes;
         run_math_warpgroup<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kGemmType, OutputType,
-                           kWithAccumulation, kNumSplits, kPipelined>(stages, ring, scheduler, smem_d_wg, &tmap_d,
-                                                                      sfb, d, split_workspace, split_tickets);
+                           kWithAccumulation, kNumSplits, kPipelined, kOverlapEpilogue>(
+            stages, ring, scheduler, smem_d_wg, &tmap_d, sfb, d, split_workspace, split_tickets);
     }
 
     // Teardown

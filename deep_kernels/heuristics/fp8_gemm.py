@@ -103,6 +103,10 @@ class Fp8GemmConfig:
     block_k: int = BLOCK_K
     num_splits: int = 1
     pipelined: bool = False
+    # Issue the next tile's first K block before this tile's store (the kernel's kOverlapEpilogue; Normal kind,
+    # BLOCK_M 128, no split-K); an experiment (DK_FP8_GEMM_CONFIG overlap_epilogue=1, scripts/sweep_fp8_gemm.py
+    # --overlap-epilogue), off by default until measured.
+    overlap_epilogue: bool = False
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -362,6 +366,7 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         "true" if with_accumulation else "false",
         str(config.num_splits),
         "true" if config.pipelined else "false",
+        "true" if config.overlap_epilogue else "false",
     ]
 
 
@@ -400,11 +405,13 @@ def all_candidate_configs(num_sms: int = 132, smem_capacity: int = SMEM_CAPACITY
 
 def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
-                pipelined: bool = None) -> Fp8GemmConfig:
+                pipelined: bool = None, overlap_epilogue: bool = False) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
     allows unless pipelined says otherwise, for overrides and tests."""
     if num_splits != 1 and num_tma_multicast != 1:
         raise ValueError("split-K needs num_tma_multicast == 1")
+    if overlap_epilogue and (num_splits != 1 or block_m != 128):
+        raise ValueError("the epilogue overlap needs block_m == 128 and num_splits == 1")
     if pipelined is None:
         pipelined = can_pipeline(block_m, block_n)
     elif pipelined and not can_pipeline(block_m, block_n):
@@ -414,14 +421,14 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes), num_splits=num_splits,
-                         pipelined=pipelined)
+                         pipelined=pipelined, overlap_epilogue=overlap_epilogue)
 
 
 def compile_coverage_kernels(num_sms: int = 132) -> list:
     """all_candidate_configs() plus kernels for the code paths those picks leave out on the H200: multicast
     on A and on B, both grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
     partial slot in flight) and with splits not dividing K, the plain K loop of a pipelinable tile and the
-    widest pipelined tile of one math warpgroup."""
+    widest pipelined tile of one math warpgroup, and the epilogue overlap's K loops and stores."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -436,6 +443,11 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(64, 192, 1, False, 2, num_splits=5), 24576, 1536, "bfloat16", False),
         CandidateKernel(make_config(128, 128, 1, False, 2, pipelined=False), 4096, 7168, "bfloat16", False),
         CandidateKernel(make_config(64, 128, 1, False, 2, num_splits=3), 7168, 2048, "float32", True),
+        # The epilogue overlap: plain and pipelined K loops, accumulation, multicast.
+        CandidateKernel(make_config(128, 192, 1, False, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False),
+        CandidateKernel(make_config(128, 128, 1, False, 2, overlap_epilogue=True), 32768, 512, "bfloat16", False),
+        CandidateKernel(make_config(128, 160, 1, False, 4, overlap_epilogue=True), 7168, 16384, "float32", True),
+        CandidateKernel(make_config(128, 192, 2, False, 2, overlap_epilogue=True), 7168, 2048, "bfloat16", False),
     ]
     for kernel in extras:
         kernels.setdefault(tuple(kernel.template_args()), kernel)
