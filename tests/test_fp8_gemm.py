@@ -224,11 +224,13 @@ def forced_split_k(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_n,multicast,accumulate", [(192, 1, False), (128, 1, False), (160, 1, True),
                                                           (192, 2, False)])
-@pytest.mark.parametrize("m,n,k", [(4001, 7168, 2048), (1031, 4096, 384), (257, 2112, 128)])
+@pytest.mark.parametrize("m,n,k", [(4001, 7168, 2048), (1031, 4096, 384), (385, 2112, 128)])
 def test_epilogue_overlap_matches_plain(monkeypatch, block_n, multicast, accumulate, m, n, k):
     # Issuing the next tile's first K block before the store changes when, not what, is promoted: D is the
     # same bytes. Several tiles per CTA (the overlap path), one K block (a tile's first block is its last),
-    # plain and pipelined K loops, accumulation into FP32 D, multicast pairs with lockstep partners.
+    # plain and pipelined K loops, accumulation into FP32 D, multicast pairs.
+    if multicast == 2 and -(-m // 128) % 2:
+        pytest.skip("multicast on B pairs whole M-block pairs (the heuristics' condition)")
     a, b = make_inputs(m, n, k)
     out_dtype = torch.float32 if accumulate else torch.bfloat16
     c = torch.randn((m, n), device="cuda") if accumulate else None
