@@ -212,13 +212,18 @@ def test_decode_shapes_match_reference(m, n, k, mode):
         assert _chosen_config(m, n, k, out_dtype, mode != "bf16").num_splits > 1
 
 
+def _override_config(monkeypatch, **fields):
+    """fp8_gemm_nt with DK_FP8_GEMM_CONFIG's fields set as given, and no plan or prepared call kept from before."""
+    monkeypatch.setattr(gemm, "_config_override", lambda: fields)
+    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "_prepared_calls", {})
+
+
 @pytest.fixture
 def forced_split_k(monkeypatch):
     """fp8_gemm_nt with the heuristics' tiles but no multicast and 3 splits (uneven for K = 512), as
     DK_FP8_GEMM_CONFIG="multicast=1,multicast_on_a=0,splits=3" would set."""
-    monkeypatch.setattr(gemm, "_config_override", lambda: {"multicast": 1, "multicast_on_a": 0, "splits": 3})
-    monkeypatch.setattr(gemm, "_plans", {})
-    monkeypatch.setattr(gemm, "_prepared_calls", {})
+    _override_config(monkeypatch, multicast=1, multicast_on_a=0, splits=3)
 
 
 @pytest.mark.gpu
@@ -236,11 +241,8 @@ def test_epilogue_overlap_matches_plain(monkeypatch, block_n, multicast, accumul
     c = torch.randn((m, n), device="cuda") if accumulate else None
     outputs = []
     for overlap in (True, False):
-        monkeypatch.setattr(gemm, "_config_override", lambda overlap=overlap: {
-            "block_m": 128, "block_n": block_n, "multicast": multicast, "multicast_on_a": 0, "splits": 1,
-            "overlap_epilogue": int(overlap)})
-        monkeypatch.setattr(gemm, "_plans", {})
-        monkeypatch.setattr(gemm, "_prepared_calls", {})
+        _override_config(monkeypatch, block_m=128, block_n=block_n, multicast=multicast, multicast_on_a=0, splits=1,
+                         overlap_epilogue=int(overlap))
         assert _chosen_config(m, n, k, out_dtype, accumulate).overlap_epilogue == overlap
         d = c.clone() if accumulate else poison_(torch.empty((m, n), device="cuda", dtype=out_dtype))
         deep_kernels.fp8_gemm_nt(a, b, d, c=d if accumulate else None)
@@ -324,11 +326,8 @@ def test_pipelined_k_loop_matches_plain(monkeypatch, block_m, block_n, splits, m
     a, b = make_inputs(m, n, k)
     outputs = []
     for pipelined in (True, False):
-        monkeypatch.setattr(gemm, "_config_override", lambda pipelined=pipelined: {
-            "block_m": block_m, "block_n": block_n, "multicast": 1, "multicast_on_a": 0, "splits": splits,
-            "pipelined": int(pipelined)})
-        monkeypatch.setattr(gemm, "_plans", {})
-        monkeypatch.setattr(gemm, "_prepared_calls", {})
+        _override_config(monkeypatch, block_m=block_m, block_n=block_n, multicast=1, multicast_on_a=0, splits=splits,
+                         pipelined=int(pipelined))
         assert _chosen_config(m, n, k, torch.bfloat16, False).pipelined == pipelined
         d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
         deep_kernels.fp8_gemm_nt(a, b, d)
@@ -346,10 +345,7 @@ def test_pipelined_k_loop_matches_plain(monkeypatch, block_m, block_n, splits, m
     (1000, 576, 640, 64, 48, 2),      # 192 tiles on 132 SMs: 60 split tiles
 ])
 def test_tail_split_matches_reference(monkeypatch, mode, m, n, k, block_m, block_n, splits):
-    monkeypatch.setattr(gemm, "_config_override", lambda: {
-        "block_m": block_m, "block_n": block_n, "multicast": 1, "multicast_on_a": 0, "splits": splits})
-    monkeypatch.setattr(gemm, "_plans", {})
-    monkeypatch.setattr(gemm, "_prepared_calls", {})
+    _override_config(monkeypatch, block_m=block_m, block_n=block_n, multicast=1, multicast_on_a=0, splits=splits)
     out_dtype = torch.bfloat16 if mode == "bf16" else torch.float32
     config = _chosen_config(m, n, k, out_dtype, mode != "bf16")
     tiles = heuristics.num_tiles(config, m, n)
