@@ -213,9 +213,9 @@ struct Fp4Scaler {
         }
     }
 
-    // NV: the multiplier of scale byte `byte`, 1 / (E4M3 value * global scale) (IEEE). A kernel tabulates
-    // the 256 bytes' once per block: a shared-memory load per group instead of a reciprocal with its range
-    // check and slow-path call.
+    // NV: the multiplier of scale byte `byte`, 1 / (E4M3 value * global scale) (IEEE). A kernel tabulates the
+    // 256 bytes' multipliers once per block: a shared-memory load per group instead of a reciprocal with its
+    // range check and slow-path call.
     DK_DEVICE static float nv_multiplier(uint8_t byte, float global_scale) {
         return __frcp_rn(e4m3_to_float(byte) * global_scale);
     }

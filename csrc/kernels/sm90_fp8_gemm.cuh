@@ -555,7 +555,8 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
             }
             bool rows_valid = rows_valid_of(tile);
             accumulate(tile, std::false_type{});
-            TileInfo next;
+            // NOTE: zeroed, so that the copy into `tile` after the last tile copies defined values.
+            TileInfo next{};
             has_tile = scheduler.get_next_tile(next);
             while (has_tile && next.is_valid) {
                 IssuedKBlock<kNumStages> first;

@@ -113,9 +113,11 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
     masked = max_tokens is not None
     num_masked = num_experts * max_tokens if masked else 0
     kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
-    # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident.
-    num_blocks = max(ceil_div(num_tokens, _FUSED_WARPS * tokens_per_warp), fill_blocks(2 * max_rows + num_masked))
-    workspace = _workspace(device_index, num_blocks * num_experts)
+    # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident. Only the
+    # blocks holding tokens keep per-block counts.
+    token_blocks = ceil_div(num_tokens, _FUSED_WARPS * tokens_per_warp)
+    num_blocks = max(token_blocks, fill_blocks(2 * max_rows + num_masked))
+    workspace = _workspace(device_index, token_blocks * num_experts)
     kernel.launch((num_blocks, 1, 1), (
         logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(), indices.data_ptr(),
         layout.counts.data_ptr(), layout.num_rows.data_ptr(), layout.m_indices.data_ptr(),
