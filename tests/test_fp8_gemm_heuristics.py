@@ -368,13 +368,22 @@ def test_pipelined_k_loop_where_registers_allow():
     assert {kernel.config.pipelined for kernel in kernels if kernel.config.block_n <= 128} == {True, False}
 
 
-def test_epilogue_overlap_is_an_option_of_128_row_unsplit_tiles():
+def test_epilogue_overlap_on_every_128_row_unsplit_normal_candidate():
     assert not heur.make_config(128, 192, 1, False, 2).overlap_epilogue
     assert heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True).overlap_epilogue
     for block_m, splits in ((64, 1), (128, 2)):
         with pytest.raises(ValueError, match="epilogue overlap needs"):
             heur.make_config(block_m, 128, 1, False, 2, num_splits=splits, overlap_epilogue=True)
-    for m, n, k in ((4096, 7168, 2048), (64, 2112, 7168)):
-        assert not heur.get_fp8_gemm_config(m, n, k, NUM_SMS, allow_split_k=True).overlap_epilogue
-    args = heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True)
-    assert heur.template_args(args, 7168, 2048, "bfloat16", False)[15] == "true"
+    dense = list(heur.candidate_configs(4096, 7168, NUM_SMS, k=2048))
+    assert {c.overlap_epilogue for c in dense} == {True, False}
+    for config in dense:
+        assert config.overlap_epilogue == (config.block_m == 128 and config.num_splits == 1)
+    # The grouped kinds (no k) keep the plain order: their row-predicated stores branch per tile.
+    assert not any(c.overlap_epilogue for c in heur.candidate_configs(4096, 7168, NUM_SMS))
+    overlapped = heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True)
+    plain = heur.make_config(128, 192, 1, False, 2)
+    assert heur.estimate_seconds(overlapped, 4096, 7168, 2048, NUM_SMS) < heur.estimate_seconds(plain, 4096, 7168,
+                                                                                                  2048, NUM_SMS)
+    assert heur.get_fp8_gemm_config(4096, 7168, 2048, NUM_SMS, allow_split_k=True).overlap_epilogue
+    assert not heur.get_fp8_gemm_config(64, 2112, 7168, NUM_SMS, allow_split_k=True).overlap_epilogue
+    assert heur.template_args(overlapped, 7168, 2048, "bfloat16", False)[15] == "true"
