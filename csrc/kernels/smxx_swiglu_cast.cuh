@@ -16,8 +16,8 @@
 //     else by the latter for every gate.
 //   kMinBlocks: the blocks per SM __launch_bounds__ asks for (a register cap), 0 for none.
 // Either way silu is IEEE division's quotient for every bf16 gate without its per-element check and slow-path
-// call, and a clamped gate takes silu(c), computed once per thread by IEEE division (the fast steps take
-// min(gate, c) when they give that quotient for c, which each thread checks once).
+// call. A gate clamped by a float c takes silu(c), computed once per thread by IEEE division (the fast steps take
+// min(gate, c) when they give that quotient for c, which each thread checks once); a bf16 c needs neither.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -106,10 +106,12 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
 
     // Per pass: SwiGLU, then group amax, scale, cast and store (or the bf16 store), then the loads of the
     // pass kPassesInFlight further
-    const float clamped_silu = silu_of_clamp<kClamped>(clamp);
-    // fast_silu(min(gate, c)) is then silu(c) for every clamped gate, unless the fast steps miss c's IEEE quotient
-    // (c need not be a bf16 value, which their proof covers): then the scaled steps and a select take every gate.
-    const bool clamp_is_fast = !kClamped || __float_as_uint(fast_silu(clamp)) == __float_as_uint(clamped_silu);
+    // A float clamp c need not be a bf16 value, which the division steps' proofs cover: a clamped gate takes silu(c)
+    // by IEEE division, and fast_silu(min(gate, c)) is silu(c) only where the fast steps give c's IEEE quotient, so
+    // otherwise the scaled steps and a select take every gate. A bf16 clamp leaves bf16 gates, whose quotients both
+    // steps give: none of this (two divisions a thread, a thread's 16 elements' largest cost).
+    const float clamped_silu = silu_of_clamp<kFloatClamp>(clamp);
+    const bool clamp_is_fast = !kFloatClamp || __float_as_uint(fast_silu(clamp)) == __float_as_uint(clamped_silu);
     #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
         float gate_values[kVec], up_values[kVec], y[kVec], amax = 0.0f;
@@ -144,7 +146,7 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
                     y[8 * v + i] = ScaledSigmoidDenominator(gates[i]).silu(gates[i]);
                 #pragma unroll
                 for (int i = 0; i < 8; ++i)
-                    y[8 * v + i] = kClamped && gates[i] == clamp ? clamped_silu : y[8 * v + i];
+                    y[8 * v + i] = kFloatClamp && gates[i] == clamp ? clamped_silu : y[8 * v + i];
             }
             #pragma unroll
             for (int i = 8 * v; i < 8 * v + 8; ++i) {

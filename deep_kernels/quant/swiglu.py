@@ -99,6 +99,9 @@ class ForwardConfig:
 # gates), all of a thread's loads in flight over 4 passes (64-79 registers), and a row's loads issued before its
 # position (no change: the position's latency is hidden). Nsight Compute puts both p1_row cases at 0.82-0.84
 # warp instructions issued per scheduler and cycle: what remains is instruction count, not memory parallelism.
+# Later the same day, with a bf16 clamp's per-thread silu(c) and the UE8M0 scales' divisions gone: clamp 7, ue8m0
+# packed, weights[pos] at p1_row 82.5% / 82.7%, p2_row 83.6% / 84.1%; fp32 scales 88.1% / 88.9% for both; at
+# [16384, 2 x 2048] p2_row is slower with fp32 scales (80.2% against 82.7%), so p1_row stays the default.
 FORWARD_VARIANTS = {
     "p1_row": ForwardConfig(),
     "p1_row_b0": ForwardConfig(min_blocks=0),
