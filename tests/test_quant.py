@@ -44,6 +44,30 @@ def test_ceil_to_power_of_two_is_exact_at_boundaries():
     assert result[0] == math.inf and math.isnan(result[1])
 
 
+@pytest.mark.parametrize("format_max", [448.0, 65024.0])
+def test_ue8m0_scale_in_integer_ops_is_the_divisions(format_max):
+    # common/quant.cuh's GroupScaler for amax from 2^-100 up: scale bits (amax bits - (format_max bits - 2^30 + 1))
+    # masked to the exponent, multiplier bits 0x7F000000 - scale bits; against ceil_to_power_of_two(amax /
+    # format_max) and its reciprocal for every significand at both ends of the exponent range and around 1.
+    significands = torch.arange(1 << 23, dtype=torch.int64)
+    borrow = _float_bits(format_max) - (128 << 23) + 1
+    for exponent in (-100, -99, -1, 0, 1, 126, 127):
+        bits = ((exponent + 127) << 23) | significands
+        amax = _bits_float(bits)
+        scale = reference.ceil_to_power_of_two(amax / torch.full_like(amax, format_max))
+        scale_bits = (bits - borrow) & 0x7F800000
+        assert torch.equal(_bits_float(scale_bits), scale), exponent
+        assert torch.equal(_bits_float(0x7F000000 - scale_bits), torch.ones_like(scale) / scale), exponent
+
+
+def _float_bits(value) -> int:
+    return torch.tensor([value], dtype=torch.float32).view(torch.int32).item()
+
+
+def _bits_float(bits: torch.Tensor) -> torch.Tensor:
+    return bits.to(torch.int32).view(torch.float32)
+
+
 @pytest.mark.parametrize("ue8m0,layout", LAYOUTS)
 def test_reference_round_trip_error_bound(ue8m0, layout):
     x = random_activations(33, 512, torch.float32, device="cpu", seed=1)

@@ -100,10 +100,27 @@ struct GroupScaler {
 
     GroupScaler() = default;
 
+    // format_max from 256 to 2^24 with kUE8M0 (448 and 65024 here).
     DK_DEVICE GroupScaler(float amax, float format_max) {
         if constexpr (kUE8M0) {
-            scale = ceil_to_power_of_two(__fdiv_rn(amax, format_max));
-            multiplier = __frcp_rn(scale);
+            // NOTE: in integer ops for amax from 2^-100 up (finite), where the quotient is a normal number: with
+            // amax = 2^E m and format_max = 2^F f (m, f in [1, 2)), RN(amax / format_max) rounds to at most 2^(E-F)
+            // exactly when m <= f (m / f > 1 by more than half an ulp otherwise), so the scale's biased exponent
+            // is E - F + (m's significand > f's), one subtraction with borrow, and its reciprocal is exact
+            // (tests/test_quant.py checks both against the division for every significand at the exponents'
+            // ends). The division and reciprocal's checks and slow-path calls were most of a thread's per-group
+            // work where it casts 16 elements.
+            const uint32_t bits = __float_as_uint(amax);
+            constexpr uint32_t kSmallestBits = 27u << 23;  // 2^-100
+            if (bits - kSmallestBits < 0x7F800000u - kSmallestBits) {
+                const uint32_t borrow_bits = __float_as_uint(format_max) - (128u << 23) + 1u;
+                const uint32_t scale_bits = (bits - borrow_bits) & 0x7F800000u;
+                scale = __uint_as_float(scale_bits);
+                multiplier = __uint_as_float(0x7F000000u - scale_bits);
+            } else {
+                scale = ceil_to_power_of_two(__fdiv_rn(amax, format_max));
+                multiplier = __frcp_rn(scale);
+            }
         } else {
             scale = __fdiv_rn(amax, format_max);
             multiplier = __fdiv_rn(format_max, amax);
