@@ -116,13 +116,15 @@ def _choose_config(m: int, n: int, k: int, num_sms: int, out_bytes: int, accumul
                                             allow_split_k=True)
     override = _config_override()
     if override:
+        block_m = override.get("block_m", config.block_m)
+        num_splits = override.get("splits", config.num_splits)
+        # The pick's epilogue overlap carries over only to tilings that have one (128 rows, no split-K).
+        overlap = config.overlap_epilogue and block_m == 128 and num_splits == 1
         config = heuristics.make_config(
-            override.get("block_m", config.block_m), override.get("block_n", config.block_n),
-            override.get("multicast", config.num_tma_multicast),
+            block_m, override.get("block_n", config.block_n), override.get("multicast", config.num_tma_multicast),
             bool(override.get("multicast_on_a", config.multicast_on_a)), out_bytes, override.get("stages"),
-            override.get("splits", config.num_splits),
-            bool(override["pipelined"]) if "pipelined" in override else None,
-            bool(override.get("overlap_epilogue", config.overlap_epilogue)))
+            num_splits, bool(override["pipelined"]) if "pipelined" in override else None,
+            bool(override.get("overlap_epilogue", overlap)))
         if not 1 <= config.num_splits <= k // SCALE_BLOCK:
             raise ValueError(f"DK_FP8_GEMM_CONFIG: splits must be in 1..K / 128 = {k // SCALE_BLOCK}, "
                              f"got {config.num_splits}")

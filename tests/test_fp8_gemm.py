@@ -219,6 +219,16 @@ def _override_config(monkeypatch, **fields):
     monkeypatch.setattr(gemm, "_prepared_calls", {})
 
 
+def test_config_override_keeps_the_overlap_only_where_the_tiling_has_one(monkeypatch):
+    # The pick at 4096 x 7168 x 2048 overlaps its epilogue; overriding its tiling to 64 rows or to split-K drops
+    # the overlap (the kernel has none there) instead of failing, and overlap_epilogue=0 turns it off.
+    assert gemm._choose_config(4096, 7168, 2048, 132, 2, False).overlap_epilogue
+    for fields, overlap in (({"block_m": 64}, False), ({"splits": 2}, False), ({"block_n": 128}, True),
+                            ({"overlap_epilogue": 0}, False)):
+        monkeypatch.setattr(gemm, "_config_override", lambda: fields)
+        assert gemm._choose_config(4096, 7168, 2048, 132, 2, False).overlap_epilogue == overlap, fields
+
+
 @pytest.fixture
 def forced_split_k(monkeypatch):
     """fp8_gemm_nt with the heuristics' tiles but no multicast and 3 splits (uneven for K = 512), as
