@@ -46,18 +46,32 @@ def test_ceil_to_power_of_two_is_exact_at_boundaries():
 
 @pytest.mark.parametrize("format_max", [448.0, 65024.0])
 def test_ue8m0_scale_in_integer_ops_is_the_divisions(format_max):
-    # common/quant.cuh's GroupScaler for amax from 2^-100 up: scale bits (amax bits - (format_max bits - 2^30 + 1))
-    # masked to the exponent, multiplier bits 0x7F000000 - scale bits; against ceil_to_power_of_two(amax /
-    # format_max) and its reciprocal for every significand at both ends of the exponent range and around 1.
+    # common/quant.cuh's GroupScaler with UE8M0 scales, mirrored: against ceil_to_power_of_two(amax / format_max)
+    # and its reciprocal for every significand of the subnormals and of the exponents around where the quotient
+    # turns subnormal, turns zero, at -1, 0, 1 and at the top of the range; inf and NaN.
     significands = torch.arange(1 << 23, dtype=torch.int64)
     borrow = _float_bits(format_max) - (128 << 23) + 1
-    for exponent in (-100, -99, -1, 0, 1, 126, 127):
-        bits = ((exponent + 127) << 23) | significands
+    fmax = torch.tensor(format_max)
+    branches = set()
+    for biased_exponent in (0, 1, 9, 10, 16, 17, 127, 253, 254):
+        bits = (biased_exponent << 23) | significands
         amax = _bits_float(bits)
-        scale = reference.ceil_to_power_of_two(amax / torch.full_like(amax, format_max))
+        scale = reference.ceil_to_power_of_two(amax / fmax)
         scale_bits = (bits - borrow) & 0x7F800000
-        assert torch.equal(_bits_float(scale_bits), scale), exponent
-        assert torch.equal(_bits_float(0x7F000000 - scale_bits), torch.ones_like(scale) / scale), exponent
+        normal = amax >= fmax * 2.0 ** -126
+        nonzero = amax > fmax * 2.0 ** -126 * 2.0 ** -24
+        mirrored = torch.where(normal, _bits_float(scale_bits), torch.where(nonzero, 2.0 ** -126, 0.0))
+        multiplier = torch.where(normal, _bits_float(0x7F000000 - scale_bits),
+                                 torch.where(nonzero, 2.0 ** 126, math.inf))
+        assert torch.equal(mirrored, scale), biased_exponent
+        assert torch.equal(multiplier, torch.ones_like(scale) / scale), biased_exponent
+        branches |= {"zero"} if (~nonzero).any() else set()
+        branches |= {"subnormal"} if (nonzero & ~normal).any() else set()
+        branches |= {"normal"} if normal.any() else set()
+    assert branches == {"zero", "subnormal", "normal"}
+    special = torch.tensor([math.inf, math.nan])
+    scale = reference.ceil_to_power_of_two(special / fmax)
+    assert scale[0] == math.inf and (1 / scale[0]) == 0 and scale[1].isnan() and (1 / scale[1]).isnan()
 
 
 def _float_bits(value) -> int:

@@ -103,24 +103,31 @@ struct GroupScaler {
     // format_max from 256 to 2^24 with kUE8M0 (448 and 65024 here).
     DK_DEVICE GroupScaler(float amax, float format_max) {
         if constexpr (kUE8M0) {
-            // NOTE: in integer ops for amax from 2^-100 up (finite), where the quotient is a normal number: with
-            // amax = 2^E m and format_max = 2^F f (m, f in [1, 2)), RN(amax / format_max) rounds to at most 2^(E-F)
-            // exactly when m <= f (m / f > 1 by more than half an ulp otherwise), so the scale's biased exponent
-            // is E - F + (m's significand > f's), one subtraction with borrow, and its reciprocal is exact
-            // (tests/test_quant.py checks both against the division for every significand at the exponents'
-            // ends). The division and reciprocal's checks and slow-path calls were most of a thread's per-group
-            // work where it casts 16 elements.
+            // NOTE: in integer ops and selects, no division: where the quotient q = RN(amax / format_max) is a
+            // normal number (amax >= format_max * 2^-126), with amax = 2^E m and format_max = 2^F f (m, f in
+            // [1, 2)), q rounds to at most 2^(E-F) exactly when m <= f (m / f > 1 by more than half an ulp
+            // otherwise), so the scale's biased exponent is E - F + (m's significand > f's), one subtraction with
+            // borrow, and its reciprocal is exact. Below, q is subnormal (scale 2^-126) or, from amax <=
+            // format_max * 2^-150 down, zero (scale 0, multiplier inf); inf and NaN amax give what the division
+            // and reciprocal give (inf and 0, NaN and NaN). tests/test_quant.py checks this
+            // against the division for every significand at each end of the range. The division's and the
+            // reciprocal's checks and slow-path calls were most of a thread's per-group work where it casts 16
+            // elements.
             const uint32_t bits = __float_as_uint(amax);
-            constexpr uint32_t kSmallestBits = 27u << 23;  // 2^-100
-            if (bits - kSmallestBits < 0x7F800000u - kSmallestBits) {
-                const uint32_t borrow_bits = __float_as_uint(format_max) - (128u << 23) + 1u;
-                const uint32_t scale_bits = (bits - borrow_bits) & 0x7F800000u;
-                scale = __uint_as_float(scale_bits);
-                multiplier = __uint_as_float(0x7F000000u - scale_bits);
-            } else {
-                scale = ceil_to_power_of_two(__fdiv_rn(amax, format_max));
-                multiplier = __frcp_rn(scale);
-            }
+            const uint32_t borrow_bits = __float_as_uint(format_max) - (128u << 23) + 1u;
+            const uint32_t scale_bits = (bits - borrow_bits) & 0x7F800000u;
+            const bool normal_quotient = amax >= format_max * 0x1p-126f;
+            // NOTE: 2^-150 is no FP32 value; format_max * 2^-150 is (a subnormal, exact in two steps).
+            const bool nonzero_quotient = amax > format_max * 0x1p-126f * 0x1p-24f;
+            const bool finite = bits < 0x7F800000u;
+            const float canonical_nan = __uint_as_float(0x7FFFFFFFu);  // what GPU arithmetic makes of any NaN
+            const bool infinite = bits == 0x7F800000u;
+            scale = !finite ? (infinite ? amax : canonical_nan)
+                    : normal_quotient ? __uint_as_float(scale_bits)
+                    : nonzero_quotient ? 0x1p-126f : 0.0f;
+            multiplier = !finite ? (infinite ? 0.0f : canonical_nan)
+                         : normal_quotient ? __uint_as_float(0x7F000000u - scale_bits)
+                         : nonzero_quotient ? 0x1p126f : __uint_as_float(0x7F800000u);
         } else {
             scale = __fdiv_rn(amax, format_max);
             multiplier = __fdiv_rn(format_max, amax);
