@@ -171,11 +171,10 @@ DK_DEVICE float e4m3_to_float(uint8_t byte) {
 //       coincide)
 //   NV: byte = E4M3(max(amax / 6 / global_scale, 2^-9)) (IEEE divisions, RNE, saturating at 448, NaN kept),
 //       scale = float(byte) * global_scale, multiplier = 1 / scale (IEEE), or Divide: x / scale
-// NOTE: MX in integer ops: with amax = 2^E * m (m in [1, 2)), amax / 6 = 2^(E-2) * m / 1.5 rounds to at most
-// 2^(E-2) exactly when m <= 1.5 (m / 1.5 > 1 by at least 2/3 ulp otherwise), so the scale's biased exponent is
-// E - 2 + (m's fraction > 0.5), one subtraction with carry; checked against the IEEE division and
-// ceil_to_power_of_two for every FP32 amax from 1e-37 to FLT_MAX. An infinite amax gives scale inf (byte 0xFF) and
-// multiplier 0, a NaN scale and multiplier NaN, as the division and reciprocal would.
+// NOTE: MX in integer ops (quant.cuh's power_of_two_scale_bits: amax / 6's quotient is normal from the clamp's
+// 1e-37 up); checked against the IEEE division rounded up to a power of two for every FP32 amax from 1e-37 to
+// FLT_MAX. An infinite amax gives scale inf (byte 0xFF) and multiplier 0, a NaN scale and multiplier NaN, as the
+// division and reciprocal would.
 // NOTE: NV divides with divide_by_scale's steps, not __fdiv_rn (a check and a slow-path call each, whose registers
 // held the kernel to 4 blocks per SM). amax / 6 is the IEEE quotient for every FP32 amax from 2^-125 up
 // (scripts/brute_force_e4m3_division.c checks them all; inf is taken as it is). The quotient by the global scale
@@ -196,9 +195,10 @@ struct Fp4Scaler {
         if constexpr (kFormat == Fp4Format::MX) {
             const uint32_t bits = __float_as_uint(amax);
             const bool finite = bits < 0x7F800000u;
-            const uint32_t scale_bits = (bits - 0xC00001u) & 0x7F800000u;
+            const uint32_t scale_bits = power_of_two_scale_bits(bits, kE2M1Max);
             scale = __uint_as_float(finite ? scale_bits : bits);
-            multiplier = finite ? __uint_as_float(0x7F000000u - scale_bits) : (bits == 0x7F800000u ? 0.0f : amax);
+            multiplier = finite ? __uint_as_float(power_of_two_reciprocal_bits(scale_bits))
+                                : (bits == 0x7F800000u ? 0.0f : amax);
             byte = ue8m0_byte(scale);
         } else {
             constexpr float kOneSixth = 1.0f / kE2M1Max;

@@ -29,13 +29,18 @@ DK_DEVICE float min_nan(float a, float b) {
     return result;
 }
 
-// The smallest power of two >= s, for finite positive s; inf and NaN pass through.
-DK_DEVICE float ceil_to_power_of_two(float s) {
-    const uint32_t bits = __float_as_uint(s);
-    if ((bits >> 23) >= 0xffu)
-        return s;
-    const uint32_t exponent = (bits >> 23) + ((bits & 0x7fffffu) != 0u);
-    return __uint_as_float(exponent << 23);
+// The bits of the power-of-two scale of amax for format_max: the smallest power of two >= RN(amax / format_max),
+// for a finite amax whose quotient is a normal number (amax >= format_max * 2^-126; format_max above 2, so the
+// scale is at most 2^126). With amax = 2^E m and format_max = 2^F f (m, f in [1, 2)), the quotient rounds to at
+// most 2^(E-F) exactly when m <= f (m / f > 1 by more than half an ulp otherwise), so the scale's biased exponent
+// is E - F + (m's significand > f's): one subtraction with borrow, no division.
+DK_DEVICE uint32_t power_of_two_scale_bits(uint32_t amax_bits, float format_max) {
+    return (amax_bits - (__float_as_uint(format_max) - (128u << 23) + 1u)) & 0x7F800000u;
+}
+
+// The bits of 1 / s, exactly, for the bits of a power of two s from 2^-126 to 2^126.
+DK_DEVICE uint32_t power_of_two_reciprocal_bits(uint32_t power_of_two_bits) {
+    return 0x7F000000u - power_of_two_bits;
 }
 
 // The UE8M0 byte of a power-of-two scale: its biased exponent.
@@ -101,22 +106,17 @@ struct GroupScaler {
 
     GroupScaler() = default;
 
-    // format_max from 256 to 2^24 with kUE8M0 (448 and 65024 here).
+    // format_max from 256 to 2^24 with kUE8M0 (448 and 65024 here), so that format_max * 2^-150 is an FP32 value.
     DK_DEVICE GroupScaler(float amax, float format_max) {
         if constexpr (kUE8M0) {
-            // NOTE: in integer ops and selects, no division: where the quotient q = RN(amax / format_max) is a
-            // normal number (amax >= format_max * 2^-126), with amax = 2^E m and format_max = 2^F f (m, f in
-            // [1, 2)), q rounds to at most 2^(E-F) exactly when m <= f (m / f > 1 by more than half an ulp
-            // otherwise), so the scale's biased exponent is E - F + (m's significand > f's), one subtraction with
-            // borrow, and its reciprocal is exact. Below, q is subnormal (scale 2^-126) or, from amax <=
-            // format_max * 2^-150 down, zero (scale 0, multiplier inf); inf and NaN amax give what the division
-            // and reciprocal give (inf and 0, NaN and NaN). tests/test_quant.py checks this
-            // against the division for every significand at each end of the range. The division's and the
-            // reciprocal's checks and slow-path calls were most of a thread's per-group work where it casts 16
-            // elements.
+            // NOTE: no division: power_of_two_scale_bits where the quotient q = RN(amax / format_max) is a normal
+            // number; below, q is subnormal (scale 2^-126) or, from amax <= format_max * 2^-150 down, zero (scale
+            // 0, multiplier inf); inf and NaN amax give what the division and reciprocal give (inf and 0, NaN and
+            // NaN). tests/test_quant.py checks this against the division for every significand at each end of the
+            // range. The division's and the reciprocal's checks and slow-path calls were most of a thread's
+            // per-group work where it casts 16 elements.
             const uint32_t bits = __float_as_uint(amax);
-            const uint32_t borrow_bits = __float_as_uint(format_max) - (128u << 23) + 1u;
-            const uint32_t scale_bits = (bits - borrow_bits) & 0x7F800000u;
+            const uint32_t scale_bits = power_of_two_scale_bits(bits, format_max);
             const bool normal_quotient = amax >= format_max * 0x1p-126f;
             // NOTE: 2^-150 is no FP32 value; format_max * 2^-150 is (a subnormal, exact in two steps).
             const bool nonzero_quotient = amax > format_max * 0x1p-126f * 0x1p-24f;
@@ -127,7 +127,7 @@ struct GroupScaler {
                     : normal_quotient ? __uint_as_float(scale_bits)
                     : nonzero_quotient ? 0x1p-126f : 0.0f;
             multiplier = !finite ? (infinite ? 0.0f : canonical_nan)
-                         : normal_quotient ? __uint_as_float(0x7F000000u - scale_bits)
+                         : normal_quotient ? __uint_as_float(power_of_two_reciprocal_bits(scale_bits))
                          : nonzero_quotient ? 0x1p126f : __uint_as_float(0x7F800000u);
         } else {
             scale = __fdiv_rn(amax, format_max);
