@@ -187,17 +187,35 @@ struct E4M3Scaler : GroupScaler<kUE8M0, kScaleMode> {
     }
 };
 
+// The bf16 elements of kNum 16-byte vectors as FP32, exactly: a bf16 is the upper half of its FP32.
+// NOTE: one shift or mask per element; __bfloat162float of each element of the vector costs an extra PRMT
+// for the odd ones.
+template <int kNum>
+DK_DEVICE void unpack_bf16(const uint4* vectors, float (&values)[8 * kNum]) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(vectors);
+    #pragma unroll
+    for (int i = 0; i < 4 * kNum; ++i) {
+        values[2 * i] = __uint_as_float(words[i] << 16);
+        values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+}
+
 // The elements of one 16-byte input vector as FP32; returns their largest magnitude (NaN propagates).
 template <typename InT, int kVec>
 DK_DEVICE float unpack_vector(const uint4& vector, float (&values)[kVec]) {
     DK_STATIC_ASSERT(kVec * sizeof(InT) == sizeof(uint4), "one vector holds kVec elements");
-    const InT* elements = reinterpret_cast<const InT*>(&vector);
+    if constexpr (std::is_same_v<InT, __nv_bfloat16>) {
+        unpack_bf16<1>(&vector, values);
+    } else {
+        const InT* elements = reinterpret_cast<const InT*>(&vector);
+        #pragma unroll
+        for (int i = 0; i < kVec; ++i)
+            values[i] = static_cast<float>(elements[i]);
+    }
     float amax = 0.0f;
     #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-        values[i] = static_cast<float>(elements[i]);
+    for (int i = 0; i < kVec; ++i)
         amax = max_nan(amax, fabsf(values[i]));
-    }
     return amax;
 }
 

@@ -10,19 +10,6 @@
 
 namespace deep_kernels {
 
-// The bf16 elements of kNum 16-byte vectors as FP32, exactly: a bf16 is the upper half of its FP32.
-// NOTE: one shift or mask per element; __bfloat162float of each element of the vector costs an extra PRMT
-// for the odd ones.
-template <int kNum>
-DK_DEVICE void unpack_bf16(const uint4* vectors, float (&values)[8 * kNum]) {
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(vectors);
-    #pragma unroll
-    for (int i = 0; i < 4 * kNum; ++i) {
-        values[2 * i] = __uint_as_float(words[i] << 16);
-        values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-    }
-}
-
 // min(gate, c) and max(min(up, c), -c), NaN propagating; without kClamped the values as they are. (A clamped
 // gate takes silu(c) from one IEEE division per thread; min(gate, c) is what the fast range is checked on.)
 template <bool kClamped>
@@ -95,7 +82,7 @@ DK_DEVICE float refined_reciprocal(float d) {
 // d / 4 is RN(1 + e) / 4 in one FMA, below 2^126 for every finite d, so the estimate and every step are normal
 // numbers; an infinite d (gates from about -88.7 down) is clamped to FLT_MAX, whose estimate flushes to zero, so
 // the steps give -0, the quotient gate / inf. The quotient is the IEEE one for every finite bf16 gate of at least
-// 2^-20 in magnitude (GateRange::silu_fast): tests/test_quant_swiglu.py evaluates the steps exactly for each such
+// 2^-20 in magnitude (GatePairRange): tests/test_quant_swiglu.py evaluates the steps exactly for each such
 // gate, each d from an expf within 2 ulp and each estimate within 2 ulp of 4 / d. (A dividend of 8 significant
 // bits leaves the correction step enough margin; 1 / d, the backward's sigmoid, needs the Newton step.)
 DK_DEVICE float fast_silu(float gate) {
@@ -181,10 +168,32 @@ struct GateRange {
     }
 
     DK_DEVICE bool fast() const { return smallest >= 0x1p-20f && largest <= 64.0f; }
+};
 
-    // Whether fast_silu is exact for every gate: no zero, subnormal, inf or NaN. Below 2^-21 in magnitude d
-    // approaches 2 - 2^-23, where the correction step can round the wrong way.
-    DK_DEVICE bool silu_fast() const { return smallest >= 0x1p-20f && largest <= 0x1.fffffep127f; }
+// The forward's check of a thread's bf16 gates for fast_silu, on the packed pairs (two gates an instruction, where
+// GateRange takes two FP32 instructions a gate): fast_silu gives IEEE division's quotient for every gate but those
+// below 2^-20 in magnitude (zeros and subnormals: below 2^-21 d approaches 2 - 2^-23, where the correction step can
+// round the wrong way) and +inf (inf - inf in the residual); -inf and NaN give NaN, as the division does. So a
+// vector is fast when its smallest magnitude is at least 2^-20 and, unless kBounded (gates below +inf, as a finite
+// clamp leaves them), its largest gate is finite. NaN lanes drop out of the bf16 min and max (they take the fast
+// steps).
+template <bool kBounded>
+struct GatePairRange {
+    __nv_bfloat162 smallest = __float2bfloat162_rn(__int_as_float(0x7f800000));
+    __nv_bfloat162 largest = __float2bfloat162_rn(0.0f);
+
+    DK_DEVICE void add(const uint4& vector) {
+        const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&vector);
+        smallest = __hmin2(__hmin2(smallest, __hmin2(__habs2(pairs[0]), __habs2(pairs[1]))),
+                           __hmin2(__habs2(pairs[2]), __habs2(pairs[3])));
+        if constexpr (!kBounded)
+            largest = __hmax2(__hmax2(largest, __hmax2(pairs[0], pairs[1])), __hmax2(pairs[2], pairs[3]));
+    }
+
+    DK_DEVICE bool silu_fast() const {
+        return __hbge2(smallest, __float2bfloat162_rn(0x1p-20f)) &&
+               (kBounded || __hblt2(largest, __float2bfloat162_rn(__int_as_float(0x7f800000))));
+    }
 };
 
 }  // namespace deep_kernels

@@ -12,8 +12,8 @@
 //   kPassesInFlight: the passes whose loads are issued up front; each finished pass then issues the loads of
 //     the pass kPassesInFlight further (kPassesInFlight = kPasses: all loads in flight before use).
 //   kRangeCheck: silu by fast_silu's steps (common/swiglu.cuh), and by ScaledSigmoidDenominator's for a
-//     thread's 8 gates of a row when one leaves GateRange::silu_fast's range (below 2^-20 in magnitude, inf, NaN);
-//     else by the latter for every gate.
+//     thread's 8 gates of a row when one is outside GatePairRange's range (below 2^-20 in magnitude, or +inf
+//     without a clamp); else by the latter for every gate.
 //   kMinBlocks: the blocks per SM __launch_bounds__ asks for (a register cap), 0 for none.
 // Either way silu is IEEE division's quotient for every bf16 gate without its per-element check and slow-path
 // call. A gate clamped by a float c takes silu(c), computed once per thread by IEEE division (the fast steps take
@@ -130,10 +130,10 @@ smxx_swiglu_cast_impl(const __nv_bfloat16* __restrict__ x, void* __restrict__ ou
                 gates[i] = clamp_gate<kFloatClamp>(gate_values[8 * v + i], clamp);
             bool fast = false;
             if constexpr (kRangeCheck) {
-                GateRange range;
-                #pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    range.add(gates[i]);
+                // A bf16 clamp has been applied to the pairs, so they hold the clamped gates; a float clamp's
+                // clamped gates are the pairs' or c, whose fast steps clamp_is_fast checked.
+                GatePairRange<kClamped> range;
+                range.add(gate[pass][v]);
                 fast = !valid[pass] || (clamp_is_fast && range.silu_fast());
             }
             if (fast) {

@@ -61,10 +61,10 @@ class ForwardConfig:
     per SM the launch bounds ask for (a register cap), 0 for none.
     """
     rows_per_warp: int = 1
-    passes: int = 1
+    passes: int = 2
     in_flight: int = None
     range_check: bool = True
-    min_blocks: int = 6
+    min_blocks: int = 0
 
     def __post_init__(self):
         if self.in_flight is None:
@@ -90,22 +90,24 @@ class ForwardConfig:
         return 16 * 32 // self.rows_per_warp
 
 
-# Forward structures for A/B experiments (scripts/bench_swiglu_variants.py, DK_SWIGLU_CAST_CONFIG); "p1_row" is
-# the default. Measured on 2026-11-30 at [16384, 2 x 7168] on the quant suite's activations (rows of magnitudes
-# 2^-8..2^7) and on unit-normal gates, as fractions of the copy bandwidth: fp32 scales, p1_row 88% / 89%,
-# p1_row_b0 84% / 84% (48 registers, 5 blocks per SM), p2_row 89% / 90%; with clamp 7, ue8m0 packed scales and
-# weights[pos] 77% / 78%, 75% / 75% and 78% / 78% (p1_row 78% / 79% once bf16 clamps were applied to the loaded
-# pairs). Slower structures of the same day, since dropped: four rows a warp (a warp meets more rows of large
-# gates), all of a thread's loads in flight over 4 passes (64-79 registers), and a row's loads issued before its
-# position (no change: the position's latency is hidden). Nsight Compute puts both p1_row cases at 0.82-0.84
-# warp instructions issued per scheduler and cycle: what remains is instruction count, not memory parallelism.
-# Later the same day, with a bf16 clamp's per-thread silu(c) and the UE8M0 scales' divisions gone: clamp 7, ue8m0
-# packed, weights[pos] at p1_row 82.5% / 82.7%, p2_row 83.6% / 84.1%; fp32 scales 88.1% / 88.9% for both; at
-# [16384, 2 x 2048] p2_row is slower with fp32 scales (80.2% against 82.7%), so p1_row stays the default.
+# Forward structures for A/B experiments (scripts/bench_swiglu_variants.py, DK_SWIGLU_CAST_CONFIG); the first,
+# "p2_row", is the default. Measured on 2026-11-30 at [16384, 2 x 7168] on the quant suite's activations (rows of
+# magnitudes 2^-8..2^7) and on unit-normal gates, as fractions of the copy bandwidth: fp32 scales, p1_row (one pass,
+# min_blocks 6: 40 registers; the default until 2026-12-01) 88% / 89%,
+# p1_row_b0 (48 registers, 5 blocks per SM) 84% / 84%, p2_row 89% / 90%. Slower structures of that day, since
+# dropped: four rows a warp (a warp meets more rows of large gates), all of a thread's loads in flight over 4
+# passes (64-79 registers), and a row's loads issued before its position (no change: the position's latency is
+# hidden). Nsight Compute put p1_row at 0.82-0.84 warp instructions issued per scheduler and cycle: what remains
+# is instruction count, not memory parallelism. On 2026-12-01, with the fast-range check on the bf16 pairs
+# (common/swiglu.cuh's GatePairRange, 8 instructions for 8 gates where it took 19): fp32 scales p1_row 86.9% /
+# 87.5%, p2_row 92.2% / 92.8%; clamp 7, ue8m0 packed, weights[pos] p1_row 87.4% / 87.7%, p2_row 86.6% / 87.2%
+# (82.5% / 82.7% and 83.6% / 84.1% before); at [16384, 2 x 2048] fp32 p1_row 82.4%, p2_row 84.6%, the clamped
+# case 80.1% and 79.1%. p2_row_in1 (48 registers) 89.3% / 89.5% and 87.2% / 87.9%; four rows with two in flight
+# (64-75 registers) 85.0% / 87.7% and 81.7% / 84.7%. p1_row, since dropped, spilled under its 40-register cap once
+# a float clamp kept the bf16 pairs for the range check.
 FORWARD_VARIANTS = {
-    "p1_row": ForwardConfig(),
-    "p1_row_b0": ForwardConfig(min_blocks=0),
-    "p2_row": ForwardConfig(passes=2, min_blocks=0),
+    "p2_row": ForwardConfig(),
+    "p2_row_in1": ForwardConfig(in_flight=1),
 }
 
 
