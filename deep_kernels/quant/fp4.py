@@ -68,9 +68,6 @@ MIN_FP4_AMAX_CLAMP = 1e-37
 CODE_TYPES = (torch.float4_e2m1fn_x2, torch.uint8)
 # Elements a cast thread handles per pass (a warp: 32 times as many of one row).
 _THREAD_ELEMENTS = 16
-# Cast passes by input dtype: 8 16-byte loads of bf16 in flight per thread, 4 of fp32. Measured on 2026-11-30 at
-# [16384, 7168] bf16 (fractions of the copy bandwidth): 1, 2 and 4 passes, MXFP4 84%, 91%, 93%; NVFP4 76%, 80%, 82%.
-_CAST_PASSES = {torch.bfloat16: 4, torch.float32: 1}
 # Cast-back: a lane writes one 16-byte vector of bf16 or fp32 per pass (a warp: 512 bytes of one row), with 8
 # loads of codes (4 or 2 bytes) and scales in flight per thread.
 _CAST_BACK_PASSES = 8
@@ -104,6 +101,13 @@ class Fp4ScaleLayout(IntEnum):
     def cpp(self) -> str:
         return "deep_kernels::Fp4ScaleLayout::" + ("RowMajor", "MNMajorPackedUE8M0", "Swizzled128x4")[self.value]
 
+
+# Cast passes by input dtype and format: 8 16-byte loads of bf16 in flight per thread (12 for NVFP4), 4 of fp32.
+# Measured at [16384, 7168] bf16 (fractions of the copy bandwidth): on 2026-11-30 1, 2 and 4 passes, MXFP4 84%, 91%,
+# 93%; NVFP4 76%, 80%, 82%; on 2026-12-01 4, 6 and 8 passes, MXFP4 92.9%, 92.2%, 90.9%; NVFP4 84.8% (85.1% again),
+# 86.2%, 78.0% (80 registers at 6 passes, 124 at 8).
+_CAST_PASSES = {(torch.bfloat16, Fp4Format.mx): 4, (torch.bfloat16, Fp4Format.nv): 6,
+                (torch.float32, Fp4Format.mx): 1, (torch.float32, Fp4Format.nv): 1}
 
 FP4_SCALE_LAYOUTS = {Fp4Format.mx: ("row_major", "packed_ue8m0"), Fp4Format.nv: ("row_major", "swizzled")}
 
@@ -181,7 +185,7 @@ def _check_out_alignment(t: torch.Tensor, name: str) -> None:
 
 def _cast_spec(dtype: torch.dtype, fmt: Fp4Format, layout: Fp4ScaleLayout, mode: ScaleMode) -> KernelSpec:
     return KernelSpec("kernels/smxx_fp4_cast.cuh", "smxx_fp4_cast_impl",
-                      (CPP_TYPES[dtype], NUM_WARPS, _CAST_PASSES[dtype], fmt.cpp, layout.cpp, mode.cpp))
+                      (CPP_TYPES[dtype], NUM_WARPS, _CAST_PASSES[dtype, fmt], fmt.cpp, layout.cpp, mode.cpp))
 
 
 @functools.lru_cache(maxsize=None)
@@ -195,7 +199,7 @@ def _cast_to_fp4(x, global_scale, fmt: Fp4Format, scale_layout, amax_clamp, scal
     m, k = x.shape
     if k % fmt.group_size != 0:
         raise ValueError(f"x.shape[1] (K = {k}) must be a multiple of {fmt.group_size} ({fmt.name.upper()}FP4 groups)")
-    rows_per_block = NUM_WARPS * _CAST_PASSES[x.dtype]
+    rows_per_block = NUM_WARPS * _CAST_PASSES[x.dtype, fmt]
     _check_rows(m, rows_per_block, "x")
     check_row_major_rows(x, "x")
     layout = _parse_fp4_layout(scale_layout, fmt)
