@@ -162,6 +162,8 @@ def test_reference_per_block_known_values():
     (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_layout": "col"}, ValueError, "scale_layout must be"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_layout": "packed_ue8m0"}, ValueError, "needs ue8m0"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": 0.0}, ValueError, "amax_clamp"),
+    # format_max / amax of an all-zero group overflows FP32 below about 1.3e-36 (MIN_AMAX_CLAMP's note).
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": 1e-37}, ValueError, "amax_clamp must be at least 1e-30"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {}, ValueError, "must be a CUDA tensor"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_mode": "exact"}, ValueError, "scale_mode must be one of"),
     ("not a tensor", {}, TypeError, "torch.Tensor"),
