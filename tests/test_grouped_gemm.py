@@ -175,7 +175,7 @@ def test_grouped_heuristics_are_deterministic_and_legal():
         config = heuristics.get_grouped_fp8_gemm_config(gemm_type, m, n, k, g, NUM_SMS)
         assert config == heuristics.get_grouped_fp8_gemm_config(gemm_type, m, n, k, g, NUM_SMS)
         rows = heuristics.modelled_rows(gemm_type, m, g, 0)
-        assert config in list(dense_heuristics.candidate_configs(rows, n, NUM_SMS))
+        assert config in list(dense_heuristics.candidate_configs(rows, n, NUM_SMS, grouped=True))
         grid = heuristics.grid_size(gemm_type, config, m, n, NUM_SMS)
         assert 0 < grid <= NUM_SMS and grid % config.num_tma_multicast == 0
         if gemm_type == "m_grouped_masked":
@@ -195,7 +195,7 @@ def test_masked_model_counts_a_half_full_last_block():
     assert heuristics.modelled_rows("m_grouped_masked", 0, 4, 64) == 33
     assert heuristics.modelled_rows("m_grouped_contiguous", 1000, 4, 128) == 250
     config = heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 256, 4096, 7168, 4, NUM_SMS)
-    for other in dense_heuristics.candidate_configs(256, 4096, NUM_SMS):
+    for other in dense_heuristics.candidate_configs(256, 4096, NUM_SMS, grouped=True):
         rows = heuristics.modelled_rows("m_grouped_masked", 256, 4, other.block_m)
         assert (dense_heuristics.estimate_seconds(other, rows, 4096, 7168, NUM_SMS, num_groups=4) >=
                 dense_heuristics.estimate_seconds(config, 256 + config.block_m // 2, 4096, 7168, NUM_SMS, num_groups=4))

@@ -11,7 +11,7 @@
 // kPipelined (tiles narrow enough for a second accumulator set, kMaxPipelinedBlockN): each warpgroup issues
 // K block i + 1's wgmma group before it waits for and promotes block i, so the promotion, the barrier waits
 // and the wgmma latency overlap the tensor cores' work instead of draining them every K block.
-// kOverlapEpilogue (Normal kind, BLOCK_M 128, no split-K; an experiment, off by default): the next tile's first K
+// kOverlapEpilogue (BLOCK_M 128, no split-K; grouped kinds: BLOCK_N a multiple of 64): the next tile's first K
 // block's wgmma group is issued before a tile's store, so the tensor cores work while the store converts and stages.
 // Unsupported: K % 128 != 0, N % 16 != 0, BLOCK_M other than 64 / 128, BLOCK_N > 192, C distinct from D
 // (the host copies C into D first).
@@ -614,9 +614,12 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     DK_STATIC_ASSERT(!kPipelined || BLOCK_N <= kMaxPipelinedBlockN[kNumMathWarpgroups - 1],
                      "three accumulator sets fit the math warpgroups' registers");
     // NOTE: ptxas serializes every wgmma of a kernel whose group in flight meets a divergent path, as the
-    // split-K reduction and the grouped kinds' row-predicated store are, and (C7514) of the one-warpgroup tiles.
-    DK_STATIC_ASSERT(!kOverlapEpilogue || (kGemmType == GemmType::Normal && kNumSplits == 1 && BLOCK_M == 128),
-                     "the epilogue overlap is for the Normal kind's 128-row tiles without split-K");
+    // split-K reduction is, and (C7514) of the one-warpgroup tiles. The grouped kinds' vote and row-predicated
+    // store keep the group in flight only where the K loop has at most two sfb offsets to dispatch on (BLOCK_N a
+    // multiple of 64); at 96, 112, 144 and 160 columns ptxas serializes (C7518).
+    DK_STATIC_ASSERT(!kOverlapEpilogue || (kNumSplits == 1 && BLOCK_M == 128 &&
+                                           (kGemmType == GemmType::Normal || BLOCK_N % 64 == 0)),
+                     "the epilogue overlap is for 128-row tiles without split-K (grouped: BLOCK_N a multiple of 64)");
 
     // Register budgets: 128 x 40 + 256 x 232 = 64,512 of 65,536 with two math warpgroups.
     constexpr uint32_t kNumTMARegisters = 40;

@@ -108,8 +108,9 @@ class Fp8GemmConfig:
     block_k: int = BLOCK_K
     num_splits: int = 1
     pipelined: bool = False
-    # Issue the next tile's first K block before this tile's store (the kernel's kOverlapEpilogue; Normal kind,
-    # BLOCK_M 128, no split-K): the heuristics' candidates use it wherever it applies (OVERLAP_EPILOGUE_FACTOR).
+    # Issue the next tile's first K block before this tile's store (the kernel's kOverlapEpilogue; BLOCK_M 128, no
+    # split-K, grouped kinds BLOCK_N a multiple of 64): the candidates use it wherever it applies (has_epilogue_overlap,
+    # OVERLAP_EPILOGUE_FACTOR).
     overlap_epilogue: bool = False
 
     @property
@@ -271,10 +272,17 @@ def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_m
         yield from range(2, min(k // BLOCK_K, num_sms // (tiles % num_sms), MAX_TAIL_SPLITS) + 1)
 
 
+def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False) -> bool:
+    """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128-row tiles without split-K,
+    for the grouped kinds only tiles of a multiple of 64 columns (ptxas serializes the wgmma of the others: their
+    vote and row-predicated store meet the K loop's dispatch over more than two sfb offsets)."""
+    return block_m == 128 and num_splits == 1 and (not grouped or block_n % 64 == 0)
+
+
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
-                      out_dtype_bytes: int = 2, k: int = None):
-    """Every legal config for the problem, in the fixed order ties are broken by (split-K options and the
-    epilogue overlap only when k is given: Normal GEMMs)."""
+                      out_dtype_bytes: int = 2, k: int = None, grouped: bool = False):
+    """Every legal config for the problem, in the fixed order ties are broken by (split-K options only when k is
+    given: Normal GEMMs; grouped: the grouped kinds' epilogue overlap rule)."""
     # NOTE: larger tiles first, so ties (typically memory-bound shapes) go to the one moving fewer bytes.
     for block_m in reversed(BLOCK_MS):
         for block_n in reversed(BLOCK_NS):
@@ -294,7 +302,7 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes),
                         num_splits=num_splits,
                         pipelined=can_pipeline(block_m, block_n),
-                        overlap_epilogue=k is not None and block_m == 128 and num_splits == 1,
+                        overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped),
                     )
 
 

@@ -51,7 +51,7 @@ def get_grouped_fp8_gemm_config(gemm_type: str, m: int, n: int, k: int, num_grou
         raise ValueError(f"m must be >= 0, got {m}")
     fp8_gemm.check_problem(n, k, num_sms)
     rows = modelled_rows(gemm_type, m, num_groups, 0)
-    candidates = list(fp8_gemm.candidate_configs(rows, n, num_sms, smem_capacity))
+    candidates = list(fp8_gemm.candidate_configs(rows, n, num_sms, smem_capacity, grouped=True))
     if not candidates:
         raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
     return min(candidates, key=lambda config: fp8_gemm.estimate_seconds(
