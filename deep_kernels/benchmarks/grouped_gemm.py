@@ -16,7 +16,7 @@ from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.grouped_gemm import CONTIGUOUS, MASKED, _plan
 from deep_kernels.reference import gemm as reference
 from deep_kernels.testing import calc_diff, random_activations
-from deep_kernels.testing.bench import time_kernel_us
+from deep_kernels.testing.bench import time_kernels_us
 from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs
 from deep_kernels.validation import ceil_div
 
@@ -42,26 +42,36 @@ def _column_major(scales: torch.Tensor) -> torch.Tensor:
     return scales.t().contiguous().t()
 
 
-def _time_peer(a_rows: list, sfa_rows: list, b, sfb, ctx: BenchContext):
-    """(us, None) of one cuBLAS call per expert (a_rows[g] [M_g, K], sfa_rows[g] its FP32 scales; experts
-    without rows skipped), or (None, the error) when cuBLAS rejects a shape."""
+def _peer_loop(a_rows: list, sfa_rows: list, b, sfb):
+    """(one cuBLAS call per expert, None) (a_rows[g] [M_g, K], sfa_rows[g] its FP32 scales; experts without rows
+    skipped), or (None, the error) when cuBLAS rejects a shape."""
     calls = [_cublas(a, b[g], _column_major(sfa), sfb[g]) for g, (a, sfa) in enumerate(zip(a_rows, sfa_rows))
              if a.shape[0] > 0]
     loop = lambda: [call() for call in calls]
     try:
-        return time_kernel_us(loop, ctx.flusher, reps=REPS), None
+        loop()
     except RuntimeError as error:
         return None, error
+    return loop, None
 
 
-def _time_dense(rows: int, n: int, k: int, b, sfb, ctx: BenchContext) -> tuple:
-    """(us, calc_diff) of fp8_gemm_nt on `rows` random rows with expert 0's weights."""
+def _dense_call(rows: int, n: int, k: int, b, sfb) -> tuple:
+    """(fp8_gemm_nt on `rows` random rows with expert 0's weights, its calc_diff)."""
     a = deep_kernels.per_token_cast_to_fp8(random_activations(rows, k))
     d = torch.empty((rows, n), device="cuda", dtype=torch.bfloat16)
     call = lambda: deep_kernels.fp8_gemm_nt(a, (b[0], sfb[0]), d)
     call()
     expected = reference.fp8_gemm_nt(a, (b[0], sfb[0]), torch.empty((rows, n), device="cuda", dtype=torch.float64))
-    return time_kernel_us(call, ctx.flusher, reps=REPS), calc_diff(d, expected)
+    return call, calc_diff(d, expected)
+
+
+def _time_with_peers(call, peer: tuple, dense: tuple, ctx: BenchContext) -> tuple:
+    """(us, (peer_us, peer_error), (dense_us, dense_diff)): the kernel, the cuBLAS loop and the dense GEMM timed in
+    turns (time_kernels_us), so that their ratios see the same clocks."""
+    (peer_loop, peer_error), (dense, dense_diff) = peer, dense
+    fns = [call, dense] + ([peer_loop] if peer_loop else [])
+    times = time_kernels_us(fns, ctx.flusher, reps=REPS)
+    return times[0], (times[2] if peer_loop else None, peer_error), (times[1], dense_diff)
 
 
 def _config_text(config, grid) -> str:
@@ -103,10 +113,9 @@ def _contiguous_rows(ctx: BenchContext) -> list:
             (a, sfa), (b, sfb), torch.empty((g * m, n), device="cuda", dtype=torch.float64), m_indices)
         check = f"calc_diff={calc_diff(d, expected):.1e}"
         del expected
-        us = time_kernel_us(call, ctx.flusher, reps=REPS)
-        peer = _time_peer([a[i * m:(i + 1) * m] for i in range(g)], [sfa[i * m:(i + 1) * m] for i in range(g)],
-                          b, sfb, ctx)
-        dense = _time_dense(g * m, n, k, b, sfb, ctx)
+        peer = _peer_loop([a[i * m:(i + 1) * m] for i in range(g)], [sfa[i * m:(i + 1) * m] for i in range(g)],
+                          b, sfb)
+        us, peer, dense = _time_with_peers(call, peer, _dense_call(g * m, n, k, b, sfb), ctx)
         _, config, grid = _plan(CONTIGUOUS, g * m, n, k, g)
         rows.append(_row("m_grouped_fp8_gemm_nt_contiguous", {"g": g, "m": m, "n": n, "k": k},
                          _config_text(config, grid), us, g * m, n, k, g, ctx, peer, dense, check))
@@ -129,12 +138,11 @@ def _masked_rows(ctx: BenchContext) -> list:
                 expected_m)
             valid = torch.arange(m_max, device="cuda")[None, :] < masked_m_device[:, None]
             check = f"calc_diff={calc_diff(d[valid], expected[valid]):.1e}"
-            us = time_kernel_us(call, ctx.flusher, reps=REPS)
             peer_rows = [ceil_div(rows_g, CUBLAS_ROW_MULTIPLE) * CUBLAS_ROW_MULTIPLE for rows_g in masked_m]
-            peer = _time_peer([a[i, :r] for i, r in enumerate(peer_rows)], [sfa[i, :r] for i, r in enumerate(peer_rows)],
-                              b, sfb, ctx)
+            peer = _peer_loop([a[i, :r] for i, r in enumerate(peer_rows)], [sfa[i, :r] for i, r in enumerate(peer_rows)],
+                              b, sfb)
             total = sum(masked_m)
-            dense = _time_dense(total, n, k, b, sfb, ctx)
+            us, peer, dense = _time_with_peers(call, peer, _dense_call(total, n, k, b, sfb), ctx)
             _, config, grid = _plan(MASKED, expected_m, n, k, g)
             rows.append(_row("m_grouped_fp8_gemm_nt_masked",
                              {"g": g, "m": m_max, "expected_m": expected_m, "n": n, "k": k},

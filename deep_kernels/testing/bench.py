@@ -27,31 +27,49 @@ def time_kernel_us(fn, flusher: L2Flusher, warmup: int = 10, reps: int = 50) -> 
     Kernel durations come from the profiler (CUPTI), so host launch gaps never count: each run's time
     is the sum of the durations of the kernels fn() launched (between two flushes).
     """
+    return time_kernels_us([fn], flusher, warmup, reps)[0]
+
+
+def time_kernels_us(fns: list, flusher: L2Flusher, warmup: int = 10, reps: int = 50) -> list:
+    """time_kernel_us of each of fns, measured in turns (flush, fns[0], flush, fns[1], ..., reps times over),
+    so that clock and power drift during the measurement falls on every one alike: for ratios between kernels
+    (a GEMM near the power limit runs its clock down over seconds)."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(warmup):
-        fn()
+        for fn in fns:
+            fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            flusher()
-            fn()
+            for fn in fns:
+                flusher()
+                fn()
         torch.cuda.synchronize()
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
+    runs = split_runs([(e.name, e.time_range.elapsed_us()) for e in kernels], flusher.is_flush, len(fns), reps)
+    return [statistics.median(fn_runs) for fn_runs in runs]
+
+
+def split_runs(kernels: list, is_flush, num_fns: int, reps: int) -> list:
+    """Per function, the times of its runs from (name, microseconds) of the profiled kernels in start order:
+    a run is the sum of the kernels between two flushes (the last one's up to the end), and runs go to the
+    functions in turn."""
     runs, current = [], None
-    for event in kernels:
-        if flusher.is_flush(event.name):
+    for name, us in kernels:
+        if is_flush(name):
             if current is not None:
                 runs.append(current)
             current = 0.0
         elif current is not None:
-            current += event.time_range.elapsed_us()
+            current += us
     if current is not None:
         runs.append(current)
-    if len(runs) != reps or not any(runs):
-        raise RuntimeError(f"profiler saw {len(runs)} runs for {reps} repetitions")
-    return statistics.median(runs)
+    per_fn = [runs[i::num_fns] for i in range(num_fns)]
+    if len(runs) != reps * num_fns or not all(any(fn_runs) for fn_runs in per_fn):
+        raise RuntimeError(f"profiler saw {len(runs)} runs for {reps} repetitions of {num_fns} functions")
+    return per_fn
 
 
 def copy_bandwidth_gbps(flusher: L2Flusher, num_bytes: int = 2 << 30) -> float:

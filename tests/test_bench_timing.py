@@ -1,0 +1,20 @@
+"""The benchmarks' timing helpers (deep_kernels.testing.bench) that need no GPU."""
+
+import pytest
+
+from deep_kernels.testing.bench import L2Flusher, split_runs
+
+
+def test_interleaved_timing_splits_runs_per_function():
+    # time_kernels_us profiles flush, fns[0], flush, fns[1], ... reps times over: each run is the sum of the
+    # kernels after a flush, and runs go to the functions in turn.
+    flush = "void at::native::bitwise_not_kernel"
+    kernels = []
+    for rep in range(3):
+        kernels += [(flush, 50.0), ("gemm", 10.0 + rep), (flush, 50.0), ("cublas_a", 4.0), ("cublas_b", 5.0)]
+    assert split_runs(kernels, L2Flusher.is_flush, 2, 3) == [[10.0, 11.0, 12.0], [9.0, 9.0, 9.0]]
+    assert split_runs(kernels, L2Flusher.is_flush, 1, 6) == [[10.0, 9.0, 11.0, 9.0, 12.0, 9.0]]
+    with pytest.raises(RuntimeError, match="6 runs for 2 repetitions of 2 functions"):
+        split_runs(kernels, L2Flusher.is_flush, 2, 2)
+    with pytest.raises(RuntimeError, match="runs for"):  # a function that launched nothing
+        split_runs([(flush, 1.0), ("gemm", 3.0), (flush, 1.0)], L2Flusher.is_flush, 2, 1)
