@@ -62,7 +62,8 @@ def supported_group_sizes(dtype: torch.dtype) -> tuple:
 
 
 def block_rows(group_size: int, vector: int) -> int:
-    # Mirrors TokenGroupTile::BLOCK_ROWS (csrc/common/token_group_tile.cuh).
+    # Mirrors TokenGroupTile::BLOCK_ROWS (csrc/common/token_group_tile.cuh) for PASSES loads of `vector` elements
+    # a thread, whether a tile pass takes one load or several (the per-token cast's 16 elements a thread).
     return (32 // (group_size // vector)) * NUM_WARPS * PASSES
 
 
