@@ -219,6 +219,22 @@ DK_DEVICE float unpack_vector(const uint4& vector, float (&values)[kVec]) {
     return amax;
 }
 
+// The elements of kNum 16-byte vectors of InT as FP32, in order; returns their largest magnitude (NaN propagates).
+template <typename InT, int kNum>
+DK_DEVICE float unpack_vectors(const uint4 (&vectors)[kNum], float (&values)[kNum * 16 / sizeof(InT)]) {
+    constexpr int kVec = 16 / sizeof(InT);
+    float amax = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < kNum; ++i) {
+        float elements[kVec];
+        amax = max_nan(amax, unpack_vector<InT>(vectors[i], elements));
+        #pragma unroll
+        for (int e = 0; e < kVec; ++e)
+            values[i * kVec + e] = elements[e];
+    }
+    return amax;
+}
+
 // The largest magnitude over kNum 16-byte vectors of InT (NaN propagates).
 // NOTE: bf16 on the packed pairs (a mask and a NaN-propagating bf16x2 max per pair, exact): half the instructions
 // of unpacking, and no FP32 copies of the values for the compiler to keep live until the cast unpacks them again.
@@ -237,13 +253,8 @@ DK_DEVICE float vectors_amax(const uint4 (&vectors)[kNum]) {
         }
         return max_nan(__low2float(largest), __high2float(largest));
     } else {
-        float amax = 0.0f;
-        #pragma unroll
-        for (int i = 0; i < kNum; ++i) {
-            float values[16 / sizeof(InT)];
-            amax = max_nan(amax, unpack_vector<InT>(vectors[i], values));
-        }
-        return amax;
+        float values[kNum * 16 / sizeof(InT)];
+        return unpack_vectors<InT>(vectors, values);
     }
 }
 

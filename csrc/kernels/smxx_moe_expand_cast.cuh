@@ -85,16 +85,7 @@ smxx_moe_expand_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, vo
     #pragma unroll
     for (int pass = 0; pass < kTilePasses; ++pass) {
         float values[kVec];
-        float amax = 0.0f;
-        #pragma unroll
-        for (int i = 0; i < kLoads; ++i) {
-            float elements[kElementsPerLoad];
-            amax = max_nan(amax, unpack_vector<InT>(loaded[pass][i], elements));
-            #pragma unroll
-            for (int e = 0; e < kElementsPerLoad; ++e)
-                values[i * kElementsPerLoad + e] = elements[e];
-        }
-        amax = max_nan(Tile::group_reduce(amax, max_nan), amax_clamp);
+        const float amax = max_nan(Tile::group_reduce(unpack_vectors<InT>(loaded[pass], values), max_nan), amax_clamp);
         const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
         scaler.quantize(values, codes[pass]);
         pass_scales[pass] = scaler.scale;

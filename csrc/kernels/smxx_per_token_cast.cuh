@@ -82,18 +82,11 @@ smxx_per_token_cast_impl(const InT* __restrict__ x, uint8_t* __restrict__ q, voi
     for (int pass = 0; pass < kTilePasses; ++pass) {
         const uint32_t row = tile.row(pass);
         // NOTE: amax from the loaded vectors (bf16 on the packed pairs) and the values unpacked after: the scale's
-        // IEEE division and Divide's reciprocal have slow-path calls, across which 16 unpacked values would not fit
-        // the 40-register cap.
+        // IEEE division and Divide's reciprocal have slow-path calls, across which 16 unpacked values spilled under
+        // a 40-register cap.
         const float amax = max_nan(Tile::group_reduce(vectors_amax<InT>(loaded[pass]), max_nan), amax_clamp);
         float values[kThreadElements];
-        #pragma unroll
-        for (int i = 0; i < kLoads; ++i) {
-            float elements[kVec];
-            unpack_vector<InT>(loaded[pass][i], elements);
-            #pragma unroll
-            for (int e = 0; e < kVec; ++e)
-                values[i * kVec + e] = elements[e];
-        }
+        unpack_vectors<InT>(loaded[pass], values);
         uint8_t* dst = q + static_cast<uint64_t>(row) * shape_k + tile.column;
         if constexpr (kPacked) {
             const E4M3Scaler<kUE8M0, kScaleMode> scaler(amax);
