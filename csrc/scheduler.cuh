@@ -85,9 +85,6 @@ struct Scheduler {
     uint32_t group_idx = 0;
     uint32_t group_first_unit = 0;
     uint32_t group_num_m_blocks = 0;
-    // Contiguous: the unit whose M-blocks' groups prefetch_groups loaded (none yet: past every unit).
-    uint32_t prefetched_unit_idx = 0xffffffffu;
-    int prefetched_groups[2] = {-1, -1};
 
     DK_DEVICE Scheduler(uint32_t shape_m, const int* grouped_layout, uint32_t num_groups, uint32_t num_unsplit_tiles = 0)
         : shape_m(shape_m),
@@ -122,19 +119,15 @@ struct Scheduler {
             if (!seek_group(unit_idx))
                 return false;
 
-            uint32_t m_block_0, n_block_0;
-            unit_blocks(unit_idx - group_first_unit, m_block_0, n_block_0);
+            uint32_t m_unit, n_unit;
+            rasterize(unit_idx - group_first_unit, m_unit, n_unit);
             // Pair member r (r = CTA rank; always 0 without multicast).
+            const uint32_t m_block_0 = kPairsShareN ? 2 * m_unit : m_unit;
+            const uint32_t n_block_0 = kPairsShareM ? 2 * n_unit : n_unit;
             const uint32_t m_block_1 = kPairsShareN ? m_block_0 + 1 : m_block_0;
             const uint32_t n_block_1 = kPairsShareM ? n_block_0 + 1 : n_block_0;
-            int group_0, group_1;
-            if (kGemmType == GemmType::MGroupedContiguous && unit_idx == prefetched_unit_idx) {
-                group_0 = prefetched_groups[0];
-                group_1 = prefetched_groups[1];
-            } else {
-                group_0 = block_group(m_block_0);
-                group_1 = kPairsShareN ? block_group(m_block_1) : group_0;
-            }
+            const int group_0 = block_group(m_block_0);
+            const int group_1 = kPairsShareN ? block_group(m_block_1) : group_0;
             const bool valid_0 = is_valid_block(m_block_0, n_block_0, group_0);
             const bool valid_1 = kNumTMAMulticast == 2 && is_valid_block(m_block_1, n_block_1, group_1);
             if (!valid_0 && !valid_1)
@@ -150,8 +143,6 @@ struct Scheduler {
             // The leader (rank 0) multicasts its own tile's operand: fine when it is valid and the partner
             // either needs the same tile (same group) or is invalid and ignores what it receives.
             tile.is_multicast_valid = kNumTMAMulticast == 2 && valid_0 && (!valid_1 || group_0 == group_1);
-            if constexpr (kGemmType == GemmType::MGroupedContiguous)
-                prefetch_groups(next_unit_idx);
             return true;
         }
     }
@@ -201,27 +192,6 @@ private:
         } else {
             return unit_idx < num_units(group_num_m_blocks);
         }
-    }
-
-    // Contiguous: starts loading the groups of a unit's M-blocks, which the next call reads when that unit comes
-    // up (the next unit of this cluster unless it was padding). The load runs while this tile is computed:
-    // issued at the next call, its L2 round trip would leave the tensor cores idle between tiles.
-    DK_DEVICE void prefetch_groups(uint32_t unit_idx) {
-        prefetched_unit_idx = unit_idx;
-        if (!seek_group(unit_idx))
-            return;
-        uint32_t m_block_idx, n_block_idx;
-        unit_blocks(unit_idx, m_block_idx, n_block_idx);
-        prefetched_groups[0] = block_group(m_block_idx);
-        prefetched_groups[1] = kPairsShareN ? block_group(m_block_idx + 1) : prefetched_groups[0];
-    }
-
-    // The first M-block and N-block of a unit's pair (its only blocks without multicast).
-    DK_DEVICE void unit_blocks(uint32_t unit_in_group, uint32_t& m_block_idx, uint32_t& n_block_idx) const {
-        uint32_t m_unit, n_unit;
-        rasterize(unit_in_group, m_unit, n_unit);
-        m_block_idx = kPairsShareN ? 2 * m_unit : m_unit;
-        n_block_idx = kPairsShareM ? 2 * n_unit : n_unit;
     }
 
     DK_DEVICE void rasterize(uint32_t unit_in_group, uint32_t& m_unit, uint32_t& n_unit) const {
