@@ -147,15 +147,31 @@ struct Scheduler {
         }
     }
 
-    // Whether D row `row` of a tile of group `group` is written: inside M, of the group (contiguous: its id
-    // in grouped_layout; masked: row, counted inside the group, below masked_m[group]).
-    DK_DEVICE bool is_valid_row(uint32_t row, uint32_t group) const {
+    // The value in global memory that decides whether D row `row` of a tile of group `group` is written
+    // (contiguous: the row's id in grouped_layout, -1 past M; masked: masked_m[group]). Apart from
+    // is_valid_row(key, ...) so that a caller can issue the load long before it needs the answer.
+    DK_DEVICE int row_key(uint32_t row, uint32_t group) const {
         if constexpr (kGemmType == GemmType::MGroupedContiguous)
-            return row < shape_m && contiguous_group(row) == static_cast<int>(group);
+            return row < shape_m ? __ldg(grouped_layout + row) : -1;
         else if constexpr (kGemmType == GemmType::MGroupedMasked)
-            return row < masked_num_rows(group);
+            return __ldg(grouped_layout + group);
+        else
+            return 0;
+    }
+
+    // Whether the row is written: inside M, of the group (contiguous: its id is the group's, which lies in
+    // [0, num_groups); masked: row, counted inside the group, below masked_m[group] clamped to [0, M_max]).
+    DK_DEVICE bool is_valid_row(int key, uint32_t row, uint32_t group) const {
+        if constexpr (kGemmType == GemmType::MGroupedContiguous)
+            return key == static_cast<int>(group);
+        else if constexpr (kGemmType == GemmType::MGroupedMasked)
+            return row < clamp_masked_rows(key);
         else
             return row < shape_m;
+    }
+
+    DK_DEVICE bool is_valid_row(uint32_t row, uint32_t group) const {
+        return is_valid_row(row_key(row, group), row, group);
     }
 
 private:
@@ -165,10 +181,13 @@ private:
         return static_cast<uint32_t>(group) < num_groups ? group : -1;
     }
 
-    // masked_m[group] clamped to [0, M_max].
-    DK_DEVICE uint32_t masked_num_rows(uint32_t group) const {
-        const int rows = __ldg(grouped_layout + group);
+    // A masked_m entry clamped to [0, M_max].
+    DK_DEVICE uint32_t clamp_masked_rows(int rows) const {
         return rows <= 0 ? 0u : min(static_cast<uint32_t>(rows), shape_m);
+    }
+
+    DK_DEVICE uint32_t masked_num_rows(uint32_t group) const {
+        return clamp_masked_rows(__ldg(grouped_layout + group));
     }
 
     DK_DEVICE uint32_t masked_num_m_blocks(uint32_t group) const {
