@@ -126,7 +126,7 @@ def main() -> None:
             best = min(shape_rows, key=lambda r: r["us"])
             picked_text = f"{picked[0]['us']:7.2f} us" if picked else "(not swept)"
             pick_label = _label(pick.block_m, pick.block_n, pick.num_splits, pick.pipelined, pick.num_tma_multicast,
-                                pick.multicast_on_a)
+                                pick.multicast_on_a, pick.overlap_epilogue)
             best_label = _label(best["block_m"], best["block_n"], best["splits"], best["pipelined"], best["multicast"],
                                 best["multicast_on_a"], best["overlap"])
             print(f"{m:5d}x{n:5d}x{k:5d} pick {pick_label} {picked_text} | best {best_label} {best['us']:7.2f} us "
