@@ -480,6 +480,12 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
         }
     };
 
+    // Grouped kinds: the first of the lane's two rows (2 * lane, 2 * lane + 1 of its warpgroup's 64) whose keys it
+    // loads and checks for the store's vote.
+    const auto vote_row = [&](const TileInfo& tile) {
+        return tile.m_block_idx * BLOCK_M + wg_idx * kWarpgroupBlockM + 2 * lane_idx;
+    };
+
     // The tile's store: split-K partial sums and their reduction, the grouped kinds' row-predicated store, or
     // the TMA store. With split-K it reduces into `partial`.
     auto store = [&](const TileInfo& tile, const RowKeys& row_keys) {
@@ -502,7 +508,7 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
         // NOTE: a warp vote rather than a warpgroup barrier's reduction: with the latter the contiguous kind ran
         // 7-11% behind the dense GEMM at the same tiles, with the vote 1-4% (H200, timed in turns).
         if constexpr (kGemmType != GemmType::Normal) {
-            const uint32_t row = tile.m_block_idx * BLOCK_M + wg_idx * kWarpgroupBlockM + 2 * lane_idx;
+            const uint32_t row = vote_row(tile);
             const bool rows_valid = scheduler.is_valid_row(row_keys.even, row, tile.group_idx) &&
                                     scheduler.is_valid_row(row_keys.odd, row + 1, tile.group_idx);
             if (!__all_sync(0xffffffffu, rows_valid)) {
@@ -515,12 +521,12 @@ DK_DEVICE void run_math_warpgroup(const Stages& stages, const Ring& ring, TileSc
                                                                                           tile, wg_idx);
     };
 
-    // Grouped kinds: the row keys (Scheduler::row_key) of rows 2 * lane and 2 * lane + 1 of the warpgroup's 64;
-    // loaded before the K loop, compared at the store, so that the loads' latency hides behind the tile.
+    // Grouped kinds: the row keys (Scheduler::row_key) of the lane's two vote rows; loaded before the K loop,
+    // compared at the store, so that the loads' latency hides behind the tile.
     const auto row_keys_of = [&](const TileInfo& tile) -> RowKeys {
         if constexpr (kGemmType == GemmType::Normal)
             return {};
-        const uint32_t row = tile.m_block_idx * BLOCK_M + wg_idx * kWarpgroupBlockM + 2 * lane_idx;
+        const uint32_t row = vote_row(tile);
         return {scheduler.row_key(row, tile.group_idx), scheduler.row_key(row + 1, tile.group_idx)};
     };
     // NOTE: one K loop per possible straddle point keeps the per-column scale choice out of the loop.
