@@ -1,20 +1,28 @@
-"""deep_kernels: JIT-compiled CUDA kernels for LLM training and inference on NVIDIA Hopper."""
+"""deep_kernels: JIT-compiled CUDA kernels for LLM training and inference on NVIDIA Hopper.
+
+The public API, re-exported by name from the module that defines each function (importing them also
+registers every kernel family: deep_kernels.jit.registry).
+"""
 
 from deep_kernels.device import get_num_sms, set_num_sms
 from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
 from deep_kernels.grouped_gemm import (
     get_m_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
 )
-from deep_kernels.moe import (
-    MoeLayout, map_global_to_local_experts, moe_expand, moe_expand_cast_to_fp8, moe_layout, moe_reduce, topk_gate,
-    topk_gate_backward, topk_gate_with_layout,
+from deep_kernels.moe.expand import moe_expand, moe_expand_cast_to_fp8, moe_reduce
+from deep_kernels.moe.expert_parallel import map_global_to_local_experts
+from deep_kernels.moe.gate import topk_gate, topk_gate_backward
+from deep_kernels.moe.layout import MoeLayout, moe_layout
+from deep_kernels.moe.routing import topk_gate_with_layout
+from deep_kernels.quant.e5m6 import per_token_cast_back_e5m6, per_token_cast_to_e5m6
+from deep_kernels.quant.fp4 import (
+    mxfp4_cast_back, mxfp4_requant_to_fp8, nvfp4_cast_back, nvfp4_global_scale, per_token_cast_to_mxfp4,
+    per_token_cast_to_nvfp4,
 )
-from deep_kernels.quant import (
-    batched_transpose, mxfp4_cast_back, mxfp4_requant_to_fp8, nvfp4_cast_back, nvfp4_global_scale,
-    per_block_cast_to_fp8, per_channel_cast_transpose_to_fp8, per_token_cast_back, per_token_cast_to_fp8,
-    per_token_cast_back_e5m6, per_token_cast_to_e5m6, per_token_cast_to_mxfp4, per_token_cast_to_nvfp4,
-    requant_per_block_to_per_token, swiglu_backward, swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked, swiglu_forward,
-)
+from deep_kernels.quant.fp8 import per_block_cast_to_fp8, per_token_cast_back, per_token_cast_to_fp8
+from deep_kernels.quant.requant import requant_per_block_to_per_token
+from deep_kernels.quant.swiglu import swiglu_backward, swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked, swiglu_forward
+from deep_kernels.quant.transpose import batched_transpose, per_channel_cast_transpose_to_fp8
 from deep_kernels.validation import tma_aligned_size
 
 __version__ = "0.1.0"

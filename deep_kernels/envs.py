@@ -57,11 +57,6 @@ VARIABLES = {
                "host C++ compiler for the launcher extension (default: /usr/bin/g++, then g++ on PATH)"),
         EnvVar("DK_FP8_GEMM_CONFIG", _optional_str, None,
                "override the FP8 GEMM heuristics for experiments, e.g. block_m=128,block_n=112,stages=5,multicast=2"),
-        EnvVar("DK_MOE_EXPAND_TILE", _optional_str, None,
-               "override moe_expand's launch tile for experiments, e.g. column_threads=64,token_lanes=4,vectors=7"),
-        EnvVar("DK_SWIGLU_CAST_CONFIG", _optional_str, None,
-               "the SwiGLU forward kernel's structure for experiments, "
-               "e.g. rows_per_warp=4,passes=4,in_flight=2,range_check=1,min_blocks=3"),
         EnvVar("DK_NUM_SMS", _optional_int, None,
                "number of SMs the persistent kernels use (default: all of the device's)"),
     )

@@ -1,30 +1,35 @@
-"""The JIT runtime without a GPU: codegen, cache keys, concurrent and corrupt cache entries, ninja
-precompile, the NVRTC backend and the native launcher's build."""
+"""The JIT runtime without a GPU: kernel declarations (spec, keyword launch, the checks against the binary),
+the registry, codegen, cache keys, concurrent and corrupt cache entries, ninja precompile, the NVRTC backend and
+the native launcher's build."""
 
+import dataclasses
 import multiprocessing
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from deep_kernels import envs
-from deep_kernels.__main__ import FAMILIES, _family_specs
-from deep_kernels.jit import cache, compiler, launcher, runtime
+from deep_kernels.jit import cache, compiler, launcher, registry, runtime, signature
+from deep_kernels.jit.definition import F32, I32, PTR, TENSOR_MAP, U32, KernelDef, Param
 from deep_kernels.jit.precompile import precompile
 from deep_kernels.jit.source import KernelSpec
+from deep_kernels.quant.common import ScaleLayout
+from deep_kernels.quant.fp8 import PER_TOKEN_CAST
 from deep_kernels.testing import sass
 
-CAST_SPEC = KernelSpec(
-    "kernels/smxx_per_token_cast.cuh", "smxx_per_token_cast_impl",
-    ("__nv_bfloat16", 128, "false", "deep_kernels::ScaleLayout::MNMajor", 8, 4),
-)
+CAST_SPEC = PER_TOKEN_CAST.spec(InT=torch.bfloat16, GROUP_SIZE=128, kUE8M0=False, kLayout=ScaleLayout.mn_major,
+                                kNumWarps=8, kPasses=4, kScaleMode="deep_kernels::ScaleMode::Multiply")
+# The same kernel with another number of passes.
+OTHER_SPEC = PER_TOKEN_CAST.spec(*CAST_SPEC.template_args[:5], 2, CAST_SPEC.template_args[6])
 
 
 def test_render_includes_header_and_instantiates_template():
     source = CAST_SPEC.render()
     assert '#include "kernels/smxx_per_token_cast.cuh"' in source
     assert ("&deep_kernels::smxx_per_token_cast_impl<__nv_bfloat16, 128, false, "
-            "deep_kernels::ScaleLayout::MNMajor, 8, 4>") in source
+            "deep_kernels::ScaleLayout::MNMajor, 8, 4, deep_kernels::ScaleMode::Multiply>") in source
     assert CAST_SPEC.name == "smxx_per_token_cast"
 
 
@@ -56,7 +61,7 @@ def test_key_depends_on_source_compiler_and_arch():
     key = cache.cache_key(source, compiler.compiler_identity("90a"))
     assert cache.cache_key(source + "\n", compiler.compiler_identity("90a")) != key
     assert cache.cache_key(source, compiler.compiler_identity("90")) != key
-    other = KernelSpec(CAST_SPEC.header, CAST_SPEC.entry, CAST_SPEC.template_args[:-1] + (2,))
+    other = OTHER_SPEC
     assert cache.cache_key(other.render(), compiler.compiler_identity("90a")) != key
 
 
@@ -120,7 +125,7 @@ def nvrtc_backend(monkeypatch):
 def _one_spec_per_kernel() -> dict:
     """{kernel name: its first specialization} over every family's precompile specs."""
     specs = {}
-    for spec in _family_specs(FAMILIES):
+    for spec in registry.precompile_specs():
         specs.setdefault(spec.name, spec)
     return specs
 
@@ -183,7 +188,7 @@ def test_nvrtc_precompiled_gemm_passes_the_sass_checks(tmp_cache, nvrtc_backend)
 
 
 def test_precompile_builds_every_spec_once(tmp_cache):
-    other = KernelSpec(CAST_SPEC.header, CAST_SPEC.entry, CAST_SPEC.template_args[:-1] + (2,))
+    other = OTHER_SPEC
     entries = precompile([CAST_SPEC, other, CAST_SPEC], arch="90a", progress=False)
     assert entries[0] == entries[2] != entries[1]
     assert all(cache.read_entry(e) is not None for e in entries)
@@ -213,3 +218,204 @@ def test_tensor_map_specs_are_checked_before_the_driver(tmp_cache, spec, error, 
     module = launcher.load.__wrapped__()
     with pytest.raises(error, match=match):
         module.launch(0, (1, 1, 1), 32, 0, 1, 0, 0, "T", (spec,))
+
+
+# ---- kernel declarations ----
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """KernelDefs declared by the test leave the registry when it ends."""
+    monkeypatch.setattr(registry, "_definitions", dict(registry._definitions))
+
+
+def _toy_def(**changes) -> KernelDef:
+    fields = dict(header="kernels/toy.cuh", entry="toy_kernel_impl", template=("InT", "kNumWarps", "kFlag"),
+                  params=(Param("tmap_a", TENSOR_MAP), Param("x", PTR), Param("shape_m", U32), Param("offset", I32),
+                          Param("scale", F32)),
+                  threads=lambda t: t["kNumWarps"] * 32)
+    return KernelDef(**{**fields, **changes})
+
+
+def test_spec_binds_template_arguments_like_a_call(scratch_registry):
+    toy = _toy_def()
+    spec = toy.spec(torch.bfloat16, kFlag=True, kNumWarps=4)
+    assert spec == toy.spec(InT="__nv_bfloat16", kNumWarps=4, kFlag="true")
+    assert spec.template_args == ("__nv_bfloat16", 4, "true") and spec.definition is toy
+    assert spec.name == "toy_kernel" and toy.param_kinds == "TPIif" and toy.block_threads(spec) == 128
+    assert toy.cluster_size(spec) == 1 and not toy.cooperative
+    assert toy.spec(torch.float32, 4, ScaleLayout.row_major).template_args[2] == "deep_kernels::ScaleLayout::RowMajor"
+    for args, kwargs, match in [((torch.bfloat16, 4), {}, "missing: kFlag"),
+                                ((torch.bfloat16, 4, True, 1), {}, "takes 3 template arguments"),
+                                ((torch.bfloat16, 4), {"kFlags": True}, "no template parameter 'kFlags'"),
+                                ((torch.bfloat16, 4, True), {"kNumWarps": 8}, "given twice"),
+                                ((1.5, 4, True), {}, "cannot spell 1.5")]:
+        with pytest.raises(TypeError, match=match):
+            toy.spec(*args, **kwargs)
+
+
+def test_declarations_are_checked(scratch_registry):
+    with pytest.raises(ValueError, match="declared twice: \\['x'\\]"):
+        _toy_def(entry="toy_a_impl", params=(Param("x", PTR), Param("x", U32)))
+    for name in ("grid", "values", "torch", "_x", "lambda", "2x"):
+        with pytest.raises(ValueError, match=f"'{name}' cannot name a parameter"):
+            _toy_def(entry="toy_b_impl", params=(Param(name, PTR),))
+    with pytest.raises(TypeError, match="parameters are Param"):
+        _toy_def(entry="toy_c_impl", params=(("x", "P"),))
+    _toy_def()
+    _toy_def()  # the same declaration again (a reloaded module) replaces it
+    with pytest.raises(ValueError, match="toy_kernel_impl is declared twice, with different"):
+        _toy_def(params=(Param("x", PTR),))
+
+
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    """runtime's native launch replaced by a recorder (no driver, no GPU)."""
+    calls = []
+    monkeypatch.setattr(runtime, "_native_launch", lambda *args: calls.append(args))
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+    return calls
+
+
+def test_keyword_launch_passes_values_in_declaration_order(scratch_registry, recorded_launches):
+    toy = _toy_def()
+    kernel = runtime.Kernel(toy, 1234, None, 128, 4096, 2)
+    tmap = (0x1000, 9, 2, (8, 64), (64, 1), (8, 64), 3)
+    kernel.launch((3, 1, 1), 0, scale=0.5, offset=-2, shape_m=8, x=0x2000, tmap_a=tmap)
+    assert recorded_launches == [(1234, (3, 1, 1), 128, 4096, 2, 0, 7, "TPIif", (tmap, 0x2000, 8, -2, 0.5), False)]
+
+
+@pytest.mark.parametrize("params,match", [
+    (dict(x=1, shape_m=8, offset=0, scale=1.0), "missing 1 required keyword-only argument: 'tmap_a'"),
+    (dict(tmap_a=(), x=1, shape_m=8, offset=0, scale=1.0, stride=4), "got an unexpected keyword argument 'stride'"),
+])
+def test_launch_with_wrong_names_raises_before_launching(scratch_registry, recorded_launches, params, match):
+    kernel = runtime.Kernel(_toy_def(), 1234, None, 128, 0, 1)
+    with pytest.raises(TypeError, match=f"^toy_kernel.launch\\(\\) {match}$"):
+        kernel.launch((1, 1, 1), 0, **params)
+    assert recorded_launches == []
+
+
+def test_launch_names_the_parameter_the_launcher_rejects(scratch_registry, monkeypatch):
+    def native(*args):
+        raise OverflowError("can't convert negative int to unsigned")
+
+    monkeypatch.setattr(runtime, "_native_launch", native)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
+    kernel = runtime.Kernel(_toy_def(), 1234, None, 128, 0, 1)
+    with pytest.raises(OverflowError, match="parameter shape_m \\(uint32_t\\) cannot take -8"):
+        kernel.launch((1, 1, 1), 0, tmap_a=(), x=1, shape_m=-8, offset=0, scale=1.0)
+
+
+def test_keyword_launch_costs_little(scratch_registry, recorded_launches):
+    # The hot path: the generated launch binds the names in C and calls the native launcher (here a recorder).
+    import timeit
+
+    kernel = runtime.Kernel(_toy_def(), 1234, None, 128, 0, 1)
+    params = dict(tmap_a=(), x=1, shape_m=8, offset=0, scale=1.0)
+    seconds = min(timeit.repeat(lambda: kernel.launch((1, 1, 1), 0, **params), number=2000, repeat=5)) / 2000
+    assert seconds < 20e-6, seconds
+
+
+def test_param_layout_mismatch_names_kernel_and_parameter():
+    layout = [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4), (32, 4), (36, 4), (40, 4)]
+    signature.check_param_layout(PER_TOKEN_CAST, layout, CAST_SPEC)
+    wrong_size = layout[:3] + [(24, 8)] + layout[4:]
+    with pytest.raises(signature.SignatureError, match="smxx_per_token_cast .*parameter 3 'shape_m' is declared "
+                                                       "uint32_t \\(4 bytes\\), the kernel's parameter 3 has 8 bytes"):
+        signature.check_param_layout(PER_TOKEN_CAST, wrong_size, CAST_SPEC)
+    with pytest.raises(signature.SignatureError, match="parameter 7 'amax_clamp' \\(float\\) is declared, but the "
+                                                       "kernel takes 7 parameters"):
+        signature.check_param_layout(PER_TOKEN_CAST, layout[:-1])
+    with pytest.raises(signature.SignatureError, match="the kernel's parameter 8 \\(8 bytes\\) is not declared"):
+        signature.check_param_layout(PER_TOKEN_CAST, layout + [(48, 8)])
+    signature.check_block_threads(PER_TOKEN_CAST, 256, 1024)
+    with pytest.raises(signature.SignatureError, match="declared to run 512 threads a block, the kernel's launch "
+                                                       "bounds allow 256"):
+        signature.check_block_threads(PER_TOKEN_CAST, 512, 256)
+    with pytest.raises(signature.SignatureError, match="128 threads"):
+        signature.check_block_threads(PER_TOKEN_CAST, 128, 256, exact=True)
+
+
+def test_load_checks_the_declaration_against_the_driver(monkeypatch):
+    # load_kernel with a fake driver whose kernel takes a parameter fewer than declared: SignatureError before
+    # anything is configured.
+    from cuda.bindings import driver
+
+    success, invalid = driver.CUresult.CUDA_SUCCESS, driver.CUresult.CUDA_ERROR_INVALID_VALUE
+    sizes = [8, 8, 8, 4, 4, 4, 4]
+    fake = dict(
+        cuInit=lambda flags: (success,),
+        cuLibraryLoadData=lambda *args: (success, "library"),
+        cuLibraryGetKernelCount=lambda library: (success, 1),
+        cuLibraryEnumerateKernels=lambda count, library: (success, ["kernel"]),
+        cuKernelGetParamInfo=lambda kernel, i: (success, 8 * i, sizes[i]) if i < len(sizes) else (invalid, 0, 0),
+        cuKernelSetAttribute=lambda *args: pytest.fail("configured a mismatching kernel"),
+    )
+    for name, function in fake.items():
+        monkeypatch.setattr(driver, name, function)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    with pytest.raises(signature.SignatureError, match="parameter 7 'amax_clamp'"):
+        runtime.load_kernel(b"", CAST_SPEC)
+
+
+def test_elf_info_parses_parameters_and_launch_bounds():
+    text = """.nv.info._Z3fooPfj
+\tAttribute:\tEIATTR_KPARAM_INFO
+\tFormat:\tEIFMT_SVAL
+\tValue:\tIndex : 0x0\tOrdinal : 0x1\tOffset  : 0x8\tSize    : 0x4
+\tAttribute:\tEIATTR_KPARAM_INFO
+\tFormat:\tEIFMT_SVAL
+\tValue:\tIndex : 0x0\tOrdinal : 0x0\tOffset  : 0x0\tSize    : 0x8
+\tAttribute:\tEIATTR_MAX_THREADS
+\tFormat:\tEIFMT_SVAL
+\tValue:\t0x80 0x1 0x1 
+"""
+    assert signature.parse_elf_info(text) == signature.CubinSignature("_Z3fooPfj", [(0, 8), (8, 4)], 128)
+    assert signature.param_type_of("float const*") is PTR and signature.param_type_of("unsigned int") is U32
+    assert signature.param_type_of("CUtensorMap_st") is TENSOR_MAP and signature.param_type_of("int") is I32
+
+
+def test_registry_holds_every_family_and_kernel():
+    assert set(registry.families()) == {"quant", "gemm", "grouped_gemm", "moe"}
+    specs = registry.precompile_specs()
+    assert all(spec.definition is registry._definitions[spec.entry] for spec in specs)
+    assert {d.entry for d in registry.definitions()} == {spec.entry for spec in specs}  # each one precompiled
+    with pytest.raises(ValueError, match="unknown kernel families \\['gem'\\]"):
+        registry.precompile_specs(["gem"])
+
+
+@pytest.fixture(scope="module")
+def one_cubin_per_kernel(tmp_path_factory):
+    import os
+
+    previous = os.environ.get("DK_JIT_CACHE_DIR")
+    os.environ["DK_JIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        specs = list(KERNEL_SPECS.values())
+        yield list(zip(specs, precompile(specs, arch="90a", progress=False)))
+    finally:
+        if previous is None:
+            del os.environ["DK_JIT_CACHE_DIR"]
+        else:
+            os.environ["DK_JIT_CACHE_DIR"] = previous
+
+
+def test_every_kernel_binary_matches_its_declaration(one_cubin_per_kernel):
+    # Parameter sizes as the driver reports them at load time, C++ parameter types and launch bounds.
+    for spec, entry in one_cubin_per_kernel:
+        signature.check_cubin(spec, entry / cache.BINARY_NAME)
+    assert {spec.name for spec, _ in one_cubin_per_kernel} >= {"smxx_per_token_cast", "sm90_fp8_gemm", "smxx_moe_expand"}
+
+
+def test_a_wrong_declaration_is_caught_against_the_binary(one_cubin_per_kernel, scratch_registry):
+    spec, entry = next((s, e) for s, e in one_cubin_per_kernel if s.name == "smxx_per_token_cast")
+    found = signature.cubin_signature(entry / cache.BINARY_NAME)
+    swapped = list(PER_TOKEN_CAST.params)
+    swapped[3], swapped[7] = swapped[7], swapped[3]  # amax_clamp before the sizes: the same sizes, other types
+    for i, (params, match) in enumerate([
+            (PER_TOKEN_CAST.params[:-1], "parameter 7 .* is not declared"),
+            (swapped, "parameter 3 'amax_clamp' is declared float, the kernel's is unsigned int")]):
+        wrong = dataclasses.replace(PER_TOKEN_CAST, entry=f"wrong_cast_{i}_impl", params=tuple(params))
+        with pytest.raises(signature.SignatureError, match=match):
+            signature.check_param_layout(wrong, found.layout)
+            signature.check_param_types(wrong, signature.demangled_param_types(found.symbol))

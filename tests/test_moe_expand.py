@@ -8,11 +8,10 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels import envs
 from deep_kernels.jit import cache
 from deep_kernels.jit.precompile import precompile
 from deep_kernels.moe import MoeLayout, contiguous_max_rows, expand
-from deep_kernels.moe.expand import DEFAULT_EXPAND_TILE, EXPAND_TILE_CANDIDATES, ExpandTile
+from deep_kernels.moe.expand import ExpandTile
 from deep_kernels.reference import moe as reference
 from deep_kernels.reference import quant as quant_reference
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations, sass
@@ -179,85 +178,22 @@ def test_padding_shares_of_an_empty_layout():
     assert expand._padding_share(0, 0, 1, False) == (0, 0)
 
 
-# ---- expand tiles ----
+# ---- the expand tile ----
 
-def _tile_text(tile: ExpandTile) -> str:
-    return ",".join(f"{key}={value}" for key, value in tile._asdict().items())
-
-
-def test_default_expand_tile_is_precompiled():
-    assert DEFAULT_EXPAND_TILE == (128, 2, 4, 1) and DEFAULT_EXPAND_TILE.chunk_vectors == 512
-    assert EXPAND_TILE_CANDIDATES[0] == DEFAULT_EXPAND_TILE
-    assert len(set(EXPAND_TILE_CANDIDATES)) == len(EXPAND_TILE_CANDIDATES)
-    specs = expand.precompile_specs()
-    for tile in EXPAND_TILE_CANDIDATES:
-        assert expand.parse_expand_tile(_tile_text(tile), base=ExpandTile(32, 1, 1, 16)) == tile
-        assert expand._expand_spec(8, tile) in specs
-    # Chunks that divide a 7168-element row exactly: 448 (FP8) and 896 (bf16) vectors.
-    assert {t.chunk_vectors for t in EXPAND_TILE_CANDIDATES} >= {448, 896}
-
-
-@pytest.mark.parametrize("text,expected", [
-    ("column_threads=64,token_lanes=4,vectors=7", ExpandTile(64, 4, 7, 1)),
-    ("vectors=8", ExpandTile(128, 2, 8, 1)),
-    (" scale_loads=8 , token_lanes=8 ", ExpandTile(128, 8, 4, 8)),
-    ("column_threads=224,token_lanes=1", ExpandTile(224, 1, 4, 1)),
-])
-def test_parse_expand_tile(text, expected):
-    assert expand.parse_expand_tile(text) == expected
-
-
-@pytest.mark.parametrize("text,match", [
-    ("threads=64", "expected key=integer items"),
-    ("vectors=x", "expected key=integer items"),
-    ("vectors", "expected key=integer items"),
-    ("vectors=-1", "expected key=integer items"),
-    ("vectors=0", "vectors must be in \\[1, 16\\], got 0"),
-    ("scale_loads=17", "scale_loads must be in"),
-    ("column_threads=48", "multiple of 32"),
-    ("column_threads=512,token_lanes=4", "at most 1024, got 512 \\* 4"),
-])
-def test_parse_expand_tile_rejects_bad_text(text, match):
-    with pytest.raises(ValueError, match="DK_MOE_EXPAND_TILE: .*" + match):
-        expand.parse_expand_tile(text)
-
-
-@pytest.fixture
-def fresh_tile_override():
-    """_tile_override and envs.get_once forget what they read, before and after the test."""
-    envs.get_once.cache_clear()
-    expand._tile_override.cache_clear()
-    yield
-    envs.get_once.cache_clear()
-    expand._tile_override.cache_clear()
-
-
-def test_tile_override_comes_from_the_environment(monkeypatch, fresh_tile_override):
-    monkeypatch.setenv("DK_MOE_EXPAND_TILE", "column_threads=64,token_lanes=4,vectors=7,scale_loads=8")
-    assert expand._tile_override() == ExpandTile(64, 4, 7, 8)
-    monkeypatch.setenv("DK_MOE_EXPAND_TILE", "vectors=2")
-    assert expand._tile_override() == ExpandTile(64, 4, 7, 8)  # read once
-
-
-def test_tile_override_unset_or_invalid(monkeypatch, fresh_tile_override):
-    monkeypatch.delenv("DK_MOE_EXPAND_TILE", raising=False)
-    assert expand._tile_override() is None
-    envs.get_once.cache_clear()
-    expand._tile_override.cache_clear()
-    monkeypatch.setenv("DK_MOE_EXPAND_TILE", "column_threads=96,vectors=99")
-    with pytest.raises(ValueError, match="DK_MOE_EXPAND_TILE: vectors must be in"):
-        expand._tile_override()
+def test_expand_tile_is_precompiled():
+    assert expand.EXPAND_TILE == (128, 2, 4, 1) and expand.EXPAND_TILE.chunk_vectors == 512
+    assert expand._expand_spec(8) in expand.precompile_specs()
 
 
 def _global_accesses(sass_text: str) -> list:
     return re.findall(r"\b(?:LDG|STG)\.E[.\w]*", sass_text)
 
 
-@pytest.mark.parametrize("tile", EXPAND_TILE_CANDIDATES, ids=_tile_text)
-def test_expand_tile_sass_has_wide_accesses_with_loads_first(tile):
+def test_expand_tile_sass_has_wide_accesses_with_loads_first():
     # Each thread's row loads are 16-byte LDGs issued before any 16-byte store (k = 8 rows each, and the
     # padding rows' zero store; streaming: .EF, evict first), and after them the scale section's first pass
     # issues its scale_loads loads (32-bit) before its first store.
+    tile = expand.EXPAND_TILE
     (entry,) = precompile([expand._expand_spec(8, tile)], arch="90a", progress=False)
     cubin = entry / cache.BINARY_NAME
     assert sass.kernel_problems("smxx_moe_expand", cubin) == []
@@ -269,6 +205,26 @@ def test_expand_tile_sass_has_wide_accesses_with_loads_first(tile):
     first_scale_store = accesses.index("STG.E.EF")
     assert row_stores[-1] < first_scale_store
     assert accesses[first_scale_store - tile.scale_loads:first_scale_store] == ["LDG.E.CONSTANT"] * tile.scale_loads
+
+
+def test_tile_harness_parses_tiles():
+    # scripts/bench_moe_expand_tiles.py holds the candidate tiles (neither precompiled nor tested on the GPU).
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_moe_expand_tiles.py"
+    module_spec = importlib.util.spec_from_file_location("bench_moe_expand_tiles", path)
+    bench = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(bench)
+    assert bench.TILE_CANDIDATES[0] == expand.EXPAND_TILE
+    for tile in bench.TILE_CANDIDATES + bench.ODD_TILES:
+        text = ",".join(f"{key}={value}" for key, value in tile._asdict().items())
+        assert bench.parse_tile(text, base=ExpandTile(32, 1, 1, 16)) == tile
+    assert bench.parse_tile("vectors=8") == ExpandTile(128, 2, 8, 1)
+    for text, match in [("threads=64", "expected key=integer"), ("vectors=0", "vectors must be in"),
+                        ("column_threads=48", "multiple of 32"), ("column_threads=512,token_lanes=4", "at most 1024")]:
+        with pytest.raises(ValueError, match=match):
+            bench.parse_tile(text)
 
 
 # ---- validation (CPU tensors: every check that precedes the device check) ----
@@ -458,28 +414,6 @@ def test_moe_expand_matches_reference(num_tokens, num_experts, k, hidden, varian
         wide = torch.zeros((num_tokens, hidden + 128), dtype=x.dtype, device="cuda")
         wide[:, :hidden] = x
         _check_expand(wide[:, :hidden], layout, scales, False)
-
-
-# The candidates, and tiles of odd geometry: many chunks of 64 or 32 vectors (partial last chunks), a partial
-# last pass of scale loads (3 per thread), 7 warps, 32 warps of one vector each.
-TEST_TILES = EXPAND_TILE_CANDIDATES + (ExpandTile(32, 8, 2, 3), ExpandTile(224, 1, 2), ExpandTile(32, 32, 1, 16))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("tile", TEST_TILES, ids=_tile_text)
-@pytest.mark.parametrize("num_tokens,num_experts,k,hidden", [(4001, 256, 8, 7168), (4001, 8, 6, 2176), (1, 8, 1, 128)])
-@pytest.mark.parametrize("variant", ["bf16", "fp8 row_major", "fp8 mn_major", "fp8 packed_ue8m0"])
-def test_moe_expand_tiles_match_reference(tile, num_tokens, num_experts, k, hidden, variant, monkeypatch):
-    monkeypatch.setattr(expand, "_tile_override", lambda: tile)
-    layout, x, scales = _expand_inputs(num_tokens, num_experts, k, hidden, variant)
-    for masked in (False, True):
-        _check_expand(x, layout, scales, masked)
-    expected = reference.moe_expand(x, layout, scales)
-    expected = expected if isinstance(expected, tuple) else (expected,)
-    out = tuple(_poisoned(t) for t in expected)
-    deep_kernels.moe_expand(x, layout, scales, zero_padding=False, out=out if scales is not None else out[0])
-    for i, (actual, wanted) in enumerate(zip(out, expected)):
-        _check_written(actual, wanted, layout, False, False, f"zero_padding=False output {i}")
 
 
 @pytest.mark.gpu
@@ -696,8 +630,8 @@ def test_expand_cast_reduce_graph_capture_and_replay_with_new_routing():
 
 
 def test_benchmark_suite_is_registered():
-    from deep_kernels.__main__ import SUITES
     from deep_kernels.benchmarks import moe_expand as suite
+    from deep_kernels.benchmarks import suites
 
-    assert "moe_expand" in SUITES and callable(suite.run)
+    assert "moe_expand" in suites() and callable(suite.run)
     assert suite._expand_bytes(3, 5, 2) == 8 * 7168 * 2  # 3 rows read, 5 written

@@ -77,8 +77,9 @@ def run(ctx: BenchContext) -> list:
     out = (empty_like_strided(q), empty_like_strided(scales))
     ours_out_us = host_time_us(lambda: deep_kernels.per_token_cast_to_fp8(small, out=out))
     kernel = quant_fp8._cast_kernel(small.dtype, 128, False, quant_fp8.ScaleLayout.mn_major)
-    params = (small.data_ptr(), q.data_ptr(), scales.data_ptr(), 16, 256, 256, 16, 1e-4)
-    launch_us = host_time_us(lambda: kernel.launch((2, 1, 1), params, 0))
+    params = dict(x=small.data_ptr(), q=q.data_ptr(), scales=scales.data_ptr(), shape_m=16, shape_k=256,
+                  x_row_stride=256, scale_stride=16, amax_clamp=1e-4)
+    launch_us = host_time_us(lambda: kernel.launch((2, 1, 1), 0, **params))
     rows.append(_row("host_overhead", {"m": 16, "k": 256}, "Kernel.launch alone (stream + cuLaunchKernelEx)",
                      launch_us, "torch x.add_(1)", torch_us))
     rows.append(_row("host_overhead", {"m": 16, "k": 256}, "per_token_cast_to_fp8 (allocates outputs)", ours_us,

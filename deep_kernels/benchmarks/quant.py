@@ -25,7 +25,8 @@ TRANSPOSE_TYPES = (("bf16", torch.bfloat16), ("e4m3", torch.float8_e4m3fn))
 
 
 def run(ctx: BenchContext) -> list:
-    return [_checked_row(*case, ctx) for case in cases()] + quant_fp4.run(ctx) + quant_swiglu.run(ctx) + quant_e5m6.run(ctx)
+    return ([_checked_row(*case, ctx) for case in cases()] + quant_fp4.rows(ctx) + quant_swiglu.rows(ctx)
+            + quant_e5m6.rows(ctx))
 
 
 def cases(shapes=SHAPES, device: str = "cuda"):

@@ -29,7 +29,7 @@ def requant_bytes(m: int, k: int) -> int:
     return m * k + -(-m // 128) * (k // 128) * 4 + m * k + m * (k // 128) * 4
 
 
-def run(ctx: BenchContext) -> list:
+def rows(ctx: BenchContext) -> list:
     rows = []
     for m, k in SHAPES:
         shape = {"m": m, "k": k}

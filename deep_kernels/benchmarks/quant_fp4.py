@@ -32,6 +32,6 @@ def cases(m: int, k: int, device="cuda") -> list:
     ]
 
 
-def run(ctx: BenchContext) -> list:
+def rows(ctx: BenchContext) -> list:
     return [checked_memory_row(op, shape, config, kernel, peer, num_bytes, ctx, compiled=m == COMPILED_PEER_ROWS)
             for m, k in SHAPES for op, shape, config, kernel, peer, num_bytes in cases(m, k)]

@@ -42,7 +42,7 @@ def _num_bytes(num_rows: int, hidden: int, with_rows: bool, backward: bool, opti
     return num_rows * (hidden * 4 + hidden + scale_bytes + row_bytes)
 
 
-def run(ctx: BenchContext) -> list:
+def rows(ctx: BenchContext) -> list:
     rows = []
     for num_rows, hidden in SHAPES:
         for label, options, with_rows, op in CASES:

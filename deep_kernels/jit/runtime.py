@@ -2,19 +2,21 @@
 
 `get_kernel` is the one entry: an in-process table maps a specialization to its loaded kernel, so a
 repeated call costs one dict lookup, with no file hashing and no disk access. On a miss the binary
-comes from the disk cache or is compiled, then it is loaded as a CUDA library whose single kernel
-gets its dynamic shared-memory limit raised on every device once.
+comes from the disk cache or is compiled, then it is loaded as a CUDA library whose single kernel is
+checked against its KernelDef (parameter count and sizes from the driver, block size against the launch
+bounds: jit/signature.py) and gets its dynamic shared-memory limit raised on every device once.
 """
 
+import itertools
 import sys
 import time
-from dataclasses import dataclass
 
 import torch
 
 from deep_kernels import envs
 from deep_kernels.device import target_arch
-from deep_kernels.jit import cache, compiler, launcher
+from deep_kernels.jit import cache, compiler, launcher, signature
+from deep_kernels.jit.definition import F32, I32, TENSOR_MAP
 from deep_kernels.jit.source import KernelSpec
 
 # cuTensorMapEncodeTiled data types and swizzle modes (cuda.h: CUtensorMapDataType, CUtensorMapSwizzle).
@@ -45,29 +47,74 @@ def build_binary(spec: KernelSpec, arch: str) -> bytes:
     return binary
 
 
-@dataclass(frozen=True)
 class Kernel:
-    """A loaded kernel and how it is launched.
+    """A loaded kernel and how it is launched: `launch(grid, device_index, **params)` takes every parameter of its
+    KernelDef by name (tensor maps from `tensor_map`, pointers as int addresses, scalars as Python numbers) and
+    launches on torch's current stream of the device; a missing or unknown name raises TypeError before
+    anything is launched. A cooperative kernel has every block resident at once (or fails to launch), so that
+    its blocks may wait for each other."""
 
-    param_kinds has one letter per kernel parameter: T tensor map (from `tensor_map`), P pointer,
-    I uint32, i int32, f float. A cooperative kernel has every block resident at once (or fails to launch),
-    so that its blocks may wait for each other.
-    """
+    __slots__ = ("name", "handle", "library", "definition", "block_threads", "smem_bytes", "cluster_size",
+                 "cooperative", "_param_kinds")
 
-    name: str
-    handle: int
-    library: object
-    param_kinds: str
-    block_threads: int
-    smem_bytes: int
-    cluster_size: int
-    cooperative: bool = False
+    def __new__(cls, definition, *args):
+        # Each KernelDef launches through a subclass whose launch() takes exactly its parameters.
+        return object.__new__(_kernel_class(definition) if cls is Kernel else cls)
 
-    def launch(self, grid, params: tuple, device_index: int) -> None:
-        """Launch on torch's current stream of the device."""
-        stream = torch._C._cuda_getCurrentRawStream(device_index)
-        _native_launch(self.handle, grid, self.block_threads, self.smem_bytes, self.cluster_size,
-                       device_index, stream, self.param_kinds, params, self.cooperative)
+    def __init__(self, definition, handle: int, library, block_threads: int, smem_bytes: int, cluster_size: int):
+        self.name = definition.name
+        self.handle = handle
+        self.library = library
+        self.definition = definition
+        self.block_threads = block_threads
+        self.smem_bytes = smem_bytes
+        self.cluster_size = cluster_size
+        self.cooperative = definition.cooperative
+        self._param_kinds = definition.param_kinds
+
+    def _parameter_value_error(self, values: tuple, error: Exception) -> Exception:
+        """The native launcher rejected a value: name the first parameter whose value does not fit its type."""
+        for param, value in zip(self.definition.params, values):
+            if param.type is TENSOR_MAP:
+                fits = isinstance(value, tuple)
+            elif param.type is F32:
+                fits = isinstance(value, (int, float))
+            else:
+                low, high = (-2**31, 2**31) if param.type is I32 else (0, 2**(8 * param.type.size))
+                fits = isinstance(value, int) and low <= value < high
+            if not fits:
+                return type(error)(f"{self.name}.launch: parameter {param.name} ({param.type.name}) cannot take "
+                                   f"{value!r}: {error}")
+        return error
+
+
+# NOTE: generated once per KernelDef, as collections.namedtuple generates its class: Python binds the keyword
+# arguments to the declared names in C (a missing or unknown one raises TypeError naming it) and the values go
+# to the native launcher in declaration order, at half the cost of a dict and an itemgetter.
+_LAUNCH_TEMPLATE = """\
+def launch(self, grid, device_index, /, *, {names}):
+    values = ({names},)
+    try:
+        _native_launch(self.handle, grid, self.block_threads, self.smem_bytes, self.cluster_size, device_index,
+                       torch._C._cuda_getCurrentRawStream(device_index), self._param_kinds, values, self.cooperative)
+    except (TypeError, OverflowError) as error:
+        raise self._parameter_value_error(values, error) from error
+"""
+_kernel_classes = {}
+
+
+def _kernel_class(definition) -> type:
+    cls = _kernel_classes.get(definition)
+    if cls is None:
+        namespace = {}
+        # The function's globals are this module's: _native_launch rebinds itself here on first use.
+        exec(_LAUNCH_TEMPLATE.format(names=", ".join(definition.param_names)), globals(), namespace)
+        launch = namespace["launch"]
+        launch.__qualname__ = f"{definition.name}.launch"
+        launch.__doc__ = f"Launch {definition.name} with its parameters ({', '.join(definition.param_names)}) by name."
+        cls = _kernel_classes[definition] = type(f"{definition.name}_kernel", (Kernel,),
+                                                 {"__slots__": (), "launch": launch})
+    return cls
 
 
 def _native_launch(*args) -> None:
@@ -77,42 +124,60 @@ def _native_launch(*args) -> None:
     _native_launch(*args)
 
 
-def load_kernel(binary: bytes, name: str, *, param_kinds: str, block_threads: int, smem_bytes: int,
-                cluster_size: int = 1, cooperative: bool = False) -> Kernel:
+def _param_layout(driver, kernel) -> list:
+    """(offset, size) of each of the kernel's parameters, from the driver."""
+    layout = []
+    for index in itertools.count():
+        result, *values = driver.cuKernelGetParamInfo(kernel, index)
+        if result == driver.CUresult.CUDA_ERROR_INVALID_VALUE:  # past the last parameter
+            return layout
+        offset, size = _check((result, values), "cuKernelGetParamInfo")
+        layout.append((int(offset), int(size)))
+
+
+def load_kernel(binary: bytes, spec: KernelSpec, smem_bytes: int = 0) -> Kernel:
+    """Load a specialization's cubin; its parameters and block size are checked against its KernelDef
+    (SignatureError on a mismatch) and its dynamic shared-memory limit raised to smem_bytes on every device."""
     from cuda.bindings import driver
 
+    definition = spec.definition
     torch.cuda.init()
     _check(driver.cuInit(0), "cuInit")
     library = _check(driver.cuLibraryLoadData(binary, None, None, 0, None, None, 0), "cuLibraryLoadData")
     count = _check(driver.cuLibraryGetKernelCount(library), "cuLibraryGetKernelCount")
     if count != 1:
-        raise RuntimeError(f"deep_kernels: the cubin of {name} holds {count} kernels, expected 1")
+        raise RuntimeError(f"deep_kernels: the cubin of {spec.name} holds {count} kernels, expected 1")
     (kernel,) = _check(driver.cuLibraryEnumerateKernels(1, library), "cuLibraryEnumerateKernels")
-    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    signature.check_param_layout(definition, _param_layout(driver, kernel), spec)
+    block_threads = definition.block_threads(spec)
+    smem_attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    threads_attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
     for device_index in range(torch.cuda.device_count()):
         device = _check(driver.cuDeviceGet(device_index), "cuDeviceGet")
-        _check(driver.cuKernelSetAttribute(attribute, smem_bytes, kernel, device), "cuKernelSetAttribute")
-    return Kernel(name, int(kernel), library, param_kinds, block_threads, smem_bytes, cluster_size, cooperative)
+        max_threads = _check(driver.cuKernelGetAttribute(threads_attribute, kernel, device), "cuKernelGetAttribute")
+        signature.check_block_threads(definition, block_threads, max_threads, spec)
+        _check(driver.cuKernelSetAttribute(smem_attribute, smem_bytes, kernel, device), "cuKernelSetAttribute")
+    return Kernel(definition, int(kernel), library, block_threads, smem_bytes, definition.cluster_size(spec))
 
 
 _kernels = {}
 
 
-def get_kernel(spec: KernelSpec, *, param_kinds: str, block_threads: int, smem_bytes: int = 0,
-               cluster_size: int = 1, cooperative: bool = False) -> Kernel:
-    """The loaded kernel of a specialization; compiled or read from disk on the first call only."""
-    key = (spec, param_kinds, block_threads, smem_bytes, cluster_size, cooperative)
+def get_kernel(spec: KernelSpec, smem_bytes: int = 0) -> Kernel:
+    """The loaded kernel of a specialization (made by its KernelDef's `spec`), launched with smem_bytes of
+    dynamic shared memory; compiled or read from disk on the first call only."""
+    key = (spec, smem_bytes)
     kernel = _kernels.get(key)
     if kernel is None:
+        if spec.definition is None:
+            raise TypeError(f"get_kernel needs a spec made by its KernelDef (KernelDef.spec), got {spec}")
         binary = build_binary(spec, target_arch())
-        kernel = load_kernel(binary, spec.name, param_kinds=param_kinds, block_threads=block_threads,
-                             smem_bytes=smem_bytes, cluster_size=cluster_size, cooperative=cooperative)
-        _kernels[key] = kernel
+        kernel = _kernels[key] = load_kernel(binary, spec, smem_bytes)
     return kernel
 
 
 def tensor_map(tensor: torch.Tensor, box: tuple, swizzle_bytes: int = 0, transpose: bool = False) -> tuple:
-    """A kernel parameter of kind T: a tiled TMA descriptor, encoded by the launcher.
+    """A TENSOR_MAP parameter's value: a tiled TMA descriptor's spec, encoded by the launcher.
 
     The tensor's last dimension must be dense (its first, with transpose=True: the descriptor then
     sees the transposed tensor, as tensor.t() would give, without making the view). box is outermost

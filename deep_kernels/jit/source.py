@@ -1,11 +1,12 @@
 """Code generation: the tiny .cu that includes a kernel header and instantiates its template."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 # The C++ spelling of the torch dtypes kernels are specialized on.
-CPP_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float32: "float", torch.int32: "int32_t", torch.int64: "int64_t"}
+CPP_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float32: "float", torch.int32: "int32_t", torch.int64: "int64_t",
+             torch.float8_e4m3fn: "__nv_fp8_e4m3"}
 
 
 @dataclass(frozen=True)
@@ -13,12 +14,15 @@ class KernelSpec:
     """One specialization of a kernel: its header under csrc/, its entry and the template arguments.
 
     The header defines `namespace deep_kernels { template <...> __global__ void <entry>(...); }` and
-    nothing else global, so the generated cubin holds exactly one kernel.
+    nothing else global, so the generated cubin holds exactly one kernel. Made by KernelDef.spec
+    (jit/definition.py), which fills `definition`: what loading and launching need. Specs compare by
+    what decides the binary (header, entry, template arguments).
     """
 
     header: str
     entry: str
     template_args: tuple
+    definition: object = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:

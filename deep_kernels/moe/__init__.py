@@ -17,9 +17,9 @@ __all__ = [
     "moe_reduce", "topk_gate", "topk_gate_backward", "topk_gate_with_layout",
 ]
 
-_MODULES = (gate, layout, routing, expert_parallel, expand)
-
-
 def precompile_specs() -> list:
-    """The specializations `python -m deep_kernels precompile` builds for this family."""
-    return [spec for module in _MODULES for spec in module.precompile_specs()]
+    """The specializations `python -m deep_kernels precompile` builds for this family (its modules register
+    them: deep_kernels.jit.registry)."""
+    from deep_kernels.jit import registry
+
+    return registry.precompile_specs(["moe"])

@@ -22,10 +22,11 @@ from typing import NamedTuple
 
 import torch
 
-from deep_kernels import envs
 from deep_kernels.device import get_num_sms
+from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
-from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.jit.source import KernelSpec
 from deep_kernels.moe.gate import MAX_TOP_K
 from deep_kernels.moe.layout import MoeLayout, contiguous_max_rows
 from deep_kernels.quant.common import (
@@ -42,7 +43,6 @@ EXPAND_DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 CAST_DTYPES = (torch.bfloat16, torch.float32)
 REDUCE_DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 OUT_DTYPES = (torch.bfloat16, torch.float32)
-_KERNEL_TYPES = {**CPP_TYPES, torch.float8_e4m3fn: "__nv_fp8_e4m3"}
 
 
 class ExpandTile(NamedTuple):
@@ -64,19 +64,10 @@ class ExpandTile(NamedTuple):
         return self.column_threads * self.token_lanes
 
 
-# The tile of every row size (no tile measured faster at T = 16384; DK_MOE_EXPAND_TILE overrides it for experiments,
-# read once per process): a 7168-element row is 448 (FP8) or 896 (bf16) vectors, so 1/8 of the column threads
-# idle in its last chunk.
-DEFAULT_EXPAND_TILE = ExpandTile(128, 2, 4)
-# The tiles registered for precompilation (and timed by scripts/bench_moe_expand_tiles.py): chunks that divide
-# 448 or 896 vectors exactly, more token lanes, more loads in flight, scale loads batched.
-EXPAND_TILE_CANDIDATES = (
-    DEFAULT_EXPAND_TILE, ExpandTile(128, 2, 4, 4), ExpandTile(128, 2, 4, 8), ExpandTile(128, 4, 4, 4),
-    ExpandTile(64, 4, 7), ExpandTile(64, 4, 7, 8), ExpandTile(64, 8, 7, 4), ExpandTile(32, 8, 14, 8),
-    ExpandTile(128, 2, 7), ExpandTile(128, 4, 7, 4),
-)
-_EXPAND_TILE_LIMITS = {"column_threads": (32, 1024), "token_lanes": (1, 32), "vectors": (1, 16),
-                       "scale_loads": (1, 16)}
+# The tile of every row size: no other tile measured faster (scripts/bench_moe_expand_tiles.py times the
+# candidates). A 7168-element row is 448 (FP8) or 896 (bf16) vectors, so 1/8 of the column threads idle in its
+# last chunk.
+EXPAND_TILE = ExpandTile(128, 2, 4)
 # moe_expand's row shares with scales are whole 32-byte sectors of the MN-major layouts' columns (8 rows of
 # 4-byte words; whole wherever a column starts on a sector, as in the contiguous layout of 8-row multiples), so
 # no sector is written partly by two blocks: measured 4% faster at T = 16384 than shares of any row count.
@@ -226,12 +217,13 @@ def _row_slots(layout, masked: bool) -> torch.Tensor:
     return layout.masked_slots if masked else layout.row_to_slot
 
 
-def _layout_args(layout, masked: bool, num_tokens: int, num_out_rows: int, max_tokens) -> tuple:
-    """The expand kernels' layout parameters: slot_to_row, m_indices, masked_slots (or 0), the row slots,
-    num_rows (or 0: masked), T, the rows of the layout and max_tokens (0: contiguous)."""
-    return (layout.slot_to_row.data_ptr(), layout.m_indices.data_ptr(),
-            layout.masked_slots.data_ptr() if masked else 0, _row_slots(layout, masked).data_ptr(),
-            0 if masked else layout.num_rows.data_ptr(), num_tokens, num_out_rows, max_tokens if masked else 0)
+def _layout_params(layout, masked: bool, num_tokens: int, num_out_rows: int, max_tokens) -> dict:
+    """The expand kernels' layout parameters: masked_slots 0 and masked_tokens 0 for the contiguous layout,
+    num_rows 0 for the masked one."""
+    return dict(slot_to_row=layout.slot_to_row.data_ptr(), m_indices=layout.m_indices.data_ptr(),
+                masked_slots=layout.masked_slots.data_ptr() if masked else 0,
+                row_slots=_row_slots(layout, masked).data_ptr(), num_rows=0 if masked else layout.num_rows.data_ptr(),
+                num_tokens=num_tokens, num_out_rows=num_out_rows, masked_tokens=max_tokens if masked else 0)
 
 
 def _padding_share(num_out_rows: int, token_blocks: int, columns: int, row_shares: bool, num_sms=None,
@@ -254,40 +246,27 @@ def _padding_share(num_out_rows: int, token_blocks: int, columns: int, row_share
 
 # ---- expand ----
 
-def parse_expand_tile(text: str, base: ExpandTile = DEFAULT_EXPAND_TILE) -> ExpandTile:
-    """The tile of "column_threads=64,token_lanes=4,vectors=7,scale_loads=8" (DK_MOE_EXPAND_TILE's syntax); the
-    fields not given are base's. column_threads whole warps, at most 1024 threads a block."""
-    fields = {}
-    for item in text.split(","):
-        key, _, value = item.strip().partition("=")
-        if key not in _EXPAND_TILE_LIMITS or not value.strip().isdigit():
-            raise ValueError(f"DK_MOE_EXPAND_TILE: expected key=integer items with keys "
-                             f"{', '.join(_EXPAND_TILE_LIMITS)}, got {item!r}")
-        low, high = _EXPAND_TILE_LIMITS[key]
-        if not low <= int(value) <= high:
-            raise ValueError(f"DK_MOE_EXPAND_TILE: {key} must be in [{low}, {high}], got {value.strip()}")
-        fields[key] = int(value)
-    tile = base._replace(**fields)
-    if tile.column_threads % 32 != 0 or tile.threads > 1024:
-        raise ValueError(f"DK_MOE_EXPAND_TILE: column_threads must be a multiple of 32 and column_threads * "
-                         f"token_lanes at most 1024, got {tile.column_threads} * {tile.token_lanes}")
-    return tile
+MOE_EXPAND = KernelDef(
+    "kernels/smxx_moe_expand.cuh", "smxx_moe_expand_impl",
+    template=("kTopK", "kColumnThreads", "kTokenLanes", "kVectorsPerThread", "kScaleLoads"),
+    params=(Param("x", PTR), Param("out", PTR), Param("x_scales", PTR), Param("out_scales", PTR),
+            Param("slot_to_row", PTR), Param("m_indices", PTR), Param("masked_slots", PTR), Param("row_slots", PTR),
+            Param("num_rows", PTR), Param("num_tokens", U32), Param("num_out_rows", U32), Param("masked_tokens", U32),
+            Param("row_vectors", U32), Param("x_row_vectors", U32), Param("rows_per_block", U32),
+            Param("zero_padding", U32), Param("scale_columns", U32), Param("x_scale_row_stride", U32),
+            Param("x_scale_column_stride", U32), Param("scale_batch_rows", U32), Param("scale_batch_stride", U32),
+            Param("scale_column_stride", U32)),
+    threads=lambda t: t["kColumnThreads"] * t["kTokenLanes"])
 
 
-@functools.lru_cache(maxsize=None)
-def _tile_override():
-    """DK_MOE_EXPAND_TILE's tile, or None when unset (read once per process)."""
-    text = envs.get_once("DK_MOE_EXPAND_TILE")
-    return parse_expand_tile(text) if text else None
-
-
-def _expand_spec(k: int, tile: ExpandTile = DEFAULT_EXPAND_TILE) -> KernelSpec:
-    return KernelSpec("kernels/smxx_moe_expand.cuh", "smxx_moe_expand_impl", (k, *tile))
+def _expand_spec(k: int, tile: ExpandTile = EXPAND_TILE) -> KernelSpec:
+    return MOE_EXPAND.spec(kTopK=k, kColumnThreads=tile.column_threads, kTokenLanes=tile.token_lanes,
+                           kVectorsPerThread=tile.vectors, kScaleLoads=tile.scale_loads)
 
 
 @functools.lru_cache(maxsize=None)
 def _expand_kernel(k: int, tile: ExpandTile):
-    return get_kernel(_expand_spec(k, tile), param_kinds="P" * 9 + "I" * 13, block_threads=tile.threads)
+    return get_kernel(_expand_spec(k, tile))
 
 
 def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, masked: bool = False,
@@ -316,6 +295,11 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
         every output element has one writer: deterministic. No host synchronization or allocation besides
         `out`: CUDA-graph safe.
     """
+    return _expand(EXPAND_TILE, x, layout, scales, masked, zero_padding, out)
+
+
+def _expand(tile: ExpandTile, x, layout, scales, masked, zero_padding, out):
+    """moe_expand (its arguments in order) by the expand kernel of `tile`."""
     sizes = _check_x(x, layout, masked, EXPAND_DTYPES)
     _check_bool(zero_padding, "zero_padding")
     num_tokens, k, num_experts, _, max_tokens = sizes
@@ -356,13 +340,14 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
         return result
 
     row_vectors = hidden * x.element_size() // 16
-    scale_args = (0, 0, 0, 1, 0, 0)
+    scale_params = dict(scale_columns=0, x_scale_row_stride=0, x_scale_column_stride=0, scale_batch_rows=1,
+                        scale_batch_stride=0, scale_column_stride=0)
     if is_fp8:
-        columns = scales.shape[1]
         x_strides = (num_groups, 1) if x_layout == ScaleLayout.row_major else (1, scales.stride(1))
         batch_rows_arg, batch_stride, _, column_stride = _kernel_strides(out_geometry, batch_rows)
-        scale_args = (columns, *x_strides, batch_rows_arg, batch_stride, column_stride)
-    tile = _tile_override() or DEFAULT_EXPAND_TILE
+        scale_params = dict(scale_columns=scales.shape[1], x_scale_row_stride=x_strides[0],
+                            x_scale_column_stride=x_strides[1], scale_batch_rows=batch_rows_arg,
+                            scale_batch_stride=batch_stride, scale_column_stride=column_stride)
     chunks = ceil_div(row_vectors, tile.chunk_vectors)
     # NOTE: scales are written by row shares (csrc/kernels/smxx_moe_expand.cuh says why), so FP8 always has them.
     blocks, rows_per_block = _padding_share(num_out_rows, ceil_div(num_tokens, tile.token_lanes), chunks,
@@ -370,10 +355,12 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
                                             SCALE_SHARE_ROW_ALIGNMENT if is_fp8 else 1)
     if blocks == 0:
         return result
-    _expand_kernel(k, tile).launch((blocks, chunks, 1), (
-        x.data_ptr(), rows.data_ptr(), scales.data_ptr() if is_fp8 else 0, out_scales.data_ptr() if is_fp8 else 0,
-        *_layout_args(layout, masked, num_tokens, num_out_rows, max_tokens), row_vectors,
-        x.stride(0) * x.element_size() // 16, rows_per_block, int(zero_padding), *scale_args), x.get_device())
+    _expand_kernel(k, tile).launch(
+        (blocks, chunks, 1), x.get_device(), x=x.data_ptr(), out=rows.data_ptr(),
+        x_scales=scales.data_ptr() if is_fp8 else 0, out_scales=out_scales.data_ptr() if is_fp8 else 0,
+        **_layout_params(layout, masked, num_tokens, num_out_rows, max_tokens), row_vectors=row_vectors,
+        x_row_vectors=x.stride(0) * x.element_size() // 16, rows_per_block=rows_per_block,
+        zero_padding=int(zero_padding), **scale_params)
     return result
 
 
@@ -385,17 +372,34 @@ def _cast_block_tokens(dtype: torch.dtype) -> int:
     return 32 // lanes_per_group * NUM_WARPS * (PASSES * (16 // dtype.itemsize) // _CAST_ELEMENTS_PER_THREAD)
 
 
+MOE_EXPAND_CAST = KernelDef(
+    "kernels/smxx_moe_expand_cast.cuh", "smxx_moe_expand_cast_impl",
+    template=("InT", "kTopK", "GROUP_SIZE", "kUE8M0", "kPackedScales", "kScaleMode", "kNumWarps", "kPasses"),
+    params=(Param("x", PTR), Param("q", PTR), Param("scales", PTR), Param("slot_to_row", PTR),
+            Param("m_indices", PTR), Param("masked_slots", PTR), Param("row_slots", PTR), Param("num_rows", PTR),
+            Param("num_tokens", U32), Param("num_out_rows", U32), Param("masked_tokens", U32), Param("shape_k", U32),
+            Param("x_row_stride", U32), Param("zero_rows_per_block", U32), Param("scale_batch_rows", U32),
+            Param("scale_batch_stride", U32), Param("scale_row_stride", U32), Param("scale_column_stride", U32),
+            Param("amax_clamp", F32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _expand_cast_spec(dtype: torch.dtype, k: int, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode) -> KernelSpec:
-    packed = layout == ScaleLayout.packed_ue8m0
-    return KernelSpec("kernels/smxx_moe_expand_cast.cuh", "smxx_moe_expand_cast_impl",
-                      (CPP_TYPES[dtype], k, GROUP_SIZE, str(ue8m0).lower(), str(packed).lower(), mode.cpp,
-                       NUM_WARPS, PASSES))
+    return MOE_EXPAND_CAST.spec(InT=dtype, kTopK=k, GROUP_SIZE=GROUP_SIZE, kUE8M0=ue8m0,
+                                kPackedScales=layout == ScaleLayout.packed_ue8m0, kScaleMode=mode, kNumWarps=NUM_WARPS,
+                                kPasses=PASSES)
 
 
 @functools.lru_cache(maxsize=None)
 def _expand_cast_kernel(dtype: torch.dtype, k: int, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode):
-    return get_kernel(_expand_cast_spec(dtype, k, ue8m0, layout, mode), param_kinds="P" * 8 + "I" * 10 + "f",
-                      block_threads=NUM_WARPS * 32)
+    return get_kernel(_expand_cast_spec(dtype, k, ue8m0, layout, mode))
+
+
+def _scale_stride_params(geometry: tuple, rows: int) -> dict:
+    """_kernel_strides as the kernels' ScaleStrides parameters."""
+    batch_rows, batch_stride, row_stride, column_stride = _kernel_strides(geometry, rows)
+    return dict(scale_batch_rows=batch_rows, scale_batch_stride=batch_stride, scale_row_stride=row_stride,
+                scale_column_stride=column_stride)
 
 
 def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = False, ue8m0: bool = False,
@@ -460,24 +464,34 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
         return q, scales
 
     kernel = _expand_cast_kernel(x.dtype, k, ue8m0, layout_kind, mode)
-    kernel.launch((num_groups, row_blocks, 1), (
-        x.data_ptr(), q.data_ptr(), scales.data_ptr(), *_layout_args(layout, masked, num_tokens, num_out_rows, max_tokens),
-        hidden, x.stride(0), padding_rows, *_kernel_strides(geometry, batch_rows), float(amax_clamp)), x.get_device())
+    kernel.launch(
+        (num_groups, row_blocks, 1), x.get_device(), x=x.data_ptr(), q=q.data_ptr(), scales=scales.data_ptr(),
+        **_layout_params(layout, masked, num_tokens, num_out_rows, max_tokens), shape_k=hidden,
+        x_row_stride=x.stride(0), zero_rows_per_block=padding_rows, **_scale_stride_params(geometry, batch_rows),
+        amax_clamp=float(amax_clamp))
     return q, scales
 
 
 # ---- reduce ----
 
+MOE_REDUCE = KernelDef(
+    "kernels/smxx_moe_reduce.cuh", "smxx_moe_reduce_impl",
+    template=("InT", "OutT", "kTopK", "GROUP_SIZE", "kPackedScales", "kColumnThreads", "kTokenLanes"),
+    params=(Param("y", PTR), Param("y_scales", PTR), Param("weights", PTR), Param("slot_to_row", PTR),
+            Param("m_indices", PTR), Param("masked_slots", PTR), Param("out", PTR), Param("num_tokens", U32),
+            Param("row_vectors", U32), Param("masked_tokens", U32), Param("scale_batch_rows", U32),
+            Param("scale_batch_stride", U32), Param("scale_row_stride", U32), Param("scale_column_stride", U32)),
+    threads=lambda t: t["kColumnThreads"] * t["kTokenLanes"])
+
+
 def _reduce_spec(in_dtype: torch.dtype, out_dtype: torch.dtype, k: int, packed: bool) -> KernelSpec:
-    return KernelSpec("kernels/smxx_moe_reduce.cuh", "smxx_moe_reduce_impl",
-                      (_KERNEL_TYPES[in_dtype], CPP_TYPES[out_dtype], k, GROUP_SIZE, str(packed).lower(),
-                       _REDUCE_COLUMN_THREADS, _REDUCE_TOKEN_LANES))
+    return MOE_REDUCE.spec(InT=in_dtype, OutT=out_dtype, kTopK=k, GROUP_SIZE=GROUP_SIZE, kPackedScales=packed,
+                           kColumnThreads=_REDUCE_COLUMN_THREADS, kTokenLanes=_REDUCE_TOKEN_LANES)
 
 
 @functools.lru_cache(maxsize=None)
 def _reduce_kernel(in_dtype: torch.dtype, out_dtype: torch.dtype, k: int, packed: bool):
-    return get_kernel(_reduce_spec(in_dtype, out_dtype, k, packed), param_kinds="P" * 7 + "I" * 7,
-                      block_threads=_REDUCE_COLUMN_THREADS * _REDUCE_TOKEN_LANES)
+    return get_kernel(_reduce_spec(in_dtype, out_dtype, k, packed))
 
 
 def moe_reduce(y: torch.Tensor, layout: MoeLayout, weights: torch.Tensor, scales: torch.Tensor = None,
@@ -525,13 +539,13 @@ def moe_reduce(y: torch.Tensor, layout: MoeLayout, weights: torch.Tensor, scales
     if is_fp8 != (scales is not None):
         raise ValueError("scales must be given for float8_e4m3fn y, and only then")
     batches, batch_rows = (num_experts, max_tokens) if masked else (None, max_rows)
-    scale_args = (1, 0, 0, 0)
+    scale_params = dict(scale_batch_rows=1, scale_batch_stride=0, scale_row_stride=0, scale_column_stride=0)
     if is_fp8:
         if hidden % GROUP_SIZE != 0:
             raise ValueError(f"y.shape[-1] (H = {hidden}) must be a multiple of {GROUP_SIZE} for FP8 y")
         y_layout = _expanded_scale_layout_of(scales, batches, batch_rows, hidden // GROUP_SIZE)
         geometry = expanded_scale_geometry(batches, batch_rows, hidden // GROUP_SIZE, y_layout)
-        scale_args = _kernel_strides(geometry, batch_rows)
+        scale_params = _scale_stride_params(geometry, batch_rows)
     if out is not None:
         _check_out(out, "out", (num_tokens, hidden), out_dtype)
     check_cuda_device(y, "y")
@@ -549,17 +563,18 @@ def moe_reduce(y: torch.Tensor, layout: MoeLayout, weights: torch.Tensor, scales
     kernel = _reduce_kernel(y.dtype, out_dtype, k, is_fp8 and y_layout == ScaleLayout.packed_ue8m0)
     row_vectors = hidden * y.element_size() // 16
     grid = (ceil_div(num_tokens, _REDUCE_TOKEN_LANES), ceil_div(row_vectors, _REDUCE_COLUMN_THREADS), 1)
-    kernel.launch(grid, (
-        y.data_ptr(), scales.data_ptr() if is_fp8 else 0, weights.data_ptr(), layout.slot_to_row.data_ptr(),
-        layout.m_indices.data_ptr(), layout.masked_slots.data_ptr() if masked else 0, out.data_ptr(), num_tokens,
-        row_vectors, max_tokens if masked else 0, *scale_args), y.get_device())
+    kernel.launch(
+        grid, y.get_device(), y=y.data_ptr(), y_scales=scales.data_ptr() if is_fp8 else 0, weights=weights.data_ptr(),
+        slot_to_row=layout.slot_to_row.data_ptr(), m_indices=layout.m_indices.data_ptr(),
+        masked_slots=layout.masked_slots.data_ptr() if masked else 0, out=out.data_ptr(), num_tokens=num_tokens,
+        row_vectors=row_vectors, masked_tokens=max_tokens if masked else 0, **scale_params)
     return out
 
 
+@precompiled
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     specs = [_expand_spec(k) for k in (1, 6, 8)]
-    specs.extend(_expand_spec(8, tile) for tile in EXPAND_TILE_CANDIDATES if tile != DEFAULT_EXPAND_TILE)
     for dtype in CAST_DTYPES:
         for ue8m0, layout, mode in ((False, ScaleLayout.mn_major, ScaleMode.mul),
                                     (False, ScaleLayout.mn_major, ScaleMode.div),

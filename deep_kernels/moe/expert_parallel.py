@@ -9,21 +9,31 @@ import functools
 
 import torch
 
+from deep_kernels.jit.definition import PTR, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
-from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.jit.source import KernelSpec
 from deep_kernels.device import get_num_sms
 from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, INT32_LIMIT
 
 _THREADS = 256
 
 
+MOE_LOCAL_EXPERTS = KernelDef(
+    "kernels/smxx_moe_local_experts.cuh", "smxx_moe_local_experts_impl",
+    template=("IndexT", "kNumThreads"),
+    params=(Param("topk_idx", PTR), Param("local_idx", PTR), Param("num_slots", U32), Param("first_expert", U32),
+            Param("num_local_experts", U32)),
+    threads=lambda t: t["kNumThreads"])
+
+
 def _spec(dtype: torch.dtype) -> KernelSpec:
-    return KernelSpec("kernels/smxx_moe_local_experts.cuh", "smxx_moe_local_experts_impl", (CPP_TYPES[dtype], _THREADS))
+    return MOE_LOCAL_EXPERTS.spec(IndexT=dtype, kNumThreads=_THREADS)
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(dtype: torch.dtype):
-    return get_kernel(_spec(dtype), param_kinds="PPIII", block_threads=_THREADS)
+    return get_kernel(_spec(dtype))
 
 
 def map_global_to_local_experts(topk_idx: torch.Tensor, num_local_experts: int, rank: int,
@@ -67,12 +77,13 @@ def map_global_to_local_experts(topk_idx: torch.Tensor, num_local_experts: int, 
     if num_slots == 0:
         return local_idx
     num_blocks = min(ceil_div(num_slots, _THREADS), 4 * get_num_sms())
-    _kernel(topk_idx.dtype).launch((num_blocks, 1, 1), (
-        topk_idx.data_ptr(), local_idx.data_ptr(), num_slots, rank * num_local_experts, num_local_experts),
-        topk_idx.get_device())
+    _kernel(topk_idx.dtype).launch(
+        (num_blocks, 1, 1), topk_idx.get_device(), topk_idx=topk_idx.data_ptr(), local_idx=local_idx.data_ptr(),
+        num_slots=num_slots, first_expert=rank * num_local_experts, num_local_experts=num_local_experts)
     return local_idx
 
 
+@precompiled
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     return [_spec(torch.int32), _spec(torch.int64)]

@@ -15,8 +15,10 @@ import functools
 
 import torch
 
+from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
-from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.jit.source import KernelSpec
 from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, INT32_LIMIT
 
 MAX_EXPERTS = 512  # csrc/kernels/smxx_moe_slots.cuh: kMaxMoeExperts
@@ -53,16 +55,28 @@ def _check_groups(num_experts: int, k: int, num_groups, topk_groups) -> None:
         raise ValueError(f"k ({k}) must not exceed the {eligible} experts of the topk_groups={topk_groups} groups")
 
 
+def scoring_cpp(scoring: str) -> str:
+    """The GateScoring enumerator of a scoring name."""
+    return "deep_kernels::GateScoring::" + SCORINGS[scoring]
+
+
+TOPK_GATE = KernelDef(
+    "kernels/smxx_topk_gate.cuh", "smxx_topk_gate_impl",
+    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps"),
+    params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
+            Param("num_tokens", U32), Param("logits_row_stride", U32), Param("top_k", U32), Param("topk_groups", U32),
+            Param("renormalize", U32), Param("scaling_factor", F32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _gate_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
-    return KernelSpec("kernels/smxx_topk_gate.cuh", "smxx_topk_gate_impl",
-                      (CPP_TYPES[dtype], num_experts, num_groups, "deep_kernels::GateScoring::" + SCORINGS[scoring],
-                       _GATE_WARPS))
+    return TOPK_GATE.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups, kScoring=scoring_cpp(scoring),
+                          kNumWarps=_GATE_WARPS)
 
 
 @functools.lru_cache(maxsize=None)
 def _gate_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str):
-    return get_kernel(_gate_spec(dtype, num_experts, num_groups, scoring), param_kinds="PPPPIIIIIf",
-                      block_threads=_GATE_WARPS * 32)
+    return get_kernel(_gate_spec(dtype, num_experts, num_groups, scoring))
 
 
 def check_gate_args(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor) -> None:
@@ -130,11 +144,10 @@ def topk_gate(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torc
     if num_tokens == 0:
         return weights, indices
     kernel = _gate_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
-    kernel.launch((ceil_div(num_tokens, _GATE_WARPS), 1, 1),
-                  (logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(),
-                   indices.data_ptr(), num_tokens, logits.stride(0), k, topk_groups, int(renormalize),
-                   float(routed_scaling_factor)),
-                  logits.get_device())
+    kernel.launch((ceil_div(num_tokens, _GATE_WARPS), 1, 1), logits.get_device(), logits=logits.data_ptr(),
+                  bias=0 if bias is None else bias.data_ptr(), weights=weights.data_ptr(), indices=indices.data_ptr(),
+                  num_tokens=num_tokens, logits_row_stride=logits.stride(0), top_k=k, topk_groups=topk_groups,
+                  renormalize=int(renormalize), scaling_factor=float(routed_scaling_factor))
     return weights, indices
 
 
@@ -144,15 +157,23 @@ def kernel_groups(num_groups: int) -> int:
     return num_groups if num_groups > 1 else 0
 
 
+TOPK_GATE_BACKWARD = KernelDef(
+    "kernels/smxx_topk_gate_backward.cuh", "smxx_topk_gate_backward_impl",
+    template=("InT", "NUM_EXPERTS", "kScoring", "kNumWarps"),
+    params=(Param("grad_weights", PTR), Param("logits", PTR), Param("indices", PTR), Param("grad_logits", PTR),
+            Param("num_tokens", U32), Param("logits_row_stride", U32), Param("top_k", U32), Param("renormalize", U32),
+            Param("scaling_factor", F32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _backward_spec(dtype: torch.dtype, num_experts: int, scoring: str) -> KernelSpec:
-    return KernelSpec("kernels/smxx_topk_gate_backward.cuh", "smxx_topk_gate_backward_impl",
-                      (CPP_TYPES[dtype], num_experts, "deep_kernels::GateScoring::" + SCORINGS[scoring], _GATE_WARPS))
+    return TOPK_GATE_BACKWARD.spec(InT=dtype, NUM_EXPERTS=num_experts, kScoring=scoring_cpp(scoring),
+                                   kNumWarps=_GATE_WARPS)
 
 
 @functools.lru_cache(maxsize=None)
 def _backward_kernel(dtype: torch.dtype, num_experts: int, scoring: str):
-    return get_kernel(_backward_spec(dtype, num_experts, scoring), param_kinds="PPPPIIIIf",
-                      block_threads=_GATE_WARPS * 32)
+    return get_kernel(_backward_spec(dtype, num_experts, scoring))
 
 
 def topk_gate_backward(grad_weights: torch.Tensor, logits: torch.Tensor, indices: torch.Tensor,
@@ -210,13 +231,14 @@ def topk_gate_backward(grad_weights: torch.Tensor, logits: torch.Tensor, indices
     if num_tokens == 0:
         return grad_logits
     kernel = _backward_kernel(logits.dtype, num_experts, scoring)
-    kernel.launch((ceil_div(num_tokens, _GATE_WARPS), 1, 1),
-                  (grad_weights.data_ptr(), logits.data_ptr(), indices.data_ptr(), grad_logits.data_ptr(),
-                   num_tokens, logits.stride(0), k, int(renormalize), float(routed_scaling_factor)),
-                  logits.get_device())
+    kernel.launch((ceil_div(num_tokens, _GATE_WARPS), 1, 1), logits.get_device(),
+                  grad_weights=grad_weights.data_ptr(), logits=logits.data_ptr(), indices=indices.data_ptr(),
+                  grad_logits=grad_logits.data_ptr(), num_tokens=num_tokens, logits_row_stride=logits.stride(0),
+                  top_k=k, renormalize=int(renormalize), scaling_factor=float(routed_scaling_factor))
     return grad_logits
 
 
+@precompiled
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     gates = [

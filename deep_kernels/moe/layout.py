@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from deep_kernels.device import get_num_sms
+from deep_kernels.jit.definition import PTR, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
-from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.jit.source import KernelSpec
 from deep_kernels.moe.gate import MAX_EXPERTS
 from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, INT32_LIMIT
 
@@ -92,21 +94,36 @@ def new_layout(like: torch.Tensor, num_tokens: int, k: int, num_experts: int, ma
     return layout
 
 
+MOE_COUNT = KernelDef(
+    "kernels/smxx_moe_count.cuh", "smxx_moe_count_impl",
+    template=("IndexT", "CHUNK_SLOTS", "kNumThreads"),
+    params=(Param("topk_idx", PTR), Param("chunk_counts", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
+            Param("masked_slots", PTR), Param("num_slots", U32), Param("num_experts", U32), Param("num_chunks", U32),
+            Param("max_rows", U32), Param("num_masked", U32)),
+    threads=lambda t: t["kNumThreads"])
+
+MOE_LAYOUT = KernelDef(
+    "kernels/smxx_moe_layout.cuh", "smxx_moe_layout_impl",
+    template=("IndexT", "CHUNK_SLOTS", "kAlignment", "kNumWarps"),
+    params=(Param("topk_idx", PTR), Param("chunk_counts", PTR), Param("counts", PTR), Param("num_rows", PTR),
+            Param("m_indices", PTR), Param("row_to_slot", PTR), Param("slot_to_row", PTR), Param("masked_slots", PTR),
+            Param("masked_m", PTR), Param("num_slots", U32), Param("num_experts", U32), Param("num_chunks", U32),
+            Param("max_tokens", U32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _count_spec(dtype: torch.dtype) -> KernelSpec:
-    return KernelSpec("kernels/smxx_moe_count.cuh", "smxx_moe_count_impl",
-                      (CPP_TYPES[dtype], _CHUNK_SLOTS, _COUNT_THREADS))
+    return MOE_COUNT.spec(IndexT=dtype, CHUNK_SLOTS=_CHUNK_SLOTS, kNumThreads=_COUNT_THREADS)
 
 
 def _layout_spec(dtype: torch.dtype) -> KernelSpec:
-    return KernelSpec("kernels/smxx_moe_layout.cuh", "smxx_moe_layout_impl",
-                      (CPP_TYPES[dtype], _CHUNK_SLOTS, CONTIGUOUS_ALIGNMENT, _LAYOUT_WARPS))
+    return MOE_LAYOUT.spec(IndexT=dtype, CHUNK_SLOTS=_CHUNK_SLOTS, kAlignment=CONTIGUOUS_ALIGNMENT,
+                           kNumWarps=_LAYOUT_WARPS)
 
 
 @functools.lru_cache(maxsize=None)
 def _layout_kernels(dtype: torch.dtype):
-    count = get_kernel(_count_spec(dtype), param_kinds="PPPPPIIIII", block_threads=_COUNT_THREADS)
-    layout = get_kernel(_layout_spec(dtype), param_kinds="PPPPPPPPPIIII", block_threads=_LAYOUT_WARPS * 32)
-    return count, layout
+    return get_kernel(_count_spec(dtype)), get_kernel(_layout_spec(dtype))
 
 
 def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None) -> MoeLayout:
@@ -145,17 +162,21 @@ def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None)
     num_masked = num_experts * max_tokens if masked else 0
     masked_slots = layout.masked_slots.data_ptr() if masked else 0
     device_index = topk_idx.get_device()
-    count_kernel.launch((max(num_chunks, fill_blocks(2 * max_rows + num_masked)), 1, 1), (
-        topk_idx.data_ptr(), chunk_counts.data_ptr(), layout.m_indices.data_ptr(), layout.row_to_slot.data_ptr(),
-        masked_slots, num_slots, num_experts, num_chunks, max_rows, num_masked), device_index)
-    layout_kernel.launch((num_chunks, 1, 1), (
-        topk_idx.data_ptr(), chunk_counts.data_ptr(), layout.counts.data_ptr(), layout.num_rows.data_ptr(),
-        layout.m_indices.data_ptr(), layout.row_to_slot.data_ptr(), layout.slot_to_row.data_ptr(), masked_slots,
-        layout.masked_m.data_ptr() if masked else 0, num_slots, num_experts, num_chunks,
-        max_tokens if masked else 0), device_index)
+    count_kernel.launch(
+        (max(num_chunks, fill_blocks(2 * max_rows + num_masked)), 1, 1), device_index, topk_idx=topk_idx.data_ptr(),
+        chunk_counts=chunk_counts.data_ptr(), m_indices=layout.m_indices.data_ptr(),
+        row_to_slot=layout.row_to_slot.data_ptr(), masked_slots=masked_slots, num_slots=num_slots,
+        num_experts=num_experts, num_chunks=num_chunks, max_rows=max_rows, num_masked=num_masked)
+    layout_kernel.launch(
+        (num_chunks, 1, 1), device_index, topk_idx=topk_idx.data_ptr(), chunk_counts=chunk_counts.data_ptr(),
+        counts=layout.counts.data_ptr(), num_rows=layout.num_rows.data_ptr(), m_indices=layout.m_indices.data_ptr(),
+        row_to_slot=layout.row_to_slot.data_ptr(), slot_to_row=layout.slot_to_row.data_ptr(),
+        masked_slots=masked_slots, masked_m=layout.masked_m.data_ptr() if masked else 0, num_slots=num_slots,
+        num_experts=num_experts, num_chunks=num_chunks, max_tokens=max_tokens if masked else 0)
     return layout
 
 
+@precompiled
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     specs = []

@@ -12,9 +12,11 @@ import functools
 import torch
 
 from deep_kernels.device import get_num_sms
+from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
-from deep_kernels.jit.source import CPP_TYPES, KernelSpec
-from deep_kernels.moe.gate import SCORINGS, check_gate_args, kernel_groups, topk_gate
+from deep_kernels.jit.source import KernelSpec
+from deep_kernels.moe.gate import check_gate_args, kernel_groups, scoring_cpp, topk_gate
 from deep_kernels.moe.layout import (
     CONTIGUOUS_ALIGNMENT, MoeLayout, check_layout_args, fill_blocks, moe_layout, new_layout,
 )
@@ -31,16 +33,26 @@ _FUSED_MAX_WARP_SLOTS = 32
 _COUNTER_INTS = 32
 
 
+TOPK_GATE_LAYOUT = KernelDef(
+    "kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
+    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kAlignment"),
+    params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
+            Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
+            Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR), Param("block_counts", PTR),
+            Param("barrier", PTR), Param("num_tokens", U32), Param("tokens_per_warp", U32),
+            Param("logits_row_stride", U32), Param("top_k", U32), Param("topk_groups", U32), Param("renormalize", U32),
+            Param("scaling_factor", F32), Param("max_rows", U32), Param("max_tokens", U32)),
+    threads=lambda t: t["kNumWarps"] * 32, cooperative=True)
+
+
 def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
-    return KernelSpec("kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
-                      (CPP_TYPES[dtype], num_experts, num_groups, "deep_kernels::GateScoring::" + SCORINGS[scoring],
-                       _FUSED_WARPS, CONTIGUOUS_ALIGNMENT))
+    return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
+                                 kScoring=scoring_cpp(scoring), kNumWarps=_FUSED_WARPS, kAlignment=CONTIGUOUS_ALIGNMENT)
 
 
 @functools.lru_cache(maxsize=None)
 def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str):
-    return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring), param_kinds="PPPPPPPPPPPPPIIIIIIfII",
-                      block_threads=_FUSED_WARPS * 32, cooperative=True)
+    return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring))
 
 
 _workspaces = {}
@@ -118,16 +130,20 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
     token_blocks = ceil_div(num_tokens, _FUSED_WARPS * tokens_per_warp)
     num_blocks = max(token_blocks, fill_blocks(2 * max_rows + num_masked))
     workspace = _workspace(device_index, token_blocks * num_experts)
-    kernel.launch((num_blocks, 1, 1), (
-        logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(), indices.data_ptr(),
-        layout.counts.data_ptr(), layout.num_rows.data_ptr(), layout.m_indices.data_ptr(),
-        layout.row_to_slot.data_ptr(), layout.slot_to_row.data_ptr(),
-        layout.masked_slots.data_ptr() if masked else 0, layout.masked_m.data_ptr() if masked else 0,
-        workspace.data_ptr() + 4 * _COUNTER_INTS, workspace.data_ptr(), num_tokens, tokens_per_warp, logits.stride(0), k, topk_groups,
-        int(renormalize), float(routed_scaling_factor), max_rows, max_tokens if masked else 0), device_index)
+    kernel.launch(
+        (num_blocks, 1, 1), device_index, logits=logits.data_ptr(), bias=0 if bias is None else bias.data_ptr(),
+        weights=weights.data_ptr(), indices=indices.data_ptr(), counts=layout.counts.data_ptr(),
+        num_rows=layout.num_rows.data_ptr(), m_indices=layout.m_indices.data_ptr(),
+        row_to_slot=layout.row_to_slot.data_ptr(), slot_to_row=layout.slot_to_row.data_ptr(),
+        masked_slots=layout.masked_slots.data_ptr() if masked else 0,
+        masked_m=layout.masked_m.data_ptr() if masked else 0, block_counts=workspace.data_ptr() + 4 * _COUNTER_INTS,
+        barrier=workspace.data_ptr(), num_tokens=num_tokens, tokens_per_warp=tokens_per_warp,
+        logits_row_stride=logits.stride(0), top_k=k, topk_groups=topk_groups, renormalize=int(renormalize),
+        scaling_factor=float(routed_scaling_factor), max_rows=max_rows, max_tokens=max_tokens if masked else 0)
     return weights, indices, layout
 
 
+@precompiled
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     return [

@@ -30,9 +30,9 @@ __all__ = [
     "swiglu_forward", "unpack_ue8m0",
 ]
 
-_MODULES = (fp8, fp4, e5m6, requant, swiglu, transpose)
-
-
 def precompile_specs() -> list:
-    """The specializations `python -m deep_kernels precompile` builds for this family."""
-    return [spec for module in _MODULES for spec in module.precompile_specs()]
+    """The specializations `python -m deep_kernels precompile` builds for this family (its modules register
+    them: deep_kernels.jit.registry)."""
+    from deep_kernels.jit import registry
+
+    return registry.precompile_specs(["quant"])

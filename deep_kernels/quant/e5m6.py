@@ -26,8 +26,10 @@ import math
 
 import torch
 
+from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
-from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, ScaleMode, check_amax_clamp, output_or_new, parse_scale_mode,
 )
@@ -71,17 +73,27 @@ def _check_aligned(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must start at a 16-byte aligned address")
 
 
+def cast_smem_bytes(rows: int, k: int, dtype: torch.dtype) -> int:
+    """Dynamic shared memory of the cast's carve-up (csrc/kernels/smxx_e5m6_cast.cuh): the block's rows, then
+    their packed words."""
+    return rows * (k * dtype.itemsize + packed_words(k) * 4)
+
+
+E5M6_CAST = KernelDef(
+    "kernels/smxx_e5m6_cast.cuh", "smxx_e5m6_cast_impl",
+    template=("InT", "kRows", "kNumWarps", "kUE8M0", "kScaleMode"),
+    params=(Param("x", PTR), Param("packed", PTR), Param("scales", PTR), Param("shape_m", U32), Param("shape_k", U32),
+            Param("x_row_stride", U32), Param("amax_clamp", F32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _cast_spec(dtype: torch.dtype, rows: int, ue8m0: bool, mode: ScaleMode) -> KernelSpec:
-    return KernelSpec(
-        "kernels/smxx_e5m6_cast.cuh", "smxx_e5m6_cast_impl",
-        (CPP_TYPES[dtype], rows, _CAST_WARPS, str(ue8m0).lower(), mode.cpp),
-    )
+    return E5M6_CAST.spec(InT=dtype, kRows=rows, kNumWarps=_CAST_WARPS, kUE8M0=ue8m0, kScaleMode=mode)
 
 
 @functools.lru_cache(maxsize=None)
 def _cast_kernel(dtype: torch.dtype, rows: int, ue8m0: bool, mode: ScaleMode, smem_bytes: int):
-    return get_kernel(_cast_spec(dtype, rows, ue8m0, mode), param_kinds="PPPIIIf", block_threads=_CAST_WARPS * 32,
-                      smem_bytes=smem_bytes)
+    return get_kernel(_cast_spec(dtype, rows, ue8m0, mode), smem_bytes=smem_bytes)
 
 
 def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: float = DEFAULT_AMAX_CLAMP,
@@ -112,7 +124,7 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
     if k % CODES_PER_GROUP != 0:
         raise ValueError(f"x.shape[1] (K = {k}) must be a multiple of {CODES_PER_GROUP}")
     rows = rows_per_block(k)
-    smem_bytes = rows * (k * x.element_size() + packed_words(k) * 4)
+    smem_bytes = cast_smem_bytes(rows, k, x.dtype)
     if smem_bytes > MAX_STAGED_BYTES:
         raise ValueError(f"x rows are too long for the e5m6 cast: {rows} row(s) of K = {k} {x.dtype} elements "
                          f"and their codes ({smem_bytes} bytes) must fit in {MAX_STAGED_BYTES} bytes of shared memory")
@@ -129,22 +141,26 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
         return packed, scales
 
     kernel = _cast_kernel(x.dtype, rows, ue8m0, mode, smem_bytes)
-    kernel.launch((ceil_div(m, rows), 1, 1),
-                  (x.data_ptr(), packed.data_ptr(), scales.data_ptr(), m, k, x.stride(0), float(amax_clamp)),
-                  x.get_device())
+    kernel.launch((ceil_div(m, rows), 1, 1), x.get_device(), x=x.data_ptr(), packed=packed.data_ptr(),
+                  scales=scales.data_ptr(), shape_m=m, shape_k=k, x_row_stride=x.stride(0), amax_clamp=float(amax_clamp))
     return packed, scales
 
 
+E5M6_CAST_BACK = KernelDef(
+    "kernels/smxx_e5m6_cast_back.cuh", "smxx_e5m6_cast_back_impl",
+    template=("OutT", "kNumWarps", "kTiles"),
+    params=(Param("packed", PTR), Param("scales", PTR), Param("y", PTR), Param("num_groups", U32),
+            Param("row_magic", U32), Param("row_shift", U32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _cast_back_spec(out_dtype: torch.dtype) -> KernelSpec:
-    return KernelSpec(
-        "kernels/smxx_e5m6_cast_back.cuh", "smxx_e5m6_cast_back_impl",
-        (CPP_TYPES[out_dtype], _CAST_BACK_WARPS, _CAST_BACK_TILES),
-    )
+    return E5M6_CAST_BACK.spec(OutT=out_dtype, kNumWarps=_CAST_BACK_WARPS, kTiles=_CAST_BACK_TILES)
 
 
 @functools.lru_cache(maxsize=None)
 def _cast_back_kernel(out_dtype: torch.dtype):
-    return get_kernel(_cast_back_spec(out_dtype), param_kinds="PPPIII", block_threads=_CAST_BACK_WARPS * 32)
+    return get_kernel(_cast_back_spec(out_dtype))
 
 
 def per_token_cast_back_e5m6(packed: torch.Tensor, scales: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
@@ -193,11 +209,12 @@ def per_token_cast_back_e5m6(packed: torch.Tensor, scales: torch.Tensor, out_dty
     per_block = _CAST_BACK_TILES * _CAST_BACK_TILE_GROUPS * _CAST_BACK_WARPS
     row_magic, row_shift = row_divisor(k // CODES_PER_GROUP)
     _cast_back_kernel(out_dtype).launch(
-        (ceil_div(num_groups, per_block), 1, 1),
-        (packed.data_ptr(), scales.data_ptr(), y.data_ptr(), num_groups, row_magic, row_shift), packed.get_device())
+        (ceil_div(num_groups, per_block), 1, 1), packed.get_device(), packed=packed.data_ptr(),
+        scales=scales.data_ptr(), y=y.data_ptr(), num_groups=num_groups, row_magic=row_magic, row_shift=row_shift)
     return y
 
 
+@precompiled
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     specs = []

@@ -49,8 +49,10 @@ from enum import IntEnum
 
 import torch
 
+from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
-from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
     cast_outputs, check_amax_clamp, check_output, check_scales, kernel_scale_stride, output_or_new, parse_layout,
@@ -103,9 +105,8 @@ class Fp4ScaleLayout(IntEnum):
 
 
 # Cast passes by input dtype and format: 8 16-byte loads of bf16 in flight per thread (12 for NVFP4), 4 of fp32.
-# Measured at [16384, 7168] bf16 (fractions of the copy bandwidth): on 2026-11-30 1, 2 and 4 passes, MXFP4 84%, 91%,
-# 93%; NVFP4 76%, 80%, 82%; on 2026-12-01 4, 6 and 8 passes, MXFP4 92.9%, 92.2%, 90.9%; NVFP4 84.8% (85.1% again),
-# 86.2%, 78.0% (80 registers at 6 passes, 124 at 8).
+# These were the fastest at [16384, 7168] bf16: more passes hide more load latency until the registers they hold
+# cost occupancy (NVFP4 at 8 passes takes 124 registers).
 _CAST_PASSES = {(torch.bfloat16, Fp4Format.mx): 4, (torch.bfloat16, Fp4Format.nv): 6,
                 (torch.float32, Fp4Format.mx): 1, (torch.float32, Fp4Format.nv): 1}
 
@@ -181,14 +182,23 @@ def _check_out_alignment(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must start at a 16-byte aligned address")
 
 
+FP4_CAST = KernelDef(
+    "kernels/smxx_fp4_cast.cuh", "smxx_fp4_cast_impl",
+    template=("InT", "kNumWarps", "kPasses", "kFormat", "kLayout", "kScaleMode"),
+    params=(Param("x", PTR), Param("codes", PTR), Param("scales", PTR), Param("global_scale", PTR),
+            Param("shape_m", U32), Param("shape_k", U32), Param("x_row_stride", U32), Param("scale_rows", U32),
+            Param("scale_stride", U32), Param("amax_clamp", F32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _cast_spec(dtype: torch.dtype, fmt: Fp4Format, layout: Fp4ScaleLayout, mode: ScaleMode) -> KernelSpec:
-    return KernelSpec("kernels/smxx_fp4_cast.cuh", "smxx_fp4_cast_impl",
-                      (CPP_TYPES[dtype], NUM_WARPS, _CAST_PASSES[dtype, fmt], fmt.cpp, layout.cpp, mode.cpp))
+    return FP4_CAST.spec(InT=dtype, kNumWarps=NUM_WARPS, kPasses=_CAST_PASSES[dtype, fmt], kFormat=fmt, kLayout=layout,
+                         kScaleMode=mode)
 
 
 @functools.lru_cache(maxsize=None)
 def _cast_kernel(dtype: torch.dtype, fmt: Fp4Format, layout: Fp4ScaleLayout, mode: ScaleMode):
-    return get_kernel(_cast_spec(dtype, fmt, layout, mode), param_kinds="PPPPIIIIIf", block_threads=NUM_WARPS * 32)
+    return get_kernel(_cast_spec(dtype, fmt, layout, mode))
 
 
 def _cast_to_fp4(x, global_scale, fmt: Fp4Format, scale_layout, amax_clamp, scale_mode, out):
@@ -227,8 +237,9 @@ def _cast_to_fp4(x, global_scale, fmt: Fp4Format, scale_layout, amax_clamp, scal
     scale_stride = tma_aligned_size(m, 4) if layout == Fp4ScaleLayout.packed_ue8m0 else 0
     global_ptr = global_scale.data_ptr() if fmt == Fp4Format.nv else 0
     grid = (ceil_div(k, 32 * _THREAD_ELEMENTS), ceil_div(scale_rows, rows_per_block), 1)
-    kernel.launch(grid, (x.data_ptr(), codes.data_ptr(), scales.data_ptr(), global_ptr, m, k, x.stride(0),
-                         scale_rows, scale_stride, float(amax_clamp)), x.get_device())
+    kernel.launch(grid, x.get_device(), x=x.data_ptr(), codes=codes.data_ptr(), scales=scales.data_ptr(),
+                  global_scale=global_ptr, shape_m=m, shape_k=k, x_row_stride=x.stride(0), scale_rows=scale_rows,
+                  scale_stride=scale_stride, amax_clamp=float(amax_clamp))
     return codes, scales
 
 
@@ -293,14 +304,22 @@ def nvfp4_global_scale(x: torch.Tensor, amax_clamp: float = DEFAULT_FP4_AMAX_CLA
     return amax / torch.full_like(amax, 448.0 * E2M1_MAX)
 
 
+FP4_CAST_BACK = KernelDef(
+    "kernels/smxx_fp4_cast_back.cuh", "smxx_fp4_cast_back_impl",
+    template=("OutT", "kNumWarps", "kPasses", "kFormat", "kLayout"),
+    params=(Param("codes", PTR), Param("scales", PTR), Param("global_scale", PTR), Param("y", PTR),
+            Param("shape_m", U32), Param("shape_k", U32), Param("scale_stride", U32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _cast_back_spec(out_dtype: torch.dtype, fmt: Fp4Format, layout: Fp4ScaleLayout) -> KernelSpec:
-    return KernelSpec("kernels/smxx_fp4_cast_back.cuh", "smxx_fp4_cast_back_impl",
-                      (CPP_TYPES[out_dtype], NUM_WARPS, _CAST_BACK_PASSES, fmt.cpp, layout.cpp))
+    return FP4_CAST_BACK.spec(OutT=out_dtype, kNumWarps=NUM_WARPS, kPasses=_CAST_BACK_PASSES, kFormat=fmt,
+                              kLayout=layout)
 
 
 @functools.lru_cache(maxsize=None)
 def _cast_back_kernel(out_dtype: torch.dtype, fmt: Fp4Format, layout: Fp4ScaleLayout):
-    return get_kernel(_cast_back_spec(out_dtype, fmt, layout), param_kinds="PPPPIII", block_threads=NUM_WARPS * 32)
+    return get_kernel(_cast_back_spec(out_dtype, fmt, layout))
 
 
 def _cast_back(codes, scales, global_scale, fmt: Fp4Format, layout: Fp4ScaleLayout, out_dtype, out):
@@ -328,8 +347,8 @@ def _cast_back(codes, scales, global_scale, fmt: Fp4Format, layout: Fp4ScaleLayo
     scale_stride = tma_aligned_size(m, 4) if layout == Fp4ScaleLayout.packed_ue8m0 else 0
     global_ptr = global_scale.data_ptr() if fmt == Fp4Format.nv else 0
     grid = (ceil_div(k, 32 * (16 // y.element_size())), ceil_div(m, rows_per_block), 1)
-    kernel.launch(grid, (codes.data_ptr(), scales.data_ptr(), global_ptr, y.data_ptr(), m, k, scale_stride),
-                  codes.get_device())
+    kernel.launch(grid, codes.get_device(), codes=codes.data_ptr(), scales=scales.data_ptr(), global_scale=global_ptr,
+                  y=y.data_ptr(), shape_m=m, shape_k=k, scale_stride=scale_stride)
     return y
 
 
@@ -376,14 +395,22 @@ def nvfp4_cast_back(codes: torch.Tensor, scales: torch.Tensor, global_scale: tor
     return _cast_back(codes, scales, global_scale, Fp4Format.nv, layout, out_dtype, out)
 
 
+FP4_REQUANT_FP8 = KernelDef(
+    "kernels/smxx_fp4_requant_fp8.cuh", "smxx_fp4_requant_fp8_impl",
+    template=("kNumWarps", "kPasses", "kInLayout", "kOutLayout"),
+    params=(Param("codes", PTR), Param("in_scales", PTR), Param("q", PTR), Param("out_scales", PTR),
+            Param("shape_m", U32), Param("shape_k", U32), Param("in_scale_stride", U32), Param("out_scale_stride", U32),
+            Param("amax_clamp", F32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _requant_spec(in_layout: Fp4ScaleLayout, out_layout: ScaleLayout) -> KernelSpec:
-    return KernelSpec("kernels/smxx_fp4_requant_fp8.cuh", "smxx_fp4_requant_fp8_impl",
-                      (NUM_WARPS, PASSES, in_layout.cpp, out_layout.cpp))
+    return FP4_REQUANT_FP8.spec(kNumWarps=NUM_WARPS, kPasses=PASSES, kInLayout=in_layout, kOutLayout=out_layout)
 
 
 @functools.lru_cache(maxsize=None)
 def _requant_kernel(in_layout: Fp4ScaleLayout, out_layout: ScaleLayout):
-    return get_kernel(_requant_spec(in_layout, out_layout), param_kinds="PPPPIIIIf", block_threads=NUM_WARPS * 32)
+    return get_kernel(_requant_spec(in_layout, out_layout))
 
 
 def mxfp4_requant_to_fp8(codes: torch.Tensor, scales: torch.Tensor, scale_layout: str = "mn_major",
@@ -426,13 +453,15 @@ def mxfp4_requant_to_fp8(codes: torch.Tensor, scales: torch.Tensor, scale_layout
     in_stride = tma_aligned_size(m, 4) if in_layout == Fp4ScaleLayout.packed_ue8m0 else 0
     out_stride = kernel_scale_stride(out_scales, out_layout)
     grid = (num_groups, ceil_div(m, rows_per_block), 1)
-    kernel.launch(grid, (codes.data_ptr(), scales.data_ptr(), q.data_ptr(), out_scales.data_ptr(), m, k, in_stride,
-                         out_stride, float(amax_clamp)), codes.get_device())
+    kernel.launch(grid, codes.get_device(), codes=codes.data_ptr(), in_scales=scales.data_ptr(), q=q.data_ptr(),
+                  out_scales=out_scales.data_ptr(), shape_m=m, shape_k=k, in_scale_stride=in_stride,
+                  out_scale_stride=out_stride, amax_clamp=float(amax_clamp))
     return q, out_scales
 
 
+@precompiled
 def precompile_specs() -> list:
-    """The specializations `python -m deep_kernels precompile` builds for this family."""
+    """The specializations `python -m deep_kernels precompile` builds for this module."""
     specs = []
     for dtype in FLOAT_TYPES:
         for fmt in Fp4Format:

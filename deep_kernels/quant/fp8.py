@@ -20,8 +20,10 @@ import functools
 
 import torch
 
+from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
-from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
     cast_outputs, check_amax_clamp, check_group_size, check_output, kernel_scale_stride, output_or_new,
@@ -30,23 +32,28 @@ from deep_kernels.quant.common import (
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div
 
 
+PER_TOKEN_CAST = KernelDef(
+    "kernels/smxx_per_token_cast.cuh", "smxx_per_token_cast_impl",
+    template=("InT", "GROUP_SIZE", "kUE8M0", "kLayout", "kNumWarps", "kPasses", "kScaleMode"),
+    params=(Param("x", PTR), Param("q", PTR), Param("scales", PTR), Param("shape_m", U32), Param("shape_k", U32),
+            Param("x_row_stride", U32), Param("scale_stride", U32), Param("amax_clamp", F32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _cast_spec(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLayout,
                mode: ScaleMode = ScaleMode.mul) -> KernelSpec:
-    return KernelSpec(
-        "kernels/smxx_per_token_cast.cuh", "smxx_per_token_cast_impl",
-        (CPP_TYPES[dtype], group_size, str(ue8m0).lower(), layout.cpp, NUM_WARPS, PASSES, mode.cpp),
-    )
+    return PER_TOKEN_CAST.spec(InT=dtype, GROUP_SIZE=group_size, kUE8M0=ue8m0, kLayout=layout, kNumWarps=NUM_WARPS,
+                               kPasses=PASSES, kScaleMode=mode)
 
 
 @functools.lru_cache(maxsize=None)
 def _cast_kernel(dtype: torch.dtype, group_size: int, ue8m0: bool, layout: ScaleLayout,
                  mode: ScaleMode = ScaleMode.mul):
-    return get_kernel(_cast_spec(dtype, group_size, ue8m0, layout, mode), param_kinds="PPPIIIIf",
-                      block_threads=NUM_WARPS * 32)
+    return get_kernel(_cast_spec(dtype, group_size, ue8m0, layout, mode))
 
 
 # Per-row cast (group_size None or K where K is no per-token group size): one CTA of ROW_THREADS threads per row,
-# each holding up to 16 vectors (csrc/kernels/smxx_per_row_cast.cuh).
+# each holding up to 16 vectors (csrc/kernels/smxx_per_row_cast.cuh, whose __launch_bounds__ the loader checks).
 ROW_THREADS = 256
 ROW_VECTORS = (1, 2, 4, 8, 16)
 
@@ -61,17 +68,21 @@ def _row_vectors(k: int, dtype: torch.dtype) -> int:
     return next(vectors for vectors in ROW_VECTORS if vectors >= needed)
 
 
+PER_ROW_CAST = KernelDef(
+    "kernels/smxx_per_row_cast.cuh", "smxx_per_row_cast_impl",
+    template=("InT", "kVectorsPerThread", "kUE8M0", "kLayout", "kScaleMode"),
+    params=(Param("x", PTR), Param("q", PTR), Param("scales", PTR), Param("shape_k", U32), Param("x_row_stride", U32),
+            Param("scale_stride", U32), Param("amax_clamp", F32)),
+    threads=ROW_THREADS)
+
+
 def _row_cast_spec(dtype: torch.dtype, vectors: int, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode) -> KernelSpec:
-    return KernelSpec(
-        "kernels/smxx_per_row_cast.cuh", "smxx_per_row_cast_impl",
-        (CPP_TYPES[dtype], vectors, str(ue8m0).lower(), layout.cpp, mode.cpp),
-    )
+    return PER_ROW_CAST.spec(InT=dtype, kVectorsPerThread=vectors, kUE8M0=ue8m0, kLayout=layout, kScaleMode=mode)
 
 
 @functools.lru_cache(maxsize=None)
 def _row_cast_kernel(dtype: torch.dtype, vectors: int, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode):
-    return get_kernel(_row_cast_spec(dtype, vectors, ue8m0, layout, mode), param_kinds="PPPIIIf",
-                      block_threads=ROW_THREADS)
+    return get_kernel(_row_cast_spec(dtype, vectors, ue8m0, layout, mode))
 
 
 def _is_per_row(group_size, k: int, dtype: torch.dtype) -> bool:
@@ -133,16 +144,16 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
     stride = kernel_scale_stride(scales, layout)
     if per_row:
         kernel = _row_cast_kernel(x.dtype, _row_vectors(k, x.dtype), ue8m0, layout, mode)
-        kernel.launch((m, 1, 1), (x.data_ptr(), q.data_ptr(), scales.data_ptr(), k, x.stride(0), stride,
-                                  float(amax_clamp)), x.get_device())
+        kernel.launch((m, 1, 1), x.get_device(), x=x.data_ptr(), q=q.data_ptr(), scales=scales.data_ptr(),
+                      shape_k=k, x_row_stride=x.stride(0), scale_stride=stride, amax_clamp=float(amax_clamp))
         return q, scales
     kernel = _cast_kernel(x.dtype, group_size, ue8m0, layout, mode)
     # NOTE: with packed scales a CTA takes the 4 groups of a scale word (csrc/common/token_group_tile.cuh), the
     # 4 CTAs of a word column splitting the row block: group columns round up to whole words.
     group_columns = ceil_div(num_groups, 4) * 4 if layout == ScaleLayout.packed_ue8m0 else num_groups
     grid = (group_columns, ceil_div(m, block_rows(group_size, 16 // x.element_size())), 1)
-    kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), stride,
-                         float(amax_clamp)), x.get_device())
+    kernel.launch(grid, x.get_device(), x=x.data_ptr(), q=q.data_ptr(), scales=scales.data_ptr(), shape_m=m,
+                  shape_k=k, x_row_stride=x.stride(0), scale_stride=stride, amax_clamp=float(amax_clamp))
     return q, scales
 
 
@@ -156,19 +167,23 @@ _BLOCK_CAST_TILES = {
 BLOCK_SIZES = (32, 128)
 
 
+PER_BLOCK_CAST = KernelDef(
+    "kernels/smxx_per_block_cast.cuh", "smxx_per_block_cast_impl",
+    template=("InT", "BLOCK_SIZE", "kTileBlocks", "kNumWarps", "kUE8M0", "kScaleMode"),
+    params=(Param("x", PTR), Param("q", PTR), Param("scales", PTR), Param("shape_m", U32), Param("shape_k", U32),
+            Param("x_row_stride", U32), Param("amax_clamp", F32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _block_cast_spec(dtype: torch.dtype, block_size: int, ue8m0: bool, mode: ScaleMode) -> KernelSpec:
     tile_blocks, num_warps = _BLOCK_CAST_TILES[dtype, block_size]
-    return KernelSpec(
-        "kernels/smxx_per_block_cast.cuh", "smxx_per_block_cast_impl",
-        (CPP_TYPES[dtype], block_size, tile_blocks, num_warps, str(ue8m0).lower(), mode.cpp),
-    )
+    return PER_BLOCK_CAST.spec(InT=dtype, BLOCK_SIZE=block_size, kTileBlocks=tile_blocks, kNumWarps=num_warps,
+                               kUE8M0=ue8m0, kScaleMode=mode)
 
 
 @functools.lru_cache(maxsize=None)
 def _block_cast_kernel(dtype: torch.dtype, block_size: int, ue8m0: bool, mode: ScaleMode):
-    _, num_warps = _BLOCK_CAST_TILES[dtype, block_size]
-    return get_kernel(_block_cast_spec(dtype, block_size, ue8m0, mode), param_kinds="PPPIIIf",
-                      block_threads=num_warps * 32)
+    return get_kernel(_block_cast_spec(dtype, block_size, ue8m0, mode))
 
 
 def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = False,
@@ -219,22 +234,27 @@ def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = 
     kernel = _block_cast_kernel(x.dtype, block_size, ue8m0, mode)
     tile_blocks, _ = _BLOCK_CAST_TILES[x.dtype, block_size]
     grid = (ceil_div(k, block_size * tile_blocks), scale_shape[0], 1)
-    kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0), float(amax_clamp)),
-                  x.get_device())
+    kernel.launch(grid, x.get_device(), x=x.data_ptr(), q=q.data_ptr(), scales=scales.data_ptr(), shape_m=m,
+                  shape_k=k, x_row_stride=x.stride(0), amax_clamp=float(amax_clamp))
     return q, scales
 
 
+PER_TOKEN_CAST_BACK = KernelDef(
+    "kernels/smxx_per_token_cast_back.cuh", "smxx_per_token_cast_back_impl",
+    template=("OutT", "GROUP_SIZE", "kLayout", "kNumWarps", "kPasses"),
+    params=(Param("q", PTR), Param("scales", PTR), Param("y", PTR), Param("shape_m", U32), Param("shape_k", U32),
+            Param("scale_stride", U32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _cast_back_spec(out_dtype: torch.dtype, group_size: int, layout: ScaleLayout) -> KernelSpec:
-    return KernelSpec(
-        "kernels/smxx_per_token_cast_back.cuh", "smxx_per_token_cast_back_impl",
-        (CPP_TYPES[out_dtype], group_size, layout.cpp, NUM_WARPS, PASSES),
-    )
+    return PER_TOKEN_CAST_BACK.spec(OutT=out_dtype, GROUP_SIZE=group_size, kLayout=layout, kNumWarps=NUM_WARPS,
+                                    kPasses=PASSES)
 
 
 @functools.lru_cache(maxsize=None)
 def _cast_back_kernel(out_dtype: torch.dtype, group_size: int, layout: ScaleLayout):
-    return get_kernel(_cast_back_spec(out_dtype, group_size, layout), param_kinds="PPPIII",
-                      block_threads=NUM_WARPS * 32)
+    return get_kernel(_cast_back_spec(out_dtype, group_size, layout))
 
 
 def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int = 128,
@@ -266,13 +286,14 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
         return y
     kernel = _cast_back_kernel(out_dtype, group_size, layout)
     grid = (num_groups, ceil_div(m, block_rows(group_size, 8)), 1)
-    kernel.launch(grid, (q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, kernel_scale_stride(scales, layout)),
-                  q.get_device())
+    kernel.launch(grid, q.get_device(), q=q.data_ptr(), scales=scales.data_ptr(), y=y.data_ptr(), shape_m=m,
+                  shape_k=k, scale_stride=kernel_scale_stride(scales, layout))
     return y
 
 
+@precompiled
 def precompile_specs() -> list:
-    """The specializations `python -m deep_kernels precompile` builds for this family."""
+    """The specializations `python -m deep_kernels precompile` builds for this module."""
     cast_variants = [(False, ScaleLayout.mn_major), (False, ScaleLayout.row_major), (True, ScaleLayout.mn_major),
                      (True, ScaleLayout.row_major), (True, ScaleLayout.packed_ue8m0)]
     specs = []

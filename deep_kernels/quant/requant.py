@@ -13,6 +13,8 @@ import functools
 
 import torch
 
+from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
@@ -24,16 +26,21 @@ from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, 
 BLOCK_SIZE = 128
 
 
+FP8_REQUANT = KernelDef(
+    "kernels/smxx_fp8_requant.cuh", "smxx_fp8_requant_impl",
+    template=("kUE8M0", "kLayout", "kNumWarps", "kPasses", "kScaleMode"),
+    params=(Param("q_in", PTR), Param("block_scales", PTR), Param("q", PTR), Param("scales", PTR),
+            Param("shape_m", U32), Param("shape_k", U32), Param("scale_stride", U32), Param("amax_clamp", F32)),
+    threads=lambda t: t["kNumWarps"] * 32)
+
+
 def _requant_spec(ue8m0: bool, layout: ScaleLayout, mode: ScaleMode) -> KernelSpec:
-    return KernelSpec(
-        "kernels/smxx_fp8_requant.cuh", "smxx_fp8_requant_impl",
-        (str(ue8m0).lower(), layout.cpp, NUM_WARPS, PASSES, mode.cpp),
-    )
+    return FP8_REQUANT.spec(kUE8M0=ue8m0, kLayout=layout, kNumWarps=NUM_WARPS, kPasses=PASSES, kScaleMode=mode)
 
 
 @functools.lru_cache(maxsize=None)
 def _requant_kernel(ue8m0: bool, layout: ScaleLayout, mode: ScaleMode):
-    return get_kernel(_requant_spec(ue8m0, layout, mode), param_kinds="PPPPIIIf", block_threads=NUM_WARPS * 32)
+    return get_kernel(_requant_spec(ue8m0, layout, mode))
 
 
 def requant_per_block_to_per_token(q: torch.Tensor, scales: torch.Tensor, ue8m0: bool = False,
@@ -80,13 +87,13 @@ def requant_per_block_to_per_token(q: torch.Tensor, scales: torch.Tensor, ue8m0:
         return q_out, scales_out
 
     _requant_kernel(ue8m0, layout, mode).launch(
-        (num_groups, ceil_div(m, BLOCK_SIZE), 1),
-        (q.data_ptr(), scales.data_ptr(), q_out.data_ptr(), scales_out.data_ptr(), m, k,
-         kernel_scale_stride(scales_out, layout), float(amax_clamp)),
-        q.get_device())
+        (num_groups, ceil_div(m, BLOCK_SIZE), 1), q.get_device(), q_in=q.data_ptr(), block_scales=scales.data_ptr(),
+        q=q_out.data_ptr(), scales=scales_out.data_ptr(), shape_m=m, shape_k=k,
+        scale_stride=kernel_scale_stride(scales_out, layout), amax_clamp=float(amax_clamp))
     return q_out, scales_out
 
 
+@precompiled
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     variants = [(False, ScaleLayout.mn_major), (False, ScaleLayout.row_major), (True, ScaleLayout.mn_major),

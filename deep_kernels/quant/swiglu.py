@@ -25,11 +25,12 @@ held. The masked layout x [E, T_max, 2H] skips rows t >= masked_m[e] in the same
 
 import functools
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
-from deep_kernels import envs
+from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
@@ -49,16 +50,16 @@ _BACKWARD_WARPS = 8
 
 @dataclass(frozen=True)
 class ForwardConfig:
-    """The structure of the forward kernel (csrc/kernels/smxx_swiglu_cast.cuh's template arguments), for
-    experiments: every config gives the same bytes.
+    """The structure of the forward kernel (csrc/kernels/smxx_swiglu_cast.cuh's template arguments): every
+    structure gives the same bytes. The API runs FORWARD; scripts/bench_swiglu_variants.py times others.
 
     rows_per_warp: the rows a warp's lanes cover in a pass (4: one group of each, 1: 4 groups of one row, so
     that a row's gates decide alone whether the warp takes the fallback); passes: rows a thread takes;
     in_flight: passes whose loads are issued up front, each finished pass then issuing the loads of the pass
     in_flight further (None: all passes); range_check: silu by the fast steps (common/swiglu.cuh's fast_silu),
     and by the scaled ones (exact for every bf16 gate, twice the instructions) for a thread's 8 gates of a row
-    when one is below 2^-20 in magnitude, inf or NaN; without it the scaled steps for every gate; min_blocks: the blocks
-    per SM the launch bounds ask for (a register cap), 0 for none.
+    when one is below 2^-20 in magnitude, inf or NaN; without it the scaled steps for every gate; min_blocks: the
+    blocks per SM the launch bounds ask for (a register cap), 0 for none.
     """
     rows_per_warp: int = 1
     passes: int = 2
@@ -69,15 +70,6 @@ class ForwardConfig:
     def __post_init__(self):
         if self.in_flight is None:
             object.__setattr__(self, "in_flight", self.passes)
-        if self.rows_per_warp not in (1, 4):
-            raise ValueError(f"rows_per_warp must be 1 or 4, got {self.rows_per_warp}")
-        if self.passes not in (1, 2, 4, 8):
-            raise ValueError(f"passes must be 1, 2, 4 or 8, got {self.passes}")
-        if not 1 <= self.in_flight <= self.passes:
-            raise ValueError(f"in_flight must be in 1..passes = {self.passes}, got {self.in_flight}")
-        if not 0 <= self.min_blocks <= 8:
-            raise ValueError(f"min_blocks must be in 0..8 (blocks of {NUM_WARPS * 32} threads per SM), "
-                             f"got {self.min_blocks}")
 
     @property
     def block_rows(self) -> int:
@@ -90,76 +82,50 @@ class ForwardConfig:
         return 16 * 32 // self.rows_per_warp
 
 
-# Forward structures for A/B experiments (scripts/bench_swiglu_variants.py, DK_SWIGLU_CAST_CONFIG); the first,
-# "p2_row", is the default. Measured on 2026-11-30 at [16384, 2 x 7168] on the quant suite's activations (rows of
-# magnitudes 2^-8..2^7) and on unit-normal gates, as fractions of the copy bandwidth: fp32 scales, p1_row (one pass,
-# min_blocks 6: 40 registers; the default until 2026-12-01) 88% / 89%,
-# p1_row_b0 (48 registers, 5 blocks per SM) 84% / 84%, p2_row 89% / 90%. Slower structures of that day, since
-# dropped: four rows a warp (a warp meets more rows of large gates), all of a thread's loads in flight over 4
-# passes (64-79 registers), and a row's loads issued before its position (no change: the position's latency is
-# hidden). Nsight Compute put p1_row at 0.82-0.84 warp instructions issued per scheduler and cycle: what remains
-# is instruction count, not memory parallelism. On 2026-12-01, with the fast-range check on the bf16 pairs
-# (common/swiglu.cuh's GatePairRange, 8 instructions for 8 gates where it took 19): fp32 scales p1_row 86.9% /
-# 87.5%, p2_row 92.2% / 92.8%; clamp 7, ue8m0 packed, weights[pos] p1_row 87.4% / 87.7%, p2_row 86.6% / 87.2%
-# (82.5% / 82.7% and 83.6% / 84.1% before); at [16384, 2 x 2048] fp32 p1_row 82.4%, p2_row 84.6%, the clamped
-# case 80.1% and 79.1%. p2_row_in1 (48 registers) 89.3% / 89.5% and 87.2% / 87.9%; four rows with two in flight
-# (64-75 registers) 85.0% / 87.7% and 81.7% / 84.7%. p1_row, since dropped, spilled under its 40-register cap once
-# a float clamp kept the bf16 pairs for the range check.
-FORWARD_VARIANTS = {
-    "p2_row": ForwardConfig(),
-    "p2_row_in1": ForwardConfig(in_flight=1),
-}
+@dataclass(frozen=True)
+class BackwardConfig:
+    """The structure of the backward kernel (csrc/kernels/smxx_swiglu_backward.cuh's template arguments): every
+    structure gives the same bytes. chunks_ahead: 256-column chunks a warp's loads run ahead of its computation;
+    min_blocks: the blocks per SM the launch bounds ask for (a register cap)."""
+    chunks_ahead: int = 1
+    min_blocks: int = 4
 
 
-def parse_forward_config(text: str) -> ForwardConfig:
-    """A ForwardConfig from "passes=4,in_flight=2,range_check=0,min_blocks=4" (fields left out keep
-    their defaults)."""
-    known = {field.name for field in fields(ForwardConfig)}
-    values = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, _, value = item.partition("=")
-        key = key.strip()
-        if key not in known or not value.strip().isdigit():
-            raise ValueError(f"DK_SWIGLU_CAST_CONFIG: expected {'/'.join(sorted(known))}=<integer> items, got {item!r}")
-        values[key] = int(value)
-    try:
-        return ForwardConfig(**{key: bool(value) if key == "range_check" else value
-                                for key, value in values.items()})
-    except ValueError as error:
-        raise ValueError(f"DK_SWIGLU_CAST_CONFIG: {error}") from None
+# The structures the API runs, the fastest measured (scripts/bench_swiglu_variants.py). Forward: one row per warp
+# pass, so that a row of large gates sends only its own warp down the scaled steps, and two passes of loads in
+# flight with no register cap (under a tight one the float-clamp path, which keeps the bf16 pairs, spills).
+# Backward: one chunk of loads ahead at 4 blocks per SM (two chunks ahead need a 3-block cap, and the fewer warps
+# per SM cost more than the loads ahead gain).
+FORWARD = ForwardConfig()
+BACKWARD = BackwardConfig()
 
 
-@functools.lru_cache(maxsize=None)
-def _parsed_forward_config(text: str) -> ForwardConfig:
-    return parse_forward_config(text) if text else ForwardConfig()
-
-
-def _forward_config() -> ForwardConfig:
-    """The forward's structure: DK_SWIGLU_CAST_CONFIG (read once per process), else the default."""
-    return _parsed_forward_config(envs.get_once("DK_SWIGLU_CAST_CONFIG") or "")
-
-
-def _cpp_bool(flag: bool) -> str:
-    return str(bool(flag)).lower()
+SWIGLU_CAST = KernelDef(
+    "kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
+    template=("kNumWarps", "kRowsPerWarp", "kPasses", "kPassesInFlight", "kRangeCheck", "kMinBlocks", "kClamped",
+              "kBf16Clamp", "kQuantize", "kUE8M0", "kLayout", "kScaleMode"),
+    params=(Param("x", PTR), Param("out", PTR), Param("scales", PTR), Param("weights", PTR), Param("pos", PTR),
+            Param("masked_m", PTR), Param("num_rows", U32), Param("hidden", U32), Param("x_row_stride", U32),
+            Param("scale_stride", U32), Param("scale_expert_stride", U32), Param("pos_limit", U32),
+            Param("clamp", F32), Param("amax_clamp", F32)),
+    threads=lambda t: t["kNumWarps"] * 32)
 
 
 def _forward_spec(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0: bool = False,
                   layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul,
                   bf16_clamp: bool = False) -> KernelSpec:
     """bf16_clamp: the clamp is a bf16 value, so the kernel clamps the loaded bf16 pairs (fewer instructions)."""
-    structure = (config.rows_per_warp, config.passes, config.in_flight, _cpp_bool(config.range_check),
-                 config.min_blocks)
-    return KernelSpec("kernels/smxx_swiglu_cast.cuh", "smxx_swiglu_cast_impl",
-                      (NUM_WARPS, *structure, *map(_cpp_bool, (clamped, bf16_clamp, quantize, ue8m0)), layout.cpp,
-                       mode.cpp))
+    return SWIGLU_CAST.spec(kNumWarps=NUM_WARPS, kRowsPerWarp=config.rows_per_warp, kPasses=config.passes,
+                            kPassesInFlight=config.in_flight, kRangeCheck=bool(config.range_check),
+                            kMinBlocks=config.min_blocks, kClamped=clamped, kBf16Clamp=bf16_clamp, kQuantize=quantize,
+                            kUE8M0=ue8m0, kLayout=layout, kScaleMode=mode)
 
 
 @functools.lru_cache(maxsize=None)
 def _forward_kernel(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0: bool = False,
                     layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul,
                     bf16_clamp: bool = False):
-    return get_kernel(_forward_spec(config, clamped, quantize, ue8m0, layout, mode, bf16_clamp),
-                      param_kinds="PPPPPPIIIIIIff", block_threads=NUM_WARPS * 32)
+    return get_kernel(_forward_spec(config, clamped, quantize, ue8m0, layout, mode, bf16_clamp))
 
 
 def _is_bf16(value: float) -> bool:
@@ -172,37 +138,23 @@ def _is_bf16(value: float) -> bool:
     return bits & 0xFFFF == 0 and struct.unpack("<f", struct.pack("<I", bits))[0] == value
 
 
-@dataclass(frozen=True)
-class BackwardConfig:
-    """The structure of the backward kernel (csrc/kernels/smxx_swiglu_backward.cuh's template arguments), for
-    experiments: every config gives the same bytes. chunks_ahead: 256-column chunks a warp's loads run ahead
-    of its computation; min_blocks: the blocks per SM the launch bounds ask for (a register cap)."""
-    chunks_ahead: int = 1
-    min_blocks: int = 4
-
-
-# Backward structures timed side by side by scripts/bench_swiglu_variants.py; the first is the default. On
-# 2026-11-30 at [16384, 2 x 7168] (clamp 7, weights[pos]): ahead1 87% of copy bandwidth on the quant suite's
-# activations and 93% on unit-normal gates, ahead2_b3 80% and 90% (fewer warps per SM outweigh the loads ahead).
-BACKWARD_VARIANTS = {
-    "ahead1": BackwardConfig(),
-    "ahead2_b3": BackwardConfig(chunks_ahead=2, min_blocks=3),
-}
-
-
-def _backward_config() -> BackwardConfig:
-    return BACKWARD_VARIANTS["ahead1"]
+SWIGLU_BACKWARD = KernelDef(
+    "kernels/smxx_swiglu_backward.cuh", "smxx_swiglu_backward_impl",
+    template=("kNumWarps", "kChunksAhead", "kMinBlocks", "kClamped"),
+    params=(Param("x", PTR), Param("dy", PTR), Param("dx", PTR), Param("dweights", PTR), Param("weights", PTR),
+            Param("pos", PTR), Param("num_rows", U32), Param("hidden", U32), Param("x_row_stride", U32),
+            Param("dy_row_stride", U32), Param("pos_limit", U32), Param("clamp", F32)),
+    threads=lambda t: t["kNumWarps"] * 32)
 
 
 def _backward_spec(config: BackwardConfig, clamped: bool) -> KernelSpec:
-    return KernelSpec("kernels/smxx_swiglu_backward.cuh", "smxx_swiglu_backward_impl",
-                      (_BACKWARD_WARPS, config.chunks_ahead, config.min_blocks, _cpp_bool(clamped)))
+    return SWIGLU_BACKWARD.spec(kNumWarps=_BACKWARD_WARPS, kChunksAhead=config.chunks_ahead,
+                                kMinBlocks=config.min_blocks, kClamped=clamped)
 
 
 @functools.lru_cache(maxsize=None)
 def _backward_kernel(config: BackwardConfig, clamped: bool):
-    return get_kernel(_backward_spec(config, clamped), param_kinds="PPPPPPIIIIIf",
-                      block_threads=_BACKWARD_WARPS * 32)
+    return get_kernel(_backward_spec(config, clamped))
 
 
 def _check_x(x, rank: int) -> int:
@@ -216,8 +168,8 @@ def _check_x(x, rank: int) -> int:
     return width // 2
 
 
-def _check_row_blocks(num_rows: int) -> None:
-    if ceil_div(num_rows, _forward_config().block_rows) > MAX_ROW_BLOCKS:
+def _check_row_blocks(num_rows: int, config: ForwardConfig) -> None:
+    if ceil_div(num_rows, config.block_rows) > MAX_ROW_BLOCKS:
         raise ValueError(f"x has too many rows ({num_rows}) for one launch: split it")
 
 
@@ -275,12 +227,12 @@ def _check_rows(weights, pos, rows_shape: tuple, check_pos: bool) -> int:
     return limit
 
 
-def _check_forward_rows(x, clamp, weights, pos, check_pos: bool) -> tuple:
+def _check_forward_rows(x, clamp, weights, pos, check_pos: bool, config: ForwardConfig) -> tuple:
     """The checks of a plain-layout forward's x, clamp, weights and pos: (N, H, the kernels' clamp, the
     position bound)."""
     hidden = _check_x(x, 2)
     num_rows = x.shape[0]
-    _check_row_blocks(num_rows)
+    _check_row_blocks(num_rows, config)
     _check_rows_layout(x, "x")
     return num_rows, hidden, _check_clamp(clamp), _check_rows(weights, pos, (num_rows,), check_pos)
 
@@ -318,10 +270,9 @@ def _check_scales_out(scales, geometry: tuple, layout: ScaleLayout, like: torch.
 
 def _launch_forward(x, out, scales, weights, pos, masked_m, num_experts: int, num_rows: int, hidden: int,
                     quantize: bool, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode, geometry, limit: int,
-                    clamp: float, amax_clamp: float) -> None:
+                    clamp: float, amax_clamp: float, config: ForwardConfig) -> None:
     clamped = clamp != float("inf")
     bf16_clamp = clamped and _is_bf16(clamp)
-    config = _forward_config()
     kernel = (_forward_kernel(config, clamped, quantize, ue8m0, layout, mode, bf16_clamp) if quantize
               else _forward_kernel(config, clamped, False, bf16_clamp=bf16_clamp))
     scale_stride = scale_expert_stride = 0
@@ -332,9 +283,10 @@ def _launch_forward(x, out, scales, weights, pos, masked_m, num_experts: int, nu
         scale_stride = kernel_scale_stride(scales, layout)
         scale_expert_stride = strides[0] * bytes_per_unit if len(strides) == 3 else 0
     grid = (ceil_div(hidden, config.block_columns), ceil_div(num_rows, config.block_rows), num_experts)
-    kernel.launch(grid, (x.data_ptr(), out.data_ptr(), _pointer(scales), _pointer(weights), _pointer(pos),
-                         _pointer(masked_m), num_rows, hidden, x.stride(0), scale_stride, scale_expert_stride,
-                         limit, clamp, float(amax_clamp)), x.get_device())
+    kernel.launch(grid, x.get_device(), x=x.data_ptr(), out=out.data_ptr(), scales=_pointer(scales),
+                  weights=_pointer(weights), pos=_pointer(pos), masked_m=_pointer(masked_m), num_rows=num_rows,
+                  hidden=hidden, x_row_stride=x.stride(0), scale_stride=scale_stride,
+                  scale_expert_stride=scale_expert_stride, pos_limit=limit, clamp=clamp, amax_clamp=float(amax_clamp))
 
 
 def swiglu_cast_to_fp8(x: torch.Tensor, clamp: float = None, weights: torch.Tensor = None, pos: torch.Tensor = None,
@@ -364,7 +316,13 @@ def swiglu_cast_to_fp8(x: torch.Tensor, clamp: float = None, weights: torch.Tens
         The module docstring gives the numerics and the skipped rows. Deterministic; bit-exact with
         deep_kernels.reference.quant.swiglu_cast_to_fp8 evaluated on the GPU.
     """
-    num_rows, hidden, c, limit = _check_forward_rows(x, clamp, weights, pos, check_pos)
+    return _cast_to_fp8(FORWARD, x, clamp, weights, pos, ue8m0, scale_layout, amax_clamp, scale_mode, check_pos, out)
+
+
+def _cast_to_fp8(config: ForwardConfig, x, clamp, weights, pos, ue8m0, scale_layout, amax_clamp, scale_mode,
+                 check_pos, out):
+    """swiglu_cast_to_fp8 (its arguments in order) by the forward kernel of structure `config`."""
+    num_rows, hidden, c, limit = _check_forward_rows(x, clamp, weights, pos, check_pos, config)
     layout = parse_layout(scale_layout, ue8m0)
     mode = parse_scale_mode(scale_mode, ue8m0)
     check_amax_clamp(amax_clamp)
@@ -381,7 +339,7 @@ def swiglu_cast_to_fp8(x: torch.Tensor, clamp: float = None, weights: torch.Tens
     if num_rows == 0 or hidden == 0:
         return q, scales
     _launch_forward(x, q, scales, weights, pos, None, 1, num_rows, hidden, True, ue8m0, layout, mode, geometry,
-                    limit, c, amax_clamp)
+                    limit, c, amax_clamp, config)
     return q, scales
 
 
@@ -413,7 +371,7 @@ def swiglu_cast_to_fp8_masked(x: torch.Tensor, masked_m: torch.Tensor, clamp: fl
     """
     hidden = _check_x(x, 3)
     num_experts, max_tokens = x.shape[:2]
-    _check_row_blocks(max_tokens)
+    _check_row_blocks(max_tokens, FORWARD)
     if num_experts > MAX_ROW_BLOCKS:
         raise ValueError(f"x has too many experts ({num_experts}) for one launch: at most {MAX_ROW_BLOCKS}")
     if num_experts > 1 and max_tokens > 1 and x.stride(0) != max_tokens * x.stride(1):
@@ -446,7 +404,7 @@ def swiglu_cast_to_fp8_masked(x: torch.Tensor, masked_m: torch.Tensor, clamp: fl
     if num_experts == 0 or max_tokens == 0 or hidden == 0:
         return q, scales
     _launch_forward(rows, q, scales, weights, pos, masked_m, num_experts, max_tokens, hidden, True, ue8m0, layout,
-                    mode, geometry, limit, c, amax_clamp)
+                    mode, geometry, limit, c, amax_clamp, FORWARD)
     return q, scales
 
 
@@ -465,7 +423,7 @@ def swiglu_forward(x: torch.Tensor, clamp: float = None, weights: torch.Tensor =
         Rows at pos -1 are skipped. Deterministic; bit-exact with
         deep_kernels.reference.quant.swiglu_forward on the GPU.
     """
-    num_rows, hidden, c, limit = _check_forward_rows(x, clamp, weights, pos, check_pos)
+    num_rows, hidden, c, limit = _check_forward_rows(x, clamp, weights, pos, check_pos, FORWARD)
     _check_devices(x, weights=weights, pos=pos)
 
     if out is None:
@@ -476,7 +434,7 @@ def swiglu_forward(x: torch.Tensor, clamp: float = None, weights: torch.Tensor =
     if num_rows == 0 or hidden == 0:
         return y
     _launch_forward(x, y, None, weights, pos, None, 1, num_rows, hidden, False, False, ScaleLayout.mn_major,
-                    ScaleMode.mul, None, limit, c, DEFAULT_AMAX_CLAMP)
+                    ScaleMode.mul, None, limit, c, DEFAULT_AMAX_CLAMP, FORWARD)
     return y
 
 
@@ -500,6 +458,11 @@ def swiglu_backward(x: torch.Tensor, dy: torch.Tensor, clamp: float = None, weig
         pos -1 are skipped. Deterministic; bit-exact with deep_kernels.reference.quant.swiglu_backward on
         the GPU.
     """
+    return _backward(BACKWARD, x, dy, clamp, weights, pos, check_pos, out)
+
+
+def _backward(config: BackwardConfig, x, dy, clamp, weights, pos, check_pos, out):
+    """swiglu_backward (its arguments in order) by the backward kernel of structure `config`."""
     hidden = _check_x(x, 2)
     num_rows = x.shape[0]
     check_dtype(dy, "dy", (torch.bfloat16,))
@@ -520,23 +483,24 @@ def swiglu_backward(x: torch.Tensor, dy: torch.Tensor, clamp: float = None, weig
         check_output(dweights, "out[1]", (num_rows,), torch.float32, x)
     if num_rows == 0 or hidden == 0:
         return dx, dweights
-    _backward_kernel(_backward_config(), c != float("inf")).launch(
-        (ceil_div(num_rows, _BACKWARD_WARPS), 1, 1),
-        (x.data_ptr(), dy.data_ptr(), dx.data_ptr(), dweights.data_ptr(), _pointer(weights), _pointer(pos),
-         num_rows, hidden, x.stride(0), dy.stride(0), limit, c), x.get_device())
+    _backward_kernel(config, c != float("inf")).launch(
+        (ceil_div(num_rows, _BACKWARD_WARPS), 1, 1), x.get_device(), x=x.data_ptr(), dy=dy.data_ptr(),
+        dx=dx.data_ptr(), dweights=dweights.data_ptr(), weights=_pointer(weights), pos=_pointer(pos),
+        num_rows=num_rows, hidden=hidden, x_row_stride=x.stride(0), dy_row_stride=dy.stride(0), pos_limit=limit,
+        clamp=c)
     return dx, dweights
 
 
+@precompiled
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     cast_variants = [(False, ScaleLayout.mn_major, ScaleMode.mul), (False, ScaleLayout.row_major, ScaleMode.mul),
                      (True, ScaleLayout.mn_major, ScaleMode.mul), (True, ScaleLayout.row_major, ScaleMode.mul),
                      (True, ScaleLayout.packed_ue8m0, ScaleMode.mul), (False, ScaleLayout.mn_major, ScaleMode.div)]
-    # Every forward structure of FORWARD_VARIANTS (the GPU tests run each), the default first; no clamp, a clamp
-    # of any value, and a bf16 one.
+    # No clamp, a clamp of any value, and a bf16 one.
     clamps = [(False, False), (True, False), (True, True)]
-    return [spec for config in FORWARD_VARIANTS.values() for clamped, bf16_clamp in clamps for spec in
-            [_forward_spec(config, clamped, True, ue8m0, layout, mode, bf16_clamp)
+    return [spec for clamped, bf16_clamp in clamps for spec in
+            [_forward_spec(FORWARD, clamped, True, ue8m0, layout, mode, bf16_clamp)
              for ue8m0, layout, mode in cast_variants]
-            + [_forward_spec(config, clamped, False, bf16_clamp=bf16_clamp)]] + \
-        [_backward_spec(config, clamped) for config in BACKWARD_VARIANTS.values() for clamped in (False, True)]
+            + [_forward_spec(FORWARD, clamped, False, bf16_clamp=bf16_clamp)]] + \
+        [_backward_spec(BACKWARD, clamped) for clamped in (False, True)]

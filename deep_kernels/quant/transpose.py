@@ -11,8 +11,10 @@ import functools
 
 import torch
 
+from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
-from deep_kernels.jit.source import CPP_TYPES, KernelSpec
+from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, ScaleLayout, ScaleMode, cast_outputs, check_amax_clamp,
     output_or_new, parse_layout, parse_scale_mode, kernel_scale_stride,
@@ -20,7 +22,7 @@ from deep_kernels.quant.common import (
 from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div
 
 # Rows of x per scale, and the kernels' CTA size (csrc/kernels/smxx_per_channel_cast_transpose.cuh,
-# smxx_batched_transpose.cuh): 128-byte tile rows, 64 threads.
+# smxx_batched_transpose.cuh; the loader checks it against their __launch_bounds__): 128-byte tile rows, 64 threads.
 CHANNEL_BLOCK = 128
 TILE_BYTES = 128
 NUM_THREADS = 64
@@ -30,17 +32,21 @@ MAX_BATCHES = 65535
 UINT32_LIMIT = 2**32 - 1
 
 
+PER_CHANNEL_CAST_TRANSPOSE = KernelDef(
+    "kernels/smxx_per_channel_cast_transpose.cuh", "smxx_per_channel_cast_transpose_impl",
+    template=("InT", "kUE8M0", "kLayout", "kScaleMode"),
+    params=(Param("x", PTR), Param("q", PTR), Param("scales", PTR), Param("shape_m", U32), Param("shape_k", U32),
+            Param("x_row_stride", U32), Param("scale_stride", U32), Param("amax_clamp", F32)),
+    threads=NUM_THREADS)
+
+
 def _cast_transpose_spec(dtype: torch.dtype, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode) -> KernelSpec:
-    return KernelSpec(
-        "kernels/smxx_per_channel_cast_transpose.cuh", "smxx_per_channel_cast_transpose_impl",
-        (CPP_TYPES[dtype], str(ue8m0).lower(), layout.cpp, mode.cpp),
-    )
+    return PER_CHANNEL_CAST_TRANSPOSE.spec(InT=dtype, kUE8M0=ue8m0, kLayout=layout, kScaleMode=mode)
 
 
 @functools.lru_cache(maxsize=None)
 def _cast_transpose_kernel(dtype: torch.dtype, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode):
-    return get_kernel(_cast_transpose_spec(dtype, ue8m0, layout, mode), param_kinds="PPPIIIIf",
-                      block_threads=NUM_THREADS)
+    return get_kernel(_cast_transpose_spec(dtype, ue8m0, layout, mode))
 
 
 def per_channel_cast_transpose_to_fp8(x: torch.Tensor, ue8m0: bool = False, scale_layout: str = "mn_major",
@@ -92,18 +98,27 @@ def per_channel_cast_transpose_to_fp8(x: torch.Tensor, ue8m0: bool = False, scal
 
     kernel = _cast_transpose_kernel(x.dtype, ue8m0, layout, mode)
     grid = (ceil_div(k, TILE_BYTES // x.element_size()), num_groups, 1)
-    kernel.launch(grid, (x.data_ptr(), q.data_ptr(), scales.data_ptr(), m, k, x.stride(0),
-                         kernel_scale_stride(scales, layout), float(amax_clamp)), x.get_device())
+    kernel.launch(grid, x.get_device(), x=x.data_ptr(), q=q.data_ptr(), scales=scales.data_ptr(), shape_m=m,
+                  shape_k=k, x_row_stride=x.stride(0), scale_stride=kernel_scale_stride(scales, layout),
+                  amax_clamp=float(amax_clamp))
     return q, scales
 
 
+BATCHED_TRANSPOSE = KernelDef(
+    "kernels/smxx_batched_transpose.cuh", "smxx_batched_transpose_impl",
+    template=("kElementBytes",),
+    params=(Param("x_base", PTR), Param("y_base", PTR), Param("shape_m", U32), Param("shape_n", U32),
+            Param("x_batch_stride", U32), Param("x_row_stride", U32)),
+    threads=NUM_THREADS)
+
+
 def _transpose_spec(element_size: int) -> KernelSpec:
-    return KernelSpec("kernels/smxx_batched_transpose.cuh", "smxx_batched_transpose_impl", (element_size,))
+    return BATCHED_TRANSPOSE.spec(kElementBytes=element_size)
 
 
 @functools.lru_cache(maxsize=None)
 def _transpose_kernel(element_size: int):
-    return get_kernel(_transpose_spec(element_size), param_kinds="PPIIII", block_threads=NUM_THREADS)
+    return get_kernel(_transpose_spec(element_size))
 
 
 def batched_transpose(x: torch.Tensor, out: torch.Tensor = None) -> torch.Tensor:
@@ -142,10 +157,12 @@ def batched_transpose(x: torch.Tensor, out: torch.Tensor = None) -> torch.Tensor
     grid = (ceil_div(n, tile), ceil_div(m, tile), b)
     # NOTE: strides of dimensions of size 1 are arbitrary in torch; 0 keeps the kernel's alignment test exact.
     batch_stride, row_stride = x.stride(0) if b > 1 else 0, x.stride(1) if m > 1 else 0
-    kernel.launch(grid, (x.data_ptr(), y.data_ptr(), m, n, batch_stride, row_stride), x.get_device())
+    kernel.launch(grid, x.get_device(), x_base=x.data_ptr(), y_base=y.data_ptr(), shape_m=m, shape_n=n,
+                  x_batch_stride=batch_stride, x_row_stride=row_stride)
     return y
 
 
+@precompiled
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     variants = [(False, ScaleLayout.mn_major, ScaleMode.mul), (False, ScaleLayout.row_major, ScaleMode.mul),
