@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The GPU runner: in one call on an H200, install the wheels carried in .whl/, run the test suite (all but
 # the CPU-only compile check) and the benchmarks, write logs and benchmark results (results.tar:
-# <gpu>/<suite>.json and .png) under $OUT, and print a short table last.
+# <gpu>/<suite>.json and .png) under $OUT, and print a short table, then the counts last.
 # Usage (device): DK_COMMIT=<sha> [DK_GPU_TESTS="tests/test_x.py ..."] [DK_PRECOMPILE_FAMILIES="moe ..."]
-#                 bash scripts/run_gpu.sh [bench suites...]
+#                 [DK_RUN_BENCH=0] bash scripts/run_gpu.sh [bench suites...]
+# (DK_RUN_BENCH=0: the tests alone, no benchmarks.)
+# Exits non-zero when the precompile, any test or the benchmarks fail. The tests run with DK_REQUIRE_GPU=1, so
+# a GPU test that is skipped (no usable GPU, or a test skipping itself) fails; tests without the gpu marker
+# may still skip (CPU-only checks), and the last line counts them apart.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/deep_kernels_out}
@@ -18,18 +22,53 @@ start=$(date +%s)
 families=()
 for family in ${DK_PRECOMPILE_FAMILIES-}; do families+=(--family "$family"); done
 python3 -m deep_kernels precompile "${families[@]}" 2>&1 | tail -n 1
-echo "precompile took $(( $(date +%s) - start )) s"
+precompile_status=${PIPESTATUS[0]}
+echo "precompile took $(( $(date +%s) - start )) s (exit status $precompile_status)"
 # DK_GPU_TESTS: the test paths to run (default: all of tests/; empty: none, to split a session's work
 # over two calls of the 10-minute limit).
 test_paths=${DK_GPU_TESTS-tests}
+test_status=0
+test_counts="tests not run (DK_GPU_TESTS is empty)"
 if [ -n "$test_paths" ]; then
     start=$(date +%s)
     # test_compile.py builds every kernel and reads its SASS without a GPU (about 5 minutes): CI runs it, so the
     # device's time goes to the tests that need the GPU.
     # shellcheck disable=SC2086
-    python3 -m pytest $test_paths --deselect tests/test_compile.py -q -rs --maxfail=30 -p no:cacheprovider 2>&1 |
-        tee "$OUT/pytest.log" | tail -n 25
-    echo "tests took $(( $(date +%s) - start )) s"
+    DK_REQUIRE_GPU=1 python3 -m pytest $test_paths --deselect tests/test_compile.py -q -rs --maxfail=30 \
+        -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25
+    test_status=${PIPESTATUS[0]}
+    echo "tests took $(( $(date +%s) - start )) s (pytest exit status $test_status)"
+    # The counts from pytest's JUnit report (skips left there are of tests without the gpu marker).
+    test_counts=$(python3 - "$OUT/pytest.xml" <<'PY'
+import sys
+import xml.etree.ElementTree as ElementTree
+try:
+    root = ElementTree.parse(sys.argv[1]).getroot()
+except (OSError, ElementTree.ParseError) as error:
+    print(f"tests: no report ({error})")
+    sys.exit()
+count = {key: sum(int(suite.get(key, 0)) for suite in root.iter("testsuite"))
+         for key in ("tests", "failures", "errors", "skipped")}
+passed = count["tests"] - count["failures"] - count["errors"] - count["skipped"]
+print(f"tests: {passed} passed, {count['failures']} failed, {count['errors']} errors, "
+      f"{count['skipped']} skipped (CPU-only; a skipped GPU test counts as failed)")
+PY
+)
+fi
+
+# The last line: PASS only when every part that ran exited 0; then the test counts and each part's status.
+finish() {
+    local status=0 part
+    for part in "$precompile_status" "$test_status" "$1"; do
+        if [ "$part" != 0 ] && [ "$part" != "not run" ]; then status=1; fi
+    done
+    echo "RESULT $([ "$status" -eq 0 ] && echo PASS || echo FAIL): $test_counts; precompile exit" \
+         "$precompile_status, pytest exit $test_status, bench exit $1"
+    exit "$status"
+}
+if [ "${DK_RUN_BENCH:-1}" = 0 ]; then
+    echo
+    finish "not run"
 fi
 
 suites=()
@@ -39,6 +78,7 @@ results=$(mktemp -d)
 nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit --format=csv,noheader,nounits -lms 100 >"$OUT/clocks.csv" 2>/dev/null &
 clock_sampler=$!
 python3 -m deep_kernels bench --out "$results" --commit "${DK_COMMIT:-unknown}" "${suites[@]}" 2>&1 | tee "$OUT/bench.log" | grep -v "^wrote"
+bench_status=${PIPESTATUS[0]}
 kill "$clock_sampler" 2>/dev/null
 python3 - "$OUT/clocks.csv" <<'PY'
 import statistics, sys
@@ -53,3 +93,4 @@ PY
 tar -C "$results" -cf "$OUT/results.tar" .
 echo
 if [ -f "$OUT/pytest.log" ]; then echo "pytest: $(tail -n 1 "$OUT/pytest.log")"; fi
+finish "$bench_status"

@@ -1,22 +1,53 @@
+"""GPU markers: tests marked `gpu` need a Hopper GPU. Without one they are skipped, unless DK_REQUIRE_GPU=1 (the
+GPU runner, scripts/run_gpu.sh, sets it): then a GPU test that cannot run, or that skips itself, fails, so a
+broken CUDA setup cannot pass as "every GPU test skipped". Tests without the marker keep their own skips."""
+
+import functools
 import os
 
 import pytest
 import torch
 
 FULL = os.environ.get("DK_FULL_TEST", "") not in ("", "0")
+REQUIRE_GPU = os.environ.get("DK_REQUIRE_GPU", "") not in ("", "0")
 
 
-def _has_hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+def in_turns(options, shapes) -> list:
+    """Each option (a tuple) once, after a shape (a tuple) that takes turns with the others: each shape and
+    each option is its own code path, and testing their cross product adds cases, not coverage."""
+    return [(*shapes[i % len(shapes)], *option) for i, option in enumerate(options)]
 
 
-def pytest_collection_modifyitems(config, items):
-    if _has_hopper():
-        return
-    skip = pytest.mark.skip(reason="needs a Hopper GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+@functools.cache
+def _missing_hopper() -> str:
+    """Why the GPU tests cannot run here, or "" when they can."""
+    try:
+        if not torch.cuda.is_available():
+            return (f"needs a Hopper GPU: torch.cuda.is_available() is False (torch {torch.__version__}, "
+                    f"built for CUDA {torch.version.cuda})")
+        capability = torch.cuda.get_device_capability()
+    except Exception as error:  # a broken driver or runtime: say what it was
+        return f"needs a Hopper GPU: the CUDA setup failed: {type(error).__name__}: {error}"
+    if capability != (9, 0):
+        return f"needs a Hopper GPU: device 0 is sm_{capability[0]}{capability[1]}"
+    return ""
+
+
+def pytest_runtest_setup(item):
+    if "gpu" in item.keywords and _missing_hopper():
+        if REQUIRE_GPU:
+            pytest.fail(f"DK_REQUIRE_GPU=1 but the GPU tests cannot run: {_missing_hopper()}", pytrace=False)
+        pytest.skip(_missing_hopper())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_GPU and report.skipped and "gpu" in item.keywords:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"DK_REQUIRE_GPU=1: a GPU test may not skip ({reason})"
 
 
 @pytest.fixture

@@ -1,7 +1,13 @@
 """Grouped (MoE) FP8 GEMMs, contiguous and masked: input validation, references and heuristics (CPU), and
-the kernels against the per-expert float64 reference (GPU). Bound: calc_diff < 1e-3 over the valid rows;
-rows the kernel must not write (contiguous padding, masked rows at or past masked_m) keep their poison bit
-for bit."""
+the kernels against the per-expert float64 reference (GPU).
+
+The check of a layout (_check_contiguous, _check_masked): the valid rows against the reference by
+deep_kernels.testing.gemm.assert_gemm_close (calc_diff below 1e-5 on the whole, every 128 x 128 tile and every
+row; NaN and inf where the reference has them), and the rows the kernel must not write (contiguous padding,
+masked rows at or past masked_m) keep their poison bit for bit: every element of d is checked. Weights give each
+expert's 128 x 128 blocks their own power-of-two magnitudes. The planted-bug tests run the real kernels with a
+group shifted at a segment boundary, a row claimed or dropped at a segment's end, and masked_m off by one, and
+show that the same checks reject each result."""
 
 import random
 
@@ -13,16 +19,16 @@ from deep_kernels import grouped_gemm
 from deep_kernels.heuristics import fp8_gemm as dense_heuristics
 from deep_kernels.heuristics import grouped_fp8_gemm as heuristics
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
-from deep_kernels.quant import unpack_ue8m0
 from deep_kernels.reference import gemm as reference
-from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_, random_activations
+from deep_kernels.reference.quant import unpack_scales
+from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_
+from deep_kernels.testing.gemm import assert_gemm_close, cast_activations, gemm_activations
 from deep_kernels.testing.grouped import (
     SCALE_FORMATS, contiguous_layout, expert_sizes, make_contiguous_inputs, make_masked_inputs, make_weights,
 )
 
 from conftest import FULL
 
-BOUND = 1e-3
 GROUPS = (1, 4, 8, 32, 256)
 NUM_SMS = 132
 # Small (N, K) with a partial last N-block (576 = 4.5 x 128) and a sfb block straddled by most tiles.
@@ -54,7 +60,8 @@ def _masked_operands(g=4, m_max=96, n=256, k=256):
     (lambda a, b, d, i: (a, b, d.float(), i), TypeError, "d must be torch.bfloat16"),
     (lambda a, b, d, i: (a, b, d[:, :128], i), ValueError, "d must be a contiguous"),
     (lambda a, b, d, i: ((a[0], a[1][:, :1]), b, d, i), ValueError, "sfa must have shape"),
-    (lambda a, b, d, i: (a, (b[0], b[1][:3]), d, i), ValueError, r"sfb must have shape \[G, ceil\(N / 128\), K / 128\]"),
+    (lambda a, b, d, i: (a, (b[0], b[1][:3]), d, i), ValueError,
+     r"sfb must have shape \[G, ceil\(N / 128\), (ceil\()?K / 128\)?\]"),
     (lambda a, b, d, i: (a, (b[0], b[1][:3].int()), d, i), ValueError, "packed UE8M0 sfb must have shape"),
     (lambda a, b, d, i: (a, (torch.zeros(256, 4, 256, dtype=torch.float8_e4m3fn).transpose(0, 1), b[1]), d, i),
      ValueError, "b's groups must follow each other"),
@@ -86,7 +93,8 @@ def test_contiguous_layout_arguments():
     (lambda a, b, d, mm, e: (a, b, d, mm.long(), e), TypeError, "masked_m must be torch.int32"),
     (lambda a, b, d, mm, e: (a, b, d, mm.view(2, 2), e), ValueError, "masked_m must be a contiguous"),
     (lambda a, b, d, mm, e: (a, b, d[:3], mm, e), ValueError, r"d must be a contiguous bf16 tensor of shape \(4, 96, 256\)"),
-    (lambda a, b, d, mm, e: ((a[0], a[1][:3]), b, d, mm, e), ValueError, r"sfa must have shape \[G, M_max, K / 128\]"),
+    (lambda a, b, d, mm, e: ((a[0], a[1][:3]), b, d, mm, e), ValueError,
+     r"sfa must have shape \[G, M_max, (ceil\()?K / 128\)?\]"),
     (lambda a, b, d, mm, e: ((a[0], a[1][0]), b, d, mm, e), ValueError, "sfa must be 3-D"),
     (lambda a, b, d, mm, e: (a, (b[0], b[1][:3]), d, mm, e), ValueError, "sfb must have shape"),
     (lambda a, b, d, mm, e: ((a[0], a[1][:3].int()), b, d, mm, e), ValueError, "packed UE8M0 sfa must have shape"),
@@ -102,8 +110,10 @@ def test_masked_rejects_bad_input(mutate, error, match):
 
 def test_alignment_is_the_routing_layouts():
     assert deep_kernels.get_m_alignment_for_contiguous_layout() == CONTIGUOUS_ALIGNMENT == 128
-    # No M-block of the contiguous layout may span two expert segments.
-    assert all(CONTIGUOUS_ALIGNMENT % block_m == 0 for block_m in dense_heuristics.BLOCK_MS)
+    # No M-block of the contiguous layout may span two expert segments: the grouped kinds' tiles divide 128 rows.
+    for m in (128, 4096):
+        assert all(CONTIGUOUS_ALIGNMENT % config.block_m == 0
+                   for config in dense_heuristics.candidate_configs(m, 4096, NUM_SMS, grouped=True))
 
 
 def test_batched_mn_major_scales():
@@ -134,13 +144,13 @@ def test_contiguous_reference_is_the_dense_one_per_expert(scale_format):
     d = torch.full((m_indices.numel(), n), 7.0, dtype=torch.float64)
     reference.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
     packed = scale_format == "ue8m0"
-    sfa = unpack_ue8m0(a[1], m_indices.numel(), k // 128) if packed else a[1]
+    sfa = unpack_scales(a[1], m_indices.numel(), k // 128) if packed else a[1]
     for g, size in enumerate(sizes):
         rows = (m_indices == g).nonzero().flatten()
         assert rows.numel() == size
         if size == 0:
             continue
-        sfb = unpack_ue8m0(b[1][g], n // 128, k // 128) if packed else b[1][g]
+        sfb = unpack_scales(b[1][g], n // 128, k // 128) if packed else b[1][g]
         expected = reference.fp8_gemm_nt((a[0][rows], sfa[rows]), (b[0][g], sfb),
                                          torch.empty((size, n), dtype=torch.float64))
         assert calc_diff(d[rows], expected) < 1e-12
@@ -230,166 +240,6 @@ def test_every_representative_pick_is_precompiled():
         assert grouped_gemm.kernel_spec(config, n, k, torch.bfloat16, False, gemm_type) in specs
 
 
-# ---- kernels against the reference (GPU) ----
-
-def _check_contiguous(a, b, d, m_indices, poisoned):
-    expected = reference.m_grouped_fp8_gemm_nt_contiguous(
-        a, b, torch.zeros(d.shape, device="cuda", dtype=torch.float64), m_indices)
-    valid = m_indices >= 0
-    assert torch.isfinite(d[valid]).all()
-    assert calc_diff(d[valid], expected[valid]) < BOUND
-    assert_bitwise_equal(d[~valid], poisoned[~valid], "padding rows of d")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_groups", GROUPS)
-@pytest.mark.parametrize("mode", ["random", "one"])
-def test_contiguous_matches_reference(num_groups, mode):
-    rng = random.Random(num_groups * 2 + (mode == "one"))
-    sizes = expert_sizes(num_groups, rng.randint(300, 2500), rng, mode)
-    a, b, m_indices, offsets = make_contiguous_inputs(sizes, N, K)
-    d = poison_(torch.empty((m_indices.numel(), N), device="cuda", dtype=torch.bfloat16))
-    poisoned = d.clone()
-    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
-    _check_contiguous(a, b, d, m_indices, poisoned)
-
-    again = poison_(torch.empty_like(d))
-    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, again, m_indices)
-    assert_bitwise_equal(again, d, "d (second run)")
-    from_offsets = poison_(torch.empty_like(d))
-    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, from_offsets, offsets=offsets)
-    assert_bitwise_equal(from_offsets, d, "d (offsets form)")
-
-
-@pytest.mark.gpu
-def test_contiguous_from_moe_layout_with_foreign_ids():
-    # moe_layout's m_indices directly; ids outside [0, G) count as padding (never written).
-    num_groups, topk = 8, 2
-    topk_idx = torch.randint(0, num_groups, (777, topk), device="cuda", dtype=torch.int32)
-    layout = deep_kernels.moe_layout(topk_idx, num_groups)
-    m_indices = layout.m_indices.clone()
-    m_indices[m_indices == 3] = num_groups + 5
-    a = deep_kernels.per_token_cast_to_fp8(random_activations(m_indices.numel(), K))
-    b = make_weights(num_groups, N, K)
-    d = poison_(torch.empty((m_indices.numel(), N), device="cuda", dtype=torch.bfloat16))
-    poisoned = d.clone()
-    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
-    m_indices[m_indices >= num_groups] = -1
-    _check_contiguous(a, b, d, m_indices, poisoned)
-
-
-def _check_masked(a, b, d, masked_m, poisoned):
-    expected = reference.m_grouped_fp8_gemm_nt_masked(
-        a, b, torch.zeros(d.shape, device="cuda", dtype=torch.float64), masked_m, 1)
-    rows = torch.arange(d.shape[1], device="cuda")
-    valid = rows[None, :] < masked_m.clamp(min=0)[:, None]
-    assert torch.isfinite(d[valid]).all()
-    if valid.any():
-        assert calc_diff(d[valid], expected[valid]) < BOUND
-    assert_bitwise_equal(d[~valid], poisoned[~valid], "rows of d at or past masked_m")
-
-
-def _random_masked_m(num_groups: int, m_max: int, rng: random.Random) -> list:
-    values = [rng.randint(0, m_max) for _ in range(num_groups)]
-    values[0] = m_max
-    if num_groups > 1:
-        values[-1] = 0
-    return values
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_groups", GROUPS)
-def test_masked_matches_reference(num_groups):
-    rng = random.Random(100 + num_groups)
-    m_max = 200 if num_groups <= 32 else 40
-    masked_m = _random_masked_m(num_groups, m_max, rng)
-    a, b, masked_m = make_masked_inputs(masked_m, m_max, N, K)
-    expected_m = max(1, sum(masked_m.tolist()) // num_groups)
-    d = poison_(torch.empty((num_groups, m_max, N), device="cuda", dtype=torch.bfloat16))
-    poisoned = d.clone()
-    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)
-    _check_masked(a, b, d, masked_m, poisoned)
-    again = poison_(torch.empty_like(d))
-    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, again, masked_m, expected_m)
-    assert_bitwise_equal(again, d, "d (second run)")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("expected_m", [1, 64, 200])
-def test_masked_expected_m_only_steers_tiles(expected_m):
-    # Configs picked from very different hints give the same correct rows; out-of-range masked_m is clamped.
-    a, b, masked_m = make_masked_inputs([200, 13, 0, 64, 129, 1], 200, N, K)
-    masked_m[2] = -5
-    masked_m[0] = 1000
-    d = poison_(torch.empty((6, 200, N), device="cuda", dtype=torch.bfloat16))
-    poisoned = d.clone()
-    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)
-    _check_masked(a, b, d, masked_m.clamp(max=200), poisoned)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("scale_format", SCALE_FORMATS)
-def test_scale_formats(scale_format):
-    rng = random.Random(7)
-    a, b, m_indices, _ = make_contiguous_inputs(expert_sizes(4, 1000, rng), N, K, scale_format)
-    d = poison_(torch.empty((m_indices.numel(), N), device="cuda", dtype=torch.bfloat16))
-    poisoned = d.clone()
-    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
-    _check_contiguous(a, b, d, m_indices, poisoned)
-
-    a, b, masked_m = make_masked_inputs(_random_masked_m(4, 150, rng), 150, N, K, scale_format)
-    d = poison_(torch.empty((4, 150, N), device="cuda", dtype=torch.bfloat16))
-    poisoned = d.clone()
-    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64)
-    _check_masked(a, b, d, masked_m, poisoned)
-
-
-@pytest.mark.gpu
-def test_masked_cuda_graph_replay_with_new_masked_m_and_a():
-    num_groups, m_max = 8, 128
-    rng = random.Random(3)
-    a, b, masked_m = make_masked_inputs(_random_masked_m(num_groups, m_max, rng), m_max, N, K)
-    d = torch.empty((num_groups, m_max, N), device="cuda", dtype=torch.bfloat16)
-    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64)
-    for _ in range(3):
-        new_a, _, new_masked_m = make_masked_inputs(_random_masked_m(num_groups, m_max, rng), m_max, N, K)
-        a[0].copy_(new_a[0])
-        a[1].copy_(new_a[1])
-        masked_m.copy_(new_masked_m)
-        poison_(d)
-        poisoned = d.clone()
-        graph.replay()
-        _check_masked(a, b, d, masked_m, poisoned)
-
-
-@pytest.mark.gpu
-def test_empty_and_limited_sms():
-    a, b, m_indices, _ = make_contiguous_inputs([0, 0], N, K)
-    d = torch.empty((0, N), device="cuda", dtype=torch.bfloat16)
-    assert deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices) is d
-    # Nothing valid: every CTA exits at once and d is untouched.
-    a, b, masked_m = make_masked_inputs([0, 0, 0], 64, N, K)
-    d = poison_(torch.empty((3, 64, N), device="cuda", dtype=torch.bfloat16))
-    poisoned = d.clone()
-    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 16)
-    assert_bitwise_equal(d, poisoned, "d with masked_m = 0")
-
-    rng = random.Random(11)
-    a, b, masked_m = make_masked_inputs(_random_masked_m(16, 96, rng), 96, N, K)
-    previous = deep_kernels.get_num_sms()
-    deep_kernels.set_num_sms(7 if FULL else 9)
-    try:
-        d = poison_(torch.empty((16, 96, N), device="cuda", dtype=torch.bfloat16))
-        poisoned = d.clone()
-        deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 48)
-    finally:
-        deep_kernels.set_num_sms(previous)
-    _check_masked(a, b, d, masked_m, poisoned)
-
-
 def test_benchmark_masked_sizes_fit_their_bound():
     from deep_kernels.benchmarks import grouped_gemm as bench
 
@@ -402,22 +252,266 @@ def test_benchmark_masked_sizes_fit_their_bound():
         assert all(-(-rows // bench.CUBLAS_ROW_MULTIPLE) * bench.CUBLAS_ROW_MULTIPLE <= m_max for rows in masked_m)
 
 
+# ---- the checks, and the bugs they must catch ----
+
+def _expected_contiguous(a, b, m_indices) -> torch.Tensor:
+    d = torch.zeros((m_indices.numel(), b[0].shape[1]), device=a[0].device, dtype=torch.float64)
+    return reference.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+
+
+def _check_contiguous(d, expected, m_indices, poisoned):
+    """Rows of an expert (m_indices >= 0) against the reference, padding rows still poisoned."""
+    valid = m_indices >= 0
+    assert_gemm_close(d[valid], expected[valid], name="expert rows of d")
+    assert_bitwise_equal(d[~valid], poisoned[~valid], "padding rows of d")
+
+
+def _expected_masked(a, b, masked_m) -> torch.Tensor:
+    num_groups, m_max = a[0].shape[:2]
+    d = torch.zeros((num_groups, m_max, b[0].shape[1]), device=a[0].device, dtype=torch.float64)
+    return reference.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 1)
+
+
+def _check_masked(d, expected, masked_m, poisoned):
+    """Rows below masked_m (clamped to [0, M_max]) against the reference, the others still poisoned."""
+    rows = torch.arange(d.shape[1], device=d.device)
+    valid = rows[None, :] < masked_m.to(d.device).clamp(min=0)[:, None]
+    assert_gemm_close(d[valid], expected[valid], name="rows of d below masked_m")
+    assert_bitwise_equal(d[~valid], poisoned[~valid], "rows of d at or past masked_m")
+
+
+def _poisoned(shape, device="cuda") -> tuple:
+    d = poison_(torch.empty(shape, device=device, dtype=torch.bfloat16))
+    return d, d.clone()
+
+
+# Expert sizes of the planted contiguous bugs: an empty expert, segments ending mid-block (300, 200, 77).
+PLANT_SIZES = [300, 0, 200, 77]
+PLANTS = ("group_shift", "extra_row", "missing_row")
+
+
+def _planted_m_indices(m_indices: torch.Tensor, sizes: list, plant: str) -> torch.Tensor:
+    """m_indices with one bug at the segment of the last expert g with rows (its start s, its size r):
+    "group_shift": the segment's first 128-row block labelled g - 1 (the layout read one group off at a boundary);
+    "extra_row": the padding row after the segment labelled g (a segment one row too long);
+    "missing_row": the segment's last row labelled -1 (one row too short)."""
+    wrong = m_indices.clone()
+    g = max(i for i, size in enumerate(sizes) if size)
+    start = sum(-(-size // CONTIGUOUS_ALIGNMENT) * CONTIGUOUS_ALIGNMENT for size in sizes[:g])
+    rows = sizes[g]
+    assert g > 0 and rows % CONTIGUOUS_ALIGNMENT, "needs an earlier expert and a segment ending mid-block"
+    if plant == "group_shift":
+        wrong[start:start + min(rows, CONTIGUOUS_ALIGNMENT)] = g - 1
+    elif plant == "extra_row":
+        wrong[start + rows] = g
+    else:
+        wrong[start + rows - 1] = -1
+    return wrong
+
+
+@pytest.mark.parametrize("plant", PLANTS)
+def test_contiguous_check_rejects_planted_layouts_on_cpu(plant):
+    # The checks on their own, the reference standing in for the kernel (it writes only the rows it is given):
+    # the GPU test below runs the kernel.
+    a, b, m_indices, _ = make_contiguous_inputs(PLANT_SIZES, 256, 256, device="cpu")
+    expected = _expected_contiguous(a, b, m_indices)
+    d, poisoned = _poisoned(expected.shape, "cpu")
+    reference.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    _check_contiguous(d, expected, m_indices, poisoned)
+    d, _ = _poisoned(expected.shape, "cpu")
+    reference.m_grouped_fp8_gemm_nt_contiguous(a, b, d, _planted_m_indices(m_indices, PLANT_SIZES, plant))
+    with pytest.raises(AssertionError):
+        _check_contiguous(d, expected, m_indices, poisoned)
+
+
+@pytest.mark.parametrize("step", [1, -1])
+def test_masked_check_rejects_masked_m_off_by_one_on_cpu(step):
+    a, b, masked_m = make_masked_inputs([64, 13, 0, 100], 128, 256, 256, device="cpu")
+    expected = _expected_masked(a, b, masked_m)
+    d, poisoned = _poisoned(expected.shape, "cpu")
+    wrong = masked_m.clone()
+    wrong[1] += step
+    reference.m_grouped_fp8_gemm_nt_masked(a, b, d, wrong, 32)
+    with pytest.raises(AssertionError):
+        _check_masked(d, expected, masked_m, poisoned)
+
+
+# ---- kernels against the reference (GPU) ----
+
+def _run_contiguous(a, b, m_indices=None, offsets=None) -> tuple:
+    """(d, its poisoned copy from before the launch)."""
+    d, poisoned = _poisoned((a[0].shape[0], b[0].shape[1]))
+    if offsets is None:
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    else:
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, offsets=offsets)
+    return d, poisoned
+
+
+def _run_masked(a, b, masked_m, expected_m) -> tuple:
+    d, poisoned = _poisoned((*a[0].shape[:2], b[0].shape[1]))
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)
+    return d, poisoned
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_groups,mode", [(1, "one"), (4, "random"), (8, "one"), (32, "random"), (256, "random")])
+def test_contiguous_matches_reference(num_groups, mode):
+    # One expert; experts with and without rows; everything in one of many experts; many experts of few rows.
+    rng = random.Random(num_groups * 2 + (mode == "one"))
+    sizes = expert_sizes(num_groups, rng.randint(300, 2500), rng, mode)
+    a, b, m_indices, offsets = make_contiguous_inputs(sizes, N, K, seed=num_groups)
+    d, poisoned = _run_contiguous(a, b, m_indices)
+    _check_contiguous(d, _expected_contiguous(a, b, m_indices), m_indices, poisoned)
+    assert_bitwise_equal(_run_contiguous(a, b, m_indices)[0], d, "d (second run)")
+    assert_bitwise_equal(_run_contiguous(a, b, offsets=offsets)[0], d, "d (offsets form)")
+
+
+@pytest.mark.gpu
+def test_contiguous_from_moe_layout_with_foreign_ids():
+    # moe_layout's m_indices directly; ids outside [0, G) count as padding (never written).
+    num_groups, topk = 8, 2
+    topk_idx = torch.randint(0, num_groups, (777, topk), device="cuda", dtype=torch.int32,
+                             generator=torch.Generator(device="cuda").manual_seed(0))
+    layout = deep_kernels.moe_layout(topk_idx, num_groups)
+    m_indices = layout.m_indices.clone()
+    m_indices[m_indices == 3] = num_groups + 5
+    a = cast_activations(gemm_activations(m_indices.numel(), K))
+    b = make_weights(num_groups, N, K)
+    d, poisoned = _run_contiguous(a, b, m_indices)
+    m_indices[m_indices >= num_groups] = -1
+    _check_contiguous(d, _expected_contiguous(a, b, m_indices), m_indices, poisoned)
+
+
+def _random_masked_m(num_groups: int, m_max: int, rng: random.Random) -> list:
+    values = [rng.randint(0, m_max) for _ in range(num_groups)]
+    values[0] = m_max
+    if num_groups > 1:
+        values[-1] = 0
+    return values
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_groups", [1, 8, 256])
+def test_masked_matches_reference(num_groups):
+    rng = random.Random(100 + num_groups)
+    m_max = 200 if num_groups <= 32 else 40
+    a, b, masked_m = make_masked_inputs(_random_masked_m(num_groups, m_max, rng), m_max, N, K, seed=num_groups)
+    expected_m = max(1, sum(masked_m.tolist()) // num_groups)
+    d, poisoned = _run_masked(a, b, masked_m, expected_m)
+    _check_masked(d, _expected_masked(a, b, masked_m), masked_m, poisoned)
+    assert_bitwise_equal(_run_masked(a, b, masked_m, expected_m)[0], d, "d (second run)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("expected_m", [1, 64, 200])
+def test_masked_expected_m_only_steers_tiles(expected_m):
+    # Configs picked from very different hints give the same correct rows; out-of-range masked_m is clamped.
+    a, b, masked_m = make_masked_inputs([200, 13, 0, 64, 129, 1], 200, N, K)
+    masked_m[2] = -5
+    masked_m[0] = 1000
+    d, poisoned = _run_masked(a, b, masked_m, expected_m)
+    _check_masked(d, _expected_masked(a, b, masked_m), masked_m, poisoned)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale_format", SCALE_FORMATS)
+def test_scale_formats(scale_format):
+    rng = random.Random(7)
+    a, b, m_indices, _ = make_contiguous_inputs(expert_sizes(4, 1000, rng), N, K, scale_format)
+    d, poisoned = _run_contiguous(a, b, m_indices)
+    _check_contiguous(d, _expected_contiguous(a, b, m_indices), m_indices, poisoned)
+
+    a, b, masked_m = make_masked_inputs(_random_masked_m(4, 150, rng), 150, N, K, scale_format)
+    d, poisoned = _run_masked(a, b, masked_m, 64)
+    _check_masked(d, _expected_masked(a, b, masked_m), masked_m, poisoned)
+
+
+@pytest.mark.gpu
+def test_masked_cuda_graph_replay_with_new_masked_m_and_a():
+    num_groups, m_max = 8, 128
+    rng = random.Random(3)
+    a, b, masked_m = make_masked_inputs(_random_masked_m(num_groups, m_max, rng), m_max, N, K)
+    d = torch.empty((num_groups, m_max, N), device="cuda", dtype=torch.bfloat16)
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64)
+    for step in range(3):
+        new_a, _, new_masked_m = make_masked_inputs(_random_masked_m(num_groups, m_max, rng), m_max, N, K,
+                                                    seed=10 + step)
+        a[0].copy_(new_a[0])
+        a[1].copy_(new_a[1])
+        masked_m.copy_(new_masked_m)
+        poison_(d)
+        poisoned = d.clone()
+        graph.replay()
+        _check_masked(d, _expected_masked(a, b, masked_m), masked_m, poisoned)
+
+
+@pytest.mark.gpu
+def test_empty_and_limited_sms():
+    a, b, m_indices, _ = make_contiguous_inputs([0, 0], N, K)
+    d = torch.empty((0, N), device="cuda", dtype=torch.bfloat16)
+    assert deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices) is d
+    # Nothing valid: every CTA exits at once and d is untouched.
+    a, b, masked_m = make_masked_inputs([0, 0, 0], 64, N, K)
+    d, poisoned = _run_masked(a, b, masked_m, 16)
+    assert_bitwise_equal(d, poisoned, "d with masked_m = 0")
+
+    rng = random.Random(11)
+    a, b, masked_m = make_masked_inputs(_random_masked_m(16, 96, rng), 96, N, K)
+    previous = deep_kernels.get_num_sms()
+    deep_kernels.set_num_sms(7 if FULL else 9)
+    try:
+        d, poisoned = _run_masked(a, b, masked_m, 48)
+    finally:
+        deep_kernels.set_num_sms(previous)
+    _check_masked(d, _expected_masked(a, b, masked_m), masked_m, poisoned)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_m,block_n,multicast_on_a", [(128, 144, False), (64, 96, True)])
 def test_multicast_pairs(monkeypatch, block_m, block_n, multicast_on_a):
-    # 2-CTA clusters (rarely picked on the H200): pairs straddling two experts, padding or a masked tail.
+    # 2-CTA clusters (rarely picked on the H200): pairs straddling two experts, padding or a masked tail; tiles
+    # straddling two sfb blocks (144, 96 columns).
     config = dense_heuristics.make_config(block_m, block_n, 2, multicast_on_a, 2)
     monkeypatch.setattr(grouped_gemm, "_plans", {})
     monkeypatch.setattr(heuristics, "get_grouped_fp8_gemm_config", lambda *args, **kwargs: config)
     rng = random.Random(5)
     a, b, m_indices, _ = make_contiguous_inputs(expert_sizes(8, 1500, rng), N, K)
-    d = poison_(torch.empty((m_indices.numel(), N), device="cuda", dtype=torch.bfloat16))
-    poisoned = d.clone()
-    deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
-    _check_contiguous(a, b, d, m_indices, poisoned)
+    d, poisoned = _run_contiguous(a, b, m_indices)
+    _check_contiguous(d, _expected_contiguous(a, b, m_indices), m_indices, poisoned)
 
     a, b, masked_m = make_masked_inputs(_random_masked_m(8, 300, rng), 300, N, K)
-    d = poison_(torch.empty((8, 300, N), device="cuda", dtype=torch.bfloat16))
-    poisoned = d.clone()
-    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 150)
-    _check_masked(a, b, d, masked_m, poisoned)
+    d, poisoned = _run_masked(a, b, masked_m, 150)
+    _check_masked(d, _expected_masked(a, b, masked_m), masked_m, poisoned)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plant", PLANTS)
+def test_contiguous_check_rejects_a_wrong_layout(plant):
+    # The real kernel given m_indices with one planted bug; the check that passes the right result rejects it
+    # (compared with the reference of the right layout).
+    a, b, m_indices, _ = make_contiguous_inputs(PLANT_SIZES, N, K)
+    expected = _expected_contiguous(a, b, m_indices)
+    d, poisoned = _run_contiguous(a, b, m_indices)
+    _check_contiguous(d, expected, m_indices, poisoned)
+    d, _ = _run_contiguous(a, b, _planted_m_indices(m_indices, PLANT_SIZES, plant))
+    with pytest.raises(AssertionError):
+        _check_contiguous(d, expected, m_indices, poisoned)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("step", [1, -1])
+def test_masked_check_rejects_masked_m_off_by_one(step):
+    # One group's masked_m one too high (the kernel writes a row it must not) or too low (a row stays poisoned).
+    a, b, masked_m = make_masked_inputs([200, 13, 0, 64, 129, 1], 200, N, K)
+    expected = _expected_masked(a, b, masked_m)
+    d, poisoned = _run_masked(a, b, masked_m, 64)
+    _check_masked(d, expected, masked_m, poisoned)
+    wrong = masked_m.clone()
+    wrong[1] += step
+    d, _ = _run_masked(a, b, wrong, 64)
+    with pytest.raises(AssertionError):
+        _check_masked(d, expected, masked_m, poisoned)

@@ -246,11 +246,19 @@ def _check_gate(logits, k, **kwargs):
     return weights, indices
 
 
+def _gate_cases(token_counts) -> list:
+    """Each gate of GATES with and without ties, the dtypes and token counts taking turns (not their cross
+    product: each is its own code path, the gate shape another)."""
+    cases = []
+    for i, gate in enumerate(GATES):
+        for ties in (False, True):
+            dtype = (torch.float32, torch.bfloat16)[(i + ties) % 2]
+            cases.append((*gate, dtype, token_counts[(2 * i + ties) % len(token_counts)], ties))
+    return cases
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_experts,num_groups,topk_groups,k,scoring", GATES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_tokens", TOKENS)
-@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("num_experts,num_groups,topk_groups,k,scoring,dtype,num_tokens,ties", _gate_cases(TOKENS))
 def test_topk_gate_matches_reference(num_experts, num_groups, topk_groups, k, scoring, dtype, num_tokens, ties):
     logits = _gate_logits(num_tokens, num_experts, dtype, ties)
     bias = torch.randn(num_experts, device="cuda") * 0.1
@@ -311,10 +319,16 @@ def _check_layout(topk_idx, num_experts, max_tokens=None):
     return layout
 
 
+def _layout_cases() -> list:
+    """Each (E, k) at two token counts, one with int32 and one with int64 indices; the token counts take turns."""
+    token_counts = [1, 7, 513, 4001, 8001, 16384]
+    shapes = [(256, 8), (384, 8), (512, 16), (72, 6), (3, 2), (64, 9), (8, 1)]
+    return [(token_counts[(2 * i + j) % len(token_counts)], *shape, (torch.int32, torch.int64)[j])
+            for i, shape in enumerate(shapes) for j in (0, 1)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens", [1, 7, 513, 4001, 8001, 16384])
-@pytest.mark.parametrize("num_experts,k", [(256, 8), (384, 8), (512, 16), (72, 6), (3, 2), (64, 9), (8, 1)])
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("num_tokens,num_experts,k,index_dtype", _layout_cases())
 def test_moe_layout_matches_reference(num_tokens, num_experts, k, index_dtype):
     topk_idx = _routed_indices(num_tokens, num_experts, k, index_dtype)
     _check_layout(topk_idx, num_experts)
@@ -524,13 +538,22 @@ def _check_gate_with_layout(logits, k, max_tokens=None, **kwargs):
     return weights, indices, layout
 
 
+def _routed_cases() -> list:
+    """Every k at the largest T of the one-launch path and the smallest of the two-stage path, and every gate at
+    one more T (1, 4001 or 8001), the gates taking turns; k never exceeds E."""
+    cases = []
+    for i, k in enumerate(ROUTED_KS):
+        fitting = [gate for gate in ROUTED_GATES if gate[0] >= k]
+        cases += [(*fitting[i % len(fitting)], k, "fused_max"), (*fitting[(i + 1) % len(fitting)], k, "fused_max + 1")]
+    for i, gate in enumerate(ROUTED_GATES):
+        k = [k for k in ROUTED_KS if k <= gate[0]][-1 - i % 2]
+        cases.append((*gate, k, (1, 4001, 8001)[i % 3]))
+    return cases
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_experts,num_groups,topk_groups,scoring", ROUTED_GATES)
-@pytest.mark.parametrize("k", ROUTED_KS)
-@pytest.mark.parametrize("num_tokens", [1, "fused_max", "fused_max + 1", 4001, 8001])
+@pytest.mark.parametrize("num_experts,num_groups,topk_groups,scoring,k,num_tokens", _routed_cases())
 def test_topk_gate_with_layout_matches_reference(num_experts, num_groups, topk_groups, scoring, k, num_tokens):
-    if k > num_experts:
-        pytest.skip("k exceeds the expert count")
     # The largest T of the one-launch path and the smallest of the two-stage path.
     largest_fused = FUSED_MAX_SLOTS // k
     num_tokens = {"fused_max": largest_fused, "fused_max + 1": largest_fused + 1}.get(num_tokens, num_tokens)
@@ -644,9 +667,9 @@ def test_topk_gate_with_layout_nan_and_inf_logits(scoring):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_experts,num_groups,topk_groups,k,scoring", GATES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_tokens", [1, 4001])
+@pytest.mark.parametrize("num_experts,num_groups,topk_groups,k,scoring,dtype,num_tokens",
+                         [(*gate, (torch.float32, torch.bfloat16)[i % 2], (1, 4001)[i // 2 % 2])
+                          for i, gate in enumerate(GATES)])
 def test_topk_gate_backward_matches_reference(num_experts, num_groups, topk_groups, k, scoring, dtype, num_tokens):
     logits = _gate_logits(num_tokens, num_experts, dtype, ties=num_tokens == 1)
     _, indices = deep_kernels.topk_gate(logits, k, scoring, num_groups=num_groups, topk_groups=topk_groups)
@@ -680,9 +703,9 @@ def test_topk_gate_backward_graph_replays_new_inputs():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("shape,num_local,rank",
-                         [((4001, 8), 32, 5), ((1, 1), 8, 0), ((8001, 9), 48, 7), ((0, 8), 8, 1)])
+@pytest.mark.parametrize("index_dtype,shape,num_local,rank", [
+    (torch.int64, (4001, 8), 32, 5), (torch.int32, (1, 1), 8, 0), (torch.int32, (8001, 9), 48, 7),
+    (torch.int64, (0, 8), 8, 1)])
 def test_map_global_to_local_experts_matches_reference(index_dtype, shape, num_local, rank):
     topk_idx = torch.randint(-1, 8 * num_local + 1, shape, device="cuda").to(index_dtype)
     if index_dtype == torch.int64 and topk_idx.numel():

@@ -12,7 +12,7 @@ from deep_kernels.quant import BLOCK_SIZES, supported_group_sizes
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
 
-from conftest import FULL
+from conftest import FULL, in_turns
 
 LAYOUTS = [(False, "mn_major"), (False, "row_major"), (True, "mn_major"), (True, "row_major"), (True, "packed_ue8m0")]
 
@@ -235,46 +235,44 @@ def check_cast_matches_reference(op: str, x: torch.Tensor, **kwargs) -> None:
 
 
 SHAPES = [(1, 128), (7, 7168), (64, 1536), (4001, 7168)] + ([(8001, 4096), (3, 512)] if FULL else [])
+DTYPES = (torch.bfloat16, torch.float32)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", SHAPES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("ue8m0,layout", LAYOUTS)
+@pytest.mark.parametrize("m,k,dtype,ue8m0,layout", in_turns([(d, *v) for v in LAYOUTS for d in DTYPES], SHAPES))
 def test_cast_matches_reference(m, k, dtype, ue8m0, layout):
     x = _special_rows(random_activations(m, k, dtype))
     check_cast_matches_reference("per_token_cast_to_fp8", x, group_size=128, ue8m0=ue8m0, scale_layout=layout)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k,group_size", [(33, 640, 128), (4001, 896, 128), (301, 224, 32), (5, 24, 8)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m,k,group_size,dtype", [(33, 640, 128, torch.bfloat16), (4001, 896, 128, torch.float32),
+                                                  (301, 224, 32, torch.float32), (5, 24, 8, torch.bfloat16)])
 def test_cast_packed_partial_words(m, k, group_size, dtype):
     """Group counts that are no multiple of 4: the last CTAs of a row block cover padding groups, and the packed
     words' unused bytes must come out zero (out= is poisoned)."""
-    if group_size not in supported_group_sizes(dtype):
-        pytest.skip("group size not offered for this dtype")
+    assert group_size in supported_group_sizes(dtype)
     x = _special_rows(random_activations(m, k, dtype))
     check_cast_matches_reference("per_token_cast_to_fp8", x, group_size=group_size, ue8m0=True,
                                  scale_layout="packed_ue8m0")
 
 
+def _divide_cases() -> list:
+    variants = [(128, "mn_major"), (128, "row_major"), (32, "mn_major"), (256 if FULL else 64, "row_major")]
+    return [case for case in in_turns([(d, *v) for v in variants for d in DTYPES], SHAPES)
+            if case[3] in supported_group_sizes(case[2]) and case[1] % case[3] == 0]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", SHAPES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("group_size,layout", [(128, "mn_major"), (128, "row_major"), (32, "mn_major"),
-                                               (256 if FULL else 64, "row_major")])
+@pytest.mark.parametrize("m,k,dtype,group_size,layout", _divide_cases())
 def test_cast_divide_mode_matches_reference(m, k, dtype, group_size, layout):
-    if group_size not in supported_group_sizes(dtype) or k % group_size:
-        pytest.skip("group size not offered for this dtype or shape")
     x = _special_rows(random_activations(m, k, dtype))
     check_cast_matches_reference("per_token_cast_to_fp8", x, group_size=group_size, scale_layout=layout,
                                   scale_mode="div")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("dtype,group_size", [(torch.bfloat16, 32), (torch.float32, 64), (torch.bfloat16, 128)])
 def test_cast_group_sizes_and_row_stride(dtype, group_size):
     assert group_size in supported_group_sizes(dtype)
     wide = random_activations(301, 1024 + 64, dtype)
@@ -289,9 +287,8 @@ def test_cast_group_sizes_and_row_stride(dtype, group_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", SHAPES)
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("ue8m0,layout", LAYOUTS)
+@pytest.mark.parametrize("m,k,out_dtype,ue8m0,layout",
+                         in_turns([(d, *v) for v in LAYOUTS for d in DTYPES[::-1]], SHAPES))
 def test_cast_back_matches_reference(m, k, out_dtype, ue8m0, layout):
     x = random_activations(m, k, torch.bfloat16)
     q, scales = reference.per_token_cast_to_fp8(x, 128, ue8m0=ue8m0, scale_layout=layout)
@@ -308,10 +305,14 @@ BLOCK_SHAPES = {
 BLOCK_VARIANTS = [(False, "mul"), (True, "mul"), (False, "div"), (True, "div")]
 
 
+def _block_cases() -> list:
+    """Each block size with each variant, the dtypes and the block size's shapes taking turns."""
+    return [(block_size, *shapes[i % len(shapes)], DTYPES[(i + j) % 2], *variant)
+            for j, (block_size, shapes) in enumerate(BLOCK_SHAPES.items()) for i, variant in enumerate(BLOCK_VARIANTS)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_size,m,k", [(b, m, k) for b, shapes in BLOCK_SHAPES.items() for m, k in shapes])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("ue8m0,scale_mode", BLOCK_VARIANTS)
+@pytest.mark.parametrize("block_size,m,k,dtype,ue8m0,scale_mode", _block_cases())
 def test_block_cast_matches_reference(block_size, m, k, dtype, ue8m0, scale_mode):
     x = _special_rows(random_activations(m, k, dtype))
     check_cast_matches_reference("per_block_cast_to_fp8", x, block_size=block_size, ue8m0=ue8m0,
@@ -319,8 +320,7 @@ def test_block_cast_matches_reference(block_size, m, k, dtype, ue8m0, scale_mode
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("dtype,block_size", [(DTYPES[i % 2], size) for i, size in enumerate(BLOCK_SIZES)])
 def test_block_cast_row_stride(dtype, block_size):
     x = random_activations(301, 1024 + 64, dtype)[:, :1024]  # row stride larger than K
     check_cast_matches_reference("per_block_cast_to_fp8", x, block_size=block_size)
@@ -537,9 +537,8 @@ def test_reference_edge_values_follow_the_docstring():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", [(4001, 1024), (8001, 512)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("amax_clamp", [1e-4, 1e-30])
+@pytest.mark.parametrize("m,k,dtype,amax_clamp",
+                         [(4001, 1024, torch.bfloat16, 1e-30), (8001, 512, torch.float32, 1e-4)])
 def test_edge_values_match_reference(m, k, dtype, amax_clamp):
     x = _edge_rows(random_activations(m, k, dtype))
     for ue8m0, layout, scale_mode in [(False, "mn_major", "mul"), (False, "row_major", "div"),

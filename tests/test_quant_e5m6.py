@@ -12,7 +12,7 @@ from deep_kernels.quant.e5m6 import MAX_GROUPS, row_divisor, rows_per_block
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
 
-from conftest import FULL
+from conftest import FULL, in_turns
 
 VARIANTS = [(False, "mul"), (False, "div"), (True, "mul"), (True, "div")]
 
@@ -212,12 +212,12 @@ def _special_rows(x: torch.Tensor) -> torch.Tensor:
 # (7, 8): one group a row; 1000 and 24: the packed words end mid-vector and mid-tile (128 groups).
 SHAPES = [(1, 128), (1, 1000), (4001, 128), (4001, 7168), (4001, 1000), (4001, 24), (7, 8)] + (
     [(1, 7168), (8001, 4096), (3, 8)] if FULL else [])
+DTYPES = (torch.bfloat16, torch.float32)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", SHAPES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("ue8m0,scale_mode", VARIANTS)
+@pytest.mark.parametrize("m,k,dtype,ue8m0,scale_mode",
+                         in_turns([(dtype, *variant) for variant in VARIANTS for dtype in DTYPES], SHAPES))
 def test_cast_matches_reference(m, k, dtype, ue8m0, scale_mode):
     x = _special_rows(random_activations(m, k, dtype))
     kwargs = dict(ue8m0=ue8m0, scale_mode=scale_mode)
@@ -233,8 +233,7 @@ def test_cast_matches_reference(m, k, dtype, ue8m0, scale_mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("k", [1000, 7168])
+@pytest.mark.parametrize("dtype,k", [(torch.bfloat16, 1000), (torch.float32, 7168)])
 def test_cast_row_stride_and_clamp(dtype, k):
     x = random_activations(301, k + 64, dtype)[:, :k]  # row stride larger than K
     x[5] *= 1e-6
@@ -246,8 +245,7 @@ def test_cast_row_stride_and_clamp(dtype, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", SHAPES)
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m,k,out_dtype", [(*shape, DTYPES[i % 2]) for i, shape in enumerate(SHAPES)])
 def test_cast_back_matches_reference(m, k, out_dtype):
     # Every bit pattern is a valid packing: random words cover all 4096 codes (inf and NaN included), and
     # random scales include inf, NaN, zero and negative values.

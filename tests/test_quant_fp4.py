@@ -14,7 +14,7 @@ from deep_kernels.reference.quant import fp4 as reference
 from deep_kernels.reference.quant import pack_scales, per_token_cast_back, per_token_cast_to_fp8
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
 
-from conftest import FULL
+from conftest import FULL, in_turns
 
 MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -424,23 +424,22 @@ def _check_fp4_cast(op: str, x: torch.Tensor, *args, **kwargs) -> None:
     assert_bitwise_equal(again[1], scales_ref, "scales")
 
 
-MX_SHAPES = [(1, 32), (7, 7168), (64, 1536), (33, 160), (4001, 7168)] + ([(8001, 4096), (3, 96)] if FULL else [])
-NV_SHAPES = [(1, 16), (7, 7168), (129, 208), (33, 176), (4001, 7168)] + ([(8001, 4096), (300, 48)] if FULL else [])
+MX_SHAPES = [(1, 32), (4001, 7168), (64, 1536), (33, 160), (7, 7168)] + ([(8001, 4096), (3, 96)] if FULL else [])
+NV_SHAPES = [(1, 16), (4001, 7168), (129, 208), (33, 176), (7, 7168)] + ([(8001, 4096), (300, 48)] if FULL else [])
+DTYPES = (torch.bfloat16, torch.float32)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", MX_SHAPES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("layout", ["row_major", "packed_ue8m0"])
+@pytest.mark.parametrize("m,k,dtype,layout",
+                         in_turns([(d, layout) for layout in ("row_major", "packed_ue8m0") for d in DTYPES], MX_SHAPES))
 def test_mxfp4_cast_matches_reference(m, k, dtype, layout):
     x = _special_rows(random_activations(m, k, dtype))
     _check_fp4_cast("per_token_cast_to_mxfp4", x, scale_layout=layout)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", NV_SHAPES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("layout,scale_mode", [("row_major", "mul"), ("swizzled", "mul"), ("row_major", "div")])
+@pytest.mark.parametrize("m,k,dtype,layout,scale_mode", in_turns(
+    [(d, *v) for v in (("row_major", "mul"), ("swizzled", "mul"), ("row_major", "div")) for d in DTYPES], NV_SHAPES))
 def test_nvfp4_cast_matches_reference(m, k, dtype, layout, scale_mode):
     x = random_activations(m, k, dtype)
     g = reference.nvfp4_global_scale(x)  # of the finite values, so specials below saturate
@@ -470,9 +469,7 @@ def _random_nvfp4(m: int, k: int):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", MX_SHAPES)
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("m,k,out_dtype,packed", in_turns([(d, p) for p in (False, True) for d in DTYPES], MX_SHAPES))
 def test_mxfp4_cast_back_matches_reference(m, k, out_dtype, packed):
     codes, scales = _random_mxfp4(m, k, 0, 255)  # every code and exponent, 0xFF (NaN) included
     if packed:
@@ -484,9 +481,8 @@ def test_mxfp4_cast_back_matches_reference(m, k, out_dtype, packed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", NV_SHAPES)
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("layout", ["row_major", "swizzled"])
+@pytest.mark.parametrize("m,k,out_dtype,layout",
+                         in_turns([(d, layout) for layout in ("row_major", "swizzled") for d in DTYPES], NV_SHAPES))
 def test_nvfp4_cast_back_matches_reference(m, k, out_dtype, layout):
     codes, scales = _random_nvfp4(m, k)
     if layout == "swizzled":
@@ -501,10 +497,10 @@ REQUANT_SHAPES = [(1, 128), (7, 7168), (129, 1536), (4001, 7168)] + ([(8001, 409
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", REQUANT_SHAPES)
-@pytest.mark.parametrize("packed_in", [False, True])
-@pytest.mark.parametrize("layout", ["mn_major", "row_major", "packed_ue8m0"])
-@pytest.mark.parametrize("low,high", [(120, 134), (0, 255)])
+@pytest.mark.parametrize("m,k,packed_in,layout,low,high", in_turns(
+    [(packed_in, layout, *((120, 134) if (i + packed_in) % 2 else (0, 255)))
+     for i, layout in enumerate(("mn_major", "row_major", "packed_ue8m0")) for packed_in in (False, True)],
+    REQUANT_SHAPES))
 def test_requant_matches_reference(m, k, packed_in, layout, low, high):
     codes, scales = _random_mxfp4(m, k, low, high)
     if packed_in:

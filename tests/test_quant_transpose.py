@@ -10,7 +10,7 @@ from deep_kernels import quant
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
 
-from conftest import FULL
+from conftest import FULL, in_turns
 from test_quant import check_cast_matches_reference
 
 LAYOUTS = [(False, "mn_major"), (False, "row_major"), (True, "mn_major"), (True, "row_major"), (True, "packed_ue8m0")]
@@ -149,12 +149,14 @@ def _special_columns(x: torch.Tensor) -> torch.Tensor:
 CHANNEL_SHAPES = [(16, 8), (128, 64), (4000, 7176), (4096, 7168)] + ([(16384, 1536), (144, 4100)] if FULL else [])
 
 
+CHANNEL_VARIANTS = [(False, "mn_major", "mul"), (False, "row_major", "mul"), (False, "mn_major", "div"),
+                    (True, "mn_major", "mul"), (True, "packed_ue8m0", "mul")]
+DTYPES = (torch.bfloat16, torch.float32)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", CHANNEL_SHAPES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("ue8m0,layout,scale_mode", [(False, "mn_major", "mul"), (False, "row_major", "mul"),
-                                                     (False, "mn_major", "div"), (True, "mn_major", "mul"),
-                                                     (True, "packed_ue8m0", "mul")])
+@pytest.mark.parametrize("m,k,dtype,ue8m0,layout,scale_mode",
+                         in_turns([(d, *v) for v in CHANNEL_VARIANTS for d in DTYPES], CHANNEL_SHAPES))
 def test_per_channel_matches_reference(m, k, dtype, ue8m0, layout, scale_mode):
     x = _special_columns(random_activations(m, k, dtype))
     kwargs = dict(ue8m0=ue8m0, scale_layout=layout, scale_mode=scale_mode)
@@ -198,8 +200,8 @@ TRANSPOSE_SHAPES = [(1, 1, 1), (3, 129, 257), (2, 33, 7), (8, 256, 7168), (1, 40
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("b,m,n", TRANSPOSE_SHAPES)
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("b,m,n,dtype", [(*shape, (torch.float8_e4m3fn, torch.bfloat16, torch.float32)[i % 3])
+                                         for i, shape in enumerate(TRANSPOSE_SHAPES + TRANSPOSE_SHAPES[1:2])])
 def test_batched_transpose_matches_reference(b, m, n, dtype):
     x = _random_bits((b, m, n), dtype)
     expected = reference.batched_transpose(x)
@@ -234,14 +236,18 @@ def test_empty_inputs():
 ROW_SHAPES = [(1, 16), (7, 48), (4001, 7168), (64, 16384), (3, 1008)] + ([(8001, 4096), (2, 32768)] if FULL else [])
 
 
+def _row_cases() -> list:
+    """Each dtype with each variant, the shapes taking turns, and each shape once (none longer than the per-row
+    cast takes for the dtype)."""
+    variants = [(False, "mn_major", "mul"), (False, "row_major", "div"), (True, "packed_ue8m0", "mul")]
+    cases = in_turns([(d, *v) for v in variants for d in DTYPES], ROW_SHAPES)
+    cases += [(*shape, DTYPES[i % 2], *variants[i % 3]) for i, shape in enumerate(ROW_SHAPES[len(cases):])]
+    return [case for case in cases if case[1] <= quant.max_row_group_size(case[2])]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", ROW_SHAPES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("ue8m0,layout,scale_mode", [(False, "mn_major", "mul"), (False, "row_major", "div"),
-                                                     (True, "packed_ue8m0", "mul")])
+@pytest.mark.parametrize("m,k,dtype,ue8m0,layout,scale_mode", _row_cases())
 def test_per_row_matches_reference(m, k, dtype, ue8m0, layout, scale_mode):
-    if k > quant.max_row_group_size(dtype):
-        pytest.skip("longer than the per-row cast takes for this dtype")
     x = random_activations(m, k, dtype)
     x[0, k // 2] = 0.0 if m == 1 else float("inf")
     kwargs = dict(ue8m0=ue8m0, scale_layout=layout, scale_mode=scale_mode)

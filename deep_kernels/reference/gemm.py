@@ -3,26 +3,26 @@ float64 (per expert for the grouped GEMMs)."""
 
 import torch
 
-from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
-from deep_kernels.quant import unpack_ue8m0
-from deep_kernels.reference.quant import unpack_scales
-from deep_kernels.validation import ceil_div
+from deep_kernels.reference.common import ceil_div, unpack_scales
 
 SCALE_BLOCK = 128
+# Each expert's segment of the contiguous layout starts at a multiple of 128 rows.
+CONTIGUOUS_ALIGNMENT = 128
 
 
 def dequantize_a(a: torch.Tensor, sfa: torch.Tensor) -> torch.Tensor:
-    """A [M, K] e4m3 with 1 x 128 scales (any layout deep_kernels.quant writes) to float64."""
+    """A [M, K] e4m3 with 1 x 128 scales [M, ceil(K / 128)] (FP32 of any strides, or packed UE8M0) to float64."""
     m, k = a.shape
-    scale = unpack_scales(sfa, m, k // SCALE_BLOCK).double()
-    return a.double() * scale.repeat_interleave(SCALE_BLOCK, dim=1)
+    scale = unpack_scales(sfa, m, ceil_div(k, SCALE_BLOCK)).double()
+    return a.double() * scale.repeat_interleave(SCALE_BLOCK, dim=1)[:, :k]
 
 
 def dequantize_b(b: torch.Tensor, sfb: torch.Tensor) -> torch.Tensor:
-    """B [N, K] e4m3 with 128 x 128 block scales [ceil(N / 128), K / 128] to float64."""
+    """B [N, K] e4m3 with 128 x 128 block scales [ceil(N / 128), ceil(K / 128)] (FP32, or packed UE8M0) to
+    float64."""
     n, k = b.shape
-    scale = unpack_scales(sfb, ceil_div(n, SCALE_BLOCK), k // SCALE_BLOCK).double()
-    return b.double() * scale.repeat_interleave(SCALE_BLOCK, dim=0)[:n].repeat_interleave(SCALE_BLOCK, dim=1)
+    scale = unpack_scales(sfb, ceil_div(n, SCALE_BLOCK), ceil_div(k, SCALE_BLOCK)).double()
+    return b.double() * scale.repeat_interleave(SCALE_BLOCK, dim=0)[:n].repeat_interleave(SCALE_BLOCK, dim=1)[:, :k]
 
 
 def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
@@ -32,22 +32,6 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
     if c is not None:
         result += c.double()
     return d.copy_(result)
-
-
-
-def _fp32_scales(scales: torch.Tensor, rows: int, k_blocks: int) -> torch.Tensor:
-    """[rows, K / 128] scales of any strides, FP32 or packed UE8M0 (int32), as float64."""
-    return (unpack_ue8m0(scales, rows, k_blocks) if scales.dtype == torch.int32 else scales).double()
-
-
-def _expert_product(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor) -> torch.Tensor:
-    """a [M, K] @ b [N, K]^T in float64 from the dequantized inputs; scales FP32 or packed, any strides."""
-    (m, k), n = a.shape, b.shape[0]
-    k_blocks = k // SCALE_BLOCK
-    x = a.double() * _fp32_scales(sfa, m, k_blocks).repeat_interleave(SCALE_BLOCK, dim=1)
-    sb = _fp32_scales(sfb, ceil_div(n, SCALE_BLOCK), k_blocks)
-    w = b.double() * sb.repeat_interleave(SCALE_BLOCK, dim=0)[:n].repeat_interleave(SCALE_BLOCK, dim=1)
-    return x @ w.T
 
 
 def contiguous_row_groups(m_total: int, m_indices: torch.Tensor = None, offsets: torch.Tensor = None,
@@ -71,13 +55,13 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
     (a, sfa), (b, sfb) = a, b
     m_total, k = a.shape
     groups = contiguous_row_groups(m_total, m_indices, offsets)
-    sfa = _fp32_scales(sfa, m_total, k // SCALE_BLOCK)
+    sfa = unpack_scales(sfa, m_total, ceil_div(k, SCALE_BLOCK))
     for g in range(b.shape[0]):
         rows = (groups == g).nonzero().flatten()
         if rows.numel():
             # NOTE: rows gathered as bytes: not every torch build indexes float8 tensors on every device.
             expert_a = a.view(torch.uint8)[rows].view(a.dtype)
-            d[rows] = _expert_product(expert_a, sfa[rows], b[g], sfb[g]).to(d.dtype)
+            d[rows] = (dequantize_a(expert_a, sfa[rows]) @ dequantize_b(b[g], sfb[g]).T).to(d.dtype)
     return d
 
 
@@ -89,6 +73,6 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
     for g, rows in enumerate(masked_m.tolist()):
         rows = max(0, min(rows, m_max))
         if rows:
-            sfa_g = _fp32_scales(sfa[g], m_max, k // SCALE_BLOCK)[:rows]
-            d[g, :rows] = _expert_product(a[g, :rows], sfa_g, b[g], sfb[g]).to(d.dtype)
+            sfa_g = unpack_scales(sfa[g], m_max, ceil_div(k, SCALE_BLOCK))[:rows]
+            d[g, :rows] = (dequantize_a(a[g, :rows], sfa_g) @ dequantize_b(b[g], sfb[g]).T).to(d.dtype)
     return d

@@ -8,9 +8,13 @@ reduction adds FP32 products w * y in slot order, each a separate tensor operati
 
 import torch
 
-from deep_kernels.moe.expand import GROUP_SIZE, expanded_scale_geometry
-from deep_kernels.quant.common import DEFAULT_AMAX_CLAMP, ScaleLayout, scale_layout_of, unpack_ue8m0
-from deep_kernels.reference.quant.fp8 import pack_scales, per_token_cast_to_fp8
+from deep_kernels.reference.common import (
+    DEFAULT_AMAX_CLAMP, batched_scale_geometry, name_of, pack_scales, unpack_scales,
+)
+from deep_kernels.reference.quant.fp8 import per_token_cast_to_fp8
+
+# FP8 rows carry one scale per 128 columns.
+GROUP_SIZE = 128
 
 
 def _batches(layout, masked: bool) -> tuple:
@@ -49,10 +53,10 @@ def _gather_rows(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.where((tokens >= 0).unsqueeze(1), gathered, torch.zeros_like(gathered)).view(values.dtype)
 
 
-def _write_scales(columns: torch.Tensor, layout, masked: bool, num_groups: int, scale_layout: ScaleLayout):
+def _write_scales(columns: torch.Tensor, layout, masked: bool, num_groups: int, scale_layout: str):
     """Scale columns [rows, C] of expanded rows (FP32 values, or packed words already) in their layout."""
     batches, batch_rows = _batches(layout, masked)
-    dtype, shape, strides = expanded_scale_geometry(batches, batch_rows, num_groups, scale_layout)
+    dtype, shape, strides = batched_scale_geometry(batches, batch_rows, num_groups, scale_layout)
     out = torch.empty_strided(shape, strides, dtype=dtype, device=columns.device)
     out.copy_(columns.reshape(shape))
     return out
@@ -66,9 +70,9 @@ def moe_expand(x: torch.Tensor, layout, scales: torch.Tensor = None, masked: boo
     if scales is None:
         return rows
     num_groups = x.shape[1] // GROUP_SIZE
-    x_layout = scale_layout_of(scales, x.shape[0], num_groups)
     dense = scales.new_empty(scales.shape).copy_(scales)  # FP32 values or packed words, row-major
-    out_layout = ScaleLayout.packed_ue8m0 if x_layout == ScaleLayout.packed_ue8m0 else ScaleLayout.mn_major
+    # FP32 scales (either layout) come out MN-major; packed ones (int32) stay packed.
+    out_layout = "packed_ue8m0" if scales.dtype == torch.int32 else "mn_major"
     return rows, _write_scales(_gather_rows(dense, tokens), layout, masked, num_groups, out_layout)
 
 
@@ -78,15 +82,15 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout, masked: bool = False, ue8m0:
     rows = moe_expand(x, layout, masked=masked)
     flat = rows.reshape(-1, x.shape[1])
     q, values = per_token_cast_to_fp8(flat, GROUP_SIZE, ue8m0, "row_major", amax_clamp, scale_mode)
-    kind = ScaleLayout[scale_layout]
-    columns = pack_scales(values, kind) if kind == ScaleLayout.packed_ue8m0 else values
+    kind = name_of(scale_layout)
+    columns = pack_scales(values, kind) if kind == "packed_ue8m0" else values
     return q.view(rows.shape), _write_scales(columns, layout, masked, x.shape[1] // GROUP_SIZE, kind)
 
 
 def _row_scales(scales: torch.Tensor, num_rows: int, num_groups: int) -> torch.Tensor:
     """FP32 [rows, G] scale values of expanded rows, from any layout (batched or not)."""
     dense = scales.new_empty(scales.shape).copy_(scales).reshape(num_rows, -1)
-    return unpack_ue8m0(dense, num_rows, num_groups) if dense.dtype == torch.int32 else dense
+    return unpack_scales(dense, num_rows, num_groups)
 
 
 def moe_reduce(y: torch.Tensor, layout, weights: torch.Tensor, scales: torch.Tensor = None, masked: bool = False,

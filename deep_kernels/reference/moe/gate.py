@@ -10,10 +10,13 @@ became -inf and whose -0 became +0, so ties go to the lower index exactly as in 
 
 import torch
 
-from deep_kernels.moe.gate import RENORMALIZE_EPSILON, SOFTPLUS_THRESHOLD
-from deep_kernels.validation import ceil_div
+from deep_kernels.reference.common import ceil_div
 
 WARP_SIZE = 32
+# Renormalized weights divide by the sum of the chosen scores plus this (README: "sum + 1e-20").
+RENORMALIZE_EPSILON = 1e-20
+# sqrt(softplus(x)) takes softplus(x) = x above this (where log1p(exp(x)) rounds to x in FP32).
+SOFTPLUS_THRESHOLD = 20.0
 
 
 def warp_lane_sum(values: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,23 @@
-"""Plain-torch reference of deep_kernels.moe.layout: the definition the kernels match bit for bit."""
+"""Plain-torch reference of deep_kernels.moe.layout: the definition the kernels match bit for bit.
+
+The result is the public MoeLayout, the one name a reference takes from a kernel module: a frozen dataclass of
+tensors with no computation, which the kernels that read a layout (moe_expand, moe_reduce) require by type.
+"""
 
 import torch
 
-from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT, MoeLayout, contiguous_max_rows
+from deep_kernels.moe.layout import MoeLayout
+from deep_kernels.reference.common import ceil_div
+
+# Each expert's segment starts at a multiple of 128 rows (the grouped GEMM's M alignment).
+CONTIGUOUS_ALIGNMENT = 128
+
+
+def contiguous_max_rows(num_slots: int, num_experts: int) -> int:
+    """Rows of the contiguous layout in the worst case: every slot, with each expert that has any slot padded
+    to whole segments (at most alignment - 1 rows each), rounded up to a whole segment."""
+    padding = (CONTIGUOUS_ALIGNMENT - 1) * min(num_experts, num_slots)
+    return ceil_div(num_slots + padding, CONTIGUOUS_ALIGNMENT) * CONTIGUOUS_ALIGNMENT
 
 
 def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None) -> MoeLayout:

@@ -6,10 +6,11 @@ way the kernel computes it (an FP32 add-and-subtract), so the two check each oth
 
 import torch
 
-from deep_kernels.quant.common import DEFAULT_AMAX_CLAMP, ScaleMode
-from deep_kernels.quant.e5m6 import E5M6_MAX
+from deep_kernels.reference.common import DEFAULT_AMAX_CLAMP, divides
 from deep_kernels.reference.quant.fp8 import scale_and_multiplier
 
+# The largest finite e5m6 value: the top 12 bits of IEEE half 65024 (0x7BF0) are e5m6's 0x7BF.
+E5M6_MAX = 65024.0
 E5M6_NAN = 0x7FF
 E5M6_SIGN = 0x800
 _FP32_TWO_POW_16 = 0x47800000   # FP32 bits of 2^16, what every magnitude >= 65280 rounds to (e5m6's inf)
@@ -66,7 +67,7 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
                            scale_mode: str = "mul"):
     xf = x.float()
     scale, multiplier = scale_and_multiplier(xf.abs().amax(dim=1).clamp(min=amax_clamp), ue8m0, E5M6_MAX)
-    if ScaleMode[scale_mode] == ScaleMode.div:
+    if divides(scale_mode):
         scaled = xf / scale.unsqueeze(1)
     else:
         scaled = xf * multiplier.unsqueeze(1)

@@ -7,13 +7,15 @@ neighbouring e2m1 values (ties to the even code), independent of the kernels' FM
 
 import torch
 
-from deep_kernels.quant.common import DEFAULT_AMAX_CLAMP, ScaleLayout, unpack_ue8m0
-from deep_kernels.quant.fp4 import (
-    DEFAULT_FP4_AMAX_CLAMP, E2M1_MAX, Fp4Format, Fp4ScaleLayout, nvfp4_global_scale,
+from deep_kernels.reference.common import (
+    DEFAULT_AMAX_CLAMP, E4M3_MAX, ceil_div, divides, name_of, pack_scales, ue8m0_bytes, unpack_ue8m0_bytes,
 )
-from deep_kernels.reference.quant.fp8 import ceil_to_power_of_two, pack_scales, per_token_cast_to_fp8
-from deep_kernels.validation import ceil_div
+from deep_kernels.reference.quant.fp8 import ceil_to_power_of_two, per_token_cast_to_fp8
 
+E2M1_MAX = 6.0
+MXFP4_GROUP_SIZE = 32
+NVFP4_GROUP_SIZE = 16
+DEFAULT_FP4_AMAX_CLAMP = 1e-12
 # The e2m1 value of each code 0..15 (bit 3 the sign).
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 # Midpoints between neighbouring magnitudes: a tie rounds down where the lower code is even (strict), up
@@ -87,7 +89,7 @@ def _groups(x: torch.Tensor, group_size: int) -> torch.Tensor:
 def _mx_scales(amax: torch.Tensor):
     """(scale, UE8M0 bytes) of clamped amax values."""
     scale = ceil_to_power_of_two(amax / torch.full_like(amax, E2M1_MAX))
-    return scale, ((scale.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+    return scale, ue8m0_bytes(scale)
 
 
 def _nv_scales(amax: torch.Tensor, global_scale: torch.Tensor):
@@ -96,14 +98,14 @@ def _nv_scales(amax: torch.Tensor, global_scale: torch.Tensor):
     unit = amax / torch.full_like(amax, E2M1_MAX)
     block = torch.maximum(unit / g, torch.full_like(unit, E4M3_MIN_SUBNORMAL))
     # The kernels' conversion saturates (inf included) and makes every NaN 0x7F.
-    fp8 = block.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    fp8 = block.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
     fp8 = torch.where(block.isnan(), 0x7F, fp8.int()).to(torch.uint8)
     return fp8.view(torch.float8_e4m3fn).float() * g, fp8
 
 
 def _cast_codes(groups: torch.Tensor, scale: torch.Tensor, scale_mode: str, divide_allowed: bool) -> torch.Tensor:
     scale = scale.unsqueeze(2)
-    if scale_mode == "div" and divide_allowed:
+    if divides(scale_mode) and divide_allowed:
         scaled = groups / scale
     else:
         scaled = groups * (torch.ones_like(scale) / scale)
@@ -111,42 +113,55 @@ def _cast_codes(groups: torch.Tensor, scale: torch.Tensor, scale_mode: str, divi
     return pack_e2m1(e2m1_codes(scaled, groups).reshape(m, -1))
 
 
+def _fp4_layout(scale_layout, allowed: tuple) -> str:
+    layout = name_of(scale_layout)
+    if layout not in allowed:
+        raise ValueError(f"scale_layout must be one of {allowed}, got {scale_layout!r}")
+    return layout
+
+
+def nvfp4_global_scale(x: torch.Tensor, amax_clamp: float = DEFAULT_FP4_AMAX_CLAMP) -> torch.Tensor:
+    """max(amax(|x|), amax_clamp) / (448 * 6) (IEEE division) as float32 [1] on x's device (NaN if x has one)."""
+    amax = x.abs().amax().float() if x.numel() else torch.zeros((), dtype=torch.float32, device=x.device)
+    amax = amax.clamp(min=amax_clamp).reshape(1)
+    return amax / torch.full_like(amax, E4M3_MAX * E2M1_MAX)
+
+
 def per_token_cast_to_mxfp4(x: torch.Tensor, scale_layout: str = "row_major",
                             amax_clamp: float = DEFAULT_FP4_AMAX_CLAMP, scale_mode: str = "mul"):
-    groups = _groups(x, Fp4Format.mx.group_size)
+    groups = _groups(x, MXFP4_GROUP_SIZE)
     scale, exponents = _mx_scales(groups.abs().amax(dim=2).clamp(min=amax_clamp))
     codes = _cast_codes(groups, scale, scale_mode, divide_allowed=False)
-    if Fp4ScaleLayout[scale_layout] == Fp4ScaleLayout.packed_ue8m0:
-        return codes, pack_scales(scale, ScaleLayout.packed_ue8m0)
+    if _fp4_layout(scale_layout, ("row_major", "packed_ue8m0")) == "packed_ue8m0":
+        return codes, pack_scales(scale, "packed_ue8m0")
     return codes, _bytes_as(exponents, torch.float8_e8m0fnu)
 
 
 def per_token_cast_to_nvfp4(x: torch.Tensor, global_scale: torch.Tensor, scale_layout: str = "row_major",
                             amax_clamp: float = DEFAULT_FP4_AMAX_CLAMP, scale_mode: str = "mul"):
-    groups = _groups(x, Fp4Format.nv.group_size)
+    groups = _groups(x, NVFP4_GROUP_SIZE)
     scale, fp8 = _nv_scales(groups.abs().amax(dim=2).clamp(min=amax_clamp), global_scale)
     codes = _cast_codes(groups, scale, scale_mode, divide_allowed=True)
     scales = fp8.view(torch.float8_e4m3fn)
-    if Fp4ScaleLayout[scale_layout] == Fp4ScaleLayout.swizzled:
+    if _fp4_layout(scale_layout, ("row_major", "swizzled")) == "swizzled":
         return codes, swizzle_128x4(scales)
     return codes, scales
 
 
 def mxfp4_cast_back(codes: torch.Tensor, scales: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    values = _groups(e2m1_to_float(unpack_e2m1(codes)), Fp4Format.mx.group_size)
+    values = _groups(e2m1_to_float(unpack_e2m1(codes)), MXFP4_GROUP_SIZE)
     m, num_groups = values.shape[:2]
     if scales.dtype == torch.int32:
-        exponents = unpack_ue8m0(scales, m, num_groups).view(torch.int32) >> 23  # 0x00400000 (byte 0) -> 0
-        scales = exponents.to(torch.uint8)
+        scales = unpack_ue8m0_bytes(scales, m, num_groups)
     scale = e8m0_to_float(scales)
     return (values * scale.unsqueeze(2)).reshape(m, -1).to(out_dtype)
 
 
 def nvfp4_cast_back(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
                     scale_layout: str = "row_major", out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    values = _groups(e2m1_to_float(unpack_e2m1(codes)), Fp4Format.nv.group_size)
+    values = _groups(e2m1_to_float(unpack_e2m1(codes)), NVFP4_GROUP_SIZE)
     m, num_groups = values.shape[:2]
-    if Fp4ScaleLayout[scale_layout] == Fp4ScaleLayout.swizzled:
+    if _fp4_layout(scale_layout, ("row_major", "swizzled")) == "swizzled":
         scales = unswizzle_128x4(scales, m, num_groups)
     scale = scales.view(torch.float8_e4m3fn).float() * global_scale.float().reshape(())
     return (values * scale.unsqueeze(2)).reshape(m, -1).to(out_dtype)

@@ -6,10 +6,9 @@ scalar into a multiplication by its reciprocal, which is not the IEEE quotient t
 
 import torch
 
-from deep_kernels.quant.common import (
-    DEFAULT_AMAX_CLAMP, E4M3_MAX, ScaleLayout, ScaleMode, empty_scales, scale_layout_of, unpack_ue8m0,
+from deep_kernels.reference.common import (
+    DEFAULT_AMAX_CLAMP, E4M3_MAX, ceil_div, divides, pack_scales, unpack_scales,
 )
-from deep_kernels.validation import ceil_div
 
 
 def ceil_to_power_of_two(s: torch.Tensor) -> torch.Tensor:
@@ -32,29 +31,8 @@ def scale_and_multiplier(amax: torch.Tensor, ue8m0: bool, format_max: float = E4
 def to_e4m3(values: torch.Tensor, scale: torch.Tensor, multiplier: torch.Tensor, scale_mode: str) -> torch.Tensor:
     """values brought into range by `scale_mode` ("mul": * multiplier, "div": / scale), then rounded to e4m3
     (RNE); scale and multiplier broadcast against values."""
-    scaled = values / scale if ScaleMode[scale_mode] == ScaleMode.div else values * multiplier
+    scaled = values / scale if divides(scale_mode) else values * multiplier
     return scaled.to(torch.float8_e4m3fn)
-
-
-def pack_scales(scales: torch.Tensor, layout: ScaleLayout) -> torch.Tensor:
-    """FP32 scales [M, G] written into `layout` exactly as the kernels write them."""
-    m, num_groups = scales.shape
-    out = empty_scales(m, num_groups, layout, scales)
-    if layout == ScaleLayout.packed_ue8m0:
-        exponents = ((scales.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
-        padded = torch.zeros((m, ceil_div(num_groups, 4) * 4), dtype=torch.uint8, device=scales.device)
-        padded[:, :num_groups] = exponents
-        out.copy_(padded.view(torch.int32))
-    else:
-        out.copy_(scales)
-    return out
-
-
-def unpack_scales(scales: torch.Tensor, m: int, num_groups: int) -> torch.Tensor:
-    """Scales in any layout back to FP32 [M, G]."""
-    if scale_layout_of(scales, m, num_groups) != ScaleLayout.packed_ue8m0:
-        return scales.float().contiguous()
-    return unpack_ue8m0(scales, m, num_groups)
 
 
 def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
@@ -66,7 +44,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
     groups = x.float().reshape(m, k // group_size, group_size)
     scale, multiplier = scale_and_multiplier(groups.abs().amax(dim=2).clamp(min=amax_clamp), ue8m0)
     q = to_e4m3(groups, scale.unsqueeze(2), multiplier.unsqueeze(2), scale_mode).reshape(m, k)
-    return q, pack_scales(scale, ScaleLayout[scale_layout])
+    return q, pack_scales(scale, scale_layout)
 
 
 def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int = 128,

@@ -2,9 +2,10 @@
 
 import torch
 
-from deep_kernels.quant.common import DEFAULT_AMAX_CLAMP
-from deep_kernels.quant.requant import BLOCK_SIZE
+from deep_kernels.reference.common import DEFAULT_AMAX_CLAMP
 from deep_kernels.reference.quant.fp8 import per_token_cast_to_fp8
+
+BLOCK_SIZE = 128
 
 
 def dequantize_per_block(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -8,11 +8,10 @@ within rounding. Rows the kernels skip (position -1, or past masked_m) keep what
 
 import torch
 
-from deep_kernels.quant.common import DEFAULT_AMAX_CLAMP, ScaleLayout
-from deep_kernels.quant.swiglu import GROUP_SIZE, empty_masked_scales
-from deep_kernels.reference.quant.fp8 import pack_scales, per_token_cast_to_fp8
-from deep_kernels.validation import ceil_div
+from deep_kernels.reference.common import DEFAULT_AMAX_CLAMP, ceil_div, empty_scales, pack_scales
+from deep_kernels.reference.quant.fp8 import per_token_cast_to_fp8
 
+GROUP_SIZE = 128
 # The backward kernel's reduction geometry: a warp's 32 lanes hold 8 consecutive columns each.
 _LANES, _LANE_COLUMNS = 32, 8
 
@@ -80,16 +79,15 @@ def swiglu_cast_to_fp8_masked(x: torch.Tensor, masked_m: torch.Tensor, clamp: fl
     y, valid = _swiglu_values(x, clamp, weights, pos)
     rows = torch.arange(max_tokens, device=x.device)
     valid &= rows < masked_m.to(x.device).clamp(0, max_tokens).unsqueeze(1)
-    layout = ScaleLayout[scale_layout]
     q, row_major = per_token_cast_to_fp8(y.reshape(-1, hidden), GROUP_SIZE, ue8m0, "row_major", amax_clamp,
                                          scale_mode)
     row_major = row_major.view(num_experts, max_tokens, -1)
-    scales = empty_masked_scales(num_experts, max_tokens, hidden // GROUP_SIZE, layout, x)
+    scales = empty_scales(max_tokens, hidden // GROUP_SIZE, scale_layout, x.device, batches=num_experts)
     for expert in range(num_experts):
-        scales[expert].copy_(pack_scales(row_major[expert], layout))
+        scales[expert].copy_(pack_scales(row_major[expert], scale_layout))
     if out is None:
         out = (torch.empty_like(q.view(num_experts, max_tokens, hidden)),
-               empty_masked_scales(num_experts, max_tokens, hidden // GROUP_SIZE, layout, x))
+               empty_scales(max_tokens, hidden // GROUP_SIZE, scale_layout, x.device, batches=num_experts))
     return _write_rows(out[0], q.view(num_experts, max_tokens, hidden), valid), _write_rows(out[1], scales, valid)
 
 

@@ -2,9 +2,8 @@
 
 import torch
 
-from deep_kernels.quant.common import DEFAULT_AMAX_CLAMP
+from deep_kernels.reference.common import DEFAULT_AMAX_CLAMP, ceil_div
 from deep_kernels.reference.quant.fp8 import per_token_cast_to_fp8
-from deep_kernels.validation import ceil_div
 
 CHANNEL_BLOCK = 128
 
