@@ -1,23 +1,21 @@
-"""Command line: python -m deep_kernels {info, precompile, bench, test}."""
+"""Command line: python -m deep_kernels {info, precompile, bench, tune, test}."""
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from deep_kernels import envs
+from deep_kernels.jit import registry
 
-FAMILIES = ("quant", "gemm", "grouped_gemm", "moe")
-SUITES = ("quant", "fp8_gemm", "grouped_gemm", "routing", "moe_expand", "jit")
+# Kernel families register themselves (deep_kernels.jit.registry); benchmark suites are the modules of
+# deep_kernels.benchmarks with a run(context).
+FAMILIES = registry.families()
 
 
 def _family_specs(names) -> list:
-    import importlib
-
-    specs = []
-    for name in names:
-        specs.extend(importlib.import_module(f"deep_kernels.{name}").precompile_specs())
-    return specs
+    return registry.precompile_specs(names)
 
 
 def cmd_info(_args) -> int:
@@ -47,7 +45,31 @@ def cmd_info(_args) -> int:
     print("environment:")
     for name, value, default, doc in envs.describe():
         print(f"  {name:<22} = {value!r:<12} (default {default!r}) {doc}")
+    _print_tuned()
     return 0
+
+
+def _print_tuned() -> None:
+    """The measured winners of `tune` in the cache, per GPU; stale ones (another kernel source or compiler) marked."""
+    from deep_kernels import gemm, tuning
+    from deep_kernels.device import target_arch
+    from deep_kernels.heuristics import fp8_gemm as heuristics
+    from deep_kernels.jit import cache
+
+    files = sorted((cache.cache_dir() / tuning.TUNED_DIR).glob("*.json"))
+    if not files:
+        print("tuned configs:  none (python -m deep_kernels tune)")
+        return
+    try:
+        identities = {gemm.TUNING_OP: tuning.source_identity(heuristics.KERNEL_HEADER, target_arch())}
+    except RuntimeError:  # no nvcc: nothing is current
+        identities = {}
+    for path in files:
+        print(f"tuned configs:  {path}")
+        for op, key, entry, current in tuning.entries(path, identities):
+            fields = ", ".join(f"{name}={value}" for name, value in entry["config"].items())
+            print(f"  {op} {key}: {fields}; {entry['us']} us (model's pick {entry['model_us']} us), {entry['date']}"
+                  f"{'' if current else ' [stale: kernel source or compiler changed]'}")
 
 
 def cmd_precompile(args) -> int:
@@ -63,15 +85,20 @@ def cmd_bench(args) -> int:
     import importlib
 
     from deep_kernels import device
+    from deep_kernels.benchmarks import suites
     from deep_kernels.benchmarks.report import BenchContext, print_table, write_suite
 
+    unknown = sorted(set(args.suite or ()) - set(suites()))
+    if unknown:
+        print(f"unknown benchmark suites {unknown}: the suites are {', '.join(suites())}", file=sys.stderr)
+        return 2
     if not device.has_gpu():
         print("bench needs a GPU: none found", file=sys.stderr)
         return 2
     ctx = BenchContext.create(args.commit)
     print(f"copy bandwidth: {ctx.copy_gbps:.0f} GB/s")
     results = []
-    for suite in args.suite or SUITES:
+    for suite in args.suite or suites():
         rows = importlib.import_module(f"deep_kernels.benchmarks.{suite}").run(ctx)
         print(f"wrote {write_suite(Path(args.out), suite, rows, ctx)}")
         results.append((suite, rows))
@@ -80,12 +107,32 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from deep_kernels import device, tune
+
+    if not device.has_gpu():
+        print("tune needs a GPU: none found", file=sys.stderr)
+        return 2
+    try:
+        shapes = [tuple(int(v) for v in shape.lower().split("x")) for shape in args.shapes] or tune.DEFAULT_SHAPES
+    except ValueError:
+        print(f"shapes are MxNxK, e.g. 4096x7168x2048: got {args.shapes}", file=sys.stderr)
+        return 2
+    if any(len(shape) != 3 for shape in shapes):
+        print(f"shapes are MxNxK, e.g. 4096x7168x2048: got {args.shapes}", file=sys.stderr)
+        return 2
+    tune.tune_fp8_gemm(shapes, count=args.count)
+    return 0
+
+
 def cmd_test(args) -> int:
     tests = Path(__file__).resolve().parent.parent / "tests"
     if not tests.is_dir():
         print(f"tests/ not found next to the package ({tests}): run from a source checkout", file=sys.stderr)
         return 2
-    return subprocess.call([sys.executable, "-m", "pytest", str(tests), *args.pytest_args])
+    # The full mode is the tests' DK_FULL_TEST (tests/conftest.py), set for the pytest process only.
+    env = dict(os.environ, DK_FULL_TEST="1") if args.full else None
+    return subprocess.call([sys.executable, "-m", "pytest", str(tests), *args.pytest_args], env=env)
 
 
 def main(argv=None) -> int:
@@ -100,13 +147,23 @@ def main(argv=None) -> int:
     precompile.set_defaults(run=cmd_precompile)
 
     bench = commands.add_parser("bench", help="run benchmark suites on the GPU, write JSON and charts")
-    bench.add_argument("--suite", action="append", choices=SUITES, help="suite (default: all)")
+    bench.add_argument("--suite", action="append", help="suite, a module of deep_kernels.benchmarks (default: all)")
     bench.add_argument("--out", default="benchmarks/results", help="results root (default: benchmarks/results)")
     bench.add_argument("--commit", default="unknown", help="git sha of the measured tree, recorded in the JSON")
     bench.set_defaults(run=cmd_bench)
 
-    test = commands.add_parser("test", help="run the test suite (GPU tests skip without a GPU); "
-                                             "further arguments go to pytest")
+    tune = commands.add_parser("tune", help="time the model's best configs per shape on this GPU and keep the fastest")
+    tune.add_argument("--suite", choices=("fp8_gemm",), default="fp8_gemm", help="the kernel kind (fp8_gemm_nt)")
+    tune.add_argument("--shapes", nargs="*", default=[], help="MxNxK shapes with bf16 D (default: the 18 "
+                      "DeepSeek-V3 shapes of the fp8_gemm benchmark)")
+    tune.add_argument("--count", type=int, default=6, help="candidates timed per shape, best modelled first")
+    tune.set_defaults(run=cmd_tune)
+
+    test = commands.add_parser("test", allow_abbrev=False,
+                               help="run the test suite (GPU tests skip without a GPU); further arguments go to pytest")
+    test.add_argument("--full", action="store_true",
+                      help="the full mode (DK_FULL_TEST=1): also compile every kernel and check its SASS, and the "
+                           "larger shapes and exhaustive sweeps (CI runs it after the default suite)")
     test.set_defaults(run=cmd_test)
 
     args, extra = parser.parse_known_args(argv)

@@ -1,34 +1,47 @@
 """FP8 GEMM with DeepSeek-V3 fine-grained scaling: D = A @ B^T (+ C).
 
 Layouts (DeepGEMM's, so switching is one line):
-    a   [M, K] float8_e4m3fn, K-major (rows 16-byte aligned); sfa FP32 [M, K / 128], one scale per row
+    a   [M, K] float8_e4m3fn, K-major (rows 16-byte aligned); sfa FP32 [M, ceil(K / 128)], one scale per row
         and 128 columns, MN-major and TMA-aligned (strides (1, M rounded up to 4)) as
         per_token_cast_to_fp8 writes it. Row-major FP32 and packed UE8M0 (int32) scales are accepted
         and converted first (an extra pass: produce MN-major FP32 to avoid it).
-    b   [N, K] float8_e4m3fn, K-major; sfb FP32 [ceil(N / 128), K / 128] row-major, one scale per
+    b   [N, K] float8_e4m3fn, K-major; sfb FP32 [ceil(N / 128), ceil(K / 128)] row-major, one scale per
         128 x 128 block (packed UE8M0 int32 [ceil(N / 128), ceil(K / 512)] also accepted).
     d   [M, N] bf16, or fp32 when accumulating c (c fp32 [M, N]; c may be d).
-Constraints: K a multiple of 128, N a multiple of 16; any M >= 0.
+Constraints: K and N multiples of 16 (with K not a multiple of 128, the last scale group covers the
+remaining K % 128 columns, and the kernel zero-fills the rest of its last K block); any M >= 0.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from deep_kernels import envs
-from deep_kernels.device import get_num_sms
+from deep_kernels import envs, tuning
+from deep_kernels.device import get_num_sms, has_gpu, target_arch
 from deep_kernels.heuristics import fp8_gemm as heuristics
+from deep_kernels.jit.definition import PTR, TENSOR_MAP, U32, KernelDef, Param
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
-from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant import unpack_ue8m0
 from deep_kernels.validation import (
     ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, tma_aligned_size,
 )
 
 SCALE_BLOCK = 128
-# tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, shape_m, grouped_layout, num_groups, d (grouped kinds' row stores),
-# split_workspace, split_tickets, num_unsplit_tiles (split-K)
-PARAM_KINDS = "TTTTPIPIPPPI"
+
+# heuristics.template_args gives the template arguments in order; d is the grouped kinds' row stores, split_workspace,
+# split_tickets and num_unsplit_tiles are split-K's.
+FP8_GEMM = KernelDef(
+    heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl",
+    template=("SHAPE_N", "SHAPE_K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "kNumStages", "kNumTMAThreads", "kNumMathThreads",
+              "kNumTMAMulticast", "kIsMulticastOnA", "kGemmType", "OutputType", "kWithAccumulation", "kNumSplits",
+              "kPipelined", "kOverlapEpilogue"),
+    params=(Param("tmap_a", TENSOR_MAP), Param("tmap_b", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
+            Param("tmap_d", TENSOR_MAP), Param("sfb", PTR), Param("shape_m", U32), Param("grouped_layout", PTR),
+            Param("num_groups", U32), Param("d", PTR), Param("split_workspace", PTR), Param("split_tickets", PTR),
+            Param("num_unsplit_tiles", U32)),
+    threads=lambda t: int(t["kNumTMAThreads"]) + int(t["kNumMathThreads"]),
+    cluster=lambda t: int(t["kNumTMAMulticast"]))
 
 
 def get_mn_major_tma_aligned_tensor(scales: torch.Tensor) -> torch.Tensor:
@@ -51,7 +64,7 @@ def get_mn_major_tma_aligned_tensor(scales: torch.Tensor) -> torch.Tensor:
 
 
 def _fp32_scales(scales, name: str, rows: int, k_blocks: int, num_groups, shape_text: str) -> torch.Tensor:
-    """Scales [rows, K / 128] (or [G, rows, K / 128] with num_groups) checked, as FP32: packed UE8M0 unpacked
+    """Scales [rows, ceil(K / 128)] (or [G, rows, ceil(K / 128)] with num_groups) checked, as FP32: packed UE8M0 unpacked
     (contiguous), FP32 as given."""
     lead = () if num_groups is None else (num_groups,)
     check_rank(scales, name, len(lead) + 2)
@@ -69,65 +82,107 @@ def _fp32_scales(scales, name: str, rows: int, k_blocks: int, num_groups, shape_
 
 
 def scale_a(sfa, m: int, k_blocks: int, num_groups: int = None) -> torch.Tensor:
-    """sfa [M, K / 128] (or [G, M, K / 128] with num_groups) as the kernel reads it: checked, packed UE8M0
+    """sfa [M, ceil(K / 128)] (or [G, M, ceil(K / 128)] with num_groups) as the kernel reads it: checked, packed UE8M0
     unpacked, converted to MN-major TMA-aligned FP32 (the input itself when it already is)."""
-    shape_text = "[M, K / 128]" if num_groups is None else "[G, M_max, K / 128]"
+    shape_text = "[M, ceil(K / 128)]" if num_groups is None else "[G, M_max, ceil(K / 128)]"
     return get_mn_major_tma_aligned_tensor(_fp32_scales(sfa, "sfa", m, k_blocks, num_groups, shape_text))
 
 
 def scale_b(sfb, n_blocks: int, k_blocks: int, num_groups: int = None) -> torch.Tensor:
-    """sfb [ceil(N / 128), K / 128] (or [G, ...] with num_groups) as the kernel reads it: checked, packed
+    """sfb [ceil(N / 128), ceil(K / 128)] (or [G, ...] with num_groups) as the kernel reads it: checked, packed
     UE8M0 unpacked, contiguous FP32."""
-    shape_text = "[ceil(N / 128), K / 128]" if num_groups is None else "[G, ceil(N / 128), K / 128]"
+    shape_text = "[ceil(N / 128), ceil(K / 128)]" if num_groups is None else "[G, ceil(N / 128), ceil(K / 128)]"
     return _fp32_scales(sfb, "sfb", n_blocks, k_blocks, num_groups, shape_text).contiguous()
 
 
 def check_k_n(k: int, n: int) -> None:
     """The reduction depth and output width the kernel compiles for."""
-    if k % SCALE_BLOCK != 0 or k == 0:
-        raise ValueError(f"K must be a positive multiple of 128, got {k}")
+    if k % 16 != 0 or k == 0:
+        raise ValueError(f"K must be a positive multiple of 16, got {k}")
     if n % 16 != 0 or n == 0:
         raise ValueError(f"N must be a positive multiple of 16, got {n}")
 
 
 def kernel_spec(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal"):
-    return KernelSpec(heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl",
-                      tuple(heuristics.template_args(config, n, k, out_dtype, accumulate, gemm_type)))
+    return FP8_GEMM.spec(*heuristics.template_args(config, n, k, out_dtype, accumulate, gemm_type))
 
 
 def get_gemm_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal"):
-    return get_kernel(kernel_spec(config, n, k, out_dtype, accumulate, gemm_type), param_kinds=PARAM_KINDS,
-                      block_threads=config.num_threads, smem_bytes=config.smem_bytes,
-                      cluster_size=config.num_tma_multicast)
+    return get_kernel(kernel_spec(config, n, k, out_dtype, accumulate, gemm_type), smem_bytes=config.smem_bytes)
+
+
+# DK_FP8_GEMM_CONFIG's fields and the make_config argument each sets.
+OVERRIDE_FIELDS = {"block_m": "block_m", "block_n": "block_n", "stages": "num_stages", "multicast": "num_tma_multicast",
+                   "multicast_on_a": "multicast_on_a", "splits": "num_splits", "pipelined": "pipelined",
+                   "overlap_epilogue": "overlap_epilogue"}
+# The op's name in the measured-tuning store (deep_kernels/tuning.py, `python -m deep_kernels tune`).
+TUNING_OP = "fp8_gemm_nt"
+
+
+def parse_config_override(text: str) -> dict:
+    """"block_m=128,block_n=112,stages=5,multicast=2,multicast_on_a=1" (or ...,splits=4, ...,pipelined=0,
+    ...,overlap_epilogue=1) as {field: int}; an unknown field or a value that is not an integer raises."""
+    fields = {}
+    for item in text.split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or key not in OVERRIDE_FIELDS:
+            raise ValueError(f"DK_FP8_GEMM_CONFIG: {item.strip()!r} is not field=value with a field of "
+                             f"{sorted(OVERRIDE_FIELDS)} (in {text!r})")
+        try:
+            fields[key] = int(value)
+        except ValueError:
+            raise ValueError(f"DK_FP8_GEMM_CONFIG: {key} must be an integer, got {value!r}") from None
+    return fields
 
 
 def _config_override():
-    """DK_FP8_GEMM_CONFIG="block_m=128,block_n=112,stages=5,multicast=2,multicast_on_a=1" (or ...,splits=4,
-    or ...,pipelined=0, or ...,overlap_epilogue=1) for experiments (read once per process)."""
+    """DK_FP8_GEMM_CONFIG's fields (read once per process), or None."""
     text = envs.get_once("DK_FP8_GEMM_CONFIG")
-    if not text:
+    return parse_config_override(text) if text else None
+
+
+def apply_config_override(config, override: dict, out_bytes: int, k: int, grouped: bool = False):
+    """`config` with the override's fields replaced. The config's epilogue overlap carries over only to a tiling
+    that has one (128 rows, no split-K; grouped: BLOCK_N a multiple of 64)."""
+    fields = heuristics.config_fields(config)
+    fields.pop("num_stages")  # as many as fit, unless given
+    fields.pop("pipelined")  # wherever the tile allows, unless given
+    fields.update({OVERRIDE_FIELDS[key]: value for key, value in override.items()})
+    if "overlap_epilogue" not in override:
+        fields["overlap_epilogue"] = config.overlap_epilogue and heuristics.has_epilogue_overlap(
+            fields["block_m"], fields["block_n"], fields["num_splits"], grouped)
+    for flag in ("multicast_on_a", "pipelined", "overlap_epilogue"):
+        if flag in fields:
+            fields[flag] = bool(fields[flag])
+    if grouped and (fields["num_splits"] != 1 or not heuristics.is_legal_tile(fields["block_m"], fields["block_n"],
+                                                                                grouped=True)):
+        raise ValueError("DK_FP8_GEMM_CONFIG: the grouped GEMMs take neither split-K nor 256-row tiles")
+    config = heuristics.make_config(out_dtype_bytes=out_bytes, **fields)
+    if not 1 <= config.num_splits <= ceil_div(k, SCALE_BLOCK):
+        raise ValueError(f"DK_FP8_GEMM_CONFIG: splits must be in 1..ceil(K / 128) = {ceil_div(k, SCALE_BLOCK)}, "
+                         f"got {config.num_splits}")
+    return config
+
+
+def _tuned_config(m: int, n: int, k: int, num_sms: int, out_bytes: int, accumulate: bool):
+    """The config `python -m deep_kernels tune` measured fastest for this problem on this GPU, or None."""
+    if not has_gpu():
         return None
-    fields = dict(item.split("=") for item in text.split(","))
-    return {key: int(value) for key, value in fields.items()}
+    path = tuning.tuning_file(torch.cuda.get_device_name())
+    if not path.is_file():
+        return None
+    fields = tuning.lookup(path, TUNING_OP, tuning.source_identity(heuristics.KERNEL_HEADER, target_arch()),
+                           tuning.problem_key(m, n, k, out_bytes, accumulate, num_sms))
+    return None if fields is None else heuristics.make_config(out_dtype_bytes=out_bytes, **fields)
 
 
 def _choose_config(m: int, n: int, k: int, num_sms: int, out_bytes: int, accumulate: bool):
-    config = heuristics.get_fp8_gemm_config(m, n, k, num_sms, out_dtype_bytes=out_bytes, with_accumulation=accumulate,
-                                            allow_split_k=True)
+    """DK_FP8_GEMM_CONFIG over the tuned config of the problem (if any), else over the model's pick."""
+    config = _tuned_config(m, n, k, num_sms, out_bytes, accumulate) or heuristics.get_fp8_gemm_config(
+        m, n, k, num_sms, out_dtype_bytes=out_bytes, with_accumulation=accumulate, allow_split_k=True)
     override = _config_override()
     if override:
-        block_m = override.get("block_m", config.block_m)
-        num_splits = override.get("splits", config.num_splits)
-        # The pick's epilogue overlap carries over only to tilings that have one (128 rows, no split-K).
-        overlap = config.overlap_epilogue and block_m == 128 and num_splits == 1
-        config = heuristics.make_config(
-            block_m, override.get("block_n", config.block_n), override.get("multicast", config.num_tma_multicast),
-            bool(override.get("multicast_on_a", config.multicast_on_a)), out_bytes, override.get("stages"),
-            num_splits, bool(override["pipelined"]) if "pipelined" in override else None,
-            bool(override.get("overlap_epilogue", overlap)))
-        if not 1 <= config.num_splits <= k // SCALE_BLOCK:
-            raise ValueError(f"DK_FP8_GEMM_CONFIG: splits must be in 1..K / 128 = {k // SCALE_BLOCK}, "
-                             f"got {config.num_splits}")
+        config = apply_config_override(config, override, out_bytes, k)
     return config
 
 
@@ -178,14 +233,17 @@ def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_
     key = (m, n, k, out_dtype, accumulate, num_sms)
     plan = _plans.get(key)
     if plan is None:
-        out_bytes = out_dtype.itemsize
-        config = _choose_config(m, n, k, num_sms, out_bytes, accumulate)
-        kernel = get_gemm_kernel(config, n, k, out_dtype, accumulate)
-        grid = (heuristics.grid_size(config, m, n, num_sms), 1, 1)
-        split_layout = (heuristics.num_unsplit_tiles(config, m, n, num_sms),
-                        *heuristics.split_workspace_sizes(config, m, n, num_sms))
-        plan = _plans[key] = (kernel, config, grid, split_layout)
+        config = _choose_config(m, n, k, num_sms, out_dtype.itemsize, accumulate)
+        plan = _plans[key] = _plan_of(config, m, n, k, out_dtype, accumulate, num_sms)
     return plan
+
+
+def _plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int) -> tuple:
+    kernel = get_gemm_kernel(config, n, k, out_dtype, accumulate)
+    grid = (heuristics.grid_size(config, m, n, num_sms), 1, 1)
+    split_layout = (heuristics.num_unsplit_tiles(config, m, n, num_sms),
+                    *heuristics.split_workspace_sizes(config, m, n, num_sms))
+    return kernel, config, grid, split_layout
 
 
 def _check_call(a, sfa, b, sfb, d, c) -> tuple:
@@ -214,7 +272,7 @@ def _check_call(a, sfa, b, sfb, d, c) -> tuple:
         raise ValueError(f"d must be a contiguous [M, N] = {(m, n)} tensor, got shape {tuple(d.shape)} "
                          f"strides {tuple(d.stride())}")
     check_row_major_rows(d, "d")
-    k_blocks = k // SCALE_BLOCK
+    k_blocks = ceil_div(k, SCALE_BLOCK)
     kernel_sfa = scale_a(sfa, m, k_blocks)
     kernel_sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), k_blocks)
     for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d")) + ((c, "c"),) * accumulate:
@@ -246,13 +304,17 @@ class _PreparedCall:
     map_d: tuple = None
 
 
-def _prepare_call(a, sfa, b, sfb, d, c) -> _PreparedCall:
+def _prepare_call(a, sfa, b, sfb, d, c, config=None) -> _PreparedCall:
+    """The call's _PreparedCall with the chosen config, or with `config` when given."""
     m, n, k, scales_ready = _check_call(a, sfa, b, sfb, d, c)
     if m == 0:
         return _PreparedCall(m, n, k, scales_ready)
-    kernel_sfa = sfa if scales_ready else scale_a(sfa, m, k // SCALE_BLOCK)
+    kernel_sfa = sfa if scales_ready else scale_a(sfa, m, ceil_div(k, SCALE_BLOCK))
     num_sms = get_num_sms()
-    kernel, config, grid, split_layout = _plan(m, n, k, d.dtype, c is not None, num_sms)
+    if config is None:
+        kernel, config, grid, split_layout = _plan(m, n, k, d.dtype, c is not None, num_sms)
+    else:
+        kernel, config, grid, split_layout = _plan_of(config, m, n, k, d.dtype, c is not None, num_sms)
     return _PreparedCall(
         m, n, k, scales_ready, num_sms, kernel, grid, split_layout,
         map_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128)[1:],
@@ -271,7 +333,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
 
     Args:
         a: (a [M, K] float8_e4m3fn, sfa) as per_token_cast_to_fp8 returns it.
-        b: (b [N, K] float8_e4m3fn, sfb [ceil(N / 128), K / 128] FP32).
+        b: (b [N, K] float8_e4m3fn, sfb [ceil(N / 128), ceil(K / 128)] FP32).
         d: [M, N] output, bf16; fp32 when c is given.
         c: optional fp32 [M, N] added to the product; may be d itself.
 
@@ -304,9 +366,22 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
         call = _prepare_call(a, sfa, b, sfb, d, c)
         if signature is not None:
             _prepared_calls[signature] = call
+    return _launch(call, a, sfa, b, sfb, d, c)
+
+
+def forced_config_call(config, a, b, d: torch.Tensor, c: torch.Tensor = None):
+    """A function that runs fp8_gemm_nt(a, b, d, c) with `config` in place of the chosen one (measured tuning and
+    side-by-side timing of configs); validated once, here."""
+    (a, sfa), (b, sfb) = a, b
+    call = _prepare_call(a, sfa, b, sfb, d, c, config)
+    return lambda: _launch(call, a, sfa, b, sfb, d, c)
+
+
+def _launch(call: _PreparedCall, a, sfa, b, sfb, d: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The per-call part of a validated call: scale conversion where needed, address checks, the launch."""
     if not call.scales_ready:
-        sfa = scale_a(sfa, call.m, call.k // SCALE_BLOCK)
-        sfb = scale_b(sfb, ceil_div(call.n, SCALE_BLOCK), call.k // SCALE_BLOCK)
+        sfa = scale_a(sfa, call.m, ceil_div(call.k, SCALE_BLOCK))
+        sfb = scale_b(sfb, ceil_div(call.n, SCALE_BLOCK), ceil_div(call.k, SCALE_BLOCK))
     a_ptr, b_ptr, sfa_ptr, d_ptr = a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d.data_ptr()
     if (a_ptr | b_ptr | d_ptr | sfa_ptr) % 16:
         raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
@@ -321,18 +396,19 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
     if num_tickets:
         workspace = _split_workspace(device_index, workspace_floats, num_tickets)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    call.kernel.launch(call.grid, (
-        (a_ptr,) + call.map_a, (b_ptr,) + call.map_b, (sfa_ptr,) + call.map_sfa, (d_ptr,) + call.map_d,
-        sfb.data_ptr(), call.m, 0, 0, 0, workspace_ptr, tickets_ptr, num_unsplit_tiles,
-    ), device_index)
+    call.kernel.launch(
+        call.grid, device_index, tmap_a=(a_ptr,) + call.map_a, tmap_b=(b_ptr,) + call.map_b,
+        tmap_sfa=(sfa_ptr,) + call.map_sfa, tmap_d=(d_ptr,) + call.map_d, sfb=sfb.data_ptr(), shape_m=call.m,
+        grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr, split_tickets=tickets_ptr,
+        num_unsplit_tiles=num_unsplit_tiles)
     return d
 
 
 def _specs(kernels) -> list:
-    return [KernelSpec(heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl", tuple(kernel.template_args()))
-            for kernel in kernels]
+    return [FP8_GEMM.spec(*kernel.template_args()) for kernel in kernels]
 
 
+@precompiled
 def precompile_specs() -> list:
     """Every kernel the heuristics pick over the representative shapes."""
     return _specs(heuristics.all_candidate_configs())

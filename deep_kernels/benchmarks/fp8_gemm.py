@@ -1,11 +1,16 @@
 """Suite `fp8_gemm`: the DeepSeek-V3 projection shapes against cuBLAS's blockwise-scaled FP8 GEMM
-(torch._scaled_mm with 1x128 activation and 128x128 weight scales), timed in the same run."""
+(torch._scaled_mm with 1x128 activation and 128x128 weight scales), timed in the same run, and against the
+config the heuristics picked before 256-row tiles existed (`previous`: the same model over 64- and 128-row
+tiles), so that no shape loses to it unseen."""
 
 import torch
 
 import deep_kernels
 from deep_kernels.benchmarks.report import BenchContext, same_bytes_copy_us
+from deep_kernels import gemm
+from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import _plan
+from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference.quant import per_block_cast_to_fp8
 from deep_kernels.testing import calc_diff, random_activations
@@ -17,6 +22,15 @@ NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (
 FP8_PEAK_TFLOPS = 1979.0
 # Rows up to this M are memory-bound: they also time a copy of the same bytes (the size's own copy floor).
 DECODE_MAX_M = 128
+
+
+PREVIOUS_BLOCK_MS = (64, 128)
+
+
+def _label(config) -> str:
+    multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
+    flags = ("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "")
+    return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
 
 
 def _cublas(a, b, sfa_column_major, sfb):
@@ -41,8 +55,17 @@ def run(ctx: BenchContext) -> list:
             except RuntimeError as error:
                 print(f"cuBLAS blockwise failed for {m}x{n}x{k}: {error}")
                 peer, peer_diff = None, None
-            # NOTE: timed in turns, so that the ratio sees the same clocks (both run near the power limit).
-            us, peer_us = time_kernels_us([ours, peer], ctx.flusher) if peer else (time_kernel_us(ours, ctx.flusher), None)
+            previous_config = heuristics.ranked_configs(m, n, k, get_num_sms(), allow_split_k=True,
+                                                        block_ms=PREVIOUS_BLOCK_MS)[0][1]
+            d_previous = torch.empty_like(d)
+            previous = gemm.forced_config_call(previous_config, (a, sfa), (b, sfb), d_previous)
+            previous()
+            previous_diff = calc_diff(d_previous, expected)
+            # NOTE: timed in turns, so that the ratios see the same clocks (all run near the power limit).
+            if peer:
+                us, previous_us, peer_us = time_kernels_us([ours, previous, peer], ctx.flusher)
+            else:
+                (us, previous_us), peer_us = time_kernels_us([ours, previous], ctx.flusher), None
 
             _, config, grid, _ = _plan(m, n, k, torch.bfloat16, False)
             flops = 2 * m * n * k
@@ -60,6 +83,9 @@ def run(ctx: BenchContext) -> list:
                 "peer": "torch._scaled_mm blockwise (cuBLAS)",
                 "peer_us": round(peer_us, 2) if peer_us else None,
                 "speedup": round(peer_us / us, 3) if peer_us else None,
-                "check": f"calc_diff={diff:.1e}" + (f", cuBLAS {peer_diff:.1e}" if peer_diff is not None else ""),
+                "previous_config": _label(previous_config), "previous_us": round(previous_us, 2),
+                "speedup_vs_previous": round(previous_us / us, 3),
+                "check": f"calc_diff={diff:.1e}, previous {previous_diff:.1e}" +
+                         (f", cuBLAS {peer_diff:.1e}" if peer_diff is not None else ""),
             })
     return rows

@@ -152,4 +152,6 @@ def print_table(suite: str, rows: list) -> None:
         shape = "x".join(str(v) for v in r["shape"].values())
         fmt = lambda v, spec: format(v, spec) if v is not None else "-"
         print(f"{r['op']:<28}{shape:<22}{fmt(r['us'], '10.2f')}{fmt(r['tflops'], '9.1f')}{fmt(r['gbps'], '9.1f')}"
-              f"{fmt(r['roofline_fraction'], '7.3f')}{fmt(r['speedup'], '9.3f')}  {r.get('check', '')}")
+              f"{fmt(r['roofline_fraction'], '7.3f')}{fmt(r['speedup'], '9.3f')}  {r.get('check', '')}"
+              + "".join(f"; {key.removeprefix('speedup_')} {value}" for key, value in r.items()
+                        if key.startswith("speedup_vs_")))

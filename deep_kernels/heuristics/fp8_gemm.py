@@ -17,10 +17,9 @@ deterministic.
       aggregate, since one L2 read feeds both CTAs of a pair.
 * DRAM: unique bytes of A, B and D (D twice with accumulation) at an effective DRAM rate.
 * Estimate = launch/prologue constant + max(busiest CTA's tiles, DRAM time) + OVERLAP_LOSS x the smaller
-  of the two (they never overlap perfectly; this also ranks configs of DRAM-bound shapes); multicast pays a
-  lockstep penalty (the pair waits for each other's stage releases). Measured on the H200 it never
-  paid for itself on the representative shapes (L2 bandwidth is not the bound there), so the model
-  rarely picks it; the kernel keeps it for other devices and shapes.
+  of the two (they never overlap perfectly; this also ranks configs of DRAM-bound shapes); multicast
+  scales it by MULTICAST_FACTOR: on the H200 the pair's lockstep costs 64- and 128-row tiles more than the
+  halved L2 reads save, while 256-row tiles (the largest stages) gain from it.
 
 Split-K (Normal kind, no multicast). When the tiles of a config are fewer than the SMs, the config is
 also offered with S = 2 .. min(K / 128, num_sms // tiles) splits of every tile (so the jobs, tiles x S, fit
@@ -49,28 +48,39 @@ NUM_TMA_THREADS = 128
 THREADS_PER_WARPGROUP = 128
 MIN_STAGES = 3
 MAX_STAGES = 32
-BLOCK_MS = (64, 128)
+# 64 rows: one math warpgroup; 128: two of 64 rows each; 256: two of 128 rows each (two 64-row wgmma waves
+# sharing every B stage, so a stage's bytes feed twice the tensor work).
+BLOCK_MS = (64, 128, 256)
 # Multiples of 16 up to 192 (two 64 x N accumulator sets per thread must fit in 232 registers) whose
 # tiles cover at most two 128-wide sfb blocks: BLOCK_N <= 128 + gcd(BLOCK_N, 128).
 BLOCK_NS = tuple(n for n in range(16, 193, 16) if n <= 128 + math.gcd(n, 128))
+# Widest 256-row tile: two waves of final accumulators and one partial set (3 x BLOCK_N / 2 registers) fit in
+# 232 registers up to 128 columns; the kernel's kMaxTwoWaveBlockN.
+MAX_TWO_WAVE_BLOCK_N = 128
 # Widest tile whose K loop can be pipelined (two partial accumulator sets and the final one in registers), by
 # math warpgroup count; the kernel's kMaxPipelinedBlockN.
-MAX_PIPELINED_BLOCK_N = {1: 128, 2: 128}
+MAX_PIPELINED_BLOCK_N = {64: 128, 128: 128}
 
 # Model constants (seconds, bytes/s), fitted on an H200 (2026-11-30): about 9% mean
 # error on 160 measured (shape, config) points; picks within 2% of the best measured config.
-MATH_SECONDS_PER_K_BLOCK = {1: (0.15e-6, 0.0022e-6), 2: (0.12e-6, 0.00266e-6)}  # a + b * BLOCK_N, by math WGs
+# a + b * BLOCK_N, by BLOCK_M. The 256-row terms were fitted on the H200 (2026-12-02) to a sweep of 128- and 256-row
+# tiles with and without multicast at M = 4096 and 8192 over the six benchmark N x K (scripts/sweep_fp8_gemm.py):
+# the picks are then within 0.9% of the fastest swept config on average, 6.6% at worst.
+MATH_SECONDS_PER_K_BLOCK = {64: (0.15e-6, 0.0022e-6), 128: (0.12e-6, 0.00266e-6), 256: (0.12e-6, 0.0058e-6)}
 # Share of the constant term a that a pipelined K loop still pays, by math WGs (the rest overlaps the next
 # wgmma group). Fitted on the H200 (2026-11-30) to a sweep of both K loops over the 18 benchmark shapes
 # (plain / pipelined time at equal tiles: 1.00-1.04 at M = 4096, mean 1.04 at M = 64 and 128); with it the
 # model's pick is within 5% of the fastest swept config on every shape (geomean 0.6%).
-PIPELINED_CONSTANT_SHARE = {1: 0.4, 2: 0.9}
+PIPELINED_CONSTANT_SHARE = {64: 0.4, 128: 0.9}
 SM_INGEST_BYTES_PER_S = 90e9
 AGGREGATE_INGEST_BYTES_PER_S = 14e12
 DRAM_BYTES_PER_S = 2.8e12
-EPILOGUE_SECONDS = {1: 0.3e-6, 2: 0.5e-6}
+EPILOGUE_SECONDS = {64: 0.3e-6, 128: 0.5e-6, 256: 1.0e-6}  # by BLOCK_M
 LAUNCH_SECONDS = 3e-6
-MULTICAST_PENALTY = 1.05
+# Time of a multicast config over its estimate, by BLOCK_M: the pair waits for each other's stage releases, which
+# costs the narrower tiles more than the halved L2 reads of the shared operand save; 256-row tiles, whose stages
+# are the largest, gain (same sweep as the 256-row terms above).
+MULTICAST_FACTOR = {64: 1.05, 128: 1.05, 256: 0.97}
 OVERLAP_LOSS = 0.25  # share of the smaller of the two bounds that the larger does not hide
 # A partial-tile store, a gpu-scope ticket and the barriers around it: fitted on the H200 (2026-11-30) to
 # the split-K configs of the 12 decode shapes (measured within 0.4 us where split, e.g. 11.8 us at
@@ -115,7 +125,7 @@ class Fp8GemmConfig:
 
     @property
     def num_math_warpgroups(self) -> int:
-        return self.block_m // 64
+        return num_math_warpgroups(self.block_m)
 
     @property
     def num_math_threads(self) -> int:
@@ -128,6 +138,11 @@ class Fp8GemmConfig:
     @property
     def num_threads(self) -> int:
         return self.num_tma_threads + self.num_math_threads
+
+
+def num_math_warpgroups(block_m: int) -> int:
+    """One math warpgroup for 64-row tiles, two otherwise (the kernel's math_warpgroups_of)."""
+    return 1 if block_m == 64 else 2
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -158,8 +173,15 @@ def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: 
 
 
 def can_pipeline(block_m: int, block_n: int) -> bool:
-    """Whether the tile's K loop can keep two wgmma groups in flight (registers for three accumulator sets)."""
-    return block_n <= MAX_PIPELINED_BLOCK_N[block_m // 64]
+    """Whether the tile's K loop can keep two wgmma groups in flight (registers for three accumulator sets; not
+    at 256 rows, whose registers hold two waves of final accumulators)."""
+    return block_n <= MAX_PIPELINED_BLOCK_N.get(block_m, 0)
+
+
+def is_legal_tile(block_m: int, block_n: int, grouped: bool = False) -> bool:
+    """Whether the kernel takes the tiling: 256-row tiles only for the Normal kind (a contiguous group's segment
+    is padded to 128 rows), at most MAX_TWO_WAVE_BLOCK_N columns."""
+    return block_m != 256 or (not grouped and block_n <= MAX_TWO_WAVE_BLOCK_N)
 
 
 def num_tiles(config: Fp8GemmConfig, m: int, n: int) -> int:
@@ -217,10 +239,9 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     clusters = ctas // config.num_tma_multicast
     active_ctas = min(ctas, units * config.num_tma_multicast)
 
-    wgs = config.num_math_warpgroups
-    a, b = MATH_SECONDS_PER_K_BLOCK[wgs]
+    a, b = MATH_SECONDS_PER_K_BLOCK[config.block_m]
     # NOTE: below N = 64 a wgmma is bound by reading A from shared memory, not by its N.
-    math_s = a * (PIPELINED_CONSTANT_SHARE[wgs] if config.pipelined else 1.0) + b * max(config.block_n, 64)
+    math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if config.pipelined else 1.0) + b * max(config.block_n, 64)
     a_bytes, b_bytes = config.block_m * BLOCK_K, config.block_n * BLOCK_K
     stage_bytes = a_bytes + b_bytes + config.block_m * 4
     l2_bytes = stage_bytes
@@ -228,14 +249,14 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
         l2_bytes -= (a_bytes if config.multicast_on_a else b_bytes) / 2
     load_s = max(stage_bytes / SM_INGEST_BYTES_PER_S, l2_bytes * active_ctas / AGGREGATE_INGEST_BYTES_PER_S)
     k_block_s = max(math_s, load_s)
-    busiest_cta_s = _ceil_div(units, clusters) * (k // BLOCK_K * k_block_s + EPILOGUE_SECONDS[wgs])
+    busiest_cta_s = _ceil_div(units, clusters) * (_ceil_div(k, BLOCK_K) * k_block_s + EPILOGUE_SECONDS[config.block_m])
     if config.num_splits > 1:
         # Whole waves of unsplit tiles (none at decode sizes), then one or more waves of split jobs.
         unsplit = num_unsplit_tiles(config, m, n, num_sms)
         partial_bytes = config.block_m * config.block_n * 4
-        job_s = (_ceil_div(k // BLOCK_K, config.num_splits) * k_block_s + EPILOGUE_SECONDS[wgs] + SPLIT_SECONDS +
+        job_s = (_ceil_div(_ceil_div(k, BLOCK_K), config.num_splits) * k_block_s + EPILOGUE_SECONDS[config.block_m] + SPLIT_SECONDS +
                  config.num_splits * partial_bytes / SM_INGEST_BYTES_PER_S)
-        busiest_cta_s = (unsplit // clusters * (k // BLOCK_K * k_block_s + EPILOGUE_SECONDS[wgs]) +
+        busiest_cta_s = (unsplit // clusters * (_ceil_div(k, BLOCK_K) * k_block_s + EPILOGUE_SECONDS[config.block_m]) +
                          _ceil_div(units - unsplit, clusters) * job_s)
 
     if config.overlap_epilogue:
@@ -245,7 +266,7 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     dram_bytes = num_groups * (m * k + n * k + d_passes * m * n * out_dtype_bytes)
     dram_s = dram_bytes / DRAM_BYTES_PER_S
     seconds = LAUNCH_SECONDS + max(busiest_cta_s, dram_s) + OVERLAP_LOSS * min(busiest_cta_s, dram_s)
-    return seconds * (MULTICAST_PENALTY if config.num_tma_multicast == 2 else 1.0)
+    return seconds * (MULTICAST_FACTOR[config.block_m] if config.num_tma_multicast == 2 else 1.0)
 
 
 def _multicast_options(m: int, n: int, block_m: int, block_n: int, num_sms: int):
@@ -264,12 +285,12 @@ def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_m
     tiles than SMs, the last partial wave's (at most MAX_TAIL_SPLITS) with more."""
     yield 1
     tiles = _ceil_div(m, block_m) * _ceil_div(n, block_n)
-    if num_tma_multicast != 1:
+    if num_tma_multicast != 1 or block_m == 256:
         return
     if tiles < num_sms:
-        yield from range(2, min(k // BLOCK_K, num_sms // tiles) + 1)
+        yield from range(2, min(_ceil_div(k, BLOCK_K), num_sms // tiles) + 1)
     elif tiles % num_sms:
-        yield from range(2, min(k // BLOCK_K, num_sms // (tiles % num_sms), MAX_TAIL_SPLITS) + 1)
+        yield from range(2, min(_ceil_div(k, BLOCK_K), num_sms // (tiles % num_sms), MAX_TAIL_SPLITS) + 1)
 
 
 def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False) -> bool:
@@ -280,12 +301,14 @@ def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: b
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
-                      out_dtype_bytes: int = 2, k: int = None, grouped: bool = False):
+                      out_dtype_bytes: int = 2, k: int = None, grouped: bool = False, block_ms: tuple = BLOCK_MS):
     """Every legal config for the problem, in the fixed order ties are broken by (split-K options only when k is
-    given: Normal GEMMs; grouped: the grouped kinds' epilogue overlap rule)."""
+    given: Normal GEMMs; grouped: the grouped kinds' epilogue overlap rule); block_ms: the tile heights to offer."""
     # NOTE: larger tiles first, so ties (typically memory-bound shapes) go to the one moving fewer bytes.
-    for block_m in reversed(BLOCK_MS):
+    for block_m in sorted(block_ms, reverse=True):
         for block_n in reversed(BLOCK_NS):
+            if not is_legal_tile(block_m, block_n, grouped):
+                continue
             stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity)
             if stages < MIN_STAGES:
                 continue
@@ -307,13 +330,31 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
 
 
 def check_problem(n: int, k: int, num_sms: int) -> None:
-    """What every config choice needs: k a positive multiple of BLOCK_K, n of 16, some SMs."""
-    if k % BLOCK_K != 0 or k <= 0:
-        raise ValueError(f"k must be a positive multiple of {BLOCK_K}, got {k}")
+    """What every config choice needs: k and n positive multiples of 16, some SMs."""
+    if k % 16 != 0 or k <= 0:
+        raise ValueError(f"k must be a positive multiple of 16, got {k}")
     if n % 16 != 0 or n <= 0:
         raise ValueError(f"n must be a positive multiple of 16, got {n}")
     if num_sms <= 0:
         raise ValueError(f"num_sms must be positive, got {num_sms}")
+
+
+def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
+                   out_dtype_bytes: int = 2, with_accumulation: bool = False, num_groups: int = 1,
+                   allow_split_k: bool = False, block_ms: tuple = BLOCK_MS) -> list:
+    """Every candidate with its modelled time, fastest first (ties keep the enumeration order): the model's
+    pick first, then what measured tuning times next. Arguments as for get_fp8_gemm_config; block_ms limits the
+    tile heights (block_ms=(64, 128): the picks before 256-row tiles, which the benchmark times alongside)."""
+    check_problem(n, k, num_sms)
+    m = max(m, 1)
+    split_k = k if allow_split_k and num_groups == 1 else None
+    timed = [(estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation, num_groups), config)
+             for config in candidate_configs(m, n, num_sms, smem_capacity, out_dtype_bytes, split_k,
+                                             block_ms=block_ms)]
+    if not timed:
+        raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
+    timed.sort(key=lambda pair: pair[0])
+    return timed
 
 
 def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
@@ -323,7 +364,7 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
 
     Args:
         m: rows of A (per group for masked grouped GEMMs, total rows for contiguous ones); 0 is allowed.
-        n, k: columns of D and the reduction depth (k a multiple of 128, n of 16).
+        n, k: columns of D and the reduction depth (both multiples of 16).
         num_sms: SMs the persistent grid may use.
         smem_capacity: dynamic shared memory per block, bytes.
         out_dtype_bytes: 2 for bf16 D, 4 for FP32 D.
@@ -334,17 +375,16 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
     Returns:
         A frozen Fp8GemmConfig; equal inputs give equal configs.
     """
-    check_problem(n, k, num_sms)
-    m = max(m, 1)
-    best, best_time = None, math.inf
-    split_k = k if allow_split_k and num_groups == 1 else None
-    for config in candidate_configs(m, n, num_sms, smem_capacity, out_dtype_bytes, split_k):
-        seconds = estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation, num_groups)
-        if seconds < best_time:
-            best, best_time = config, seconds
-    if best is None:
-        raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
-    return best
+    return ranked_configs(m, n, k, num_sms, smem_capacity, out_dtype_bytes, with_accumulation, num_groups,
+                          allow_split_k)[0][1]
+
+
+def config_fields(config: Fp8GemmConfig) -> dict:
+    """The fields that make a config again with make_config (what measured tuning stores)."""
+    return {"block_m": config.block_m, "block_n": config.block_n, "num_tma_multicast": config.num_tma_multicast,
+            "multicast_on_a": config.multicast_on_a, "num_stages": config.num_stages,
+            "num_splits": config.num_splits, "pipelined": config.pipelined,
+            "overlap_epilogue": config.overlap_epilogue}
 
 
 def _output_type(out_dtype) -> tuple:
@@ -424,15 +464,18 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                 pipelined: bool = None, overlap_epilogue: bool = False) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
     allows unless pipelined says otherwise, for overrides and tests."""
-    if num_splits != 1 and num_tma_multicast != 1:
-        raise ValueError("split-K needs num_tma_multicast == 1")
+    if block_m not in BLOCK_MS or block_n not in BLOCK_NS or not is_legal_tile(block_m, block_n):
+        raise ValueError(f"no kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n in {BLOCK_NS} "
+                         f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
+    if num_splits != 1 and (num_tma_multicast != 1 or block_m == 256):
+        raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
     if overlap_epilogue and (num_splits != 1 or block_m != 128):
         raise ValueError("the epilogue overlap needs block_m == 128 and num_splits == 1")
     if pipelined is None:
         pipelined = can_pipeline(block_m, block_n)
     elif pipelined and not can_pipeline(block_m, block_n):
-        raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined: block_n must be at most "
-                         f"{MAX_PIPELINED_BLOCK_N[block_m // 64]}")
+        raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined (block_m 64 or 128, block_n at most "
+                         f"{MAX_PIPELINED_BLOCK_N[128]})")
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes)
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),

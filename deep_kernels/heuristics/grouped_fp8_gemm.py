@@ -35,7 +35,7 @@ def get_grouped_fp8_gemm_config(gemm_type: str, m: int, n: int, k: int, num_grou
     Args:
         gemm_type: "m_grouped_contiguous" or "m_grouped_masked".
         m: total rows of A (contiguous) or the expected valid rows per group (masked); 0 is allowed.
-        n, k: columns of D and the reduction depth (k a multiple of 128, n of 16).
+        n, k: columns of D and the reduction depth (both multiples of 16).
         num_groups: G >= 1.
         num_sms: SMs the persistent grid may use.
         smem_capacity: dynamic shared memory per block, bytes.

@@ -1,0 +1,252 @@
+// The SM90 FP8 GEMM's mainloop, one per math warpgroup: it owns the consumer's pipeline state and the
+// accumulators. Per K block it waits for the stage, issues the warpgroup's wgmma groups (one per 64-row wave)
+// into the partial accumulators and, once they are done, frees the stage and promotes them into the FP32
+// final accumulators with sfa[row] * sfb (the recipe's promotion every 128-deep K block).
+// The pipelined K loop (kPipelined) keeps a second partial set, so that K block i + 1's wgmma group runs on the
+// tensor cores while block i is promoted.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "common/macros.cuh"
+#include "gemm/sm90_fp8_gemm_traits.cuh"
+#include "pipeline.cuh"
+#include "ptx/wgmma.cuh"
+#include "scheduler.cuh"
+
+namespace deep_kernels {
+
+namespace sm90_fp8_gemm_detail {
+
+// The factors sfa[row] * sfb of one K block for a thread's two rows (lo, hi), against the tile's first and
+// second sfb block.
+struct PromotionScales {
+    float lo, hi, second_lo, second_hi;
+};
+
+// final += partial * sfa[row] * sfb: accumulator groups (8 columns each) from kSecondGroup on use the
+// second sfb block (kSecondGroup = BLOCK_N / 8: the tile lies in one block).
+template <uint32_t BLOCK_N, uint32_t kSecondGroup>
+DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2],
+                       const PromotionScales& scales) {
+#pragma unroll
+    for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
+        const float lo = j < kSecondGroup ? scales.lo : scales.second_lo;
+        const float hi = j < kSecondGroup ? scales.hi : scales.second_hi;
+        final_acc[j * 4 + 0] += lo * partial[j * 4 + 0];
+        final_acc[j * 4 + 1] += lo * partial[j * 4 + 1];
+        final_acc[j * 4 + 2] += hi * partial[j * 4 + 2];
+        final_acc[j * 4 + 3] += hi * partial[j * 4 + 3];
+    }
+}
+
+// Calls f(std::integral_constant<uint32_t, i>) for the runtime index i < sizeof...(Is).
+template <typename F, uint32_t... Is>
+DK_DEVICE void dispatch_index(uint32_t i, F&& f, std::integer_sequence<uint32_t, Is...>) {
+    ((i == Is ? (f(std::integral_constant<uint32_t, Is>{}), 0) : 0), ...);
+}
+
+// The rows of sfb (one per K block) of a tile's first 128-wide block of columns and of the next one.
+struct SfbBlocks {
+    const float* first;
+    const float* second;
+};
+
+// A K block whose wgmma group was issued ahead (the first of a tile, issued during the previous tile's
+// epilogue): its promotion scales and the stage it reads, which it frees when retired.
+template <uint32_t kNumStages>
+struct IssuedKBlock {
+    PromotionScales scales;
+    PipelineState<kNumStages> state;
+};
+
+template <typename Traits, typename Ring>
+struct Sm90Fp8Mainloop {
+    static constexpr uint32_t BLOCK_N = Traits::BLOCK_N;
+    static constexpr uint32_t kNumKBlocks = Traits::kNumKBlocks;
+    static constexpr uint32_t kNumMWaves = Traits::kNumMWaves;
+    using State = PipelineState<Traits::kNumStages>;
+
+    const typename Traits::Stages& stages;
+    const Ring& ring;
+    const float* sfb;
+
+    State state;
+    float partial[BLOCK_N / 2];
+    // Only the pipelined K loop uses it (the compiler drops it otherwise).
+    float partial_next[BLOCK_N / 2];
+    float final_acc[kNumMWaves][BLOCK_N / 2];
+
+    DK_DEVICE Sm90Fp8Mainloop(const typename Traits::Stages& stages, const Ring& ring, const float* sfb)
+        : stages(stages), ring(ring), sfb(sfb) {}
+
+    DK_DEVICE static uint32_t wg_idx() { return threadIdx.x / kNumThreadsPerWarpgroup; }
+    DK_DEVICE static uint32_t lane_idx() { return threadIdx.x % 32; }
+    // This thread's accumulator rows inside the tile in its first wave: row_lo and row_lo + 8 (64 more per wave).
+    DK_DEVICE static uint32_t row_lo() {
+        return wg_idx() * kNumMWaves * kWarpgroupBlockM + (threadIdx.x / 32 % 4) * 16 + lane_idx() / 4;
+    }
+
+    // The tile's first sfb block and the next one (the first again past the last block: a straddling tile past
+    // the last sfb block only has columns past N, which are never stored).
+    DK_DEVICE SfbBlocks sfb_blocks(const TileInfo& tile) const {
+        const uint32_t n_first = tile.n_block_idx * BLOCK_N;
+        const uint32_t sfb_row = (Traits::kGemmType == GemmType::Normal ? 0 : tile.group_idx * Traits::kNumSfbRows) +
+                                 n_first / kScaleBlock;
+        const float* first = sfb + sfb_row * kNumKBlocks;
+        return {first, first + (n_first / kScaleBlock + 1 < Traits::kNumSfbRows ? kNumKBlocks : 0)};
+    }
+
+    // Waits for the K block's stage, issues its wgmma group for the warpgroup's 64-row wave `wave` into `acc` and
+    // returns its promotion scales (the second sfb block's only where the tile straddles two).
+    template <typename Straddles>
+    DK_DEVICE PromotionScales issue_k_block(Straddles, const SfbBlocks& sfb_rows, float (&acc)[BLOCK_N / 2],
+                                            uint32_t k_block, const State& k_state, uint32_t wave = 0) {
+        // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
+        const float sfb_0 = __ldg(sfb_rows.first + k_block);
+        const float sfb_1 = Straddles::value ? __ldg(sfb_rows.second + k_block) : sfb_0;
+        ring.consumer_wait(k_state);
+        const float* smem_sfa = stages.sfa_stage(k_state.stage) + wave * kWarpgroupBlockM;
+        const float sfa_lo = smem_sfa[row_lo()];
+        const float sfa_hi = smem_sfa[row_lo() + 8];
+        const PromotionScales scales{sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
+
+        const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(
+            stages.a_stage(k_state.stage) + (wg_idx() * kNumMWaves + wave) * kWarpgroupBlockM * Traits::BLOCK_K);
+        const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
+        ptx::wgmma_fence();
+#pragma unroll
+        for (uint32_t k = 0; k < Traits::BLOCK_K / kWgmmaK; ++k) {
+            // Descriptor addresses are in 16-byte units: one k32 step of e4m3 is 32 bytes.
+            const uint64_t k_offset = k * kWgmmaK / 16;
+            ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
+        }
+        ptx::wgmma_commit_group();
+        return scales;
+    }
+
+    // Once at most NumPending later groups are in flight, `acc`'s group is done: frees its stage (after the
+    // last wave reading it) and adds it into the wave's final accumulators.
+    template <uint32_t kSecondGroup, typename NumPending>
+    DK_DEVICE void retire_k_block(NumPending, float (&acc)[BLOCK_N / 2], const PromotionScales& scales,
+                                  const State& k_state, uint32_t wave = 0) {
+        ptx::wgmma_wait_group<NumPending::value>();
+        ptx::fence_operands(acc);
+        if (wave == kNumMWaves - 1)
+            ring.consumer_release(k_state, lane_idx());
+        promote<BLOCK_N, kSecondGroup>(acc, final_acc[wave], scales);
+    }
+
+    // The first K block of the next tile, issued ahead into `partial` (the epilogue overlap).
+    DK_DEVICE IssuedKBlock<Traits::kNumStages> issue_ahead(const TileInfo& next) {
+        IssuedKBlock<Traits::kNumStages> first;
+        first.state = state;
+        first.scales = issue_k_block(std::true_type{}, sfb_blocks(next), partial,
+                                     split_k_block_begin<kNumKBlocks>(next.split_idx, next.num_splits), state);
+        state.advance();
+        return first;
+    }
+
+    // The tile's K loop into final_acc; `first` is its first K block if that was issued ahead (into `partial`),
+    // else std::false_type.
+    // NOTE: one K loop per possible straddle point keeps the per-column scale choice out of the loop.
+    template <typename First>
+    DK_DEVICE void accumulate(const TileInfo& tile, First first) {
+        const uint32_t tile_offset_idx = tile.n_block_idx * BLOCK_N % kScaleBlock / Traits::kTileOffsetStep;
+        dispatch_index(
+            tile_offset_idx, [&](auto offset_idx) { accumulate_tile(tile, offset_idx, first); },
+            std::make_integer_sequence<uint32_t, Traits::kNumTileOffsets>{});
+    }
+
+    // Lockstep partner of a valid tile (never with split-K): consume the stages so the cluster's barriers stay in
+    // step.
+    DK_DEVICE void skip_tile() {
+        for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+            ring.consumer_wait(state);
+            ring.consumer_release(state, lane_idx());
+            state.advance();
+        }
+    }
+
+private:
+    // The K loop of one tile whose first column sits kTileOffset columns into its sfb block.
+    template <typename TileOffsetIdx, typename First>
+    DK_DEVICE void accumulate_tile(const TileInfo& tile, TileOffsetIdx, First first) {
+        constexpr bool kIssuedAhead = !std::is_same_v<First, std::false_type>;
+        constexpr uint32_t kTileOffset = TileOffsetIdx::value * Traits::kTileOffsetStep;
+        constexpr uint32_t kSecondGroup = (kScaleBlock - kTileOffset < BLOCK_N ? kScaleBlock - kTileOffset : BLOCK_N) / 8;
+        constexpr std::integral_constant<bool, (kSecondGroup < BLOCK_N / 8)> kStraddles;
+        constexpr std::integral_constant<int, 0> kNoneInFlight;
+        constexpr std::integral_constant<int, 1> kOneInFlight;
+        const SfbBlocks sfb_rows = sfb_blocks(tile);
+        auto issue = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block) {
+            return issue_k_block(kStraddles, sfb_rows, acc, k_block, state);
+        };
+        auto retire = [&](auto num_pending, float(&acc)[BLOCK_N / 2], const PromotionScales& scales,
+                          const State& k_state, uint32_t wave = 0) {
+            retire_k_block<kSecondGroup>(num_pending, acc, scales, k_state, wave);
+        };
+
+#pragma unroll
+        for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
+#pragma unroll
+            for (uint32_t i = 0; i < BLOCK_N / 2; ++i)
+                final_acc[wave][i] = 0.0f;
+        }
+        const uint32_t k_block_begin = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
+        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
+        if constexpr (!Traits::kPipelined) {
+            uint32_t k_block = k_block_begin;
+            if constexpr (kIssuedAhead) {
+                retire(kNoneInFlight, partial, first.scales, first.state);
+                ++k_block;
+            }
+            for (; k_block < k_block_end; ++k_block) {
+                // NOTE: the waves share the stage's B; each wave's promotion overlaps the other warpgroup's wgmma.
+#pragma unroll
+                for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
+                    const PromotionScales scales = issue_k_block(kStraddles, sfb_rows, partial, k_block, state, wave);
+                    retire(kNoneInFlight, partial, scales, state, wave);
+                }
+                state.advance();
+            }
+        } else {
+            // Two accumulator sets: K block i + 1's wgmma group runs on the tensor cores while block i is
+            // promoted. The loop is unrolled by two so that each set is named at compile time. The first block's
+            // group goes to `partial` (unless it was issued ahead).
+            State retiring = state;
+            PromotionScales scales;
+            if constexpr (kIssuedAhead) {
+                retiring = first.state;
+                scales = first.scales;
+            } else {
+                scales = issue(partial, k_block_begin);
+                state.advance();
+            }
+            for (uint32_t k_block = k_block_begin + 1;; k_block += 2) {
+                if (k_block == k_block_end) {
+                    retire(kNoneInFlight, partial, scales, retiring);
+                    break;
+                }
+                const PromotionScales next_scales = issue(partial_next, k_block);
+                retire(kOneInFlight, partial, scales, retiring);
+                retiring = state;
+                state.advance();
+                if (k_block + 1 == k_block_end) {
+                    retire(kNoneInFlight, partial_next, next_scales, retiring);
+                    break;
+                }
+                scales = issue(partial, k_block + 1);
+                retire(kOneInFlight, partial_next, next_scales, retiring);
+                retiring = state;
+                state.advance();
+            }
+        }
+    }
+};
+
+}  // namespace sm90_fp8_gemm_detail
+
+}  // namespace deep_kernels

@@ -1,0 +1,84 @@
+// The SM90 FP8 GEMM's producer: one thread walks the scheduler's tiles and, per K block, waits for a free
+// stage and loads A, B and sfa into it with TMA (the multicast operand through the cluster leader).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "common/macros.cuh"
+#include "gemm/sm90_fp8_gemm_traits.cuh"
+#include "pipeline.cuh"
+#include "ptx/tma.cuh"
+#include "scheduler.cuh"
+
+namespace deep_kernels {
+
+namespace sm90_fp8_gemm_detail {
+
+// Loads one box; masked grouped GEMMs address A, sfa (and store D) through 3D maps with the group outermost.
+template <GemmType kGemmType>
+DK_DEVICE void load_box(void* smem_dst, const CUtensorMap* tmap, uint64_t* full_barrier, int32_t inner, int32_t outer,
+                        uint32_t group_idx) {
+    if constexpr (kGemmType == GemmType::MGroupedMasked)
+        ptx::tma_load(smem_dst, tmap, full_barrier, inner, outer, static_cast<int32_t>(group_idx));
+    else
+        ptx::tma_load(smem_dst, tmap, full_barrier, inner, outer);
+}
+
+// The shared operand of a multicast pair: the leader writes it into both CTAs, the other CTA loads nothing.
+template <GemmType kGemmType>
+DK_DEVICE void load_shared_box(void* smem_dst, const CUtensorMap* tmap, uint64_t* full_barrier, int32_t inner,
+                               int32_t outer, uint32_t group_idx, bool multicast, uint32_t cta_rank) {
+    constexpr uint16_t kBothCTAs = 0b11;
+    if (!multicast) {
+        load_box<kGemmType>(smem_dst, tmap, full_barrier, inner, outer, group_idx);
+    } else if (cta_rank == 0) {
+        if constexpr (kGemmType == GemmType::MGroupedMasked)
+            ptx::tma_load_multicast(smem_dst, tmap, full_barrier, kBothCTAs, inner, outer,
+                                    static_cast<int32_t>(group_idx));
+        else
+            ptx::tma_load_multicast(smem_dst, tmap, full_barrier, kBothCTAs, inner, outer);
+    }
+}
+
+template <typename Traits, typename Ring>
+DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Ring& ring,
+                                typename Traits::TileScheduler& scheduler, const CUtensorMap* tmap_a,
+                                const CUtensorMap* tmap_b, const CUtensorMap* tmap_sfa) {
+    constexpr GemmType kGemmType = Traits::kGemmType;
+    constexpr uint32_t kNumKBlocks = Traits::kNumKBlocks;
+    PipelineState<Traits::kNumStages> state;
+    TileInfo tile;
+    while (scheduler.get_next_tile(tile)) {
+        const int32_t a_row = static_cast<int32_t>(tile.m_block_idx * Traits::BLOCK_M);
+        const int32_t b_row = static_cast<int32_t>((kGemmType == GemmType::Normal ? 0 : tile.group_idx * Traits::SHAPE_N) +
+                                                   tile.n_block_idx * Traits::BLOCK_N);
+        const bool multicast = Traits::kNumTMAMulticast > 1 && tile.is_multicast_valid;
+        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
+        for (uint32_t k_block = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
+             k_block < k_block_end; ++k_block) {
+            ring.producer_acquire(state);
+            uint64_t* full_barrier = ring.producer_expect_bytes(state, Traits::kStageTxBytes);
+            const int32_t k = static_cast<int32_t>(k_block * Traits::BLOCK_K);
+            uint8_t* smem_a = stages.a_stage(state.stage);
+            uint8_t* smem_b = stages.b_stage(state.stage);
+            if constexpr (Traits::kIsMulticastOnA) {
+                load_shared_box<kGemmType>(smem_a, tmap_a, full_barrier, k, a_row, tile.group_idx, multicast,
+                                           scheduler.cta_rank);
+                ptx::tma_load(smem_b, tmap_b, full_barrier, k, b_row);
+            } else {
+                load_box<kGemmType>(smem_a, tmap_a, full_barrier, k, a_row, tile.group_idx);
+                load_shared_box<GemmType::Normal>(smem_b, tmap_b, full_barrier, k, b_row, 0, multicast,
+                                                  scheduler.cta_rank);
+            }
+            load_box<kGemmType>(stages.sfa_stage(state.stage), tmap_sfa, full_barrier, a_row,
+                                static_cast<int32_t>(k_block), tile.group_idx);
+            state.advance();
+        }
+    }
+}
+
+}  // namespace sm90_fp8_gemm_detail
+
+}  // namespace deep_kernels

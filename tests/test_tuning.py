@@ -1,0 +1,91 @@
+"""Measured tuning's store (CPU): winners are found again by problem, ignored once the kernel source or
+compiler changes (the op's identity), and the model ranks the candidates the tuner times."""
+
+import json
+
+import pytest
+
+from deep_kernels import gemm, tuning
+from deep_kernels.heuristics import fp8_gemm as heuristics
+
+
+def test_record_then_lookup(tmp_path):
+    path = tmp_path / "tuned" / "nvidia-h200.json"
+    key = tuning.problem_key(4096, 7168, 2048, 2, False, 132)
+    fields = heuristics.config_fields(heuristics.make_config(256, 128, 2, True, 2))
+    assert tuning.lookup(path, "fp8_gemm_nt", "id-1", key) is None
+    tuning.record(path, "fp8_gemm_nt", "id-1", key, fields, us=97.5, model_us=99.0)
+    assert tuning.lookup(path, "fp8_gemm_nt", "id-1", key) == fields
+    assert heuristics.make_config(out_dtype_bytes=2, **fields) == heuristics.make_config(256, 128, 2, True, 2)
+    # Other problems, ops and SM counts miss.
+    assert tuning.lookup(path, "fp8_gemm_nt", "id-1", tuning.problem_key(4096, 7168, 2048, 2, False, 66)) is None
+    assert tuning.lookup(path, "other_op", "id-1", key) is None
+
+
+def test_a_new_identity_makes_old_winners_stale(tmp_path):
+    path = tmp_path / "nvidia-h200.json"
+    key = tuning.problem_key(64, 2112, 7168, 2, False, 132)
+    other = tuning.problem_key(128, 2112, 7168, 2, False, 132)
+    tuning.record(path, "fp8_gemm_nt", "old", key, {"block_m": 64}, us=10.0, model_us=11.0)
+    assert tuning.lookup(path, "fp8_gemm_nt", "new", key) is None
+    # Recording under the new identity starts a fresh table: the old winner is gone.
+    tuning.record(path, "fp8_gemm_nt", "new", other, {"block_m": 128}, us=12.0, model_us=12.0)
+    assert tuning.lookup(path, "fp8_gemm_nt", "new", key) is None
+    assert tuning.lookup(path, "fp8_gemm_nt", "new", other) == {"block_m": 128}
+    assert [(op, k, current) for op, k, _, current in tuning.entries(path, {"fp8_gemm_nt": "new"})] == [
+        ("fp8_gemm_nt", other, True)]
+    assert [current for *_, current in tuning.entries(path, {"fp8_gemm_nt": "newer"})] == [False]
+
+
+def test_lookup_sees_a_rewritten_file(tmp_path):
+    path = tmp_path / "nvidia-h200.json"
+    key = tuning.problem_key(64, 2112, 7168, 2, False, 132)
+    tuning.record(path, "fp8_gemm_nt", "id", key, {"block_m": 64}, us=10.0, model_us=11.0)
+    assert tuning.lookup(path, "fp8_gemm_nt", "id", key) == {"block_m": 64}
+    data = json.loads(path.read_text())
+    data["ops"]["fp8_gemm_nt"]["configs"][key]["config"] = {"block_m": 128}
+    tuning.write(path, data)
+    assert tuning.lookup(path, "fp8_gemm_nt", "id", key) == {"block_m": 128}
+
+
+def test_a_foreign_file_is_refused(tmp_path):
+    path = tmp_path / "nvidia-h200.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a deep_kernels tuning file"):
+        tuning.read(path)
+
+
+def test_identity_follows_the_kernel_source():
+    identity = tuning.source_identity(heuristics.KERNEL_HEADER, "90a")
+    assert identity == tuning.source_identity(heuristics.KERNEL_HEADER, "90a")
+    assert identity != tuning.source_identity("kernels/smxx_per_token_cast.cuh", "90a")
+
+
+def test_gpu_slug():
+    assert tuning.gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert tuning.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (4096, 4096, 7168), (4001, 576, 592)])
+def test_ranked_configs_start_with_the_pick(m, n, k):
+    ranked = heuristics.ranked_configs(m, n, k, 132, allow_split_k=True)
+    assert ranked[0][1] == heuristics.get_fp8_gemm_config(m, n, k, 132, allow_split_k=True)
+    times = [seconds for seconds, _ in ranked]
+    assert times == sorted(times)
+    assert len({config for _, config in ranked}) == len(ranked)
+
+
+def test_stored_fields_make_the_same_config():
+    for m, n, k in ((64, 2112, 7168), (4096, 4096, 7168), (128, 7168, 16384)):
+        for _, config in heuristics.ranked_configs(m, n, k, 132, allow_split_k=True)[:8]:
+            assert heuristics.make_config(out_dtype_bytes=2, **heuristics.config_fields(config)) == config
+
+
+def test_tuned_config_is_consulted_before_the_model(monkeypatch):
+    tuned = heuristics.make_config(128, 96, 1, False, 2)
+    monkeypatch.setattr(gemm, "_tuned_config", lambda *args: tuned)
+    monkeypatch.setattr(gemm, "_config_override", lambda: None)
+    assert gemm._choose_config(4096, 4096, 7168, 132, 2, False) == tuned
+    # DK_FP8_GEMM_CONFIG still overrides on top.
+    monkeypatch.setattr(gemm, "_config_override", lambda: {"block_n": 64})
+    assert gemm._choose_config(4096, 4096, 7168, 132, 2, False).block_n == 64
