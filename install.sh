@@ -5,11 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 
+# torch comes with the package, from the tested range pyproject.toml pins (a torch outside it is replaced).
 if ! "$PYTHON" -c "import torch" 2>/dev/null; then
-    echo "torch not found: installing it (pick a CUDA build matching your driver if this one does not)"
-    "$PYTHON" -m pip install torch
+    echo "torch not found: installing it with the package (if its CUDA build does not suit your driver, install"
+    echo "a build that does, in the range pyproject.toml gives, and run this again)"
 fi
-
 "$PYTHON" -m pip install -e ".[test,bench]"
 
 # CUTLASS/CuTe headers come from the pinned nvidia-cutlass wheel; DK_CUTLASS_INCLUDE may point elsewhere.

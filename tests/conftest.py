@@ -1,7 +1,10 @@
-"""GPU markers: tests marked `gpu` need a Hopper GPU. Without one they are skipped, unless DK_REQUIRE_GPU=1 (the
+"""Markers: tests marked `gpu` need a Hopper GPU. Without one they are skipped, unless DK_REQUIRE_GPU=1 (the
 GPU runner, scripts/run_gpu.sh, sets it): then a GPU test that cannot run, or that skips itself, fails, so a
-broken CUDA setup cannot pass as "every GPU test skipped". Tests without the marker keep their own skips."""
+broken CUDA setup cannot pass as "every GPU test skipped". Tests without the marker keep their own skips.
+Tests marked `full` (minutes of compiling) run only in the full mode: `python -m deep_kernels test --full`,
+DK_FULL_TEST=1."""
 
+import contextlib
 import functools
 import os
 
@@ -34,6 +37,8 @@ def _missing_hopper() -> str:
 
 
 def pytest_runtest_setup(item):
+    if "full" in item.keywords and not FULL:
+        pytest.skip("runs in the full mode only: python -m deep_kernels test --full")
     if "gpu" in item.keywords and _missing_hopper():
         if REQUIRE_GPU:
             pytest.fail(f"DK_REQUIRE_GPU=1 but the GPU tests cannot run: {_missing_hopper()}", pytrace=False)
@@ -48,6 +53,20 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"DK_REQUIRE_GPU=1: a GPU test may not skip ({reason})"
+
+
+@contextlib.contextmanager
+def cache_dir_set_to(path):
+    """DK_JIT_CACHE_DIR set to path inside the block (for module-scoped fixtures, which have no monkeypatch)."""
+    previous = os.environ.get("DK_JIT_CACHE_DIR")
+    os.environ["DK_JIT_CACHE_DIR"] = str(path)
+    try:
+        yield path
+    finally:
+        if previous is None:
+            del os.environ["DK_JIT_CACHE_DIR"]
+        else:
+            os.environ["DK_JIT_CACHE_DIR"] = previous
 
 
 @pytest.fixture

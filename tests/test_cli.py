@@ -41,6 +41,37 @@ def test_test_command_passes_arguments_to_pytest():
     assert "test_info_lists_every_variable" in result.stdout
 
 
+def test_full_flag_adds_the_compile_check():
+    # Without --full the compile-every-kernel check skips, saying how to run it; with --full it is set up to run
+    # (--setup-plan shows its fixture planned, compiling nothing). This test also runs under --full itself.
+    import os
+    import re
+
+    quick_env = {name: value for name, value in os.environ.items() if name != "DK_FULL_TEST"}
+    args = ("-q", "-rs", "--setup-plan", "-p", "no:cacheprovider", "-k", "test_every_family_has_kernels")
+    quick = _run("test", *args, env=quick_env)
+    assert quick.returncode == 0, quick.stdout + quick.stderr
+    assert "1 skipped" in quick.stdout and "python -m deep_kernels test --full" in quick.stdout
+    full = _run("test", "--full", *args, env=quick_env)
+    assert full.returncode == 0, full.stdout + full.stderr
+    assert re.search(r"SETUP\s+M compiled", full.stdout) and "skipped" not in full.stdout, full.stdout
+
+
+def test_ci_runs_the_readme_quick_start():
+    # .ci/run is the README's path: every Quick start command but the clone and the GPU benchmarks, in order.
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    block = re.search(r"## Quick start\n+```bash\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)
+    not_in_ci = ("git clone", "python -m deep_kernels bench")  # CI has made the clone and has no GPU
+    commands = [line.split(" #")[0].strip() for line in block.splitlines()]
+    wanted = [command for command in commands if command and not command.startswith(not_in_ci)]
+    ci = [line.strip().removeprefix("run_tests ") for line in (root / ".ci" / "run").read_text().splitlines()]
+    assert len(wanted) >= 5 and all(command in ci for command in wanted), (wanted, ci)
+    assert [ci.index(command) for command in wanted] == sorted(ci.index(command) for command in wanted)
+
+
 def test_readme_lists_every_variable():
     from pathlib import Path
 

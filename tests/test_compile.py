@@ -1,5 +1,8 @@
 """Every kernel the families precompile builds for sm_90a, with no stack frame, no local memory and,
-for matrix kernels, the tensor-core instructions they are written for."""
+for matrix kernels, the tensor-core instructions they are written for.
+
+Compiling them all takes minutes, so this runs in the full mode only (`python -m deep_kernels test --full`,
+DK_FULL_TEST=1), which CI runs after the default suite."""
 
 import re
 
@@ -11,22 +14,16 @@ from deep_kernels.jit import cache
 from deep_kernels.jit.precompile import precompile
 from deep_kernels.testing import sass
 
+from conftest import cache_dir_set_to
+
+pytestmark = pytest.mark.full
+
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    import os
-
-    previous = os.environ.get("DK_JIT_CACHE_DIR")
-    os.environ["DK_JIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    try:
+    with cache_dir_set_to(tmp_path_factory.mktemp("cache")):
         specs = _family_specs(FAMILIES) + gemm.compile_coverage_specs()
-        entries = precompile(specs, arch="90a", progress=False)
-        yield list(zip(specs, entries))
-    finally:
-        if previous is None:
-            del os.environ["DK_JIT_CACHE_DIR"]
-        else:
-            os.environ["DK_JIT_CACHE_DIR"] = previous
+        yield list(zip(specs, precompile(specs, arch="90a", progress=False)))
 
 
 def test_every_family_has_kernels(compiled):

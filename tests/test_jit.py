@@ -4,7 +4,9 @@ the native launcher's build."""
 
 import dataclasses
 import multiprocessing
+import queue as queue_module
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,8 @@ from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import ScaleLayout
 from deep_kernels.quant.fp8 import PER_TOKEN_CAST
 from deep_kernels.testing import sass
+
+from conftest import cache_dir_set_to
 
 CAST_SPEC = PER_TOKEN_CAST.spec(InT=torch.bfloat16, GROUP_SIZE=128, kUE8M0=False, kLayout=ScaleLayout.mn_major,
                                 kNumWarps=8, kPasses=4, kScaleMode="deep_kernels::ScaleMode::Multiply")
@@ -86,7 +90,16 @@ def test_concurrent_compiles_leave_one_valid_entry(tmp_cache):
     children = [context.Process(target=_build_in_child, args=(str(tmp_cache), queue)) for _ in range(4)]
     for child in children:
         child.start()
-    binaries = [queue.get(timeout=600) for _ in children]
+    binaries = []
+    deadline = time.monotonic() + 600
+    while len(binaries) < len(children):
+        try:
+            binaries.append(queue.get(timeout=1))
+        except queue_module.Empty:
+            # A child that died (at import, say) never answers: fail now rather than at the deadline.
+            failed = [child.exitcode for child in children if child.exitcode not in (None, 0)]
+            assert not failed, f"a compiling child exited with {failed}"
+            assert time.monotonic() < deadline, "the compiling children gave no result in 600 s"
     for child in children:
         child.join(timeout=60)
         assert child.exitcode == 0
@@ -386,18 +399,9 @@ def test_registry_holds_every_family_and_kernel():
 
 @pytest.fixture(scope="module")
 def one_cubin_per_kernel(tmp_path_factory):
-    import os
-
-    previous = os.environ.get("DK_JIT_CACHE_DIR")
-    os.environ["DK_JIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    try:
+    with cache_dir_set_to(tmp_path_factory.mktemp("cache")):
         specs = list(KERNEL_SPECS.values())
         yield list(zip(specs, precompile(specs, arch="90a", progress=False)))
-    finally:
-        if previous is None:
-            del os.environ["DK_JIT_CACHE_DIR"]
-        else:
-            os.environ["DK_JIT_CACHE_DIR"] = previous
 
 
 def test_every_kernel_binary_matches_its_declaration(one_cubin_per_kernel):

@@ -1,10 +1,12 @@
 """Disassembly checks of compiled kernels: SASS text and resource usage through cuobjdump.
 
-cuobjdump comes from the toolkit or from the nvidia-cuda-cuobjdump wheel (the `test` extra).
+cuobjdump, and the nvdisasm that its --dump-sass runs, come from the toolkit (on PATH) or from the
+nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels (the `test` extra).
 """
 
 import functools
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -12,19 +14,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-@functools.lru_cache(maxsize=None)
-def cuobjdump_path() -> str:
-    found = shutil.which("cuobjdump")
+def _tool_path(name: str, wheel: str) -> str:
+    """An executable on PATH, else the one the wheel installs."""
+    found = shutil.which(name)
     if found:
         return found
     try:
-        files = importlib.metadata.files("nvidia-cuda-cuobjdump") or []
+        files = importlib.metadata.files(wheel) or []
     except importlib.metadata.PackageNotFoundError:
         files = []
     for file in files:
-        if file.name == "cuobjdump":
+        if file.name == name:
             return str(Path(file.locate()).resolve())
-    raise RuntimeError("cuobjdump not found: pip install nvidia-cuda-cuobjdump (the `test` extra)")
+    raise RuntimeError(f"{name} not found: pip install {wheel} (the `test` extra)")
+
+
+@functools.lru_cache(maxsize=None)
+def cuobjdump_path() -> str:
+    return _tool_path("cuobjdump", "nvidia-cuda-cuobjdump")
+
+
+@functools.lru_cache(maxsize=None)
+def nvdisasm_path() -> str:
+    return _tool_path("nvdisasm", "nvidia-cuda-nvdisasm")
 
 
 @dataclass(frozen=True)
@@ -43,8 +55,11 @@ def resource_usage(cubin: Path) -> ResourceUsage:
 
 
 def sass(cubin: Path) -> str:
+    # NOTE: cuobjdump --dump-sass runs nvdisasm, which it looks for beside itself and on PATH only; a
+    # cuobjdump found on PATH need not have the wheel's nvdisasm beside it, so nvdisasm's folder goes first.
+    path = os.pathsep.join([str(Path(nvdisasm_path()).parent), os.environ.get("PATH", "")])
     return subprocess.run([cuobjdump_path(), "--dump-sass", str(cubin)], check=True, capture_output=True,
-                          text=True).stdout
+                          text=True, env=dict(os.environ, PATH=path)).stdout
 
 
 def local_memory_instructions(sass_text: str) -> list:
