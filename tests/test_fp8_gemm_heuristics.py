@@ -78,10 +78,29 @@ def test_multicast_candidates_only_when_pairs_are_whole():
     assert not any(c.num_tma_multicast == 2 for c in heur.candidate_configs(m=64, n=2112, num_sms=1))
 
 
-def test_smem_carve_up_mirrors_the_kernel():
-    # D staging (1024-aligned), then per stage A 128x128, B 128x128 fp8 and 128 FP32 sfa, then 2 barriers.
-    assert heur.smem_bytes(128, 128, 5, 2) == 32768 + 5 * (16384 + 16384 + 512) + 5 * 16
-    assert heur.smem_bytes(64, 48, 3, 4) == 12288 + 3 * (8192 + 6144 + 256) + 3 * 16
+def test_smem_bytes_is_the_kernels_carve_up(tmp_path):
+    # The dynamic shared memory the host launches with must be the kernel's own carve-up (the traits'
+    # kSmemBytes): nvcc checks the two agree for every kernel the heuristics pick or the tests force.
+    from deep_kernels.jit import compiler
+
+    kernels = heur.compile_coverage_kernels() + [
+        heur.CandidateKernel(heur.make_config(256, 128, 2, True, 2), 4096, 7168, "bfloat16", False),
+        heur.CandidateKernel(heur.make_config(256, 96, 1, False, 4, num_stages=2), 2112, 7200, "float32", True)]
+    checks = []
+    for kernel in kernels:
+        args = kernel.template_args()
+        traits_args = ", ".join(args[:6] + args[8:])  # all but kNumTMAThreads and kNumMathThreads
+        checks.append(f"static_assert(deep_kernels::sm90_fp8_gemm_detail::Sm90Fp8GemmTraits<{traits_args}>::kSmemBytes "
+                      f"== {kernel.config.smem_bytes});")
+    source = tmp_path / "smem_check.cu"
+    source.write_text('#include "gemm/sm90_fp8_gemm_traits.cuh"\n' + "\n".join(checks) + "\n")
+    command = compiler.compile_command(source, tmp_path / "smem_check.cubin", "90a")
+    compiler.run_compile(command)
+    # The check can fail: one byte off is a compile error.
+    source.write_text(source.read_text().replace(f"== {kernels[0].config.smem_bytes});",
+                                                 f"== {kernels[0].config.smem_bytes + 1});", 1))
+    with pytest.raises(RuntimeError, match="static assertion failed"):
+        compiler.run_compile(command)
 
 
 def test_swizzle_of_d():

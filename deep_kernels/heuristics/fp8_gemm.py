@@ -501,7 +501,7 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(128, 192, 1, False, 4, num_splits=2), 4096, 7168, "float32", True),
         CandidateKernel(make_config(64, 192, 1, False, 2, num_splits=5), 24576, 1536, "bfloat16", False),
         CandidateKernel(make_config(128, 128, 1, False, 2, pipelined=False), 4096, 7168, "bfloat16", False),
-        CandidateKernel(make_config(64, 128, 1, False, 2, num_splits=3), 7168, 2048, "float32", True),
+        CandidateKernel(make_config(64, 128, 1, False, 4, num_splits=3), 7168, 2048, "float32", True),
         # The epilogue overlap: plain and pipelined K loops, accumulation, multicast.
         CandidateKernel(make_config(128, 192, 1, False, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False),
         CandidateKernel(make_config(128, 128, 1, False, 2, overlap_epilogue=True), 32768, 512, "bfloat16", False),
