@@ -1,7 +1,8 @@
 """deep_kernels: JIT-compiled CUDA kernels for LLM training and inference on NVIDIA Hopper.
 
 The public API, re-exported by name from the module that defines each function (importing them also
-registers every kernel family: deep_kernels.jit.registry).
+registers every kernel family: deep_kernels.jit.registry), and the torch custom ops that torch.compile traces in
+their place (deep_kernels.ops: torch.ops.deep_kernels.*).
 """
 
 from deep_kernels.device import get_num_sms, set_num_sms
@@ -24,6 +25,7 @@ from deep_kernels.quant.requant import requant_per_block_to_per_token
 from deep_kernels.quant.swiglu import swiglu_backward, swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked, swiglu_forward
 from deep_kernels.quant.transpose import batched_transpose, per_channel_cast_transpose_to_fp8
 from deep_kernels.validation import tma_aligned_size
+from deep_kernels import ops  # noqa: F401  (registers torch.ops.deep_kernels)
 
 __version__ = "0.1.0"
 

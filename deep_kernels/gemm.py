@@ -15,6 +15,7 @@ remaining K % 128 columns, and the kernel zero-fills the rest of its last K bloc
 from dataclasses import dataclass
 
 import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import envs, tuning
 from deep_kernels.device import get_num_sms, has_gpu, target_arch
@@ -354,6 +355,9 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
         strides and devices of an earlier valid call (and the same SM count) reuses its validation, kernel,
         grid and tensor-map fields: only the addresses are read and checked again.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.fp8_gemm_nt(a, b, d, c)
     if not (isinstance(a, (tuple, list)) and len(a) == 2 and isinstance(b, (tuple, list)) and len(b) == 2):
         raise TypeError("a and b must be (tensor, scales) pairs")
     (a, sfa), (b, sfb) = a, b

@@ -17,6 +17,7 @@ Constraints: K and N multiples of 16 (K past the last multiple of 128 as in gemm
 """
 
 import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms
 from deep_kernels import gemm
@@ -192,6 +193,9 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         graph. A call whose tensors have the dtypes, shapes, strides and devices of an earlier valid call
         skips re-validation.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, offsets)
     a, sfa, b, sfb = _split_pairs(a, b)
     if (m_indices is None) == (offsets is None):
         raise TypeError("pass exactly one of m_indices and offsets")
@@ -241,6 +245,9 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
         ready scales, no allocation): the call can be captured in a CUDA graph and replayed with new masked_m
         and a. Deterministic; numerics as fp8_gemm_nt.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)
     a, sfa, b, sfb = _split_pairs(a, b)
     m_max, n, k, num_groups, scales_ready = _checked(_check_masked_call, (a, sfa, b, sfb, d, masked_m), expected_m)
     if not scales_ready:

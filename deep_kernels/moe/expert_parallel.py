@@ -8,6 +8,7 @@ so moe_layout(local, n) lays out exactly this rank's slots.
 import functools
 
 import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -54,6 +55,9 @@ def map_global_to_local_experts(topk_idx: torch.Tensor, num_local_experts: int, 
         One launch, no host synchronization (CUDA-graph safe); bit-exact with
         deep_kernels.reference.moe.map_global_to_local_experts.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.map_global_to_local_experts(topk_idx, num_local_experts, rank, out)
     check_dtype(topk_idx, "topk_idx", (torch.int32, torch.int64))
     if not topk_idx.is_contiguous():
         raise ValueError(f"topk_idx must be contiguous, got strides {tuple(topk_idx.stride())}")

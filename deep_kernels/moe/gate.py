@@ -14,6 +14,7 @@ topk_gate (DeepSeek-V3 semantics, bit-exact with deep_kernels.reference.moe):
 import functools
 
 import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -133,6 +134,9 @@ def topk_gate(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torc
     Notes:
         Deterministic; bit-exact with deep_kernels.reference.moe.topk_gate (see the module docstring).
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.topk_gate(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
     check_gate_args(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
     check_cuda_device(logits, "logits")
     if bias is not None:
@@ -199,6 +203,9 @@ def topk_gate_backward(grad_weights: torch.Tensor, logits: torch.Tensor, indices
         underflowed to 0). Deterministic; bit-exact with deep_kernels.reference.moe.topk_gate_backward,
         whose docstring gives the operation order.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.topk_gate_backward(grad_weights, logits, indices, scoring, renormalize, routed_scaling_factor, out)
     check_dtype(grad_weights, "grad_weights", (torch.float32,))
     check_rank(grad_weights, "grad_weights", 2)
     check_dtype(logits, "logits", (torch.float32, torch.bfloat16))

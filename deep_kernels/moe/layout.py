@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass
 
 import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms
 from deep_kernels.jit.definition import PTR, U32, KernelDef, Param
@@ -143,6 +144,9 @@ def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None)
         Two launches (per-chunk counts and the -1 fill, then offsets, ranks and scatter), no host
         synchronization, so it can be captured in a CUDA graph. Deterministic, whatever the SM count.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.moe_layout(topk_idx, num_experts, max_tokens)
     check_dtype(topk_idx, "topk_idx", (torch.int32, torch.int64))
     check_rank(topk_idx, "topk_idx", 2)
     num_tokens, k = topk_idx.shape

@@ -10,6 +10,7 @@ Larger inputs take the two-stage path (three launches).
 import functools
 
 import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
@@ -103,6 +104,10 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         (device, stream) (a captured graph zeroes its own in a memset node), so calls may overlap only on
         different streams.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.topk_gate_with_layout(logits, k, scoring, bias, num_groups, topk_groups, renormalize,
+                                         routed_scaling_factor, max_tokens)
     check_gate_args(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
     num_tokens, num_experts = logits.shape
     max_rows = check_layout_args(num_tokens * k, num_experts, max_tokens)

@@ -25,6 +25,7 @@ import functools
 import math
 
 import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -118,6 +119,9 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
         Numerics in the module docstring. Deterministic; bit-exact with
         deep_kernels.reference.quant.per_token_cast_to_e5m6.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.per_token_cast_to_e5m6(x, ue8m0, amax_clamp, scale_mode, out)
     check_dtype(x, "x", FLOAT_TYPES)
     check_rank(x, "x", 2)
     m, k = x.shape
@@ -181,6 +185,9 @@ def per_token_cast_back_e5m6(packed: torch.Tensor, scales: torch.Tensor, out_dty
         times an infinite scale NaN. Deterministic; bit-exact with
         deep_kernels.reference.quant.per_token_cast_back_e5m6.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.per_token_cast_back_e5m6(packed, scales, out_dtype, out)
     check_dtype(packed, "packed", (torch.int32,))
     check_rank(packed, "packed", 2)
     if out_dtype not in FLOAT_TYPES:

@@ -48,6 +48,7 @@ import functools
 from enum import IntEnum
 
 import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -263,6 +264,9 @@ def per_token_cast_to_mxfp4(x: torch.Tensor, scale_layout: str = "row_major",
         Deterministic; bit-exact with deep_kernels.reference.quant.per_token_cast_to_mxfp4. NaN and inf: see
         the module docstring.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.per_token_cast_to_mxfp4(x, scale_layout, amax_clamp, scale_mode, out)
     return _cast_to_fp4(x, None, Fp4Format.mx, scale_layout, amax_clamp, scale_mode, out)
 
 
@@ -288,6 +292,9 @@ def per_token_cast_to_nvfp4(x: torch.Tensor, global_scale: torch.Tensor, scale_l
     Notes:
         Deterministic; bit-exact with deep_kernels.reference.quant.per_token_cast_to_nvfp4.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.per_token_cast_to_nvfp4(x, global_scale, scale_layout, amax_clamp, scale_mode, out)
     return _cast_to_fp4(x, global_scale, Fp4Format.nv, scale_layout, amax_clamp, scale_mode, out)
 
 
@@ -371,6 +378,9 @@ def mxfp4_cast_back(codes: torch.Tensor, scales: torch.Tensor, out_dtype: torch.
         Scale byte 0xFF (E8M0's NaN) dequantizes to NaN. Bit-exact with
         deep_kernels.reference.quant.mxfp4_cast_back.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.mxfp4_cast_back(codes, scales, out_dtype, out)
     check_tensor(scales, "scales")
     return _cast_back(codes, scales, None, Fp4Format.mx, _mx_layout_of(scales), out_dtype, out)
 
@@ -391,6 +401,9 @@ def nvfp4_cast_back(codes: torch.Tensor, scales: torch.Tensor, global_scale: tor
     Notes:
         Bit-exact with deep_kernels.reference.quant.nvfp4_cast_back.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.nvfp4_cast_back(codes, scales, global_scale, scale_layout, out_dtype, out)
     layout = _parse_fp4_layout(scale_layout, Fp4Format.nv)
     return _cast_back(codes, scales, global_scale, Fp4Format.nv, layout, out_dtype, out)
 
@@ -433,6 +446,9 @@ def mxfp4_requant_to_fp8(codes: torch.Tensor, scales: torch.Tensor, scale_layout
         scale_layout=scale_layout, amax_clamp=amax_clamp), and exact (no code changes value) when the 32-groups'
         scales of a 128-group are within 2^14 of each other; see the module docstring. Deterministic.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.mxfp4_requant_to_fp8(codes, scales, scale_layout, amax_clamp, out)
     m, k = _check_codes(codes, _REQUANT_GROUP_SIZE)
     rows_per_block = block_rows(_REQUANT_GROUP_SIZE, MXFP4_GROUP_SIZE)
     _check_rows(m, rows_per_block, "codes")

@@ -28,6 +28,7 @@ import struct
 from dataclasses import dataclass
 
 import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -316,6 +317,10 @@ def swiglu_cast_to_fp8(x: torch.Tensor, clamp: float = None, weights: torch.Tens
         The module docstring gives the numerics and the skipped rows. Deterministic; bit-exact with
         deep_kernels.reference.quant.swiglu_cast_to_fp8 evaluated on the GPU.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.swiglu_cast_to_fp8(x, clamp, weights, pos, ue8m0, scale_layout, amax_clamp, scale_mode, check_pos,
+                                      out)
     return _cast_to_fp8(FORWARD, x, clamp, weights, pos, ue8m0, scale_layout, amax_clamp, scale_mode, check_pos, out)
 
 
@@ -369,6 +374,10 @@ def swiglu_cast_to_fp8_masked(x: torch.Tensor, masked_m: torch.Tensor, clamp: fl
         No host synchronization with check_pos=False (or while capturing): CUDA-graph safe, the grid
         covers T_max rows per expert and blocks past masked_m[e] exit at once. Deterministic.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.swiglu_cast_to_fp8_masked(x, masked_m, clamp, weights, pos, ue8m0, scale_layout, amax_clamp,
+                                             scale_mode, check_pos, out)
     hidden = _check_x(x, 3)
     num_experts, max_tokens = x.shape[:2]
     _check_row_blocks(max_tokens, FORWARD)
@@ -423,6 +432,9 @@ def swiglu_forward(x: torch.Tensor, clamp: float = None, weights: torch.Tensor =
         Rows at pos -1 are skipped. Deterministic; bit-exact with
         deep_kernels.reference.quant.swiglu_forward on the GPU.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.swiglu_forward(x, clamp, weights, pos, check_pos, out)
     num_rows, hidden, c, limit = _check_forward_rows(x, clamp, weights, pos, check_pos, FORWARD)
     _check_devices(x, weights=weights, pos=pos)
 
@@ -458,6 +470,9 @@ def swiglu_backward(x: torch.Tensor, dy: torch.Tensor, clamp: float = None, weig
         pos -1 are skipped. Deterministic; bit-exact with deep_kernels.reference.quant.swiglu_backward on
         the GPU.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.swiglu_backward(x, dy, clamp, weights, pos, check_pos, out)
     return _backward(BACKWARD, x, dy, clamp, weights, pos, check_pos, out)
 
 

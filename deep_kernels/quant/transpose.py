@@ -10,6 +10,7 @@ multiple of 128 the last block's missing rows count as zeros (they never raise a
 import functools
 
 import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -74,6 +75,9 @@ def per_channel_cast_transpose_to_fp8(x: torch.Tensor, ue8m0: bool = False, scal
         otherwise the last block's missing rows count as zeros. Deterministic; bit-exact with
         deep_kernels.reference.quant.per_channel_cast_transpose_to_fp8.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.per_channel_cast_transpose_to_fp8(x, ue8m0, scale_layout, amax_clamp, scale_mode, out)
     check_dtype(x, "x", FLOAT_TYPES)
     check_rank(x, "x", 2)
     m, k = x.shape
@@ -136,6 +140,9 @@ def batched_transpose(x: torch.Tensor, out: torch.Tensor = None) -> torch.Tensor
         16-byte loads where N, the strides and x's address allow (whole 16-byte rows), 16-byte stores where M
         does; otherwise the same kernel moves single elements. Deterministic.
     """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.batched_transpose(x, out)
     check_dtype(x, "x", TRANSPOSE_TYPES)
     check_rank(x, "x", 3)
     b, m, n = x.shape
