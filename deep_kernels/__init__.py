@@ -26,6 +26,7 @@ from deep_kernels.quant.swiglu import swiglu_backward, swiglu_cast_to_fp8, swigl
 from deep_kernels.quant.transpose import batched_transpose, per_channel_cast_transpose_to_fp8
 from deep_kernels.validation import tma_aligned_size
 from deep_kernels import ops  # noqa: F401  (registers torch.ops.deep_kernels)
+from deep_kernels import nn  # noqa: F401  (layers built from the kernels: deep_kernels.nn.MoE)
 
 __version__ = "0.1.0"
 

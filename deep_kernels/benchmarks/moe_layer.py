@@ -1,0 +1,127 @@
+"""Suite `moe_layer`: the forward of the DeepSeek-V3 MoE layer (deep_kernels.nn.MoE: hidden 7168, expert
+intermediate 2048, 256 experts, top-8 with 8 groups / top-4 groups, sigmoid scores with a correction bias, scaling
+2.5) at T = 128 (decode: masked layout, the whole forward captured in a CUDA graph and replayed) and T = 8192
+(prefill: contiguous layout, eager), against the same layer in plain torch with cuBLAS BF16 GEMMs (a loop over
+the experts, torch_bf16_moe) on the same weights, the two timed in turns in the same run.
+
+Times are sums of profiled kernel durations with L2 flushed before each run, so the peer's host work (one host
+sync, five launches per expert) does not count against it. Figures count the routed slots: flops
+2 * T * k * 3 * H * I; bytes: the FP8 weights and scales of every expert that receives a slot, x and the output.
+The weights are FP8-exact (deep_kernels.testing.moe_layer), so the module and the peer use the same values.
+Check: calc_diff of the module's output against the float64 reference with the kernels' activation formats (the
+tests' bound), and against the plain float64 reference (the FP8 activations' own error).
+"""
+
+import torch
+import torch.nn.functional as F
+
+import deep_kernels
+from deep_kernels.benchmarks.fp8_gemm import FP8_PEAK_TFLOPS
+from deep_kernels.benchmarks.report import BenchContext
+from deep_kernels.nn import MoE
+from deep_kernels.reference.nn import moe_forward
+from deep_kernels.testing import calc_diff
+from deep_kernels.testing.bench import time_kernels_us
+from deep_kernels.testing.moe_layer import moe_layer_tokens, moe_layer_weights
+
+HIDDEN, INTERMEDIATE, NUM_EXPERTS = 7168, 2048, 256
+GATE = dict(top_k=8, num_groups=8, topk_groups=4, routed_scaling_factor=2.5)
+# (T, mode, timing)
+CASES = ((128, "masked", "graph"), (8192, "contiguous", "eager"))
+PEER = "plain torch, cuBLAS BF16: a loop over the experts (F.linear), eager"
+REPS = 20
+
+
+def torch_bf16_moe(x: torch.Tensor, router_weight: torch.Tensor, correction_bias: torch.Tensor,
+                   gate_up_weight: torch.Tensor, down_weight: torch.Tensor, top_k: int, num_groups: int,
+                   topk_groups: int, routed_scaling_factor: float) -> torch.Tensor:
+    """The layer in plain torch as DeepSeek-V3's inference code writes it, bf16 weights and activations: the
+    router in bf16, sigmoid scores in FP32, group-limited top-k, renormalized weights; the slots sorted by expert
+    (one host sync for the counts), then per expert two F.linear calls around SwiGLU; the weighted rows added in
+    FP32, the sum rounded to bf16."""
+    num_tokens, hidden = x.shape
+    num_experts = gate_up_weight.shape[0]
+    scores = F.linear(x, router_weight).float().sigmoid()
+    keys = scores + correction_bias
+    group_keys = keys.view(num_tokens, num_groups, -1).topk(2, dim=-1).values.sum(dim=-1)
+    kept_groups = torch.zeros_like(group_keys, dtype=torch.bool)
+    kept_groups.scatter_(1, group_keys.topk(topk_groups, dim=-1).indices, True)
+    keys = keys.masked_fill(~kept_groups.repeat_interleave(num_experts // num_groups, dim=1), float("-inf"))
+    indices = keys.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, indices)
+    weights = weights / weights.sum(dim=-1, keepdim=True) * routed_scaling_factor
+
+    order = indices.flatten().argsort(stable=True)
+    tokens_by_expert = order // top_k
+    weights_by_expert = weights.flatten()[order].unsqueeze(1)
+    rows = x[tokens_by_expert]
+    out = torch.zeros((num_tokens, hidden), dtype=torch.float32, device=x.device)
+    start = 0
+    for expert, count in enumerate(torch.bincount(indices.flatten(), minlength=num_experts).tolist()):
+        if count:
+            gate, up = F.linear(rows[start:start + count], gate_up_weight[expert]).chunk(2, dim=-1)
+            expert_out = F.linear(F.silu(gate) * up, down_weight[expert])
+            weighted = expert_out.float() * weights_by_expert[start:start + count]
+            out.index_add_(0, tokens_by_expert[start:start + count], weighted)
+        start += count
+    return out.bfloat16()
+
+
+def captured_forward(module: MoE, x: torch.Tensor, mode: str):
+    """(replay, output): module(x, mode) captured in a CUDA graph, after an eager call (which compiles every kernel)
+    and a warm-up on a side stream (as torch's CUDA-graph notes advise); replay() reruns it on x's contents."""
+    module(x, mode)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        module(x, mode)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = module(x, mode)
+    return graph.replay, out
+
+
+def _active_experts(module: MoE, x: torch.Tensor) -> int:
+    """Experts that receive at least one slot (their weights are read)."""
+    _, indices = deep_kernels.topk_gate(module.router_logits(x), module.top_k, module.scoring, module.correction_bias,
+                                        module.num_groups, module.topk_groups, module.renormalize,
+                                        module.routed_scaling_factor)
+    return indices.unique().numel()
+
+
+def run(ctx: BenchContext) -> list:
+    weights = moe_layer_weights(HIDDEN, INTERMEDIATE, NUM_EXPERTS)
+    module = MoE.from_float(**weights, **GATE)
+    rows = []
+    for num_tokens, mode, timing in CASES:
+        x = moe_layer_tokens(num_tokens, HIDDEN)
+        if timing == "graph":
+            ours, out = captured_forward(module, x, mode)
+            ours()
+        else:
+            ours = lambda: module(x, mode)
+            out = ours()
+        peer = lambda: torch_bf16_moe(x, **weights, **GATE)
+        reference = lambda quantize: moe_forward(x, **weights, **GATE, logits=module.router_logits(x),
+                                                 quantize=quantize)
+        check = (f"calc_diff={calc_diff(out, reference(True)):.1e} against the kernels' activation formats, "
+                 f"{calc_diff(out, reference(False)):.1e} against float64")
+        us, peer_us = time_kernels_us([ours, peer], ctx.flusher, warmup=3, reps=REPS)
+
+        slots = num_tokens * module.top_k
+        flops = 2 * slots * 3 * HIDDEN * INTERMEDIATE
+        expert_bytes = 3 * HIDDEN * INTERMEDIATE + 4 * (3 * HIDDEN * INTERMEDIATE // 128 ** 2)
+        num_bytes = _active_experts(module, x) * expert_bytes + 2 * 2 * num_tokens * HIDDEN
+        bound_us = max(flops / FP8_PEAK_TFLOPS / 1e6, num_bytes / ctx.copy_gbps / 1e3)
+        layout = (f"masked layout, capacity {num_tokens} per expert" if mode == "masked"
+                  else "contiguous layout (segments padded to 128 rows)")
+        rows.append({
+            "op": "MoE.forward", "shape": {"t": num_tokens, "world_size": 1, "pass": "forward", "mode": timing},
+            "config": f"{layout}; {'CUDA graph replay' if timing == 'graph' else 'eager'}; FP8 weights with 128x128 "
+                      "block scales, activations 1x128; routing weights applied in the SwiGLU cast",
+            "us": round(us, 2), "tflops": round(flops / us / 1e6, 1), "gbps": round(num_bytes / us / 1e3, 1),
+            "roofline_fraction": round(bound_us / us, 3),
+            "peer": PEER, "peer_us": round(peer_us, 2), "speedup": round(peer_us / us, 3), "check": check,
+        })
+    return rows
