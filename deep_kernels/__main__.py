@@ -110,18 +110,14 @@ def cmd_bench(args) -> int:
 def cmd_tune(args) -> int:
     from deep_kernels import device, tune
 
+    shapes = [shape.lower().split("x") for shape in args.shapes]
+    if not all(len(shape) == 3 and all(v.isdigit() for v in shape) for shape in shapes):
+        print(f"shapes are MxNxK, e.g. 4096x7168x2048: got {args.shapes}", file=sys.stderr)
+        return 2
     if not device.has_gpu():
         print("tune needs a GPU: none found", file=sys.stderr)
         return 2
-    try:
-        shapes = [tuple(int(v) for v in shape.lower().split("x")) for shape in args.shapes] or tune.DEFAULT_SHAPES
-    except ValueError:
-        print(f"shapes are MxNxK, e.g. 4096x7168x2048: got {args.shapes}", file=sys.stderr)
-        return 2
-    if any(len(shape) != 3 for shape in shapes):
-        print(f"shapes are MxNxK, e.g. 4096x7168x2048: got {args.shapes}", file=sys.stderr)
-        return 2
-    tune.tune_fp8_gemm(shapes, count=args.count)
+    tune.tune_fp8_gemm([tuple(map(int, shape)) for shape in shapes] or tune.DEFAULT_SHAPES, count=args.count)
     return 0
 
 

@@ -80,3 +80,14 @@ def test_readme_lists_every_variable():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     for name in envs.VARIABLES:
         assert f"| `{name}` |" in readme, name
+
+
+def test_tune_rejects_malformed_shapes_and_needs_a_gpu(capsys, monkeypatch):
+    from deep_kernels import device
+    from deep_kernels.__main__ import main
+
+    assert main(["tune", "--shapes", "4096x7168", "64xKx2048"]) == 2
+    assert "shapes are MxNxK" in capsys.readouterr().err
+    monkeypatch.setattr(device, "has_gpu", lambda: False)
+    assert main(["tune", "--shapes", "64x2112x7168"]) == 2
+    assert "tune needs a GPU" in capsys.readouterr().err
