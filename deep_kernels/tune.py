@@ -4,7 +4,7 @@ fastest correct one (deep_kernels/tuning.py), which later calls of that shape th
 The model ranks every candidate; only its `count` best are compiled and timed (in turns, L2 flushed before
 each run, so that clock drift under the power limit falls on all alike), which keeps a tune of the 18
 DeepSeek-V3 dense shapes to about a minute on an H200. Each candidate's output is checked against float64
-of the dequantized operands first; a candidate above MAX_CALC_DIFF is never stored.
+of the dequantized operands first (inputs with power-of-two block and row magnitudes, so a wrong scale shows); a candidate above MAX_CALC_DIFF is never stored.
 """
 
 import torch
@@ -16,6 +16,7 @@ from deep_kernels.jit.precompile import precompile
 from deep_kernels.reference import gemm as reference
 from deep_kernels.testing import calc_diff
 from deep_kernels.testing.bench import L2Flusher, time_kernels_us
+from deep_kernels.testing.gemm import make_gemm_inputs
 
 # The DeepSeek-V3 projections at decode and prefill sizes (the `fp8_gemm` benchmark's shapes).
 DEFAULT_SHAPES = tuple((m, n, k) for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384),
@@ -23,16 +24,6 @@ DEFAULT_SHAPES = tuple((m, n, k) for n, k in ((2112, 7168), (24576, 1536), (3276
 DEFAULT_COUNT = 6
 # FP8 x FP8 with bf16 output measures about 1.4e-6 against float64 of the dequantized operands.
 MAX_CALC_DIFF = 1e-5
-
-
-def _operands(m: int, n: int, k: int):
-    """Random FP8 operands and scales (power-of-two scales over a wide range, so a wrong scale shows)."""
-    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
-    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
-    k_blocks = -(-k // 128)
-    sfa = torch.exp2(torch.randint(-8, 9, (m, k_blocks), device="cuda").float())
-    sfb = torch.exp2(torch.randint(-8, 9, (-(-n // 128), k_blocks), device="cuda").float())
-    return (a, gemm.get_mn_major_tma_aligned_tensor(sfa)), (b, sfb)
 
 
 def tune_fp8_gemm(shapes, count: int = DEFAULT_COUNT, log=print) -> list:
@@ -51,7 +42,7 @@ def tune_fp8_gemm(shapes, count: int = DEFAULT_COUNT, log=print) -> list:
     flusher = L2Flusher(torch.cuda.get_device_properties(0).L2_cache_size)
     rows = []
     for (m, n, k), ranked in candidates.items():
-        a, b = _operands(m, n, k)
+        a, b = make_gemm_inputs(m, n, k)
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
         calls, model_us = [], []
@@ -71,13 +62,8 @@ def tune_fp8_gemm(shapes, count: int = DEFAULT_COUNT, log=print) -> list:
         tuning.record(path, gemm.TUNING_OP, identity, tuning.problem_key(m, n, k, 2, False, num_sms), fields, times[best],
                       model_us[best])
         rows.append(((m, n, k), fields, times[best], times[0]))
-        log(f"{m:6d}x{n:6d}x{k:6d}  {_label(fields)}  {times[best]:9.2f} us  (model's pick {times[0]:9.2f} us, "
+        log(f"{m:6d}x{n:6d}x{k:6d}  {heuristics.config_label(ranked[best][1])}  {times[best]:9.2f} us  (model's pick {times[0]:9.2f} us, "
             f"{times[0] / times[best]:.3f}x)")
     log(f"stored in {path}")
     return rows
 
-
-def _label(fields: dict) -> str:
-    multicast = ("+a" if fields["multicast_on_a"] else "+b") if fields["num_tma_multicast"] > 1 else ""
-    flags = ("p" if fields["pipelined"] else "") + ("o" if fields["overlap_epilogue"] else "")
-    return f"{fields['block_m']}x{fields['block_n']}/{fields['num_splits']}{flags}{multicast}"

@@ -11,7 +11,6 @@ Without a file nothing changes: untuned choices are the model's, deterministic a
 
 import datetime
 import functools
-import hashlib
 import json
 import os
 import re

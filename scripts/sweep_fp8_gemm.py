@@ -14,15 +14,14 @@ import json
 
 import torch
 
-import deep_kernels
 from deep_kernels import gemm
 from deep_kernels.device import get_num_sms
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.jit.precompile import precompile
 from deep_kernels.reference import gemm as reference
-from deep_kernels.reference.quant import per_block_cast_to_fp8
 from deep_kernels.testing import calc_diff
 from deep_kernels.testing.bench import L2Flusher, time_kernels_us
+from deep_kernels.testing.gemm import make_gemm_inputs
 
 NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
 
@@ -57,14 +56,8 @@ def configs_for(m: int, n: int, k: int, block_ms, block_ns, splits, both_k_loops
                                                          overlap_epilogue=overlap)
 
 
-def _label(block_m, block_n, splits, pipelined, multicast, on_a, overlap=False) -> str:
-    """128x192/1 (split count), p: pipelined K loop, o: epilogue overlap, +a / +b: multicast on A / B."""
-    return (f"{block_m}x{block_n}/{splits}{'p' if pipelined else ''}{'o' if overlap else ''}"
-            f"{('+a' if on_a else '+b') if multicast > 1 else ''}")
-
-
 def _row(m: int, n: int, k: int, config, us: float, num_sms: int, diff: float) -> dict:
-    return {"calc_diff": diff, "m": m, "n": n, "k": k, "block_m": config.block_m, "block_n": config.block_n,
+    return {"calc_diff": diff, "m": m, "n": n, "k": k, "label": heuristics.config_label(config), "block_m": config.block_m, "block_n": config.block_n,
             "splits": config.num_splits, "pipelined": config.pipelined, "overlap": config.overlap_epilogue,
             "multicast": config.num_tma_multicast, "multicast_on_a": config.multicast_on_a, "us": round(us, 2),
             "tflops": round(2 * m * n * k / us / 1e6, 1),
@@ -94,7 +87,7 @@ def main() -> None:
     flusher = L2Flusher(torch.cuda.get_device_properties(0).L2_cache_size)
     rows = []
     for m, n, k in dict.fromkeys((m, n, k) for m, n, k, _ in problems):
-        a, b = _operands(m, n, k)
+        a, b = make_gemm_inputs(m, n, k)
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         configs = [config for pm, pn, pk, config in problems if (pm, pn, pk) == (m, n, k)]
         calls = [gemm.forced_config_call(config, a, b, d) for config in configs]
@@ -118,20 +111,12 @@ def main() -> None:
         for n, k in nks:
             shape_rows = [r for r in rows if (r["m"], r["n"], r["k"]) == (m, n, k)]
             pick = heuristics.get_fp8_gemm_config(m, n, k, num_sms, allow_split_k=True)
-            picked = [r for r in shape_rows if (r["block_m"], r["block_n"], r["splits"], r["pipelined"], r["multicast"],
-                                                r["multicast_on_a"], r["overlap"]) ==
-                      (pick.block_m, pick.block_n, pick.num_splits, pick.pipelined, pick.num_tma_multicast,
-                       pick.multicast_on_a, pick.overlap_epilogue)]
+            pick_label = heuristics.config_label(pick)
+            picked = [r for r in shape_rows if r["label"] == pick_label]
             best = min(shape_rows, key=lambda r: r["us"])
             picked_text = f"{picked[0]['us']:7.2f} us" if picked else "(not swept)"
-            pick_label = _label(pick.block_m, pick.block_n, pick.num_splits, pick.pipelined, pick.num_tma_multicast,
-                                pick.multicast_on_a, pick.overlap_epilogue)
-            best_label = _label(best["block_m"], best["block_n"], best["splits"], best["pipelined"], best["multicast"],
-                                best["multicast_on_a"], best["overlap"])
-            print(f"{m:5d}x{n:5d}x{k:5d} pick {pick_label} {picked_text} | best {best_label} {best['us']:7.2f} us "
+            print(f"{m:5d}x{n:5d}x{k:5d} pick {pick_label} {picked_text} | best {best['label']} {best['us']:7.2f} us "
                   f"{best['tflops']} TFLOPS (model {best['model_us']:.2f})")
-
-
     if wrong:
         raise SystemExit(f"{len(wrong)} configs above calc_diff {args.max_diff}")
 

@@ -561,27 +561,27 @@ def test_two_wave_tiles_match_reference(monkeypatch, block_n, multicast, multica
     assert_gemm_close(d, expected)
 
 
-def _inputs_with_k(m: int, n: int, k: int) -> tuple:
-    """make_gemm_inputs for any K: cast at K rounded up to 128 with the columns past K zero, then cut to K (the
-    last scale group covers the remaining columns)."""
-    padded_k = -(-k // 128) * 128
-    x = gemm_activations(m, padded_k)
-    w = gemm_weights(n, padded_k)
-    x[:, k:] = 0
-    w[:, k:] = 0
-    (qa, sfa), (qb, sfb) = cast_activations(x), cast_weights(w)
-    return (qa[:, :k].contiguous(), sfa), (qb[:, :k].contiguous(), sfb)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(64, 2112, 7200), (4001, 576, 592), (129, 4096, 16), (1024, 1040, 2112)])
 def test_k_not_a_multiple_of_128(m, n, k):
     # TMA zero-fills the last K block past K; its scale group covers the K % 128 columns left.
-    a, b = _inputs_with_k(m, n, k)
+    a, b = make_gemm_inputs(m, n, k)
     assert tuple(a[1].shape) == (m, -(-k // 128))
     d = _run(a, b)
     assert_gemm_close(d, _reference(a, b))
     assert_bitwise_equal(_run(a, b), d, "d (second run)")
+
+
+def test_inputs_with_k_not_a_multiple_of_128():
+    # The last scale group covers the K % 128 columns left: the dequantized inputs are the cast of the
+    # zero-padded ones, cut to K.
+    (qa, sfa), (qb, sfb) = make_gemm_inputs(33, 576, 592, device="cpu")
+    assert qa.shape == (33, 592) and qb.shape == (576, 592) and qa.is_contiguous() and qb.is_contiguous()
+    assert tuple(sfa.shape) == (33, 5) and tuple(sfb.shape) == (5, 5)
+    padded_q, padded_sfa = make_gemm_inputs(33, 576, 640, device="cpu")[0]  # the same draw, not cut
+    assert torch.equal(qa[:, :512].view(torch.uint8), padded_q[:, :512].view(torch.uint8))
+    # The last group's scale sees only its 80 columns, a subset of the padded draw's 128.
+    assert (sfa[:, 4] <= padded_sfa[:, 4]).all() and (sfa[:, 4] < padded_sfa[:, 4]).any()
 
 
 def test_k_must_be_a_multiple_of_16():

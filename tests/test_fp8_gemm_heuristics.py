@@ -316,3 +316,9 @@ def test_epilogue_overlap_on_every_128_row_unsplit_candidate():
     assert heur.get_fp8_gemm_config(4096, 32768, 512, NUM_SMS, allow_split_k=True).overlap_epilogue
     assert not heur.get_fp8_gemm_config(64, 2112, 7168, NUM_SMS, allow_split_k=True).overlap_epilogue
     assert heur.template_args(overlapped, 7168, 2048, "bfloat16", False)[15] == "true"
+
+
+def test_config_label():
+    assert heur.config_label(heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True)) == "128x192/1o"
+    assert heur.config_label(heur.make_config(64, 64, 1, False, 2, num_splits=4)) == "64x64/4p"
+    assert heur.config_label(heur.make_config(256, 128, 2, True, 2)) == "256x128/1+a"

@@ -14,7 +14,7 @@ from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference.quant import per_block_cast_to_fp8
 from deep_kernels.testing import calc_diff, random_activations
-from deep_kernels.testing.bench import time_kernel_us, time_kernels_us
+from deep_kernels.testing.bench import time_kernels_us
 
 MS = (64, 128, 4096)
 NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
@@ -25,12 +25,6 @@ DECODE_MAX_M = 128
 
 
 PREVIOUS_BLOCK_MS = (64, 128)
-
-
-def _label(config) -> str:
-    multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
-    flags = ("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "")
-    return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
 
 
 def _cublas(a, b, sfa_column_major, sfb):
@@ -83,7 +77,7 @@ def run(ctx: BenchContext) -> list:
                 "peer": "torch._scaled_mm blockwise (cuBLAS)",
                 "peer_us": round(peer_us, 2) if peer_us else None,
                 "speedup": round(peer_us / us, 3) if peer_us else None,
-                "previous_config": _label(previous_config), "previous_us": round(previous_us, 2),
+                "previous_config": heuristics.config_label(previous_config), "previous_us": round(previous_us, 2),
                 "speedup_vs_previous": round(previous_us / us, 3),
                 "check": f"calc_diff={diff:.1e}, previous {previous_diff:.1e}" +
                          (f", cuBLAS {peer_diff:.1e}" if peer_diff is not None else ""),

@@ -379,6 +379,14 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
                           allow_split_k)[0][1]
 
 
+def config_label(config: Fp8GemmConfig) -> str:
+    """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), +a / +b (multicast of A / B):
+    128x192/1o, 64x64/4p, 256x128/1+a."""
+    flags = ("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "")
+    multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
+    return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
+
+
 def config_fields(config: Fp8GemmConfig) -> dict:
     """The fields that make a config again with make_config (what measured tuning stores)."""
     return {"block_m": config.block_m, "block_n": config.block_n, "num_tma_multicast": config.num_tma_multicast,

@@ -35,7 +35,7 @@ from deep_kernels.quant.common import (
     parse_layout, parse_scale_mode, scale_geometry, scale_layout_of,
 )
 from deep_kernels.validation import (
-    INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, check_tensor,
+    INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows,
     tma_aligned_size,
 )
 

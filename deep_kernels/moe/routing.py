@@ -19,7 +19,7 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.moe.gate import check_gate_args, kernel_groups, scoring_cpp, topk_gate
 from deep_kernels.moe.layout import (
-    CONTIGUOUS_ALIGNMENT, MoeLayout, check_layout_args, fill_blocks, moe_layout, new_layout,
+    CONTIGUOUS_ALIGNMENT, check_layout_args, fill_blocks, moe_layout, new_layout,
 )
 from deep_kernels.validation import ceil_div, check_cuda_device
 

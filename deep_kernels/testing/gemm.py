@@ -64,16 +64,25 @@ def cast_activations(x: torch.Tensor, scale_format: str = "fp32") -> tuple:
 
 
 def cast_weights(w: torch.Tensor, scale_format: str = "fp32") -> tuple:
-    """(b e4m3 [n, k], sfb [ceil(n / 128), k / 128] FP32, or power-of-two scales packed UE8M0 int32)."""
+    """(b e4m3 [n, k], sfb [ceil(n / 128), ceil(k / 128)] FP32, or power-of-two scales packed UE8M0 int32)."""
     ue8m0 = scale_format == "ue8m0"
     q, scales = per_block_cast_to_fp8(w, ue8m0=ue8m0)
     return q, pack_scales(scales, "packed_ue8m0").contiguous() if ue8m0 else scales
 
 
 def make_gemm_inputs(m: int, n: int, k: int, scale_format: str = "fp32", device="cuda", seed: int = 0) -> tuple:
-    """((a, sfa), (b, sfb)) of fp8_gemm_nt, from gemm_activations and gemm_weights."""
-    a = cast_activations(gemm_activations(m, k, device, seed), scale_format)
-    return a, cast_weights(gemm_weights(n, k, device, seed + 1), scale_format)
+    """((a, sfa), (b, sfb)) of fp8_gemm_nt, from gemm_activations and gemm_weights. K not a multiple of 128 (but of
+    16): cast at K rounded up to 128 with the columns past K zero, then cut to K, so the last scale group covers
+    the K % 128 columns left."""
+    padded_k = -(-k // TILE) * TILE
+    x = gemm_activations(m, padded_k, device, seed)
+    w = gemm_weights(n, padded_k, device, seed + 1)
+    if padded_k == k:
+        return cast_activations(x, scale_format), cast_weights(w, scale_format)
+    x[:, k:] = 0
+    w[:, k:] = 0
+    (qa, sfa), (qb, sfb) = cast_activations(x, scale_format), cast_weights(w, scale_format)
+    return (qa[:, :k].contiguous(), sfa), (qb[:, :k].contiguous(), sfb)
 
 
 def accumulator_like(product: torch.Tensor, seed: int = 2) -> torch.Tensor:
