@@ -40,7 +40,7 @@ def test_pipelined_gemm_keeps_a_wgmma_group_in_flight(compiled):
     # ptxas serializes wgmma (waiting for every group at once) when it cannot track the groups in flight;
     # the pipelined K loop must keep its wait for "at most one group pending".
     pipelined = [(spec, entry) for spec, entry in compiled
-                 if spec.name == "sm90_fp8_gemm" and spec.template_args[14] == "true"]
+                 if spec.name == "sm90_fp8_gemm" and gemm.FP8_GEMM.template_arguments(spec)["kPipelined"] == "true"]
     assert pipelined
     for spec, entry in pipelined:
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass.sass(entry / cache.BINARY_NAME), spec
@@ -50,7 +50,7 @@ def test_epilogue_overlap_stores_with_a_wgmma_group_in_flight(compiled):
     # The next tile's first wgmma group is issued before the tile's store and waited for only after it: some
     # TMA store (or reduce) follows a wgmma with no wait between them (without the overlap, a wait always does).
     overlapped = [(spec, entry) for spec, entry in compiled
-                  if spec.name == "sm90_fp8_gemm" and spec.template_args[15] == "true"]
+                  if spec.name == "sm90_fp8_gemm" and gemm.FP8_GEMM.template_arguments(spec)["kOverlapEpilogue"] == "true"]
     assert overlapped
     for spec, entry in overlapped:
         events = re.findall(r"\b(QGMMA|WARPGROUP\.DEPBAR|UTMASTG|UTMAREDG)", sass.sass(entry / cache.BINARY_NAME))

@@ -12,6 +12,7 @@
 #include "common/macros.cuh"
 #include "common/math.cuh"
 #include "epilogue/sm90_accumulator_store.cuh"
+#include "gemm/gemm_operands.cuh"
 #include "scheduler.cuh"
 
 namespace deep_kernels {
@@ -63,7 +64,7 @@ struct StageBuffers {
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t BLOCK_K_,
           uint32_t kNumStages_, uint32_t kNumTMAMulticast_, bool kIsMulticastOnA_, GemmType kGemmType_,
           typename OutputType_, bool kWithAccumulation_, uint32_t kNumSplits_, bool kPipelined_,
-          bool kOverlapEpilogue_>
+          bool kOverlapEpilogue_, GemmOperands kOperands_>
 struct Sm90Fp8GemmTraits {
     // Problem, tile, pipeline, cluster, kind and schedule
     static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_;
@@ -77,6 +78,7 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kNumSplits = kNumSplits_;
     static constexpr bool kPipelined = kPipelined_;
     static constexpr bool kOverlapEpilogue = kOverlapEpilogue_;
+    static constexpr GemmOperands kOperands = kOperands_;
 
     // Derived sizes
     static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
@@ -112,6 +114,7 @@ struct Sm90Fp8GemmTraits {
     using TileScheduler = Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits>;
 
     // Static checks
+    DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled, "operands: e4m3 with 1x128 and 128x128 scales");
     DK_STATIC_ASSERT(BLOCK_K == kScaleBlock, "one K block per 128-wide scale block");
     DK_STATIC_ASSERT(SHAPE_K % 16 == 0 && SHAPE_K > 0, "K is a positive multiple of 16 (the last K block zero-filled)");
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");

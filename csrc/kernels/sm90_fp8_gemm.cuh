@@ -141,7 +141,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           uint32_t kNumTMAThreads, uint32_t kNumMathThreads,
           uint32_t kNumTMAMulticast, bool kIsMulticastOnA,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue>
+          uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue, GemmOperands kOperands>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -150,7 +150,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     using namespace sm90_fp8_gemm_detail;
     using Traits = Sm90Fp8GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
                                      kIsMulticastOnA, kGemmType, OutputType, kWithAccumulation, kNumSplits,
-                                     kPipelined, kOverlapEpilogue>;
+                                     kPipelined, kOverlapEpilogue, kOperands>;
 
     // Static checks (the traits hold the rest)
     DK_STATIC_ASSERT(kNumTMAThreads == Traits::kNumTMAThreads && kNumMathThreads == Traits::kNumMathThreads,

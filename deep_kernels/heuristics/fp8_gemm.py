@@ -99,6 +99,10 @@ GEMM_TYPES = {
     "m_grouped_contiguous": "deep_kernels::GemmType::MGroupedContiguous",
     "m_grouped_masked": "deep_kernels::GemmType::MGroupedMasked",
 }
+# The operands' formats and scaling (csrc/gemm/gemm_operands.cuh).
+GEMM_OPERANDS = {
+    "fp8_block_scaled": "deep_kernels::GemmOperands::Fp8BlockScaled",
+}
 OUTPUT_TYPES = {"bfloat16": ("__nv_bfloat16", 2), "float32": ("float", 4)}
 
 KERNEL_HEADER = "kernels/sm90_fp8_gemm.cuh"
@@ -404,16 +408,19 @@ def _output_type(out_dtype) -> tuple:
 
 
 def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumulation: bool,
-                  gemm_type: str = "normal") -> list:
+                  gemm_type: str = "normal", operands: str = "fp8_block_scaled") -> list:
     """The kernel's C++ template arguments, in declaration order.
 
-    out_dtype is "bfloat16" / "float32" (or a torch dtype); gemm_type one of GEMM_TYPES.
+    out_dtype is "bfloat16" / "float32" (or a torch dtype); gemm_type one of GEMM_TYPES; operands one of
+    GEMM_OPERANDS.
     """
     cpp_type, _ = _output_type(out_dtype)
     if with_accumulation and cpp_type != "float":
         raise ValueError("accumulation needs a float32 D")
     if gemm_type not in GEMM_TYPES:
         raise ValueError(f"gemm_type must be one of {sorted(GEMM_TYPES)}, got {gemm_type!r}")
+    if operands not in GEMM_OPERANDS:
+        raise ValueError(f"operands must be one of {sorted(GEMM_OPERANDS)}, got {operands!r}")
     return [
         str(n),
         str(k),
@@ -431,6 +438,7 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         str(config.num_splits),
         "true" if config.pipelined else "false",
         "true" if config.overlap_epilogue else "false",
+        GEMM_OPERANDS[operands],
     ]
 
 
