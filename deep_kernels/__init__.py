@@ -5,6 +5,10 @@ registers every kernel family: deep_kernels.jit.registry), and the torch custom 
 their place (deep_kernels.ops: torch.ops.deep_kernels.*).
 """
 
+from deep_kernels.bf16_gemm import (
+    bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt, m_grouped_bf16_gemm_nt_contiguous,
+    m_grouped_bf16_gemm_nt_masked,
+)
 from deep_kernels.device import get_num_sms, set_num_sms
 from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
 from deep_kernels.grouped_gemm import (
@@ -32,7 +36,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # GEMMs
-    "fp8_gemm_nt", "get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor",
+    "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "m_grouped_bf16_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nt_masked", "fp8_gemm_nt", "get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "tma_aligned_size",
     # MoE routing
     "MoeLayout", "map_global_to_local_experts", "moe_expand", "moe_expand_cast_to_fp8", "moe_layout", "moe_reduce",

@@ -19,14 +19,15 @@ the d it writes. Written tensors are read-write for torch: what the kernels leav
 rows, skipped rows) keeps its contents as in eager calls.
 
 Not ops (they launch nothing of their own, and trace as they are): get_mn_major_tma_aligned_tensor and
-nvfp4_global_scale (torch ops), tma_aligned_size, get_m_alignment_for_contiguous_layout, get_num_sms, set_num_sms.
+nvfp4_global_scale (torch ops), tma_aligned_size, get_m_alignment_for_contiguous_layout, get_num_sms, set_num_sms,
+and bf16_gemm_nn / tn / tt (transposed views handed to bf16_gemm_nt, which traces to its op).
 """
 
 from dataclasses import fields
 
 import torch
 
-from deep_kernels import gemm, grouped_gemm
+from deep_kernels import bf16_gemm, gemm, grouped_gemm
 from deep_kernels.grouped_gemm import _split_pairs
 from deep_kernels.moe import expand, expert_parallel, gate, layout, routing
 from deep_kernels.moe.expand import _layout_sizes, expanded_scale_geometry
@@ -139,6 +140,37 @@ _define("m_grouped_fp8_gemm_nt_masked(Tensor a, Tensor sfa, Tensor b, Tensor sfb
 
 def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m):
     _OPS.m_grouped_fp8_gemm_nt_masked.default(*_split_pairs(a, b), d, masked_m, expected_m)
+    return d
+
+
+def _bf16_gemm_nt(a, b, d, c, c_is_d) -> None:
+    bf16_gemm.bf16_gemm_nt(a, b, d, d if c_is_d else c)
+
+
+_define("bf16_gemm_nt(Tensor a, Tensor b, Tensor(a!) d, Tensor? c, bool c_is_d) -> ()", _bf16_gemm_nt, _writes_only)
+
+
+def bf16_gemm_nt(a, b, d, c):
+    c_is_d = c is d
+    _OPS.bf16_gemm_nt.default(a, b, d, None if c_is_d else c, c_is_d)
+    return d
+
+
+_define("m_grouped_bf16_gemm_nt_contiguous(Tensor a, Tensor b, Tensor(a!) d, Tensor m_indices) -> ()",
+        bf16_gemm.m_grouped_bf16_gemm_nt_contiguous, _writes_only)
+
+
+def m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices):
+    _OPS.m_grouped_bf16_gemm_nt_contiguous.default(a, b, d, m_indices)
+    return d
+
+
+_define("m_grouped_bf16_gemm_nt_masked(Tensor a, Tensor b, Tensor(a!) d, Tensor masked_m, int expected_m) -> ()",
+        bf16_gemm.m_grouped_bf16_gemm_nt_masked, _writes_only)
+
+
+def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m):
+    _OPS.m_grouped_bf16_gemm_nt_masked.default(a, b, d, masked_m, expected_m)
     return d
 
 

@@ -31,9 +31,23 @@ def test_every_family_has_kernels(compiled):
     assert {"smxx_per_token_cast", "smxx_per_token_cast_back", "sm90_fp8_gemm"} <= names
 
 
+def _is_bf16_gemm(spec) -> bool:
+    return spec.name == "sm90_fp8_gemm" and gemm.FP8_GEMM.template_arguments(spec)["kOperands"].endswith("::Bf16")
+
+
 def test_no_stack_frame_or_local_memory(compiled):
     for spec, entry in compiled:
-        assert sass.kernel_problems(spec.name, entry / cache.BINARY_NAME) == [], spec
+        required = ("HGMMA",) if _is_bf16_gemm(spec) else None
+        assert sass.kernel_problems(spec.name, entry / cache.BINARY_NAME, required) == [], spec
+
+
+def test_bf16_gemm_keeps_a_wgmma_group_in_flight(compiled):
+    # The BF16 K loop waits for the previous K block's group only; ptxas would wait for every group at once if it
+    # could not track them.
+    bf16 = [(spec, entry) for spec, entry in compiled if _is_bf16_gemm(spec)]
+    assert bf16
+    for spec, entry in bf16:
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass.sass(entry / cache.BINARY_NAME), spec
 
 
 def test_pipelined_gemm_keeps_a_wgmma_group_in_flight(compiled):

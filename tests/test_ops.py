@@ -23,8 +23,11 @@ from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inp
 # Public functions without an op: they launch nothing of their own (torch ops, or host-side values) and trace as
 # they are.
 NEEDS_NO_OP = {"get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor", "get_num_sms",
-               "nvfp4_global_scale", "set_num_sms", "tma_aligned_size"}
-GEMMS = {"fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"}
+               "nvfp4_global_scale", "set_num_sms", "tma_aligned_size",
+               # transposed views handed to bf16_gemm_nt, which traces to its op
+               "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt"}
+GEMMS = {"fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "bf16_gemm_nt",
+         "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked"}
 
 
 # ---- inputs (CPU) ----
@@ -81,6 +84,27 @@ def _contiguous_gemm(form: str) -> tuple:
 def _masked_gemm() -> tuple:
     a, b, masked_m = make_masked_inputs([2, 0, 3], 4, 32, 128, device="cpu")
     return (a, b, torch.empty(3, 4, 32, dtype=torch.bfloat16), masked_m, 2), {}
+
+
+def _bf16_gemm(accumulate: bool) -> tuple:
+    """(args, kwargs) of bf16_gemm_nt: bf16 d, or FP32 d accumulating in place (c is d)."""
+    a, b = _x(5, 256), _x(64, 256, seed=1)
+    if not accumulate:
+        return (a, b, torch.empty(5, 64, dtype=torch.bfloat16)), {}
+    d = torch.rand(5, 64)
+    return (a, b, d), dict(c=d)
+
+
+def _bf16_contiguous_gemm() -> tuple:
+    m_indices = torch.full((256,), -1, dtype=torch.int32)
+    m_indices[:3], m_indices[128:133] = 0, 2
+    a, b = _x(256, 128), _x(96, 128, seed=1).view(3, 32, 128)
+    return (a, b, torch.empty(256, 32, dtype=torch.bfloat16), m_indices), {}
+
+
+def _bf16_masked_gemm() -> tuple:
+    a, b = _x(12, 128).view(3, 4, 128), _x(96, 128, seed=1).view(3, 32, 128)
+    return (a, b, torch.empty(3, 4, 32, dtype=torch.bfloat16), torch.tensor([2, 0, 3], dtype=torch.int32), 2), {}
 
 
 class Case(NamedTuple):
@@ -171,6 +195,10 @@ CASES = [
     Case("grouped_contiguous", "m_grouped_fp8_gemm_nt_contiguous", lambda: _contiguous_gemm("m_indices")),
     Case("grouped_contiguous-offsets", "m_grouped_fp8_gemm_nt_contiguous", lambda: _contiguous_gemm("offsets")),
     Case("grouped_masked", "m_grouped_fp8_gemm_nt_masked", _masked_gemm),
+    Case("bf16_gemm", "bf16_gemm_nt", lambda: _bf16_gemm(False)),
+    Case("bf16_gemm-c-is-d", "bf16_gemm_nt", lambda: _bf16_gemm(True)),
+    Case("bf16_grouped_contiguous", "m_grouped_bf16_gemm_nt_contiguous", _bf16_contiguous_gemm),
+    Case("bf16_grouped_masked", "m_grouped_bf16_gemm_nt_masked", _bf16_masked_gemm),
 ]
 
 

@@ -29,6 +29,10 @@ constexpr uint32_t kMaxSmemBytes = 232448;
 constexpr uint32_t kMaxPipelinedBlockN[2] = {128, 128};
 // Widest tile of 256 rows: each math warpgroup keeps two 64-row sets of final accumulators plus one partial set.
 constexpr uint32_t kMaxTwoWaveBlockN = 128;
+// BF16 operands: a stage holds 64 columns (128 bytes a row, the FP8 stage's bytes and swizzle); with no
+// partial accumulator sets a 64-row wave's tile may be as wide as one wgmma (256 columns).
+constexpr uint32_t kBf16BlockK = 64;
+constexpr uint32_t kMaxBf16BlockN = 256;
 
 // Math warpgroups of a BLOCK_M-row tile: one for 64 rows, else two, each owning BLOCK_M / 2 rows as
 // kNumMWaves consecutive 64-row wgmma blocks that share every B stage.
@@ -79,6 +83,7 @@ struct Sm90Fp8GemmTraits {
     static constexpr bool kPipelined = kPipelined_;
     static constexpr bool kOverlapEpilogue = kOverlapEpilogue_;
     static constexpr GemmOperands kOperands = kOperands_;
+    static constexpr bool kIsBf16 = kOperands == GemmOperands::Bf16;
 
     // Derived sizes
     static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
@@ -99,23 +104,29 @@ struct Sm90Fp8GemmTraits {
     // 64-row buffer per warpgroup and wave), then per stage A, B, sfa, then the full and empty barriers.
     using Store = AccumulatorStore<OutputType, BLOCK_N>;
     static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kNumMWaves * Store::kBytes, 1024);
-    static constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K;
-    static constexpr uint32_t kStageBBytes = BLOCK_N * BLOCK_K;
-    static constexpr uint32_t kStageSfaBytes = BLOCK_M * sizeof(float);
+    // Bytes of one operand element (e4m3 or bf16); BF16 stages hold no sfa.
+    static constexpr uint32_t kOperandBytes = kIsBf16 ? sizeof(__nv_bfloat16) : 1;
+    static constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K * kOperandBytes;
+    static constexpr uint32_t kStageBBytes = BLOCK_N * BLOCK_K * kOperandBytes;
+    static constexpr uint32_t kStageSfaBytes = kIsBf16 ? 0 : BLOCK_M * sizeof(float);
     static constexpr uint32_t kOffsetA = kSmemDBytes;
     static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr uint32_t kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
     static constexpr uint32_t kOffsetBarriers = kOffsetSfa + kNumStages * kStageSfaBytes;
     static constexpr uint32_t kSmemBytes = kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
     // NOTE: TMA counts a box's zero-filled bytes past K too, so every stage delivers the full box.
-    static constexpr uint32_t kStageTxBytes = (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float);
+    static constexpr uint32_t kStageTxBytes = kStageABytes + kStageBBytes + kStageSfaBytes;
 
     using Stages = StageBuffers<kStageABytes, kStageBBytes, BLOCK_M>;
     using TileScheduler = Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits>;
 
     // Static checks
-    DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled, "operands: e4m3 with 1x128 and 128x128 scales");
-    DK_STATIC_ASSERT(BLOCK_K == kScaleBlock, "one K block per 128-wide scale block");
+    DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled || kIsBf16,
+                     "operands: e4m3 with 1x128 and 128x128 scales, or bf16");
+    DK_STATIC_ASSERT(kIsBf16 || BLOCK_K == kScaleBlock, "one K block per 128-wide scale block");
+    DK_STATIC_ASSERT(!kIsBf16 || BLOCK_K == kBf16BlockK, "BF16: 64-column K blocks (128-byte rows)");
+    DK_STATIC_ASSERT(!kIsBf16 || (!kPipelined && !kOverlapEpilogue),
+                     "BF16: the K loop always keeps a group in flight; no second accumulator set to overlap with");
     DK_STATIC_ASSERT(SHAPE_K % 16 == 0 && SHAPE_K > 0, "K is a positive multiple of 16 (the last K block zero-filled)");
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,
@@ -123,8 +134,10 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN && kGemmType == GemmType::Normal &&
                                          kNumSplits == 1 && !kPipelined && !kOverlapEpilogue),
                      "256-row tiles: Normal kind, BLOCK_N <= 128, no split-K, pipelining or epilogue overlap");
-    DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= 192, "BLOCK_N in 16..192, a multiple of 16");
-    DK_STATIC_ASSERT(BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N), "a tile covers at most two sfb blocks");
+    DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= (kIsBf16 ? kMaxBf16BlockN : 192),
+                     "BLOCK_N in 16..192 (BF16: 16..256), a multiple of 16");
+    DK_STATIC_ASSERT(kIsBf16 || BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N),
+                     "a tile covers at most two sfb blocks");
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
     DK_STATIC_ASSERT((!kWithAccumulation || std::is_same_v<OutputType, float>), "accumulation into FP32 D");
     DK_STATIC_ASSERT(kNumSplits >= 1 && kNumSplits <= kNumKBlocks, "every split has at least one K block");

@@ -1,5 +1,6 @@
 // The SM90 FP8 GEMM's producer: one thread walks the scheduler's tiles and, per K block, waits for a free
-// stage and loads A, B and sfa into it with TMA (the multicast operand through the cluster leader).
+// stage and loads A, B and sfa (none with BF16 operands) into it with TMA (the multicast operand through the
+// cluster leader).
 #pragma once
 
 #include <cuda.h>
@@ -72,8 +73,9 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
                 load_shared_box<GemmType::Normal>(smem_b, tmap_b, full_barrier, k, b_row, 0, multicast,
                                                   scheduler.cta_rank);
             }
-            load_box<kGemmType>(stages.sfa_stage(state.stage), tmap_sfa, full_barrier, a_row,
-                                static_cast<int32_t>(k_block), tile.group_idx);
+            if constexpr (!Traits::kIsBf16)
+                load_box<kGemmType>(stages.sfa_stage(state.stage), tmap_sfa, full_barrier, a_row,
+                                    static_cast<int32_t>(k_block), tile.group_idx);
             state.advance();
         }
     }

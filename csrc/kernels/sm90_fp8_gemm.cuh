@@ -19,6 +19,10 @@
 // K is any multiple of 16: past the last multiple of 128, TMA zero-fills the last K block, whose scale group
 // covers the remaining columns. Unsupported: N % 16 != 0, BLOCK_N > 192, C distinct from D (the host copies C
 // into D first).
+// BF16 operands (kOperands Bf16, gemm/sm90_bf16_mainloop.cuh): A and B bf16, BLOCK_K 64 (128-byte rows, the same
+// swizzle and stage bytes), no scales (tmap_sfa and sfb unused: pass any valid map and nullptr), BLOCK_N up to 256;
+// the K loop keeps one wgmma group in flight across K blocks; no kPipelined, no kOverlapEpilogue. Tensor maps as
+// below with BFLOAT16 A and B and boxes {64, BLOCK_M} / {64, BLOCK_N} (128 bytes a row).
 //
 // Host contract (tensor maps from cuTensorMapEncodeTiled, dims and strides innermost first, interleave
 // none, OOB fill none (= zeros), coordinates in elements; L2 promotion 256B recommended for A and B, whose
@@ -63,6 +67,7 @@
 
 #include "common/macros.cuh"
 #include "epilogue/sm90_fp8_gemm_epilogue.cuh"
+#include "gemm/sm90_bf16_mainloop.cuh"
 #include "gemm/sm90_fp8_gemm_traits.cuh"
 #include "gemm/sm90_fp8_mainloop.cuh"
 #include "gemm/sm90_fp8_producer.cuh"
@@ -78,13 +83,24 @@ namespace sm90_fp8_gemm_detail {
 
 enum class WarpRole : uint32_t { Math, Producer };
 
+// The mainloop of the traits' operands: BF16 needs no promotion, every other kind promotes per 128-deep K block.
+template <typename Traits, typename Ring, bool kIsBf16 = Traits::kIsBf16>
+struct MainloopOf {
+    using type = Sm90Fp8Mainloop<Traits, Ring>;
+};
+
+template <typename Traits, typename Ring>
+struct MainloopOf<Traits, Ring, true> {
+    using type = Sm90Bf16Mainloop<Traits, Ring>;
+};
+
 // One math warpgroup's walk over the scheduler's tiles: the mainloop accumulates each tile, the epilogue stores it.
 template <typename Traits, typename Ring>
 DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const Ring& ring,
                                   typename Traits::TileScheduler& scheduler, uint8_t* smem_d_wg,
                                   const CUtensorMap* tmap_d, const float* sfb, typename Traits::OutputType* d,
                                   float* split_workspace, uint32_t* split_tickets) {
-    Sm90Fp8Mainloop<Traits, Ring> mainloop(stages, ring, sfb);
+    typename MainloopOf<Traits, Ring>::type mainloop(stages, ring, sfb);
     const Sm90Fp8Epilogue<Traits> epilogue{scheduler, smem_d_wg, tmap_d, d, split_workspace, split_tickets};
     TileInfo tile;
     if constexpr (!Traits::kOverlapEpilogue) {
@@ -171,7 +187,8 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     if (is_tma_thread) {
         ptx::tma_prefetch_descriptor(&tmap_a);
         ptx::tma_prefetch_descriptor(&tmap_b);
-        ptx::tma_prefetch_descriptor(&tmap_sfa);
+        if constexpr (!Traits::kIsBf16)
+            ptx::tma_prefetch_descriptor(&tmap_sfa);
         ptx::tma_prefetch_descriptor(&tmap_d);
         ring.init();
         ptx::fence_mbarrier_init();

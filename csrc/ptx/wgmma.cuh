@@ -1,5 +1,6 @@
-// wgmma wrappers: shared-memory matrix descriptors, fence/commit/wait, and the FP8 (e4m3 x e4m3 -> f32)
-// warpgroup MMA m64nNk32 with both operands K-major in shared memory.
+// wgmma wrappers: shared-memory matrix descriptors, fence/commit/wait, the FP8 (e4m3 x e4m3 -> f32)
+// warpgroup MMA m64nNk32 with both operands K-major in shared memory, and the BF16 (bf16 x bf16 -> f32) one,
+// m64nNk16, whose operands may also be MN-major.
 #pragma once
 
 #include <cstdint>
@@ -124,6 +125,56 @@ DK_DEFINE_FP8_WGMMA(224, 14)
 DK_DEFINE_FP8_WGMMA(240, 15)
 DK_DEFINE_FP8_WGMMA(256, 16)
 
+// Bf16Wgmma<N, kTransposeA, kTransposeB>::mma(desc_a, desc_b, d, accumulate): d (64 x N FP32, as Fp8Wgmma) =
+// A(64 x 16) * B(N x 16)^T + (accumulate ? d : 0), bf16 operands in shared memory, K-major unless transposed
+// (the descriptor's tile is then MN-major).
+template <uint32_t N, bool kTransposeA = false, bool kTransposeB = false>
+struct Bf16Wgmma;
+
+#define DK_BF16_WGMMA_ASM(N, CHUNKS, TRANSPOSE)                                                        \
+    asm volatile(                                                                                     \
+        "{\n"                                                                                         \
+        ".reg .pred scale_d;\n"                                                                       \
+        "setp.ne.b32 scale_d, %2, 0;\n"                                                               \
+        "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 "                                   \
+        "{" DK_WGMMA_ACC_PLACEHOLDERS_##CHUNKS "}, %0, %1, scale_d, 1, 1, " TRANSPOSE ";\n"          \
+        "}"                                                                                           \
+        : "+l"(desc_a), "+l"(desc_b), "+r"(accumulate), DK_WGMMA_ACC_OPERANDS_##CHUNKS(d))
+
+#define DK_DEFINE_BF16_WGMMA(N, CHUNKS)                                                                 \
+    template <bool kTransposeA, bool kTransposeB>                                                     \
+    struct Bf16Wgmma<N, kTransposeA, kTransposeB> {                                                   \
+        DK_DEVICE static void mma(uint64_t desc_a, uint64_t desc_b, float (&d)[(N) / 2], uint32_t accumulate) { \
+            if constexpr (!kTransposeA && !kTransposeB)                                               \
+                DK_BF16_WGMMA_ASM(N, CHUNKS, "0, 0");                                                 \
+            else if constexpr (kTransposeA && !kTransposeB)                                           \
+                DK_BF16_WGMMA_ASM(N, CHUNKS, "1, 0");                                                 \
+            else if constexpr (!kTransposeA && kTransposeB)                                           \
+                DK_BF16_WGMMA_ASM(N, CHUNKS, "0, 1");                                                 \
+            else                                                                                      \
+                DK_BF16_WGMMA_ASM(N, CHUNKS, "1, 1");                                                 \
+        }                                                                                             \
+    };
+
+DK_DEFINE_BF16_WGMMA(16, 1)
+DK_DEFINE_BF16_WGMMA(32, 2)
+DK_DEFINE_BF16_WGMMA(48, 3)
+DK_DEFINE_BF16_WGMMA(64, 4)
+DK_DEFINE_BF16_WGMMA(80, 5)
+DK_DEFINE_BF16_WGMMA(96, 6)
+DK_DEFINE_BF16_WGMMA(112, 7)
+DK_DEFINE_BF16_WGMMA(128, 8)
+DK_DEFINE_BF16_WGMMA(144, 9)
+DK_DEFINE_BF16_WGMMA(160, 10)
+DK_DEFINE_BF16_WGMMA(176, 11)
+DK_DEFINE_BF16_WGMMA(192, 12)
+DK_DEFINE_BF16_WGMMA(208, 13)
+DK_DEFINE_BF16_WGMMA(224, 14)
+DK_DEFINE_BF16_WGMMA(240, 15)
+DK_DEFINE_BF16_WGMMA(256, 16)
+
+#undef DK_DEFINE_BF16_WGMMA
+#undef DK_BF16_WGMMA_ASM
 #undef DK_DEFINE_FP8_WGMMA
 #undef DK_WGMMA_ACC_CHUNK
 #undef DK_WGMMA_ACC_PLACEHOLDERS_1

@@ -71,9 +71,10 @@ def local_memory_instructions(sass_text: str) -> list:
 REQUIRED_INSTRUCTIONS = {"sm90_fp8_gemm": ("QGMMA",)}
 
 
-def kernel_problems(kernel_name: str, cubin: Path) -> list:
+def kernel_problems(kernel_name: str, cubin: Path, required: tuple = None) -> list:
     """What a compiled kernel must not show, as messages (empty when it is clean): a stack frame, local
-    memory or local loads and stores, a target other than sm_90a, a required instruction missing."""
+    memory or local loads and stores, a target other than sm_90a, a required instruction missing (`required`,
+    default REQUIRED_INSTRUCTIONS of the kernel's name)."""
     problems = []
     usage = resource_usage(cubin)
     if usage.stack_bytes or usage.local_bytes:
@@ -82,6 +83,7 @@ def kernel_problems(kernel_name: str, cubin: Path) -> list:
     if ".target\tsm_90a" not in text:
         problems.append("not an sm_90a binary")
     problems += [f"local memory access: {instruction}" for instruction in local_memory_instructions(text)]
-    required = REQUIRED_INSTRUCTIONS.get(kernel_name, ())
+    if required is None:
+        required = REQUIRED_INSTRUCTIONS.get(kernel_name, ())
     problems += [f"{mnemonic} missing" for mnemonic in required if mnemonic not in text]
     return problems

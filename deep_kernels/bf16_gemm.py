@@ -1,0 +1,361 @@
+"""BF16 GEMMs: D = A @ B^T (+ C), dense and grouped (mixture of experts), on the SM90 GEMM engine's Bf16 kind
+(the FP8 GEMM's kernel, scheduler, pipeline and epilogue; HGMMA straight into the FP32 accumulators, no
+promotion).
+
+Layouts (DeepGEMM's calls and conventions):
+    dense       a [M, K] bf16, b [N, K] bf16, both K-major (rows 16-byte aligned); d [M, N] bf16, or FP32 (then
+                optionally with c FP32 [M, N] added, c may be d).
+    contiguous  a [M_total, K] bf16: every expert's rows back to back, each segment padded to
+                get_m_alignment_for_contiguous_layout() rows; m_indices [M_total] int32 (-1 on padding rows);
+                b [G, N, K] bf16; d [M_total, N] bf16.
+    masked      a [G, M_max, K] bf16; masked_m [G] int32 on the device; expected_m a host-side hint; b [G, N, K];
+                d [G, M_max, N] bf16.
+The NN / TN / TT forms (bf16_gemm_nn, ...) name B given as [K, N] and A given as [K, M]: they are the NT call on
+transposed views, which the kernel reads only K-major; an MN-major operand is refused with the copy that makes it
+K-major.
+Constraints: K and N multiples of 16; any M >= 0.
+"""
+
+import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
+
+from deep_kernels import gemm
+from deep_kernels.device import get_num_sms
+from deep_kernels.gemm import FP8_GEMM, call_signature, check_k_n
+from deep_kernels.grouped_gemm import _check_devices, _check_layout_tensor, _checked
+from deep_kernels.heuristics import bf16_gemm as heuristics
+from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
+from deep_kernels.jit.registry import precompiled
+from deep_kernels.jit.runtime import get_kernel, tensor_map
+from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
+from deep_kernels.validation import check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows
+
+BLOCK_K = heuristics.BLOCK_K
+CONTIGUOUS = "m_grouped_contiguous"
+MASKED = "m_grouped_masked"
+
+
+def kernel_spec(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal"):
+    return FP8_GEMM.spec(*heuristics.template_args(config, n, k, out_dtype, accumulate, gemm_type))
+
+
+def _get_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal"):
+    return get_kernel(kernel_spec(config, n, k, out_dtype, accumulate, gemm_type), smem_bytes=config.smem_bytes)
+
+
+# ---- validation ----
+
+def _check_k_major(t: torch.Tensor, name: str, rows: str, layout: str) -> None:
+    """A K-major bf16 operand; an MN-major one (a transposed view) is refused with the copy that makes it K-major."""
+    check_dtype(t, name, (torch.bfloat16,))
+    if t.dim() >= 2 and t.shape[-1] > 1 and t.stride(-1) != 1 and t.stride(-2) == 1:
+        raise ValueError(
+            f"{name} is {rows}-major (a transposed view, strides {tuple(t.stride())}): the BF16 GEMM reads {layout} "
+            f"K-major, so pass {name}.contiguous() (for bf16_gemm_nn/tn/tt: the [.., K] layout the NT call takes)")
+    check_row_major_rows(t, name)
+
+
+def _check_dense_call(a, b, d, c) -> tuple:
+    """Full validation of a dense call; returns (m, n, k)."""
+    check_rank(a, "a", 2)
+    check_rank(b, "b", 2)
+    _check_k_major(a, "a", "M", "a [M, K]")
+    _check_k_major(b, "b", "N", "b [N, K]")
+    m, k = a.shape
+    n = b.shape[0]
+    if b.shape[1] != k:
+        raise ValueError(f"a is [M, K] = {tuple(a.shape)} but b is {tuple(b.shape)}: K differs")
+    check_k_n(k, n)
+    accumulate = c is not None
+    check_dtype(d, "d", (torch.float32,) if accumulate else (torch.bfloat16, torch.float32))
+    if accumulate:
+        check_dtype(c, "c", (torch.float32,))
+        if tuple(c.shape) != (m, n):
+            raise ValueError(f"c must have shape {(m, n)}, got {tuple(c.shape)}")
+    if tuple(d.shape) != (m, n) or not d.is_contiguous():
+        raise ValueError(f"d must be a contiguous [M, N] = {(m, n)} tensor, got shape {tuple(d.shape)} "
+                         f"strides {tuple(d.stride())}")
+    check_row_major_rows(d, "d")
+    for tensor, name in ((a, "a"), (b, "b"), (d, "d")) + ((c, "c"),) * accumulate:
+        check_cuda_device(tensor, name, like=a)
+    return m, n, k
+
+
+def _check_b(b, k: int) -> tuple:
+    """Grouped b [G, N, K]; returns (G, N)."""
+    check_rank(b, "b", 3)
+    _check_k_major(b, "b", "N", "b [G, N, K]")
+    num_groups, n, b_k = b.shape
+    if b_k != k:
+        raise ValueError(f"a has K = {k} but b is [G, N, K] = {tuple(b.shape)}: K differs")
+    check_k_n(k, n)
+    if num_groups > 1 and b.stride(0) != n * b.stride(1):
+        raise ValueError(f"b's groups must follow each other (stride(0) = N * stride(1)), got strides {tuple(b.stride())}")
+    return num_groups, n
+
+
+def _check_grouped_d(d, shape: tuple) -> None:
+    check_dtype(d, "d", (torch.bfloat16,))
+    if tuple(d.shape) != shape or not d.is_contiguous():
+        raise ValueError(f"d must be a contiguous bf16 tensor of shape {shape}, got shape {tuple(d.shape)} "
+                         f"strides {tuple(d.stride())}")
+    check_row_major_rows(d, "d")
+
+
+def _check_contiguous_call(a, b, d, m_indices) -> tuple:
+    """Full validation; returns (m_total, n, k, G)."""
+    check_rank(a, "a", 2)
+    _check_k_major(a, "a", "M", "a [M_total, K]")
+    m, k = a.shape
+    num_groups, n = _check_b(b, k)
+    if m % CONTIGUOUS_ALIGNMENT != 0:
+        raise ValueError(f"a has M_total = {m} rows: it must be a multiple of "
+                         f"get_m_alignment_for_contiguous_layout() = {CONTIGUOUS_ALIGNMENT} (pad each expert's segment)")
+    _check_layout_tensor(m_indices, "m_indices", m)
+    _check_grouped_d(d, (m, n))
+    _check_devices(((a, "a"), (b, "b"), (d, "d"), (m_indices, "m_indices")))
+    return m, n, k, num_groups
+
+
+def _check_masked_call(a, b, d, masked_m, expected_m) -> tuple:
+    """Full validation; returns (M_max, n, k, G)."""
+    check_rank(a, "a", 3)
+    _check_k_major(a, "a", "M", "a [G, M_max, K]")
+    a_groups, m_max, k = a.shape
+    num_groups, n = _check_b(b, k)
+    if a_groups != num_groups:
+        raise ValueError(f"a has G = {a_groups} groups but b has {num_groups}")
+    if (num_groups > 1 and a.stride(0) < m_max * a.stride(1)) or a.stride(0) * a.element_size() % 16 != 0:
+        raise ValueError(f"a's groups must not overlap and start 16-byte aligned, got strides {tuple(a.stride())}")
+    _check_layout_tensor(masked_m, "masked_m", num_groups)
+    _check_grouped_d(d, (num_groups, m_max, n))
+    check_int_range(expected_m, "expected_m", 1, max(m_max, 1))
+    _check_devices(((a, "a"), (b, "b"), (d, "d"), (masked_m, "masked_m")))
+    return m_max, n, k, num_groups
+
+
+def _check_addresses(*tensors) -> None:
+    if any(t.data_ptr() % 16 for t in tensors):
+        raise ValueError("a, b and d must start at 16-byte aligned addresses (TMA)")
+
+
+# ---- dense ----
+
+_plans = {}
+
+
+def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int, config=None) -> tuple:
+    """(kernel, config, grid, split-K layout (num_unsplit_tiles, workspace floats, tickets)) of a dense problem,
+    with the heuristics' config unless one is given; one dict lookup once seen."""
+    key = (m, n, k, out_dtype, accumulate, num_sms, config)
+    plan = _plans.get(key)
+    if plan is None:
+        if config is None:
+            config = heuristics.get_bf16_gemm_config(m, n, k, num_sms, out_dtype_bytes=out_dtype.itemsize,
+                                                     with_accumulation=accumulate)
+        if not 1 <= config.num_splits <= -(-k // BLOCK_K):
+            raise ValueError(f"a BF16 config splits K into at most ceil(K / {BLOCK_K}) parts, got {config.num_splits}")
+        kernel = _get_kernel(config, n, k, out_dtype, accumulate)
+        grid = (fp8_heuristics.grid_size(config, m, n, num_sms), 1, 1)
+        split_layout = (fp8_heuristics.num_unsplit_tiles(config, m, n, num_sms),
+                        *fp8_heuristics.split_workspace_sizes(config, m, n, num_sms))
+        plan = _plans[key] = (kernel, config, grid, split_layout)
+    return plan
+
+
+# Signatures of dense calls that passed validation -> (m, n, k).
+_checked_dense_calls = {}
+
+
+def _launch_dense(a, b, d, c, config=None) -> torch.Tensor:
+    try:
+        signature = call_signature(a, b, d, c)
+    except AttributeError:  # not tensors: the full check says which
+        signature = None
+    problem = _checked_dense_calls.get(signature)
+    if problem is None:
+        problem = _check_dense_call(a, b, d, c)
+        if signature is not None:
+            _checked_dense_calls[signature] = problem
+    m, n, k = problem
+    _check_addresses(a, b, d)
+    if m == 0:
+        return d
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    kernel, config, grid, (num_unsplit_tiles, workspace_floats, num_tickets) = _plan(
+        m, n, k, d.dtype, c is not None, get_num_sms(), config)
+    workspace_ptr = tickets_ptr = 0
+    if num_tickets:
+        workspace = gemm._split_workspace(a.get_device(), workspace_floats, num_tickets)
+        workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
+    map_a = tensor_map(a, (config.block_m, BLOCK_K), 128)
+    # NOTE: the kernel reads no sfa with BF16 operands; tmap_sfa takes A's map so that every parameter is valid.
+    kernel.launch(
+        grid, a.get_device(), tmap_a=map_a, tmap_b=tensor_map(b, (config.block_n, BLOCK_K), 128), tmap_sfa=map_a,
+        tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes), sfb=0,
+        shape_m=m, grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr, split_tickets=tickets_ptr,
+        num_unsplit_tiles=num_unsplit_tiles)
+    return d
+
+
+def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+    """D = A @ B^T (+ C) with bf16 inputs and FP32 accumulation.
+
+    Args:
+        a: [M, K] bf16, K-major.
+        b: [N, K] bf16, K-major.
+        d: [M, N] output, bf16 or FP32; FP32 when c is given.
+        c: optional FP32 [M, N] added to the product (in FP32); may be d itself.
+
+    Returns:
+        d.
+
+    Notes:
+        Deterministic: the same inputs give the same bits (fixed reduction order, split-K included: at decode
+        sizes K may be split over several CTAs per tile, whose FP32 partial tiles meet in fp8_gemm_nt's
+        per-device workspace, grown on demand and never during CUDA-graph capture: run a shape once before
+        capturing it). No host synchronisation or allocation, so calls can be captured in CUDA graphs.
+    """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.bf16_gemm_nt(a, b, d, c)
+    return _launch_dense(a, b, d, c)
+
+
+def bf16_gemm_nn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+    """D = A @ B (+ C) with a [M, K] and b [K, N]: bf16_gemm_nt(a, b.T, d, c). The kernel reads B K-major, so b must
+    be the transposed view of a K-major [N, K] tensor (w.t()); a row-major [K, N] b is refused, naming the copy."""
+    return bf16_gemm_nt(a, _k_major_view(b, "b", "bf16_gemm_nn", "[K, N]", "N"), d, c)
+
+
+def bf16_gemm_tn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+    """D = A^T @ B (+ C) with a [K, M] and b [K, N]: bf16_gemm_nt(a.T, b.T, d, c) (both views must be K-major)."""
+    return bf16_gemm_nt(_k_major_view(a, "a", "bf16_gemm_tn", "[K, M]", "M"),
+                        _k_major_view(b, "b", "bf16_gemm_tn", "[K, N]", "N"), d, c)
+
+
+def bf16_gemm_tt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+    """D = A^T @ B^T (+ C) with a [K, M] and b [N, K]: bf16_gemm_nt(a.T, b, d, c) (a.T must be K-major)."""
+    return bf16_gemm_nt(_k_major_view(a, "a", "bf16_gemm_tt", "[K, M]", "M"), b, d, c)
+
+
+def _k_major_view(t, name: str, op: str, shape: str, mn: str) -> torch.Tensor:
+    """t ([K, MN]) transposed, which must be K-major: a row-major t is MN-major and refused, naming the copy."""
+    check_rank(t, name, 2)
+    if t.shape[1] > 1 and t.stride(1) == 1:
+        raise ValueError(f"{op}: {name} {shape} is {mn}-major (row-major {shape}); the BF16 GEMM reads operands "
+                         f"K-major only: pass {name} as the transposed view of a K-major tensor ({name}.t() of a "
+                         f"contiguous [{mn}, K] tensor), e.g. {name}.t().contiguous().t()")
+    return t.t()
+
+
+# ---- grouped ----
+
+_grouped_plans = {}
+
+
+def _grouped_plan(gemm_type: str, m: int, n: int, k: int, num_groups: int, config=None) -> tuple:
+    """(kernel, config, grid) of a grouped problem (m: total rows, or expected_m when masked)."""
+    num_sms = get_num_sms()
+    key = (gemm_type, m, n, k, num_groups, num_sms, config)
+    plan = _grouped_plans.get(key)
+    if plan is None:
+        if config is None:
+            config = heuristics.get_grouped_bf16_gemm_config(gemm_type, m, n, k, num_groups, num_sms)
+        elif config.num_splits != 1 or not heuristics.is_legal_tile(config.block_m, config.block_n, grouped=True):
+            raise ValueError("the grouped BF16 GEMMs take neither split-K nor 256-row tiles")
+        kernel = _get_kernel(config, n, k, torch.bfloat16, False, gemm_type)
+        if gemm_type == MASKED:
+            grid = num_sms // config.num_tma_multicast * config.num_tma_multicast
+        else:
+            grid = fp8_heuristics.grid_size(config, m, n, num_sms)
+        plan = _grouped_plans[key] = (kernel, config, (grid, 1, 1))
+    return plan
+
+
+def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
+                                      m_indices: torch.Tensor) -> torch.Tensor:
+    """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout (module docstring).
+
+    Args:
+        a: [M_total, K] bf16, K-major; M_total a multiple of get_m_alignment_for_contiguous_layout().
+        b: [G, N, K] bf16, K-major.
+        d: [M_total, N] bf16 output.
+        m_indices: [M_total] int32 CUDA tensor: each row's expert in [0, G), -1 on padding rows (ids outside [0, G)
+            count as padding); each expert's rows one segment starting on a multiple of the alignment.
+
+    Returns:
+        d.
+
+    Notes:
+        Padding rows of d are never written. Deterministic; no host synchronisation or allocation (CUDA-graph safe).
+    """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices)
+    return _launch_contiguous(a, b, d, m_indices)
+
+
+def _launch_contiguous(a, b, d, m_indices, config=None) -> torch.Tensor:
+    m, n, k, num_groups = _checked(_check_contiguous_call, (a, b, d, m_indices))
+    _check_addresses(a, b, d)
+    if m == 0 or num_groups == 0:
+        return d
+    kernel, config, grid = _grouped_plan(CONTIGUOUS, m, n, k, num_groups, config)
+    map_a = tensor_map(a, (config.block_m, BLOCK_K), 128)
+    kernel.launch(
+        grid, a.get_device(), tmap_a=map_a, tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, BLOCK_K), 128),
+        tmap_sfa=map_a,
+        tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
+        sfb=0, shape_m=m, grouped_layout=m_indices.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
+        split_workspace=0, split_tickets=0, num_unsplit_tiles=0)
+    return d
+
+
+def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
+                                  expected_m: int) -> torch.Tensor:
+    """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T for every expert g (masked layout, module docstring).
+
+    Args:
+        a: [G, M_max, K] bf16, K-major.
+        b: [G, N, K] bf16, K-major.
+        d: [G, M_max, N] bf16 output.
+        masked_m: [G] int32 CUDA tensor, valid rows per expert, read on the device (clamped to [0, M_max]).
+        expected_m: host-side estimate of the valid rows per expert, an integer in [1, max(M_max, 1)]; it only
+            steers the tile choice.
+
+    Returns:
+        d.
+
+    Notes:
+        Rows at or past masked_m[g] of d[g] are never written. One CTA per SM whatever masked_m holds; no host
+        synchronisation or allocation: the call can be captured in a CUDA graph and replayed with new masked_m.
+        Deterministic.
+    """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m)
+    return _launch_masked(a, b, d, masked_m, expected_m)
+
+
+def _launch_masked(a, b, d, masked_m, expected_m, config=None) -> torch.Tensor:
+    m_max, n, k, num_groups = _checked(_check_masked_call, (a, b, d, masked_m), expected_m)
+    _check_addresses(a, b, d)
+    if m_max == 0 or num_groups == 0:
+        return d
+    kernel, config, grid = _grouped_plan(MASKED, expected_m, n, k, num_groups, config)
+    map_a = tensor_map(a, (1, config.block_m, BLOCK_K), 128)
+    kernel.launch(
+        grid, a.get_device(), tmap_a=map_a, tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, BLOCK_K), 128),
+        tmap_sfa=map_a,
+        tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
+        sfb=0, shape_m=m_max, grouped_layout=masked_m.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
+        split_workspace=0, split_tickets=0, num_unsplit_tiles=0)
+    return d
+
+
+@precompiled
+def precompile_specs() -> list:
+    """Every kernel the BF16 heuristics pick over the representative shapes (dense and grouped)."""
+    return [FP8_GEMM.spec(*kernel.template_args()) for kernel in heuristics.all_candidate_kernels()]

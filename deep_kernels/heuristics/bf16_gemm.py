@@ -1,0 +1,241 @@
+"""Config choice for the BF16 GEMMs: the SM90 GEMM engine's Bf16 operands kind (csrc/gemm/sm90_bf16_mainloop.cuh).
+
+Pure functions of the problem and the device: no GPU calls, no torch. The model is the FP8 GEMM's
+(deep_kernels.heuristics.fp8_gemm: waves of work units, a K block bound by the larger of math and loads, DRAM,
+multicast, split-K), with what the BF16 kind changes:
+
+* A K block is 64 bf16 columns deep: the same 128 bytes a row as an FP8 block of 128 columns, and, at half the
+  FP8 tensor rate, the same tensor time. So a BF16 K block costs what an FP8 block of equal tile costs, less
+  the promotion: the accumulators are the result, and one wgmma group stays in flight across K blocks, so only
+  BF16_CONSTANT_SHARE of the FP8 block's constant term (the group's wait and the barrier waits) remains.
+* A stage holds no sfa; operands move 2 bytes an element from DRAM.
+* Tiles may be as wide as one wgmma (256 columns) with one 64-row wave per warpgroup: no partial accumulator
+  sets take registers. 256-row tiles (two waves) stay at most 128 wide, Normal kind only.
+* No pipelined flag (the K loop always keeps a group in flight) and no epilogue overlap.
+
+Candidates are enumerated in a fixed order (larger tiles first) and ties keep the first, so the choice is
+deterministic.
+"""
+
+from deep_kernels.heuristics import fp8_gemm
+from deep_kernels.heuristics.fp8_gemm import CandidateKernel, Fp8GemmConfig
+from deep_kernels.heuristics.grouped_fp8_gemm import modelled_rows
+
+BLOCK_K = 64
+OPERAND_BYTES = 2
+BLOCK_MS = (64, 128, 256)
+BLOCK_NS = tuple(range(16, 257, 16))
+MAX_TWO_WAVE_BLOCK_N = 128
+MIN_STAGES = fp8_gemm.MIN_STAGES
+# Share of the FP8 K block's constant term (fp8_gemm.MATH_SECONDS_PER_K_BLOCK) that a BF16 K block pays: no
+# promotion, and the next block's group is issued before the previous one is waited for (as the FP8 pipelined
+# K loop of one math warpgroup, fp8_gemm.PIPELINED_CONSTANT_SHARE[64]).
+BF16_CONSTANT_SHARE = 0.4
+OPERANDS = "bf16"
+GROUPED_GEMM_TYPES = ("m_grouped_contiguous", "m_grouped_masked")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int) -> int:
+    """Dynamic shared memory of the kernel's carve-up for bf16 stages: D staging, then per stage A and B (128
+    bytes a row), then the barriers."""
+    d_bytes = _ceil_div(block_m * block_n * out_dtype_bytes, 1024) * 1024
+    stage_bytes = (block_m + block_n) * BLOCK_K * OPERAND_BYTES
+    return d_bytes + num_stages * stage_bytes + 2 * num_stages * 8
+
+
+def max_stages(block_m: int, block_n: int, out_dtype_bytes: int,
+               smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> int:
+    fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes)
+    per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes) - fixed
+    return min(fp8_gemm.MAX_STAGES, (smem_capacity - fixed) // per_stage)
+
+
+def is_legal_tile(block_m: int, block_n: int, grouped: bool = False) -> bool:
+    """Whether the kernel takes the tiling: 256-row tiles only for the Normal kind, at most 128 columns."""
+    if block_m not in BLOCK_MS or block_n not in BLOCK_NS:
+        return False
+    return block_m != 256 or (not grouped and block_n <= MAX_TWO_WAVE_BLOCK_N)
+
+
+def make_config(block_m: int, block_n: int, num_tma_multicast: int = 1, multicast_on_a: bool = False,
+                out_dtype_bytes: int = 2, num_stages: int = None, num_splits: int = 1,
+                smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
+    """A BF16 config of the given tiling with as many stages as fit (or num_stages)."""
+    if not is_legal_tile(block_m, block_n):
+        raise ValueError(f"no BF16 kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n a multiple "
+                         f"of 16 up to 256 (at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
+    if num_splits != 1 and (num_tma_multicast != 1 or block_m == 256):
+        raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
+    stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, smem_capacity)
+    if stages < MIN_STAGES:
+        raise ValueError(f"a {block_m}x{block_n} BF16 tile fits only {stages} stages")
+    return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
+                         multicast_on_a=multicast_on_a,
+                         swizzle_d_bytes=fp8_gemm.swizzle_d_bytes(block_n, out_dtype_bytes),
+                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes), block_k=BLOCK_K,
+                         num_splits=num_splits, pipelined=False, overlap_epilogue=False)
+
+
+def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
+                     with_accumulation: bool = False, num_groups: int = 1) -> float:
+    """The model's run-time estimate (module docstring; the terms are fp8_gemm.estimate_seconds')."""
+    units = fp8_gemm.num_work_units(config, m, n, num_sms, num_groups)
+    ctas = fp8_gemm.grid_size(config, m, n, num_sms, num_groups)
+    clusters = ctas // config.num_tma_multicast
+    active_ctas = min(ctas, units * config.num_tma_multicast)
+    k_blocks = _ceil_div(k, BLOCK_K)
+
+    a, b = fp8_gemm.MATH_SECONDS_PER_K_BLOCK[config.block_m]
+    math_s = a * BF16_CONSTANT_SHARE + b * max(config.block_n, 64)
+    a_bytes, b_bytes = config.block_m * BLOCK_K * OPERAND_BYTES, config.block_n * BLOCK_K * OPERAND_BYTES
+    stage_bytes = l2_bytes = a_bytes + b_bytes
+    if config.num_tma_multicast == 2:
+        l2_bytes -= (a_bytes if config.multicast_on_a else b_bytes) / 2
+    load_s = max(stage_bytes / fp8_gemm.SM_INGEST_BYTES_PER_S,
+                 l2_bytes * active_ctas / fp8_gemm.AGGREGATE_INGEST_BYTES_PER_S)
+    k_block_s = max(math_s, load_s)
+    epilogue_s = fp8_gemm.EPILOGUE_SECONDS[config.block_m]
+    tile_s = k_blocks * k_block_s + epilogue_s
+    busiest_cta_s = _ceil_div(units, clusters) * tile_s
+    if config.num_splits > 1:
+        unsplit = fp8_gemm.num_unsplit_tiles(config, m, n, num_sms)
+        partial_bytes = config.block_m * config.block_n * 4
+        job_s = (_ceil_div(k_blocks, config.num_splits) * k_block_s + epilogue_s + fp8_gemm.SPLIT_SECONDS +
+                 config.num_splits * partial_bytes / fp8_gemm.SM_INGEST_BYTES_PER_S)
+        busiest_cta_s = unsplit // clusters * tile_s + _ceil_div(units - unsplit, clusters) * job_s
+
+    d_passes = 2 if with_accumulation else 1
+    dram_bytes = num_groups * ((m + n) * k * OPERAND_BYTES + d_passes * m * n * out_dtype_bytes)
+    dram_s = dram_bytes / fp8_gemm.DRAM_BYTES_PER_S
+    seconds = (fp8_gemm.LAUNCH_SECONDS + max(busiest_cta_s, dram_s) +
+               fp8_gemm.OVERLAP_LOSS * min(busiest_cta_s, dram_s))
+    return seconds * (fp8_gemm.MULTICAST_FACTOR[config.block_m] if config.num_tma_multicast == 2 else 1.0)
+
+
+def _multicast_options(m: int, n: int, block_m: int, block_n: int, num_sms: int):
+    yield 1, False
+    if num_sms < 2:
+        return
+    if _ceil_div(n, block_n) % 2 == 0:
+        yield 2, True
+    if _ceil_div(m, block_m) % 2 == 0:
+        yield 2, False
+
+
+def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_multicast: int, num_sms: int):
+    """1, and (no multicast, at most 128 rows) the split counts that fit one wave of jobs (fp8_gemm's rule over
+    64-deep K blocks)."""
+    yield 1
+    if num_tma_multicast != 1 or block_m == 256:
+        return
+    tiles = _ceil_div(m, block_m) * _ceil_div(n, block_n)
+    k_blocks = _ceil_div(k, BLOCK_K)
+    if tiles < num_sms:
+        yield from range(2, min(k_blocks, num_sms // tiles) + 1)
+    elif tiles % num_sms:
+        yield from range(2, min(k_blocks, num_sms // (tiles % num_sms), fp8_gemm.MAX_TAIL_SPLITS) + 1)
+
+
+def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES,
+                      out_dtype_bytes: int = 2, k: int = None, grouped: bool = False):
+    """Every legal BF16 config, larger tiles first (the tie order); split-K options only when k is given."""
+    for block_m in sorted(BLOCK_MS, reverse=True):
+        for block_n in reversed(BLOCK_NS):
+            if not is_legal_tile(block_m, block_n, grouped):
+                continue
+            if max_stages(block_m, block_n, out_dtype_bytes, smem_capacity) < MIN_STAGES:
+                continue
+            for num_tma_multicast, multicast_on_a in _multicast_options(m, n, block_m, block_n, num_sms):
+                splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
+                for num_splits in splits:
+                    yield make_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes,
+                                      num_splits=num_splits, smem_capacity=smem_capacity)
+
+
+def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES,
+                   out_dtype_bytes: int = 2, with_accumulation: bool = False) -> list:
+    """Every dense candidate (split-K included) with its modelled time, fastest first (ties: enumeration order)."""
+    fp8_gemm.check_problem(n, k, num_sms)
+    m = max(m, 1)
+    timed = [(estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation), config)
+             for config in candidate_configs(m, n, num_sms, smem_capacity, out_dtype_bytes, k)]
+    if not timed:
+        raise ValueError(f"no BF16 GEMM config fits {smem_capacity} bytes of shared memory")
+    timed.sort(key=lambda pair: pair[0])
+    return timed
+
+
+def get_bf16_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES,
+                         out_dtype_bytes: int = 2, with_accumulation: bool = False) -> Fp8GemmConfig:
+    """The config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T with bf16 A and B.
+
+    Args:
+        m: rows of A (0 allowed); n, k: multiples of 16; num_sms: SMs the persistent grid may use;
+        smem_capacity: dynamic shared memory per block; out_dtype_bytes: 2 (bf16 D) or 4 (FP32 D);
+        with_accumulation: D += A * B^T.
+
+    Returns:
+        A frozen Fp8GemmConfig with block_k 64; equal inputs give equal configs.
+    """
+    return ranked_configs(m, n, k, num_sms, smem_capacity, out_dtype_bytes, with_accumulation)[0][1]
+
+
+def get_grouped_bf16_gemm_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
+                                 smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
+    """The grouped kinds' config (bf16 D), as heuristics.grouped_fp8_gemm models the groups: m is the total rows
+    (contiguous) or the expected valid rows per group (masked)."""
+    if gemm_type not in GROUPED_GEMM_TYPES:
+        raise ValueError(f"gemm_type must be one of {GROUPED_GEMM_TYPES}, got {gemm_type!r}")
+    if not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
+    if m < 0:
+        raise ValueError(f"m must be >= 0, got {m}")
+    fp8_gemm.check_problem(n, k, num_sms)
+    rows = modelled_rows(gemm_type, m, num_groups, 0)
+    candidates = list(candidate_configs(rows, n, num_sms, smem_capacity, grouped=True))
+    if not candidates:
+        raise ValueError(f"no BF16 GEMM config fits {smem_capacity} bytes of shared memory")
+    return min(candidates, key=lambda config: estimate_seconds(
+        config, modelled_rows(gemm_type, m, num_groups, config.block_m), n, k, num_sms, num_groups=num_groups))
+
+
+def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumulation: bool,
+                  gemm_type: str = "normal") -> list:
+    """The engine's template arguments for a BF16 config."""
+    return fp8_gemm.template_args(config, n, k, out_dtype, with_accumulation, gemm_type, OPERANDS)
+
+
+REPRESENTATIVE_MS = fp8_gemm.REPRESENTATIVE_MS
+REPRESENTATIVE_NKS = fp8_gemm.REPRESENTATIVE_NKS
+
+
+class Bf16CandidateKernel(CandidateKernel):
+    def template_args(self) -> list:
+        return template_args(self.config, self.n, self.k, self.out_dtype, self.with_accumulation, self.gemm_type)
+
+
+def all_candidate_kernels(num_sms: int = 132) -> list:
+    """Every distinct kernel the BF16 heuristics pick over the representative shapes: dense with bf16 D and with
+    FP32 accumulation, and both grouped kinds (bf16 D)."""
+    from deep_kernels.heuristics import grouped_fp8_gemm
+
+    kernels = {}
+
+    def add(kernel):
+        kernels.setdefault(tuple(kernel.template_args()), kernel)
+
+    for out_dtype, with_accumulation in fp8_gemm.REPRESENTATIVE_OUTPUTS:
+        out_bytes = 2 if out_dtype == "bfloat16" else 4
+        for n, k in REPRESENTATIVE_NKS:
+            for m in REPRESENTATIVE_MS:
+                config = get_bf16_gemm_config(m, n, k, num_sms, out_dtype_bytes=out_bytes,
+                                              with_accumulation=with_accumulation)
+                add(Bf16CandidateKernel(config, n, k, out_dtype, with_accumulation))
+    for gemm_type, m, n, k, g in grouped_fp8_gemm.representative_problems():
+        config = get_grouped_bf16_gemm_config(gemm_type, m, n, k, g, num_sms)
+        add(Bf16CandidateKernel(config, n, k, "bfloat16", False, gemm_type))
+    return list(kernels.values())

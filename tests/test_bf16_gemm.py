@@ -1,0 +1,509 @@
+"""BF16 GEMMs (the GEMM engine's Bf16 kind): validation, heuristics and compiled code (CPU), and the kernels against
+a float64 reference (GPU).
+
+Inputs are testing.gemm's bf16 activations (each row and 128-column group its own power-of-two magnitude) and
+weights (each 128 x 128 block its own), so that a wrong K block, row or expert moves the result far past the bound.
+The check is testing.gemm.assert_gemm_close (every element: outputs are poisoned before each launch; the whole
+matrix, every 128 x 128 tile and every row within BF16_BOUND / FP32_BOUND, NaN and inf where the reference has
+them) plus the issue's whole-matrix bound for bf16 D, calc_diff <= 2e-6 (bf16 rounding alone gives about 1.4e-6).
+The planted-bug tests hand the real kernel one wrong K block of B and one row of the wrong expert, and show that the
+same check rejects each result.
+"""
+
+import re
+
+import pytest
+import torch
+
+import deep_kernels
+from deep_kernels import bf16_gemm
+from deep_kernels.heuristics import bf16_gemm as heuristics
+from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
+from deep_kernels.heuristics import grouped_fp8_gemm
+from deep_kernels.reference import bf16_gemm as reference
+from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_
+from deep_kernels.testing.gemm import (
+    BF16_BOUND, accumulator_like, assert_gemm_close, gemm_activations, gemm_errors, gemm_weights,
+)
+from deep_kernels.testing.grouped import contiguous_layout
+
+from conftest import FULL
+
+# The issue's bound on the whole bf16 matrix (FP32 D: testing.gemm.FP32_BOUND).
+WHOLE_BF16_BOUND = 2e-6
+NUM_SMS = 132
+
+
+def _inputs(m: int, n: int, k: int, device="cuda", seed: int = 0) -> tuple:
+    return gemm_activations(m, k, device, seed), gemm_weights(n, k, device, seed + 1)
+
+
+def _reference(a, b, c=None) -> torch.Tensor:
+    return reference.bf16_gemm_nt(a, b, torch.empty((a.shape[0], b.shape[0]), dtype=torch.float64, device=a.device), c)
+
+
+def _assert_close(d: torch.Tensor, expected: torch.Tensor) -> dict:
+    errors = assert_gemm_close(d, expected)
+    if d.dtype == torch.bfloat16:
+        assert errors["whole"] <= WHOLE_BF16_BOUND, f"calc_diff {errors['whole']:.3g} > {WHOLE_BF16_BOUND:g}"
+    return errors
+
+
+# ---- validation (CPU) ----
+
+def _cpu_operands(m=8, n=256, k=256):
+    return torch.zeros(m, k, dtype=torch.bfloat16), torch.zeros(n, k, dtype=torch.bfloat16), torch.empty(
+        m, n, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a, b, d: (a.half(), b, d), TypeError, "a must be torch.bfloat16"),
+    (lambda a, b, d: (a, b.float(), d), TypeError, "b must be torch.bfloat16"),
+    (lambda a, b, d: (a[None], b, d), ValueError, "a must be 2-D"),
+    (lambda a, b, d: (a, b[:, :128], d), ValueError, "K differs"),
+    (lambda a, b, d: (a[:, :200], b[:, :200], d), ValueError, "K must be a positive multiple of 16"),
+    (lambda a, b, d: (a, b[:200], d[:, :200]), ValueError, "N must be a positive multiple of 16"),
+    (lambda a, b, d: (a, b, d.half()), TypeError, "d must be torch.bfloat16 or torch.float32"),
+    (lambda a, b, d: (a, b, d[:, :128]), ValueError, "d must be a contiguous"),
+    (lambda a, b, d: (a, b, d.t().contiguous().t()), ValueError, "d must be a contiguous"),
+    (lambda a, b, d: (a.t().contiguous().t(), b, d), ValueError, "a is M-major .* pass a.contiguous"),
+    (lambda a, b, d: (a, b.t().contiguous().t(), d), ValueError, "b is N-major .* pass b.contiguous"),
+    (lambda a, b, d: (torch.zeros(8, 260, dtype=torch.bfloat16)[:, :256], b, d), ValueError, "16-byte aligned"),
+    (lambda a, b, d: (torch.zeros(8 * 256 + 1, dtype=torch.bfloat16)[1:].view(8, 256), b, d), ValueError,
+     "16-byte aligned"),
+    (lambda a, b, d: (a, b, d), ValueError, "a must be a CUDA tensor"),
+])
+def test_rejects_bad_input(mutate, error, match):
+    with pytest.raises(error, match=match):
+        deep_kernels.bf16_gemm_nt(*mutate(*_cpu_operands()))
+
+
+def test_accumulation_needs_fp32():
+    a, b, d = _cpu_operands()
+    with pytest.raises(TypeError, match="d must be torch.float32"):
+        deep_kernels.bf16_gemm_nt(a, b, d, c=torch.zeros(8, 256))
+    with pytest.raises(TypeError, match="c must be torch.float32"):
+        deep_kernels.bf16_gemm_nt(a, b, d.float(), c=torch.zeros(8, 256, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="c must have shape"):
+        deep_kernels.bf16_gemm_nt(a, b, d.float(), c=torch.zeros(8, 128))
+
+
+def test_mn_major_layouts_name_the_copy_they_need():
+    a, b, d = _cpu_operands()
+    with pytest.raises(ValueError, match=r"bf16_gemm_nn: b \[K, N\] is N-major .* b.t\(\).contiguous\(\).t\(\)"):
+        deep_kernels.bf16_gemm_nn(a, b.t().contiguous(), d)
+    with pytest.raises(ValueError, match=r"bf16_gemm_tn: a \[K, M\] is M-major"):
+        deep_kernels.bf16_gemm_tn(a.t().contiguous(), b.t().contiguous(), d)
+    with pytest.raises(ValueError, match=r"bf16_gemm_tt: a \[K, M\] is M-major"):
+        deep_kernels.bf16_gemm_tt(a.t().contiguous(), b, d)
+    # K-major views pass the layout check and reach the device check.
+    for call, args in ((deep_kernels.bf16_gemm_nn, (a, b.t(), d)), (deep_kernels.bf16_gemm_tn, (a.t(), b.t(), d)),
+                       (deep_kernels.bf16_gemm_tt, (a.t(), b, d))):
+        with pytest.raises(ValueError, match="must be a CUDA tensor"):
+            call(*args)
+
+
+def _cpu_grouped(num_groups=3, m=256, n=64, k=128):
+    a = torch.zeros(m, k, dtype=torch.bfloat16)
+    b = torch.zeros(num_groups, n, k, dtype=torch.bfloat16)
+    return a, b, torch.empty(m, n, dtype=torch.bfloat16), torch.zeros(m, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a, b, d, i: (a[:200], b, d[:200], i[:200]), ValueError, "multiple of"),
+    (lambda a, b, d, i: (a, b[:, :, :64], d, i), ValueError, "K differs"),
+    (lambda a, b, d, i: (a, b[0], d, i), ValueError, "b must be 3-D"),
+    (lambda a, b, d, i: (a, b.transpose(1, 2).contiguous().transpose(1, 2), d, i), ValueError, "b is N-major"),
+    (lambda a, b, d, i: (a, b, d, i.long()), TypeError, "m_indices must be torch.int32"),
+    (lambda a, b, d, i: (a, b, d, i[:128]), ValueError, "m_indices must be a contiguous int32 tensor of shape"),
+    (lambda a, b, d, i: (a, b, d.float(), i), TypeError, "d must be torch.bfloat16"),
+    (lambda a, b, d, i: (a, b, d, i), ValueError, "a must be a CUDA tensor"),
+])
+def test_contiguous_rejects_bad_input(mutate, error, match):
+    with pytest.raises(error, match=match):
+        deep_kernels.m_grouped_bf16_gemm_nt_contiguous(*mutate(*_cpu_grouped()))
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a, b, d, mm, e: (a[:2], b, d[:2], mm, e), ValueError, "a has G = 2 groups but b has 3"),
+    (lambda a, b, d, mm, e: (a, b, d, mm, 0), ValueError, "expected_m must be an integer in"),
+    (lambda a, b, d, mm, e: (a, b, d, mm, 2.0), ValueError, "expected_m must be an integer in"),
+    (lambda a, b, d, mm, e: (a, b, d, mm[:2], e), ValueError, "masked_m must be a contiguous int32 tensor"),
+    (lambda a, b, d, mm, e: (a, b, d[:, :8], mm, e), ValueError, "d must be a contiguous bf16 tensor of shape"),
+    (lambda a, b, d, mm, e: (a, b, d, mm, e), ValueError, "a must be a CUDA tensor"),
+])
+def test_masked_rejects_bad_input(mutate, error, match):
+    a = torch.zeros(3, 16, 128, dtype=torch.bfloat16)
+    b = torch.zeros(3, 64, 128, dtype=torch.bfloat16)
+    d = torch.empty(3, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(error, match=match):
+        deep_kernels.m_grouped_bf16_gemm_nt_masked(*mutate(a, b, d, torch.zeros(3, dtype=torch.int32), 4))
+
+
+def test_reference_matches_float64_matmul():
+    a, b = _inputs(64, 256, 512, device="cpu")
+    d = _reference(a, b)
+    assert calc_diff(d, a.double() @ b.double().T) < 1e-15
+    assert calc_diff(reference.bf16_gemm_nn(a, b.T, torch.empty_like(d)), d) == 0
+    assert calc_diff(reference.bf16_gemm_tn(a.T, b.T, torch.empty_like(d)), d) == 0
+
+
+def test_check_rejects_a_wrong_k_block_on_cpu():
+    # One 64-deep K block of B's second 128 rows read from the next K block (a wrong K offset): the tiles it touches
+    # move far past the bound.
+    a, b = _inputs(64, 1040, 512, device="cpu")
+    expected = _reference(a, b)
+    assert _assert_close(expected.bfloat16(), expected)["whole"] < WHOLE_BF16_BOUND
+    errors = gemm_errors(_reference(a, _planted_k_block(b)).bfloat16(), expected)
+    assert errors["tile"][0] > 100 * BF16_BOUND
+
+
+def _planted_k_block(b: torch.Tensor) -> torch.Tensor:
+    """b with rows 128..255, K block 1 (columns 64..127), holding K block 2's values."""
+    wrong = b.clone()
+    wrong[128:256, 64:128] = b[128:256, 128:192]
+    return wrong
+
+
+# ---- heuristics (CPU) ----
+
+DENSE_PROBLEMS = [(m, n, k, out_bytes, accumulate) for n, k in heuristics.REPRESENTATIVE_NKS
+                  for m in (1, 64, 128, 4001, 4096, 8192) for out_bytes, accumulate in ((2, False), (4, False), (4, True))]
+
+
+def test_config_choice_is_deterministic_and_legal():
+    picks = [heuristics.get_bf16_gemm_config(m, n, k, NUM_SMS, out_dtype_bytes=o, with_accumulation=acc)
+             for m, n, k, o, acc in DENSE_PROBLEMS]
+    assert picks == [heuristics.get_bf16_gemm_config(m, n, k, NUM_SMS, out_dtype_bytes=o, with_accumulation=acc)
+                     for m, n, k, o, acc in DENSE_PROBLEMS]
+    for (m, n, k, out_bytes, _), config in zip(DENSE_PROBLEMS, picks):
+        assert config.block_k == 64 and not config.pipelined and not config.overlap_epilogue
+        assert heuristics.is_legal_tile(config.block_m, config.block_n)
+        assert config.smem_bytes == heuristics.smem_bytes(config.block_m, config.block_n, config.num_stages, out_bytes)
+        assert config.smem_bytes <= fp8_heuristics.SMEM_CAPACITY_BYTES
+        assert heuristics.MIN_STAGES <= config.num_stages
+        assert 1 <= config.num_splits <= -(-k // 64)
+        assert config.num_splits == 1 or (config.num_tma_multicast == 1 and config.block_m <= 128)
+        assert 0 < fp8_heuristics.grid_size(config, m, n, NUM_SMS) <= NUM_SMS
+
+
+def test_model_picks_what_the_tiles_suggest():
+    # Large M: 128-row (or wider) tiles that are wide; decode: split K to fill the SMs.
+    large = heuristics.get_bf16_gemm_config(4096, 7168, 2048, NUM_SMS)
+    assert large.block_m >= 128 and large.block_n >= 128
+    decode = heuristics.get_bf16_gemm_config(64, 2112, 7168, NUM_SMS)
+    assert decode.num_splits > 1
+    # BF16 K blocks are half as deep as FP8's: the model costs twice as many for the same K.
+    config = heuristics.make_config(128, 128)
+    assert (heuristics.estimate_seconds(config, 4096, 4096, 8192, NUM_SMS) >
+            1.8 * heuristics.estimate_seconds(config, 4096, 4096, 4096, NUM_SMS) - 1e-5)
+
+
+def test_grouped_configs_are_legal():
+    for gemm_type, m, n, k, g in grouped_fp8_gemm.representative_problems():
+        config = heuristics.get_grouped_bf16_gemm_config(gemm_type, m, n, k, g, NUM_SMS)
+        assert config.num_splits == 1 and config.block_m in (64, 128)
+        assert heuristics.is_legal_tile(config.block_m, config.block_n, grouped=True)
+    with pytest.raises(ValueError, match="gemm_type"):
+        heuristics.get_grouped_bf16_gemm_config("normal", 64, 256, 256, 1, NUM_SMS)
+
+
+def test_make_config_rejects_illegal_tiles():
+    for args in ((256, 192), (96, 128), (128, 264)):
+        with pytest.raises(ValueError, match="no BF16 kernel"):
+            heuristics.make_config(*args)
+    with pytest.raises(ValueError, match="split-K needs"):
+        heuristics.make_config(128, 128, 2, True, num_splits=2)
+
+
+def test_template_args_name_the_bf16_kind():
+    args = heuristics.template_args(heuristics.make_config(128, 256), 4096, 7168, torch.bfloat16, False)
+    named = dict(zip(bf16_gemm.FP8_GEMM.template, args))
+    assert named["kOperands"] == "deep_kernels::GemmOperands::Bf16" and named["BLOCK_K"] == "64"
+    assert named["kPipelined"] == named["kOverlapEpilogue"] == "false"
+
+
+# ---- compiled code (CPU: nvcc for sm_90a, no GPU) ----
+
+def test_smem_bytes_is_the_kernels_carve_up(tmp_path):
+    # The host's shared-memory size must be the traits' kSmemBytes for BF16 stages (no sfa, 128-byte rows).
+    from deep_kernels.jit import compiler
+
+    kernels = heuristics.all_candidate_kernels() + [
+        heuristics.Bf16CandidateKernel(heuristics.make_config(64, 256, out_dtype_bytes=4), 7168, 2048, "float32", True)]
+    checks = []
+    for kernel in kernels:
+        args = kernel.template_args()
+        traits_args = ", ".join(args[:6] + args[8:])
+        checks.append(f"static_assert(deep_kernels::sm90_fp8_gemm_detail::Sm90Fp8GemmTraits<{traits_args}>::kSmemBytes "
+                      f"== {kernel.config.smem_bytes});")
+    source = tmp_path / "smem_check.cu"
+    source.write_text('#include "gemm/sm90_fp8_gemm_traits.cuh"\n' + "\n".join(checks) + "\n")
+    command = compiler.compile_command(source, tmp_path / "smem_check.cubin", "90a")
+    compiler.run_compile(command)
+    source.write_text(source.read_text().replace(f"== {kernels[0].config.smem_bytes});",
+                                                 f"== {kernels[0].config.smem_bytes + 1});", 1))
+    with pytest.raises(RuntimeError, match="static assertion failed"):
+        compiler.run_compile(command)
+
+
+# Representative kinds: two-warpgroup 128 x 256 tiles, 256-row tiles (two waves) with multicast, a split-K decode
+# tile of one warpgroup, and the masked kind's row-predicated store.
+SASS_KERNELS = [
+    heuristics.Bf16CandidateKernel(heuristics.make_config(128, 256), 4096, 7168, "bfloat16", False),
+    heuristics.Bf16CandidateKernel(heuristics.make_config(256, 128, 2, True), 7168, 2048, "bfloat16", False),
+    heuristics.Bf16CandidateKernel(heuristics.make_config(64, 64, out_dtype_bytes=4, num_splits=4), 2112, 7168,
+                                   "float32", True),
+    heuristics.Bf16CandidateKernel(heuristics.make_config(128, 192), 7168, 2048, "bfloat16", False,
+                                   "m_grouped_masked"),
+]
+
+
+@pytest.fixture(scope="module")
+def compiled_sass(tmp_path_factory):
+    from deep_kernels.jit import cache
+    from deep_kernels.jit.precompile import precompile
+    from deep_kernels.testing import sass
+
+    from conftest import cache_dir_set_to
+
+    with cache_dir_set_to(tmp_path_factory.mktemp("cache")):
+        specs = [bf16_gemm.FP8_GEMM.spec(*kernel.template_args()) for kernel in SASS_KERNELS]
+        entries = precompile(specs, arch="90a", progress=False)
+        yield [(spec, entry / cache.BINARY_NAME, sass.sass(entry / cache.BINARY_NAME)) for spec, entry in
+               zip(specs, entries)]
+
+
+def test_compiled_kernels_use_hgmma_with_a_group_in_flight(compiled_sass):
+    from deep_kernels.testing import sass
+
+    for spec, cubin, text in compiled_sass:
+        assert sass.kernel_problems(spec.name, cubin, required=("HGMMA",)) == [], spec
+        assert "QGMMA" not in text
+        # The K loop waits for the previous K block's group only (ptxas would wait for all if it lost track).
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in text, spec
+        assert re.search(r"HGMMA\.64x\d+x16\.F32\.BF16", text), spec
+
+
+# ---- kernels against the reference (GPU) ----
+
+FORCED_SHAPE = (1000, 2112, 1600)
+FORCED_CONFIGS = [(256, 128, 2, True, 1), (256, 112, 2, False, 1), (128, 256, 1, False, 1), (128, 144, 2, False, 1),
+                  (64, 176, 1, False, 1), (128, 96, 1, False, 3)]
+ACCUMULATION_CASES = [(100, 2112, 7168, "c"), (4096, 7168, 2048, "c_is_d"), (64, 4096, 7168, "fp32")]
+CONTIGUOUS_CASES = [([300, 0, 1000, 77], 4096, 7168), ([1, 128, 255, 0, 513, 64, 64, 200], 7168, 2048)]
+WRONG_EXPERT_CASE = ([200, 100, 300], 2112, 1024)
+MASKED_CASES = [([0, 17, 256, 100], 256, 100, 4096, 7168), ([1, 64, 63, 0, 8, 33], 64, 32, 7168, 2048)]
+
+
+def _gpu_test_kernels(num_sms: int) -> list:
+    """The kernels the GPU tests below launch (so that they compile in parallel, up front)."""
+    dense = [(m, n, k, 2, False, num_sms) for m, n, k in _dense_shapes() + [(300, 2112, 1024), (300, 1040, 512),
+                                                                             (64, 2112, 7168)]]
+    dense += [(1000, 2112, 7168, 2, False, 60)]
+    dense += [(m, n, k, 4, mode != "fp32", num_sms) for m, n, k, mode in ACCUMULATION_CASES]
+    kernels = [heuristics.Bf16CandidateKernel(
+        heuristics.get_bf16_gemm_config(m, n, k, sms, out_dtype_bytes=out_bytes, with_accumulation=accumulate), n, k,
+        "bfloat16" if out_bytes == 2 else "float32", accumulate) for m, n, k, out_bytes, accumulate, sms in dense]
+    kernels += [heuristics.Bf16CandidateKernel(heuristics.make_config(bm, bn, mc, on_a, num_splits=splits),
+                                               *FORCED_SHAPE[1:], "bfloat16", False)
+                for bm, bn, mc, on_a, splits in FORCED_CONFIGS]
+    grouped = [(bf16_gemm.CONTIGUOUS, sum(-(-size // 128) * 128 for size in s), n, k, len(s))
+               for s, n, k in CONTIGUOUS_CASES + [WRONG_EXPERT_CASE]]
+    grouped += [(bf16_gemm.MASKED, expected_m, n, k, len(masked)) for masked, _, expected_m, n, k in MASKED_CASES]
+    kernels += [heuristics.Bf16CandidateKernel(heuristics.get_grouped_bf16_gemm_config(t, m, n, k, g, num_sms), n, k,
+                                               "bfloat16", False, t) for t, m, n, k, g in grouped]
+    return kernels
+
+
+@pytest.fixture(scope="module")
+def built_kernels():
+    import os
+
+    from deep_kernels.jit.precompile import precompile
+
+    kernels = _gpu_test_kernels(deep_kernels.get_num_sms())
+    precompile([bf16_gemm.FP8_GEMM.spec(*kernel.template_args()) for kernel in kernels], jobs=os.cpu_count(),
+               progress=False)
+
+def _run(a, b, out_dtype=torch.bfloat16, config=None) -> torch.Tensor:
+    d = poison_(torch.empty((a.shape[0], b.shape[0]), device="cuda", dtype=out_dtype))
+    return bf16_gemm._launch_dense(a, b, d, None, config)
+
+
+def _dense_shapes():
+    # Decode (split-K), one and two math warpgroups, large M, odd M, a partial last N block (576), one 16-column N
+    # block (1040), K not a multiple of 64 (zero-filled last K block) and the longest K.
+    shapes = [(1, 2112, 7168), (64, 7168, 2048), (128, 4096, 7168), (4096, 7168, 2048), (4001, 24576, 1536),
+              (129, 576, 7168), (777, 7168, 16384), (3, 1040, 528)]
+    if FULL:
+        shapes += [(8192, 4096, 7168), (4096, 32768, 512), (1000, 2112, 7168)]
+    return shapes
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("m,n,k", _dense_shapes())
+def test_matches_reference(m, n, k):
+    a, b = _inputs(m, n, k)
+    d = _run(a, b)
+    _assert_close(d, _reference(a, b))
+    assert_bitwise_equal(_run(a, b), d, "d (second run)")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("block_m,block_n,multicast,on_a,splits", FORCED_CONFIGS)
+def test_forced_tiles_match_reference(block_m, block_n, multicast, on_a, splits):
+    # Tile heights and widths (past FP8's 192), multicast of either operand and split-K, whatever the model picks.
+    m, n, k = FORCED_SHAPE
+    a, b = _inputs(m, n, k)
+    config = heuristics.make_config(block_m, block_n, multicast, on_a, num_splits=splits)
+    _assert_close(_run(a, b, config=config), _reference(a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("m,n,k,mode", ACCUMULATION_CASES)
+def test_fp32_output_and_accumulation(m, n, k, mode):
+    a, b = _inputs(m, n, k)
+    product = _reference(a, b)
+    if mode == "fp32":
+        _assert_close(_run(a, b, torch.float32), product)
+        return
+    c = accumulator_like(product)
+    d = c.clone() if mode == "c_is_d" else poison_(torch.empty((m, n), device="cuda"))
+    deep_kernels.bf16_gemm_nt(a, b, d, c=d if mode == "c_is_d" else c)
+    _assert_close(d, product + c.double())
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+def test_transposed_forms_are_the_nt_call():
+    m, n, k = 300, 2112, 1024
+    a, b = _inputs(m, n, k)
+    expected = _run(a, b)
+    for call, args in ((deep_kernels.bf16_gemm_nn, (a, b.t())), (deep_kernels.bf16_gemm_tn, (a.t(), b.t())),
+                       (deep_kernels.bf16_gemm_tt, (a.t(), b))):
+        d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
+        assert_bitwise_equal(call(*args, d), expected, call.__name__)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+def test_check_rejects_a_wrong_k_block():
+    m, n, k = 300, 1040, 512
+    a, b = _inputs(m, n, k)
+    expected = _reference(a, b)
+    _assert_close(_run(a, b), expected)
+    planted = _run(a, _planted_k_block(b))
+    assert torch.isfinite(planted).all()
+    with pytest.raises(AssertionError, match="calc_diff"):
+        _assert_close(planted, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+def test_empty_m_limited_sms_and_graph_replay():
+    a, b = _inputs(0, 2112, 7168)
+    d = torch.empty((0, 2112), device="cuda", dtype=torch.bfloat16)
+    assert deep_kernels.bf16_gemm_nt(a, b, d) is d
+    m, n, k = 1000, 2112, 7168
+    a, b = _inputs(m, n, k)
+    previous = deep_kernels.get_num_sms()
+    deep_kernels.set_num_sms(60)
+    try:
+        _assert_close(_run(a, b), _reference(a, b))
+    finally:
+        deep_kernels.set_num_sms(previous)
+    # A decode shape (split-K workspace) captured after one eager call, replayed with new activations.
+    a, b = _inputs(64, 2112, 7168)
+    d = torch.empty((64, 2112), device="cuda", dtype=torch.bfloat16)
+    deep_kernels.bf16_gemm_nt(a, b, d)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.bf16_gemm_nt(a, b, d)
+    a.copy_(gemm_activations(64, 7168, seed=7))
+    poison_(d)
+    graph.replay()
+    _assert_close(d, _reference(a, b))
+
+
+# ---- grouped kernels (GPU) ----
+
+def _contiguous_inputs(sizes, n, k, seed=0):
+    m_indices, _ = contiguous_layout(sizes)
+    a = gemm_activations(m_indices.numel(), k, seed=seed)
+    b = gemm_weights(n, k, seed=seed + 1, num_groups=len(sizes))
+    return a, b, m_indices
+
+
+def _check_grouped_rows(d, expected, written):
+    """Rows the kernel writes against the reference; the rest still poisoned (NaN)."""
+    _assert_close(d[written], expected[written])
+    assert torch.isnan(d[~written].float()).all(), "a row the kernel must not write was written"
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("sizes,n,k", CONTIGUOUS_CASES)
+def test_contiguous_matches_reference(sizes, n, k):
+    a, b, m_indices = _contiguous_inputs(sizes, n, k)
+    d = poison_(torch.empty((a.shape[0], n), device="cuda", dtype=torch.bfloat16))
+    deep_kernels.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices)
+    expected = reference.m_grouped_bf16_gemm_nt_contiguous(a, b, torch.zeros_like(d, dtype=torch.float64), m_indices)
+    _check_grouped_rows(d, expected, m_indices >= 0)
+    again = poison_(torch.empty_like(d))
+    assert_bitwise_equal(deep_kernels.m_grouped_bf16_gemm_nt_contiguous(a, b, again, m_indices), d, "d (second run)")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+def test_contiguous_check_rejects_a_row_of_the_wrong_expert():
+    sizes, n, k = WRONG_EXPERT_CASE
+    a, b, m_indices = _contiguous_inputs(sizes, n, k)
+    expected = reference.m_grouped_bf16_gemm_nt_contiguous(
+        a, b, torch.zeros((a.shape[0], n), device="cuda", dtype=torch.float64), m_indices)
+    wrong = m_indices.clone()
+    wrong[5] = 1  # row 5 is expert 0's
+    d = poison_(torch.empty((a.shape[0], n), device="cuda", dtype=torch.bfloat16))
+    deep_kernels.m_grouped_bf16_gemm_nt_contiguous(a, b, d, wrong)
+    with pytest.raises(AssertionError):
+        _check_grouped_rows(d, expected, m_indices >= 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("masked,m_max,expected_m,n,k", MASKED_CASES)
+def test_masked_matches_reference_and_replays(masked, m_max, expected_m, n, k):
+    num_groups = len(masked)
+    a = gemm_activations(num_groups * m_max, k).view(num_groups, m_max, k)
+    b = gemm_weights(n, k, seed=1, num_groups=num_groups)
+    masked_m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    d = poison_(torch.empty((num_groups, m_max, n), device="cuda", dtype=torch.bfloat16))
+    deep_kernels.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m)
+    written = torch.arange(m_max, device="cuda")[None, :] < masked_m[:, None]
+
+    def check():
+        expected = reference.m_grouped_bf16_gemm_nt_masked(a, b, torch.zeros_like(d, dtype=torch.float64), masked_m,
+                                                           expected_m)
+        _check_grouped_rows(d.flatten(0, 1), expected.flatten(0, 1), written.flatten())
+
+    check()
+    # Captured once, replayed with other masked_m and activations.
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m)
+    masked_m.copy_(masked_m.flip(0))
+    written = torch.arange(m_max, device="cuda")[None, :] < masked_m[:, None]
+    a.copy_(gemm_activations(num_groups * m_max, k, seed=5).view(num_groups, m_max, k))
+    poison_(d)
+    graph.replay()
+    check()
+
+
+def test_benchmark_suite_is_registered():
+    from deep_kernels.benchmarks import bf16_gemm as suite
+    from deep_kernels.benchmarks import suites
+
+    assert "bf16_gemm" in suites() and callable(suite.run)
