@@ -3,16 +3,17 @@
 promotion).
 
 Layouts (DeepGEMM's calls and conventions):
-    dense       a [M, K] bf16, b [N, K] bf16, both K-major (rows 16-byte aligned); d [M, N] bf16, or FP32 (then
+    dense       a [M, K] bf16, b [N, K] bf16, each K-major (rows 16-byte aligned) or MN-major (a transposed view:
+                a.t() of a [K, M] tensor with M contiguous, its K rows 16-byte aligned); d [M, N] bf16, or FP32 (then
                 optionally with c FP32 [M, N] added, c may be d).
     contiguous  a [M_total, K] bf16: every expert's rows back to back, each segment padded to
                 get_m_alignment_for_contiguous_layout() rows; m_indices [M_total] int32 (-1 on padding rows);
                 b [G, N, K] bf16; d [M_total, N] bf16.
     masked      a [G, M_max, K] bf16; masked_m [G] int32 on the device; expected_m a host-side hint; b [G, N, K];
                 d [G, M_max, N] bf16.
-The NN / TN / TT forms (bf16_gemm_nn, ...) name B given as [K, N] and A given as [K, M]: they are the NT call on
-transposed views, which the kernel reads only K-major; an MN-major operand is refused with the copy that makes it
-K-major.
+The NN / TN / TT forms (bf16_gemm_nn, ...) take B as [K, N] and A as [K, M]: they are the NT call on the transposed
+views; wgmma reads an MN-major operand from shared memory transposed, so no copy is made. The grouped GEMMs read
+their operands K-major only (an MN-major one is refused, naming the copy).
 Constraints: K and N multiples of 16; any M >= 0.
 """
 
@@ -31,36 +32,59 @@ from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows
 
 BLOCK_K = heuristics.BLOCK_K
+# Rows of M or N per box of an MN-major operand (128 bytes).
+MN_MAJOR_BOX = 64
 CONTIGUOUS = "m_grouped_contiguous"
 MASKED = "m_grouped_masked"
 
 
-def kernel_spec(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal"):
-    return FP8_GEMM.spec(*heuristics.template_args(config, n, k, out_dtype, accumulate, gemm_type))
+def kernel_spec(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal",
+                mn_major_a: bool = False, mn_major_b: bool = False):
+    return FP8_GEMM.spec(*heuristics.template_args(config, n, k, out_dtype, accumulate, gemm_type, mn_major_a,
+                                                   mn_major_b))
 
 
-def _get_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal"):
-    return get_kernel(kernel_spec(config, n, k, out_dtype, accumulate, gemm_type), smem_bytes=config.smem_bytes)
+def _get_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal",
+                mn_major_a: bool = False, mn_major_b: bool = False):
+    return get_kernel(kernel_spec(config, n, k, out_dtype, accumulate, gemm_type, mn_major_a, mn_major_b),
+                      smem_bytes=config.smem_bytes)
 
 
 # ---- validation ----
 
 def _check_k_major(t: torch.Tensor, name: str, rows: str, layout: str) -> None:
-    """A K-major bf16 operand; an MN-major one (a transposed view) is refused with the copy that makes it K-major."""
+    """A grouped GEMM's K-major bf16 operand; an MN-major one (a transposed view) is refused with the copy that makes
+    it K-major."""
     check_dtype(t, name, (torch.bfloat16,))
     if t.dim() >= 2 and t.shape[-1] > 1 and t.stride(-1) != 1 and t.stride(-2) == 1:
         raise ValueError(
-            f"{name} is {rows}-major (a transposed view, strides {tuple(t.stride())}): the BF16 GEMM reads {layout} "
-            f"K-major, so pass {name}.contiguous() (for bf16_gemm_nn/tn/tt: the [.., K] layout the NT call takes)")
+            f"{name} is {rows}-major (a transposed view, strides {tuple(t.stride())}): the grouped BF16 GEMMs read "
+            f"{layout} K-major, so pass {name}.contiguous()")
     check_row_major_rows(t, name)
 
 
+def _is_mn_major(t: torch.Tensor, name: str, rows: str) -> bool:
+    """Whether a dense bf16 operand [rows, K] is MN-major (rows contiguous) rather than K-major; neither is an error."""
+    check_dtype(t, name, (torch.bfloat16,))
+    num_rows, k = t.shape
+    if k <= 1 or t.stride(1) == 1:
+        check_row_major_rows(t, name)
+        return False
+    if num_rows <= 1 or t.stride(0) != 1:
+        raise ValueError(f"{name} [{rows}, K] must be K-major (K contiguous) or {rows}-major ({rows} contiguous, a "
+                         f"transposed view), got strides {tuple(t.stride())}: pass {name}.contiguous()")
+    if t.stride(1) < num_rows or t.stride(1) * t.element_size() % 16 or t.data_ptr() % 16:
+        raise ValueError(f"{name} is {rows}-major: its K rows must be 16-byte aligned and not overlap, and it must "
+                         f"start 16-byte aligned, got strides {tuple(t.stride())}")
+    return True
+
+
 def _check_dense_call(a, b, d, c) -> tuple:
-    """Full validation of a dense call; returns (m, n, k)."""
+    """Full validation of a dense call; returns (m, n, k, whether a is M-major, whether b is N-major)."""
     check_rank(a, "a", 2)
     check_rank(b, "b", 2)
-    _check_k_major(a, "a", "M", "a [M, K]")
-    _check_k_major(b, "b", "N", "b [N, K]")
+    mn_major_a = _is_mn_major(a, "a", "M")
+    mn_major_b = _is_mn_major(b, "b", "N")
     m, k = a.shape
     n = b.shape[0]
     if b.shape[1] != k:
@@ -78,7 +102,7 @@ def _check_dense_call(a, b, d, c) -> tuple:
     check_row_major_rows(d, "d")
     for tensor, name in ((a, "a"), (b, "b"), (d, "d")) + ((c, "c"),) * accumulate:
         check_cuda_device(tensor, name, like=a)
-    return m, n, k
+    return m, n, k, mn_major_a, mn_major_b
 
 
 def _check_b(b, k: int) -> tuple:
@@ -144,18 +168,21 @@ def _check_addresses(*tensors) -> None:
 _plans = {}
 
 
-def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int, config=None) -> tuple:
+def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int, config=None,
+          mn_major_a: bool = False, mn_major_b: bool = False) -> tuple:
     """(kernel, config, grid, split-K layout (num_unsplit_tiles, workspace floats, tickets)) of a dense problem,
     with the heuristics' config unless one is given; one dict lookup once seen."""
-    key = (m, n, k, out_dtype, accumulate, num_sms, config)
+    key = (m, n, k, out_dtype, accumulate, num_sms, config, mn_major_a, mn_major_b)
     plan = _plans.get(key)
     if plan is None:
         if config is None:
             config = heuristics.get_bf16_gemm_config(m, n, k, num_sms, out_dtype_bytes=out_dtype.itemsize,
-                                                     with_accumulation=accumulate)
+                                                     with_accumulation=accumulate, mn_major_b=mn_major_b)
         if not 1 <= config.num_splits <= -(-k // BLOCK_K):
             raise ValueError(f"a BF16 config splits K into at most ceil(K / {BLOCK_K}) parts, got {config.num_splits}")
-        kernel = _get_kernel(config, n, k, out_dtype, accumulate)
+        if not heuristics.is_legal_tile(config.block_m, config.block_n, mn_major_b=mn_major_b):
+            raise ValueError(f"no BF16 kernel for {config.block_m}x{config.block_n} tiles of an N-major b")
+        kernel = _get_kernel(config, n, k, out_dtype, accumulate, "normal", mn_major_a, mn_major_b)
         grid = (fp8_heuristics.grid_size(config, m, n, num_sms), 1, 1)
         split_layout = (fp8_heuristics.num_unsplit_tiles(config, m, n, num_sms),
                         *fp8_heuristics.split_workspace_sizes(config, m, n, num_sms))
@@ -163,7 +190,7 @@ def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_
     return plan
 
 
-# Signatures of dense calls that passed validation -> (m, n, k).
+# Signatures of dense calls that passed validation -> (m, n, k, mn_major_a, mn_major_b).
 _checked_dense_calls = {}
 
 
@@ -177,34 +204,42 @@ def _launch_dense(a, b, d, c, config=None) -> torch.Tensor:
         problem = _check_dense_call(a, b, d, c)
         if signature is not None:
             _checked_dense_calls[signature] = problem
-    m, n, k = problem
+    m, n, k, mn_major_a, mn_major_b = problem
     _check_addresses(a, b, d)
     if m == 0:
         return d
     if c is not None and c.data_ptr() != d.data_ptr():
         d.copy_(c)
     kernel, config, grid, (num_unsplit_tiles, workspace_floats, num_tickets) = _plan(
-        m, n, k, d.dtype, c is not None, get_num_sms(), config)
+        m, n, k, d.dtype, c is not None, get_num_sms(), config, mn_major_a, mn_major_b)
     workspace_ptr = tickets_ptr = 0
     if num_tickets:
         workspace = gemm._split_workspace(a.get_device(), workspace_floats, num_tickets)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    map_a = tensor_map(a, (config.block_m, BLOCK_K), 128)
+    map_a = _operand_map(a, config.block_m, mn_major_a)
     # NOTE: the kernel reads no sfa with BF16 operands; tmap_sfa takes A's map so that every parameter is valid.
     kernel.launch(
-        grid, a.get_device(), tmap_a=map_a, tmap_b=tensor_map(b, (config.block_n, BLOCK_K), 128), tmap_sfa=map_a,
+        grid, a.get_device(), tmap_a=map_a, tmap_b=_operand_map(b, config.block_n, mn_major_b), tmap_sfa=map_a,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes), sfb=0,
         shape_m=m, grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr, split_tickets=tickets_ptr,
         num_unsplit_tiles=num_unsplit_tiles)
     return d
 
 
+def _operand_map(t: torch.Tensor, block_rows: int, mn_major: bool) -> tuple:
+    """A dense operand's tensor map: K-major boxes {block_rows, 64}, or MN-major boxes of 64 x 64 (the kernel loads
+    block_rows / 64 of them per stage)."""
+    if mn_major:
+        return tensor_map(t, (MN_MAJOR_BOX, BLOCK_K), 128, transpose=True)
+    return tensor_map(t, (block_rows, BLOCK_K), 128)
+
+
 def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
     """D = A @ B^T (+ C) with bf16 inputs and FP32 accumulation.
 
     Args:
-        a: [M, K] bf16, K-major.
-        b: [N, K] bf16, K-major.
+        a: [M, K] bf16, K-major, or M-major (x.t() of a row-major [K, M] tensor x).
+        b: [N, K] bf16, K-major, or N-major (w.t() of a [K, N] tensor).
         d: [M, N] output, bf16 or FP32; FP32 when c is given.
         c: optional FP32 [M, N] added to the product (in FP32); may be d itself.
 
@@ -224,29 +259,23 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
 
 
 def bf16_gemm_nn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
-    """D = A @ B (+ C) with a [M, K] and b [K, N]: bf16_gemm_nt(a, b.T, d, c). The kernel reads B K-major, so b must
-    be the transposed view of a K-major [N, K] tensor (w.t()); a row-major [K, N] b is refused, naming the copy."""
-    return bf16_gemm_nt(a, _k_major_view(b, "b", "bf16_gemm_nn", "[K, N]", "N"), d, c)
+    """D = A @ B (+ C) with a [M, K] and b [K, N] (row-major: N-major, read transposed by wgmma; or the transposed
+    view of a K-major [N, K] tensor): bf16_gemm_nt(a, b.T, d, c)."""
+    return bf16_gemm_nt(a, _transposed(b, "b"), d, c)
 
 
 def bf16_gemm_tn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
-    """D = A^T @ B (+ C) with a [K, M] and b [K, N]: bf16_gemm_nt(a.T, b.T, d, c) (both views must be K-major)."""
-    return bf16_gemm_nt(_k_major_view(a, "a", "bf16_gemm_tn", "[K, M]", "M"),
-                        _k_major_view(b, "b", "bf16_gemm_tn", "[K, N]", "N"), d, c)
+    """D = A^T @ B (+ C) with a [K, M] and b [K, N] (the weight gradient's layout): bf16_gemm_nt(a.T, b.T, d, c)."""
+    return bf16_gemm_nt(_transposed(a, "a"), _transposed(b, "b"), d, c)
 
 
 def bf16_gemm_tt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
-    """D = A^T @ B^T (+ C) with a [K, M] and b [N, K]: bf16_gemm_nt(a.T, b, d, c) (a.T must be K-major)."""
-    return bf16_gemm_nt(_k_major_view(a, "a", "bf16_gemm_tt", "[K, M]", "M"), b, d, c)
+    """D = A^T @ B^T (+ C) with a [K, M] and b [N, K]: bf16_gemm_nt(a.T, b, d, c)."""
+    return bf16_gemm_nt(_transposed(a, "a"), b, d, c)
 
 
-def _k_major_view(t, name: str, op: str, shape: str, mn: str) -> torch.Tensor:
-    """t ([K, MN]) transposed, which must be K-major: a row-major t is MN-major and refused, naming the copy."""
+def _transposed(t, name: str) -> torch.Tensor:
     check_rank(t, name, 2)
-    if t.shape[1] > 1 and t.stride(1) == 1:
-        raise ValueError(f"{op}: {name} {shape} is {mn}-major (row-major {shape}); the BF16 GEMM reads operands "
-                         f"K-major only: pass {name} as the transposed view of a K-major tensor ({name}.t() of a "
-                         f"contiguous [{mn}, K] tensor), e.g. {name}.t().contiguous().t()")
     return t.t()
 
 

@@ -66,8 +66,12 @@ def _cpu_operands(m=8, n=256, k=256):
     (lambda a, b, d: (a, b, d.half()), TypeError, "d must be torch.bfloat16 or torch.float32"),
     (lambda a, b, d: (a, b, d[:, :128]), ValueError, "d must be a contiguous"),
     (lambda a, b, d: (a, b, d.t().contiguous().t()), ValueError, "d must be a contiguous"),
-    (lambda a, b, d: (a.t().contiguous().t(), b, d), ValueError, "a is M-major .* pass a.contiguous"),
-    (lambda a, b, d: (a, b.t().contiguous().t(), d), ValueError, "b is N-major .* pass b.contiguous"),
+    (lambda a, b, d: (torch.zeros(8, 512, dtype=torch.bfloat16)[:, ::2], b, d), ValueError,
+     r"a \[M, K\] must be K-major .* or M-major .* pass a.contiguous"),
+    (lambda a, b, d: (a, torch.zeros(256, 512, dtype=torch.bfloat16)[:, ::2], d), ValueError,
+     r"b \[N, K\] must be K-major .* or N-major"),
+    (lambda a, b, d: (torch.zeros(256, 12, dtype=torch.bfloat16)[:, :8].t(), b, d), ValueError,
+     "a is M-major: its K rows must be 16-byte aligned"),
     (lambda a, b, d: (torch.zeros(8, 260, dtype=torch.bfloat16)[:, :256], b, d), ValueError, "16-byte aligned"),
     (lambda a, b, d: (torch.zeros(8 * 256 + 1, dtype=torch.bfloat16)[1:].view(8, 256), b, d), ValueError,
      "16-byte aligned"),
@@ -88,19 +92,18 @@ def test_accumulation_needs_fp32():
         deep_kernels.bf16_gemm_nt(a, b, d.float(), c=torch.zeros(8, 128))
 
 
-def test_mn_major_layouts_name_the_copy_they_need():
+def test_transposed_forms_take_either_major_and_grouped_ones_refuse_mn_major():
+    # NN / TN / TT pass row-major [K, M] / [K, N] operands (MN-major after the transpose) and K-major views alike.
     a, b, d = _cpu_operands()
-    with pytest.raises(ValueError, match=r"bf16_gemm_nn: b \[K, N\] is N-major .* b.t\(\).contiguous\(\).t\(\)"):
-        deep_kernels.bf16_gemm_nn(a, b.t().contiguous(), d)
-    with pytest.raises(ValueError, match=r"bf16_gemm_tn: a \[K, M\] is M-major"):
-        deep_kernels.bf16_gemm_tn(a.t().contiguous(), b.t().contiguous(), d)
-    with pytest.raises(ValueError, match=r"bf16_gemm_tt: a \[K, M\] is M-major"):
-        deep_kernels.bf16_gemm_tt(a.t().contiguous(), b, d)
-    # K-major views pass the layout check and reach the device check.
-    for call, args in ((deep_kernels.bf16_gemm_nn, (a, b.t(), d)), (deep_kernels.bf16_gemm_tn, (a.t(), b.t(), d)),
-                       (deep_kernels.bf16_gemm_tt, (a.t(), b, d))):
+    for call, args in ((deep_kernels.bf16_gemm_nn, (a, b.t().contiguous(), d)), (deep_kernels.bf16_gemm_nn, (a, b.t(), d)),
+                       (deep_kernels.bf16_gemm_tn, (a.t().contiguous(), b.t().contiguous(), d)),
+                       (deep_kernels.bf16_gemm_tt, (a.t().contiguous(), b, d)), (deep_kernels.bf16_gemm_tt, (a.t(), b, d))):
         with pytest.raises(ValueError, match="must be a CUDA tensor"):
             call(*args)
+    assert bf16_gemm._is_mn_major(a.t().contiguous().t(), "a", "M") and not bf16_gemm._is_mn_major(a, "a", "M")
+    a, b, d, m_indices = _cpu_grouped()
+    with pytest.raises(ValueError, match=r"a is M-major .* grouped BF16 GEMMs read a \[M_total, K\] K-major"):
+        deep_kernels.m_grouped_bf16_gemm_nt_contiguous(a.t().contiguous().t(), b, d, m_indices)
 
 
 def _cpu_grouped(num_groups=3, m=256, n=64, k=128):
@@ -212,6 +215,9 @@ def test_make_config_rejects_illegal_tiles():
     for args in ((256, 192), (96, 128), (128, 264)):
         with pytest.raises(ValueError, match="no BF16 kernel"):
             heuristics.make_config(*args)
+    assert heuristics.is_legal_tile(128, 192, mn_major_b=True) and not heuristics.is_legal_tile(128, 160, mn_major_b=True)
+    for n, k in heuristics.REPRESENTATIVE_NKS:
+        assert heuristics.get_bf16_gemm_config(4096, n, k, NUM_SMS, mn_major_b=True).block_n % 64 == 0
     with pytest.raises(ValueError, match="split-K needs"):
         heuristics.make_config(128, 128, 2, True, num_splits=2)
 
@@ -256,6 +262,11 @@ SASS_KERNELS = [
                                    "float32", True),
     heuristics.Bf16CandidateKernel(heuristics.make_config(128, 192), 7168, 2048, "bfloat16", False,
                                    "m_grouped_masked"),
+    # TN (both MN-major) with multicast of A, and NN (B N-major) of one warpgroup.
+    heuristics.Bf16CandidateKernel(heuristics.make_config(256, 128, 2, True), 7168, 2048, "bfloat16", False, "normal",
+                                   True, True),
+    heuristics.Bf16CandidateKernel(heuristics.make_config(64, 192), 4096, 7168, "bfloat16", False, "normal", False,
+                                   True),
 ]
 
 
@@ -293,13 +304,16 @@ FORCED_CONFIGS = [(256, 128, 2, True, 1), (256, 112, 2, False, 1), (128, 256, 1,
 ACCUMULATION_CASES = [(100, 2112, 7168, "c"), (4096, 7168, 2048, "c_is_d"), (64, 4096, 7168, "fp32")]
 CONTIGUOUS_CASES = [([300, 0, 1000, 77], 4096, 7168), ([1, 128, 255, 0, 513, 64, 64, 200], 7168, 2048)]
 WRONG_EXPERT_CASE = ([200, 100, 300], 2112, 1024)
+TRANSPOSED_SHAPES = [(300, 2112, 1040), (4096, 7168, 2048)]
+# (block_m, block_n, multicast, on A, splits, A M-major, B N-major)
+MN_MAJOR_FORCED = [(256, 128, 2, True, 1, True, True), (128, 192, 2, False, 1, False, True),
+                   (64, 256, 1, False, 1, True, False), (128, 128, 1, False, 3, True, True)]
 MASKED_CASES = [([0, 17, 256, 100], 256, 100, 4096, 7168), ([1, 64, 63, 0, 8, 33], 64, 32, 7168, 2048)]
 
 
 def _gpu_test_kernels(num_sms: int) -> list:
     """The kernels the GPU tests below launch (so that they compile in parallel, up front)."""
-    dense = [(m, n, k, 2, False, num_sms) for m, n, k in _dense_shapes() + [(300, 2112, 1024), (300, 1040, 512),
-                                                                             (64, 2112, 7168)]]
+    dense = [(m, n, k, 2, False, num_sms) for m, n, k in _dense_shapes() + [(300, 1040, 512), (64, 2112, 7168)]]
     dense += [(1000, 2112, 7168, 2, False, 60)]
     dense += [(m, n, k, 4, mode != "fp32", num_sms) for m, n, k, mode in ACCUMULATION_CASES]
     kernels = [heuristics.Bf16CandidateKernel(
@@ -308,6 +322,15 @@ def _gpu_test_kernels(num_sms: int) -> list:
     kernels += [heuristics.Bf16CandidateKernel(heuristics.make_config(bm, bn, mc, on_a, num_splits=splits),
                                                *FORCED_SHAPE[1:], "bfloat16", False)
                 for bm, bn, mc, on_a, splits in FORCED_CONFIGS]
+    kernels += [heuristics.Bf16CandidateKernel(heuristics.make_config(bm, bn, mc, on_a, num_splits=splits),
+                                               *FORCED_SHAPE[1:], "bfloat16", False, "normal", mn_a, mn_b)
+                for bm, bn, mc, on_a, splits, mn_a, mn_b in MN_MAJOR_FORCED]
+    for m, n, k in TRANSPOSED_SHAPES:
+        for mn_a, mn_b in ((False, True), (True, True), (True, False)):
+            config = heuristics.get_bf16_gemm_config(m, n, k, num_sms, mn_major_b=mn_b)
+            kernels.append(heuristics.Bf16CandidateKernel(config, n, k, "bfloat16", False, "normal", mn_a, mn_b))
+        kernels.append(heuristics.Bf16CandidateKernel(heuristics.get_bf16_gemm_config(m, n, k, num_sms), n, k,
+                                                      "bfloat16", False))
     grouped = [(bf16_gemm.CONTIGUOUS, sum(-(-size // 128) * 128 for size in s), n, k, len(s))
                for s, n, k in CONTIGUOUS_CASES + [WRONG_EXPERT_CASE]]
     grouped += [(bf16_gemm.MASKED, expected_m, n, k, len(masked)) for masked, _, expected_m, n, k in MASKED_CASES]
@@ -377,16 +400,40 @@ def test_fp32_output_and_accumulation(m, n, k, mode):
     _assert_close(d, product + c.double())
 
 
+def _row_major_transposed(t: torch.Tensor) -> torch.Tensor:
+    """t [R, K] as a row-major [K, R] tensor whose rows are padded to 16 bytes (R need not be a multiple of 8)."""
+    padded = torch.empty((t.shape[1], -(-t.shape[0] // 8) * 8), device=t.device, dtype=t.dtype)
+    return padded[:, :t.shape[0]].copy_(t.t())
+
+
 @pytest.mark.gpu
 @pytest.mark.usefixtures("built_kernels")
-def test_transposed_forms_are_the_nt_call():
-    m, n, k = 300, 2112, 1024
+@pytest.mark.parametrize("m,n,k", TRANSPOSED_SHAPES)
+def test_transposed_forms_match_reference(m, n, k):
+    # NN (B N-major), TN (both MN-major: the weight gradient's layout) and TT (A M-major), read transposed by wgmma;
+    # M not a multiple of 64 (partial boxes) and K not a multiple of 64 (zero-filled K rows).
     a, b = _inputs(m, n, k)
-    expected = _run(a, b)
-    for call, args in ((deep_kernels.bf16_gemm_nn, (a, b.t())), (deep_kernels.bf16_gemm_tn, (a.t(), b.t())),
-                       (deep_kernels.bf16_gemm_tt, (a.t(), b))):
+    expected = _reference(a, b)
+    a_t, b_t = _row_major_transposed(a), _row_major_transposed(b)
+    for call, args in ((deep_kernels.bf16_gemm_nn, (a, b_t)), (deep_kernels.bf16_gemm_tn, (a_t, b_t)),
+                       (deep_kernels.bf16_gemm_tt, (a_t, b))):
         d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
-        assert_bitwise_equal(call(*args, d), expected, call.__name__)
+        _assert_close(call(*args, d), expected)
+    # The K-major views are the NT call itself.
+    d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
+    assert_bitwise_equal(deep_kernels.bf16_gemm_nn(a, b.t(), d), _run(a, b), "bf16_gemm_nn of a K-major view")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("block_m,block_n,multicast,on_a,splits,mn_major_a,mn_major_b", MN_MAJOR_FORCED)
+def test_mn_major_forced_tiles_match_reference(block_m, block_n, multicast, on_a, splits, mn_major_a, mn_major_b):
+    m, n, k = FORCED_SHAPE
+    a, b = _inputs(m, n, k)
+    a_arg = _row_major_transposed(a).t() if mn_major_a else a
+    b_arg = _row_major_transposed(b).t() if mn_major_b else b
+    config = heuristics.make_config(block_m, block_n, multicast, on_a, num_splits=splits)
+    _assert_close(_run(a_arg, b_arg, config=config), _reference(a, b))
 
 
 @pytest.mark.gpu

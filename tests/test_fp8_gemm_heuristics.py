@@ -171,14 +171,14 @@ def test_template_args_order():
     assert heur.template_args(config, 7168, 2048, "bfloat16", False) == [
         "7168", "2048", "128", "112", "128", "6", "128", "256", "2", "true",
         "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1", "false", "false",
-        "deep_kernels::GemmOperands::Fp8BlockScaled"]
+        "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false"]
     args = heur.template_args(config, 7168, 2048, "torch.float32", True, "m_grouped_masked")
-    assert args[-7:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
-                         "deep_kernels::GemmOperands::Fp8BlockScaled"]
+    assert args[-9:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
+                         "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false"]
     with pytest.raises(ValueError, match="operands"):
         heur.template_args(config, 7168, 2048, "bfloat16", False, operands="fp4")
     assert heur.template_args(heur.make_config(64, 64, 1, False, 2, num_splits=4), 2112, 7168, "bfloat16",
-                              False)[-4:-1] == ["4", "true", "false"]
+                              False)[-6:-3] == ["4", "true", "false"]
     with pytest.raises(ValueError, match="float32"):
         heur.template_args(config, 7168, 2048, "bfloat16", True)
     with pytest.raises(ValueError, match="gemm_type"):

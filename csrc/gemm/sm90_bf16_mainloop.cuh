@@ -23,7 +23,8 @@ struct Sm90Bf16Mainloop {
     static constexpr uint32_t BLOCK_N = Traits::BLOCK_N;
     static constexpr uint32_t kNumKBlocks = Traits::kNumKBlocks;
     static constexpr uint32_t kNumMWaves = Traits::kNumMWaves;
-    // One wgmma is 16 bf16 deep: 32 bytes of a 128-byte swizzled row, 2 in descriptor units.
+    // One wgmma is 16 bf16 deep: 32 bytes of a K-major 128-byte swizzled row, or 16 rows (2048 bytes) of an
+    // MN-major box.
     static constexpr uint32_t kWgmmaK = 16;
     static constexpr uint32_t kWaveBytes = kWarpgroupBlockM * Traits::BLOCK_K * Traits::kOperandBytes;
     using State = PipelineState<Traits::kNumStages>;
@@ -83,20 +84,36 @@ private:
     // Waits for the K block's stage and issues its wgmma group for every wave (accumulate 0: overwrite).
     DK_DEVICE void issue_k_block(const State& k_state, uint32_t accumulate) {
         ring.consumer_wait(k_state);
-        const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
+        const uint64_t desc_b = descriptor<Traits::kIsMNMajorB>(stages.b_stage(k_state.stage));
         ptx::wgmma_fence();
 #pragma unroll
         for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
-            const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(
+            // NOTE: a wave's 64 rows are one MN-major box, or 64 K-major rows: kWaveBytes either way.
+            const uint64_t desc_a = descriptor<Traits::kIsMNMajorA>(
                 stages.a_stage(k_state.stage) + (wg_idx() * kNumMWaves + wave) * kWaveBytes);
 #pragma unroll
             for (uint32_t k = 0; k < Traits::BLOCK_K / kWgmmaK; ++k) {
-                const uint64_t k_offset = k * kWgmmaK * Traits::kOperandBytes / 16;
-                ptx::Bf16Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, final_acc[wave],
-                                             k > 0 ? 1u : accumulate);
+                ptx::Bf16Wgmma<BLOCK_N, Traits::kIsMNMajorA, Traits::kIsMNMajorB>::mma(
+                    desc_a + k_offset<Traits::kIsMNMajorA>(k), desc_b + k_offset<Traits::kIsMNMajorB>(k),
+                    final_acc[wave], k > 0 ? 1u : accumulate);
             }
         }
         ptx::wgmma_commit_group();
+    }
+
+    template <bool kIsMNMajor>
+    DK_DEVICE static uint64_t descriptor(const uint8_t* smem_tile) {
+        if constexpr (kIsMNMajor)
+            return ptx::make_smem_desc_mn_major_sw128(smem_tile, Traits::kMNMajorBoxBytes);
+        else
+            return ptx::make_smem_desc_k_major_sw128(smem_tile);
+    }
+
+    // The descriptor's advance (16-byte units) to the k-th 16-deep step of a K block.
+    template <bool kIsMNMajor>
+    DK_DEVICE static uint64_t k_offset(uint32_t k) {
+        const uint32_t bytes = kIsMNMajor ? k * kWgmmaK * 128 : k * kWgmmaK * Traits::kOperandBytes;
+        return bytes / 16;
     }
 };
 

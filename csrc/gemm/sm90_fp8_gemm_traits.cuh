@@ -68,7 +68,7 @@ struct StageBuffers {
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t BLOCK_K_,
           uint32_t kNumStages_, uint32_t kNumTMAMulticast_, bool kIsMulticastOnA_, GemmType kGemmType_,
           typename OutputType_, bool kWithAccumulation_, uint32_t kNumSplits_, bool kPipelined_,
-          bool kOverlapEpilogue_, GemmOperands kOperands_>
+          bool kOverlapEpilogue_, GemmOperands kOperands_, bool kIsMNMajorA_ = false, bool kIsMNMajorB_ = false>
 struct Sm90Fp8GemmTraits {
     // Problem, tile, pipeline, cluster, kind and schedule
     static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_;
@@ -84,6 +84,9 @@ struct Sm90Fp8GemmTraits {
     static constexpr bool kOverlapEpilogue = kOverlapEpilogue_;
     static constexpr GemmOperands kOperands = kOperands_;
     static constexpr bool kIsBf16 = kOperands == GemmOperands::Bf16;
+    // BF16 operands may be MN-major in global memory (A [K, M] or B [K, N] with M / N contiguous): a stage then holds
+    // the operand as 64-column (128-byte) boxes along M / N, each BLOCK_K rows of K, which wgmma reads transposed.
+    static constexpr bool kIsMNMajorA = kIsMNMajorA_, kIsMNMajorB = kIsMNMajorB_;
 
     // Derived sizes
     static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
@@ -116,6 +119,9 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kSmemBytes = kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
     // NOTE: TMA counts a box's zero-filled bytes past K too, so every stage delivers the full box.
     static constexpr uint32_t kStageTxBytes = kStageABytes + kStageBBytes + kStageSfaBytes;
+    // An MN-major operand's box: 64 elements (128 bytes) of M or N by BLOCK_K rows of K.
+    static constexpr uint32_t kMNMajorBoxCols = 128 / kOperandBytes;
+    static constexpr uint32_t kMNMajorBoxBytes = 128 * BLOCK_K;
 
     using Stages = StageBuffers<kStageABytes, kStageBBytes, BLOCK_M>;
     using TileScheduler = Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits>;
@@ -125,6 +131,9 @@ struct Sm90Fp8GemmTraits {
                      "operands: e4m3 with 1x128 and 128x128 scales, or bf16");
     DK_STATIC_ASSERT(kIsBf16 || BLOCK_K == kScaleBlock, "one K block per 128-wide scale block");
     DK_STATIC_ASSERT(!kIsBf16 || BLOCK_K == kBf16BlockK, "BF16: 64-column K blocks (128-byte rows)");
+    DK_STATIC_ASSERT((!kIsMNMajorA && !kIsMNMajorB) || (kIsBf16 && kGemmType == GemmType::Normal),
+                     "MN-major operands: BF16, Normal kind");
+    DK_STATIC_ASSERT(!kIsMNMajorB || BLOCK_N % 64 == 0, "an MN-major B stage is whole 64-column boxes");
     DK_STATIC_ASSERT(!kIsBf16 || (!kPipelined && !kOverlapEpilogue),
                      "BF16: the K loop always keeps a group in flight; no second accumulator set to overlap with");
     DK_STATIC_ASSERT(SHAPE_K % 16 == 0 && SHAPE_K > 0, "K is a positive multiple of 16 (the last K block zero-filled)");

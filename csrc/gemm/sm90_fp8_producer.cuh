@@ -43,6 +43,23 @@ DK_DEVICE void load_shared_box(void* smem_dst, const CUtensorMap* tmap, uint64_t
     }
 }
 
+// One operand's tile of a stage for the Normal kind: a K-major box {BLOCK_K, kRows}, or, MN-major, kRows / 64
+// boxes {64, BLOCK_K} one after another (the shared operand of a multicast pair through the leader).
+template <typename Traits, bool kIsMNMajor, uint32_t kRows>
+DK_DEVICE void load_operand(uint8_t* smem_dst, const CUtensorMap* tmap, uint64_t* full_barrier, int32_t k, int32_t row,
+                            bool shared, bool multicast, uint32_t cta_rank) {
+    if constexpr (kIsMNMajor) {
+#pragma unroll
+        for (uint32_t box = 0; box < kRows / Traits::kMNMajorBoxCols; ++box) {
+            const int32_t box_row = row + static_cast<int32_t>(box * Traits::kMNMajorBoxCols);
+            load_shared_box<GemmType::Normal>(smem_dst + box * Traits::kMNMajorBoxBytes, tmap, full_barrier, box_row,
+                                              k, 0, shared && multicast, cta_rank);
+        }
+    } else {
+        load_shared_box<GemmType::Normal>(smem_dst, tmap, full_barrier, k, row, 0, shared && multicast, cta_rank);
+    }
+}
+
 template <typename Traits, typename Ring>
 DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Ring& ring,
                                 typename Traits::TileScheduler& scheduler, const CUtensorMap* tmap_a,
@@ -64,7 +81,14 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
             const int32_t k = static_cast<int32_t>(k_block * Traits::BLOCK_K);
             uint8_t* smem_a = stages.a_stage(state.stage);
             uint8_t* smem_b = stages.b_stage(state.stage);
-            if constexpr (Traits::kIsMulticastOnA) {
+            if constexpr (Traits::kIsMNMajorA || Traits::kIsMNMajorB) {
+                load_operand<Traits, Traits::kIsMNMajorA, Traits::BLOCK_M>(smem_a, tmap_a, full_barrier, k, a_row,
+                                                                           Traits::kIsMulticastOnA, multicast,
+                                                                           scheduler.cta_rank);
+                load_operand<Traits, Traits::kIsMNMajorB, Traits::BLOCK_N>(smem_b, tmap_b, full_barrier, k, b_row,
+                                                                           !Traits::kIsMulticastOnA, multicast,
+                                                                           scheduler.cta_rank);
+            } else if constexpr (Traits::kIsMulticastOnA) {
                 load_shared_box<kGemmType>(smem_a, tmap_a, full_barrier, k, a_row, tile.group_idx, multicast,
                                            scheduler.cta_rank);
                 ptx::tma_load(smem_b, tmap_b, full_barrier, k, b_row);

@@ -22,7 +22,9 @@
 // BF16 operands (kOperands Bf16, gemm/sm90_bf16_mainloop.cuh): A and B bf16, BLOCK_K 64 (128-byte rows, the same
 // swizzle and stage bytes), no scales (tmap_sfa and sfb unused: pass any valid map and nullptr), BLOCK_N up to 256;
 // the K loop keeps one wgmma group in flight across K blocks; no kPipelined, no kOverlapEpilogue. Tensor maps as
-// below with BFLOAT16 A and B and boxes {64, BLOCK_M} / {64, BLOCK_N} (128 bytes a row).
+// below with BFLOAT16 A and B and boxes {64, BLOCK_M} / {64, BLOCK_N} (128 bytes a row). kIsMNMajorA / B (BF16,
+// Normal kind; B: BLOCK_N a multiple of 64): the operand is M- / N-contiguous in global memory, its map has dims
+// {M (or N), K}, strides {row stride of K}, box {64, 64}, SWIZZLE_128B; wgmma reads it transposed.
 //
 // Host contract (tensor maps from cuTensorMapEncodeTiled, dims and strides innermost first, interleave
 // none, OOB fill none (= zeros), coordinates in elements; L2 promotion 256B recommended for A and B, whose
@@ -157,7 +159,8 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           uint32_t kNumTMAThreads, uint32_t kNumMathThreads,
           uint32_t kNumTMAMulticast, bool kIsMulticastOnA,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue, GemmOperands kOperands>
+          uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue, GemmOperands kOperands, bool kIsMNMajorA,
+          bool kIsMNMajorB>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -166,7 +169,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     using namespace sm90_fp8_gemm_detail;
     using Traits = Sm90Fp8GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
                                      kIsMulticastOnA, kGemmType, OutputType, kWithAccumulation, kNumSplits,
-                                     kPipelined, kOverlapEpilogue, kOperands>;
+                                     kPipelined, kOverlapEpilogue, kOperands, kIsMNMajorA, kIsMNMajorB>;
 
     // Static checks (the traits hold the rest)
     DK_STATIC_ASSERT(kNumTMAThreads == Traits::kNumTMAThreads && kNumMathThreads == Traits::kNumMathThreads,

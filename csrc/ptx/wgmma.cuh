@@ -21,6 +21,18 @@ DK_DEVICE uint64_t make_smem_desc_k_major_sw128(const void* smem_tile) {
     return start | ((kStrideBytes >> 4) << 32) | (kSwizzle128B << 62);
 }
 
+// Descriptor of an MN-major 16-bit tile that TMA wrote with the 128-byte swizzle as boxes of 64 elements (128 bytes)
+// of M or N by K rows, one box after another every box_bytes: a swizzle atom is 8 K rows of one box (1024 bytes), so
+// the stride-dimension offset (the next 8 K rows) is 1024 bytes and the leading-dimension offset (the next 64
+// elements of M or N) is box_bytes. 1024-byte aligned; advancing K by 16 rows adds 2048 bytes (128).
+DK_DEVICE uint64_t make_smem_desc_mn_major_sw128(const void* smem_tile, uint32_t box_bytes) {
+    constexpr uint64_t kStrideBytes = 1024;
+    constexpr uint64_t kSwizzle128B = 1;
+    const uint64_t start = (smem_address(smem_tile) & 0x3FFFF) >> 4;
+    return start | (static_cast<uint64_t>((box_bytes & 0x3FFFF) >> 4) << 16) | ((kStrideBytes >> 4) << 32) |
+           (kSwizzle128B << 62);
+}
+
 // Orders earlier register/shared-memory accesses before the wgmma instructions that follow.
 DK_DEVICE void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");

@@ -12,10 +12,13 @@ multicast, split-K), with what the BF16 kind changes:
 * Tiles may be as wide as one wgmma (256 columns) with one 64-row wave per warpgroup: no partial accumulator
   sets take registers. 256-row tiles (two waves) stay at most 128 wide, Normal kind only.
 * No pipelined flag (the K loop always keeps a group in flight) and no epilogue overlap.
+* An N-major B (bf16_gemm_nn / tn) is loaded as 64-column boxes: BLOCK_N a multiple of 64.
 
 Candidates are enumerated in a fixed order (larger tiles first) and ties keep the first, so the choice is
 deterministic.
 """
+
+from dataclasses import dataclass
 
 from deep_kernels.heuristics import fp8_gemm
 from deep_kernels.heuristics.fp8_gemm import CandidateKernel, Fp8GemmConfig
@@ -54,9 +57,10 @@ def max_stages(block_m: int, block_n: int, out_dtype_bytes: int,
     return min(fp8_gemm.MAX_STAGES, (smem_capacity - fixed) // per_stage)
 
 
-def is_legal_tile(block_m: int, block_n: int, grouped: bool = False) -> bool:
-    """Whether the kernel takes the tiling: 256-row tiles only for the Normal kind, at most 128 columns."""
-    if block_m not in BLOCK_MS or block_n not in BLOCK_NS:
+def is_legal_tile(block_m: int, block_n: int, grouped: bool = False, mn_major_b: bool = False) -> bool:
+    """Whether the kernel takes the tiling: 256-row tiles only for the Normal kind, at most 128 columns; with an
+    N-major B, whole 64-column boxes."""
+    if block_m not in BLOCK_MS or block_n not in BLOCK_NS or (mn_major_b and block_n % 64):
         return False
     return block_m != 256 or (not grouped and block_n <= MAX_TWO_WAVE_BLOCK_N)
 
@@ -141,11 +145,11 @@ def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_m
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES,
-                      out_dtype_bytes: int = 2, k: int = None, grouped: bool = False):
+                      out_dtype_bytes: int = 2, k: int = None, grouped: bool = False, mn_major_b: bool = False):
     """Every legal BF16 config, larger tiles first (the tie order); split-K options only when k is given."""
     for block_m in sorted(BLOCK_MS, reverse=True):
         for block_n in reversed(BLOCK_NS):
-            if not is_legal_tile(block_m, block_n, grouped):
+            if not is_legal_tile(block_m, block_n, grouped, mn_major_b):
                 continue
             if max_stages(block_m, block_n, out_dtype_bytes, smem_capacity) < MIN_STAGES:
                 continue
@@ -157,12 +161,12 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gem
 
 
 def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES,
-                   out_dtype_bytes: int = 2, with_accumulation: bool = False) -> list:
+                   out_dtype_bytes: int = 2, with_accumulation: bool = False, mn_major_b: bool = False) -> list:
     """Every dense candidate (split-K included) with its modelled time, fastest first (ties: enumeration order)."""
     fp8_gemm.check_problem(n, k, num_sms)
     m = max(m, 1)
     timed = [(estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation), config)
-             for config in candidate_configs(m, n, num_sms, smem_capacity, out_dtype_bytes, k)]
+             for config in candidate_configs(m, n, num_sms, smem_capacity, out_dtype_bytes, k, mn_major_b=mn_major_b)]
     if not timed:
         raise ValueError(f"no BF16 GEMM config fits {smem_capacity} bytes of shared memory")
     timed.sort(key=lambda pair: pair[0])
@@ -170,18 +174,19 @@ def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = fp
 
 
 def get_bf16_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES,
-                         out_dtype_bytes: int = 2, with_accumulation: bool = False) -> Fp8GemmConfig:
+                         out_dtype_bytes: int = 2, with_accumulation: bool = False,
+                         mn_major_b: bool = False) -> Fp8GemmConfig:
     """The config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T with bf16 A and B.
 
     Args:
         m: rows of A (0 allowed); n, k: multiples of 16; num_sms: SMs the persistent grid may use;
         smem_capacity: dynamic shared memory per block; out_dtype_bytes: 2 (bf16 D) or 4 (FP32 D);
-        with_accumulation: D += A * B^T.
+        with_accumulation: D += A * B^T; mn_major_b: B is N-major (tiles of whole 64-column boxes).
 
     Returns:
         A frozen Fp8GemmConfig with block_k 64; equal inputs give equal configs.
     """
-    return ranked_configs(m, n, k, num_sms, smem_capacity, out_dtype_bytes, with_accumulation)[0][1]
+    return ranked_configs(m, n, k, num_sms, smem_capacity, out_dtype_bytes, with_accumulation, mn_major_b)[0][1]
 
 
 def get_grouped_bf16_gemm_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
@@ -204,18 +209,25 @@ def get_grouped_bf16_gemm_config(gemm_type: str, m: int, n: int, k: int, num_gro
 
 
 def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumulation: bool,
-                  gemm_type: str = "normal") -> list:
-    """The engine's template arguments for a BF16 config."""
-    return fp8_gemm.template_args(config, n, k, out_dtype, with_accumulation, gemm_type, OPERANDS)
+                  gemm_type: str = "normal", mn_major_a: bool = False, mn_major_b: bool = False) -> list:
+    """The engine's template arguments for a BF16 config (operands K-major unless mn_major_a / mn_major_b)."""
+    return fp8_gemm.template_args(config, n, k, out_dtype, with_accumulation, gemm_type, OPERANDS, mn_major_a,
+                                  mn_major_b)
 
 
 REPRESENTATIVE_MS = fp8_gemm.REPRESENTATIVE_MS
 REPRESENTATIVE_NKS = fp8_gemm.REPRESENTATIVE_NKS
+REPRESENTATIVE_TRANSPOSED_NKS = ((4096, 7168), (7168, 2048))
 
 
+@dataclass(frozen=True)
 class Bf16CandidateKernel(CandidateKernel):
+    mn_major_a: bool = False
+    mn_major_b: bool = False
+
     def template_args(self) -> list:
-        return template_args(self.config, self.n, self.k, self.out_dtype, self.with_accumulation, self.gemm_type)
+        return template_args(self.config, self.n, self.k, self.out_dtype, self.with_accumulation, self.gemm_type,
+                             self.mn_major_a, self.mn_major_b)
 
 
 def all_candidate_kernels(num_sms: int = 132) -> list:
@@ -238,4 +250,9 @@ def all_candidate_kernels(num_sms: int = 132) -> list:
     for gemm_type, m, n, k, g in grouped_fp8_gemm.representative_problems():
         config = get_grouped_bf16_gemm_config(gemm_type, m, n, k, g, num_sms)
         add(Bf16CandidateKernel(config, n, k, "bfloat16", False, gemm_type))
+    # The transposed layouts at large M: NN (B N-major), TN (both MN-major; the weight gradient), TT (A M-major).
+    for n, k in REPRESENTATIVE_TRANSPOSED_NKS:
+        for mn_major_a, mn_major_b in ((False, True), (True, True), (True, False)):
+            config = get_bf16_gemm_config(4096, n, k, num_sms, mn_major_b=mn_major_b)
+            add(Bf16CandidateKernel(config, n, k, "bfloat16", False, "normal", mn_major_a, mn_major_b))
     return list(kernels.values())

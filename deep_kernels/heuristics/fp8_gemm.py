@@ -409,11 +409,12 @@ def _output_type(out_dtype) -> tuple:
 
 
 def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumulation: bool,
-                  gemm_type: str = "normal", operands: str = "fp8_block_scaled") -> list:
+                  gemm_type: str = "normal", operands: str = "fp8_block_scaled", mn_major_a: bool = False,
+                  mn_major_b: bool = False) -> list:
     """The kernel's C++ template arguments, in declaration order.
 
     out_dtype is "bfloat16" / "float32" (or a torch dtype); gemm_type one of GEMM_TYPES; operands one of
-    GEMM_OPERANDS.
+    GEMM_OPERANDS; mn_major_a / mn_major_b: the operand is M- / N-contiguous (BF16 operands, Normal kind only).
     """
     cpp_type, _ = _output_type(out_dtype)
     if with_accumulation and cpp_type != "float":
@@ -440,6 +441,8 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         "true" if config.pipelined else "false",
         "true" if config.overlap_epilogue else "false",
         GEMM_OPERANDS[operands],
+        "true" if mn_major_a else "false",
+        "true" if mn_major_b else "false",
     ]
 
 
