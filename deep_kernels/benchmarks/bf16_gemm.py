@@ -1,7 +1,8 @@
 """Suite `bf16_gemm`: the BF16 GEMMs (the GEMM engine's Bf16 kind) against torch's BF16 matmul (cuBLAS), timed in
-turns in the same run: bf16_gemm_nt on the 18 DeepSeek-V3 projection shapes of the fp8_gemm suite, and the grouped
-kinds (contiguous and masked) on the grouped_gemm suite's expert shapes against a loop of torch matmuls, one per
-expert (masked: over each expert's valid rows).
+turns in the same run: bf16_gemm_nt on the 18 DeepSeek-V3 projection shapes of the fp8_gemm suite, bf16_gemm_tn (both
+operands MN-major, the weight gradient's layout) on their M = 4096 rows, and the grouped kinds (contiguous and
+masked) on the grouped_gemm suite's expert shapes against a loop of torch matmuls, one per expert (masked: over each
+expert's valid rows).
 
 Every row first checks its result against the float64 reference. Grouped figures count the valid rows only.
 """
@@ -41,14 +42,20 @@ def _row(op: str, shape: dict, config: str, us: float, flops: int, num_bytes: in
     }
 
 
-def dense_rows(ctx: BenchContext, shapes) -> list:
-    """bf16_gemm_nt against torch.mm on (m, n, k) shapes."""
+def dense_rows(ctx: BenchContext, shapes, layout: str = "nt") -> list:
+    """bf16_gemm_nt (layout "nt") or bf16_gemm_tn (a [K, M] and b [K, N] row-major) against torch.mm of the same
+    operands on (m, n, k) shapes."""
     rows = []
     for m, n, k in shapes:
         a, b = random_activations(m, k), torch.randn((n, k), device="cuda", dtype=torch.bfloat16)
         d, d_peer = (torch.empty((m, n), device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        ours = lambda: deep_kernels.bf16_gemm_nt(a, b, d)
-        peer = lambda: torch.mm(a, b.t(), out=d_peer)
+        if layout == "tn":
+            a_t, b_t = a.t().contiguous(), b.t().contiguous()
+            ours = lambda: deep_kernels.bf16_gemm_tn(a_t, b_t, d)
+            peer = lambda: torch.mm(a_t.t(), b_t, out=d_peer)
+        else:
+            ours = lambda: deep_kernels.bf16_gemm_nt(a, b, d)
+            peer = lambda: torch.mm(a, b.t(), out=d_peer)
         ours()
         peer()
         expected = reference.bf16_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
@@ -56,8 +63,9 @@ def dense_rows(ctx: BenchContext, shapes) -> list:
         del expected
         # NOTE: timed in turns, so that both see the same clocks (both run near the power limit).
         us, peer_us = time_kernels_us([ours, peer], ctx.flusher)
-        _, config, grid, _ = _plan(m, n, k, torch.bfloat16, False, get_num_sms())
-        rows.append(_row("bf16_gemm_nt", {"m": m, "n": n, "k": k},
+        mn_major = layout == "tn"
+        _, config, grid, _ = _plan(m, n, k, torch.bfloat16, False, get_num_sms(), None, mn_major, mn_major)
+        rows.append(_row(f"bf16_gemm_{layout}", {"m": m, "n": n, "k": k},
                          f"{config_label(config)}, {config.num_stages} stages, grid {grid[0]}", us, 2 * m * n * k,
                          2 * (m * k + n * k + m * n), ctx, DENSE_PEER, peer_us, check))
     return rows
@@ -117,4 +125,6 @@ def masked_rows(ctx: BenchContext, nks=MASKED_NKS, groups=MASKED_GROUPS) -> list
 
 def run(ctx: BenchContext) -> list:
     dense = [(m, n, k) for n, k in NKS for m in MS]
-    return dense_rows(ctx, dense) + contiguous_rows(ctx) + masked_rows(ctx)
+    weight_gradients = [(4096, n, k) for n, k in NKS]
+    return (dense_rows(ctx, dense) + dense_rows(ctx, weight_gradients, "tn") + contiguous_rows(ctx) +
+            masked_rows(ctx))
