@@ -226,7 +226,8 @@ def test_make_config_rejects_illegal_tiles():
         with pytest.raises(ValueError, match="epilogue overlap needs"):
             heuristics.make_config(*args, overlap_epilogue=True)
     for gemm_type, m, n, k, g in grouped_fp8_gemm.representative_problems():
-        assert not heuristics.get_grouped_bf16_gemm_config(gemm_type, m, n, k, g, NUM_SMS).overlap_epilogue
+        config = heuristics.get_grouped_bf16_gemm_config(gemm_type, m, n, k, g, NUM_SMS)
+        assert config.overlap_epilogue == heuristics.has_epilogue_overlap(config.block_m, config.block_n, 1, True)
 
 
 def test_template_args_name_the_bf16_kind():
@@ -267,8 +268,8 @@ SASS_KERNELS = [
     heuristics.Bf16CandidateKernel(heuristics.make_config(256, 128, 2, True), 7168, 2048, "bfloat16", False),
     heuristics.Bf16CandidateKernel(heuristics.make_config(64, 64, out_dtype_bytes=4, num_splits=4), 2112, 7168,
                                    "float32", True),
-    heuristics.Bf16CandidateKernel(heuristics.make_config(128, 192), 7168, 2048, "bfloat16", False,
-                                   "m_grouped_masked"),
+    heuristics.Bf16CandidateKernel(heuristics.make_config(128, 192, overlap_epilogue=True), 7168, 2048, "bfloat16",
+                                   False, "m_grouped_masked"),
     # The epilogue overlap (bf16 D; FP32 D accumulating with multicast of B).
     heuristics.Bf16CandidateKernel(heuristics.make_config(128, 176, overlap_epilogue=True), 7168, 2048, "bfloat16",
                                    False),

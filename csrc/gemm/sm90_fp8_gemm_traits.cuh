@@ -137,8 +137,8 @@ struct Sm90Fp8GemmTraits {
                      "MN-major operands: BF16, Normal kind");
     DK_STATIC_ASSERT(!kIsMNMajorB || BLOCK_N % 64 == 0, "an MN-major B stage is whole 64-column boxes");
     DK_STATIC_ASSERT(!kIsBf16 || !kPipelined, "BF16: the K loop always keeps a group in flight");
-    DK_STATIC_ASSERT(!kIsBf16 || !kOverlapEpilogue || (BLOCK_N <= kMaxBf16OverlapBlockN && kGemmType == GemmType::Normal),
-                     "BF16 epilogue overlap: two accumulator sets fit the registers; Normal kind");
+    DK_STATIC_ASSERT(!kIsBf16 || !kOverlapEpilogue || BLOCK_N <= kMaxBf16OverlapBlockN,
+                     "BF16 epilogue overlap: two accumulator sets fit the registers");
     DK_STATIC_ASSERT(SHAPE_K % 16 == 0 && SHAPE_K > 0, "K is a positive multiple of 16 (the last K block zero-filled)");
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,

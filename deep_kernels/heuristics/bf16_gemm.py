@@ -12,8 +12,9 @@ multicast, split-K), with what the BF16 kind changes:
 * Tiles may be as wide as one wgmma (256 columns) with one 64-row wave per warpgroup: no partial accumulator
   sets take registers. 256-row tiles (two waves) stay at most 128 wide, Normal kind only.
 * No pipelined flag (the K loop always keeps a group in flight). The epilogue overlap (the next tile's first K block
-  issued before a tile's store) needs a second accumulator set: 128-row tiles up to MAX_OVERLAP_BLOCK_N columns,
-  Normal kind, no split-K; the candidates use it wherever it applies, at fp8_gemm.OVERLAP_EPILOGUE_FACTOR.
+  issued before a tile's store) needs a second accumulator set: 128-row tiles up to MAX_OVERLAP_BLOCK_N columns, no
+  split-K (grouped kinds: BLOCK_N a multiple of 64, the FP8 GEMM's rule); the candidates use it wherever it applies,
+  at fp8_gemm.OVERLAP_EPILOGUE_FACTOR.
 * An N-major B (bf16_gemm_nn / tn) is loaded as 64-column boxes: BLOCK_N a multiple of 64.
 
 Candidates are enumerated in a fixed order (larger tiles first) and ties keep the first, so the choice is
@@ -71,7 +72,7 @@ def is_legal_tile(block_m: int, block_n: int, grouped: bool = False, mn_major_b:
 
 def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False) -> bool:
     """Whether a BF16 tiling takes the epilogue overlap (the kernel's kOverlapEpilogue for BF16 operands)."""
-    return block_m == 128 and num_splits == 1 and not grouped and block_n <= MAX_OVERLAP_BLOCK_N
+    return block_n <= MAX_OVERLAP_BLOCK_N and fp8_gemm.has_epilogue_overlap(block_m, block_n, num_splits, grouped)
 
 
 def make_config(block_m: int, block_n: int, num_tma_multicast: int = 1, multicast_on_a: bool = False,
@@ -85,7 +86,8 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int = 1, multicas
     if num_splits != 1 and (num_tma_multicast != 1 or block_m == 256):
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
     if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits):
-        raise ValueError(f"the BF16 epilogue overlap needs block_m 128, block_n <= {MAX_OVERLAP_BLOCK_N}, no split-K")
+        raise ValueError(f"the BF16 epilogue overlap needs block_m 128, block_n <= {MAX_OVERLAP_BLOCK_N}, no split-K "
+                         "(grouped kinds: block_n a multiple of 64)")
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, smem_capacity)
     if stages < MIN_STAGES:
         raise ValueError(f"a {block_m}x{block_n} BF16 tile fits only {stages} stages")
