@@ -20,20 +20,18 @@ from deep_kernels.reference import bf16_gemm as reference
 from deep_kernels.testing import calc_diff, poison_, random_activations
 from deep_kernels.testing.bench import L2Flusher, time_kernels_us
 
-# (block_m, block_n, multicast, multicast on A, epilogue overlap)
-TILES = ((128, 256, 1, False, False), (128, 240, 1, False, False), (128, 192, 1, False, False),
-         (128, 192, 1, False, True), (128, 176, 1, False, True), (128, 176, 1, False, False),
-         (128, 128, 1, False, False), (128, 128, 1, False, True), (128, 192, 2, True, True), (128, 192, 2, False, True),
-         (256, 128, 1, False, False), (256, 128, 2, True, False), (256, 128, 2, False, False),
-         (128, 256, 2, False, False), (128, 256, 2, True, False), (64, 256, 1, False, False))
+# (block_m, block_n, multicast, multicast on A)
+TILES = ((128, 256, 1, False), (128, 240, 1, False), (128, 192, 1, False), (128, 128, 1, False),
+         (256, 128, 1, False), (256, 128, 2, True), (256, 128, 2, False), (128, 256, 2, False), (128, 256, 2, True),
+         (64, 256, 1, False), (64, 128, 1, False))
 
 
 def configs_for(m: int, n: int, k: int, num_sms: int) -> list:
     configs = [heuristics.get_bf16_gemm_config(m, n, k, num_sms)]
-    for block_m, block_n, multicast, on_a, overlap in TILES:
+    for block_m, block_n, multicast, on_a in TILES:
         if multicast > 1 and ((on_a and -(-n // block_n) % 2) or (not on_a and -(-m // block_m) % 2)):
             continue
-        config = heuristics.make_config(block_m, block_n, multicast, on_a, overlap_epilogue=overlap)
+        config = heuristics.make_config(block_m, block_n, multicast, on_a)
         if config not in configs:
             configs.append(config)
     return configs

@@ -180,9 +180,7 @@ def test_config_choice_is_deterministic_and_legal():
     assert picks == [heuristics.get_bf16_gemm_config(m, n, k, NUM_SMS, out_dtype_bytes=o, with_accumulation=acc)
                      for m, n, k, o, acc in DENSE_PROBLEMS]
     for (m, n, k, out_bytes, _), config in zip(DENSE_PROBLEMS, picks):
-        assert config.block_k == 64 and not config.pipelined
-        assert config.overlap_epilogue == heuristics.has_epilogue_overlap(config.block_m, config.block_n,
-                                                                          config.num_splits)
+        assert config.block_k == 64 and not config.pipelined and not config.overlap_epilogue
         assert heuristics.is_legal_tile(config.block_m, config.block_n)
         assert config.smem_bytes == heuristics.smem_bytes(config.block_m, config.block_n, config.num_stages, out_bytes)
         assert config.smem_bytes <= fp8_heuristics.SMEM_CAPACITY_BYTES
@@ -222,12 +220,6 @@ def test_make_config_rejects_illegal_tiles():
         assert heuristics.get_bf16_gemm_config(4096, n, k, NUM_SMS, mn_major_b=True).block_n % 64 == 0
     with pytest.raises(ValueError, match="split-K needs"):
         heuristics.make_config(128, 128, 2, True, num_splits=2)
-    for args in ((128, 256), (64, 128), (256, 128)):
-        with pytest.raises(ValueError, match="epilogue overlap needs"):
-            heuristics.make_config(*args, overlap_epilogue=True)
-    for gemm_type, m, n, k, g in grouped_fp8_gemm.representative_problems():
-        config = heuristics.get_grouped_bf16_gemm_config(gemm_type, m, n, k, g, NUM_SMS)
-        assert config.overlap_epilogue == heuristics.has_epilogue_overlap(config.block_m, config.block_n, 1, True)
 
 
 def test_template_args_name_the_bf16_kind():
@@ -268,13 +260,8 @@ SASS_KERNELS = [
     heuristics.Bf16CandidateKernel(heuristics.make_config(256, 128, 2, True), 7168, 2048, "bfloat16", False),
     heuristics.Bf16CandidateKernel(heuristics.make_config(64, 64, out_dtype_bytes=4, num_splits=4), 2112, 7168,
                                    "float32", True),
-    heuristics.Bf16CandidateKernel(heuristics.make_config(128, 192, overlap_epilogue=True), 7168, 2048, "bfloat16",
-                                   False, "m_grouped_masked"),
-    # The epilogue overlap (bf16 D; FP32 D accumulating with multicast of B).
-    heuristics.Bf16CandidateKernel(heuristics.make_config(128, 176, overlap_epilogue=True), 7168, 2048, "bfloat16",
-                                   False),
-    heuristics.Bf16CandidateKernel(heuristics.make_config(128, 128, 2, False, out_dtype_bytes=4, overlap_epilogue=True),
-                                   7168, 2048, "float32", True),
+    heuristics.Bf16CandidateKernel(heuristics.make_config(128, 192), 7168, 2048, "bfloat16", False,
+                                   "m_grouped_masked"),
     # TN (both MN-major) with multicast of A, and NN (B N-major) of one warpgroup.
     heuristics.Bf16CandidateKernel(heuristics.make_config(256, 128, 2, True), 7168, 2048, "bfloat16", False, "normal",
                                    True, True),
@@ -307,19 +294,13 @@ def test_compiled_kernels_use_hgmma_with_a_group_in_flight(compiled_sass):
         # The K loop waits for the previous K block's group only (ptxas would wait for all if it lost track).
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in text, spec
         assert re.search(r"HGMMA\.64x\d+x16\.F32\.BF16", text), spec
-        if bf16_gemm.FP8_GEMM.template_arguments(spec)["kOverlapEpilogue"] == "true":
-            # The next tile's first group is issued before the store and waited for after it.
-            events = re.findall(r"\b(HGMMA|WARPGROUP\.DEPBAR|UTMASTG|UTMAREDG)", text)
-            assert any(a == "HGMMA" and b in ("UTMASTG", "UTMAREDG") for a, b in zip(events, events[1:])), spec
 
 
 # ---- kernels against the reference (GPU) ----
 
 FORCED_SHAPE = (1000, 2112, 1600)
-# (block_m, block_n, multicast, on A, splits, epilogue overlap)
-FORCED_CONFIGS = [(256, 128, 2, True, 1, False), (256, 112, 2, False, 1, False), (128, 256, 1, False, 1, False),
-                  (128, 144, 2, False, 1, False), (64, 176, 1, False, 1, False), (128, 96, 1, False, 3, False),
-                  (128, 176, 1, False, 1, True), (128, 192, 2, True, 1, True)]
+FORCED_CONFIGS = [(256, 128, 2, True, 1), (256, 112, 2, False, 1), (128, 256, 1, False, 1), (128, 144, 2, False, 1),
+                  (64, 176, 1, False, 1), (128, 96, 1, False, 3)]
 ACCUMULATION_CASES = [(100, 2112, 7168, "c"), (4096, 7168, 2048, "c_is_d"), (64, 4096, 7168, "fp32")]
 CONTIGUOUS_CASES = [([300, 0, 1000, 77], 4096, 7168), ([1, 128, 255, 0, 513, 64, 64, 200], 7168, 2048)]
 WRONG_EXPERT_CASE = ([200, 100, 300], 2112, 1024)
@@ -338,10 +319,9 @@ def _gpu_test_kernels(num_sms: int) -> list:
     kernels = [heuristics.Bf16CandidateKernel(
         heuristics.get_bf16_gemm_config(m, n, k, sms, out_dtype_bytes=out_bytes, with_accumulation=accumulate), n, k,
         "bfloat16" if out_bytes == 2 else "float32", accumulate) for m, n, k, out_bytes, accumulate, sms in dense]
-    kernels += [heuristics.Bf16CandidateKernel(heuristics.make_config(bm, bn, mc, on_a, num_splits=splits,
-                                                                      overlap_epilogue=overlap),
+    kernels += [heuristics.Bf16CandidateKernel(heuristics.make_config(bm, bn, mc, on_a, num_splits=splits),
                                                *FORCED_SHAPE[1:], "bfloat16", False)
-                for bm, bn, mc, on_a, splits, overlap in FORCED_CONFIGS]
+                for bm, bn, mc, on_a, splits in FORCED_CONFIGS]
     kernels += [heuristics.Bf16CandidateKernel(heuristics.make_config(bm, bn, mc, on_a, num_splits=splits),
                                                *FORCED_SHAPE[1:], "bfloat16", False, "normal", mn_a, mn_b)
                 for bm, bn, mc, on_a, splits, mn_a, mn_b in MN_MAJOR_FORCED]
@@ -396,13 +376,12 @@ def test_matches_reference(m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("built_kernels")
-@pytest.mark.parametrize("block_m,block_n,multicast,on_a,splits,overlap", FORCED_CONFIGS)
-def test_forced_tiles_match_reference(block_m, block_n, multicast, on_a, splits, overlap):
-    # Tile heights and widths (past FP8's 192), multicast of either operand, split-K and the epilogue overlap,
-    # whatever the model picks.
+@pytest.mark.parametrize("block_m,block_n,multicast,on_a,splits", FORCED_CONFIGS)
+def test_forced_tiles_match_reference(block_m, block_n, multicast, on_a, splits):
+    # Tile heights and widths (past FP8's 192), multicast of either operand and split-K, whatever the model picks.
     m, n, k = FORCED_SHAPE
     a, b = _inputs(m, n, k)
-    config = heuristics.make_config(block_m, block_n, multicast, on_a, num_splits=splits, overlap_epilogue=overlap)
+    config = heuristics.make_config(block_m, block_n, multicast, on_a, num_splits=splits)
     _assert_close(_run(a, b, config=config), _reference(a, b))
 
 

@@ -3,8 +3,6 @@
 // 64-deep K block it waits for the stage and issues one wgmma group (m64nNk16, every 64-row wave of the
 // warpgroup) straight into the accumulators, then waits for the previous K block's group only and frees its
 // stage: one group stays in flight across K blocks, so the tensor cores never drain between them.
-// With the epilogue overlap (kOverlapEpilogue) the K loop accumulates into a working set and hands the finished tile
-// to final_acc, so that the next tile's first K block runs on the tensor cores while final_acc is stored.
 #pragma once
 
 #include <cstdint>
@@ -19,13 +17,6 @@
 namespace deep_kernels {
 
 namespace sm90_fp8_gemm_detail {
-
-// A K block whose wgmma group was issued ahead (the first of a tile, during the previous tile's epilogue): the stage
-// it reads, which it frees when retired.
-template <uint32_t kNumStages>
-struct Bf16IssuedKBlock {
-    PipelineState<kNumStages> state;
-};
 
 template <typename Traits, typename Ring>
 struct Sm90Bf16Mainloop {
@@ -44,8 +35,6 @@ struct Sm90Bf16Mainloop {
 
     State state;
     float final_acc[kNumMWaves][BLOCK_N / 2];
-    // Only the epilogue overlap uses it (the compiler drops it otherwise).
-    float work_acc[kNumMWaves][BLOCK_N / 2];
 
     // sfb is the FP8 kinds' (unused here: one constructor for every mainloop).
     DK_DEVICE Sm90Bf16Mainloop(const typename Traits::Stages& stages, const Ring& ring, const float*)
@@ -54,34 +43,19 @@ struct Sm90Bf16Mainloop {
     DK_DEVICE static uint32_t wg_idx() { return threadIdx.x / kNumThreadsPerWarpgroup; }
     DK_DEVICE static uint32_t lane_idx() { return threadIdx.x % 32; }
 
-    // The first K block of the next tile, issued ahead into the working set (the epilogue overlap; no split-K).
-    DK_DEVICE Bf16IssuedKBlock<Traits::kNumStages> issue_ahead(const TileInfo&) {
-        DK_STATIC_ASSERT(Traits::kOverlapEpilogue, "only the epilogue overlap issues ahead");
-        Bf16IssuedKBlock<Traits::kNumStages> first{state};
-        issue_k_block(work_acc, state, 0u);
-        state.advance();
-        return first;
-    }
-
-    // The tile's K loop into final_acc; `first` is its first K block if that was issued ahead, else std::false_type.
+    // The tile's K loop into final_acc (the epilogue overlap is not offered: `first` is always std::false_type).
     template <typename First>
-    DK_DEVICE void accumulate(const TileInfo& tile, First first) {
-        constexpr bool kIssuedAhead = !std::is_same_v<First, std::false_type>;
-        auto& acc = accumulators();
+    DK_DEVICE void accumulate(const TileInfo& tile, First) {
+        DK_STATIC_ASSERT((std::is_same_v<First, std::false_type>), "no K block is issued ahead");
         const uint32_t k_block_begin = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
         const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
 
         // The first K block overwrites the accumulators (scale-d 0), so they need no zeroing.
-        State retiring;
-        if constexpr (kIssuedAhead) {
-            retiring = first.state;
-        } else {
-            issue_k_block(acc, state, 0u);
-            retiring = state;
-            state.advance();
-        }
+        issue_k_block(state, 0u);
+        State retiring = state;
+        state.advance();
         for (uint32_t k_block = k_block_begin + 1; k_block < k_block_end; ++k_block) {
-            issue_k_block(acc, state, 1u);
+            issue_k_block(state, 1u);
             // NOTE: the accumulators are not touched here (no operand fence): the group just issued still
             // writes them, and any other access would make ptxas wait for every group.
             ptx::wgmma_wait_group<1>();
@@ -92,16 +66,8 @@ struct Sm90Bf16Mainloop {
         ptx::wgmma_wait_group<0>();
 #pragma unroll
         for (uint32_t wave = 0; wave < kNumMWaves; ++wave)
-            ptx::fence_operands(acc[wave]);
+            ptx::fence_operands(final_acc[wave]);
         ring.consumer_release(retiring, lane_idx());
-        if constexpr (Traits::kOverlapEpilogue) {
-#pragma unroll
-            for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
-#pragma unroll
-                for (uint32_t i = 0; i < BLOCK_N / 2; ++i)
-                    final_acc[wave][i] = work_acc[wave][i];
-            }
-        }
     }
 
     // Lockstep partner of a valid tile (never with split-K): consume the stages so the cluster's barriers stay in
@@ -115,16 +81,8 @@ struct Sm90Bf16Mainloop {
     }
 
 private:
-    // The set the K loop accumulates into: final_acc, or with the epilogue overlap the working set.
-    DK_DEVICE auto& accumulators() {
-        if constexpr (Traits::kOverlapEpilogue)
-            return work_acc;
-        else
-            return final_acc;
-    }
-
-    // Waits for the K block's stage and issues its wgmma group for every wave into acc (accumulate 0: overwrite).
-    DK_DEVICE void issue_k_block(float (&acc)[kNumMWaves][BLOCK_N / 2], const State& k_state, uint32_t accumulate) {
+    // Waits for the K block's stage and issues its wgmma group for every wave (accumulate 0: overwrite).
+    DK_DEVICE void issue_k_block(const State& k_state, uint32_t accumulate) {
         ring.consumer_wait(k_state);
         const uint64_t desc_b = descriptor<Traits::kIsMNMajorB>(stages.b_stage(k_state.stage));
         ptx::wgmma_fence();
@@ -137,7 +95,7 @@ private:
             for (uint32_t k = 0; k < Traits::BLOCK_K / kWgmmaK; ++k) {
                 ptx::Bf16Wgmma<BLOCK_N, Traits::kIsMNMajorA, Traits::kIsMNMajorB>::mma(
                     desc_a + k_offset<Traits::kIsMNMajorA>(k), desc_b + k_offset<Traits::kIsMNMajorB>(k),
-                    acc[wave], k > 0 ? 1u : accumulate);
+                    final_acc[wave], k > 0 ? 1u : accumulate);
             }
         }
         ptx::wgmma_commit_group();

@@ -33,8 +33,6 @@ constexpr uint32_t kMaxTwoWaveBlockN = 128;
 // partial accumulator sets a 64-row wave's tile may be as wide as one wgmma (256 columns).
 constexpr uint32_t kBf16BlockK = 64;
 constexpr uint32_t kMaxBf16BlockN = 256;
-// Widest BF16 tile with the epilogue overlap: a working and a final accumulator set (BLOCK_N registers).
-constexpr uint32_t kMaxBf16OverlapBlockN = 192;
 
 // Math warpgroups of a BLOCK_M-row tile: one for 64 rows, else two, each owning BLOCK_M / 2 rows as
 // kNumMWaves consecutive 64-row wgmma blocks that share every B stage.
@@ -136,9 +134,8 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT((!kIsMNMajorA && !kIsMNMajorB) || (kIsBf16 && kGemmType == GemmType::Normal),
                      "MN-major operands: BF16, Normal kind");
     DK_STATIC_ASSERT(!kIsMNMajorB || BLOCK_N % 64 == 0, "an MN-major B stage is whole 64-column boxes");
-    DK_STATIC_ASSERT(!kIsBf16 || !kPipelined, "BF16: the K loop always keeps a group in flight");
-    DK_STATIC_ASSERT(!kIsBf16 || !kOverlapEpilogue || BLOCK_N <= kMaxBf16OverlapBlockN,
-                     "BF16 epilogue overlap: two accumulator sets fit the registers");
+    DK_STATIC_ASSERT(!kIsBf16 || (!kPipelined && !kOverlapEpilogue),
+                     "BF16: the K loop always keeps a group in flight; no second accumulator set to overlap with");
     DK_STATIC_ASSERT(SHAPE_K % 16 == 0 && SHAPE_K > 0, "K is a positive multiple of 16 (the last K block zero-filled)");
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,

@@ -11,10 +11,7 @@ multicast, split-K), with what the BF16 kind changes:
 * A stage holds no sfa; operands move 2 bytes an element from DRAM.
 * Tiles may be as wide as one wgmma (256 columns) with one 64-row wave per warpgroup: no partial accumulator
   sets take registers. 256-row tiles (two waves) stay at most 128 wide, Normal kind only.
-* No pipelined flag (the K loop always keeps a group in flight). The epilogue overlap (the next tile's first K block
-  issued before a tile's store) needs a second accumulator set: 128-row tiles up to MAX_OVERLAP_BLOCK_N columns, no
-  split-K (grouped kinds: BLOCK_N a multiple of 64, the FP8 GEMM's rule); the candidates use it wherever it applies,
-  at fp8_gemm.OVERLAP_EPILOGUE_FACTOR.
+* No pipelined flag (the K loop always keeps a group in flight) and no epilogue overlap.
 * An N-major B (bf16_gemm_nn / tn) is loaded as 64-column boxes: BLOCK_N a multiple of 64.
 
 Candidates are enumerated in a fixed order (larger tiles first) and ties keep the first, so the choice is
@@ -32,8 +29,6 @@ OPERAND_BYTES = 2
 BLOCK_MS = (64, 128, 256)
 BLOCK_NS = tuple(range(16, 257, 16))
 MAX_TWO_WAVE_BLOCK_N = 128
-# The kernel's kMaxBf16OverlapBlockN: a working and a final accumulator set fit the registers.
-MAX_OVERLAP_BLOCK_N = 192
 MIN_STAGES = fp8_gemm.MIN_STAGES
 # Share of the FP8 K block's constant term (fp8_gemm.MATH_SECONDS_PER_K_BLOCK) that a BF16 K block pays: no
 # promotion, and the next block's group is issued before the previous one is waited for (as the FP8 pipelined
@@ -70,24 +65,15 @@ def is_legal_tile(block_m: int, block_n: int, grouped: bool = False, mn_major_b:
     return block_m != 256 or (not grouped and block_n <= MAX_TWO_WAVE_BLOCK_N)
 
 
-def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False) -> bool:
-    """Whether a BF16 tiling takes the epilogue overlap (the kernel's kOverlapEpilogue for BF16 operands)."""
-    return block_n <= MAX_OVERLAP_BLOCK_N and fp8_gemm.has_epilogue_overlap(block_m, block_n, num_splits, grouped)
-
-
 def make_config(block_m: int, block_n: int, num_tma_multicast: int = 1, multicast_on_a: bool = False,
                 out_dtype_bytes: int = 2, num_stages: int = None, num_splits: int = 1,
-                smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES, overlap_epilogue: bool = False) -> Fp8GemmConfig:
-    """A BF16 config of the given tiling with as many stages as fit (or num_stages), with the epilogue overlap if
-    asked (where has_epilogue_overlap allows it)."""
+                smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
+    """A BF16 config of the given tiling with as many stages as fit (or num_stages)."""
     if not is_legal_tile(block_m, block_n):
         raise ValueError(f"no BF16 kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n a multiple "
                          f"of 16 up to 256 (at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
     if num_splits != 1 and (num_tma_multicast != 1 or block_m == 256):
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
-    if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits):
-        raise ValueError(f"the BF16 epilogue overlap needs block_m 128, block_n <= {MAX_OVERLAP_BLOCK_N}, no split-K "
-                         "(grouped kinds: block_n a multiple of 64)")
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, smem_capacity)
     if stages < MIN_STAGES:
         raise ValueError(f"a {block_m}x{block_n} BF16 tile fits only {stages} stages")
@@ -95,7 +81,7 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int = 1, multicas
                          multicast_on_a=multicast_on_a,
                          swizzle_d_bytes=fp8_gemm.swizzle_d_bytes(block_n, out_dtype_bytes),
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes), block_k=BLOCK_K,
-                         num_splits=num_splits, pipelined=False, overlap_epilogue=overlap_epilogue)
+                         num_splits=num_splits, pipelined=False, overlap_epilogue=False)
 
 
 def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
@@ -125,8 +111,6 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
         job_s = (_ceil_div(k_blocks, config.num_splits) * k_block_s + epilogue_s + fp8_gemm.SPLIT_SECONDS +
                  config.num_splits * partial_bytes / fp8_gemm.SM_INGEST_BYTES_PER_S)
         busiest_cta_s = unsplit // clusters * tile_s + _ceil_div(units - unsplit, clusters) * job_s
-    if config.overlap_epilogue:
-        busiest_cta_s *= fp8_gemm.OVERLAP_EPILOGUE_FACTOR
 
     d_passes = 2 if with_accumulation else 1
     dram_bytes = num_groups * ((m + n) * k * OPERAND_BYTES + d_passes * m * n * out_dtype_bytes)
@@ -173,8 +157,7 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gem
                 splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
                 for num_splits in splits:
                     yield make_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes,
-                                      num_splits=num_splits, smem_capacity=smem_capacity,
-                                      overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped))
+                                      num_splits=num_splits, smem_capacity=smem_capacity)
 
 
 def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES,
