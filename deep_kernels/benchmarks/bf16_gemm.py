@@ -123,8 +123,29 @@ def masked_rows(ctx: BenchContext, nks=MASKED_NKS, groups=MASKED_GROUPS) -> list
     return rows
 
 
+DENSE_SHAPES = tuple((m, n, k) for n, k in NKS for m in MS)
+WEIGHT_GRADIENT_SHAPES = tuple((4096, n, k) for n, k in NKS)
+
+
+def kernel_specs(num_sms: int) -> list:
+    """The kernels the suite launches (the heuristics' picks of its rows), to compile in parallel up front."""
+    from deep_kernels.bf16_gemm import kernel_spec
+    from deep_kernels.heuristics import bf16_gemm as heuristics
+
+    specs = [kernel_spec(heuristics.get_bf16_gemm_config(m, n, k, num_sms), n, k, torch.bfloat16, False)
+             for m, n, k in DENSE_SHAPES]
+    specs += [kernel_spec(heuristics.get_bf16_gemm_config(m, n, k, num_sms, mn_major_b=True), n, k, torch.bfloat16,
+                          False, "normal", True, True) for m, n, k in WEIGHT_GRADIENT_SHAPES]
+    specs += [kernel_spec(heuristics.get_grouped_bf16_gemm_config(CONTIGUOUS, g * m, n, k, g, num_sms), n, k,
+                          torch.bfloat16, False, CONTIGUOUS) for g, m, n, k in CONTIGUOUS_SHAPES]
+    specs += [kernel_spec(heuristics.get_grouped_bf16_gemm_config(MASKED, expected_m, n, k, g, num_sms), n, k,
+                          torch.bfloat16, False, MASKED) for n, k in MASKED_NKS for g, expected_m in MASKED_GROUPS]
+    return list(dict.fromkeys(specs))
+
+
 def run(ctx: BenchContext) -> list:
-    dense = [(m, n, k) for n, k in NKS for m in MS]
-    weight_gradients = [(4096, n, k) for n, k in NKS]
-    return (dense_rows(ctx, dense) + dense_rows(ctx, weight_gradients, "tn") + contiguous_rows(ctx) +
+    from deep_kernels.jit.precompile import precompile
+
+    precompile(kernel_specs(get_num_sms()), progress=False)
+    return (dense_rows(ctx, DENSE_SHAPES) + dense_rows(ctx, WEIGHT_GRADIENT_SHAPES, "tn") + contiguous_rows(ctx) +
             masked_rows(ctx))
