@@ -13,7 +13,7 @@ import torch
 
 import deep_kernels
 from deep_kernels.benchmarks.fp8_gemm import MS, NKS
-from deep_kernels.benchmarks.grouped_gemm import CONTIGUOUS_SHAPES, MASKED_GROUPS, MASKED_NKS, masked_sizes
+from deep_kernels.benchmarks.grouped_gemm import CONTIGUOUS_SHAPES, MASKED_GROUPS, MASKED_NKS
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.bf16_gemm import CONTIGUOUS, MASKED, _grouped_plan, _plan
 from deep_kernels.device import get_num_sms
@@ -21,7 +21,7 @@ from deep_kernels.heuristics.fp8_gemm import config_label
 from deep_kernels.reference import bf16_gemm as reference
 from deep_kernels.testing import calc_diff, random_activations
 from deep_kernels.testing.bench import time_kernels_us
-from deep_kernels.testing.grouped import contiguous_layout
+from deep_kernels.testing.grouped import contiguous_layout, masked_problem
 
 # H200 dense BF16 tensor-core rate (datasheet), the ceiling of roofline_fraction's compute term.
 BF16_PEAK_TFLOPS = 989.0
@@ -100,24 +100,24 @@ def masked_rows(ctx: BenchContext, nks=MASKED_NKS, groups=MASKED_GROUPS) -> list
     rng = random.Random(0)
     for n, k in nks:
         for g, expected_m in groups:
-            masked_m, m_max = masked_sizes(g, expected_m, rng)
+            masked_m, m_max, hint = masked_problem(g, expected_m, rng)
             a = random_activations(g * m_max, k).view(g, m_max, k)
             b = torch.randn((g, n, k), device="cuda", dtype=torch.bfloat16)
             masked_m_device = torch.tensor(masked_m, dtype=torch.int32, device="cuda")
             d, d_peer = (torch.empty((g, m_max, n), device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            ours = lambda: deep_kernels.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m_device, expected_m)
+            ours = lambda: deep_kernels.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m_device, hint)
             peer = lambda: [torch.mm(a[i, :r], b[i].t(), out=d_peer[i, :r]) for i, r in enumerate(masked_m) if r]
             ours()
             expected = reference.m_grouped_bf16_gemm_nt_masked(
-                a, b, torch.zeros((g, m_max, n), device="cuda", dtype=torch.float64), masked_m_device, expected_m)
+                a, b, torch.zeros((g, m_max, n), device="cuda", dtype=torch.float64), masked_m_device, hint)
             valid = torch.arange(m_max, device="cuda")[None, :] < masked_m_device[:, None]
             check = f"calc_diff={calc_diff(d[valid], expected[valid]):.1e}"
             del expected
             us, peer_us = time_kernels_us([ours, peer], ctx.flusher, reps=GROUPED_REPS)
-            _, config, grid = _grouped_plan(MASKED, expected_m, n, k, g)
+            _, config, grid = _grouped_plan(MASKED, hint, n, k, g)
             total = sum(masked_m)
             rows.append(_row("m_grouped_bf16_gemm_nt_masked",
-                             {"g": g, "m": m_max, "expected_m": expected_m, "n": n, "k": k},
+                             {"g": g, "m": m_max, "expected_m": expected_m, "n": n, "k": k, "expected_m_hint": hint},
                              f"{config_label(config)}, {config.num_stages} stages, grid {grid[0]}", us,
                              2 * total * n * k, 2 * (total * (k + n) + g * n * k), ctx, GROUPED_PEER, peer_us, check))
     return rows
@@ -138,8 +138,9 @@ def kernel_specs(num_sms: int) -> list:
                           False, "normal", True, True) for m, n, k in WEIGHT_GRADIENT_SHAPES]
     specs += [kernel_spec(heuristics.get_grouped_bf16_gemm_config(CONTIGUOUS, g * m, n, k, g, num_sms), n, k,
                           torch.bfloat16, False, CONTIGUOUS) for g, m, n, k in CONTIGUOUS_SHAPES]
-    specs += [kernel_spec(heuristics.get_grouped_bf16_gemm_config(MASKED, expected_m, n, k, g, num_sms), n, k,
-                          torch.bfloat16, False, MASKED) for n, k in MASKED_NKS for g, expected_m in MASKED_GROUPS]
+    hints = [(g, masked_problem(g, expected_m, random.Random(0))[2]) for g, expected_m in MASKED_GROUPS]
+    specs += [kernel_spec(heuristics.get_grouped_bf16_gemm_config(MASKED, hint, n, k, g, num_sms), n, k, torch.bfloat16,
+                          False, MASKED) for n, k in MASKED_NKS for g, hint in hints]
     return list(dict.fromkeys(specs))
 
 
