@@ -12,7 +12,7 @@ Constraints: K and N multiples of 16 (with K not a multiple of 128, the last sca
 remaining K % 128 columns, and the kernel zero-fills the rest of its last K block); any M >= 0.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
@@ -22,7 +22,7 @@ from deep_kernels.device import get_num_sms, has_gpu, target_arch
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.jit.definition import PTR, TENSOR_MAP, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import get_kernel, tensor_map
+from deep_kernels.jit.runtime import get_kernel, remember_encoded, tensor_map
 from deep_kernels.quant import unpack_ue8m0
 from deep_kernels.validation import (
     ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, tma_aligned_size,
@@ -303,6 +303,8 @@ class _PreparedCall:
     map_b: tuple = None
     map_sfa: tuple = None
     map_d: tuple = None
+    # The kernel's encoded parameters by the call's addresses (a, b, sfa, d, sfb, split-K workspace, tickets).
+    encoded: dict = field(default_factory=dict, compare=False)
 
 
 def _prepare_call(a, sfa, b, sfb, d, c, config=None) -> _PreparedCall:
@@ -382,30 +384,41 @@ def forced_config_call(config, a, b, d: torch.Tensor, c: torch.Tensor = None):
 
 
 def _launch(call: _PreparedCall, a, sfa, b, sfb, d: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """The per-call part of a validated call: scale conversion where needed, address checks, the launch."""
+    """The per-call part of a validated call: scale conversion where needed, address checks, the launch. The
+    encoded parameters are cached on the call's addresses, so a call with the addresses of an earlier one (whose
+    checks passed) encodes no tensor map."""
     if not call.scales_ready:
         sfa = scale_a(sfa, call.m, ceil_div(call.k, SCALE_BLOCK))
         sfb = scale_b(sfb, ceil_div(call.n, SCALE_BLOCK), ceil_div(call.k, SCALE_BLOCK))
     a_ptr, b_ptr, sfa_ptr, d_ptr = a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d.data_ptr()
-    if (a_ptr | b_ptr | d_ptr | sfa_ptr) % 16:
-        raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
     if call.kernel is None:
+        _check_tma_addresses(a_ptr, b_ptr, sfa_ptr, d_ptr)
         return d
-    if c is not None and c.data_ptr() != d_ptr:
-        d.copy_(c)
 
     device_index = a.get_device()
-    workspace_ptr = tickets_ptr = 0
     num_unsplit_tiles, workspace_floats, num_tickets = call.split_layout
     if num_tickets:
         workspace = _split_workspace(device_index, workspace_floats, num_tickets)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    call.kernel.launch(
-        call.grid, device_index, tmap_a=(a_ptr,) + call.map_a, tmap_b=(b_ptr,) + call.map_b,
-        tmap_sfa=(sfa_ptr,) + call.map_sfa, tmap_d=(d_ptr,) + call.map_d, sfb=sfb.data_ptr(), shape_m=call.m,
-        grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr, split_tickets=tickets_ptr,
-        num_unsplit_tiles=num_unsplit_tiles)
+    else:
+        workspace_ptr = tickets_ptr = 0
+    key = (a_ptr, b_ptr, sfa_ptr, d_ptr, sfb.data_ptr(), workspace_ptr, tickets_ptr)
+    encoded = call.encoded.get(key)
+    if encoded is None:
+        _check_tma_addresses(a_ptr, b_ptr, sfa_ptr, d_ptr)
+        encoded = remember_encoded(call.encoded, key, call.kernel.encode(
+            tmap_a=(a_ptr,) + call.map_a, tmap_b=(b_ptr,) + call.map_b, tmap_sfa=(sfa_ptr,) + call.map_sfa,
+            tmap_d=(d_ptr,) + call.map_d, sfb=key[4], shape_m=call.m, grouped_layout=0, num_groups=0, d=0,
+            split_workspace=workspace_ptr, split_tickets=tickets_ptr, num_unsplit_tiles=num_unsplit_tiles))
+    if c is not None and c.data_ptr() != d_ptr:
+        d.copy_(c)
+    call.kernel.launch_encoded(call.grid, device_index, encoded)
     return d
+
+
+def _check_tma_addresses(a_ptr: int, b_ptr: int, sfa_ptr: int, d_ptr: int) -> None:
+    if (a_ptr | b_ptr | d_ptr | sfa_ptr) % 16:
+        raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
 
 
 def _specs(kernels) -> list:
