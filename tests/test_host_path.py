@@ -98,7 +98,7 @@ def fake_gemm(monkeypatch):
     monkeypatch.setattr(gemm, "check_cuda_device", lambda *args, **kwargs: None)
     monkeypatch.setattr(gemm, "get_num_sms", lambda: 132)
     monkeypatch.setattr(gemm, "_tuned_config", lambda *args: None)
-    monkeypatch.setattr(gemm, "get_gemm_kernel", lambda *args: kernel)
+    monkeypatch.setattr(gemm, "get_gemm_kernel", lambda *args, **kwargs: kernel)
     workspace = gemm._SplitWorkspace.__new__(gemm._SplitWorkspace)
     workspace.partials, workspace.tickets = torch.empty(1 << 22), torch.zeros(4096, dtype=torch.int32)
     monkeypatch.setattr(gemm, "_split_workspace", lambda *args: workspace)
