@@ -279,7 +279,8 @@ def _cpu_module(**config) -> MoE:
     (torch.zeros(4, 384, dtype=torch.bfloat16), None, ValueError, "x must be \\[T, hidden_size\\]"),
     (torch.zeros(4, 1024, dtype=torch.bfloat16)[:, ::2], None, ValueError, "contiguous last dimension"),
     (torch.zeros(4, 512, dtype=torch.bfloat16), "prefill", ValueError, "mode must be one of"),
-    (torch.zeros(4, 512, dtype=torch.bfloat16, requires_grad=True), None, ValueError, "no backward"),
+    (torch.zeros(4, 512, dtype=torch.bfloat16, requires_grad=True), "masked", ValueError,
+     "backward pass takes the contiguous layout"),
     (torch.zeros(4, 512, dtype=torch.bfloat16), "masked", ValueError, "x must be a CUDA tensor"),
 ])
 def test_forward_rejects_bad_input(x, mode, error, match):
