@@ -110,14 +110,17 @@ def torch_fp8_moe(x: torch.Tensor, router_weight: torch.Tensor, correction_bias:
     for expert, count in enumerate(counts):
         if count:
             tokens = tokens_by_expert[start:start + count]
-            projected = torch._scaled_mm(codes[tokens], gate_up_weight[expert].t(),
-                                         scale_a=scales[tokens].t().contiguous().t(),
+            # NOTE: cuBLAS's blockwise scaling takes M a multiple of 4 only: the rows padded with token 0's, whose
+            # products are dropped.
+            rows = F.pad(tokens, (0, -count % 4))
+            projected = torch._scaled_mm(codes[rows], gate_up_weight[expert].t(),
+                                         scale_a=scales[rows].t().contiguous().t(),
                                          scale_b=gate_up_scales[expert].t(), out_dtype=torch.bfloat16)
             gate, up = projected.chunk(2, dim=-1)
             activated, activated_scales = torch_cast_to_fp8(F.silu(gate) * up)
             expert_out = torch._scaled_mm(activated, down_weight[expert].t(), scale_a=activated_scales,
                                           scale_b=down_scales[expert].t(), out_dtype=torch.bfloat16)
-            out.index_add_(0, tokens, expert_out.float() * weights_by_expert[start:start + count])
+            out.index_add_(0, tokens, expert_out[:count].float() * weights_by_expert[start:start + count])
         start += count
     return out.bfloat16()
 
