@@ -344,6 +344,7 @@ class _PreparedCall:
     scales_ready: bool  # sfa and sfb already in the kernel's layouts
     operands: str = BLOCK_SCALED
     num_sms: int = None  # the SM count the grid was planned for
+    device_index: int = None  # every tensor's device (the signature holds it)
     kernel: object = None  # None when M = 0: nothing to launch
     grid: tuple = None
     split_layout: tuple = (0, 0, 0)  # (num_unsplit_tiles, workspace floats, tickets)
@@ -369,7 +370,7 @@ def _prepare_call(a, sfa, b, sfb, d, c, config=None, operands: str = BLOCK_SCALE
         kernel, config, grid, split_layout = _plan_of(config, m, n, k, d.dtype, c is not None, num_sms, operands)
     map_sfa = tensor_map(kernel_sfa, (config.block_m, 1), transpose=True)[1:]
     return _PreparedCall(
-        m, n, k, scales_ready, operands, num_sms, kernel, grid, split_layout,
+        m, n, k, scales_ready, operands, num_sms, a.get_device(), kernel, grid, split_layout,
         map_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128)[1:],
         map_b=tensor_map(b, (config.block_n, SCALE_BLOCK), 128)[1:],
         map_sfa=map_sfa,
@@ -450,7 +451,7 @@ def _launch(call: _PreparedCall, a, sfa, b, sfb, d: torch.Tensor, c: torch.Tenso
         _check_tma_addresses(a_ptr, b_ptr, sfa_ptr, d_ptr, sfb.data_ptr() if call.operands == CHANNEL_SCALED else 0)
         return d
 
-    device_index = a.get_device()
+    device_index = call.device_index
     num_unsplit_tiles, workspace_floats, num_tickets = call.split_layout
     if num_tickets:
         workspace = _split_workspace(device_index, workspace_floats, num_tickets)
