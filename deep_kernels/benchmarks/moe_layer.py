@@ -34,7 +34,8 @@ GATE = dict(top_k=8, num_groups=8, topk_groups=4, routed_scaling_factor=2.5)
 CASES = ((128, "masked", "graph"), (8192, "contiguous", "eager"))
 PEER = ("plain torch, cuBLAS blockwise FP8: a loop over the experts (torch._scaled_mm, 1x128 x 128x128 scales), "
         "eager; speedup_vs_bf16: the same loop with F.linear in bf16")
-REPS = 20
+# NOTE: 10 runs of each in turns: the peers launch thousands of kernels a run, and the profiler keeps every one.
+REPS = 10
 
 
 def _torch_route(x: torch.Tensor, router_weight: torch.Tensor, correction_bias: torch.Tensor, num_experts: int,
