@@ -8,8 +8,9 @@ slot), and the round ends with a synchronization outside the timed part. The GPU
 kernels while they are issued, whatever their size. Each figure is the median over ROUNDS rounds of the time per
 call; rounds of ours and of add_ alternate, so that both see the same host (clock, other processes).
 
-Rows: fp8_gemm_nt at the issue's 64 x 4096 x 7168 (split-K) and a decode 1 x 2112 x 7168, and the launch of the
-first as the previous path made it (Kernel.launch encoding its 4 tensor maps on every call); topk_gate and
+Rows: fp8_gemm_nt at the issue's 64 x 4096 x 7168 (split-K) and a decode 1 x 2112 x 7168, the launch of the first
+as the previous path made it (Kernel.launch encoding its 4 tensor maps on every call) and two parts of its cached
+call (the signature look-up's metadata reads, the launch from cached encodings); topk_gate and
 topk_gate_with_layout at DeepSeek-V3's routing (256 experts, 8 groups, top 8) for 128 tokens, with and without the
 masked layout, and once more with the GPU not held (the fused gate is a cooperative launch, which may wait for the
 GPU); and, for the record, torch.empty of a small CUDA tensor (what each output allocation costs).
@@ -64,17 +65,23 @@ def _row(op: str, shape: dict, config: str, us: float, peer_us: float) -> dict:
             "speedup": round(peer_us / us, 3), "check": f"host us per call, median of {ROUNDS} rounds of {CALLS}"}
 
 
-def _gemm_call(m: int, n: int, k: int, encode_each_call: bool = False):
-    """A cached fp8_gemm_nt call; with encode_each_call, the launch of its prepared call as the path before cached
-    encodings made it (tensor maps encoded by every launch), for comparison."""
+def _gemm_call(m: int, n: int, k: int, part: str = "call"):
+    """A cached fp8_gemm_nt call ("call"), or a part of it: "encode_each_call", the launch of its prepared call as
+    the path before cached encodings made it (tensor maps encoded by every launch); "signature", the call
+    signature alone (the metadata of its six arguments); "launch_encoded", the launch from cached encodings alone."""
     a = deep_kernels.per_token_cast_to_fp8(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
     b = per_block_cast_to_fp8(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
     d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    if not encode_each_call:
+    if part == "call":
         return lambda: deep_kernels.fp8_gemm_nt(a, b, d)
     deep_kernels.fp8_gemm_nt(a, b, d)
     (call,) = [c for c in gemm._prepared_calls.values() if (c.m, c.n, c.k) == (m, n, k)]
     (a, sfa), (b, sfb) = a, b
+    if part == "signature":
+        return lambda: gemm.call_signature(a, sfa, b, sfb, d, None)
+    if part == "launch_encoded":
+        (encoded,) = call.encoded.values()
+        return lambda: call.kernel.launch_encoded(call.grid, call.device_index, encoded)
     workspace = gemm._split_workspace(call.device_index, *call.split_layout[1:]) if call.split_layout[2] else None
 
     def launch():
@@ -99,7 +106,11 @@ def run(ctx: BenchContext) -> list:
          _gemm_call(64, 4096, 7168)),
         ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168},
          "its launch alone as before: Kernel.launch encoding the 4 tensor maps on every call",
-         _gemm_call(64, 4096, 7168, encode_each_call=True)),
+         _gemm_call(64, 4096, 7168, "encode_each_call")),
+        ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "part: the call signature alone (6 tensors' metadata)",
+         _gemm_call(64, 4096, 7168, "signature")),
+        ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "part: Kernel.launch_encoded alone (cached encodings)",
+         _gemm_call(64, 4096, 7168, "launch_encoded")),
         ("fp8_gemm_nt", {"m": 1, "n": 2112, "k": 7168}, "cached call", _gemm_call(1, 2112, 7168)),
         ("topk_gate", {"t": 128, "e": 256, "k": 8}, "allocates weights and indices",
          lambda: deep_kernels.topk_gate(logits, **gate)),
