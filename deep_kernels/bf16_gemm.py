@@ -217,12 +217,13 @@ def _launch_dense(a, b, d, c, config=None) -> torch.Tensor:
         workspace = gemm._split_workspace(a.get_device(), workspace_floats, num_tickets)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
     map_a = _operand_map(a, config.block_m, mn_major_a)
-    # NOTE: the kernel reads no sfa with BF16 operands; tmap_sfa takes A's map so that every parameter is valid.
+    # NOTE: the kernel reads no scales with BF16 operands; tmap_sfa and tmap_sfb take A's map so that every parameter
+    # is valid.
     kernel.launch(
         grid, a.get_device(), tmap_a=map_a, tmap_b=_operand_map(b, config.block_n, mn_major_b), tmap_sfa=map_a,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes), sfb=0,
         shape_m=m, grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr, split_tickets=tickets_ptr,
-        num_unsplit_tiles=num_unsplit_tiles)
+        num_unsplit_tiles=num_unsplit_tiles, tmap_sfb=map_a)
     return d
 
 
@@ -338,7 +339,7 @@ def _launch_contiguous(a, b, d, m_indices, config=None) -> torch.Tensor:
         tmap_sfa=map_a,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=0, shape_m=m, grouped_layout=m_indices.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
-        split_workspace=0, split_tickets=0, num_unsplit_tiles=0)
+        split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_a)
     return d
 
 
@@ -380,7 +381,7 @@ def _launch_masked(a, b, d, masked_m, expected_m, config=None) -> torch.Tensor:
         tmap_sfa=map_a,
         tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=0, shape_m=m_max, grouped_layout=masked_m.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
-        split_workspace=0, split_tickets=0, num_unsplit_tiles=0)
+        split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_a)
     return d
 
 

@@ -47,8 +47,8 @@ struct Sm90Bf16Mainloop {
     template <typename First>
     DK_DEVICE void accumulate(const TileInfo& tile, First) {
         DK_STATIC_ASSERT((std::is_same_v<First, std::false_type>), "no K block is issued ahead");
-        const uint32_t k_block_begin = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
-        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
+        const uint32_t k_block_begin = tile_k_block_begin<Traits>(tile);
+        const uint32_t k_block_end = tile_k_block_end<Traits>(tile);
 
         // The first K block overwrites the accumulators (scale-d 0), so they need no zeroing.
         issue_k_block(state, 0u);
@@ -72,8 +72,9 @@ struct Sm90Bf16Mainloop {
 
     // Lockstep partner of a valid tile (never with split-K): consume the stages so the cluster's barriers stay in
     // step.
-    DK_DEVICE void skip_tile() {
-        for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+    DK_DEVICE void skip_tile(const TileInfo& tile) {
+        const uint32_t num_k_blocks = tile_k_block_end<Traits>(tile) - tile_k_block_begin<Traits>(tile);
+        for (uint32_t k_block = 0; k_block < num_k_blocks; ++k_block) {
             ring.consumer_wait(state);
             ring.consumer_release(state, lane_idx());
             state.advance();
