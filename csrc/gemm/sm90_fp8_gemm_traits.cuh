@@ -24,6 +24,8 @@ constexpr uint32_t kWarpgroupBlockM = 64;
 constexpr uint32_t kScaleBlock = 128;
 constexpr uint32_t kWgmmaK = 32;
 constexpr uint32_t kMaxSmemBytes = 232448;
+// The e2m1 -> e4m3 expansion's tables: 8 bytes (one per e2m1 magnitude) for each exponent shift 0..31.
+constexpr uint32_t kFp4ExpandTableBytes = 32 * 8;
 // Widest pipelined tile by math warpgroup count: three sets of BLOCK_N / 2 accumulators (two partial, one
 // final) plus addressing fit the 240 (one warpgroup) or 232 (two) registers without spilling.
 constexpr uint32_t kMaxPipelinedBlockN[2] = {128, 128};
@@ -59,6 +61,22 @@ struct StageBuffers {
     DK_DEVICE uint8_t* a_stage(uint32_t stage) const { return a + stage * kStageABytes; }
     DK_DEVICE uint8_t* b_stage(uint32_t stage) const { return b + stage * kStageBBytes; }
     DK_DEVICE float* sfa_stage(uint32_t stage) const { return sfa + stage * kStageSfaFloats; }
+};
+
+// FP4 weights: the stage tiles plus, per stage, the e2m1 codes (BLOCK_N x 64 bytes, rows of 128 K), the
+// per-column promotion scales the expander writes (BLOCK_N FP32) and the barrier the codes' TMA completes on;
+// and the expansion tables (kFp4ExpandTableBytes) and the expanders' scale words (one K block's).
+template <uint32_t kStageABytes, uint32_t kStageBBytes, uint32_t kStageSfaFloats, uint32_t kStageCodesBytes,
+          uint32_t BLOCK_N>
+struct Fp4StageBuffers : StageBuffers<kStageABytes, kStageBBytes, kStageSfaFloats> {
+    uint8_t* codes;
+    float* col_scales;
+    uint64_t* loaded_barriers;
+    uint2* expand_tables;
+    uint32_t* scale_words;
+
+    DK_DEVICE uint8_t* codes_stage(uint32_t stage) const { return codes + stage * kStageCodesBytes; }
+    DK_DEVICE float* col_scales_stage(uint32_t stage) const { return col_scales + stage * BLOCK_N; }
 };
 
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t BLOCK_K_,
@@ -106,15 +124,50 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr uint32_t kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
     static constexpr uint32_t kOffsetBarriers = kOffsetSfa + kNumStages * kStageSfaBytes;
-    static constexpr uint32_t kSmemBytes = kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
     // NOTE: TMA counts a box's zero-filled bytes past K too, so every stage delivers the full box.
     static constexpr uint32_t kStageTxBytes = (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float);
 
-    using Stages = StageBuffers<kStageABytes, kStageBBytes, BLOCK_M>;
+    // FP4 weights (Fp8Mxfp4): per stage also the TMA-loaded e2m1 codes (BLOCK_N x 64 bytes, expanded into the
+    // stage's e4m3 B tile by the producer warpgroup's expander warps) and the per-column promotion scales they
+    // write; after the barriers, a second barrier per stage (codes loaded) and the e2m1 -> e4m3 tables.
+    static constexpr bool kIsFp4B = kOperands == GemmOperands::Fp8Mxfp4;
+    static constexpr uint32_t kStageCodesBytes = kIsFp4B ? BLOCK_N * BLOCK_K / 2 : 0;
+    static constexpr uint32_t kStageColScaleBytes = kIsFp4B ? BLOCK_N * sizeof(float) : 0;
+    static constexpr uint32_t kOffsetCodes = align_up<uint32_t>(kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t), 1024);
+    static constexpr uint32_t kOffsetColScales = kOffsetCodes + kNumStages * kStageCodesBytes;
+    static constexpr uint32_t kOffsetLoadedBarriers = kOffsetColScales + kNumStages * kStageColScaleBytes;
+    static constexpr uint32_t kOffsetExpandTables = kOffsetLoadedBarriers + kNumStages * sizeof(uint64_t);
+    // The expanders' copies of the current K block's scale words, one per (row, 32-wide sub-block) they expand.
+    static constexpr uint32_t kOffsetScaleWords = kOffsetExpandTables + kFp4ExpandTableBytes;
+    static constexpr uint32_t kFp4SmemBytes = kOffsetScaleWords + (kIsFp4B ? BLOCK_N * 4 * sizeof(uint32_t) : 0);
+    static constexpr uint32_t kSmemBytes =
+        kIsFp4B ? kFp4SmemBytes : kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
+    static constexpr uint32_t kNumExpandThreads = kIsFp4B ? kNumThreadsPerWarpgroup - 32 : 0;
+    // NOTE: one math warpgroup leaves registers to spare (96 x 128 + 240 x 128); with two, the producer
+    // warpgroup's 48 and the math warpgroups' 232 fill the 65,536 exactly.
+    static constexpr uint32_t kNumProducerRegisters = kIsFp4B ? (kNumMathWarpgroups == 1 ? 96 : 48) : kNumTMARegisters;
+
+    using Stages = std::conditional_t<kIsFp4B, Fp4StageBuffers<kStageABytes, kStageBBytes, BLOCK_M, kStageCodesBytes, BLOCK_N>,
+                                      StageBuffers<kStageABytes, kStageBBytes, BLOCK_M>>;
+
+    // The stage buffers inside the dynamic shared memory `smem`.
+    DK_DEVICE static Stages stages_of(uint8_t* smem) {
+        if constexpr (kIsFp4B)
+            return {{smem + kOffsetA, smem + kOffsetB, reinterpret_cast<float*>(smem + kOffsetSfa)},
+                    smem + kOffsetCodes, reinterpret_cast<float*>(smem + kOffsetColScales),
+                    reinterpret_cast<uint64_t*>(smem + kOffsetLoadedBarriers),
+                    reinterpret_cast<uint2*>(smem + kOffsetExpandTables),
+                    reinterpret_cast<uint32_t*>(smem + kOffsetScaleWords)};
+        else
+            return {smem + kOffsetA, smem + kOffsetB, reinterpret_cast<float*>(smem + kOffsetSfa)};
+    }
     using TileScheduler = Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits>;
 
     // Static checks
-    DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled, "operands: e4m3 with 1x128 and 128x128 scales");
+    DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled || kOperands == GemmOperands::Fp8Mxfp4,
+                     "operands: e4m3 with 1x128 and 128x128 scales, or e4m3 x MXFP4");
+    DK_STATIC_ASSERT(!kIsFp4B || (SHAPE_K % kScaleBlock == 0 && kNumTMAMulticast == 1),
+                     "FP4 weights: K a multiple of 128, no multicast");
     DK_STATIC_ASSERT(BLOCK_K == kScaleBlock, "one K block per 128-wide scale block");
     DK_STATIC_ASSERT(SHAPE_K % 16 == 0 && SHAPE_K > 0, "K is a positive multiple of 16 (the last K block zero-filled)");
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");

@@ -42,6 +42,21 @@ DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[B
     }
 }
 
+// FP4 weights: final += partial * sfa[row] * col_scales[col], the column's scale from the stage (the expanders'
+// 2^(e_max - 133) per B row).
+template <uint32_t BLOCK_N>
+DK_DEVICE void promote_per_column(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2], float sfa_lo,
+                                  float sfa_hi, const float* smem_col_scales, uint32_t lane_idx) {
+#pragma unroll
+    for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
+        const float2 col = *reinterpret_cast<const float2*>(smem_col_scales + j * 8 + lane_idx % 4 * 2);
+        final_acc[j * 4 + 0] = fmaf(sfa_lo * col.x, partial[j * 4 + 0], final_acc[j * 4 + 0]);
+        final_acc[j * 4 + 1] = fmaf(sfa_lo * col.y, partial[j * 4 + 1], final_acc[j * 4 + 1]);
+        final_acc[j * 4 + 2] = fmaf(sfa_hi * col.x, partial[j * 4 + 2], final_acc[j * 4 + 2]);
+        final_acc[j * 4 + 3] = fmaf(sfa_hi * col.y, partial[j * 4 + 3], final_acc[j * 4 + 3]);
+    }
+}
+
 // Calls f(std::integral_constant<uint32_t, i>) for the runtime index i < sizeof...(Is).
 template <typename F, uint32_t... Is>
 DK_DEVICE void dispatch_index(uint32_t i, F&& f, std::integer_sequence<uint32_t, Is...>) {
@@ -104,6 +119,8 @@ struct Sm90Fp8Mainloop {
     template <typename Straddles>
     DK_DEVICE PromotionScales issue_k_block(Straddles, const SfbBlocks& sfb_rows, float (&acc)[BLOCK_N / 2],
                                             uint32_t k_block, const State& k_state, uint32_t wave = 0) {
+        if constexpr (Traits::kIsFp4B)
+            return issue_fp4_k_block(acc, k_state, wave);
         // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
         const float sfb_0 = __ldg(sfb_rows.first + k_block);
         const float sfb_1 = Straddles::value ? __ldg(sfb_rows.second + k_block) : sfb_0;
@@ -127,6 +144,27 @@ struct Sm90Fp8Mainloop {
         return scales;
     }
 
+    // FP4 weights: the stage's B tile is the expanders' e4m3; the promotion scales are sfa alone (lo, hi), the
+    // column scales are read from the stage when the group retires.
+    DK_DEVICE PromotionScales issue_fp4_k_block(float (&acc)[BLOCK_N / 2], const State& k_state, uint32_t wave) {
+        ring.consumer_wait(k_state);
+        const float* smem_sfa = stages.sfa_stage(k_state.stage) + wave * kWarpgroupBlockM;
+        PromotionScales scales;
+        scales.lo = smem_sfa[row_lo()];
+        scales.hi = smem_sfa[row_lo() + 8];
+        const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(
+            stages.a_stage(k_state.stage) + (wg_idx() * kNumMWaves + wave) * kWarpgroupBlockM * Traits::BLOCK_K);
+        const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
+        ptx::wgmma_fence();
+#pragma unroll
+        for (uint32_t k = 0; k < Traits::BLOCK_K / kWgmmaK; ++k) {
+            const uint64_t k_offset = k * kWgmmaK / 16;
+            ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
+        }
+        ptx::wgmma_commit_group();
+        return scales;
+    }
+
     // Once at most NumPending later groups are in flight, `acc`'s group is done: frees its stage (after the
     // last wave reading it) and adds it into the wave's final accumulators.
     template <uint32_t kSecondGroup, typename NumPending>
@@ -134,6 +172,14 @@ struct Sm90Fp8Mainloop {
                                   const State& k_state, uint32_t wave = 0) {
         ptx::wgmma_wait_group<NumPending::value>();
         ptx::fence_operands(acc);
+        if constexpr (Traits::kIsFp4B) {
+            // The stage holds the column scales: released once they are read.
+            promote_per_column<BLOCK_N>(acc, final_acc[wave], scales.lo, scales.hi,
+                                        stages.col_scales_stage(k_state.stage), lane_idx());
+            if (wave == kNumMWaves - 1)
+                ring.consumer_release(k_state, lane_idx());
+            return;
+        }
         if (wave == kNumMWaves - 1)
             ring.consumer_release(k_state, lane_idx());
         promote<BLOCK_N, kSecondGroup>(acc, final_acc[wave], scales);
@@ -154,6 +200,11 @@ struct Sm90Fp8Mainloop {
     // NOTE: one K loop per possible straddle point keeps the per-column scale choice out of the loop.
     template <typename First>
     DK_DEVICE void accumulate(const TileInfo& tile, First first) {
+        if constexpr (Traits::kIsFp4B) {
+            // Per-column scales: no sfb blocks to dispatch on.
+            accumulate_tile(tile, std::integral_constant<uint32_t, 0>{}, first);
+            return;
+        }
         const uint32_t tile_offset_idx = tile.n_block_idx * BLOCK_N % kScaleBlock / Traits::kTileOffsetStep;
         dispatch_index(
             tile_offset_idx, [&](auto offset_idx) { accumulate_tile(tile, offset_idx, first); },

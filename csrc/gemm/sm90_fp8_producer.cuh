@@ -42,6 +42,23 @@ DK_DEVICE void load_shared_box(void* smem_dst, const CUtensorMap* tmap, uint64_t
     }
 }
 
+// FP4 weights: A, sfa and B's e2m1 codes (tmap_b: the codes as bytes [G * N, K / 2], box {64, BLOCK_N}) complete
+// on the stage's loaded barrier; the expanders (gemm/sm90_fp4_expand.cuh) then fill the B tile and arrive on its
+// full barrier.
+template <typename Traits, typename State>
+DK_DEVICE void load_fp4_stage(const typename Traits::Stages& stages, const State& state, const CUtensorMap* tmap_a,
+                              const CUtensorMap* tmap_b, const CUtensorMap* tmap_sfa, int32_t a_row, int32_t b_row,
+                              uint32_t k_block, uint32_t group_idx) {
+    constexpr uint32_t kTxBytes = Traits::kStageABytes + Traits::kStageCodesBytes + Traits::kStageSfaBytes;
+    uint64_t* loaded_barrier = stages.loaded_barriers + state.stage;
+    ptx::mbarrier_arrive_expect_tx(loaded_barrier, kTxBytes);
+    const int32_t k = static_cast<int32_t>(k_block * Traits::BLOCK_K);
+    load_box<Traits::kGemmType>(stages.a_stage(state.stage), tmap_a, loaded_barrier, k, a_row, group_idx);
+    ptx::tma_load(stages.codes_stage(state.stage), tmap_b, loaded_barrier, k / 2, b_row);
+    load_box<Traits::kGemmType>(stages.sfa_stage(state.stage), tmap_sfa, loaded_barrier, a_row,
+                                static_cast<int32_t>(k_block), group_idx);
+}
+
 template <typename Traits, typename Ring>
 DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Ring& ring,
                                 typename Traits::TileScheduler& scheduler, const CUtensorMap* tmap_a,
@@ -59,6 +76,11 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
         for (uint32_t k_block = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
              k_block < k_block_end; ++k_block) {
             ring.producer_acquire(state);
+            if constexpr (Traits::kIsFp4B) {
+                load_fp4_stage<Traits>(stages, state, tmap_a, tmap_b, tmap_sfa, a_row, b_row, k_block, tile.group_idx);
+                state.advance();
+                continue;
+            }
             uint64_t* full_barrier = ring.producer_expect_bytes(state, Traits::kStageTxBytes);
             const int32_t k = static_cast<int32_t>(k_block * Traits::BLOCK_K);
             uint8_t* smem_a = stages.a_stage(state.stage);

@@ -63,6 +63,7 @@
 
 #include "common/macros.cuh"
 #include "epilogue/sm90_fp8_gemm_epilogue.cuh"
+#include "gemm/sm90_fp4_expand.cuh"
 #include "gemm/sm90_fp8_gemm_traits.cuh"
 #include "gemm/sm90_fp8_mainloop.cuh"
 #include "gemm/sm90_fp8_producer.cuh"
@@ -158,8 +159,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
 
     // Shared memory
     extern __shared__ __align__(1024) uint8_t smem[];
-    const typename Traits::Stages stages{smem + Traits::kOffsetA, smem + Traits::kOffsetB,
-                                         reinterpret_cast<float*>(smem + Traits::kOffsetSfa)};
+    const typename Traits::Stages stages = Traits::stages_of(smem);
     auto* barriers = reinterpret_cast<uint64_t*>(smem + Traits::kOffsetBarriers);
     const StageRing<kNumStages, kNumMathThreads / 32, kNumTMAMulticast> ring{barriers, barriers + kNumStages};
 
@@ -174,6 +174,11 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         ptx::tma_prefetch_descriptor(&tmap_sfa);
         ptx::tma_prefetch_descriptor(&tmap_d);
         ring.init();
+        if constexpr (Traits::kIsFp4B) {
+#pragma unroll
+            for (uint32_t s = 0; s < kNumStages; ++s)
+                ptx::mbarrier_init(stages.loaded_barriers + s, 1);
+        }
         ptx::fence_mbarrier_init();
     }
     // NOTE: with multicast, a peer may signal this CTA's barriers as soon as it passes this point.
@@ -187,9 +192,15 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
 
     if (role == WarpRole::Producer) {
         // Producer branch: register reconfiguration, then one thread issues every TMA load.
-        ptx::setmaxnreg_dec<Traits::kNumTMARegisters>();
+        ptx::setmaxnreg_dec<Traits::kNumProducerRegisters>();
         if (is_tma_thread)
             run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa);
+        if constexpr (Traits::kIsFp4B) {
+            // FP4 weights: the warpgroup's other three warps expand the codes (sfb: the UE8M0 scales' bytes).
+            if (warp_idx > kNumMathThreads / 32)
+                run_fp4_expander<Traits>(stages, ring, scheduler, reinterpret_cast<const uint8_t*>(sfb),
+                                         threadIdx.x - kNumMathThreads - 32);
+        }
     } else {
         // Consumer branch: register reconfiguration, then MMA, promotion and epilogue per tile.
         ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();

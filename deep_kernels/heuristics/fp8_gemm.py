@@ -102,6 +102,7 @@ GEMM_TYPES = {
 # The operands' formats and scaling (csrc/gemm/gemm_operands.cuh).
 GEMM_OPERANDS = {
     "fp8_block_scaled": "deep_kernels::GemmOperands::Fp8BlockScaled",
+    "fp8_mxfp4": "deep_kernels::GemmOperands::Fp8Mxfp4",
 }
 OUTPUT_TYPES = {"bfloat16": ("__nv_bfloat16", 2), "float32": ("float", 4)}
 

@@ -1,0 +1,169 @@
+// FP4 weights on the SM90 GEMM engine (GemmOperands::Fp8Mxfp4): the producer warpgroup's three spare warps
+// (the expanders) turn each stage's TMA-loaded e2m1 codes into the e4m3 B tile that wgmma reads, in its
+// 128-byte swizzle, and write the stage's per-column promotion scales; then they arrive on the stage's full
+// barrier, so the math warpgroups and their wgmma see an ordinary FP8 stage.
+//
+// Numerics, per B row n and 128-deep K block: the four UE8M0 scales 2^(e_j - 127) of its 32-wide sub-blocks
+// have the largest exponent e_max; a code c of sub-block j becomes the e4m3 value c * 2^(6 - d), d = e_max - e_j,
+// and the column's promotion scale is 2^(e_max - 127 - 6) (times sfa[row] in the mainloop). The e4m3 value is
+// exact for d <= 14 (e2m1's 0.5 * 2^(6 - d) and 1.5 * 2^(6 - d) are multiples of e4m3's smallest subnormal 2^-9
+// down to there, and 6 * 2^6 = 384 <= 448); for d > 14 it is e4m3's round-to-nearest-even of it (a sub-block
+// whose scale lies more than 2^14 below its 128-block's largest: its values are under 2^-12 of that block's
+// largest magnitude). A NaN scale (0xFF) makes the column's scale NaN.
+// The expansion is a byte permute: per sub-block, the 8 e4m3 bytes of the shift d's magnitudes (a table built
+// once per CTA) indexed by the codes' 3 magnitude bits, then each code's sign bit moved to its byte's bit 7.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "common/fp4.cuh"
+#include "common/macros.cuh"
+#include "gemm/sm90_fp8_gemm_traits.cuh"
+#include "pipeline.cuh"
+#include "ptx/cp_async.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
+#include "scheduler.cuh"
+
+namespace deep_kernels {
+
+namespace sm90_fp8_gemm_detail {
+
+enum class Fp4NamedBarrier : uint32_t { Expanders = 15 };
+
+// e2m1 magnitudes land in e4m3 as e2m1 * 2^kFp4ExpandExponent (the largest power keeping 6 * 2^k <= 448).
+constexpr int kFp4ExpandExponent = 6;
+constexpr uint32_t kFp4MaxExpandShift = kFp4ExpandTableBytes / 8 - 1;
+// Codes of one 32-wide sub-block: 16 bytes.
+constexpr uint32_t kFp4SubBlocksPerKBlock = kScaleBlock / 32;
+
+// Table d (d = 0 .. kFp4MaxExpandShift): byte i is e4m3(e2m1 magnitude i * 2^(6 - d)), round-to-nearest-even
+// (exact for d <= 14; all zero from d = 19 on).
+DK_DEVICE void init_fp4_expand_tables(uint2* tables, uint32_t thread, uint32_t num_threads) {
+    for (uint32_t d = thread; d <= kFp4MaxExpandShift; d += num_threads) {
+        uint32_t words[2] = {0, 0};
+#pragma unroll
+        for (uint32_t i = 0; i < 8; ++i) {
+            const float value = ldexpf(e2m1_value(i), kFp4ExpandExponent - static_cast<int>(d));
+            const uint32_t byte = __nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3);
+            words[i / 4] |= byte << (8 * (i % 4));
+        }
+        tables[d] = make_uint2(words[0], words[1]);
+    }
+}
+
+DK_DEVICE uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t selector) {
+    uint32_t result;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(result) : "r"(lo), "r"(hi), "r"(selector));
+    return result;
+}
+
+// Eight e2m1 codes (element i in bits [4i, 4i + 4) of `word`) as eight e4m3 bytes (element i in byte i of the
+// pair), magnitudes through `table`.
+// NOTE: 9 integer ops for 8 codes: the magnitudes (bit 3 of each nibble cleared, so prmt's sign-replicate
+// mode stays off) select the table's bytes four at a time; element i's sign, bit 4i + 3, reaches bit 7 of byte
+// i % 4 from either the word or the word shifted by 4, which one byte permute per half picks.
+DK_DEVICE uint2 expand_e2m1x8(uint32_t word, uint2 table) {
+    constexpr uint32_t kSignBits = 0x80808080u;
+    const uint32_t magnitudes = word & 0x77777777u;
+    const uint32_t shifted = word << 4;
+    const uint32_t lo = byte_perm(table.x, table.y, magnitudes);
+    const uint32_t hi = byte_perm(table.x, table.y, magnitudes >> 16);
+    // Byte i of the result holds element i's sign at bit 7: (shifted, word) bytes 0, 0, 1, 1 (and 2, 2, 3, 3).
+    const uint32_t signs_lo = byte_perm(word, shifted, 0x1504u);
+    const uint32_t signs_hi = byte_perm(word, shifted, 0x3726u);
+    return make_uint2(lo | (signs_lo & kSignBits), hi | (signs_hi & kSignBits));
+}
+
+// The largest of the four UE8M0 bytes of `scales`.
+DK_DEVICE uint32_t max_exponent(uint32_t scales) {
+    const uint32_t lo = max(scales & 0xFFu, (scales >> 8) & 0xFFu);
+    const uint32_t hi = max((scales >> 16) & 0xFFu, scales >> 24);
+    return max(lo, hi);
+}
+
+// The expanders' walk: the producer's tiles and K blocks in the same order; per K block they wait for the
+// codes, expand them into the stage's B tile and write its column scales, then release the stage to the math
+// warpgroups. `sfb` is the UE8M0 scales [G * N, K / 32] (bytes, row-major); `thread` counts the expanders.
+template <typename Traits, typename Ring>
+DK_DEVICE void run_fp4_expander(const typename Traits::Stages& stages, const Ring& ring,
+                                typename Traits::TileScheduler& scheduler, const uint8_t* sfb, uint32_t thread) {
+    constexpr uint32_t BLOCK_N = Traits::BLOCK_N;
+    constexpr uint32_t kNumKBlocks = Traits::kNumKBlocks;
+    constexpr uint32_t kNumThreads = Traits::kNumExpandThreads;
+    constexpr uint32_t kNumUnits = BLOCK_N * kFp4SubBlocksPerKBlock;
+    constexpr uint32_t kUnitsPerThread = (kNumUnits + kNumThreads - 1) / kNumThreads;
+    constexpr uint32_t kBarrierId = static_cast<uint32_t>(Fp4NamedBarrier::Expanders);
+    DK_STATIC_ASSERT(kNumThreads % 32 == 0 && Traits::BLOCK_K == kScaleBlock, "whole warps, 128-deep K blocks");
+
+    init_fp4_expand_tables(stages.expand_tables, thread, kNumThreads);
+    ptx::named_barrier_sync(kBarrierId, kNumThreads);
+
+    const auto* sfb_words = reinterpret_cast<const uint32_t*>(sfb);
+    PipelineState<Traits::kNumStages> state;
+    TileInfo tile;
+    while (scheduler.get_next_tile(tile)) {
+        const uint32_t n_first = tile.n_block_idx * BLOCK_N;
+        const uint32_t sf_row_first = (Traits::kGemmType == GemmType::Normal ? 0 : tile.group_idx * Traits::SHAPE_N) +
+                                      n_first;
+        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
+        for (uint32_t k_block = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
+             k_block < k_block_end; ++k_block) {
+            // NOTE: each thread copies the scale words of its own units (a row's 4 UE8M0 bytes of this K block)
+            // from global memory with cp.async before the wait, so their latency hides behind the codes' TMA
+            // without holding registers. Rows past N (zero-filled codes) take scale 0; their columns are never
+            // stored.
+#pragma unroll
+            for (uint32_t i = 0; i < kUnitsPerThread; ++i) {
+                const uint32_t unit = thread + i * kNumThreads;
+                const uint32_t row = unit / kFp4SubBlocksPerKBlock;
+                if (kNumUnits % kNumThreads != 0 && unit >= kNumUnits)
+                    break;
+                const bool valid = n_first + row < Traits::SHAPE_N;
+                ptx::cp_async_4(stages.scale_words + unit,
+                                sfb_words + (valid ? (sf_row_first + row) * kNumKBlocks + k_block : 0), valid ? 4 : 0);
+            }
+            ptx::mbarrier_wait(stages.loaded_barriers + state.stage, state.phase);
+            ptx::cp_async_wait_all();
+
+            const uint8_t* smem_codes = stages.codes_stage(state.stage);
+            uint8_t* smem_b = stages.b_stage(state.stage);
+            float* smem_col_scales = stages.col_scales_stage(state.stage);
+#pragma unroll
+            for (uint32_t i = 0; i < kUnitsPerThread; ++i) {
+                const uint32_t unit = thread + i * kNumThreads;
+                if (kNumUnits % kNumThreads != 0 && unit >= kNumUnits)
+                    break;
+                const uint32_t row = unit / kFp4SubBlocksPerKBlock, sub_block = unit % kFp4SubBlocksPerKBlock;
+                const uint32_t scale_word = stages.scale_words[unit];
+                const uint32_t e_max = max_exponent(scale_word);
+                const uint32_t e_sub = (scale_word >> (8 * sub_block)) & 0xFFu;
+                const uint2 table = stages.expand_tables[min(e_max - e_sub, kFp4MaxExpandShift)];
+                // Units run along rows, so a quarter warp reads 128 contiguous bytes of codes.
+                const uint4 codes = *reinterpret_cast<const uint4*>(smem_codes + unit * 16);
+                const uint2 e0 = expand_e2m1x8(codes.x, table), e1 = expand_e2m1x8(codes.y, table);
+                const uint2 e2 = expand_e2m1x8(codes.z, table), e3 = expand_e2m1x8(codes.w, table);
+                // The sub-block's 32 e4m3 bytes are 16-byte chunks 2j and 2j + 1 of the row, at chunk ^ (row % 8)
+                // (the 128-byte swizzle of an 8-row, 1024-byte atom).
+                uint8_t* smem_row = smem_b + row * Traits::BLOCK_K;
+                const uint32_t chunk = 2 * sub_block;
+                *reinterpret_cast<uint4*>(smem_row + ((chunk ^ (row % 8)) * 16)) = make_uint4(e0.x, e0.y, e1.x, e1.y);
+                *reinterpret_cast<uint4*>(smem_row + (((chunk + 1) ^ (row % 8)) * 16)) =
+                    make_uint4(e2.x, e2.y, e3.x, e3.y);
+                if (sub_block == 0)
+                    smem_col_scales[row] = e8m0_to_float(static_cast<uint8_t>(e_max)) * 0x1p-6f;
+            }
+            ptx::fence_proxy_async_shared();
+            ptx::named_barrier_sync(kBarrierId, kNumThreads);
+            if (thread == 0)
+                ptx::mbarrier_arrive(ring.full_barriers + state.stage);
+            state.advance();
+        }
+    }
+}
+
+}  // namespace sm90_fp8_gemm_detail
+
+}  // namespace deep_kernels
