@@ -143,9 +143,11 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kSmemBytes =
         kIsFp4B ? kFp4SmemBytes : kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
     static constexpr uint32_t kNumExpandThreads = kIsFp4B ? kNumThreadsPerWarpgroup - 32 : 0;
-    // NOTE: one math warpgroup leaves registers to spare (96 x 128 + 240 x 128); with two, the producer
-    // warpgroup's 48 and the math warpgroups' 232 fill the 65,536 exactly.
-    static constexpr uint32_t kNumProducerRegisters = kIsFp4B ? (kNumMathWarpgroups == 1 ? 96 : 48) : kNumTMARegisters;
+    // NOTE: setmaxnreg moves registers within what the launch allocated (168 x 384 = 64,512 with two math
+    // warpgroups, 240 x 256 with one). One math warpgroup leaves the expanders registers to spare (96 x 128 +
+    // 240 x 128); with two, the expanders' 56 take 8 from each math thread (56 x 128 + 224 x 256 = 64,512).
+    static constexpr uint32_t kNumProducerRegisters = kIsFp4B ? (kNumMathWarpgroups == 1 ? 96 : 56) : kNumTMARegisters;
+    static constexpr uint32_t kNumConsumerRegisters = kIsFp4B && kNumMathWarpgroups == 2 ? 224 : kNumMathRegisters;
 
     using Stages = std::conditional_t<kIsFp4B, Fp4StageBuffers<kStageABytes, kStageBBytes, BLOCK_M, kStageCodesBytes, BLOCK_N>,
                                       StageBuffers<kStageABytes, kStageBBytes, BLOCK_M>>;

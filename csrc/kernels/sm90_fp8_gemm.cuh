@@ -203,7 +203,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         }
     } else {
         // Consumer branch: register reconfiguration, then MMA, promotion and epilogue per tile.
-        ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
+        ptx::setmaxnreg_inc<Traits::kNumConsumerRegisters>();
         uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Traits::kNumMWaves * Traits::Store::kBytes;
         run_math_warpgroup<Traits>(stages, ring, scheduler, smem_d_wg, &tmap_d, sfb, d, split_workspace,
                                    split_tickets);
