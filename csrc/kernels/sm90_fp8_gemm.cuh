@@ -36,6 +36,10 @@
 //             AccumulatorStore<D, BLOCK_N>::kSwizzleBytes (128 if BLOCK_N * sizeof(D) % 128 == 0, else 64 if
 //             % 64 == 0, else 32; heuristics: Fp8GemmConfig.swizzle_d_bytes).
 //   sfb       FP32 [G, ceil(N / 128), ceil(K / 128)] row-major, read directly.
+//   Fp8Mxfp4 operands (gemm/sm90_fp4_expand.cuh; K a multiple of 128, no multicast): tmap_b maps B's e2m1 codes
+//             as UINT8 dims {K / 2, G * N}, strides {K / 2}, box {64, BLOCK_N}, SWIZZLE_NONE; sfb points at the
+//             UE8M0 scale bytes [G * N, K / 32] row-major (4-byte aligned), read by the producer warpgroup's
+//             expander warps, which build each stage's e4m3 B tile and its per-column promotion scales.
 //   grouped_layout / num_groups: nullptr / 0 (Normal), int32 group per A row (contiguous; -1 = padding),
 //             int32 valid rows per group (masked).
 //   split_workspace / split_tickets (kNumSplits > 1; else unused, may be nullptr): FP32 workspace of
