@@ -166,8 +166,8 @@ def test_sub_block_shifts_up_to_the_exact_limit_and_past_it(max_shift):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_m,block_n,splits", [(64, 128, 1), (64, 48, 3), (128, 96, 1), (128, 192, 1),
-                                                    (128, 144, 2)])
+@pytest.mark.parametrize("block_m,block_n,splits", [(64, 128, 1), (64, 48, 3), (128, 96, 2), (128, 192, 1),
+                                                    (64, 144, 2)])
 def test_forced_tilings(block_m, block_n, splits):
     m, n, k = 300, 1040, 1024
     config = heuristics.make_config(block_m, block_n, 2, num_splits=splits,

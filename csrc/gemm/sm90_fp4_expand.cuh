@@ -84,6 +84,62 @@ DK_DEVICE uint32_t max_exponent(uint32_t scales) {
     return max(lo, hi);
 }
 
+// Expands kNum units (unit = a row's 32-wide sub-block: 16 bytes of codes into 32 e4m3 bytes) of the stage,
+// units first_unit, first_unit + kNumExpandThreads, ...; units past the tile's are skipped.
+template <typename Traits, uint32_t kNum>
+DK_DEVICE void expand_units(const typename Traits::Stages& stages, uint32_t stage, uint32_t first_unit) {
+    constexpr uint32_t kNumUnits = Traits::BLOCK_N * kFp4SubBlocksPerKBlock;
+    constexpr uint32_t kStride = Traits::kNumExpandThreads;
+    const uint8_t* smem_codes = stages.codes_stage(stage);
+    uint32_t scale_words[kNum];
+    uint4 codes[kNum];
+#pragma unroll
+    for (uint32_t i = 0; i < kNum; ++i) {
+        // Units past the tile's (kNumUnits not a multiple of the thread count) read the last unit and store nothing.
+        const uint32_t unit = min(first_unit + i * kStride, kNumUnits - 1);
+        scale_words[i] = stages.scale_words[unit];
+        // Units run along rows, so a quarter warp reads 128 contiguous bytes of codes.
+        codes[i] = *reinterpret_cast<const uint4*>(smem_codes + unit * 16);
+    }
+    uint2 tables[kNum];
+    uint32_t e_max[kNum];
+#pragma unroll
+    for (uint32_t i = 0; i < kNum; ++i) {
+        const uint32_t sub_block = (first_unit + i * kStride) % kFp4SubBlocksPerKBlock;
+        e_max[i] = max_exponent(scale_words[i]);
+        const uint32_t e_sub = (scale_words[i] >> (8 * sub_block)) & 0xFFu;
+        tables[i] = stages.expand_tables[min(e_max[i] - e_sub, kFp4MaxExpandShift)];
+    }
+    uint8_t* smem_b = stages.b_stage(stage);
+    float* smem_col_scales = stages.col_scales_stage(stage);
+#pragma unroll
+    for (uint32_t i = 0; i < kNum; ++i) {
+        const uint32_t unit = first_unit + i * kStride;
+        const uint32_t row = unit / kFp4SubBlocksPerKBlock, sub_block = unit % kFp4SubBlocksPerKBlock;
+        const uint2 e0 = expand_e2m1x8(codes[i].x, tables[i]), e1 = expand_e2m1x8(codes[i].y, tables[i]);
+        const uint2 e2 = expand_e2m1x8(codes[i].z, tables[i]), e3 = expand_e2m1x8(codes[i].w, tables[i]);
+        if (kNumUnits % kStride == 0 || unit < kNumUnits) {
+            // The sub-block's 32 e4m3 bytes are 16-byte chunks 2j and 2j + 1 of the row, at chunk ^ (row % 8)
+            // (the 128-byte swizzle of an 8-row, 1024-byte atom).
+            uint8_t* smem_row = smem_b + row * Traits::BLOCK_K;
+            const uint32_t chunk = 2 * sub_block;
+            *reinterpret_cast<uint4*>(smem_row + ((chunk ^ (row % 8)) * 16)) = make_uint4(e0.x, e0.y, e1.x, e1.y);
+            *reinterpret_cast<uint4*>(smem_row + (((chunk + 1) ^ (row % 8)) * 16)) = make_uint4(e2.x, e2.y, e3.x, e3.y);
+            if (sub_block == 0)
+                smem_col_scales[row] = e8m0_to_float(static_cast<uint8_t>(e_max[i])) * 0x1p-6f;
+        }
+    }
+}
+
+// This thread's kNumLeft units from first_unit on (stride kNumExpandThreads), kBatch at a time.
+template <typename Traits, uint32_t kNumLeft, uint32_t kBatch>
+DK_DEVICE void expand_unit_batches(const typename Traits::Stages& stages, uint32_t stage, uint32_t first_unit) {
+    constexpr uint32_t kNum = kNumLeft < kBatch ? kNumLeft : kBatch;
+    expand_units<Traits, kNum>(stages, stage, first_unit);
+    if constexpr (kNumLeft > kNum)
+        expand_unit_batches<Traits, kNumLeft - kNum, kBatch>(stages, stage, first_unit + kNum * Traits::kNumExpandThreads);
+}
+
 // The expanders' walk: the producer's tiles and K blocks in the same order; per K block they wait for the
 // codes, expand them into the stage's B tile and write its column scales, then release the stage to the math
 // warpgroups. `sfb` is the UE8M0 scales [G * N, K / 32] (bytes, row-major); `thread` counts the expanders.
@@ -95,6 +151,8 @@ DK_DEVICE void run_fp4_expander(const typename Traits::Stages& stages, const Rin
     constexpr uint32_t kNumThreads = Traits::kNumExpandThreads;
     constexpr uint32_t kNumUnits = BLOCK_N * kFp4SubBlocksPerKBlock;
     constexpr uint32_t kUnitsPerThread = (kNumUnits + kNumThreads - 1) / kNumThreads;
+    // Units whose loads are in flight together: as many as the expanders' registers hold.
+    constexpr uint32_t kUnitsPerBatch = Traits::kNumProducerRegisters >= 96 ? 3 : 1;
     constexpr uint32_t kBarrierId = static_cast<uint32_t>(Fp4NamedBarrier::Expanders);
     DK_STATIC_ASSERT(kNumThreads % 32 == 0 && Traits::BLOCK_K == kScaleBlock, "whole warps, 128-deep K blocks");
 
@@ -128,33 +186,9 @@ DK_DEVICE void run_fp4_expander(const typename Traits::Stages& stages, const Rin
             ptx::mbarrier_wait(stages.loaded_barriers + state.stage, state.phase);
             ptx::cp_async_wait_all();
 
-            const uint8_t* smem_codes = stages.codes_stage(state.stage);
-            uint8_t* smem_b = stages.b_stage(state.stage);
-            float* smem_col_scales = stages.col_scales_stage(state.stage);
-#pragma unroll
-            for (uint32_t i = 0; i < kUnitsPerThread; ++i) {
-                const uint32_t unit = thread + i * kNumThreads;
-                if (kNumUnits % kNumThreads != 0 && unit >= kNumUnits)
-                    break;
-                const uint32_t row = unit / kFp4SubBlocksPerKBlock, sub_block = unit % kFp4SubBlocksPerKBlock;
-                const uint32_t scale_word = stages.scale_words[unit];
-                const uint32_t e_max = max_exponent(scale_word);
-                const uint32_t e_sub = (scale_word >> (8 * sub_block)) & 0xFFu;
-                const uint2 table = stages.expand_tables[min(e_max - e_sub, kFp4MaxExpandShift)];
-                // Units run along rows, so a quarter warp reads 128 contiguous bytes of codes.
-                const uint4 codes = *reinterpret_cast<const uint4*>(smem_codes + unit * 16);
-                const uint2 e0 = expand_e2m1x8(codes.x, table), e1 = expand_e2m1x8(codes.y, table);
-                const uint2 e2 = expand_e2m1x8(codes.z, table), e3 = expand_e2m1x8(codes.w, table);
-                // The sub-block's 32 e4m3 bytes are 16-byte chunks 2j and 2j + 1 of the row, at chunk ^ (row % 8)
-                // (the 128-byte swizzle of an 8-row, 1024-byte atom).
-                uint8_t* smem_row = smem_b + row * Traits::BLOCK_K;
-                const uint32_t chunk = 2 * sub_block;
-                *reinterpret_cast<uint4*>(smem_row + ((chunk ^ (row % 8)) * 16)) = make_uint4(e0.x, e0.y, e1.x, e1.y);
-                *reinterpret_cast<uint4*>(smem_row + (((chunk + 1) ^ (row % 8)) * 16)) =
-                    make_uint4(e2.x, e2.y, e3.x, e3.y);
-                if (sub_block == 0)
-                    smem_col_scales[row] = e8m0_to_float(static_cast<uint8_t>(e_max)) * 0x1p-6f;
-            }
+            // NOTE: units go in batches whose loads are all issued before any expansion (expand_units), so that
+            // the shared-memory latencies (scale word, then its table; codes) overlap rather than add up.
+            expand_unit_batches<Traits, kUnitsPerThread, kUnitsPerBatch>(stages, state.stage, thread);
             ptx::fence_proxy_async_shared();
             ptx::named_barrier_sync(kBarrierId, kNumThreads);
             if (thread == 0)

@@ -26,6 +26,8 @@ constexpr uint32_t kWgmmaK = 32;
 constexpr uint32_t kMaxSmemBytes = 232448;
 // The e2m1 -> e4m3 expansion's tables: 8 bytes (one per e2m1 magnitude) for each exponent shift 0..31.
 constexpr uint32_t kFp4ExpandTableBytes = 32 * 8;
+// Widest 128-row FP4 tile with split-K (the math warpgroups' 224 registers).
+constexpr uint32_t kMaxFp4SplitBlockN = 96;
 // Widest pipelined tile by math warpgroup count: three sets of BLOCK_N / 2 accumulators (two partial, one
 // final) plus addressing fit the 240 (one warpgroup) or 232 (two) registers without spilling.
 constexpr uint32_t kMaxPipelinedBlockN[2] = {128, 128};
@@ -61,6 +63,16 @@ struct StageBuffers {
     DK_DEVICE uint8_t* a_stage(uint32_t stage) const { return a + stage * kStageABytes; }
     DK_DEVICE uint8_t* b_stage(uint32_t stage) const { return b + stage * kStageBBytes; }
     DK_DEVICE float* sfa_stage(uint32_t stage) const { return sfa + stage * kStageSfaFloats; }
+};
+
+// A if kFirst, else B (std::conditional_t, which NVRTC's trimmed <type_traits> lacks).
+template <bool kFirst, typename A, typename B>
+struct SelectType {
+    using type = A;
+};
+template <typename A, typename B>
+struct SelectType<false, A, B> {
+    using type = B;
 };
 
 // FP4 weights: the stage tiles plus, per stage, the e2m1 codes (BLOCK_N x 64 bytes, rows of 128 K), the
@@ -104,7 +116,9 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kNumMathWarpgroups = math_warpgroups_of(BLOCK_M);
     static constexpr uint32_t kNumMWaves = m_waves_of(BLOCK_M);
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
-    static constexpr uint32_t kNumTMAThreads = kNumThreadsPerWarpgroup;
+    // FP4 weights with one math warpgroup: a second producer-side warpgroup of expanders (gemm/sm90_fp4_expand.cuh).
+    static constexpr uint32_t kNumTMAThreads =
+        (kOperands_ == GemmOperands::Fp8Mxfp4 && kNumMathWarpgroups == 1 ? 2 : 1) * kNumThreadsPerWarpgroup;
     // Tiles start at multiples of kTileOffsetStep inside a 128-wide sfb block.
     static constexpr uint32_t kTileOffsetStep = gcd_with_scale_block(BLOCK_N);
     static constexpr uint32_t kNumTileOffsets = kScaleBlock / kTileOffsetStep;
@@ -142,15 +156,16 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kFp4SmemBytes = kOffsetScaleWords + (kIsFp4B ? BLOCK_N * 4 * sizeof(uint32_t) : 0);
     static constexpr uint32_t kSmemBytes =
         kIsFp4B ? kFp4SmemBytes : kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
-    static constexpr uint32_t kNumExpandThreads = kIsFp4B ? kNumThreadsPerWarpgroup - 32 : 0;
-    // NOTE: setmaxnreg moves registers within what the launch allocated (168 x 384 = 64,512 with two math
-    // warpgroups, 240 x 256 with one). One math warpgroup leaves the expanders registers to spare (96 x 128 +
-    // 240 x 128); with two, the expanders' 56 take 8 from each math thread (56 x 128 + 224 x 256 = 64,512).
-    static constexpr uint32_t kNumProducerRegisters = kIsFp4B ? (kNumMathWarpgroups == 1 ? 96 : 56) : kNumTMARegisters;
+    // The producer warpgroup's warps but the TMA thread's, and the second warpgroup's with one math warpgroup.
+    static constexpr uint32_t kNumExpandThreads = kIsFp4B ? kNumTMAThreads - 32 : 0;
+    // NOTE: setmaxnreg moves registers within what the launch allocated (168 per thread of the 384). One math
+    // warpgroup: 240 x 128 + 128 x 256 = 63,488; two: the expanders' 56 take 8 from each math thread (56 x 128 +
+    // 224 x 256 = 64,512).
+    static constexpr uint32_t kNumProducerRegisters = kIsFp4B ? (kNumMathWarpgroups == 1 ? 128 : 56) : kNumTMARegisters;
     static constexpr uint32_t kNumConsumerRegisters = kIsFp4B && kNumMathWarpgroups == 2 ? 224 : kNumMathRegisters;
 
-    using Stages = std::conditional_t<kIsFp4B, Fp4StageBuffers<kStageABytes, kStageBBytes, BLOCK_M, kStageCodesBytes, BLOCK_N>,
-                                      StageBuffers<kStageABytes, kStageBBytes, BLOCK_M>>;
+    using Stages = typename SelectType<kIsFp4B, Fp4StageBuffers<kStageABytes, kStageBBytes, BLOCK_M, kStageCodesBytes, BLOCK_N>,
+                                       StageBuffers<kStageABytes, kStageBBytes, BLOCK_M>>::type;
 
     // The stage buffers inside the dynamic shared memory `smem`.
     DK_DEVICE static Stages stages_of(uint8_t* smem) {
@@ -170,6 +185,10 @@ struct Sm90Fp8GemmTraits {
                      "operands: e4m3 with 1x128 and 128x128 scales, or e4m3 x MXFP4");
     DK_STATIC_ASSERT(!kIsFp4B || (SHAPE_K % kScaleBlock == 0 && kNumTMAMulticast == 1),
                      "FP4 weights: K a multiple of 128, no multicast");
+    // NOTE: with two math warpgroups at 224 registers, the split-K reduction beside two accumulator sets wider
+    // than 96 columns spills.
+    DK_STATIC_ASSERT(!kIsFp4B || kNumMathWarpgroups == 1 || kNumSplits == 1 || BLOCK_N <= kMaxFp4SplitBlockN,
+                     "FP4 weights, 128-row tiles: split-K up to 96 columns");
     DK_STATIC_ASSERT(BLOCK_K == kScaleBlock, "one K block per 128-wide scale block");
     DK_STATIC_ASSERT(SHAPE_K % 16 == 0 && SHAPE_K > 0, "K is a positive multiple of 16 (the last K block zero-filled)");
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");

@@ -6,9 +6,9 @@ fp8_gemm's (waves, per-K-block math and loads, DRAM, split-K at decode sizes) wi
 
 * B moves 4.25 bits a weight (the e2m1 code and its share of the UE8M0 scale per 32) from DRAM and L2, not 8:
   at decode sizes the weight bytes are nearly all the traffic, which is where the kind gains.
-* A K block also costs the expansion of the tile's BLOCK_N x 128 codes into e4m3 by the producer warpgroup's
-  three expander warps (EXPAND_SECONDS_PER_CODE), overlapped with the loads and the math: the K block costs
-  the largest of the three.
+* A K block also costs the expansion of the tile's BLOCK_N x 128 codes into e4m3 by the expander warps (the
+  producer warpgroup's three spare ones, and with one math warpgroup a second warpgroup of four), overlapped
+  with the loads and the math: the K block costs the largest of the three.
 * The stage holds the codes and the column scales besides the FP8 stage, so fewer stages fit.
 * No multicast (the kind does not take it).
 """
@@ -28,11 +28,13 @@ B_BITS_PER_WEIGHT = 4.25
 # Tile heights: one math warpgroup (64 rows) or two (128). (256-row tiles, whose stages grow by the codes and
 # column scales too, fit only two stages beside their D staging.)
 BLOCK_MS = (64, 128)
-# Seconds per code of the expansion (96 threads, 9 integer ops per 8 codes plus loads and stores): an estimate
-# from the instruction count at 1.7 GHz, to rank configs.
-EXPAND_SECONDS_PER_CODE = 1.7e-11
+# Seconds per code of the expansion by 3 (two math warpgroups) or 7 (one) expander warps: an estimate from the
+# instruction count (about 2 per code) at 1.7 GHz, to rank configs.
+EXPAND_SECONDS_PER_CODE = {128: 1.7e-11, 64: 0.8e-11}
 # The kernel's kFp4ExpandTableBytes.
 EXPAND_TABLE_BYTES = 256
+# Widest 128-row tile with split-K (the kernel's kMaxFp4SplitBlockN: the math warpgroups have 224 registers).
+MAX_SPLIT_BLOCK_N = 96
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -67,6 +69,8 @@ def make_config(block_m: int, block_n: int, out_dtype_bytes: int, num_stages: in
         raise ValueError(f"no FP4 kernel for {block_m}x{block_n} tiles")
     if overlap_epilogue and (num_splits != 1 or block_m != 128):
         raise ValueError("the epilogue overlap needs block_m == 128 and num_splits == 1")
+    if num_splits != 1 and block_m == 128 and block_n > MAX_SPLIT_BLOCK_N:
+        raise ValueError(f"128-row FP4 tiles take split-K up to {MAX_SPLIT_BLOCK_N} columns")
     if pipelined is None:
         pipelined = can_pipeline(block_m, block_n)
     elif pipelined and not can_pipeline(block_m, block_n):
@@ -90,7 +94,8 @@ def candidate_configs(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int
             stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity)
             if stages < MIN_STAGES:
                 continue
-            splits = (1,) if grouped else fp8_gemm._split_options(m, n, k, block_m, block_n, 1, num_sms)
+            splitting = not grouped and (block_m == 64 or block_n <= MAX_SPLIT_BLOCK_N)
+            splits = fp8_gemm._split_options(m, n, k, block_m, block_n, 1, num_sms) if splitting else (1,)
             for num_splits in splits:
                 yield Fp8GemmConfig(
                     block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=1, multicast_on_a=False,
@@ -110,7 +115,7 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if config.pipelined else 1.0) + b * max(config.block_n, 64)
     stage_bytes = config.block_m * BLOCK_K + config.block_n * BLOCK_K * B_BITS_PER_WEIGHT / 8 + config.block_m * 4
     load_s = max(stage_bytes / SM_INGEST_BYTES_PER_S, stage_bytes * active_ctas / AGGREGATE_INGEST_BYTES_PER_S)
-    expand_s = config.block_n * BLOCK_K * EXPAND_SECONDS_PER_CODE
+    expand_s = config.block_n * BLOCK_K * EXPAND_SECONDS_PER_CODE[config.block_m]
     k_block_s = max(math_s, load_s, expand_s)
     k_blocks = _ceil_div(k, BLOCK_K)
     tile_s = k_blocks * k_block_s + EPILOGUE_SECONDS[config.block_m]
@@ -166,6 +171,14 @@ def get_grouped_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, 
         config, modelled_rows(gemm_type, m, num_groups, config.block_m), n, k, num_sms, num_groups=num_groups))
 
 
+def num_producer_threads(config: Fp8GemmConfig) -> int:
+    """Threads of the producer side: the TMA warpgroup (whose three spare warps expand), plus a warpgroup of
+    expanders with one math warpgroup (the kernel's kNumTMAThreads)."""
+    return 256 if config.num_math_warpgroups == 1 else 128
+
+
 def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumulation: bool,
                   gemm_type: str = "normal") -> list:
-    return fp8_gemm.template_args(config, n, k, out_dtype, with_accumulation, gemm_type, OPERANDS)
+    args = fp8_gemm.template_args(config, n, k, out_dtype, with_accumulation, gemm_type, OPERANDS)
+    args[6] = str(num_producer_threads(config))
+    return args
