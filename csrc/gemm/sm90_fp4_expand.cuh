@@ -22,7 +22,6 @@
 #include "common/macros.cuh"
 #include "gemm/sm90_fp8_gemm_traits.cuh"
 #include "pipeline.cuh"
-#include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
 #include "scheduler.cuh"
@@ -97,7 +96,7 @@ DK_DEVICE void expand_units(const typename Traits::Stages& stages, uint32_t stag
     for (uint32_t i = 0; i < kNum; ++i) {
         // Units past the tile's (kNumUnits not a multiple of the thread count) read the last unit and store nothing.
         const uint32_t unit = min(first_unit + i * kStride, kNumUnits - 1);
-        scale_words[i] = stages.scale_words[unit];
+        scale_words[i] = stages.scale_words_stage(stage)[unit / kFp4SubBlocksPerKBlock];
         // Units run along rows, so a quarter warp reads 128 contiguous bytes of codes.
         codes[i] = *reinterpret_cast<const uint4*>(smem_codes + unit * 16);
     }
@@ -141,11 +140,11 @@ DK_DEVICE void expand_unit_batches(const typename Traits::Stages& stages, uint32
 }
 
 // The expanders' walk: the producer's tiles and K blocks in the same order; per K block they wait for the
-// codes, expand them into the stage's B tile and write its column scales, then release the stage to the math
-// warpgroups. `sfb` is the UE8M0 scales [G * N, K / 32] (bytes, row-major); `thread` counts the expanders.
+// codes and scale words, expand the codes into the stage's B tile and write its column scales, then release the
+// stage to the math warpgroups. `thread` counts the expanders.
 template <typename Traits, typename Ring>
 DK_DEVICE void run_fp4_expander(const typename Traits::Stages& stages, const Ring& ring,
-                                typename Traits::TileScheduler& scheduler, const uint8_t* sfb, uint32_t thread) {
+                                typename Traits::TileScheduler& scheduler, uint32_t thread) {
     constexpr uint32_t BLOCK_N = Traits::BLOCK_N;
     constexpr uint32_t kNumKBlocks = Traits::kNumKBlocks;
     constexpr uint32_t kNumThreads = Traits::kNumExpandThreads;
@@ -159,32 +158,13 @@ DK_DEVICE void run_fp4_expander(const typename Traits::Stages& stages, const Rin
     init_fp4_expand_tables(stages.expand_tables, thread, kNumThreads);
     ptx::named_barrier_sync(kBarrierId, kNumThreads);
 
-    const auto* sfb_words = reinterpret_cast<const uint32_t*>(sfb);
     PipelineState<Traits::kNumStages> state;
     TileInfo tile;
     while (scheduler.get_next_tile(tile)) {
-        const uint32_t n_first = tile.n_block_idx * BLOCK_N;
-        const uint32_t sf_row_first = (Traits::kGemmType == GemmType::Normal ? 0 : tile.group_idx * Traits::SHAPE_N) +
-                                      n_first;
         const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
         for (uint32_t k_block = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
              k_block < k_block_end; ++k_block) {
-            // NOTE: each thread copies the scale words of its own units (a row's 4 UE8M0 bytes of this K block)
-            // from global memory with cp.async before the wait, so their latency hides behind the codes' TMA
-            // without holding registers. Rows past N (zero-filled codes) take scale 0; their columns are never
-            // stored.
-#pragma unroll
-            for (uint32_t i = 0; i < kUnitsPerThread; ++i) {
-                const uint32_t unit = thread + i * kNumThreads;
-                const uint32_t row = unit / kFp4SubBlocksPerKBlock;
-                if (kNumUnits % kNumThreads != 0 && unit >= kNumUnits)
-                    break;
-                const bool valid = n_first + row < Traits::SHAPE_N;
-                ptx::cp_async_4(stages.scale_words + unit,
-                                sfb_words + (valid ? (sf_row_first + row) * kNumKBlocks + k_block : 0), valid ? 4 : 0);
-            }
             ptx::mbarrier_wait(stages.loaded_barriers + state.stage, state.phase);
-            ptx::cp_async_wait_all();
 
             // NOTE: units go in batches whose loads are all issued before any expansion (expand_units), so that
             // the shared-memory latencies (scale word, then its table; codes) overlap rather than add up.

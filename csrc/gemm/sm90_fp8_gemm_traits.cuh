@@ -77,7 +77,7 @@ struct SelectType<false, A, B> {
 
 // FP4 weights: the stage tiles plus, per stage, the e2m1 codes (BLOCK_N x 64 bytes, rows of 128 K), the
 // per-column promotion scales the expander writes (BLOCK_N FP32) and the barrier the codes' TMA completes on;
-// and the expansion tables (kFp4ExpandTableBytes) and the expanders' scale words (one K block's).
+// and the expansion tables (kFp4ExpandTableBytes) and per stage the B rows' scale words.
 template <uint32_t kStageABytes, uint32_t kStageBBytes, uint32_t kStageSfaFloats, uint32_t kStageCodesBytes,
           uint32_t BLOCK_N>
 struct Fp4StageBuffers : StageBuffers<kStageABytes, kStageBBytes, kStageSfaFloats> {
@@ -89,6 +89,7 @@ struct Fp4StageBuffers : StageBuffers<kStageABytes, kStageBBytes, kStageSfaFloat
 
     DK_DEVICE uint8_t* codes_stage(uint32_t stage) const { return codes + stage * kStageCodesBytes; }
     DK_DEVICE float* col_scales_stage(uint32_t stage) const { return col_scales + stage * BLOCK_N; }
+    DK_DEVICE uint32_t* scale_words_stage(uint32_t stage) const { return scale_words + stage * BLOCK_N; }
 };
 
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t BLOCK_K_,
@@ -151,9 +152,9 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kOffsetColScales = kOffsetCodes + kNumStages * kStageCodesBytes;
     static constexpr uint32_t kOffsetLoadedBarriers = kOffsetColScales + kNumStages * kStageColScaleBytes;
     static constexpr uint32_t kOffsetExpandTables = kOffsetLoadedBarriers + kNumStages * sizeof(uint64_t);
-    // The expanders' copies of the current K block's scale words, one per (row, 32-wide sub-block) they expand.
+    // Per stage, each B row's four UE8M0 scales of the K block (one word), copied by the producer warp.
     static constexpr uint32_t kOffsetScaleWords = kOffsetExpandTables + kFp4ExpandTableBytes;
-    static constexpr uint32_t kFp4SmemBytes = kOffsetScaleWords + (kIsFp4B ? BLOCK_N * 4 * sizeof(uint32_t) : 0);
+    static constexpr uint32_t kFp4SmemBytes = kOffsetScaleWords + (kIsFp4B ? kNumStages * BLOCK_N * sizeof(uint32_t) : 0);
     static constexpr uint32_t kSmemBytes =
         kIsFp4B ? kFp4SmemBytes : kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
     // The producer warpgroup's warps but the TMA thread's, and the second warpgroup's with one math warpgroup.

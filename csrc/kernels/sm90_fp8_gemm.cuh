@@ -181,7 +181,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         if constexpr (Traits::kIsFp4B) {
 #pragma unroll
             for (uint32_t s = 0; s < kNumStages; ++s)
-                ptx::mbarrier_init(stages.loaded_barriers + s, 1);
+                ptx::mbarrier_init(stages.loaded_barriers + s, 1 + 32);
         }
         ptx::fence_mbarrier_init();
     }
@@ -197,13 +197,16 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     if (role == WarpRole::Producer) {
         // Producer branch: register reconfiguration, then one thread issues every TMA load.
         ptx::setmaxnreg_dec<Traits::kNumProducerRegisters>();
-        if (is_tma_thread)
-            run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa);
         if constexpr (Traits::kIsFp4B) {
-            // FP4 weights: the warpgroup's other three warps expand the codes (sfb: the UE8M0 scales' bytes).
-            if (warp_idx > kNumMathThreads / 32)
-                run_fp4_expander<Traits>(stages, ring, scheduler, reinterpret_cast<const uint8_t*>(sfb),
-                                         threadIdx.x - kNumMathThreads - 32);
+            // FP4 weights: the TMA thread's warp also copies the scale words (sfb: the UE8M0 scales' bytes); the
+            // producer side's other warps expand the codes.
+            if (warp_idx == kNumMathThreads / 32)
+                run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa,
+                                         reinterpret_cast<const uint32_t*>(sfb));
+            else
+                run_fp4_expander<Traits>(stages, ring, scheduler, threadIdx.x - kNumMathThreads - 32);
+        } else if (is_tma_thread) {
+            run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa);
         }
     } else {
         // Consumer branch: register reconfiguration, then MMA, promotion and epilogue per tile.

@@ -24,6 +24,12 @@ DK_DEVICE void cp_async_4(void* smem_dst, const void* src, uint32_t src_bytes) {
                  : "memory");
 }
 
+// Arrives on `barrier` once every cp.async this thread issued so far has completed, without counting itself as an
+// expected arrival (.noinc: the barrier's init count must include it).
+DK_DEVICE void cp_async_mbarrier_arrive_noinc(uint64_t* barrier) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_address(barrier)) : "memory");
+}
+
 // Waits for every cp.async this thread issued (their data is then visible to this thread; a __syncwarp or
 // barrier makes it visible to others).
 DK_DEVICE void cp_async_wait_all() {
