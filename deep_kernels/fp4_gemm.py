@@ -201,12 +201,14 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
     if num_tickets:
         workspace = _split_workspace(a.get_device(), workspace_floats, num_tickets)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
+    map_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
+    # NOTE: tmap_sfb is not read by this kind (the expanders write the column scales); any valid map does.
     kernel.launch(
         grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
-        tmap_b=_codes_map(b, config.block_n), tmap_sfa=tensor_map(sfa, (config.block_m, 1), transpose=True),
+        tmap_b=_codes_map(b, config.block_n), tmap_sfa=map_sfa,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m, grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr,
-        split_tickets=tickets_ptr, num_unsplit_tiles=num_unsplit_tiles)
+        split_tickets=tickets_ptr, num_unsplit_tiles=num_unsplit_tiles, tmap_sfb=map_sfa)
     return d
 
 
@@ -306,12 +308,13 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
     if m == 0 or num_groups == 0:
         return d
     kernel, config, grid = _grouped_plan(CONTIGUOUS, m, n, k, num_groups)
+    map_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
     kernel.launch(
         grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
-        tmap_b=_codes_map(b, config.block_n), tmap_sfa=tensor_map(sfa, (config.block_m, 1), transpose=True),
+        tmap_b=_codes_map(b, config.block_n), tmap_sfa=map_sfa,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m, grouped_layout=m_indices.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
-        split_workspace=0, split_tickets=0, num_unsplit_tiles=0)
+        split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_sfa)
     return d
 
 
@@ -343,12 +346,13 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tens
     if m_max == 0 or num_groups == 0:
         return d
     kernel, config, grid = _grouped_plan(MASKED, expected_m, n, k, num_groups)
+    map_sfa = tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m))
     kernel.launch(
         grid, a.get_device(), tmap_a=tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128),
-        tmap_b=_codes_map(b, config.block_n), tmap_sfa=tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m)),
+        tmap_b=_codes_map(b, config.block_n), tmap_sfa=map_sfa,
         tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m_max, grouped_layout=masked_m.data_ptr(), num_groups=num_groups,
-        d=d.data_ptr(), split_workspace=0, split_tickets=0, num_unsplit_tiles=0)
+        d=d.data_ptr(), split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_sfa)
     return d
 
 

@@ -110,7 +110,7 @@ DK_DEVICE void expand_units(const typename Traits::Stages& stages, uint32_t stag
         tables[i] = stages.expand_tables[min(e_max[i] - e_sub, kFp4MaxExpandShift)];
     }
     uint8_t* smem_b = stages.b_stage(stage);
-    float* smem_col_scales = stages.col_scales_stage(stage);
+    float* smem_col_scales = stages.sfb_stage(stage);
 #pragma unroll
     for (uint32_t i = 0; i < kNum; ++i) {
         const uint32_t unit = first_unit + i * kStride;
@@ -146,7 +146,6 @@ template <typename Traits, typename Ring>
 DK_DEVICE void run_fp4_expander(const typename Traits::Stages& stages, const Ring& ring,
                                 typename Traits::TileScheduler& scheduler, uint32_t thread) {
     constexpr uint32_t BLOCK_N = Traits::BLOCK_N;
-    constexpr uint32_t kNumKBlocks = Traits::kNumKBlocks;
     constexpr uint32_t kNumThreads = Traits::kNumExpandThreads;
     constexpr uint32_t kNumUnits = BLOCK_N * kFp4SubBlocksPerKBlock;
     constexpr uint32_t kUnitsPerThread = (kNumUnits + kNumThreads - 1) / kNumThreads;
@@ -161,9 +160,8 @@ DK_DEVICE void run_fp4_expander(const typename Traits::Stages& stages, const Rin
     PipelineState<Traits::kNumStages> state;
     TileInfo tile;
     while (scheduler.get_next_tile(tile)) {
-        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
-        for (uint32_t k_block = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
-             k_block < k_block_end; ++k_block) {
+        const uint32_t k_block_end = tile_k_block_end<Traits>(tile);
+        for (uint32_t k_block = tile_k_block_begin<Traits>(tile); k_block < k_block_end; ++k_block) {
             ptx::mbarrier_wait(stages.loaded_barriers + state.stage, state.phase);
 
             // NOTE: units go in batches whose loads are all issued before any expansion (expand_units), so that
