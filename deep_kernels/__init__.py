@@ -10,6 +10,9 @@ from deep_kernels.bf16_gemm import (
     m_grouped_bf16_gemm_nt_masked,
 )
 from deep_kernels.device import get_num_sms, set_num_sms
+from deep_kernels.fp4_gemm import (
+    fp8_fp4_gemm_nt, m_grouped_fp8_fp4_gemm_nt_contiguous, m_grouped_fp8_fp4_gemm_nt_masked,
+)
 from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
 from deep_kernels.grouped_gemm import (
     get_m_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
@@ -38,7 +41,8 @@ __version__ = "0.1.0"
 __all__ = [
     # GEMMs
     "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "m_grouped_bf16_gemm_nt_contiguous",
-    "m_grouped_bf16_gemm_nt_masked", "fp8_gemm_nt", "get_m_alignment_for_contiguous_layout",
+    "m_grouped_bf16_gemm_nt_masked", "fp8_fp4_gemm_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked", "fp8_gemm_nt", "get_m_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "tma_aligned_size",
     # MoE routing
