@@ -127,7 +127,9 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K;
     static constexpr uint32_t kStageBBytes = BLOCK_N * BLOCK_K;
     static constexpr uint32_t kStageSfaBytes = BLOCK_M * sizeof(float);
-    static constexpr uint32_t kStageSfbBytes = kIsChannelScaled ? BLOCK_N * sizeof(float) : 0;
+    // NOTE: TMA writes shared memory at 128-byte aligned addresses: sfb stages are padded to it.
+    static constexpr uint32_t kSfbBoxBytes = kIsChannelScaled ? BLOCK_N * sizeof(float) : 0;
+    static constexpr uint32_t kStageSfbBytes = align_up<uint32_t>(kSfbBoxBytes, 128);
     static constexpr uint32_t kOffsetA = kSmemDBytes;
     static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr uint32_t kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
@@ -136,7 +138,7 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kSmemBytes = kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
     // NOTE: TMA counts a box's zero-filled bytes past K too, so every stage delivers the full box.
     static constexpr uint32_t kStageTxBytes =
-        (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float) + kStageSfbBytes;
+        (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float) + kSfbBoxBytes;
 
     using Stages = StageBuffers<kStageABytes, kStageBBytes, BLOCK_M, kStageSfbBytes / sizeof(float)>;
     using TileScheduler = Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits>;

@@ -176,8 +176,9 @@ def swizzle_d_bytes(block_n: int, out_dtype_bytes: int) -> int:
 
 
 def stage_bytes(block_m: int, block_n: int, operands: str = "fp8_block_scaled") -> int:
-    """Bytes one stage's TMA loads deliver: A, B, sfa, and sfb with per-channel B scales."""
-    sfb_bytes = block_n * 4 if operands in CHANNEL_SCALED_OPERANDS else 0
+    """Shared memory of one stage: A, B, sfa, and with per-channel B scales sfb (padded to 128 bytes, TMA's
+    shared-memory alignment)."""
+    sfb_bytes = _align(block_n * 4, 128) if operands in CHANNEL_SCALED_OPERANDS else 0
     return block_m * BLOCK_K + block_n * BLOCK_K + block_m * 4 + sfb_bytes
 
 
