@@ -123,7 +123,12 @@ struct Sm90Fp8GemmTraits {
     // 64-row buffer per warpgroup and wave), then per stage A, B, sfa (and sfb, per-channel B scales), then the
     // full and empty barriers.
     using Store = AccumulatorStore<OutputType, BLOCK_N>;
-    static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kNumMWaves * Store::kBytes, 1024);
+    // Per-channel kinds with FP32 D stream the store: each warpgroup stages its tile one chunk of columns at a time
+    // through two chunk buffers in turn (the epilogue's store_tile_streamed), which leaves the stages the rest of the
+    // shared memory (FP32 tiles are twice bf16's: staged whole, 128 x 192 left three stages and 256 x 128 none).
+    static constexpr bool kStreamedStore = kIsChannelScaled && std::is_same_v<OutputType, float>;
+    static constexpr uint32_t kSmemDBytesPerWarpgroup = kStreamedStore ? 2 * Store::kChunkBytes : kNumMWaves * Store::kBytes;
+    static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kSmemDBytesPerWarpgroup, 1024);
     static constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K;
     static constexpr uint32_t kStageBBytes = BLOCK_N * BLOCK_K;
     static constexpr uint32_t kStageSfaBytes = BLOCK_M * sizeof(float);

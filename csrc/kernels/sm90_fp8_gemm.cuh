@@ -205,7 +205,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     } else {
         // Consumer branch: register reconfiguration, then MMA, promotion and epilogue per tile.
         ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
-        uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Traits::kNumMWaves * Traits::Store::kBytes;
+        uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Traits::kSmemDBytesPerWarpgroup;
         run_math_warpgroup<Traits>(stages, ring, scheduler, smem_d_wg, &tmap_d, sfb, d, split_workspace,
                                    split_tickets);
     }

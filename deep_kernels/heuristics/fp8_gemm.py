@@ -185,8 +185,12 @@ def stage_bytes(block_m: int, block_n: int, operands: str = "fp8_block_scaled") 
 def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int,
                operands: str = "fp8_block_scaled") -> int:
     """Dynamic shared memory of the kernel's carve-up: D staging, then per stage A, B, sfa (and sfb with per-channel
-    B scales), then barriers."""
-    d_bytes = _align(block_m * block_n * out_dtype_bytes, 1024)
+    B scales), then barriers. D staging: the whole tile, or with per-channel B scales and FP32 D two chunks of 64 rows
+    per math warpgroup (the kernel's streamed store)."""
+    if operands in CHANNEL_SCALED_OPERANDS and out_dtype_bytes == 4:
+        d_bytes = _align(num_math_warpgroups(block_m) * 2 * 64 * swizzle_d_bytes(block_n, 4), 1024)
+    else:
+        d_bytes = _align(block_m * block_n * out_dtype_bytes, 1024)
     return d_bytes + num_stages * stage_bytes(block_m, block_n, operands) + 2 * num_stages * 8
 
 
