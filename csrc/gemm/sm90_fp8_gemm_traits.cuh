@@ -157,9 +157,8 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(!kIsChannelScaled || kGemmType == GemmType::Normal || kIsKGrouped,
                      "per-channel B scales: the Normal and KGrouped kinds");
     DK_STATIC_ASSERT(!kIsKGrouped || (SHAPE_K == 0 && kIsChannelScaled && std::is_same_v<OutputType, float> &&
-                                      kNumSplits == 1 && !kOverlapEpilogue),
-                     "KGrouped: K on the device (SHAPE_K 0), per-channel scales, FP32 D, no split-K or epilogue "
-                     "overlap");
+                                      kNumSplits == 1),
+                     "KGrouped: K on the device (SHAPE_K 0), per-channel scales, FP32 D, no split-K");
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,
                      "BLOCK_M 64 (one math warpgroup), 128 or 256 (two, each owning half the rows)");
