@@ -24,7 +24,7 @@ NUM_SMS = 132
 DENSE_SHAPES = ((2112, 7168, 16384), (4096, 7168, 16384), (24576, 1536, 4096), (7168, 2048, 4096))
 K_GROUPED_SHAPES = ((4, 4096, 7168, 4096), (8, 7168, 2048, 2048))
 TILINGS = {  # name -> (block_m, block_n, multicast, multicast_on_a, overlap_epilogue)
-    "256x128+a": (256, 128, 2, True, False), "256x128+b": (256, 128, 2, False, False), "256x128": (256, 128, 1, False, False),
+    "256x128+a": (256, 128, 2, True, False), "256x128+b": (256, 128, 2, False, False),
     "128x192o": (128, 192, 1, False, True), "128x128po": (128, 128, 1, False, True), "256x96+a": (256, 96, 2, True, False),
 }
 

@@ -182,6 +182,9 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(!kOverlapEpilogue || (kNumSplits == 1 && BLOCK_M == 128 &&
                                            (kGemmType == GemmType::Normal || BLOCK_N % 64 == 0)),
                      "the epilogue overlap is for 128-row tiles without split-K (grouped: BLOCK_N a multiple of 64)");
+    // NOTE: ptxas gives the streamed store of two 64-row waves a 1 KB stack frame unless the CTA is in a cluster.
+    DK_STATIC_ASSERT(!kStreamedStore || kNumMWaves == 1 || kNumTMAMulticast == 2,
+                     "256-row per-channel tiles with FP32 D run in 2-CTA clusters");
     DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
     DK_STATIC_ASSERT(kSmemBytes <= kMaxSmemBytes, "stages fit in shared memory");
 };

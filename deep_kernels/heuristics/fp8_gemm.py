@@ -326,6 +326,13 @@ def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_m
         yield from range(2, min(_ceil_div(k, BLOCK_K), num_sms // (tiles % num_sms), MAX_TAIL_SPLITS) + 1)
 
 
+def has_streamed_store_registers(block_m: int, num_tma_multicast: int, out_dtype_bytes: int, operands: str) -> bool:
+    """Whether the tiling compiles without a stack frame: the streamed FP32 store (per-channel B scales) of 256-row
+    tiles spills without a 2-CTA cluster (the kernel's static_assert)."""
+    return not (operands in CHANNEL_SCALED_OPERANDS and out_dtype_bytes == 4 and block_m == 256 and
+                num_tma_multicast == 1)
+
+
 def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False) -> bool:
     """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128-row tiles without split-K,
     for the grouped kinds only tiles of a multiple of 64 columns (ptxas serializes the wgmma of the others: their
@@ -348,6 +355,8 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
             if stages < MIN_STAGES:
                 continue
             for num_tma_multicast, multicast_on_a in _multicast_options(m, n, block_m, block_n, num_sms):
+                if not has_streamed_store_registers(block_m, num_tma_multicast, out_dtype_bytes, operands):
+                    continue
                 splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
                 for num_splits in splits:
                     yield Fp8GemmConfig(
@@ -544,6 +553,9 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
     if overlap_epilogue and (num_splits != 1 or block_m != 128):
         raise ValueError("the epilogue overlap needs block_m == 128 and num_splits == 1")
+    if operands in CHANNEL_SCALED_OPERANDS and not has_streamed_store_registers(block_m, num_tma_multicast,
+                                                                              out_dtype_bytes, operands):
+        raise ValueError("256-row tiles with per-channel B scales and FP32 D need num_tma_multicast == 2")
     if pipelined is None:
         pipelined = can_pipeline(block_m, block_n)
     elif pipelined and not can_pipeline(block_m, block_n):
