@@ -94,8 +94,10 @@ OVERLAP_EPILOGUE_FACTOR = 0.955
 # Most splits of a tail split (the last job of a tile reads the partials back one after another).
 MAX_TAIL_SPLITS = 8
 # Per-channel B scales: the promotion reads one float2 of sfb per 8 columns from shared memory and multiplies per
-# column (an estimate, not yet fitted: 2% of the 128-row K block's time at 128 columns).
-CHANNEL_PROMOTION_SECONDS_PER_COLUMN = 0.00004e-6
+# column. Fitted on the H200 (2026-12-02) to the sweep of scripts/sweep_wgrad_gemm.py (four weight-gradient shapes,
+# FP32 D accumulated, six tilings each): the picks are the fastest swept tiling on three shapes, 1.3% behind it on the
+# fourth (4096 x 7168 x 16384: 128 x 160 against 128 x 128 pipelined).
+CHANNEL_PROMOTION_SECONDS_PER_COLUMN = 0.0003e-6
 
 GEMM_TYPES = {
     "normal": "deep_kernels::GemmType::Normal",
