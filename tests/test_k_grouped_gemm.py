@@ -208,3 +208,20 @@ def test_check_rejects_planted_bugs(plant):
         d = _run(a, (b[0], sfb), ks, ks_tensor, c=c)
     with pytest.raises(AssertionError, match="calc_diff"):
         _assert_close(d, product + c.double())
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_reads_the_group_sizes_on_the_device():
+    # Captured once (no host synchronisation inside), replayed with other group sizes of the same total in ks_tensor:
+    # the kernel places the segments from the device's values.
+    a, b, ks, ks_tensor = _problem(4, 512, 2048, 512, empty=0, seed=3)
+    d = torch.zeros((4, 512, 2048), device="cuda")
+    deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor)
+    new_ks = [ks[0] + ks[1], 0, ks[2] - 128, ks[3] + 128]
+    ks_tensor.copy_(torch.tensor(new_ks, dtype=torch.int32))
+    poison_(d)
+    graph.replay()
+    _assert_close(d, _reference(a, b, new_ks))
