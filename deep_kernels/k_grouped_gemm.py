@@ -160,8 +160,8 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         A group with k_g = 0 gets d[g] = c[g] (zeros without c). ks_tensor must hold ks: it alone places the
         groups' segments on the device, and other values give other sums (never a fault: loads past sum k read
         zeros). Each 128-deep K block of a group is accumulated by the tensor cores, then scaled by sfa[row] *
-        sfb[column] and added in FP32 registers. Deterministic (fixed reduction order). A call whose tensors and
-        ks have the dtypes, shapes, strides, devices and values of an earlier valid call skips re-validation.
+        sfb[column] and added in FP32 registers. Deterministic (fixed reduction order). A call whose tensors have
+        the dtypes, shapes, strides and devices of an earlier valid call (with as many groups) checks only ks again.
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
@@ -169,7 +169,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
     a, sfa, b, sfb = _split_pairs(a, b)
     _check_recipe(recipe)
     try:
-        signature = (call_signature(a, sfa, b, sfb, d, ks_tensor, c), tuple(ks))
+        signature = (call_signature(a, sfa, b, sfb, d, ks_tensor, c), len(ks))
     except (AttributeError, TypeError):  # not tensors or not a list: the full check says which
         signature = None
     checked = _checked_calls.get(signature)
@@ -177,6 +177,9 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         checked = _check_call(a, sfa, b, sfb, d, ks, ks_tensor, c)
         if signature is not None:
             _checked_calls[signature] = checked
+    else:
+        # NOTE: the group sizes change from step to step: checked on every call, never a cache key.
+        _check_ks(ks, ks_tensor, checked[2])
     m, n, total_k, num_groups, scales_ready = checked
     if not scales_ready:
         sfa = scale_a(sfa, m, total_k // SCALE_BLOCK)

@@ -225,3 +225,18 @@ def test_cuda_graph_replay_reads_the_group_sizes_on_the_device():
     poison_(d)
     graph.replay()
     _assert_close(d, _reference(a, b, new_ks))
+
+
+def test_group_sizes_are_checked_on_every_call(monkeypatch):
+    # A signature seen before skips the tensor checks, never the check of ks against the tensors' sum k.
+    a, b, d, ks, t = _cpu_call()
+    monkeypatch.setattr(k_grouped_gemm, "_checked_calls", {})
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, t)
+    assert not k_grouped_gemm._checked_calls  # an invalid call is not kept
+    key = (k_grouped_gemm.call_signature(a[0], a[1], b[0], b[1], d, t, None), len(ks))
+    k_grouped_gemm._checked_calls[key] = (8, 32, 384, 3, True)  # as a valid call on the GPU would leave it
+    with pytest.raises(ValueError, match="ks sums to 512"):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, [128, 128, 256], t)
+    with pytest.raises(ValueError, match=r"ks\[1\] = 100"):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, [128, 100, 156], t)
