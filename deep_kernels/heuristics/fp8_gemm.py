@@ -109,6 +109,7 @@ GEMM_TYPES = {
 GEMM_OPERANDS = {
     "fp8_block_scaled": "deep_kernels::GemmOperands::Fp8BlockScaled",
     "fp8_channel_scaled": "deep_kernels::GemmOperands::Fp8ChannelScaled",
+    "fp8_mxfp4": "deep_kernels::GemmOperands::Fp8Mxfp4",
 }
 # Operands whose B scales are 1 x 128 per row (loaded per stage next to sfa: BLOCK_N FP32 more per stage).
 CHANNEL_SCALED_OPERANDS = ("fp8_channel_scaled",)
@@ -178,9 +179,12 @@ def swizzle_d_bytes(block_n: int, out_dtype_bytes: int) -> int:
 
 
 def stage_bytes(block_m: int, block_n: int, operands: str = "fp8_block_scaled") -> int:
-    """Shared memory of one stage: A, B, sfa, and with per-channel B scales sfb (padded to 128 bytes, TMA's
-    shared-memory alignment)."""
-    sfb_bytes = _align(block_n * 4, 128) if operands in CHANNEL_SCALED_OPERANDS else 0
+    """Shared memory of one stage: A, B, sfa, and with per-column scales sfb: loaded by TMA with per-channel B scales
+    (padded to 128 bytes, TMA's shared-memory alignment), written by the expanders with FP4 weights."""
+    if operands in CHANNEL_SCALED_OPERANDS:
+        sfb_bytes = _align(block_n * 4, 128)
+    else:
+        sfb_bytes = block_n * 4 if operands == "fp8_mxfp4" else 0
     return block_m * BLOCK_K + block_n * BLOCK_K + block_m * 4 + sfb_bytes
 
 
