@@ -4,7 +4,7 @@ topk_gate_with_layout returns exactly what topk_gate followed by moe_layout retu
 routed slots (T * k) one cooperative kernel does both: every block (at most one per SM) gates its tokens,
 fills its share of the layout's -1 rows and counts its slots per expert; after a grid barrier every block
 sums those counts and writes its own slots' rows, positions from counts and scans as in moe_layout.
-Larger inputs take the two-stage path (three launches).
+Larger inputs take the two-stage path (two launches: topk_gate, then moe_layout).
 """
 
 import functools
@@ -19,24 +19,24 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.moe.gate import check_gate_args, kernel_groups, scoring_cpp, topk_gate
 from deep_kernels.moe.layout import (
-    CONTIGUOUS_ALIGNMENT, check_layout_args, fill_blocks, moe_layout, new_layout,
+    CONTIGUOUS_ALIGNMENT, block_counts_offset, block_counts_row_ints, check_layout_args, fill_blocks,
+    layout_workspace, moe_layout, new_layout,
 )
 from deep_kernels.validation import ceil_div, check_cuda_device
 
 # The fused kernel's blocks, at most one per SM, gate their tokens one per warp at a time: beyond this
 # the two-stage path is faster.
-FUSED_MAX_SLOTS = 8192
+FUSED_MAX_SLOTS = 65536
 
-_FUSED_WARPS = 8
-# A block ranks one tile of 32 slots per warp.
-_FUSED_MAX_WARP_SLOTS = 32
-# The workspace's grid-barrier counter has a 128-byte line to itself; the block counts follow.
-_COUNTER_INTS = 32
+_FUSED_WARPS = 16
+_FUSED_SLOTS_PER_THREAD = 2
+# A block ranks at most one chunk of slots (csrc/kernels/smxx_topk_gate_layout.cuh).
+FUSED_BLOCK_SLOTS = _FUSED_WARPS * 32 * _FUSED_SLOTS_PER_THREAD
 
 
 TOPK_GATE_LAYOUT = KernelDef(
     "kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
-    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kAlignment"),
+    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment"),
     params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
             Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
             Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR), Param("block_counts", PTR),
@@ -48,7 +48,8 @@ TOPK_GATE_LAYOUT = KernelDef(
 
 def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
-                                 kScoring=scoring_cpp(scoring), kNumWarps=_FUSED_WARPS, kAlignment=CONTIGUOUS_ALIGNMENT)
+                                 kScoring=scoring_cpp(scoring), kNumWarps=_FUSED_WARPS,
+                                 kSlotsPerThread=_FUSED_SLOTS_PER_THREAD, kAlignment=CONTIGUOUS_ALIGNMENT)
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,31 +57,11 @@ def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring
     return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring))
 
 
-_workspaces = {}
-
-
-def _workspace(device_index: int, num_block_counts: int) -> torch.Tensor:
-    """The fused kernel's int32 workspace: [0] its grid-barrier counter (bits 0-30 zero between launches,
-    each launch flips bit 31), then from _COUNTER_INTS on room for num_block_counts per-block expert
-    counts. One per stream, grown as needed, or while capturing a CUDA graph a fresh one whose zeroing the
-    graph replays."""
-    # NOTE: a counter cached from inside a capture would hold garbage until the first replay.
-    size = _COUNTER_INTS + num_block_counts
-    if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
-    key = (device_index, torch.cuda.current_stream(device_index).cuda_stream)
-    workspace = _workspaces.get(key)
-    if workspace is None or workspace.numel() < size:
-        workspace = torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
-        _workspaces[key] = workspace
-    return workspace
-
-
 def _fused_tokens_per_warp(num_tokens: int, k: int):
     """Tokens each warp of the fused kernel gates, so that its grid fits on the SMs; None where the
-    two-stage path serves the input (too many slots, or more than a tile of them per warp)."""
+    two-stage path serves the input (too many slots, or more than a chunk of them per block)."""
     tokens_per_warp = ceil_div(num_tokens, _FUSED_WARPS * get_num_sms())
-    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_warp * k > _FUSED_MAX_WARP_SLOTS:
+    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_warp * _FUSED_WARPS * k > FUSED_BLOCK_SLOTS:
         return None
     return tokens_per_warp
 
@@ -134,14 +115,14 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
     # blocks holding tokens keep per-block counts.
     token_blocks = ceil_div(num_tokens, _FUSED_WARPS * tokens_per_warp)
     num_blocks = max(token_blocks, fill_blocks(2 * max_rows + num_masked))
-    workspace = _workspace(device_index, token_blocks * num_experts)
+    workspace = layout_workspace(device_index, token_blocks * block_counts_row_ints(num_experts))
     kernel.launch(
         (num_blocks, 1, 1), device_index, logits=logits.data_ptr(), bias=0 if bias is None else bias.data_ptr(),
         weights=weights.data_ptr(), indices=indices.data_ptr(), counts=layout.counts.data_ptr(),
         num_rows=layout.num_rows.data_ptr(), m_indices=layout.m_indices.data_ptr(),
         row_to_slot=layout.row_to_slot.data_ptr(), slot_to_row=layout.slot_to_row.data_ptr(),
         masked_slots=layout.masked_slots.data_ptr() if masked else 0,
-        masked_m=layout.masked_m.data_ptr() if masked else 0, block_counts=workspace.data_ptr() + 4 * _COUNTER_INTS,
+        masked_m=layout.masked_m.data_ptr() if masked else 0, block_counts=workspace.data_ptr() + block_counts_offset(),
         barrier=workspace.data_ptr(), num_tokens=num_tokens, tokens_per_warp=tokens_per_warp,
         logits_row_stride=logits.stride(0), top_k=k, topk_groups=topk_groups, renormalize=int(renormalize),
         scaling_factor=float(routed_scaling_factor), max_rows=max_rows, max_tokens=max_tokens if masked else 0)
