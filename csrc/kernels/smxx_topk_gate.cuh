@@ -51,14 +51,6 @@ DK_DEVICE float key_from_order_bits(uint32_t bits) {
     return __uint_as_float(bits >> 31 ? bits & 0x7fffffffu : ~bits);
 }
 
-// The index the warp's (key, index) pairs rank first by ranks_before: the largest key, then the lowest
-// index holding it.
-DK_DEVICE int warp_argmax(float key, int index) {
-    const uint32_t bits = key_order_bits(key);
-    const uint32_t best = __reduce_max_sync(kFullWarpMask, bits);
-    return __reduce_min_sync(kFullWarpMask, bits == best ? index : kNoExpert);
-}
-
 // The two largest values of a multiset spread over the warp, from each lane's two largest (first >= second).
 // -0 comes back as +0: the callers only compare the sum of the two.
 DK_DEVICE void warp_top2(float& first, float& second) {
@@ -99,6 +91,9 @@ DK_DEVICE void warp_gate_scores(const InT* row, int lane, float (&score)[ceil_di
     #pragma unroll
     for (int i = 0; i < kSlots; ++i)
         score[i] = is_expert(i) ? static_cast<float>(row[lane + 32 * i]) : -CUDART_INF_F;
+    // NOTE: every load is issued before the first score is computed: the compiler would otherwise sink each
+    // load below the previous score's division, whose slow path is a call, and wait for them one by one.
+    asm volatile("" ::: "memory");
     if constexpr (kScoring == GateScoring::Softmax) {
         float row_max = -CUDART_INF_F;
         #pragma unroll
@@ -158,16 +153,14 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
     float score[kSlots];
     warp_gate_scores<InT, NUM_EXPERTS, kScoring>(row, lane, score);
 
-    // Selection keys; slots that are no expert never become eligible
+    // Selection keys as order bits (key_order_bits); slots that are no expert never become eligible
     float key[kSlots];
-    uint32_t eligible_slots = 0;
     #pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
+    for (int i = 0; i < kSlots; ++i)
         key[i] = nan_to_lowest(has_bias && is_expert(i) ? __fadd_rn(score[i], bias_value[i]) : score[i]);
-        eligible_slots |= static_cast<uint32_t>(is_expert(i)) << i;
-    }
 
     // Group limit: rank the groups by the sum of their top-2 keys, keep the best topk_groups
+    uint32_t selected_groups = 0xffffffffu;
     if constexpr (NUM_GROUPS > 0) {
         float group_key[NUM_GROUPS], lane_group_key = 0.0f;
         #pragma unroll
@@ -189,39 +182,52 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
         #pragma unroll
         for (int h = 0; h < NUM_GROUPS; ++h)
             rank += ranks_before(group_key[h], h, lane_group_key, lane);
-        const uint32_t selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
-        #pragma unroll
-        for (int i = 0; i < kSlots; ++i)
-            if (is_expert(i) && ((selected_groups >> group_of(i)) & 1u) == 0)
-                eligible_slots &= ~(1u << i);
+        selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
+    }
+    // NOTE: order bits 0 mark a slot out of the race (no expert, a group left out, or chosen already): every
+    // key, -inf included, has larger ones, so a plain integer maximum ranks the rest.
+    uint32_t order[kSlots];
+    #pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+        const bool eligible = is_expert(i) && (NUM_GROUPS == 0 || ((selected_groups >> group_of(i)) & 1u) != 0);
+        order[i] = eligible ? key_order_bits(key[i]) : 0u;
     }
 
     // Iterative argmax: k rounds of (lane-local best, warp argmax); lane j keeps round j's choice
     // NOTE: the host guarantees k <= the number of eligible experts, so every round finds one.
-    float chosen_score = 0.0f, score_sum = 0.0f;
     int chosen_expert = 0;
     for (uint32_t round = 0; round < top_k; ++round) {
-        float best_key = -CUDART_INF_F, candidate_score = 0.0f;
-        int best_expert = kNoExpert;
-        // A lane's slots ascend in expert index: the first eligible slot, then only strictly larger keys.
+        // A lane's slots ascend in expert index: only strictly larger keys replace the best
+        uint32_t best_order = 0;
+        int best_slot = 0;
         #pragma unroll
         for (int i = 0; i < kSlots; ++i) {
-            if (((eligible_slots >> i) & 1u) && (key[i] > best_key || best_expert == kNoExpert)) {
-                best_key = key[i];
-                best_expert = expert_of(i);
-                candidate_score = score[i];
-            }
+            const bool better = order[i] > best_order;
+            best_order = better ? order[i] : best_order;
+            best_slot = better ? i : best_slot;
         }
-        best_expert = warp_argmax(best_key, best_expert);
-        const float winner_score = __shfl_sync(kFullWarpMask, candidate_score, best_expert % 32);
-        if (lane == best_expert % 32)
-            eligible_slots &= ~(1u << (best_expert / 32));
-        score_sum = __fadd_rn(score_sum, winner_score);
-        if (static_cast<uint32_t>(lane) == round) {
-            chosen_score = winner_score;
-            chosen_expert = best_expert;
-        }
+        const uint32_t warp_best = __reduce_max_sync(kFullWarpMask, best_order);
+        const int best_expert =
+            __reduce_min_sync(kFullWarpMask, best_order == warp_best ? lane + 32 * best_slot : kNoExpert);
+        const int cleared_slot = lane == static_cast<int>(static_cast<uint32_t>(best_expert) % 32) ? best_slot : -1;
+        #pragma unroll
+        for (int i = 0; i < kSlots; ++i)
+            order[i] = i == cleared_slot ? 0u : order[i];
+        chosen_expert = static_cast<uint32_t>(lane) == round ? best_expert : chosen_expert;
     }
+
+    // The chosen scores (lane j fetches round j's from the lane holding it), summed in round order
+    const uint32_t owner_lane = static_cast<uint32_t>(chosen_expert) % 32;
+    const int owner_slot = static_cast<int>(static_cast<uint32_t>(chosen_expert) / 32);
+    float chosen_score = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+        const float slot_score = __shfl_sync(kFullWarpMask, score[i], owner_lane);
+        chosen_score = owner_slot == i ? slot_score : chosen_score;
+    }
+    float score_sum = 0.0f;
+    for (uint32_t j = 0; j < top_k; ++j)
+        score_sum = __fadd_rn(score_sum, __shfl_sync(kFullWarpMask, chosen_score, j));
 
     // Weights
     // NOTE: dividing on every lane, outside any branch, keeps predicates from living across the division's
