@@ -68,6 +68,14 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
         const uint32_t bias_line = lane - kPrefetchLanes;
         if (bias != nullptr && lane >= kPrefetchLanes && bias_line <= NUM_EXPERTS * sizeof(float) / kLineBytes)
             ptx::prefetch_l2(reinterpret_cast<const uint8_t*>(bias) + bias_line * kLineBytes);
+        // Then the rows of the warp's later tokens, so that each token after the first finds its row in L2
+        constexpr uint32_t kRowLines = NUM_EXPERTS * sizeof(InT) / kLineBytes + 1;
+        for (uint32_t line = lane; line < (tokens_per_warp - 1) * kRowLines; line += 32) {
+            const uint32_t token = first_token + (1 + line / kRowLines) * kNumWarps + warp;
+            const InT* token_row = logits + static_cast<uint64_t>(token) * logits_row_stride;
+            if (token < num_tokens)
+                ptx::prefetch_l2(reinterpret_cast<const uint8_t*>(token_row) + (line % kRowLines) * kLineBytes);
+        }
     }
 
     // The block's share of the -1 fill: stores issued first complete while the gate computes, so the
@@ -111,7 +119,8 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     __syncthreads();
     constexpr uint32_t kRowStride = (NUM_EXPERTS + 3) / 4 * 4;
     for (uint32_t e = threadIdx.x; e < kRowStride; e += kNumThreads)
-        block_counts[blockIdx.x * kRowStride + e] = e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0;
+        block_counts[blockIdx.x * kRowStride + e] =
+            e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0;
 
     grid_barrier_sync(barrier);
 
