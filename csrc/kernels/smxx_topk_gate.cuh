@@ -51,10 +51,9 @@ DK_DEVICE float key_from_order_bits(uint32_t bits) {
     return __uint_as_float(bits >> 31 ? bits & 0x7fffffffu : ~bits);
 }
 
-// The two largest values of a multiset spread over the warp, from each lane's two largest (first >= second).
-// -0 comes back as +0: the callers only compare the sum of the two.
-DK_DEVICE void warp_top2(float& first, float& second) {
-    const uint32_t lane_first = key_order_bits(first), lane_second = key_order_bits(second);
+// The two largest keys of a multiset spread over the warp, from each lane's two largest as order bits (first >=
+// second; 0, below every key, where a lane has fewer). -0 comes back as +0: the callers only compare their sum.
+DK_DEVICE void warp_top2(uint32_t lane_first, uint32_t lane_second, float& first, float& second) {
     const uint32_t best = __reduce_max_sync(kFullWarpMask, lane_first);
     const bool holds_best = lane_first == best;
     // The runner-up is the best again when two lanes hold it, else the largest of everything else.
@@ -62,6 +61,16 @@ DK_DEVICE void warp_top2(float& first, float& second) {
     const bool best_twice = __popc(__ballot_sync(kFullWarpMask, holds_best)) > 1;
     first = key_from_order_bits(best);
     second = key_from_order_bits(best_twice ? best : runner_up);
+}
+
+// condition ? a : b, as a PTX select the compiler cannot see through.
+// NOTE: unrolled selects of array[i] where lane == i are otherwise turned into array[lane], a run-time index
+// that puts the array in local memory.
+DK_DEVICE float select_opaque(bool condition, float a, float b) {
+    float result;
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\tselp.f32 %0, %2, %3, p;\n\t}"
+        : "=f"(result) : "r"(static_cast<uint32_t>(condition)), "f"(a), "f"(b));
+    return result;
 }
 
 template <typename Op>
@@ -153,44 +162,42 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
     float score[kSlots];
     warp_gate_scores<InT, NUM_EXPERTS, kScoring>(row, lane, score);
 
-    // Selection keys as order bits (key_order_bits); slots that are no expert never become eligible
-    float key[kSlots];
+    // Selection keys as order bits (key_order_bits); 0 marks a slot out of the race (no expert, a group left
+    // out, or chosen already): every key, -inf included, has larger ones, so integer maxima rank the rest
+    uint32_t order[kSlots];
     #pragma unroll
-    for (int i = 0; i < kSlots; ++i)
-        key[i] = nan_to_lowest(has_bias && is_expert(i) ? __fadd_rn(score[i], bias_value[i]) : score[i]);
+    for (int i = 0; i < kSlots; ++i) {
+        const float key = nan_to_lowest(has_bias && is_expert(i) ? __fadd_rn(score[i], bias_value[i]) : score[i]);
+        order[i] = is_expert(i) ? key_order_bits(key) : 0u;
+    }
 
     // Group limit: rank the groups by the sum of their top-2 keys, keep the best topk_groups
-    uint32_t selected_groups = 0xffffffffu;
     if constexpr (NUM_GROUPS > 0) {
         float group_key[NUM_GROUPS], lane_group_key = 0.0f;
         #pragma unroll
         for (int g = 0; g < NUM_GROUPS; ++g) {
-            float first = -CUDART_INF_F, second = -CUDART_INF_F;
+            uint32_t lane_first = 0, lane_second = 0;
             #pragma unroll
             for (int i = 0; i < kSlots; ++i) {
                 if (is_expert(i) && group_of(i) == g) {
-                    second = fmaxf(second, fminf(first, key[i]));
-                    first = fmaxf(first, key[i]);
+                    lane_second = max(lane_second, min(lane_first, order[i]));
+                    lane_first = max(lane_first, order[i]);
                 }
             }
-            warp_top2(first, second);
+            float first, second;
+            warp_top2(lane_first, lane_second, first, second);
             group_key[g] = nan_to_lowest(__fadd_rn(first, second));
-            lane_group_key = lane == g ? group_key[g] : lane_group_key;
+            lane_group_key = select_opaque(lane == g, group_key[g], lane_group_key);
         }
         // Lane g ranks group g
         uint32_t rank = 0;
         #pragma unroll
         for (int h = 0; h < NUM_GROUPS; ++h)
             rank += ranks_before(group_key[h], h, lane_group_key, lane);
-        selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
-    }
-    // NOTE: order bits 0 mark a slot out of the race (no expert, a group left out, or chosen already): every
-    // key, -inf included, has larger ones, so a plain integer maximum ranks the rest.
-    uint32_t order[kSlots];
-    #pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
-        const bool eligible = is_expert(i) && (NUM_GROUPS == 0 || ((selected_groups >> group_of(i)) & 1u) != 0);
-        order[i] = eligible ? key_order_bits(key[i]) : 0u;
+        const uint32_t selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
+        #pragma unroll
+        for (int i = 0; i < kSlots; ++i)
+            order[i] = ((selected_groups >> group_of(i)) & 1u) != 0 ? order[i] : 0u;
     }
 
     // Iterative argmax: k rounds of (lane-local best, warp argmax); lane j keeps round j's choice
