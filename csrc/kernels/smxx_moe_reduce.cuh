@@ -3,8 +3,8 @@
 // GROUP_SIZE columns (y = float(q) * scale); out [T, H] bf16 or fp32. Rows come from the contiguous layout
 // (slot_to_row) or the flattened masked layout [E * masked_tokens] (common/moe_rows.cuh: slot_row).
 // Arithmetic, FP32, in slot order and without fused multiply-adds: acc = 0; acc = acc + w_j * y_j; out = RNE(acc).
-// Memory-bound: a thread owns kVectorsPerThread 16-byte vector columns (kColumnThreads apart) of one token and
-// issues all kTopK * kVectorsPerThread row loads before the sums. No shared memory.
+// Memory-bound: a thread owns one 16-byte vector column of one token and issues its kTopK row loads before the
+// sums. No shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,7 +19,7 @@
 namespace deep_kernels {
 
 template <typename InT, typename OutT, int kTopK, int GROUP_SIZE, bool kPackedScales, int kColumnThreads,
-          int kTokenLanes, int kVectorsPerThread>
+          int kTokenLanes>
 __global__ void __launch_bounds__(kColumnThreads * kTokenLanes)
 smxx_moe_reduce_impl(const uint4* __restrict__ y, const void* __restrict__ y_scales, const float* __restrict__ weights,
                      const int32_t* __restrict__ slot_to_row, const int32_t* __restrict__ m_indices,
@@ -35,8 +35,8 @@ smxx_moe_reduce_impl(const uint4* __restrict__ y, const void* __restrict__ y_sca
 
     // Tile: blockIdx.x is the token block, blockIdx.y the column chunk
     const uint32_t token = blockIdx.x * kTokenLanes + threadIdx.x / kColumnThreads;
-    const uint32_t first_column = blockIdx.y * (kColumnThreads * kVectorsPerThread) + threadIdx.x % kColumnThreads;
-    if (token >= num_tokens || first_column >= row_vectors)
+    const uint32_t column = blockIdx.y * kColumnThreads + threadIdx.x % kColumnThreads;
+    if (token >= num_tokens || column >= row_vectors)
         return;
 
     // Rows and weights of the token's slots, then every row's load before any sum
@@ -48,66 +48,56 @@ smxx_moe_reduce_impl(const uint4* __restrict__ y, const void* __restrict__ y_sca
         rows[j] = slot_row(slot_to_row, m_indices, masked_slots, masked_tokens, slot);
         slot_weights[j] = __ldg(weights + slot);
     }
-    uint4 vectors[kVectorsPerThread][kTopK];
-    float scales[kVectorsPerThread][kTopK];
+    uint4 vectors[kTopK];
+    float scales[kTopK];
     #pragma unroll
-    for (int v = 0; v < kVectorsPerThread; ++v) {
-        const uint32_t column = first_column + v * kColumnThreads;
-        #pragma unroll
-        for (int j = 0; j < kTopK; ++j) {
-            if (rows[j] < 0 || column >= row_vectors)
-                continue;
-            vectors[v][j] = __ldg(y + static_cast<uint64_t>(rows[j]) * row_vectors + column);
-            if constexpr (kScaled) {
-                const ScaleStrides strides{scale_batch_rows, scale_batch_stride, scale_row_stride, scale_column_stride};
-                const uint32_t group = column * kVec / GROUP_SIZE;
-                if constexpr (kPackedScales) {
-                    const auto* bytes = static_cast<const uint8_t*>(y_scales);
-                    scales[v][j] = ue8m0_to_float(__ldg(bytes + strides.offset(rows[j], group / 4) * 4 + group % 4));
-                } else {
-                    scales[v][j] = __ldg(static_cast<const float*>(y_scales) + strides.offset(rows[j], group));
-                }
+    for (int j = 0; j < kTopK; ++j) {
+        if (rows[j] < 0)
+            continue;
+        vectors[j] = __ldg(y + static_cast<uint64_t>(rows[j]) * row_vectors + column);
+        if constexpr (kScaled) {
+            const ScaleStrides strides{scale_batch_rows, scale_batch_stride, scale_row_stride, scale_column_stride};
+            const uint32_t group = column * kVec / GROUP_SIZE;
+            if constexpr (kPackedScales) {
+                const auto* bytes = static_cast<const uint8_t*>(y_scales);
+                scales[j] = ue8m0_to_float(__ldg(bytes + strides.offset(rows[j], group / 4) * 4 + group % 4));
+            } else {
+                scales[j] = __ldg(static_cast<const float*>(y_scales) + strides.offset(rows[j], group));
             }
         }
     }
 
+    // Weighted sum in slot order
+    float acc[kVec];
     #pragma unroll
-    for (int v = 0; v < kVectorsPerThread; ++v) {
-        const uint32_t column = first_column + v * kColumnThreads;
-        if (column >= row_vectors)
+    for (int i = 0; i < kVec; ++i)
+        acc[i] = 0.0f;
+    #pragma unroll
+    for (int j = 0; j < kTopK; ++j) {
+        if (rows[j] < 0)
             continue;
-        // Weighted sum in slot order
-        float acc[kVec];
+        const InT* elements = reinterpret_cast<const InT*>(&vectors[j]);
         #pragma unroll
-        for (int i = 0; i < kVec; ++i)
-            acc[i] = 0.0f;
-        #pragma unroll
-        for (int j = 0; j < kTopK; ++j) {
-            if (rows[j] < 0)
-                continue;
-            const InT* elements = reinterpret_cast<const InT*>(&vectors[v][j]);
-            #pragma unroll
-            for (int i = 0; i < kVec; ++i) {
-                float value = static_cast<float>(elements[i]);
-                if constexpr (kScaled)
-                    value = __fmul_rn(value, scales[v][j]);
-                acc[i] = __fadd_rn(acc[i], __fmul_rn(slot_weights[j], value));
-            }
+        for (int i = 0; i < kVec; ++i) {
+            float value = static_cast<float>(elements[i]);
+            if constexpr (kScaled)
+                value = __fmul_rn(value, scales[j]);
+            acc[i] = __fadd_rn(acc[i], __fmul_rn(slot_weights[j], value));
         }
+    }
 
-        // Store
-        alignas(16) OutT result[kVec];
+    // Store
+    alignas(16) OutT result[kVec];
+    #pragma unroll
+    for (int i = 0; i < kVec; ++i)
+        result[i] = static_cast<OutT>(acc[i]);
+    OutT* dst = out + static_cast<uint64_t>(token) * row_vectors * kVec + column * kVec;
+    if constexpr (kOutBytes % 16 == 0) {
         #pragma unroll
-        for (int i = 0; i < kVec; ++i)
-            result[i] = static_cast<OutT>(acc[i]);
-        OutT* dst = out + static_cast<uint64_t>(token) * row_vectors * kVec + column * kVec;
-        if constexpr (kOutBytes % 16 == 0) {
-            #pragma unroll
-            for (int i = 0; i < kOutBytes / 16; ++i)
-                reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(result)[i];
-        } else {
-            *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(result);
-        }
+        for (int i = 0; i < kOutBytes / 16; ++i)
+            reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(result)[i];
+    } else {
+        *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(result);
     }
 }
 

@@ -112,7 +112,7 @@ DK_DEVICE void sum_block_counts(const int* block_counts, uint32_t num_blocks, ui
                                 int* partial, int* totals, int* earlier) {
     constexpr int kBatch = 16;
     const uint32_t num_vectors = (num_experts + 3) / 4;
-    const uint32_t num_groups = kNumThreads / num_vectors;
+    const uint32_t num_groups = min(kNumThreads / num_vectors, num_blocks);
     const uint32_t vector = threadIdx.x % num_vectors, group = threadIdx.x / num_vectors;
     int* partial_total = partial;
     int* partial_earlier = partial + 4 * kNumThreads;

@@ -80,9 +80,7 @@ _PADDING_ROWS_PER_BLOCK, _PADDING_BLOCKS_PER_SM = 32, 8
 # element-size 16-byte vectors; PASSES counts its loads (csrc/kernels/smxx_moe_expand_cast.cuh).
 _CAST_ELEMENTS_PER_THREAD = 16
 # Reduce: 128 threads along a row's vectors, 2 tokens per block; each thread loads its token's k rows.
-# moe_reduce's block: column threads x token lanes, each thread with vectors 16-byte columns of its token
-# (kTopK loads each in flight).
-_REDUCE_COLUMN_THREADS, _REDUCE_TOKEN_LANES, _REDUCE_VECTORS = 128, 2, 2
+_REDUCE_COLUMN_THREADS, _REDUCE_TOKEN_LANES = 128, 2
 _LAYOUT_FIELDS = ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row")
 
 
@@ -486,8 +484,7 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
 
 MOE_REDUCE = KernelDef(
     "kernels/smxx_moe_reduce.cuh", "smxx_moe_reduce_impl",
-    template=("InT", "OutT", "kTopK", "GROUP_SIZE", "kPackedScales", "kColumnThreads", "kTokenLanes",
-              "kVectorsPerThread"),
+    template=("InT", "OutT", "kTopK", "GROUP_SIZE", "kPackedScales", "kColumnThreads", "kTokenLanes"),
     params=(Param("y", PTR), Param("y_scales", PTR), Param("weights", PTR), Param("slot_to_row", PTR),
             Param("m_indices", PTR), Param("masked_slots", PTR), Param("out", PTR), Param("num_tokens", U32),
             Param("row_vectors", U32), Param("masked_tokens", U32), Param("scale_batch_rows", U32),
@@ -497,8 +494,7 @@ MOE_REDUCE = KernelDef(
 
 def _reduce_spec(in_dtype: torch.dtype, out_dtype: torch.dtype, k: int, packed: bool) -> KernelSpec:
     return MOE_REDUCE.spec(InT=in_dtype, OutT=out_dtype, kTopK=k, GROUP_SIZE=GROUP_SIZE, kPackedScales=packed,
-                           kColumnThreads=_REDUCE_COLUMN_THREADS, kTokenLanes=_REDUCE_TOKEN_LANES,
-                           kVectorsPerThread=_REDUCE_VECTORS)
+                           kColumnThreads=_REDUCE_COLUMN_THREADS, kTokenLanes=_REDUCE_TOKEN_LANES)
 
 
 @functools.lru_cache(maxsize=None)
@@ -577,8 +573,7 @@ def moe_reduce(y: torch.Tensor, layout: MoeLayout, weights: torch.Tensor, scales
 
     kernel = _reduce_kernel(y.dtype, out_dtype, k, is_fp8 and y_layout == ScaleLayout.packed_ue8m0)
     row_vectors = hidden * y.element_size() // 16
-    chunk_vectors = _REDUCE_COLUMN_THREADS * _REDUCE_VECTORS
-    grid = (ceil_div(num_tokens, _REDUCE_TOKEN_LANES), ceil_div(row_vectors, chunk_vectors), 1)
+    grid = (ceil_div(num_tokens, _REDUCE_TOKEN_LANES), ceil_div(row_vectors, _REDUCE_COLUMN_THREADS), 1)
     kernel.launch(
         grid, y.get_device(), y=y.data_ptr(), y_scales=scales.data_ptr() if is_fp8 else 0, weights=weights.data_ptr(),
         slot_to_row=layout.slot_to_row.data_ptr(), m_indices=layout.m_indices.data_ptr(),
