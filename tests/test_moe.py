@@ -600,17 +600,17 @@ def test_fused_plan_fits_one_block_per_sm_and_one_chunk_per_block(num_sms, monke
     monkeypatch.setattr(device, "_num_sms_override", num_sms)
     for k in range(1, 17):
         for num_tokens in sorted({1, 7, 8, 64, 1000, 1056, 1057, FUSED_MAX_SLOTS // k, FUSED_MAX_SLOTS // k + 1}):
-            tokens_per_warp = routing._fused_tokens_per_warp(num_tokens, k)
+            tokens_per_block = routing._fused_tokens_per_block(num_tokens, k)
             if num_tokens * k > FUSED_MAX_SLOTS:
-                assert tokens_per_warp is None
+                assert tokens_per_block is None
             elif num_sms >= 114:  # every H100 / H200: all of FUSED_MAX_SLOTS takes the one launch
-                assert tokens_per_warp is not None, (num_tokens, k)
-            if tokens_per_warp is not None:
-                block_tokens = routing._FUSED_WARPS * tokens_per_warp
-                assert math.ceil(num_tokens / block_tokens) <= num_sms
-                assert block_tokens * k <= routing.FUSED_BLOCK_SLOTS
-                # the fewest tokens per warp: one fewer would need more blocks than SMs
-                assert tokens_per_warp == 1 or math.ceil(num_tokens / (block_tokens - routing._FUSED_WARPS)) > num_sms
+                assert tokens_per_block is not None, (num_tokens, k)
+            if tokens_per_block is not None:
+                assert math.ceil(num_tokens / tokens_per_block) <= num_sms
+                assert tokens_per_block * k <= routing.FUSED_BLOCK_SLOTS
+                # the fewest tokens per block: one fewer would need more blocks than SMs
+                assert tokens_per_block == routing._FUSED_MIN_BLOCK_TOKENS or \
+                    math.ceil(num_tokens / (tokens_per_block - 1)) > num_sms
 
 
 @pytest.mark.gpu

@@ -2,8 +2,8 @@
 // launch (the host bounds T * k): the outputs of smxx_topk_gate and of smxx_moe_layout, bit for bit.
 //   every block: fills its share of the worst-case-sized m_indices, row_to_slot and masked_slots with -1;
 //     the blocks holding tokens gate them (warp w: tokens w, w + kNumWarps, ... of the block's
-//     tokens_per_warp * kNumWarps), keep their experts in shared memory, count them per warp and per
-//     expert and publish the block's counts in block_counts [token blocks, 4 * ceil(E / 4)]
+//     tokens_per_block), keep their experts in shared memory, count them per warp and per expert and
+//     publish the block's counts in block_counts [token blocks, 4 * ceil(E / 4)]
 //   a grid barrier (co-residency is the cooperative launch's guarantee; fill-only blocks arrive and leave)
 //   every token block: each expert's total and slots in earlier blocks, the segment offsets, then the rows
 //     of its own slots over the fill (block 0 also the per-expert counts)
@@ -31,7 +31,7 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
                            int* __restrict__ indices, int* __restrict__ counts, int* __restrict__ num_rows,
                            int* __restrict__ m_indices, int* __restrict__ row_to_slot, int* __restrict__ slot_to_row,
                            int* __restrict__ masked_slots, int* __restrict__ masked_m, int* block_counts,
-                           uint32_t* __restrict__ barrier, uint32_t num_tokens, uint32_t tokens_per_warp,
+                           uint32_t* __restrict__ barrier, uint32_t num_tokens, uint32_t tokens_per_block,
                            uint32_t logits_row_stride, uint32_t top_k, uint32_t topk_groups, uint32_t renormalize,
                            float scaling_factor, uint32_t max_rows, uint32_t max_tokens) {
     // Static checks and shared memory
@@ -39,10 +39,8 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     constexpr int CHUNK_SLOTS = kNumThreads * kSlotsPerThread;
     DK_STATIC_ASSERT(NUM_EXPERTS <= kMaxMoeExperts, "per-expert tables hold kMaxMoeExperts");
     DK_STATIC_ASSERT(CHUNK_SLOTS <= 65535, "a warp's rank within a chunk fits in 16 bits");
-    DK_STATIC_ASSERT(kNumThreads * 4 >= kMaxMoeExperts, "sum_block_counts: a group of threads spans a row");
     __shared__ int smem_experts[CHUNK_SLOTS];
     __shared__ uint16_t smem_warp_base[kNumWarps][kMaxMoeExperts];
-    __shared__ __align__(16) int smem_partial[2 * 4 * kNumThreads];
     __shared__ __align__(16) int smem_total[kMaxMoeExperts];
     __shared__ __align__(16) int smem_offset[kMaxMoeExperts + 1];
     __shared__ int smem_earlier[kMaxMoeExperts];
@@ -55,7 +53,6 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     // The warp's first token row (lanes 0-15) and the bias (lanes 16-31) head for L2 before the fill's stores
     // are issued, so the gate's first loads find them on the way: 10.1 -> 8.5 us at T = 128 after an L2 flush
     // (the gate's scores had waited 3 us for their loads).
-    const uint32_t tokens_per_block = tokens_per_warp * kNumWarps;
     const uint32_t first_token = blockIdx.x * tokens_per_block;
     const uint32_t token_blocks = (num_tokens + tokens_per_block - 1) / tokens_per_block;
     {
@@ -70,7 +67,8 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
             ptx::prefetch_l2(reinterpret_cast<const uint8_t*>(bias) + bias_line * kLineBytes);
         // Then the rows of the warp's later tokens, so that each token after the first finds its row in L2
         constexpr uint32_t kRowLines = NUM_EXPERTS * sizeof(InT) / kLineBytes + 1;
-        for (uint32_t line = lane; line < (tokens_per_warp - 1) * kRowLines; line += 32) {
+        const uint32_t later_tokens = tokens_per_block > warp ? (tokens_per_block - warp - 1) / kNumWarps : 0;
+        for (uint32_t line = lane; line < later_tokens * kRowLines; line += 32) {
             const uint32_t token = first_token + (1 + line / kRowLines) * kNumWarps + warp;
             const InT* token_row = logits + static_cast<uint64_t>(token) * logits_row_stride;
             if (token < num_tokens)
@@ -92,8 +90,7 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     // Gate: one token per warp at a time
     // NOTE: warps past the last token gate it again and store nothing: a branch around the gate would make
     // the compiler give its warp-wide reductions a divergent fallback that spills to a stack frame.
-    for (uint32_t i = 0; i < tokens_per_warp; ++i) {
-        const uint32_t token_in_block = i * kNumWarps + warp;
+    for (uint32_t token_in_block = warp; token_in_block < tokens_per_block; token_in_block += kNumWarps) {
         const uint32_t token = first_token + token_in_block;
         const GateChoice choice = warp_topk_gate<InT, NUM_EXPERTS, NUM_GROUPS, kScoring>(
             logits + static_cast<uint64_t>(min(token, num_tokens - 1)) * logits_row_stride, bias, top_k,
@@ -125,8 +122,7 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     grid_barrier_sync(barrier);
 
     // Per expert: the total and the slots of earlier blocks; the segment offsets
-    sum_block_counts<kNumThreads>(block_counts, token_blocks, blockIdx.x, NUM_EXPERTS, smem_partial, smem_total,
-                                  smem_earlier);
+    sum_block_counts<kNumThreads, 8>(block_counts, token_blocks, blockIdx.x, NUM_EXPERTS, smem_total, smem_earlier);
     __syncthreads();
     if (warp == 0)
         warp_segment_offsets<kAlignment>(smem_total, smem_offset);

@@ -28,10 +28,16 @@ from deep_kernels.validation import ceil_div, check_cuda_device
 # the two-stage path is faster.
 FUSED_MAX_SLOTS = 65536
 
-_FUSED_WARPS = 16
-_FUSED_SLOTS_PER_THREAD = 2
-# A block ranks at most one chunk of slots (csrc/kernels/smxx_topk_gate_layout.cuh).
-FUSED_BLOCK_SLOTS = _FUSED_WARPS * 32 * _FUSED_SLOTS_PER_THREAD
+# A block ranks at most one chunk of slots (csrc/kernels/smxx_topk_gate_layout.cuh), and gates at least this
+# many tokens (fewer blocks to sum the counts of, where the tokens would fill few SMs anyway).
+FUSED_BLOCK_SLOTS = 1024
+_FUSED_MIN_BLOCK_TOKENS = 8
+
+
+def _fused_warps(num_experts: int) -> int:
+    """Warps of a fused block: 32 (a token each at T = 4096 on 132 SMs), 16 where more experts need the
+    registers."""
+    return 32 if num_experts <= 256 else 16
 
 
 TOPK_GATE_LAYOUT = KernelDef(
@@ -40,16 +46,17 @@ TOPK_GATE_LAYOUT = KernelDef(
     params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
             Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
             Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR), Param("block_counts", PTR),
-            Param("barrier", PTR), Param("num_tokens", U32), Param("tokens_per_warp", U32),
+            Param("barrier", PTR), Param("num_tokens", U32), Param("tokens_per_block", U32),
             Param("logits_row_stride", U32), Param("top_k", U32), Param("topk_groups", U32), Param("renormalize", U32),
             Param("scaling_factor", F32), Param("max_rows", U32), Param("max_tokens", U32)),
     threads=lambda t: t["kNumWarps"] * 32, cooperative=True)
 
 
 def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
+    warps = _fused_warps(num_experts)
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
-                                 kScoring=scoring_cpp(scoring), kNumWarps=_FUSED_WARPS,
-                                 kSlotsPerThread=_FUSED_SLOTS_PER_THREAD, kAlignment=CONTIGUOUS_ALIGNMENT)
+                                 kScoring=scoring_cpp(scoring), kNumWarps=warps,
+                                 kSlotsPerThread=FUSED_BLOCK_SLOTS // (32 * warps), kAlignment=CONTIGUOUS_ALIGNMENT)
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,13 +64,13 @@ def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring
     return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring))
 
 
-def _fused_tokens_per_warp(num_tokens: int, k: int):
-    """Tokens each warp of the fused kernel gates, so that its grid fits on the SMs; None where the
+def _fused_tokens_per_block(num_tokens: int, k: int):
+    """Tokens each block of the fused kernel gates, so that its grid fits on the SMs; None where the
     two-stage path serves the input (too many slots, or more than a chunk of them per block)."""
-    tokens_per_warp = ceil_div(num_tokens, _FUSED_WARPS * get_num_sms())
-    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_warp * _FUSED_WARPS * k > FUSED_BLOCK_SLOTS:
+    tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, get_num_sms()))
+    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_block * k > FUSED_BLOCK_SLOTS:
         return None
-    return tokens_per_warp
+    return tokens_per_block
 
 
 def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torch.Tensor = None,
@@ -97,8 +104,8 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         check_cuda_device(bias, "bias", like=logits)
 
     gate_args = (k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
-    tokens_per_warp = _fused_tokens_per_warp(num_tokens, k)
-    if tokens_per_warp is None:
+    tokens_per_block = _fused_tokens_per_block(num_tokens, k)
+    if tokens_per_block is None:
         weights, indices = topk_gate(logits, *gate_args)
         return weights, indices, moe_layout(indices, num_experts, max_tokens)
     weights = logits.new_empty((num_tokens, k), dtype=torch.float32)
@@ -113,7 +120,7 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
     kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
     # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident. Only the
     # blocks holding tokens keep per-block counts.
-    token_blocks = ceil_div(num_tokens, _FUSED_WARPS * tokens_per_warp)
+    token_blocks = ceil_div(num_tokens, tokens_per_block)
     num_blocks = max(token_blocks, fill_blocks(2 * max_rows + num_masked))
     workspace = layout_workspace(device_index, token_blocks * block_counts_row_ints(num_experts))
     kernel.launch(
@@ -123,7 +130,7 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         row_to_slot=layout.row_to_slot.data_ptr(), slot_to_row=layout.slot_to_row.data_ptr(),
         masked_slots=layout.masked_slots.data_ptr() if masked else 0,
         masked_m=layout.masked_m.data_ptr() if masked else 0, block_counts=workspace.data_ptr() + block_counts_offset(),
-        barrier=workspace.data_ptr(), num_tokens=num_tokens, tokens_per_warp=tokens_per_warp,
+        barrier=workspace.data_ptr(), num_tokens=num_tokens, tokens_per_block=tokens_per_block,
         logits_row_stride=logits.stride(0), top_k=k, topk_groups=topk_groups, renormalize=int(renormalize),
         scaling_factor=float(routed_scaling_factor), max_rows=max_rows, max_tokens=max_tokens if masked else 0)
     return weights, indices, layout
