@@ -72,8 +72,8 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, int* __restrict__ coun
                                                         num_experts, experts);
         warp_count_tiles(experts, smem_warp_base[warp]);
         __syncthreads();
-        for (uint32_t e = threadIdx.x; e < num_experts; e += kNumThreads)
-            smem_chunk_count[e] += scan_warp_counts<kNumWarps>(smem_warp_base, e, one_chunk);
+        scan_warp_counts<kNumWarps, kNumThreads>(smem_warp_base, num_experts, one_chunk,
+                                                 [&](uint32_t e, int count) { smem_chunk_count[e] += count; });
         __syncthreads();
     }
     const uint32_t row_stride = (num_experts + 3) / 4 * 4;
@@ -99,8 +99,8 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, int* __restrict__ coun
             load_chunk_experts<IndexT, kSlotsPerThread>(topk_idx, chunk_first, slot_end, num_experts, experts);
             warp_count_tiles(experts, smem_warp_base[warp]);
             __syncthreads();
-            for (uint32_t e = threadIdx.x; e < num_experts; e += kNumThreads)
-                smem_chunk_count[e] = scan_warp_counts<kNumWarps>(smem_warp_base, e, true);
+            scan_warp_counts<kNumWarps, kNumThreads>(smem_warp_base, num_experts, true,
+                                                     [&](uint32_t e, int count) { smem_chunk_count[e] = count; });
             __syncthreads();
         }
         warp_scatter_tiles(experts, chunk_first, slot_end, slot_of, smem_warp_base[warp], smem_earlier, smem_offset,

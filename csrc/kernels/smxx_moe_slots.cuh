@@ -89,18 +89,38 @@ DK_DEVICE void warp_count_tiles(const int (&experts)[kSlotsPerThread], uint16_t*
     }
 }
 
-// Step 2, per expert: the warps' counts [kNumWarps][kMaxMoeExperts] of a chunk become each warp's first rank
-// within the chunk (or zero, for the next chunk's count, without keep_bases); returns the chunk's count.
-template <int kNumWarps>
-DK_DEVICE int scan_warp_counts(uint16_t (*warp_counts)[kMaxMoeExperts], uint32_t expert, bool keep_bases) {
-    int base = 0;
-    #pragma unroll
-    for (int w = 0; w < kNumWarps; ++w) {
-        const int count = warp_counts[w][expert];
-        warp_counts[w][expert] = keep_bases ? static_cast<uint16_t>(base) : 0;
-        base += count;
+// Step 2, for every expert: the warps' counts [kNumWarps][kMaxMoeExperts] of a chunk become each warp's first
+// rank within the chunk (or zero, for the next chunk's count, without keep_bases); on_count(e, count) gets the
+// chunk's count of each expert e < num_experts once. `parts` consecutive lanes (a power of two) share an
+// expert, each scanning kNumWarps / parts warps, and combine their sums by shuffles.
+template <int kNumWarps, int kNumThreads, typename OnCount>
+DK_DEVICE void scan_warp_counts(uint16_t (*warp_counts)[kMaxMoeExperts], uint32_t num_experts, bool keep_bases,
+                                OnCount on_count) {
+    uint32_t parts = 1;
+    while (parts * 2 <= kNumWarps && parts * 2 <= 32 && parts * 2 * num_experts <= kNumThreads)
+        parts *= 2;
+    const uint32_t part = threadIdx.x % parts, warps_per_part = kNumWarps / parts;
+    for (uint32_t first = 0; first < num_experts; first += kNumThreads / parts) {
+        const uint32_t expert = first + threadIdx.x / parts;
+        const bool valid = expert < num_experts;
+        int local = 0;
+        for (uint32_t w = part * warps_per_part; valid && w < (part + 1) * warps_per_part; ++w)
+            local += warp_counts[w][expert];
+        int inclusive = local;
+        for (uint32_t offset = 1; offset < parts; offset *= 2) {
+            const int other = __shfl_up_sync(0xffffffffu, inclusive, offset, parts);
+            inclusive += part >= offset ? other : 0;
+        }
+        const int count = __shfl_sync(0xffffffffu, inclusive, parts - 1, parts);
+        int base = inclusive - local;
+        for (uint32_t w = part * warps_per_part; valid && w < (part + 1) * warps_per_part; ++w) {
+            const int warp_count = warp_counts[w][expert];
+            warp_counts[w][expert] = keep_bases ? static_cast<uint16_t>(base) : 0;
+            base += warp_count;
+        }
+        if (valid && part == 0)
+            on_count(expert, count);
     }
-    return base;
 }
 
 // After the grid barrier, per expert: totals [kMaxMoeExperts] (0 past E) and earlier [E], the slots of

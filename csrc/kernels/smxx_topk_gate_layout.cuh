@@ -115,9 +115,11 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     warp_count_tiles(experts, smem_warp_base[warp]);
     __syncthreads();
     constexpr uint32_t kRowStride = (NUM_EXPERTS + 3) / 4 * 4;
-    for (uint32_t e = threadIdx.x; e < kRowStride; e += kNumThreads)
-        block_counts[blockIdx.x * kRowStride + e] =
-            e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0;
+    int* block_row = block_counts + blockIdx.x * kRowStride;
+    scan_warp_counts<kNumWarps, kNumThreads>(smem_warp_base, NUM_EXPERTS, true,
+                                             [&](uint32_t e, int count) { block_row[e] = count; });
+    for (uint32_t e = NUM_EXPERTS + threadIdx.x; e < kRowStride; e += kNumThreads)
+        block_row[e] = 0;
 
     grid_barrier_sync(barrier);
 
