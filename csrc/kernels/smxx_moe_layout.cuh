@@ -34,7 +34,9 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, int* __restrict__ coun
     constexpr int kNumThreads = kNumWarps * 32;
     constexpr int CHUNK_SLOTS = kNumThreads * kSlotsPerThread;
     DK_STATIC_ASSERT(CHUNK_SLOTS <= 65535, "a warp's rank within a chunk fits in 16 bits");
+    DK_STATIC_ASSERT(kNumThreads * 4 >= kMaxMoeExperts, "sum_block_counts: a group of threads spans a row");
     __shared__ uint16_t smem_warp_base[kNumWarps][kMaxMoeExperts];
+    __shared__ __align__(16) int smem_partial[2 * 4 * kNumThreads];
     __shared__ __align__(16) int smem_total[kMaxMoeExperts];
     __shared__ __align__(16) int smem_offset[kMaxMoeExperts + 1];
     __shared__ int smem_earlier[kMaxMoeExperts];
@@ -72,8 +74,8 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, int* __restrict__ coun
                                                         num_experts, experts);
         warp_count_tiles(experts, smem_warp_base[warp]);
         __syncthreads();
-        scan_warp_counts<kNumWarps, kNumThreads>(smem_warp_base, num_experts, one_chunk,
-                                                 [&](uint32_t e, int count) { smem_chunk_count[e] += count; });
+        for (uint32_t e = threadIdx.x; e < num_experts; e += kNumThreads)
+            smem_chunk_count[e] += scan_warp_counts<kNumWarps>(smem_warp_base, e, one_chunk);
         __syncthreads();
     }
     const uint32_t row_stride = (num_experts + 3) / 4 * 4;
@@ -83,7 +85,8 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, int* __restrict__ coun
     grid_barrier_sync(barrier);
 
     // Per expert: the total and the slots of earlier blocks; the segment offsets
-    sum_block_counts<kNumThreads, 16>(block_counts, num_rank_blocks, blockIdx.x, num_experts, smem_total, smem_earlier);
+    sum_block_counts<kNumThreads>(block_counts, num_rank_blocks, blockIdx.x, num_experts, smem_partial, smem_total,
+                                  smem_earlier);
     __syncthreads();
     if (warp == 0)
         warp_segment_offsets<kAlignment>(smem_total, smem_offset);
@@ -99,8 +102,8 @@ smxx_moe_layout_impl(const IndexT* __restrict__ topk_idx, int* __restrict__ coun
             load_chunk_experts<IndexT, kSlotsPerThread>(topk_idx, chunk_first, slot_end, num_experts, experts);
             warp_count_tiles(experts, smem_warp_base[warp]);
             __syncthreads();
-            scan_warp_counts<kNumWarps, kNumThreads>(smem_warp_base, num_experts, true,
-                                                     [&](uint32_t e, int count) { smem_chunk_count[e] = count; });
+            for (uint32_t e = threadIdx.x; e < num_experts; e += kNumThreads)
+                smem_chunk_count[e] = scan_warp_counts<kNumWarps>(smem_warp_base, e, true);
             __syncthreads();
         }
         warp_scatter_tiles(experts, chunk_first, slot_end, slot_of, smem_warp_base[warp], smem_earlier, smem_offset,

@@ -89,96 +89,65 @@ DK_DEVICE void warp_count_tiles(const int (&experts)[kSlotsPerThread], uint16_t*
     }
 }
 
-// Step 2, for every expert: the warps' counts [kNumWarps][kMaxMoeExperts] of a chunk become each warp's first
-// rank within the chunk (or zero, for the next chunk's count, without keep_bases); on_count(e, count) gets the
-// chunk's count of each expert e < num_experts once. `parts` consecutive lanes (a power of two) share an
-// expert, each scanning kNumWarps / parts warps, and combine their sums by shuffles.
-template <int kNumWarps, int kNumThreads, typename OnCount>
-DK_DEVICE void scan_warp_counts(uint16_t (*warp_counts)[kMaxMoeExperts], uint32_t num_experts, bool keep_bases,
-                                OnCount on_count) {
-    uint32_t parts = 1;
-    while (parts * 2 <= kNumWarps && parts * 2 <= 32 && parts * 2 * num_experts <= kNumThreads)
-        parts *= 2;
-    const uint32_t part = threadIdx.x % parts, warps_per_part = kNumWarps / parts;
-    for (uint32_t first = 0; first < num_experts; first += kNumThreads / parts) {
-        const uint32_t expert = first + threadIdx.x / parts;
-        const bool valid = expert < num_experts;
-        int local = 0;
-        for (uint32_t w = part * warps_per_part; valid && w < (part + 1) * warps_per_part; ++w)
-            local += warp_counts[w][expert];
-        int inclusive = local;
-        for (uint32_t offset = 1; offset < parts; offset *= 2) {
-            const int other = __shfl_up_sync(0xffffffffu, inclusive, offset, parts);
-            inclusive += part >= offset ? other : 0;
-        }
-        const int count = __shfl_sync(0xffffffffu, inclusive, parts - 1, parts);
-        int base = inclusive - local;
-        for (uint32_t w = part * warps_per_part; valid && w < (part + 1) * warps_per_part; ++w) {
-            const int warp_count = warp_counts[w][expert];
-            warp_counts[w][expert] = keep_bases ? static_cast<uint16_t>(base) : 0;
-            base += warp_count;
-        }
-        if (valid && part == 0)
-            on_count(expert, count);
+// Step 2, per expert: the warps' counts [kNumWarps][kMaxMoeExperts] of a chunk become each warp's first rank
+// within the chunk (or zero, for the next chunk's count, without keep_bases); returns the chunk's count.
+template <int kNumWarps>
+DK_DEVICE int scan_warp_counts(uint16_t (*warp_counts)[kMaxMoeExperts], uint32_t expert, bool keep_bases) {
+    int base = 0;
+    #pragma unroll
+    for (int w = 0; w < kNumWarps; ++w) {
+        const int count = warp_counts[w][expert];
+        warp_counts[w][expert] = keep_bases ? static_cast<uint16_t>(base) : 0;
+        base += count;
     }
+    return base;
 }
 
 // After the grid barrier, per expert: totals [kMaxMoeExperts] (0 past E) and earlier [E], the slots of
 // blocks before `block`, from block_counts [num_blocks, 4 * ceil(E / 4)] (16-byte rows, zero past E, written
-// by other blocks during this launch: L2 loads). Each 16-byte column of the rows takes a run of `lanes`
-// consecutive lanes (a power of two up to 32), which split the rows, kBatch loads each in flight, and sum
-// their shares by shuffles.
-template <int kNumThreads, int kBatch>
+// by other blocks during this launch: L2 loads). Threads split the rows' 16-byte vectors and the blocks;
+// partial [2 * 4 * kNumThreads] in shared memory combines them.
+template <int kNumThreads>
 DK_DEVICE void sum_block_counts(const int* block_counts, uint32_t num_blocks, uint32_t block, uint32_t num_experts,
-                                int* totals, int* earlier) {
-    DK_STATIC_ASSERT(kNumThreads >= kMaxMoeExperts, "every 16-byte column gets a lane");
+                                int* partial, int* totals, int* earlier) {
+    constexpr int kBatch = 16;
     const uint32_t num_vectors = (num_experts + 3) / 4;
-    uint32_t lanes = 32;
-    while (lanes * num_vectors > kNumThreads)
-        lanes /= 2;
-    const uint32_t vector = threadIdx.x / lanes, part = threadIdx.x % lanes;
-    int4 total = make_int4(0, 0, 0, 0), before = make_int4(0, 0, 0, 0);
-    if (vector < num_vectors) {
+    const uint32_t num_groups = min(kNumThreads / num_vectors, num_blocks);
+    const uint32_t vector = threadIdx.x % num_vectors, group = threadIdx.x / num_vectors;
+    int* partial_total = partial;
+    int* partial_earlier = partial + 4 * kNumThreads;
+    if (group < num_groups) {
+        int4 total = make_int4(0, 0, 0, 0), before = make_int4(0, 0, 0, 0);
         const auto* rows = reinterpret_cast<const int4*>(block_counts) + vector;
-        for (uint32_t first = part; first < num_blocks; first += lanes * kBatch) {
+        for (uint32_t first = group; first < num_blocks; first += num_groups * kBatch) {
             int4 count[kBatch];
             #pragma unroll
             for (int b = 0; b < kBatch; ++b) {
-                const uint32_t row = first + b * lanes;
+                const uint32_t row = first + b * num_groups;
                 count[b] = row < num_blocks ? __ldcg(rows + row * num_vectors) : make_int4(0, 0, 0, 0);
             }
             #pragma unroll
             for (int b = 0; b < kBatch; ++b) {
-                const bool is_earlier = first + b * lanes < block;
+                const bool is_earlier = first + b * num_groups < block;
                 total.x += count[b].x, total.y += count[b].y, total.z += count[b].z, total.w += count[b].w;
                 before.x += is_earlier ? count[b].x : 0, before.y += is_earlier ? count[b].y : 0;
                 before.z += is_earlier ? count[b].z : 0, before.w += is_earlier ? count[b].w : 0;
             }
         }
+        reinterpret_cast<int4*>(partial_total)[group * num_vectors + vector] = total;
+        reinterpret_cast<int4*>(partial_earlier)[group * num_vectors + vector] = before;
     }
-    for (uint32_t offset = 1; offset < lanes; offset *= 2) {
-        total.x += __shfl_xor_sync(0xffffffffu, total.x, offset);
-        total.y += __shfl_xor_sync(0xffffffffu, total.y, offset);
-        total.z += __shfl_xor_sync(0xffffffffu, total.z, offset);
-        total.w += __shfl_xor_sync(0xffffffffu, total.w, offset);
-        before.x += __shfl_xor_sync(0xffffffffu, before.x, offset);
-        before.y += __shfl_xor_sync(0xffffffffu, before.y, offset);
-        before.z += __shfl_xor_sync(0xffffffffu, before.z, offset);
-        before.w += __shfl_xor_sync(0xffffffffu, before.w, offset);
-    }
-    if (vector < num_vectors && part == 0) {
-        const int total_of[4] = {total.x, total.y, total.z, total.w};
-        const int before_of[4] = {before.x, before.y, before.z, before.w};
-        #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t e = 4 * vector + i;
-            totals[e] = total_of[i];
-            if (e < num_experts)
-                earlier[e] = before_of[i];
+    __syncthreads();
+    for (uint32_t e = threadIdx.x; e < kMaxMoeExperts; e += kNumThreads) {
+        int total = 0, before = 0;
+        for (uint32_t g = 0; e < num_experts && g < num_groups; ++g) {
+            total += partial_total[g * 4 * num_vectors + e];
+            before += partial_earlier[g * 4 * num_vectors + e];
         }
+        totals[e] = total;
+        if (e < num_experts)
+            earlier[e] = before;
     }
-    for (uint32_t e = 4 * num_vectors + threadIdx.x; e < kMaxMoeExperts; e += kNumThreads)
-        totals[e] = 0;
 }
 
 // Step 2, by warp 0: segment offsets [kMaxMoeExperts + 1] = the exclusive scan of the totals [kMaxMoeExperts]

@@ -39,8 +39,10 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     constexpr int CHUNK_SLOTS = kNumThreads * kSlotsPerThread;
     DK_STATIC_ASSERT(NUM_EXPERTS <= kMaxMoeExperts, "per-expert tables hold kMaxMoeExperts");
     DK_STATIC_ASSERT(CHUNK_SLOTS <= 65535, "a warp's rank within a chunk fits in 16 bits");
+    DK_STATIC_ASSERT(kNumThreads * 4 >= kMaxMoeExperts, "sum_block_counts: a group of threads spans a row");
     __shared__ int smem_experts[CHUNK_SLOTS];
     __shared__ uint16_t smem_warp_base[kNumWarps][kMaxMoeExperts];
+    __shared__ __align__(16) int smem_partial[2 * 4 * kNumThreads];
     __shared__ __align__(16) int smem_total[kMaxMoeExperts];
     __shared__ __align__(16) int smem_offset[kMaxMoeExperts + 1];
     __shared__ int smem_earlier[kMaxMoeExperts];
@@ -115,16 +117,15 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     warp_count_tiles(experts, smem_warp_base[warp]);
     __syncthreads();
     constexpr uint32_t kRowStride = (NUM_EXPERTS + 3) / 4 * 4;
-    int* block_row = block_counts + blockIdx.x * kRowStride;
-    scan_warp_counts<kNumWarps, kNumThreads>(smem_warp_base, NUM_EXPERTS, true,
-                                             [&](uint32_t e, int count) { block_row[e] = count; });
-    for (uint32_t e = NUM_EXPERTS + threadIdx.x; e < kRowStride; e += kNumThreads)
-        block_row[e] = 0;
+    for (uint32_t e = threadIdx.x; e < kRowStride; e += kNumThreads)
+        block_counts[blockIdx.x * kRowStride + e] =
+            e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0;
 
     grid_barrier_sync(barrier);
 
     // Per expert: the total and the slots of earlier blocks; the segment offsets
-    sum_block_counts<kNumThreads, 8>(block_counts, token_blocks, blockIdx.x, NUM_EXPERTS, smem_total, smem_earlier);
+    sum_block_counts<kNumThreads>(block_counts, token_blocks, blockIdx.x, NUM_EXPERTS, smem_partial, smem_total,
+                                  smem_earlier);
     __syncthreads();
     if (warp == 0)
         warp_segment_offsets<kAlignment>(smem_total, smem_offset);

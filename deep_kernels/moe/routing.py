@@ -28,16 +28,13 @@ from deep_kernels.validation import ceil_div, check_cuda_device
 # the two-stage path is faster.
 FUSED_MAX_SLOTS = 65536
 
-# A block ranks at most one chunk of slots (csrc/kernels/smxx_topk_gate_layout.cuh), and gates at least this
-# many tokens (fewer blocks to sum the counts of, where the tokens would fill few SMs anyway).
-FUSED_BLOCK_SLOTS = 1024
+_FUSED_WARPS = 16
+_FUSED_SLOTS_PER_THREAD = 2
+# A block ranks at most one chunk of slots (csrc/kernels/smxx_topk_gate_layout.cuh).
+FUSED_BLOCK_SLOTS = _FUSED_WARPS * 32 * _FUSED_SLOTS_PER_THREAD
+# A block gates at least this many tokens, spread over the SMs above that (0: whole warps' worth, a token a
+# warp first).
 _FUSED_MIN_BLOCK_TOKENS = 8
-
-
-def _fused_warps(num_experts: int) -> int:
-    """Warps of a fused block: 32 (a token each at T = 4096 on 132 SMs), 16 where more experts need the
-    registers."""
-    return 32 if num_experts <= 256 else 16
 
 
 TOPK_GATE_LAYOUT = KernelDef(
@@ -53,10 +50,9 @@ TOPK_GATE_LAYOUT = KernelDef(
 
 
 def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
-    warps = _fused_warps(num_experts)
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
-                                 kScoring=scoring_cpp(scoring), kNumWarps=warps,
-                                 kSlotsPerThread=FUSED_BLOCK_SLOTS // (32 * warps), kAlignment=CONTIGUOUS_ALIGNMENT)
+                                 kScoring=scoring_cpp(scoring), kNumWarps=_FUSED_WARPS,
+                                 kSlotsPerThread=_FUSED_SLOTS_PER_THREAD, kAlignment=CONTIGUOUS_ALIGNMENT)
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,7 +63,10 @@ def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring
 def _fused_tokens_per_block(num_tokens: int, k: int):
     """Tokens each block of the fused kernel gates, so that its grid fits on the SMs; None where the
     two-stage path serves the input (too many slots, or more than a chunk of them per block)."""
-    tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, get_num_sms()))
+    if _FUSED_MIN_BLOCK_TOKENS:
+        tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, get_num_sms()))
+    else:
+        tokens_per_block = _FUSED_WARPS * ceil_div(num_tokens, _FUSED_WARPS * get_num_sms())
     if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_block * k > FUSED_BLOCK_SLOTS:
         return None
     return tokens_per_block
