@@ -49,17 +49,37 @@ DK_DEVICE uint32_t split_k_block_begin(uint32_t split_idx, uint32_t num_splits) 
     return split_idx * kNumKBlocks / num_splits;
 }
 
-// Per-stage shared-memory tiles: A (BLOCK_M x BLOCK_K e4m3), B (BLOCK_N x BLOCK_K e4m3), sfa (BLOCK_M FP32).
-template <uint32_t kStageABytes, uint32_t kStageBBytes, uint32_t kStageSfaFloats>
+// Per-stage shared-memory tiles: A (BLOCK_M x BLOCK_K e4m3), B (BLOCK_N x BLOCK_K e4m3), sfa (BLOCK_M FP32) and,
+// with per-channel B scales (Fp8ChannelScaled), sfb (BLOCK_N FP32).
+template <uint32_t kStageABytes, uint32_t kStageBBytes, uint32_t kStageSfaFloats, uint32_t kStageSfbFloats = 0>
 struct StageBuffers {
     uint8_t* a;
     uint8_t* b;
     float* sfa;
+    float* sfb;
 
     DK_DEVICE uint8_t* a_stage(uint32_t stage) const { return a + stage * kStageABytes; }
     DK_DEVICE uint8_t* b_stage(uint32_t stage) const { return b + stage * kStageBBytes; }
     DK_DEVICE float* sfa_stage(uint32_t stage) const { return sfa + stage * kStageSfaFloats; }
+    DK_DEVICE float* sfb_stage(uint32_t stage) const { return sfb + stage * kStageSfbFloats; }
 };
+
+// The K blocks of a tile's job: the group's for KGrouped, else split split_idx of the tile's num_splits.
+template <typename Traits>
+DK_DEVICE uint32_t tile_k_block_begin(const TileInfo& tile) {
+    if constexpr (Traits::kGemmType == GemmType::KGrouped)
+        return tile.k_block_begin;
+    else
+        return split_k_block_begin<Traits::kNumKBlocks>(tile.split_idx, tile.num_splits);
+}
+
+template <typename Traits>
+DK_DEVICE uint32_t tile_k_block_end(const TileInfo& tile) {
+    if constexpr (Traits::kGemmType == GemmType::KGrouped)
+        return tile.k_block_begin + tile.num_k_blocks;
+    else
+        return split_k_block_begin<Traits::kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
+}
 
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t BLOCK_K_,
           uint32_t kNumStages_, uint32_t kNumTMAMulticast_, bool kIsMulticastOnA_, GemmType kGemmType_,
@@ -80,7 +100,11 @@ struct Sm90Fp8GemmTraits {
     static constexpr bool kOverlapEpilogue = kOverlapEpilogue_;
     static constexpr GemmOperands kOperands = kOperands_;
 
-    // Derived sizes
+    // Kind
+    static constexpr bool kIsChannelScaled = kOperands == GemmOperands::Fp8ChannelScaled;
+    static constexpr bool kIsKGrouped = kGemmType == GemmType::KGrouped;
+
+    // Derived sizes (KGrouped: K is the groups' on the device, SHAPE_K is 0)
     static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
     static constexpr uint32_t kNumSfbRows = ceil_div(SHAPE_N, kScaleBlock);
     static constexpr uint32_t kNumMathWarpgroups = math_warpgroups_of(BLOCK_M);
@@ -96,38 +120,53 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kNumMathRegisters = kNumMathWarpgroups == 1 ? 240 : 232;
 
     // Shared-memory carve-up (deep_kernels/heuristics/fp8_gemm.py: smem_bytes mirrors it): D staging (one
-    // 64-row buffer per warpgroup and wave), then per stage A, B, sfa, then the full and empty barriers.
+    // 64-row buffer per warpgroup and wave), then per stage A, B, sfa (and sfb, per-channel B scales), then the
+    // full and empty barriers.
     using Store = AccumulatorStore<OutputType, BLOCK_N>;
     static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kNumMWaves * Store::kBytes, 1024);
     static constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K;
     static constexpr uint32_t kStageBBytes = BLOCK_N * BLOCK_K;
     static constexpr uint32_t kStageSfaBytes = BLOCK_M * sizeof(float);
+    static constexpr uint32_t kStageSfbBytes = kIsChannelScaled ? BLOCK_N * sizeof(float) : 0;
     static constexpr uint32_t kOffsetA = kSmemDBytes;
     static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr uint32_t kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
-    static constexpr uint32_t kOffsetBarriers = kOffsetSfa + kNumStages * kStageSfaBytes;
+    static constexpr uint32_t kOffsetSfb = kOffsetSfa + kNumStages * kStageSfaBytes;
+    static constexpr uint32_t kOffsetBarriers = kOffsetSfb + kNumStages * kStageSfbBytes;
     static constexpr uint32_t kSmemBytes = kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
     // NOTE: TMA counts a box's zero-filled bytes past K too, so every stage delivers the full box.
-    static constexpr uint32_t kStageTxBytes = (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float);
+    static constexpr uint32_t kStageTxBytes =
+        (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float) + kStageSfbBytes;
 
-    using Stages = StageBuffers<kStageABytes, kStageBBytes, BLOCK_M>;
+    using Stages = StageBuffers<kStageABytes, kStageBBytes, BLOCK_M, kStageSfbBytes / sizeof(float)>;
     using TileScheduler = Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits>;
 
     // Static checks
-    DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled, "operands: e4m3 with 1x128 and 128x128 scales");
+    DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled || kOperands == GemmOperands::Fp8ChannelScaled,
+                     "operands: e4m3 with 1x128 scales on A and 128x128 (block) or 1x128 (channel) scales on B");
     DK_STATIC_ASSERT(BLOCK_K == kScaleBlock, "one K block per 128-wide scale block");
-    DK_STATIC_ASSERT(SHAPE_K % 16 == 0 && SHAPE_K > 0, "K is a positive multiple of 16 (the last K block zero-filled)");
+    DK_STATIC_ASSERT(kIsKGrouped || (SHAPE_K % 16 == 0 && SHAPE_K > 0),
+                     "K is a positive multiple of 16 (the last K block zero-filled)");
+    DK_STATIC_ASSERT(!kIsChannelScaled || kGemmType == GemmType::Normal || kIsKGrouped,
+                     "per-channel B scales: the Normal and KGrouped kinds");
+    DK_STATIC_ASSERT(!kIsKGrouped || (SHAPE_K == 0 && kIsChannelScaled && std::is_same_v<OutputType, float> &&
+                                      kNumSplits == 1 && !kOverlapEpilogue),
+                     "KGrouped: K on the device (SHAPE_K 0), per-channel scales, FP32 D, no split-K or epilogue "
+                     "overlap");
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,
                      "BLOCK_M 64 (one math warpgroup), 128 or 256 (two, each owning half the rows)");
-    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN && kGemmType == GemmType::Normal &&
+    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN &&
+                                         (kGemmType == GemmType::Normal || kGemmType == GemmType::KGrouped) &&
                                          kNumSplits == 1 && !kPipelined && !kOverlapEpilogue),
-                     "256-row tiles: Normal kind, BLOCK_N <= 128, no split-K, pipelining or epilogue overlap");
+                     "256-row tiles: Normal or KGrouped kind, BLOCK_N <= 128, no split-K, pipelining or epilogue "
+                     "overlap");
     DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= 192, "BLOCK_N in 16..192, a multiple of 16");
     DK_STATIC_ASSERT(BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N), "a tile covers at most two sfb blocks");
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
     DK_STATIC_ASSERT((!kWithAccumulation || std::is_same_v<OutputType, float>), "accumulation into FP32 D");
-    DK_STATIC_ASSERT(kNumSplits >= 1 && kNumSplits <= kNumKBlocks, "every split has at least one K block");
+    DK_STATIC_ASSERT(kNumSplits >= 1 && (kIsKGrouped || kNumSplits <= kNumKBlocks),
+                     "every split has at least one K block");
     DK_STATIC_ASSERT(!kPipelined || BLOCK_N <= kMaxPipelinedBlockN[kNumMathWarpgroups - 1],
                      "three accumulator sets fit the math warpgroups' registers");
     // NOTE: ptxas serializes every wgmma of a kernel whose group in flight meets a divergent path, as the

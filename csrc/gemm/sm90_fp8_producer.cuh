@@ -1,5 +1,6 @@
 // The SM90 FP8 GEMM's producer: one thread walks the scheduler's tiles and, per K block, waits for a free
-// stage and loads A, B and sfa into it with TMA (the multicast operand through the cluster leader).
+// stage and loads A, B and sfa (and, with per-channel B scales, sfb) into it with TMA (the multicast operand
+// through the cluster leader; each CTA loads its own scales).
 #pragma once
 
 #include <cuda.h>
@@ -45,19 +46,19 @@ DK_DEVICE void load_shared_box(void* smem_dst, const CUtensorMap* tmap, uint64_t
 template <typename Traits, typename Ring>
 DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Ring& ring,
                                 typename Traits::TileScheduler& scheduler, const CUtensorMap* tmap_a,
-                                const CUtensorMap* tmap_b, const CUtensorMap* tmap_sfa) {
+                                const CUtensorMap* tmap_b, const CUtensorMap* tmap_sfa, const CUtensorMap* tmap_sfb) {
     constexpr GemmType kGemmType = Traits::kGemmType;
-    constexpr uint32_t kNumKBlocks = Traits::kNumKBlocks;
+    // B [G * N, K] per group for the M-grouped kinds; one B [N, sum k] for KGrouped.
+    constexpr bool kGroupedB = kGemmType == GemmType::MGroupedContiguous || kGemmType == GemmType::MGroupedMasked;
     PipelineState<Traits::kNumStages> state;
     TileInfo tile;
     while (scheduler.get_next_tile(tile)) {
         const int32_t a_row = static_cast<int32_t>(tile.m_block_idx * Traits::BLOCK_M);
-        const int32_t b_row = static_cast<int32_t>((kGemmType == GemmType::Normal ? 0 : tile.group_idx * Traits::SHAPE_N) +
+        const int32_t b_row = static_cast<int32_t>((kGroupedB ? tile.group_idx * Traits::SHAPE_N : 0) +
                                                    tile.n_block_idx * Traits::BLOCK_N);
         const bool multicast = Traits::kNumTMAMulticast > 1 && tile.is_multicast_valid;
-        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
-        for (uint32_t k_block = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
-             k_block < k_block_end; ++k_block) {
+        const uint32_t k_block_end = tile_k_block_end<Traits>(tile);
+        for (uint32_t k_block = tile_k_block_begin<Traits>(tile); k_block < k_block_end; ++k_block) {
             ring.producer_acquire(state);
             uint64_t* full_barrier = ring.producer_expect_bytes(state, Traits::kStageTxBytes);
             const int32_t k = static_cast<int32_t>(k_block * Traits::BLOCK_K);
@@ -74,6 +75,8 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
             }
             load_box<kGemmType>(stages.sfa_stage(state.stage), tmap_sfa, full_barrier, a_row,
                                 static_cast<int32_t>(k_block), tile.group_idx);
+            if constexpr (Traits::kIsChannelScaled)
+                ptx::tma_load(stages.sfb_stage(state.stage), tmap_sfb, full_barrier, b_row, static_cast<int32_t>(k_block));
             state.advance();
         }
     }
