@@ -2,6 +2,8 @@
 
 import math
 
+from dataclasses import replace
+
 import pytest
 
 from deep_kernels.heuristics import fp8_gemm as heur
@@ -171,14 +173,14 @@ def test_template_args_order():
     assert heur.template_args(config, 7168, 2048, "bfloat16", False) == [
         "7168", "2048", "128", "112", "128", "6", "128", "256", "2", "true",
         "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1", "false", "false",
-        "deep_kernels::GemmOperands::Fp8BlockScaled"]
+        "deep_kernels::GemmOperands::Fp8BlockScaled", "deep_kernels::MathSchedule::Lockstep"]
     args = heur.template_args(config, 7168, 2048, "torch.float32", True, "m_grouped_masked")
-    assert args[-7:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
-                         "deep_kernels::GemmOperands::Fp8BlockScaled"]
+    assert args[-8:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
+                         "deep_kernels::GemmOperands::Fp8BlockScaled", "deep_kernels::MathSchedule::Lockstep"]
     with pytest.raises(ValueError, match="operands"):
         heur.template_args(config, 7168, 2048, "bfloat16", False, operands="fp4")
     assert heur.template_args(heur.make_config(64, 64, 1, False, 2, num_splits=4), 2112, 7168, "bfloat16",
-                              False)[-4:-1] == ["4", "true", "false"]
+                              False)[-5:-2] == ["4", "true", "false"]
     with pytest.raises(ValueError, match="float32"):
         heur.template_args(config, 7168, 2048, "bfloat16", True)
     with pytest.raises(ValueError, match="gemm_type"):
@@ -326,3 +328,38 @@ def test_config_label():
     assert heur.config_label(heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True)) == "128x192/1o"
     assert heur.config_label(heur.make_config(64, 64, 1, False, 2, num_splits=4)) == "64x64/4p"
     assert heur.config_label(heur.make_config(256, 128, 2, True, 2)) == "256x128/1+a"
+
+
+def test_ping_pong_configs():
+    # The schedule is a template argument of its own; it takes two math warpgroups and the plain K loop, which it
+    # selects by default; the label shows it.
+    config = heur.make_config(256, 128, 2, True, 2, ping_pong=True)
+    assert (config.ping_pong, config.pipelined) == (True, False)
+    assert heur.template_args(config, 4096, 7168, "bfloat16", False)[-1] == "deep_kernels::MathSchedule::PingPong"
+    assert heur.config_label(config) == "256x128/1t+a"
+    assert heur.make_config(128, 128, 1, False, 2, ping_pong=True).pipelined is False
+    assert heur.make_config(128, 128, 1, False, 2).pipelined is True
+    for kwargs in ({"block_m": 64, "block_n": 64}, {"block_m": 128, "block_n": 128, "pipelined": True}):
+        with pytest.raises(ValueError, match="ping-pong schedule needs"):
+            heur.make_config(num_tma_multicast=1, multicast_on_a=False, out_dtype_bytes=2, ping_pong=True, **kwargs)
+    assert heur.config_fields(config)["ping_pong"] is True
+    assert heur.make_config(out_dtype_bytes=2, **heur.config_fields(config)) == config
+
+
+def test_ping_pong_is_offered_only_where_its_factor_is_measured(monkeypatch):
+    # Candidates offer the schedule at the tile heights PING_PONG_MATH_FACTOR lists, right after the lockstep twin
+    # (ties keep lockstep), never for the grouped kinds; a factor below 1 makes the model prefer it.
+    monkeypatch.setattr(heur, "PING_PONG_MATH_FACTOR", {})
+    assert not any(c.ping_pong for c in heur.candidate_configs(4096, 7168, 132, k=16384))
+    monkeypatch.setattr(heur, "PING_PONG_MATH_FACTOR", {128: 0.9})
+    candidates = list(heur.candidate_configs(4096, 7168, 132, k=16384))
+    ping_pong = [c for c in candidates if c.ping_pong]
+    assert ping_pong and all(c.block_m == 128 and not c.pipelined for c in ping_pong)
+    for i, c in enumerate(candidates):
+        if c.ping_pong:
+            twin = candidates[i - 1]
+            assert (twin.block_m, twin.block_n, twin.num_splits, twin.ping_pong) == (c.block_m, c.block_n,
+                                                                                      c.num_splits, False)
+            assert heur.estimate_seconds(c, 4096, 7168, 16384, 132) < heur.estimate_seconds(
+                replace(c, ping_pong=False), 4096, 7168, 16384, 132)
+    assert not any(c.ping_pong for c in heur.candidate_configs(4096, 7168, 132, grouped=True))

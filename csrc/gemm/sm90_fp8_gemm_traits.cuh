@@ -13,6 +13,7 @@
 #include "common/math.cuh"
 #include "epilogue/sm90_accumulator_store.cuh"
 #include "gemm/gemm_operands.cuh"
+#include "gemm/sm90_math_schedule.cuh"
 #include "scheduler.cuh"
 
 namespace deep_kernels {
@@ -64,7 +65,7 @@ struct StageBuffers {
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t BLOCK_K_,
           uint32_t kNumStages_, uint32_t kNumTMAMulticast_, bool kIsMulticastOnA_, GemmType kGemmType_,
           typename OutputType_, bool kWithAccumulation_, uint32_t kNumSplits_, bool kPipelined_,
-          bool kOverlapEpilogue_, GemmOperands kOperands_>
+          bool kOverlapEpilogue_, GemmOperands kOperands_, MathSchedule kMathSchedule_ = MathSchedule::Lockstep>
 struct Sm90Fp8GemmTraits {
     // Problem, tile, pipeline, cluster, kind and schedule
     static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_;
@@ -79,6 +80,7 @@ struct Sm90Fp8GemmTraits {
     static constexpr bool kPipelined = kPipelined_;
     static constexpr bool kOverlapEpilogue = kOverlapEpilogue_;
     static constexpr GemmOperands kOperands = kOperands_;
+    static constexpr MathSchedule kMathSchedule = kMathSchedule_;
 
     // Derived sizes
     static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
@@ -137,6 +139,8 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(!kOverlapEpilogue || (kNumSplits == 1 && BLOCK_M == 128 &&
                                            (kGemmType == GemmType::Normal || BLOCK_N % 64 == 0)),
                      "the epilogue overlap is for 128-row tiles without split-K (grouped: BLOCK_N a multiple of 64)");
+    DK_STATIC_ASSERT(kMathSchedule == MathSchedule::Lockstep || (kNumMathWarpgroups == 2 && !kPipelined),
+                     "ping-pong issue: two math warpgroups with the plain K loop (one group in flight each)");
     DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
     DK_STATIC_ASSERT(kSmemBytes <= kMaxSmemBytes, "stages fit in shared memory");
 };

@@ -3,7 +3,8 @@
 // into the partial accumulators and, once they are done, frees the stage and promotes them into the FP32
 // final accumulators with sfa[row] * sfb (the recipe's promotion every 128-deep K block).
 // The pipelined K loop (kPipelined) keeps a second partial set, so that K block i + 1's wgmma group runs on the
-// tensor cores while block i is promoted.
+// tensor cores while block i is promoted. With the ping-pong schedule (gemm/sm90_math_schedule.cuh) the two
+// warpgroups take turns issuing their groups, so that one's group runs while the other promotes.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +68,7 @@ struct Sm90Fp8Mainloop {
     static constexpr uint32_t BLOCK_N = Traits::BLOCK_N;
     static constexpr uint32_t kNumKBlocks = Traits::kNumKBlocks;
     static constexpr uint32_t kNumMWaves = Traits::kNumMWaves;
+    static constexpr bool kPingPong = Traits::kMathSchedule == MathSchedule::PingPong;
     using State = PipelineState<Traits::kNumStages>;
 
     const typename Traits::Stages& stages;
@@ -116,6 +118,8 @@ struct Sm90Fp8Mainloop {
         const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(
             stages.a_stage(k_state.stage) + (wg_idx() * kNumMWaves + wave) * kWarpgroupBlockM * Traits::BLOCK_K);
         const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
+        if constexpr (kPingPong)
+            MathTurns(wg_idx()).wait();
         ptx::wgmma_fence();
 #pragma unroll
         for (uint32_t k = 0; k < Traits::BLOCK_K / kWgmmaK; ++k) {
@@ -124,6 +128,8 @@ struct Sm90Fp8Mainloop {
             ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
         }
         ptx::wgmma_commit_group();
+        if constexpr (kPingPong)
+            MathTurns(wg_idx()).pass();
         return scales;
     }
 

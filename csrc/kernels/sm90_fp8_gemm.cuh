@@ -86,6 +86,9 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
                                   float* split_workspace, uint32_t* split_tickets) {
     Sm90Fp8Mainloop<Traits, Ring> mainloop(stages, ring, sfb);
     const Sm90Fp8Epilogue<Traits> epilogue{scheduler, smem_d_wg, tmap_d, d, split_workspace, split_tickets};
+    constexpr bool kPingPong = Traits::kMathSchedule == MathSchedule::PingPong;
+    if constexpr (kPingPong)
+        MathTurns(threadIdx.x / kNumThreadsPerWarpgroup).start();
     TileInfo tile;
     if constexpr (!Traits::kOverlapEpilogue) {
         while (scheduler.get_next_tile(tile)) {
@@ -127,6 +130,9 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
         }
     }
 
+    if constexpr (kPingPong)
+        MathTurns(threadIdx.x / kNumThreadsPerWarpgroup).finish();
+
     // The last stores must have read their shared memory before the CTA exits; their global writes complete
     // with the grid (nothing in this launch reads them), so the CTA does not wait for them.
     if (threadIdx.x % kNumThreadsPerWarpgroup == 0)
@@ -141,7 +147,8 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           uint32_t kNumTMAThreads, uint32_t kNumMathThreads,
           uint32_t kNumTMAMulticast, bool kIsMulticastOnA,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue, GemmOperands kOperands>
+          uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue, GemmOperands kOperands,
+          MathSchedule kMathSchedule>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -150,7 +157,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     using namespace sm90_fp8_gemm_detail;
     using Traits = Sm90Fp8GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
                                      kIsMulticastOnA, kGemmType, OutputType, kWithAccumulation, kNumSplits,
-                                     kPipelined, kOverlapEpilogue, kOperands>;
+                                     kPipelined, kOverlapEpilogue, kOperands, kMathSchedule>;
 
     // Static checks (the traits hold the rest)
     DK_STATIC_ASSERT(kNumTMAThreads == Traits::kNumTMAThreads && kNumMathThreads == Traits::kNumMathThreads,

@@ -40,7 +40,7 @@ is even, on B (pairs of M-blocks) when the M-block count (per group) is even.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SMEM_CAPACITY_BYTES = 232448
 BLOCK_K = 128
@@ -93,6 +93,10 @@ SPLIT_SECONDS = 2.0e-6
 OVERLAP_EPILOGUE_FACTOR = 0.955
 # Most splits of a tail split (the last job of a tile reads the partials back one after another).
 MAX_TAIL_SPLITS = 8
+# Time of a K block's math with the ping-pong schedule (the two math warpgroups take turns issuing their wgmma
+# groups, csrc/gemm/sm90_math_schedule.cuh) over the same tiles' lockstep plain K loop, by BLOCK_M; the
+# candidates offer the schedule only at the tile heights listed (where it was measured to win).
+PING_PONG_MATH_FACTOR = {}
 
 GEMM_TYPES = {
     "normal": "deep_kernels::GemmType::Normal",
@@ -104,6 +108,8 @@ GEMM_OPERANDS = {
     "fp8_block_scaled": "deep_kernels::GemmOperands::Fp8BlockScaled",
 }
 OUTPUT_TYPES = {"bfloat16": ("__nv_bfloat16", 2), "float32": ("float", 4)}
+# How the two math warpgroups share the tensor cores (csrc/gemm/sm90_math_schedule.cuh), by Fp8GemmConfig.ping_pong.
+MATH_SCHEDULES = {False: "deep_kernels::MathSchedule::Lockstep", True: "deep_kernels::MathSchedule::PingPong"}
 
 KERNEL_HEADER = "kernels/sm90_fp8_gemm.cuh"
 
@@ -126,6 +132,9 @@ class Fp8GemmConfig:
     # split-K, grouped kinds BLOCK_N a multiple of 64): the candidates use it wherever it applies (has_epilogue_overlap,
     # OVERLAP_EPILOGUE_FACTOR).
     overlap_epilogue: bool = False
+    # The two math warpgroups take turns issuing their wgmma groups (the kernel's MathSchedule::PingPong; two math
+    # warpgroups, plain K loop): one warpgroup's group runs on the tensor cores while the other promotes.
+    ping_pong: bool = False
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -180,6 +189,11 @@ def can_pipeline(block_m: int, block_n: int) -> bool:
     """Whether the tile's K loop can keep two wgmma groups in flight (registers for three accumulator sets; not
     at 256 rows, whose registers hold two waves of final accumulators)."""
     return block_n <= MAX_PIPELINED_BLOCK_N.get(block_m, 0)
+
+
+def can_ping_pong(block_m: int, pipelined: bool) -> bool:
+    """Whether the kernel takes the ping-pong schedule: two math warpgroups (128 or 256 rows), plain K loop."""
+    return block_m in (128, 256) and not pipelined
 
 
 def is_legal_tile(block_m: int, block_n: int, grouped: bool = False) -> bool:
@@ -246,6 +260,8 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     a, b = MATH_SECONDS_PER_K_BLOCK[config.block_m]
     # NOTE: below N = 64 a wgmma is bound by reading A from shared memory, not by its N.
     math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if config.pipelined else 1.0) + b * max(config.block_n, 64)
+    if config.ping_pong:
+        math_s *= PING_PONG_MATH_FACTOR[config.block_m]
     a_bytes, b_bytes = config.block_m * BLOCK_K, config.block_n * BLOCK_K
     stage_bytes = a_bytes + b_bytes + config.block_m * 4
     l2_bytes = stage_bytes
@@ -319,7 +335,7 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
             for num_tma_multicast, multicast_on_a in _multicast_options(m, n, block_m, block_n, num_sms):
                 splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
                 for num_splits in splits:
-                    yield Fp8GemmConfig(
+                    config = Fp8GemmConfig(
                         block_m=block_m,
                         block_n=block_n,
                         num_stages=stages,
@@ -331,6 +347,10 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         pipelined=can_pipeline(block_m, block_n),
                         overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped),
                     )
+                    yield config
+                    # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
+                    if block_m in PING_PONG_MATH_FACTOR and not grouped:
+                        yield replace(config, pipelined=False, ping_pong=True)
 
 
 def check_problem(n: int, k: int, num_sms: int) -> None:
@@ -384,9 +404,10 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
 
 
 def config_label(config: Fp8GemmConfig) -> str:
-    """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), +a / +b (multicast of A / B):
-    128x192/1o, 64x64/4p, 256x128/1+a."""
-    flags = ("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "")
+    """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), t (ping-pong: the math warpgroups
+    take turns issuing), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 256x128/1+a, 256x128/1t+a."""
+    flags = (("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "") +
+             ("t" if config.ping_pong else ""))
     multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
     return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
 
@@ -396,7 +417,7 @@ def config_fields(config: Fp8GemmConfig) -> dict:
     return {"block_m": config.block_m, "block_n": config.block_n, "num_tma_multicast": config.num_tma_multicast,
             "multicast_on_a": config.multicast_on_a, "num_stages": config.num_stages,
             "num_splits": config.num_splits, "pipelined": config.pipelined,
-            "overlap_epilogue": config.overlap_epilogue}
+            "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong}
 
 
 def _output_type(out_dtype) -> tuple:
@@ -439,6 +460,7 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         "true" if config.pipelined else "false",
         "true" if config.overlap_epilogue else "false",
         GEMM_OPERANDS[operands],
+        MATH_SCHEDULES[config.ping_pong],
     ]
 
 
@@ -477,9 +499,9 @@ def all_candidate_configs(num_sms: int = 132, smem_capacity: int = SMEM_CAPACITY
 
 def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
-                pipelined: bool = None, overlap_epilogue: bool = False) -> Fp8GemmConfig:
+                pipelined: bool = None, overlap_epilogue: bool = False, ping_pong: bool = False) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
-    allows unless pipelined says otherwise, for overrides and tests."""
+    allows (and the schedule is not ping-pong) unless pipelined says otherwise, for overrides and tests."""
     if block_m not in BLOCK_MS or block_n not in BLOCK_NS or not is_legal_tile(block_m, block_n):
         raise ValueError(f"no kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n in {BLOCK_NS} "
                          f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
@@ -487,8 +509,10 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
     if overlap_epilogue and (num_splits != 1 or block_m != 128):
         raise ValueError("the epilogue overlap needs block_m == 128 and num_splits == 1")
+    if ping_pong and (pipelined or not can_ping_pong(block_m, False)):
+        raise ValueError("the ping-pong schedule needs block_m 128 or 256 and the plain K loop (pipelined=False)")
     if pipelined is None:
-        pipelined = can_pipeline(block_m, block_n)
+        pipelined = can_pipeline(block_m, block_n) and not ping_pong
     elif pipelined and not can_pipeline(block_m, block_n):
         raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined (block_m 64 or 128, block_n at most "
                          f"{MAX_PIPELINED_BLOCK_N[128]})")
@@ -496,14 +520,15 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes), num_splits=num_splits,
-                         pipelined=pipelined, overlap_epilogue=overlap_epilogue)
+                         pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong)
 
 
 def compile_coverage_kernels(num_sms: int = 132) -> list:
     """all_candidate_configs() plus kernels for the code paths those picks leave out on the H200: multicast
     on A and on B, both grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
     partial slot in flight) and with splits not dividing K, the plain K loop of a pipelinable tile and the
-    widest pipelined tile of one math warpgroup, and the epilogue overlap's K loops and stores."""
+    widest pipelined tile of one math warpgroup, the epilogue overlap's K loops and stores, and the ping-pong
+    schedule."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -523,6 +548,11 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(128, 128, 1, False, 2, overlap_epilogue=True), 32768, 512, "bfloat16", False),
         CandidateKernel(make_config(128, 160, 1, False, 4, overlap_epilogue=True), 7168, 16384, "float32", True),
         CandidateKernel(make_config(128, 192, 2, False, 2, overlap_epilogue=True), 7168, 2048, "bfloat16", False),
+        # The ping-pong schedule: with the epilogue overlap, two waves with multicast, split-K with accumulation.
+        CandidateKernel(make_config(128, 160, 1, False, 2, overlap_epilogue=True, ping_pong=True), 7168, 2048,
+                        "bfloat16", False),
+        CandidateKernel(make_config(256, 128, 2, True, 2, ping_pong=True), 4096, 7168, "bfloat16", False),
+        CandidateKernel(make_config(128, 112, 1, False, 4, num_splits=2, ping_pong=True), 576, 640, "float32", True),
     ]
     for kernel in extras:
         kernels.setdefault(tuple(kernel.template_args()), kernel)
