@@ -150,12 +150,12 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
     fields.pop("num_stages")  # as many as fit, unless given
     fields.pop("pipelined")  # wherever the tile allows, unless given
     fields.update({OVERRIDE_FIELDS[key]: value for key, value in override.items()})
-    if "overlap_epilogue" not in override:
-        fields["overlap_epilogue"] = config.overlap_epilogue and heuristics.has_epilogue_overlap(
-            fields["block_m"], fields["block_n"], fields["num_splits"], grouped)
     if "ping_pong" not in override:
         fields["ping_pong"] = config.ping_pong and heuristics.can_ping_pong(fields["block_m"],
                                                                             bool(fields.get("pipelined")))
+    if "overlap_epilogue" not in override:
+        fields["overlap_epilogue"] = config.overlap_epilogue and heuristics.has_epilogue_overlap(
+            fields["block_m"], fields["block_n"], fields["num_splits"], grouped, bool(fields["ping_pong"]))
     for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong"):
         if flag in fields:
             fields[flag] = bool(fields[flag])

@@ -559,6 +559,8 @@ def test_pipelined_k_loop_matches_plain(monkeypatch, block_m, block_n, splits, m
     (128, 160, 1, 0, 1, 1, False, 4001, 7168, 2048),   # epilogue overlap; tiles straddling sfb blocks
     (128, 192, 1, 0, 1, 1, False, 4001, 2112, 7168),   # a partial last N tile; 56 K blocks
     (256, 128, 2, 1, 0, 1, False, 4001, 4096, 7168),   # two waves per warpgroup; multicast of A; a partial last tile
+    (256, 128, 2, 1, 1, 1, False, 4001, 4096, 7168),   # and the epilogue overlap (the first wave issued ahead)
+    (256, 96, 1, 0, 1, 1, True, 777, 2112, 7200),      # accumulation; straddling tiles; a last K block of 32 columns
     (128, 128, 1, 0, 0, 1, True, 1031, 4096, 384),     # a pipelinable tile on the plain K loop; accumulation
     (128, 112, 1, 0, 0, 2, False, 129, 576, 640),      # split-K (5 K blocks in 2 splits), straddling tiles
 ])
@@ -575,8 +577,10 @@ def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast, mu
         expected += c.double()
     outputs = []
     for ping_pong in (True, True, False):
+        # NOTE: lockstep 256-row tiles have no epilogue overlap.
         _force_tiles(monkeypatch, block_m, block_n, multicast=multicast, multicast_on_a=multicast_on_a,
-                     overlap_epilogue=overlap, splits=splits, pipelined=0, ping_pong=int(ping_pong))
+                     overlap_epilogue=overlap if ping_pong or block_m == 128 else 0, splits=splits, pipelined=0,
+                     ping_pong=int(ping_pong))
         config = _chosen_config(m, n, k, out_dtype, accumulate)
         assert (config.block_m, config.block_n, config.ping_pong, config.pipelined) == (block_m, block_n, ping_pong,
                                                                                        False)

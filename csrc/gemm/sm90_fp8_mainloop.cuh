@@ -207,6 +207,13 @@ private:
             uint32_t k_block = k_block_begin;
             if constexpr (kIssuedAhead) {
                 retire(kNoneInFlight, partial, first.scales, first.state);
+                // 256-row tiles (ping-pong): the block issued ahead was its first wave's; the other follows here.
+#pragma unroll
+                for (uint32_t wave = 1; wave < kNumMWaves; ++wave) {
+                    const PromotionScales scales =
+                        issue_k_block(kStraddles, sfb_rows, partial, k_block, first.state, wave);
+                    retire(kNoneInFlight, partial, scales, first.state, wave);
+                }
                 ++k_block;
             }
             for (; k_block < k_block_end; ++k_block) {

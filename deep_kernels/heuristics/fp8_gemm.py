@@ -313,11 +313,14 @@ def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_m
         yield from range(2, min(_ceil_div(k, BLOCK_K), num_sms // (tiles % num_sms), MAX_TAIL_SPLITS) + 1)
 
 
-def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False) -> bool:
-    """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128-row tiles without split-K,
-    for the grouped kinds only tiles of a multiple of 64 columns (ptxas serializes the wgmma of the others: their
-    vote and row-predicated store meet the K loop's dispatch over more than two sfb offsets)."""
-    return block_m == 128 and num_splits == 1 and (not grouped or block_n % 64 == 0)
+def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False,
+                         ping_pong: bool = False) -> bool:
+    """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128-row tiles (256-row ones with
+    the ping-pong schedule) without split-K, for the grouped kinds only tiles of a multiple of 64 columns (ptxas
+    serializes the wgmma of the others: their vote and row-predicated store meet the K loop's dispatch over more
+    than two sfb offsets)."""
+    return ((block_m == 128 or (block_m == 256 and ping_pong)) and num_splits == 1 and
+            (not grouped or block_n % 64 == 0))
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
@@ -350,7 +353,8 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                     yield config
                     # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
                     if block_m in PING_PONG_MATH_FACTOR and not grouped:
-                        yield replace(config, pipelined=False, ping_pong=True)
+                        yield replace(config, pipelined=False, ping_pong=True, overlap_epilogue=has_epilogue_overlap(
+                            block_m, block_n, num_splits, grouped, ping_pong=True))
 
 
 def check_problem(n: int, k: int, num_sms: int) -> None:
@@ -507,8 +511,8 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                          f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
     if num_splits != 1 and (num_tma_multicast != 1 or block_m == 256):
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
-    if overlap_epilogue and (num_splits != 1 or block_m != 128):
-        raise ValueError("the epilogue overlap needs block_m == 128 and num_splits == 1")
+    if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits, ping_pong=ping_pong):
+        raise ValueError("the epilogue overlap needs num_splits == 1 and block_m == 128 (or 256 with ping_pong)")
     if ping_pong and (pipelined or not can_ping_pong(block_m, False)):
         raise ValueError("the ping-pong schedule needs block_m 128 or 256 and the plain K loop (pipelined=False)")
     if pipelined is None:
