@@ -162,8 +162,6 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
     if grouped and (fields["num_splits"] != 1 or not heuristics.is_legal_tile(fields["block_m"], fields["block_n"],
                                                                                 grouped=True)):
         raise ValueError("DK_FP8_GEMM_CONFIG: the grouped GEMMs take neither split-K nor 256-row tiles")
-    if grouped and fields["ping_pong"]:
-        raise ValueError("DK_FP8_GEMM_CONFIG: the grouped GEMMs do not take the ping-pong schedule")
     config = heuristics.make_config(out_dtype_bytes=out_bytes, **fields)
     if not 1 <= config.num_splits <= ceil_div(k, SCALE_BLOCK):
         raise ValueError(f"DK_FP8_GEMM_CONFIG: splits must be in 1..ceil(K / 128) = {ceil_div(k, SCALE_BLOCK)}, "

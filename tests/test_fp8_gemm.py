@@ -192,7 +192,7 @@ def test_config_override_keeps_the_overlap_only_where_the_tiling_has_one(monkeyp
 
 def test_config_override_forces_and_keeps_the_ping_pong_schedule(monkeypatch):
     # ping_pong=1 forces the schedule (with the plain K loop); a pick's schedule carries over only to tilings that
-    # take it; the grouped GEMMs refuse it.
+    # take it.
     pick = heuristics.make_config(256, 128, 2, True, 2, ping_pong=True)
     monkeypatch.setattr(heuristics, "get_fp8_gemm_config", lambda *args, **kwargs: pick)
     for fields, ping_pong in (({}, True), ({"block_n": 96}, True), ({"block_m": 128}, True), ({"block_m": 64}, False),
@@ -204,8 +204,7 @@ def test_config_override_forces_and_keeps_the_ping_pong_schedule(monkeypatch):
     plain = heuristics.make_config(128, 128, 1, False, 2)
     forced = gemm.apply_config_override(plain, {"ping_pong": 1}, 2, 7168)
     assert (forced.ping_pong, forced.pipelined) == (True, False)
-    with pytest.raises(ValueError, match="do not take the ping-pong schedule"):
-        gemm.apply_config_override(plain, {"ping_pong": 1}, 2, 7168, grouped=True)
+    assert gemm.apply_config_override(plain, {"ping_pong": 1}, 2, 7168, grouped=True).ping_pong
 
 
 def test_config_override_rejects_unknown_fields_and_values():
