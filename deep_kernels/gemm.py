@@ -144,7 +144,7 @@ def _config_override():
 
 def apply_config_override(config, override: dict, out_bytes: int, k: int, grouped: bool = False):
     """`config` with the override's fields replaced. The config's epilogue overlap carries over only to a tiling
-    that has one (128 rows, no split-K; grouped: BLOCK_N a multiple of 64), its ping-pong schedule only to one that
+    that has one (128 or 256 rows, no split-K; grouped: BLOCK_N a multiple of 64), its ping-pong schedule only to one that
     takes it (128 or 256 rows, the plain K loop); ping_pong=1 alone selects the plain K loop."""
     fields = heuristics.config_fields(config)
     fields.pop("num_stages")  # as many as fit, unless given
@@ -155,7 +155,7 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
                                                                             bool(fields.get("pipelined")))
     if "overlap_epilogue" not in override:
         fields["overlap_epilogue"] = config.overlap_epilogue and heuristics.has_epilogue_overlap(
-            fields["block_m"], fields["block_n"], fields["num_splits"], grouped, bool(fields["ping_pong"]))
+            fields["block_m"], fields["block_n"], fields["num_splits"], grouped)
     for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong"):
         if flag in fields:
             fields[flag] = bool(fields[flag])

@@ -58,15 +58,17 @@ def test_epilogue_overlap_stores_with_a_wgmma_group_in_flight(compiled):
 
 
 def turn_taking_groups(sass_text: str) -> tuple:
-    """(wgmma groups issued between a wait for the turn and its hand-over, QGMMA instructions) of a SASS text."""
+    """(wgmma groups run between a wait for the turn and its hand-over once they are done, QGMMA instructions) of a
+    SASS text."""
     events = re.findall(r"\b(QGMMA|WARPGROUP\.DEPBAR|BAR\.SYNC|BAR\.ARV)\S*( \S+ 0x100)?", sass_text)
-    tokens = " ".join(name if name == "QGMMA" or count else "other" for name, count in events)
-    return len(re.findall(r"BAR\.SYNC (?:QGMMA )+BAR\.ARV", tokens)), tokens.split().count("QGMMA")
+    tokens = " ".join(name if name in ("QGMMA", "WARPGROUP.DEPBAR") or count else "other" for name, count in events)
+    return (len(re.findall(r"BAR\.SYNC (?:QGMMA )+(?:\S+ )*?WARPGROUP\.DEPBAR BAR\.ARV", tokens)),
+            tokens.split().count("QGMMA"))
 
 
 def test_ping_pong_takes_turns_around_each_wgmma_group(compiled):
     # Each warpgroup waits for its turn (bar.sync on a 256-thread barrier) right before its wgmma group and hands the
-    # turn over (bar.arrive) right after it, before any wait for the group: every QGMMA sits in such a turn.
+    # turn over (bar.arrive) right after the wait for the group: every QGMMA sits in such a turn.
     ping_pong = [(spec, entry) for spec, entry in compiled if spec.name == "sm90_fp8_gemm" and
                  gemm.FP8_GEMM.template_arguments(spec)["kMathSchedule"].endswith("PingPong")]
     assert ping_pong

@@ -565,8 +565,9 @@ def test_pipelined_k_loop_matches_plain(monkeypatch, block_m, block_n, splits, m
 ])
 def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast, multicast_on_a, overlap, splits,
                                     accumulate, m, n, k):
-    # Taking turns changes when each warpgroup issues, not what it promotes in which order: D is the same bytes as
-    # the lockstep schedule's, and the same again on a second run.
+    # Taking turns changes when each warpgroup runs its wgmma groups, not what it promotes in which order: D is the
+    # same bytes as the lockstep schedule's (with the same epilogue overlap, and without it), and the same again on
+    # a second run.
     a, b = make_gemm_inputs(m, n, k)
     out_dtype = torch.float32 if accumulate else torch.bfloat16
     expected = _reference(a, b)
@@ -575,21 +576,20 @@ def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast, mu
         c = accumulator_like(expected)
         expected += c.double()
     outputs = []
-    for ping_pong in (True, True, False):
-        # NOTE: lockstep 256-row tiles have no epilogue overlap.
+    for ping_pong, overlap_epilogue in ((True, overlap), (True, overlap), (False, overlap), (False, 0)):
         _force_tiles(monkeypatch, block_m, block_n, multicast=multicast, multicast_on_a=multicast_on_a,
-                     overlap_epilogue=overlap if ping_pong or block_m == 128 else 0, splits=splits, pipelined=0,
-                     ping_pong=int(ping_pong))
+                     overlap_epilogue=overlap_epilogue, splits=splits, pipelined=0, ping_pong=int(ping_pong))
         config = _chosen_config(m, n, k, out_dtype, accumulate)
-        assert (config.block_m, config.block_n, config.ping_pong, config.pipelined) == (block_m, block_n, ping_pong,
-                                                                                       False)
+        assert (config.block_m, config.block_n, config.ping_pong, config.pipelined, config.overlap_epilogue) == (
+            block_m, block_n, ping_pong, False, bool(overlap_epilogue))
         d = c.clone() if accumulate else poison_(torch.empty((m, n), device="cuda", dtype=out_dtype))
         deep_kernels.fp8_gemm_nt(a, b, d, c=d if accumulate else None)
         outputs.append(d)
     assert_gemm_close(outputs[0], expected)
     assert calc_diff(outputs[0], expected) <= 2e-6
     assert_bitwise_equal(outputs[1], outputs[0], "d (ping-pong, second run)")
-    assert_bitwise_equal(outputs[0], outputs[2], "d (ping-pong against lockstep)")
+    assert_bitwise_equal(outputs[2], outputs[0], "d (lockstep)")
+    assert_bitwise_equal(outputs[3], outputs[0], "d (lockstep without the epilogue overlap)")
 
 
 # ---- 256-row tiles and K not a multiple of 128 (GPU) ----

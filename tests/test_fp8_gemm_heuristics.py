@@ -306,8 +306,7 @@ def test_epilogue_overlap_on_every_128_row_unsplit_candidate():
     dense = list(heur.candidate_configs(4096, 7168, NUM_SMS, k=2048))
     assert {c.overlap_epilogue for c in dense} == {True, False}
     for config in dense:
-        assert config.overlap_epilogue == ((config.block_m == 128 or (config.block_m == 256 and config.ping_pong)) and
-                                           config.num_splits == 1)
+        assert config.overlap_epilogue == (config.block_m == 128 and config.num_splits == 1)
     # Without split-K options the same; the grouped kinds only where BLOCK_N is a multiple of 64 (at the others
     # ptxas serializes the wgmma: tests/test_compile.py checks every picked kernel's group in flight).
     for config in heur.candidate_configs(4096, 7168, NUM_SMS):

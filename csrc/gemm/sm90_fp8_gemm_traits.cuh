@@ -123,10 +123,8 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,
                      "BLOCK_M 64 (one math warpgroup), 128 or 256 (two, each owning half the rows)");
     DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN && kGemmType == GemmType::Normal &&
-                                         kNumSplits == 1 && !kPipelined &&
-                                         (!kOverlapEpilogue || kMathSchedule == MathSchedule::PingPong)),
-                     "256-row tiles: Normal kind, BLOCK_N <= 128, no split-K or pipelining, the epilogue overlap only "
-                     "with the ping-pong schedule");
+                                         kNumSplits == 1 && !kPipelined),
+                     "256-row tiles: Normal kind, BLOCK_N <= 128, no split-K or pipelining");
     DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= 192, "BLOCK_N in 16..192, a multiple of 16");
     DK_STATIC_ASSERT(BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N), "a tile covers at most two sfb blocks");
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
@@ -139,10 +137,10 @@ struct Sm90Fp8GemmTraits {
     // store keep the group in flight only where the K loop has at most two sfb offsets to dispatch on (BLOCK_N a
     // multiple of 64); at 96, 112, 144 and 160 columns ptxas serializes (C7518).
     DK_STATIC_ASSERT(!kOverlapEpilogue || (kNumSplits == 1 &&
-                                           (BLOCK_M == 128 || (BLOCK_M == 256 && kMathSchedule == MathSchedule::PingPong)) &&
+                                           (BLOCK_M == 128 || BLOCK_M == 256) &&
                                            (kGemmType == GemmType::Normal || BLOCK_N % 64 == 0)),
-                     "the epilogue overlap is for 128-row tiles (256 with ping-pong) without split-K (grouped: BLOCK_N a "
-                     "multiple of 64)");
+                     "the epilogue overlap is for 128- and 256-row tiles without split-K (grouped: BLOCK_N a multiple "
+                     "of 64)");
     DK_STATIC_ASSERT(kMathSchedule == MathSchedule::Lockstep || (kNumMathWarpgroups == 2 && !kPipelined),
                      "ping-pong issue: two math warpgroups with the plain K loop (one group in flight each)");
     DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");

@@ -4,7 +4,7 @@
 // final accumulators with sfa[row] * sfb (the recipe's promotion every 128-deep K block).
 // The pipelined K loop (kPipelined) keeps a second partial set, so that K block i + 1's wgmma group runs on the
 // tensor cores while block i is promoted. With the ping-pong schedule (gemm/sm90_math_schedule.cuh) the two
-// warpgroups take turns issuing their groups, so that one's group runs while the other promotes.
+// warpgroups take turns running their groups, so that one's group runs while the other promotes.
 #pragma once
 
 #include <cstdint>
@@ -128,8 +128,6 @@ struct Sm90Fp8Mainloop {
             ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
         }
         ptx::wgmma_commit_group();
-        if constexpr (kPingPong)
-            MathTurns(wg_idx()).pass();
         return scales;
     }
 
@@ -140,6 +138,8 @@ struct Sm90Fp8Mainloop {
                                   const State& k_state, uint32_t wave = 0) {
         ptx::wgmma_wait_group<NumPending::value>();
         ptx::fence_operands(acc);
+        if constexpr (kPingPong)
+            MathTurns(wg_idx()).pass();
         if (wave == kNumMWaves - 1)
             ring.consumer_release(k_state, lane_idx());
         promote<BLOCK_N, kSecondGroup>(acc, final_acc[wave], scales);
@@ -207,7 +207,7 @@ private:
             uint32_t k_block = k_block_begin;
             if constexpr (kIssuedAhead) {
                 retire(kNoneInFlight, partial, first.scales, first.state);
-                // 256-row tiles (ping-pong): the block issued ahead was its first wave's; the other follows here.
+                // 256-row tiles: the block issued ahead was its first wave's; the other follows here.
 #pragma unroll
                 for (uint32_t wave = 1; wave < kNumMWaves; ++wave) {
                     const PromotionScales scales =

@@ -2,11 +2,13 @@
 //
 // Lockstep: both warpgroups wait for the same stage and issue their wgmma groups at once; the tensor cores
 // interleave the two groups, both finish together, and the tensor pipe drains while both promote.
-// PingPong: the warpgroups take turns issuing (warpgroup 0, 1, 0, 1, ... one wgmma group per turn: per K block
-// and 64-row wave), so each SM sub-partition's tensor core runs one warpgroup's group after the other's, and a
-// warpgroup promotes its finished group while the other's runs. Two named barriers hand the turn over: a
-// warpgroup waits (bar.sync) on its own before it issues and arrives (bar.arrive) on the other's after its
-// commit. Both warpgroups issue the same groups (they share every tile), so the turns stay balanced.
+// PingPong: the warpgroups take turns (warpgroup 0, 1, 0, 1, ... one wgmma group per turn: per K block and 64-row
+// wave); a turn lasts from the issue until the group is done, so the tensor cores run one warpgroup's group at a
+// time and a warpgroup promotes (and at a tile's end stores) while the other's group runs. Two named barriers
+// hand the turn over: a warpgroup waits (bar.sync) on its own before it issues and arrives (bar.arrive) on the
+// other's once its group is done, before it promotes. (Handing over at the issue lets the tensor cores interleave
+// both groups as in lockstep: measured on the H200, no faster.) Both warpgroups run the same groups (they share
+// every tile), so the turns stay balanced.
 #pragma once
 
 #include <cstdint>

@@ -14,11 +14,11 @@
 // kPipelined (tiles narrow enough for a second accumulator set, kMaxPipelinedBlockN): each warpgroup issues
 // K block i + 1's wgmma group before it waits for and promotes block i, so the promotion, the barrier waits
 // and the wgmma latency overlap the tensor cores' work instead of draining them every K block.
-// kOverlapEpilogue (BLOCK_M 128, or 256 with the ping-pong schedule; no split-K; grouped kinds: BLOCK_N a multiple
-// of 64): the next tile's first K block's wgmma group (its first wave's) is issued before a tile's store, so the
-// tensor cores work while the store converts and stages.
+// kOverlapEpilogue (BLOCK_M 128 or 256, no split-K; grouped kinds: BLOCK_N a multiple of 64): the next tile's first
+// K block's wgmma group (its first wave's) is issued before a tile's store, so the tensor cores work while the store
+// converts and stages.
 // kMathSchedule (gemm/sm90_math_schedule.cuh): Lockstep, or PingPong (two math warpgroups, plain K loop): the
-// warpgroups take turns issuing their wgmma groups, so one's group runs while the other promotes.
+// warpgroups take turns running their wgmma groups, so one's group runs while the other promotes or stores.
 // K is any multiple of 16: past the last multiple of 128, TMA zero-fills the last K block, whose scale group
 // covers the remaining columns. Unsupported: N % 16 != 0, BLOCK_N > 192, C distinct from D (the host copies C
 // into D first).

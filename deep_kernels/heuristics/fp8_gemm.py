@@ -91,6 +91,9 @@ SPLIT_SECONDS = 2.0e-6
 # 1.01, mean 0.955; never more than 1% slower. The saving grows with the tiles' length rather than staying one
 # epilogue per tile, so it is a share, not a constant.
 OVERLAP_EPILOGUE_FACTOR = 0.955
+# The same for 256-row tiles (the next tile's first wave issued ahead); the candidates take the overlap at 256 rows
+# only once it is measured (None: not offered).
+TWO_WAVE_OVERLAP_EPILOGUE_FACTOR = None
 # Most splits of a tail split (the last job of a tile reads the partials back one after another).
 MAX_TAIL_SPLITS = 8
 # Time of a K block's math with the ping-pong schedule (the two math warpgroups take turns issuing their wgmma
@@ -280,7 +283,7 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
                          _ceil_div(units - unsplit, clusters) * job_s)
 
     if config.overlap_epilogue:
-        busiest_cta_s *= OVERLAP_EPILOGUE_FACTOR
+        busiest_cta_s *= TWO_WAVE_OVERLAP_EPILOGUE_FACTOR if config.block_m == 256 else OVERLAP_EPILOGUE_FACTOR
 
     d_passes = 2 if with_accumulation else 1
     dram_bytes = num_groups * (m * k + n * k + d_passes * m * n * out_dtype_bytes)
@@ -313,14 +316,11 @@ def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_m
         yield from range(2, min(_ceil_div(k, BLOCK_K), num_sms // (tiles % num_sms), MAX_TAIL_SPLITS) + 1)
 
 
-def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False,
-                         ping_pong: bool = False) -> bool:
-    """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128-row tiles (256-row ones with
-    the ping-pong schedule) without split-K, for the grouped kinds only tiles of a multiple of 64 columns (ptxas
-    serializes the wgmma of the others: their vote and row-predicated store meet the K loop's dispatch over more
-    than two sfb offsets)."""
-    return ((block_m == 128 or (block_m == 256 and ping_pong)) and num_splits == 1 and
-            (not grouped or block_n % 64 == 0))
+def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False) -> bool:
+    """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128- and 256-row tiles without
+    split-K, for the grouped kinds only tiles of a multiple of 64 columns (ptxas serializes the wgmma of the others:
+    their vote and row-predicated store meet the K loop's dispatch over more than two sfb offsets)."""
+    return block_m in (128, 256) and num_splits == 1 and (not grouped or block_n % 64 == 0)
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
@@ -348,13 +348,13 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes),
                         num_splits=num_splits,
                         pipelined=can_pipeline(block_m, block_n),
-                        overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped),
+                        overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped) and (
+                            block_m != 256 or TWO_WAVE_OVERLAP_EPILOGUE_FACTOR is not None),
                     )
                     yield config
                     # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
                     if block_m in PING_PONG_MATH_FACTOR and not grouped:
-                        yield replace(config, pipelined=False, ping_pong=True, overlap_epilogue=has_epilogue_overlap(
-                            block_m, block_n, num_splits, grouped, ping_pong=True))
+                        yield replace(config, pipelined=False, ping_pong=True, overlap_epilogue=False)
 
 
 def check_problem(n: int, k: int, num_sms: int) -> None:
@@ -511,8 +511,8 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                          f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
     if num_splits != 1 and (num_tma_multicast != 1 or block_m == 256):
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
-    if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits, ping_pong=ping_pong):
-        raise ValueError("the epilogue overlap needs num_splits == 1 and block_m == 128 (or 256 with ping_pong)")
+    if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits):
+        raise ValueError("the epilogue overlap needs num_splits == 1 and block_m 128 or 256")
     if ping_pong and (pipelined or not can_ping_pong(block_m, False)):
         raise ValueError("the ping-pong schedule needs block_m 128 or 256 and the plain K loop (pipelined=False)")
     if pipelined is None:
