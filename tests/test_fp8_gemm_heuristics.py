@@ -38,9 +38,9 @@ def test_config_is_legal(m, n, k, out_bytes, accumulate):
     config = pick(m, n, k, out_bytes, accumulate)
     assert config.block_m in (64, 128, 256)
     assert config.num_math_threads == (1 if config.block_m == 64 else 2) * 128
-    if config.block_m == 256:  # two waves of 64 rows per math warpgroup: no split-K, pipelining or overlap
+    if config.block_m == 256:  # two waves of 64 rows per math warpgroup: no split-K or pipelining
         assert config.block_n <= heur.MAX_TWO_WAVE_BLOCK_N
-        assert config.num_splits == 1 and not config.pipelined and not config.overlap_epilogue
+        assert config.num_splits == 1 and not config.pipelined
     assert config.num_threads == config.num_math_threads + 128
     assert config.block_k == 128
     assert config.block_n % 16 == 0 and 16 <= config.block_n <= 192
@@ -297,7 +297,7 @@ def test_pipelined_k_loop_where_registers_allow():
     assert {kernel.config.pipelined for kernel in kernels if kernel.config.block_n <= 128} == {True, False}
 
 
-def test_epilogue_overlap_on_every_128_row_unsplit_candidate():
+def test_epilogue_overlap_on_every_128_and_256_row_unsplit_candidate():
     assert not heur.make_config(128, 192, 1, False, 2).overlap_epilogue
     assert heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True).overlap_epilogue
     for block_m, splits in ((64, 1), (128, 2)):
@@ -306,11 +306,11 @@ def test_epilogue_overlap_on_every_128_row_unsplit_candidate():
     dense = list(heur.candidate_configs(4096, 7168, NUM_SMS, k=2048))
     assert {c.overlap_epilogue for c in dense} == {True, False}
     for config in dense:
-        assert config.overlap_epilogue == (config.block_m == 128 and config.num_splits == 1)
+        assert config.overlap_epilogue == (config.block_m in (128, 256) and config.num_splits == 1)
     # Without split-K options the same; the grouped kinds only where BLOCK_N is a multiple of 64 (at the others
     # ptxas serializes the wgmma: tests/test_compile.py checks every picked kernel's group in flight).
     for config in heur.candidate_configs(4096, 7168, NUM_SMS):
-        assert config.overlap_epilogue == (config.block_m == 128)
+        assert config.overlap_epilogue == (config.block_m in (128, 256))
     grouped = list(heur.candidate_configs(4096, 7168, NUM_SMS, grouped=True))
     assert {c.block_n for c in grouped if c.overlap_epilogue} == {64, 128, 192}
     for config in grouped:
@@ -320,6 +320,9 @@ def test_epilogue_overlap_on_every_128_row_unsplit_candidate():
     assert heur.estimate_seconds(overlapped, 4096, 7168, 2048, NUM_SMS) < heur.estimate_seconds(plain, 4096, 7168,
                                                                                                   2048, NUM_SMS)
     assert heur.get_fp8_gemm_config(4096, 32768, 512, NUM_SMS, allow_split_k=True).overlap_epilogue
+    # 256-row tiles: measured to win at M = 4096 where the 256-row tiles do (H200, 2026-12-02).
+    two_wave = heur.get_fp8_gemm_config(4096, 4096, 7168, NUM_SMS, allow_split_k=True)
+    assert (two_wave.block_m, two_wave.overlap_epilogue) == (256, True)
     assert not heur.get_fp8_gemm_config(64, 2112, 7168, NUM_SMS, allow_split_k=True).overlap_epilogue
     assert heur.template_args(overlapped, 7168, 2048, "bfloat16", False)[15] == "true"
 

@@ -91,14 +91,16 @@ SPLIT_SECONDS = 2.0e-6
 # 1.01, mean 0.955; never more than 1% slower. The saving grows with the tiles' length rather than staying one
 # epilogue per tile, so it is a share, not a constant.
 OVERLAP_EPILOGUE_FACTOR = 0.955
-# The same for 256-row tiles (the next tile's first wave issued ahead); the candidates take the overlap at 256 rows
-# only once it is measured (None: not offered).
-TWO_WAVE_OVERLAP_EPILOGUE_FACTOR = None
+# The same for 256-row tiles (the next tile's first wave issued ahead). Fitted on the H200 (2026-12-02) to the six
+# benchmark N x K at M = 4096, 256x128 tiles with and without the overlap, timed in turns: 0.969 to 0.989, mean 0.978.
+TWO_WAVE_OVERLAP_EPILOGUE_FACTOR = 0.976
 # Most splits of a tail split (the last job of a tile reads the partials back one after another).
 MAX_TAIL_SPLITS = 8
-# Time of a K block's math with the ping-pong schedule (the two math warpgroups take turns issuing their wgmma
-# groups, csrc/gemm/sm90_math_schedule.cuh) over the same tiles' lockstep plain K loop, by BLOCK_M; the
-# candidates offer the schedule only at the tile heights listed (where it was measured to win).
+# Time of a K block's math with the ping-pong schedule (the two math warpgroups take turns running their wgmma
+# groups, csrc/gemm/sm90_math_schedule.cuh) over the same tiles' lockstep plain K loop, by BLOCK_M; the candidates
+# offer the schedule only at the tile heights listed (where it was measured to win). None: on the H200 (2026-12-02,
+# M = 4096, the six benchmark N x K, timed in turns with the lockstep kernel of the same tiles) it ran 1.04-1.10x
+# the lockstep time at 128 and 256 rows (with the turn handed over at the issue instead: 1.01-1.03x).
 PING_PONG_MATH_FACTOR = {}
 
 GEMM_TYPES = {
@@ -348,8 +350,7 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes),
                         num_splits=num_splits,
                         pipelined=can_pipeline(block_m, block_n),
-                        overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped) and (
-                            block_m != 256 or TWO_WAVE_OVERLAP_EPILOGUE_FACTOR is not None),
+                        overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped),
                     )
                     yield config
                     # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
