@@ -51,7 +51,7 @@ def cmd_info(_args) -> int:
 
 def _print_tuned() -> None:
     """The measured winners of `tune` in the cache, per GPU; stale ones (another kernel source or compiler) marked."""
-    from deep_kernels import gemm, tuning
+    from deep_kernels import gemm, grouped_gemm, tuning
     from deep_kernels.device import target_arch
     from deep_kernels.heuristics import fp8_gemm as heuristics
     from deep_kernels.jit import cache
@@ -61,7 +61,8 @@ def _print_tuned() -> None:
         print("tuned configs:  none (python -m deep_kernels tune)")
         return
     try:
-        identities = {gemm.TUNING_OP: tuning.source_identity(heuristics.KERNEL_HEADER, target_arch())}
+        identity = tuning.source_identity(heuristics.KERNEL_HEADER, target_arch())
+        identities = {op: identity for op in (gemm.TUNING_OP, *grouped_gemm.TUNING_OPS.values())}
     except RuntimeError:  # no nvcc: nothing is current
         identities = {}
     for path in files:
@@ -107,17 +108,39 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _parse_tune_shapes(suite: str, shapes: list):
+    """The --shapes of a suite as tune takes them, or None (with a message) when one is malformed."""
+    parsed = []
+    for shape in shapes:
+        kind, _, dims = shape.lower().rpartition(":")
+        values = dims.split("x")
+        if suite == "fp8_gemm" and not kind and len(values) == 3 and all(v.isdigit() for v in values):
+            parsed.append(tuple(map(int, values)))
+        elif (suite == "grouped_gemm" and kind in ("contiguous", "masked") and len(values) == 4
+              and all(v.isdigit() for v in values)):
+            parsed.append((kind, *map(int, values)))
+        else:
+            form = "MxNxK, e.g. 4096x7168x2048" if suite == "fp8_gemm" else (
+                "contiguous:GxMxNxK (M rows per group) or masked:GxExNxK (E expected rows per group), e.g. "
+                "masked:16x64x4096x7168")
+            print(f"{suite} shapes are {form}: got {shape!r}", file=sys.stderr)
+            return None
+    return parsed
+
+
 def cmd_tune(args) -> int:
     from deep_kernels import device, tune
 
-    shapes = [shape.lower().split("x") for shape in args.shapes]
-    if not all(len(shape) == 3 and all(v.isdigit() for v in shape) for shape in shapes):
-        print(f"shapes are MxNxK, e.g. 4096x7168x2048: got {args.shapes}", file=sys.stderr)
+    shapes = _parse_tune_shapes(args.suite, args.shapes)
+    if shapes is None:
         return 2
     if not device.has_gpu():
         print("tune needs a GPU: none found", file=sys.stderr)
         return 2
-    tune.tune_fp8_gemm([tuple(map(int, shape)) for shape in shapes] or tune.DEFAULT_SHAPES, count=args.count)
+    if args.suite == "fp8_gemm":
+        tune.tune_fp8_gemm(shapes or tune.DEFAULT_SHAPES, count=args.count)
+    else:
+        tune.tune_grouped_gemm(shapes or tune.DEFAULT_GROUPED_SHAPES, count=args.count)
     return 0
 
 
@@ -149,9 +172,10 @@ def main(argv=None) -> int:
     bench.set_defaults(run=cmd_bench)
 
     tune = commands.add_parser("tune", help="time the model's best configs per shape on this GPU and keep the fastest")
-    tune.add_argument("--suite", choices=("fp8_gemm",), default="fp8_gemm", help="the kernel kind (fp8_gemm_nt)")
-    tune.add_argument("--shapes", nargs="*", default=[], help="MxNxK shapes with bf16 D (default: the 18 "
-                      "DeepSeek-V3 shapes of the fp8_gemm benchmark)")
+    tune.add_argument("--suite", choices=("fp8_gemm", "grouped_gemm"), default="fp8_gemm",
+                      help="fp8_gemm (fp8_gemm_nt) or grouped_gemm (the contiguous and masked grouped GEMMs)")
+    tune.add_argument("--shapes", nargs="*", default=[], help="fp8_gemm: MxNxK with bf16 D; grouped_gemm: "
+                      "contiguous:GxMxNxK or masked:GxExNxK (default: the suite's benchmark shapes)")
     tune.add_argument("--count", type=int, default=6, help="candidates timed per shape, best modelled first")
     tune.set_defaults(run=cmd_tune)
 

@@ -19,8 +19,8 @@ Constraints: K and N multiples of 16 (K past the last multiple of 128 as in gemm
 import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
-from deep_kernels.device import get_num_sms
-from deep_kernels import gemm
+from deep_kernels.device import get_num_sms, has_gpu, target_arch
+from deep_kernels import gemm, tuning
 from deep_kernels.gemm import (
     SCALE_BLOCK, apply_config_override, call_signature, check_k_n, get_gemm_kernel, kernel_spec, scale_a, scale_b,
 )
@@ -32,6 +32,8 @@ from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, ch
 
 CONTIGUOUS = "m_grouped_contiguous"
 MASKED = "m_grouped_masked"
+# The ops `python -m deep_kernels tune --suite grouped_gemm` stores winners under, per kind.
+TUNING_OPS = {CONTIGUOUS: "m_grouped_fp8_gemm_nt_contiguous", MASKED: "m_grouped_fp8_gemm_nt_masked"}
 
 
 def get_m_alignment_for_contiguous_layout() -> int:
@@ -49,14 +51,32 @@ def _plan(gemm_type: str, m: int, n: int, k: int, num_groups: int):
     key = (gemm_type, m, n, k, num_groups, num_sms)
     plan = _plans.get(key)
     if plan is None:
-        config = heuristics.get_grouped_fp8_gemm_config(gemm_type, m, n, k, num_groups, num_sms)
+        config = _tuned_config(gemm_type, m, n, k, num_groups, num_sms) or heuristics.get_grouped_fp8_gemm_config(
+            gemm_type, m, n, k, num_groups, num_sms)
         override = gemm._config_override()
         if override:
             config = apply_config_override(config, override, 2, k, grouped=True)
-        kernel = get_gemm_kernel(config, n, k, torch.bfloat16, False, gemm_type)
-        grid = (heuristics.grid_size(gemm_type, config, m, n, num_sms), 1, 1)
-        plan = _plans[key] = (kernel, config, grid)
+        plan = _plans[key] = plan_of(gemm_type, config, m, n, k, num_sms)
     return plan
+
+
+def plan_of(gemm_type: str, config, m: int, n: int, k: int, num_sms: int) -> tuple:
+    """(kernel, config, grid) of a problem run with `config`."""
+    kernel = get_gemm_kernel(config, n, k, torch.bfloat16, False, gemm_type)
+    return kernel, config, (heuristics.grid_size(gemm_type, config, m, n, num_sms), 1, 1)
+
+
+def _tuned_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int):
+    """The config `python -m deep_kernels tune --suite grouped_gemm` measured fastest on this GPU, or None."""
+    if not has_gpu():
+        return None
+    path = tuning.tuning_file(torch.cuda.get_device_name())
+    if not path.is_file():
+        return None
+    fields = tuning.lookup(path, TUNING_OPS[gemm_type],
+                           tuning.source_identity(gemm.heuristics.KERNEL_HEADER, target_arch()),
+                           tuning.grouped_problem_key(num_groups, m, n, k, num_sms))
+    return None if fields is None else gemm.heuristics.make_config(out_dtype_bytes=2, **fields)
 
 
 def _check_b(b, sfb, k: int) -> tuple:
@@ -212,8 +232,11 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         return d
     if offsets is not None:
         m_indices = _m_indices_from_offsets(offsets, m)
+    return _launch_contiguous(_plan(CONTIGUOUS, m, n, k, num_groups), a, sfa, b, sfb, d, m_indices, m, num_groups)
 
-    kernel, config, grid = _plan(CONTIGUOUS, m, n, k, num_groups)
+
+def _launch_contiguous(plan: tuple, a, sfa, b, sfb, d, m_indices, m: int, num_groups: int) -> torch.Tensor:
+    kernel, config, grid = plan
     kernel.launch(
         grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
         tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
@@ -257,8 +280,11 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
         raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
     if m_max == 0 or num_groups == 0:
         return d
+    return _launch_masked(_plan(MASKED, expected_m, n, k, num_groups), a, sfa, b, sfb, d, masked_m, m_max, num_groups)
 
-    kernel, config, grid = _plan(MASKED, expected_m, n, k, num_groups)
+
+def _launch_masked(plan: tuple, a, sfa, b, sfb, d, masked_m, m_max: int, num_groups: int) -> torch.Tensor:
+    kernel, config, grid = plan
     kernel.launch(
         grid, a.get_device(), tmap_a=tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128),
         tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
@@ -267,6 +293,25 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
         sfb=sfb.data_ptr(), shape_m=m_max, grouped_layout=masked_m.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0)
     return d
+
+
+def forced_config_call(gemm_type: str, config, a, b, d: torch.Tensor, group_layout: torch.Tensor,
+                       expected_m: int = None):
+    """A function that runs the grouped GEMM of `gemm_type` with `config` in place of the chosen one (measured
+    tuning): group_layout is m_indices (contiguous) or masked_m (masked, with expected_m). Validated once, here,
+    with kernel-ready scales."""
+    a, sfa, b, sfb = _split_pairs(a, b)
+    if gemm_type == CONTIGUOUS:
+        m, n, k, num_groups, scales_ready = _check_contiguous_call(a, sfa, b, sfb, d, group_layout, "m_indices")
+        plan, launch = plan_of(CONTIGUOUS, config, m, n, k, get_num_sms()), _launch_contiguous
+    elif gemm_type == MASKED:
+        m, n, k, num_groups, scales_ready = _check_masked_call(a, sfa, b, sfb, d, group_layout, expected_m)
+        plan, launch = plan_of(MASKED, config, expected_m, n, k, get_num_sms()), _launch_masked
+    else:
+        raise ValueError(f"gemm_type must be {CONTIGUOUS!r} or {MASKED!r}, got {gemm_type!r}")
+    if not scales_ready:
+        raise ValueError("forced_config_call takes kernel-ready scales (FP32, MN-major TMA-aligned sfa)")
+    return lambda: launch(plan, a, sfa, b, sfb, d, group_layout, m, num_groups)
 
 
 @precompiled

@@ -35,6 +35,11 @@ def problem_key(m: int, n: int, k: int, out_dtype_bytes: int, with_accumulation:
     return f"{m}x{n}x{k}/out{out_dtype_bytes}{'+c' if with_accumulation else ''}/sms{num_sms}"
 
 
+def grouped_problem_key(num_groups: int, m: int, n: int, k: int, num_sms: int) -> str:
+    """A grouped GEMM's key: m is the total rows (contiguous) or the expected rows per group (masked)."""
+    return f"{num_groups}x{m}x{n}x{k}/sms{num_sms}"
+
+
 @functools.lru_cache(maxsize=None)
 def source_identity(header: str, arch: str) -> str:
     """Hash of a kernel header, everything it includes and the compiler identity (what a binary depends on

@@ -91,3 +91,14 @@ def test_tune_rejects_malformed_shapes_and_needs_a_gpu(capsys, monkeypatch):
     monkeypatch.setattr(device, "has_gpu", lambda: False)
     assert main(["tune", "--shapes", "64x2112x7168"]) == 2
     assert "tune needs a GPU" in capsys.readouterr().err
+
+
+def test_tune_grouped_shapes_name_their_kind(capsys, monkeypatch):
+    from deep_kernels import device
+    from deep_kernels.__main__ import main
+
+    monkeypatch.setattr(device, "has_gpu", lambda: False)
+    assert main(["tune", "--suite", "grouped_gemm", "--shapes", "16x64x4096x7168"]) == 2
+    assert "contiguous:GxMxNxK" in capsys.readouterr().err
+    assert main(["tune", "--suite", "grouped_gemm", "--shapes", "masked:16x64x4096x7168"]) == 2
+    assert "tune needs a GPU" in capsys.readouterr().err

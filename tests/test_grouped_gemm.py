@@ -240,14 +240,15 @@ def test_every_representative_pick_is_precompiled():
         assert grouped_gemm.kernel_spec(config, n, k, torch.bfloat16, False, gemm_type) in specs
 
 
-def test_benchmark_masked_sizes_fit_their_bound():
+def test_masked_problem_fits_its_bound():
     from deep_kernels.benchmarks import grouped_gemm as bench
+    from deep_kernels.testing.grouped import masked_problem
 
     rng = random.Random(0)
     for g, expected_m in bench.MASKED_GROUPS:
-        masked_m, m_max = bench.masked_sizes(g, expected_m, rng)
-        assert len(masked_m) == g and m_max % 64 == 0
-        assert all(expected_m // 2 <= rows <= m_max for rows in masked_m)
+        masked_m, m_max, hint = masked_problem(g, expected_m, rng)
+        assert len(masked_m) == g and m_max % 128 == 0 and 1 <= hint <= m_max
+        assert all(0.7 * expected_m - 0.5 <= rows <= 1.3 * expected_m + 0.5 and rows <= m_max for rows in masked_m)
         # cuBLAS's padded rows stay inside a[g].
         assert all(-(-rows // bench.CUBLAS_ROW_MULTIPLE) * bench.CUBLAS_ROW_MULTIPLE <= m_max for rows in masked_m)
 

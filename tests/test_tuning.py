@@ -89,3 +89,56 @@ def test_tuned_config_is_consulted_before_the_model(monkeypatch):
     # DK_FP8_GEMM_CONFIG still overrides on top.
     monkeypatch.setattr(gemm, "_config_override", lambda: {"block_n": 64})
     assert gemm._choose_config(4096, 4096, 7168, 132, 2, False).block_n == 64
+
+
+@pytest.mark.parametrize("gemm_type,m,g", [("m_grouped_contiguous", 32768, 4), ("m_grouped_masked", 76, 16)])
+def test_ranked_grouped_configs_start_with_the_pick(gemm_type, m, g):
+    from deep_kernels.heuristics import grouped_fp8_gemm
+
+    ranked = grouped_fp8_gemm.ranked_grouped_configs(gemm_type, m, 4096, 7168, g, 132)
+    assert ranked[0][1] == grouped_fp8_gemm.get_grouped_fp8_gemm_config(gemm_type, m, 4096, 7168, g, 132)
+    assert [seconds for seconds, _ in ranked] == sorted(seconds for seconds, _ in ranked)
+    assert all(config.num_splits == 1 and config.block_m <= 128 for _, config in ranked)
+
+
+def test_grouped_tuned_config_is_consulted_before_the_model(monkeypatch, tmp_path):
+    from deep_kernels import grouped_gemm
+
+    monkeypatch.setenv("DK_JIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(grouped_gemm, "has_gpu", lambda: True)
+    monkeypatch.setattr(grouped_gemm.torch.cuda, "get_device_name", lambda *args: "NVIDIA H200")
+    monkeypatch.setattr(grouped_gemm, "target_arch", lambda: "90a")
+    identity = tuning.source_identity(heuristics.KERNEL_HEADER, "90a")
+    tuned = heuristics.make_config(128, 96, 1, False, 2)
+    path = tuning.tuning_file("NVIDIA H200")
+    key = tuning.grouped_problem_key(16, 76, 4096, 7168, 132)
+    assert grouped_gemm._tuned_config("m_grouped_masked", 76, 4096, 7168, 16, 132) is None
+    tuning.record(path, "m_grouped_fp8_gemm_nt_masked", identity, key, heuristics.config_fields(tuned), 10.0, 11.0)
+    assert grouped_gemm._tuned_config("m_grouped_masked", 76, 4096, 7168, 16, 132) == tuned
+    # Another kind, group count or SM count misses.
+    assert grouped_gemm._tuned_config("m_grouped_contiguous", 76, 4096, 7168, 16, 132) is None
+    assert grouped_gemm._tuned_config("m_grouped_masked", 76, 4096, 7168, 8, 132) is None
+    assert grouped_gemm._tuned_config("m_grouped_masked", 76, 4096, 7168, 16, 66) is None
+
+
+@pytest.mark.gpu
+def test_tune_stores_checked_winners_that_calls_then_use(monkeypatch, tmp_path):
+    import torch
+
+    from deep_kernels import grouped_gemm, tune
+
+    monkeypatch.setenv("DK_JIT_CACHE_DIR", str(tmp_path))
+    grouped_gemm._plans.clear()
+    dense = tune.tune_fp8_gemm([(128, 2112, 7168)], count=2, log=lambda line: None)
+    grouped = tune.tune_grouped_gemm([("masked", 4, 64, 2112, 7168), ("contiguous", 2, 256, 2112, 512)], count=2,
+                                     log=lambda line: None)
+    path = tuning.tuning_file(torch.cuda.get_device_name())
+    stored = {(op, key): entry["config"] for op, key, entry, _ in tuning.entries(path, {})}
+    assert len(dense) == 1 and len(grouped) == 2 and len(stored) == 3
+    num_sms = grouped_gemm.get_num_sms()
+    masked_key = ("m_grouped_fp8_gemm_nt_masked", tuning.grouped_problem_key(4, int(1.2 * 64), 2112, 7168, num_sms))
+    assert stored[masked_key] == grouped[0][1]
+    # The grouped call of that problem plans with the stored winner.
+    _, config, _ = grouped_gemm._plan(grouped_gemm.MASKED, int(1.2 * 64), 2112, 7168, 4)
+    assert heuristics.config_fields(config) == grouped[0][1]
+    grouped_gemm._plans.clear()

@@ -17,7 +17,7 @@ from deep_kernels.grouped_gemm import CONTIGUOUS, MASKED, _plan
 from deep_kernels.reference import gemm as reference
 from deep_kernels.testing import calc_diff, random_activations
 from deep_kernels.testing.bench import time_kernels_us
-from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs
+from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs, masked_problem
 from deep_kernels.validation import ceil_div
 
 # (G, M per group, N, K)
@@ -29,13 +29,6 @@ PEER = "torch._scaled_mm blockwise (cuBLAS), one call per expert"
 # cuBLAS's blockwise path is given rows in multiples of this (the extra rows are the masked padding).
 CUBLAS_ROW_MULTIPLE = 16
 REPS = 20
-
-
-def masked_sizes(num_groups: int, expected_m: int, rng: random.Random) -> tuple:
-    """(masked_m, M_max): valid rows uniform in [expected_m / 2, 3 * expected_m / 2], M_max that bound
-    rounded up to 64."""
-    masked_m = [rng.randint(expected_m // 2, expected_m * 3 // 2) for _ in range(num_groups)]
-    return masked_m, ceil_div(expected_m * 3 // 2, 64) * 64
 
 
 def _column_major(scales: torch.Tensor) -> torch.Tensor:
@@ -127,15 +120,14 @@ def _masked_rows(ctx: BenchContext) -> list:
     rng = random.Random(0)
     for n, k in MASKED_NKS:
         for g, expected_m in MASKED_GROUPS:
-            masked_m, m_max = masked_sizes(g, expected_m, rng)
+            masked_m, m_max, hint = masked_problem(g, expected_m, rng)
             (a, sfa), (b, sfb), masked_m_device = make_masked_inputs(masked_m, m_max, n, k)
             d = torch.empty((g, m_max, n), device="cuda", dtype=torch.bfloat16)
-            call = lambda: deep_kernels.m_grouped_fp8_gemm_nt_masked((a, sfa), (b, sfb), d, masked_m_device,
-                                                                      expected_m)
+            call = lambda: deep_kernels.m_grouped_fp8_gemm_nt_masked((a, sfa), (b, sfb), d, masked_m_device, hint)
             call()
             expected = reference.m_grouped_fp8_gemm_nt_masked(
                 (a, sfa), (b, sfb), torch.zeros((g, m_max, n), device="cuda", dtype=torch.float64), masked_m_device,
-                expected_m)
+                hint)
             valid = torch.arange(m_max, device="cuda")[None, :] < masked_m_device[:, None]
             check = f"calc_diff={calc_diff(d[valid], expected[valid]):.1e}"
             peer_rows = [ceil_div(rows_g, CUBLAS_ROW_MULTIPLE) * CUBLAS_ROW_MULTIPLE for rows_g in masked_m]
@@ -143,9 +135,9 @@ def _masked_rows(ctx: BenchContext) -> list:
                               b, sfb)
             total = sum(masked_m)
             us, peer, dense = _time_with_peers(call, peer, _dense_call(total, n, k, b, sfb), ctx)
-            _, config, grid = _plan(MASKED, expected_m, n, k, g)
+            _, config, grid = _plan(MASKED, hint, n, k, g)
             rows.append(_row("m_grouped_fp8_gemm_nt_masked",
-                             {"g": g, "m": m_max, "expected_m": expected_m, "n": n, "k": k},
+                             {"g": g, "m": m_max, "expected_m": expected_m, "n": n, "k": k, "expected_m_hint": hint},
                              _config_text(config, grid), us, total, n, k, g, ctx, peer, dense, check))
     return rows
 

@@ -27,6 +27,28 @@ def modelled_rows(gemm_type: str, m: int, num_groups: int, block_m: int) -> int:
     return max(-(-m // num_groups), 1)
 
 
+def ranked_grouped_configs(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
+                           smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> list:
+    """Every candidate of a grouped GEMM with bf16 D with its modelled seconds, fastest first (ties keep
+    fp8_gemm.candidate_configs' order): the model's pick first, then what measured tuning times next. Arguments
+    as for get_grouped_fp8_gemm_config."""
+    if gemm_type not in GEMM_TYPES:
+        raise ValueError(f"gemm_type must be one of {GEMM_TYPES}, got {gemm_type!r}")
+    if not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
+    if m < 0:
+        raise ValueError(f"m must be >= 0, got {m}")
+    fp8_gemm.check_problem(n, k, num_sms)
+    rows = modelled_rows(gemm_type, m, num_groups, 0)
+    timed = [(fp8_gemm.estimate_seconds(config, modelled_rows(gemm_type, m, num_groups, config.block_m), n, k,
+                                        num_sms, num_groups=num_groups), config)
+             for config in fp8_gemm.candidate_configs(rows, n, num_sms, smem_capacity, grouped=True)]
+    if not timed:
+        raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
+    timed.sort(key=lambda pair: pair[0])
+    return timed
+
+
 def get_grouped_fp8_gemm_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
                                 smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
     """The config with the lowest modelled time for a grouped GEMM with bf16 D (ties: the first candidate
@@ -43,19 +65,7 @@ def get_grouped_fp8_gemm_config(gemm_type: str, m: int, n: int, k: int, num_grou
     Returns:
         A frozen Fp8GemmConfig; equal inputs give equal configs.
     """
-    if gemm_type not in GEMM_TYPES:
-        raise ValueError(f"gemm_type must be one of {GEMM_TYPES}, got {gemm_type!r}")
-    if not isinstance(num_groups, int) or num_groups < 1:
-        raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
-    if m < 0:
-        raise ValueError(f"m must be >= 0, got {m}")
-    fp8_gemm.check_problem(n, k, num_sms)
-    rows = modelled_rows(gemm_type, m, num_groups, 0)
-    candidates = list(fp8_gemm.candidate_configs(rows, n, num_sms, smem_capacity, grouped=True))
-    if not candidates:
-        raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
-    return min(candidates, key=lambda config: fp8_gemm.estimate_seconds(
-        config, modelled_rows(gemm_type, m, num_groups, config.block_m), n, k, num_sms, num_groups=num_groups))
+    return ranked_grouped_configs(gemm_type, m, n, k, num_groups, num_sms, smem_capacity)[0][1]
 
 
 def grid_size(gemm_type: str, config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> int:

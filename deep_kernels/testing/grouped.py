@@ -13,7 +13,7 @@ from deep_kernels.testing.gemm import SCALE_FORMATS, cast_activations, cast_weig
 from deep_kernels.validation import ceil_div
 
 __all__ = ["SCALE_FORMATS", "contiguous_layout", "expert_sizes", "make_contiguous_inputs", "make_masked_inputs",
-           "make_weights"]
+           "make_weights", "masked_problem"]
 
 
 def expert_sizes(num_groups: int, total: int, rng: random.Random, mode: str = "random") -> list:
@@ -29,6 +29,14 @@ def expert_sizes(num_groups: int, total: int, rng: random.Random, mode: str = "r
     sizes = [int(total * w / sum(weights)) for w in weights]
     sizes[max(range(num_groups), key=lambda g: weights[g])] += total - sum(sizes)
     return sizes
+
+
+def masked_problem(num_groups: int, expected_m: int, rng: random.Random) -> tuple:
+    """(masked_m, M_max, the expected_m hint) of a decode step as the masked GEMM's targets count it: valid rows
+    round(expected_m * U(0.7, 1.3)) per group, M_max = 1.3 * expected_m rounded up to 128, the host hint
+    int(1.2 * expected_m)."""
+    masked_m = [round(expected_m * rng.uniform(0.7, 1.3)) for _ in range(num_groups)]
+    return masked_m, ceil_div(ceil_div(13 * expected_m, 10), 128) * 128, int(1.2 * expected_m)
 
 
 def make_weights(num_groups: int, n: int, k: int, scale_format: str = "fp32", device="cuda", seed: int = 1) -> tuple:
