@@ -133,9 +133,9 @@ class Fp8GemmConfig:
     block_k: int = BLOCK_K
     num_splits: int = 1
     pipelined: bool = False
-    # Issue the next tile's first K block before this tile's store (the kernel's kOverlapEpilogue; BLOCK_M 128, no
-    # split-K, grouped kinds BLOCK_N a multiple of 64): the candidates use it wherever it applies (has_epilogue_overlap,
-    # OVERLAP_EPILOGUE_FACTOR).
+    # Issue the next tile's first K block before this tile's store (the kernel's kOverlapEpilogue; BLOCK_M 128 or 256,
+    # no split-K, grouped kinds BLOCK_N a multiple of 64): the candidates use it wherever it applies
+    # (has_epilogue_overlap, OVERLAP_EPILOGUE_FACTOR, TWO_WAVE_OVERLAP_EPILOGUE_FACTOR).
     overlap_epilogue: bool = False
     # The two math warpgroups take turns issuing their wgmma groups (the kernel's MathSchedule::PingPong; two math
     # warpgroups, plain K loop): one warpgroup's group runs on the tensor cores while the other promotes.
