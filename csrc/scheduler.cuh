@@ -26,6 +26,11 @@
 //   MGroupedMasked       A [G, M_max, K] (shape_m = M_max); grouped_layout[g] = valid rows of group g
 //                        (masked_m, read on the device, clamped to [0, M_max]); only the M-blocks holding
 //                        valid rows are walked.
+//   KGrouped             A [M, sum k_g], B [N, sum k_g], D [G, M, N]: group g's K range is the segment of
+//                        grouped_layout[g] = k_g columns (read on the device, negative counts as 0) starting
+//                        at the sum of the earlier groups' k_g. Every group walks all of its M x N tiles
+//                        (an empty group's tiles have no K blocks); the tile's K blocks are
+//                        [k_block_begin, k_block_begin + num_k_blocks) of A and B (k_g / 128 of them).
 // is_valid_row tells the epilogue which D rows of a tile it may write (padding and rows past masked_m
 // are never written).
 #pragma once
@@ -41,6 +46,7 @@ enum class GemmType : uint32_t {
     Normal = 0,
     MGroupedContiguous = 1,
     MGroupedMasked = 2,
+    KGrouped = 3,
 };
 
 struct TileInfo {
@@ -56,6 +62,9 @@ struct TileInfo {
     bool is_valid;
     // Both CTAs of the cluster need the same shared-operand tile, so the leader may multicast it.
     bool is_multicast_valid;
+    // KGrouped: the group's K blocks (the other kinds take their K range from the split).
+    uint32_t k_block_begin;
+    uint32_t num_k_blocks;
 };
 
 template <GemmType kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumTMAMulticast,
@@ -71,6 +80,8 @@ struct Scheduler {
     static constexpr uint32_t kNumNUnits = kPairsShareM ? ceil_div(kNumNBlocks, 2u) : kNumNBlocks;
     // NOTE: 8 N-units per band: ~16 concurrent M-blocks x 8 N-blocks per 132-SM wave at large M.
     static constexpr uint32_t kNumNUnitsPerBand = 8;
+    // KGrouped: K blocks are 128 columns deep (the scale block).
+    static constexpr uint32_t kKBlock = 128;
 
     const uint32_t shape_m;
     const int* const grouped_layout;
@@ -85,6 +96,9 @@ struct Scheduler {
     uint32_t group_idx = 0;
     uint32_t group_first_unit = 0;
     uint32_t group_num_m_blocks = 0;
+    // KGrouped: the current group's first K column and columns.
+    uint32_t group_k_begin = 0;
+    uint32_t group_k = 0;
 
     DK_DEVICE Scheduler(uint32_t shape_m, const int* grouped_layout, uint32_t num_groups, uint32_t num_unsplit_tiles = 0)
         : shape_m(shape_m),
@@ -98,6 +112,8 @@ struct Scheduler {
             group_num_m_blocks = num_groups > 0 ? masked_num_m_blocks(0) : 0;
         else
             group_num_m_blocks = ceil_div(shape_m, BLOCK_M);
+        if constexpr (kGemmType == GemmType::KGrouped)
+            group_k = num_groups > 0 ? group_columns(0) : 0;
     }
 
     // Advances to this CTA's next tile; false once the cluster has no work left.
@@ -143,6 +159,10 @@ struct Scheduler {
             // The leader (rank 0) multicasts its own tile's operand: fine when it is valid and the partner
             // either needs the same tile (same group) or is invalid and ignores what it receives.
             tile.is_multicast_valid = kNumTMAMulticast == 2 && valid_0 && (!valid_1 || group_0 == group_1);
+            if constexpr (kGemmType == GemmType::KGrouped) {
+                tile.k_block_begin = group_k_begin / kKBlock;
+                tile.num_k_blocks = group_k / kKBlock;
+            }
             return true;
         }
     }
@@ -175,6 +195,12 @@ struct Scheduler {
     }
 
 private:
+    // KGrouped: group g's K columns (a negative count is 0).
+    DK_DEVICE uint32_t group_columns(uint32_t group) const {
+        const int columns = __ldg(grouped_layout + group);
+        return columns < 0 ? 0u : static_cast<uint32_t>(columns);
+    }
+
     // A contiguous row's group; ids outside [0, num_groups) count as padding (-1).
     DK_DEVICE int contiguous_group(uint32_t row) const {
         const int group = __ldg(grouped_layout + row);
@@ -208,6 +234,16 @@ private:
                     group_num_m_blocks = masked_num_m_blocks(group_idx);
             }
             return group_idx < num_groups;
+        } else if constexpr (kGemmType == GemmType::KGrouped) {
+            // Every group has the same tiles; the cursor carries the sum of the earlier groups' columns.
+            const uint32_t group_units = num_units(group_num_m_blocks);
+            while (group_idx < num_groups && unit_idx >= group_first_unit + group_units) {
+                group_first_unit += group_units;
+                group_k_begin += group_k;
+                if (++group_idx < num_groups)
+                    group_k = group_columns(group_idx);
+            }
+            return group_idx < num_groups;
         } else {
             return unit_idx < num_units(group_num_m_blocks);
         }
@@ -232,7 +268,7 @@ private:
     DK_DEVICE int block_group(uint32_t m_block_idx) const {
         if constexpr (kGemmType == GemmType::MGroupedContiguous)
             return m_block_idx < group_num_m_blocks ? contiguous_group(m_block_idx * BLOCK_M) : -1;
-        else if constexpr (kGemmType == GemmType::MGroupedMasked)
+        else if constexpr (kGemmType == GemmType::MGroupedMasked || kGemmType == GemmType::KGrouped)
             return static_cast<int>(group_idx);
         else
             return 0;

@@ -1,18 +1,25 @@
 """FP8 GEMM with DeepSeek-V3 fine-grained scaling: D = A @ B^T (+ C).
 
+Two recipes (DeepGEMM's `recipe` argument, the scale block sizes (M, N, K)): (1, 128, 128), the default, for the
+forward and input-gradient GEMMs (1 x 128 activation scales, 128 x 128 weight scales), and (1, 1, 128), the weight
+gradient's (both operands activation-like, with 1 x 128 scales per row of A and of B).
+
 Layouts (DeepGEMM's, so switching is one line):
     a   [M, K] float8_e4m3fn, K-major (rows 16-byte aligned); sfa FP32 [M, ceil(K / 128)], one scale per row
         and 128 columns, MN-major and TMA-aligned (strides (1, M rounded up to 4)) as
         per_token_cast_to_fp8 writes it. Row-major FP32 and packed UE8M0 (int32) scales are accepted
         and converted first (an extra pass: produce MN-major FP32 to avoid it).
     b   [N, K] float8_e4m3fn, K-major; sfb FP32 [ceil(N / 128), ceil(K / 128)] row-major, one scale per
-        128 x 128 block (packed UE8M0 int32 [ceil(N / 128), ceil(K / 512)] also accepted).
+        128 x 128 block (packed UE8M0 int32 [ceil(N / 128), ceil(K / 512)] also accepted). With recipe (1, 1, 128):
+        sfb [N, ceil(K / 128)] in the forms sfa takes (MN-major TMA-aligned FP32 read as is; row-major FP32 and
+        packed UE8M0 converted first), as per_token_cast_to_fp8 (or per_channel_cast_transpose_to_fp8 of the
+        untransposed tensor) writes it.
     d   [M, N] bf16, or fp32 when accumulating c (c fp32 [M, N]; c may be d).
 Constraints: K and N multiples of 16 (with K not a multiple of 128, the last scale group covers the
 remaining K % 128 columns, and the kernel zero-fills the rest of its last K block); any M >= 0.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
@@ -22,7 +29,7 @@ from deep_kernels.device import get_num_sms, has_gpu, target_arch
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.jit.definition import PTR, TENSOR_MAP, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import get_kernel, tensor_map
+from deep_kernels.jit.runtime import get_kernel, remember_encoded, tensor_map
 from deep_kernels.quant import unpack_ue8m0
 from deep_kernels.validation import (
     ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, tma_aligned_size,
@@ -31,7 +38,7 @@ from deep_kernels.validation import (
 SCALE_BLOCK = 128
 
 # heuristics.template_args gives the template arguments in order; d is the grouped kinds' row stores, split_workspace,
-# split_tickets and num_unsplit_tiles are split-K's.
+# split_tickets and num_unsplit_tiles are split-K's, tmap_sfb the per-channel B scales' (any valid map otherwise).
 FP8_GEMM = KernelDef(
     heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl",
     template=("SHAPE_N", "SHAPE_K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "kNumStages", "kNumTMAThreads", "kNumMathThreads",
@@ -40,7 +47,7 @@ FP8_GEMM = KernelDef(
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_b", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb", PTR), Param("shape_m", U32), Param("grouped_layout", PTR),
             Param("num_groups", U32), Param("d", PTR), Param("split_workspace", PTR), Param("split_tickets", PTR),
-            Param("num_unsplit_tiles", U32)),
+            Param("num_unsplit_tiles", U32), Param("tmap_sfb", TENSOR_MAP)),
     threads=lambda t: int(t["kNumTMAThreads"]) + int(t["kNumMathThreads"]),
     cluster=lambda t: int(t["kNumTMAMulticast"]))
 
@@ -104,12 +111,34 @@ def check_k_n(k: int, n: int) -> None:
         raise ValueError(f"N must be a positive multiple of 16, got {n}")
 
 
-def kernel_spec(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal"):
-    return FP8_GEMM.spec(*heuristics.template_args(config, n, k, out_dtype, accumulate, gemm_type))
+# DeepGEMM's recipes (scale block sizes along M, N, K) -> the kernel's operands (heuristics.GEMM_OPERANDS).
+RECIPES = {(1, 128, 128): "fp8_block_scaled", (1, 1, 128): "fp8_channel_scaled"}
+BLOCK_SCALED = "fp8_block_scaled"
+CHANNEL_SCALED = "fp8_channel_scaled"
 
 
-def get_gemm_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal"):
-    return get_kernel(kernel_spec(config, n, k, out_dtype, accumulate, gemm_type), smem_bytes=config.smem_bytes)
+def operands_of_recipe(recipe) -> str:
+    """The kernel's operands of a DeepGEMM recipe: None or (1, 128, 128) block-scaled B, (1, 1, 128) per-channel."""
+    if recipe is None:
+        return BLOCK_SCALED
+    try:
+        key = tuple(int(x) for x in recipe)
+    except (TypeError, ValueError):
+        key = None
+    if key not in RECIPES:
+        raise ValueError(f"recipe must be None, (1, 128, 128) or (1, 1, 128), got {recipe!r}")
+    return RECIPES[key]
+
+
+def kernel_spec(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal",
+                operands: str = BLOCK_SCALED):
+    return FP8_GEMM.spec(*heuristics.template_args(config, n, k, out_dtype, accumulate, gemm_type, operands))
+
+
+def get_gemm_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = "normal",
+                    operands: str = BLOCK_SCALED):
+    return get_kernel(kernel_spec(config, n, k, out_dtype, accumulate, gemm_type, operands),
+                      smem_bytes=config.smem_bytes)
 
 
 # DK_FP8_GEMM_CONFIG's fields and the make_config argument each sets.
@@ -142,27 +171,29 @@ def _config_override():
     return parse_config_override(text) if text else None
 
 
-def apply_config_override(config, override: dict, out_bytes: int, k: int, grouped: bool = False):
+def apply_config_override(config, override: dict, out_bytes: int, k: int, grouped: bool = False,
+                          operands: str = BLOCK_SCALED):
     """`config` with the override's fields replaced. The config's epilogue overlap carries over only to a tiling
-    that has one (128 or 256 rows, no split-K; grouped: BLOCK_N a multiple of 64), its ping-pong schedule only to one that
-    takes it (128 or 256 rows, the plain K loop); ping_pong=1 alone selects the plain K loop."""
+    that has one (128 rows, or 256 with block scales; no split-K; grouped: BLOCK_N a multiple of 64), its ping-pong
+    schedule only to one that takes it (128 or 256 rows, the plain K loop, block scales); ping_pong=1 alone selects
+    the plain K loop."""
     fields = heuristics.config_fields(config)
     fields.pop("num_stages")  # as many as fit, unless given
     fields.pop("pipelined")  # wherever the tile allows, unless given
     fields.update({OVERRIDE_FIELDS[key]: value for key, value in override.items()})
     if "ping_pong" not in override:
-        fields["ping_pong"] = config.ping_pong and heuristics.can_ping_pong(fields["block_m"],
-                                                                            bool(fields.get("pipelined")))
+        fields["ping_pong"] = config.ping_pong and operands == BLOCK_SCALED and heuristics.can_ping_pong(
+            fields["block_m"], bool(fields.get("pipelined")))
     if "overlap_epilogue" not in override:
         fields["overlap_epilogue"] = config.overlap_epilogue and heuristics.has_epilogue_overlap(
-            fields["block_m"], fields["block_n"], fields["num_splits"], grouped)
+            fields["block_m"], fields["block_n"], fields["num_splits"], grouped, operands)
     for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong"):
         if flag in fields:
             fields[flag] = bool(fields[flag])
     if grouped and (fields["num_splits"] != 1 or not heuristics.is_legal_tile(fields["block_m"], fields["block_n"],
                                                                                 grouped=True)):
         raise ValueError("DK_FP8_GEMM_CONFIG: the grouped GEMMs take neither split-K nor 256-row tiles")
-    config = heuristics.make_config(out_dtype_bytes=out_bytes, **fields)
+    config = heuristics.make_config(out_dtype_bytes=out_bytes, operands=operands, **fields)
     if not 1 <= config.num_splits <= ceil_div(k, SCALE_BLOCK):
         raise ValueError(f"DK_FP8_GEMM_CONFIG: splits must be in 1..ceil(K / 128) = {ceil_div(k, SCALE_BLOCK)}, "
                          f"got {config.num_splits}")
@@ -181,13 +212,17 @@ def _tuned_config(m: int, n: int, k: int, num_sms: int, out_bytes: int, accumula
     return None if fields is None else heuristics.make_config(out_dtype_bytes=out_bytes, **fields)
 
 
-def _choose_config(m: int, n: int, k: int, num_sms: int, out_bytes: int, accumulate: bool):
-    """DK_FP8_GEMM_CONFIG over the tuned config of the problem (if any), else over the model's pick."""
-    config = _tuned_config(m, n, k, num_sms, out_bytes, accumulate) or heuristics.get_fp8_gemm_config(
-        m, n, k, num_sms, out_dtype_bytes=out_bytes, with_accumulation=accumulate, allow_split_k=True)
+def _choose_config(m: int, n: int, k: int, num_sms: int, out_bytes: int, accumulate: bool,
+                   operands: str = BLOCK_SCALED):
+    """DK_FP8_GEMM_CONFIG over the tuned config of the problem (if any; measured for block-scaled B), else over the
+    model's pick."""
+    tuned = _tuned_config(m, n, k, num_sms, out_bytes, accumulate) if operands == BLOCK_SCALED else None
+    config = tuned or heuristics.get_fp8_gemm_config(m, n, k, num_sms, out_dtype_bytes=out_bytes,
+                                                     with_accumulation=accumulate, allow_split_k=True,
+                                                     operands=operands)
     override = _config_override()
     if override:
-        config = apply_config_override(config, override, out_bytes, k)
+        config = apply_config_override(config, override, out_bytes, k, operands=operands)
     return config
 
 
@@ -231,27 +266,42 @@ def _split_workspace(device_index: int, num_floats: int, num_tickets: int) -> _S
 _plans = {}
 
 
-def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int = None):
+def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int = None,
+          operands: str = BLOCK_SCALED):
     """(kernel, config, grid, split-K layout: (num_unsplit_tiles, workspace floats, tickets)) of a problem on
     num_sms SMs (default: get_num_sms()); one dict lookup once seen."""
     num_sms = num_sms or get_num_sms()
-    key = (m, n, k, out_dtype, accumulate, num_sms)
+    key = (m, n, k, out_dtype, accumulate, num_sms, operands)
     plan = _plans.get(key)
     if plan is None:
-        config = _choose_config(m, n, k, num_sms, out_dtype.itemsize, accumulate)
-        plan = _plans[key] = _plan_of(config, m, n, k, out_dtype, accumulate, num_sms)
+        config = _choose_config(m, n, k, num_sms, out_dtype.itemsize, accumulate, operands)
+        plan = _plans[key] = _plan_of(config, m, n, k, out_dtype, accumulate, num_sms, operands)
     return plan
 
 
-def _plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int) -> tuple:
-    kernel = get_gemm_kernel(config, n, k, out_dtype, accumulate)
+def _plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int,
+             operands: str = BLOCK_SCALED) -> tuple:
+    kernel = get_gemm_kernel(config, n, k, out_dtype, accumulate, operands=operands)
     grid = (heuristics.grid_size(config, m, n, num_sms), 1, 1)
     split_layout = (heuristics.num_unsplit_tiles(config, m, n, num_sms),
                     *heuristics.split_workspace_sizes(config, m, n, num_sms))
     return kernel, config, grid, split_layout
 
 
-def _check_call(a, sfa, b, sfb, d, c) -> tuple:
+def scale_b_channels(sfb, n: int, k_blocks: int) -> torch.Tensor:
+    """Per-channel sfb [N, ceil(K / 128)] (recipe (1, 1, 128)) as the kernel reads it: as sfa (scale_a)."""
+    return get_mn_major_tma_aligned_tensor(_fp32_scales(sfb, "sfb", n, k_blocks, None, "[N, ceil(K / 128)]"))
+
+
+def kernel_scales(sfa, sfb, m: int, n: int, k: int, operands: str) -> tuple:
+    """(sfa, sfb) in the kernel's layouts (each the input itself when it already is)."""
+    k_blocks = ceil_div(k, SCALE_BLOCK)
+    if operands == CHANNEL_SCALED:
+        return scale_a(sfa, m, k_blocks), scale_b_channels(sfb, n, k_blocks)
+    return scale_a(sfa, m, k_blocks), scale_b(sfb, ceil_div(n, SCALE_BLOCK), k_blocks)
+
+
+def _check_call(a, sfa, b, sfb, d, c, operands: str = BLOCK_SCALED) -> tuple:
     """Full validation of a call; returns (m, n, k, whether sfa and sfb are already in the kernel's
     layouts). Raises a clear error for anything the kernel cannot take."""
     check_dtype(a, "a", (torch.float8_e4m3fn,))
@@ -277,9 +327,7 @@ def _check_call(a, sfa, b, sfb, d, c) -> tuple:
         raise ValueError(f"d must be a contiguous [M, N] = {(m, n)} tensor, got shape {tuple(d.shape)} "
                          f"strides {tuple(d.stride())}")
     check_row_major_rows(d, "d")
-    k_blocks = ceil_div(k, SCALE_BLOCK)
-    kernel_sfa = scale_a(sfa, m, k_blocks)
-    kernel_sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), k_blocks)
+    kernel_sfa, kernel_sfb = kernel_scales(sfa, sfb, m, n, k, operands)
     for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d")) + ((c, "c"),) * accumulate:
         check_cuda_device(tensor, name, like=a)
     return m, n, k, kernel_sfa is sfa and kernel_sfb is sfb
@@ -299,7 +347,9 @@ class _PreparedCall:
     n: int
     k: int
     scales_ready: bool  # sfa and sfb already in the kernel's layouts
+    operands: str = BLOCK_SCALED
     num_sms: int = None  # the SM count the grid was planned for
+    device_index: int = None  # every tensor's device (the signature holds it)
     kernel: object = None  # None when M = 0: nothing to launch
     grid: tuple = None
     split_layout: tuple = (0, 0, 0)  # (num_unsplit_tiles, workspace floats, tickets)
@@ -307,25 +357,31 @@ class _PreparedCall:
     map_b: tuple = None
     map_sfa: tuple = None
     map_d: tuple = None
+    map_sfb: tuple = None  # per-channel B scales only
+    # The kernel's encoded parameters by the call's addresses (a, b, sfa, d, sfb, split-K workspace, tickets).
+    encoded: dict = field(default_factory=dict, compare=False)
 
 
-def _prepare_call(a, sfa, b, sfb, d, c, config=None) -> _PreparedCall:
+def _prepare_call(a, sfa, b, sfb, d, c, config=None, operands: str = BLOCK_SCALED) -> _PreparedCall:
     """The call's _PreparedCall with the chosen config, or with `config` when given."""
-    m, n, k, scales_ready = _check_call(a, sfa, b, sfb, d, c)
+    m, n, k, scales_ready = _check_call(a, sfa, b, sfb, d, c, operands)
     if m == 0:
-        return _PreparedCall(m, n, k, scales_ready)
-    kernel_sfa = sfa if scales_ready else scale_a(sfa, m, ceil_div(k, SCALE_BLOCK))
+        return _PreparedCall(m, n, k, scales_ready, operands)
+    kernel_sfa, kernel_sfb = kernel_scales(sfa, sfb, m, n, k, operands)
     num_sms = get_num_sms()
     if config is None:
-        kernel, config, grid, split_layout = _plan(m, n, k, d.dtype, c is not None, num_sms)
+        kernel, config, grid, split_layout = _plan(m, n, k, d.dtype, c is not None, num_sms, operands)
     else:
-        kernel, config, grid, split_layout = _plan_of(config, m, n, k, d.dtype, c is not None, num_sms)
+        kernel, config, grid, split_layout = _plan_of(config, m, n, k, d.dtype, c is not None, num_sms, operands)
+    map_sfa = tensor_map(kernel_sfa, (config.block_m, 1), transpose=True)[1:]
     return _PreparedCall(
-        m, n, k, scales_ready, num_sms, kernel, grid, split_layout,
+        m, n, k, scales_ready, operands, num_sms, a.get_device(), kernel, grid, split_layout,
         map_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128)[1:],
         map_b=tensor_map(b, (config.block_n, SCALE_BLOCK), 128)[1:],
-        map_sfa=tensor_map(kernel_sfa, (config.block_m, 1), transpose=True)[1:],
+        map_sfa=map_sfa,
         map_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes)[1:],
+        map_sfb=(tensor_map(kernel_sfb, (config.block_n, 1), transpose=True)[1:] if operands == CHANNEL_SCALED
+                 else None),
     )
 
 
@@ -333,14 +389,17 @@ def _prepare_call(a, sfa, b, sfb, d, c, config=None) -> _PreparedCall:
 _prepared_calls = {}
 
 
-def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
-    """D = A @ B^T (+ C) with FP8 inputs, 1x128 activation and 128x128 weight scales, FP32 accumulation.
+def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None) -> torch.Tensor:
+    """D = A @ B^T (+ C) with FP8 inputs, 1x128 activation and 128x128 weight scales (or 1x128 scales on both,
+    recipe (1, 1, 128): the weight gradient's), FP32 accumulation.
 
     Args:
         a: (a [M, K] float8_e4m3fn, sfa) as per_token_cast_to_fp8 returns it.
-        b: (b [N, K] float8_e4m3fn, sfb [ceil(N / 128), ceil(K / 128)] FP32).
+        b: (b [N, K] float8_e4m3fn, sfb [ceil(N / 128), ceil(K / 128)] FP32); with recipe (1, 1, 128),
+            sfb [N, ceil(K / 128)] one scale per row and 128 columns, in the forms sfa takes.
         d: [M, N] output, bf16; fp32 when c is given.
         c: optional fp32 [M, N] added to the product; may be d itself.
+        recipe: None or (1, 128, 128) (block-scaled B), or (1, 1, 128) (per-channel B scales).
 
     Returns:
         d.
@@ -353,63 +412,79 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
         (grown on demand, never during CUDA-graph capture: run a shape once before capturing it) and the
         last CTA of each tile sums them in split order. Split-K launches on one device share that
         workspace, so they must not run concurrently on different streams.
-        Each 128-deep K block is accumulated by the tensor cores, then scaled by sfa * sfb and added
-        in FP32 registers. No host synchronisation or allocation (with MN-major FP32 sfa and FP32
+        Each 128-deep K block is accumulated by the tensor cores, then scaled by sfa * sfb (sfa[row] * sfb[column]
+        with recipe (1, 1, 128)) and added in FP32 registers. No host synchronisation or allocation (with MN-major FP32 sfa and FP32
         sfb), so calls can be captured in CUDA graphs. A call whose tensors have the dtypes, shapes,
         strides and devices of an earlier valid call (and the same SM count) reuses its validation, kernel,
         grid and tensor-map fields: only the addresses are read and checked again.
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
-        return ops.fp8_gemm_nt(a, b, d, c)
+        return ops.fp8_gemm_nt(a, b, d, c, recipe)
     if not (isinstance(a, (tuple, list)) and len(a) == 2 and isinstance(b, (tuple, list)) and len(b) == 2):
         raise TypeError("a and b must be (tensor, scales) pairs")
     (a, sfa), (b, sfb) = a, b
+    operands = operands_of_recipe(recipe)
     try:
-        signature = call_signature(a, sfa, b, sfb, d, c)
+        signature = (call_signature(a, sfa, b, sfb, d, c), operands)
     except AttributeError:  # not tensors: the full check below says which
         signature = None
     call = _prepared_calls.get(signature)
     if call is None or (call.kernel is not None and call.num_sms != get_num_sms()):
-        call = _prepare_call(a, sfa, b, sfb, d, c)
+        call = _prepare_call(a, sfa, b, sfb, d, c, operands=operands)
         if signature is not None:
             _prepared_calls[signature] = call
     return _launch(call, a, sfa, b, sfb, d, c)
 
 
-def forced_config_call(config, a, b, d: torch.Tensor, c: torch.Tensor = None):
-    """A function that runs fp8_gemm_nt(a, b, d, c) with `config` in place of the chosen one (measured tuning and
-    side-by-side timing of configs); validated once, here."""
+def forced_config_call(config, a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None):
+    """A function that runs fp8_gemm_nt(a, b, d, c, recipe) with `config` in place of the chosen one (measured tuning
+    and side-by-side timing of configs); validated once, here."""
     (a, sfa), (b, sfb) = a, b
-    call = _prepare_call(a, sfa, b, sfb, d, c, config)
+    call = _prepare_call(a, sfa, b, sfb, d, c, config, operands_of_recipe(recipe))
     return lambda: _launch(call, a, sfa, b, sfb, d, c)
 
 
 def _launch(call: _PreparedCall, a, sfa, b, sfb, d: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """The per-call part of a validated call: scale conversion where needed, address checks, the launch."""
+    """The per-call part of a validated call: scale conversion where needed, address checks, the launch. The
+    encoded parameters are cached on the call's addresses, so a call with the addresses of an earlier one (whose
+    checks passed) encodes no tensor map."""
     if not call.scales_ready:
-        sfa = scale_a(sfa, call.m, ceil_div(call.k, SCALE_BLOCK))
-        sfb = scale_b(sfb, ceil_div(call.n, SCALE_BLOCK), ceil_div(call.k, SCALE_BLOCK))
+        sfa, sfb = kernel_scales(sfa, sfb, call.m, call.n, call.k, call.operands)
     a_ptr, b_ptr, sfa_ptr, d_ptr = a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d.data_ptr()
-    if (a_ptr | b_ptr | d_ptr | sfa_ptr) % 16:
-        raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
     if call.kernel is None:
+        _check_tma_addresses(a_ptr, b_ptr, sfa_ptr, d_ptr, sfb.data_ptr() if call.operands == CHANNEL_SCALED else 0)
         return d
-    if c is not None and c.data_ptr() != d_ptr:
-        d.copy_(c)
 
-    device_index = a.get_device()
-    workspace_ptr = tickets_ptr = 0
+    device_index = call.device_index
     num_unsplit_tiles, workspace_floats, num_tickets = call.split_layout
     if num_tickets:
         workspace = _split_workspace(device_index, workspace_floats, num_tickets)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    call.kernel.launch(
-        call.grid, device_index, tmap_a=(a_ptr,) + call.map_a, tmap_b=(b_ptr,) + call.map_b,
-        tmap_sfa=(sfa_ptr,) + call.map_sfa, tmap_d=(d_ptr,) + call.map_d, sfb=sfb.data_ptr(), shape_m=call.m,
-        grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr, split_tickets=tickets_ptr,
-        num_unsplit_tiles=num_unsplit_tiles)
+    else:
+        workspace_ptr = tickets_ptr = 0
+    sfb_ptr = sfb.data_ptr()
+    key = (a_ptr, b_ptr, sfa_ptr, d_ptr, sfb_ptr, workspace_ptr, tickets_ptr)
+    encoded = call.encoded.get(key)
+    if encoded is None:
+        channel_scaled = call.operands == CHANNEL_SCALED
+        _check_tma_addresses(a_ptr, b_ptr, sfa_ptr, d_ptr, sfb_ptr if channel_scaled else 0)
+        tmap_sfa = (sfa_ptr,) + call.map_sfa
+        encoded = remember_encoded(call.encoded, key, call.kernel.encode(
+            tmap_a=(a_ptr,) + call.map_a, tmap_b=(b_ptr,) + call.map_b, tmap_sfa=tmap_sfa,
+            tmap_d=(d_ptr,) + call.map_d, sfb=0 if channel_scaled else sfb_ptr, shape_m=call.m, grouped_layout=0,
+            num_groups=0, d=0, split_workspace=workspace_ptr, split_tickets=tickets_ptr,
+            num_unsplit_tiles=num_unsplit_tiles,
+            tmap_sfb=(sfb_ptr,) + call.map_sfb if channel_scaled else tmap_sfa))
+    if c is not None and c.data_ptr() != d_ptr:
+        d.copy_(c)
+    call.kernel.launch_encoded(call.grid, device_index, encoded)
     return d
+
+
+def _check_tma_addresses(a_ptr: int, b_ptr: int, sfa_ptr: int, d_ptr: int, channel_sfb_ptr: int = 0) -> None:
+    if (a_ptr | b_ptr | d_ptr | sfa_ptr | channel_sfb_ptr) % 16:
+        raise ValueError("a, b, d, sfa (and per-channel sfb) must start at 16-byte aligned addresses (TMA)")
 
 
 def _specs(kernels) -> list:
@@ -418,8 +493,8 @@ def _specs(kernels) -> list:
 
 @precompiled
 def precompile_specs() -> list:
-    """Every kernel the heuristics pick over the representative shapes."""
-    return _specs(heuristics.all_candidate_configs())
+    """Every kernel the heuristics pick over the representative shapes (both recipes)."""
+    return _specs(heuristics.all_candidate_configs() + heuristics.wgrad_candidate_kernels())
 
 
 def compile_coverage_specs() -> list:

@@ -237,13 +237,13 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
 
 def _launch_contiguous(plan: tuple, a, sfa, b, sfb, d, m_indices, m: int, num_groups: int) -> torch.Tensor:
     kernel, config, grid = plan
+    tmap_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
     kernel.launch(
         grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
-        tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
-        tmap_sfa=tensor_map(sfa, (config.block_m, 1), transpose=True),
+        tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128), tmap_sfa=tmap_sfa,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m, grouped_layout=m_indices.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
-        split_workspace=0, split_tickets=0, num_unsplit_tiles=0)
+        split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=tmap_sfa)
     return d
 
 
@@ -285,13 +285,13 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
 
 def _launch_masked(plan: tuple, a, sfa, b, sfb, d, masked_m, m_max: int, num_groups: int) -> torch.Tensor:
     kernel, config, grid = plan
+    tmap_sfa = tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m))
     kernel.launch(
         grid, a.get_device(), tmap_a=tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128),
-        tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128),
-        tmap_sfa=tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m)),
+        tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128), tmap_sfa=tmap_sfa,
         tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m_max, grouped_layout=masked_m.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
-        split_workspace=0, split_tickets=0, num_unsplit_tiles=0)
+        split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=tmap_sfa)
     return d
 
 

@@ -17,14 +17,18 @@ from deep_kernels.reference import gemm as reference_gemm
 from deep_kernels.reference import moe as reference_moe
 from deep_kernels.reference import quant as reference_quant
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, random_activations
+from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import make_gemm_inputs
 from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs, make_weights
+from deep_kernels.testing.wgrad import make_k_grouped_inputs, make_wgrad_inputs
 
 # Public functions without an op: they launch nothing of their own (torch ops, or host-side values) and trace as
 # they are.
 NEEDS_NO_OP = {"get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor", "get_num_sms",
                "nvfp4_global_scale", "set_num_sms", "tma_aligned_size"}
-GEMMS = {"fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"}
+GEMMS = {"fp8_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
+         "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "fp8_fp4_gemm_nt",
+         "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked"}
 
 
 # ---- inputs (CPU) ----
@@ -78,9 +82,37 @@ def _contiguous_gemm(form: str) -> tuple:
     return ((a, b, d, m_indices), {}) if form == "m_indices" else ((a, b, d), dict(offsets=offsets))
 
 
+def _wgrad_gemm() -> tuple:
+    """(args, kwargs) of fp8_gemm_nt with the weight-gradient recipe, accumulating in place."""
+    d = torch.rand(5, 64)
+    return (*make_wgrad_inputs(5, 64, 256, device="cpu"), d), dict(c=d, recipe=(1, 1, 128))
+
+
+def _k_grouped_gemm(layout: str) -> tuple:
+    """(args, kwargs) of the k-grouped GEMM of three groups (one empty), with c (nt) or c is d (tn)."""
+    ks = [128, 0, 256]
+    a, b, ks_tensor = make_k_grouped_inputs(ks, 8, 32, device="cpu")
+    d = torch.rand(3, 8, 32)
+    if layout == "nt":
+        return (a, b, d, ks, ks_tensor), dict(c=torch.rand(3, 8, 32))
+    return ((a[0].T, a[1].T), (b[0].T, b[1].T), d, ks, ks_tensor), dict(c=d)
+
+
 def _masked_gemm() -> tuple:
     a, b, masked_m = make_masked_inputs([2, 0, 3], 4, 32, 128, device="cpu")
     return (a, b, torch.empty(3, 4, 32, dtype=torch.bfloat16), masked_m, 2), {}
+
+
+def _fp4_contiguous_gemm() -> tuple:
+    a, _, m_indices, _ = make_contiguous_inputs([3, 0, 5], 32, 128, device="cpu")
+    return (a, mxfp4_weights(32, 128, device="cpu", num_groups=3), torch.empty(m_indices.numel(), 32,
+                                                                               dtype=torch.bfloat16), m_indices), {}
+
+
+def _fp4_masked_gemm() -> tuple:
+    a, _, masked_m = make_masked_inputs([2, 0, 3], 4, 32, 128, device="cpu")
+    return (a, mxfp4_weights(32, 128, device="cpu", num_groups=3), torch.empty(3, 4, 32, dtype=torch.bfloat16),
+            masked_m, 2), {}
 
 
 class Case(NamedTuple):
@@ -168,9 +200,18 @@ CASES = [
     Case("gemm-c", "fp8_gemm_nt", lambda: ((*make_gemm_inputs(5, 64, 256, device="cpu"), torch.empty(5, 64)),
                                            dict(c=torch.rand(5, 64)))),
     Case("gemm-c-is-d", "fp8_gemm_nt", _accumulating_gemm),
+    Case("gemm-wgrad", "fp8_gemm_nt", _wgrad_gemm),
+    Case("k_grouped-nt", "k_grouped_fp8_gemm_nt_contiguous", lambda: _k_grouped_gemm("nt")),
+    Case("k_grouped-tn", "k_grouped_fp8_gemm_tn_contiguous", lambda: _k_grouped_gemm("tn")),
     Case("grouped_contiguous", "m_grouped_fp8_gemm_nt_contiguous", lambda: _contiguous_gemm("m_indices")),
     Case("grouped_contiguous-offsets", "m_grouped_fp8_gemm_nt_contiguous", lambda: _contiguous_gemm("offsets")),
     Case("grouped_masked", "m_grouped_fp8_gemm_nt_masked", _masked_gemm),
+    Case("fp4_gemm", "fp8_fp4_gemm_nt", lambda: ((*make_fp4_gemm_inputs(5, 64, 256, device="cpu"),
+                                                 torch.empty(5, 64, dtype=torch.bfloat16)), {})),
+    Case("fp4_gemm-c", "fp8_fp4_gemm_nt", lambda: ((*make_fp4_gemm_inputs(5, 64, 256, device="cpu"),
+                                                   torch.empty(5, 64)), dict(c=torch.rand(5, 64)))),
+    Case("fp4_grouped_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous", _fp4_contiguous_gemm),
+    Case("fp4_grouped_masked", "m_grouped_fp8_fp4_gemm_nt_masked", _fp4_masked_gemm),
 ]
 
 
@@ -356,7 +397,7 @@ def test_accumulating_in_place_passes_no_alias_of_d():
     recorder = GraphRecorder()
     assert _compiled(lambda a, b, d: deep_kernels.fp8_gemm_nt(a, b, d, d), recorder)(a, b, d) is d
     (call,) = [node for node in recorder.graphs[0].graph.nodes if "fp8_gemm_nt" in str(node.target)]
-    assert call.args[5:] == (None, True)
+    assert call.args[5:7] == (None, True)
 
 
 def test_cast_then_gemm_exports():

@@ -54,6 +54,8 @@ DK_DEVICE void store_tile(const float (&final_acc)[kNumMWaves][Traits::BLOCK_N /
     constexpr uint32_t SHAPE_N = Traits::SHAPE_N, BLOCK_M = Traits::BLOCK_M, BLOCK_N = Traits::BLOCK_N;
     constexpr GemmType kGemmType = Traits::kGemmType;
     constexpr bool kWithAccumulation = Traits::kWithAccumulation;
+    // D [G, M, N] through a 3D map, the group outermost (masked; KGrouped).
+    constexpr bool kGroupedD = kGemmType == GemmType::MGroupedMasked || kGemmType == GemmType::KGrouped;
     using Store = typename Traits::Store;
     const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
     stage_tile<Store, BLOCK_N, kNumMWaves>(final_acc, smem_d_wg, wg_idx);
@@ -71,11 +73,11 @@ DK_DEVICE void store_tile(const float (&final_acc)[kNumMWaves][Traits::BLOCK_N /
                     break;
                 const uint8_t* src = smem_d_wg + wave * Store::kBytes + c * Store::kChunkBytes;
                 const int32_t n = static_cast<int32_t>(col);
-                if constexpr (kWithAccumulation && kGemmType == GemmType::MGroupedMasked)
+                if constexpr (kWithAccumulation && kGroupedD)
                     ptx::tma_reduce_add(tmap_d, src, n, row, group);
                 else if constexpr (kWithAccumulation)
                     ptx::tma_reduce_add(tmap_d, src, n, row);
-                else if constexpr (kGemmType == GemmType::MGroupedMasked)
+                else if constexpr (kGroupedD)
                     ptx::tma_store(tmap_d, src, n, row, group);
                 else
                     ptx::tma_store(tmap_d, src, n, row);
@@ -192,7 +194,7 @@ struct Sm90Fp8Epilogue {
     // Grouped kinds: the row keys (Scheduler::row_key) of the lane's two vote rows; loaded before the K loop,
     // compared at the store, so that the loads' latency hides behind the tile.
     DK_DEVICE RowKeys row_keys_of(const TileInfo& tile) const {
-        if constexpr (Traits::kGemmType == GemmType::Normal)
+        if constexpr (Traits::kGemmType == GemmType::Normal || Traits::kGemmType == GemmType::KGrouped)
             return {};
         const uint32_t row = vote_row(tile);
         return {scheduler.row_key(row, tile.group_idx), scheduler.row_key(row + 1, tile.group_idx)};
@@ -214,11 +216,11 @@ struct Sm90Fp8Epilogue {
                 return;
             }
         }
-        // Normal tiles rely on the TMA store's clipping at M; grouped ones store a warpgroup's rows with any
-        // rejected row through the row-predicated path. Every warp votes over all 64 rows, so the warps agree.
+        // Normal and KGrouped tiles rely on the TMA store's clipping at M; M-grouped ones store a warpgroup's rows
+        // with any rejected row through the row-predicated path. Every warp votes over all 64 rows, so the warps agree.
         // NOTE: a warp vote rather than a warpgroup barrier's reduction: with the latter the contiguous kind ran
         // 7-11% behind the dense GEMM at the same tiles, with the vote 1-4% (H200, timed in turns).
-        if constexpr (Traits::kGemmType != GemmType::Normal) {
+        if constexpr (Traits::kGemmType != GemmType::Normal && Traits::kGemmType != GemmType::KGrouped) {
             const uint32_t row = vote_row(tile);
             const bool rows_valid = scheduler.is_valid_row(row_keys.even, row, tile.group_idx) &&
                                     scheduler.is_valid_row(row_keys.odd, row + 1, tile.group_idx);

@@ -25,6 +25,10 @@ constexpr uint32_t kWarpgroupBlockM = 64;
 constexpr uint32_t kScaleBlock = 128;
 constexpr uint32_t kWgmmaK = 32;
 constexpr uint32_t kMaxSmemBytes = 232448;
+// The e2m1 -> e4m3 expansion's tables: 8 bytes (one per e2m1 magnitude) for each exponent shift 0..31.
+constexpr uint32_t kFp4ExpandTableBytes = 32 * 8;
+// Widest 128-row FP4 tile with split-K (the math warpgroups' 224 registers).
+constexpr uint32_t kMaxFp4SplitBlockN = 96;
 // Widest pipelined tile by math warpgroup count: three sets of BLOCK_N / 2 accumulators (two partial, one
 // final) plus addressing fit the 240 (one warpgroup) or 232 (two) registers without spilling.
 constexpr uint32_t kMaxPipelinedBlockN[2] = {128, 128};
@@ -50,16 +54,61 @@ DK_DEVICE uint32_t split_k_block_begin(uint32_t split_idx, uint32_t num_splits) 
     return split_idx * kNumKBlocks / num_splits;
 }
 
-// Per-stage shared-memory tiles: A (BLOCK_M x BLOCK_K e4m3), B (BLOCK_N x BLOCK_K e4m3), sfa (BLOCK_M FP32).
-template <uint32_t kStageABytes, uint32_t kStageBBytes, uint32_t kStageSfaFloats>
+// Per-stage shared-memory tiles: A (BLOCK_M x BLOCK_K e4m3), B (BLOCK_N x BLOCK_K e4m3), sfa (BLOCK_M FP32) and,
+// with per-channel B scales (Fp8ChannelScaled), sfb (BLOCK_N FP32).
+template <uint32_t kStageABytes, uint32_t kStageBBytes, uint32_t kStageSfaFloats, uint32_t kStageSfbFloats = 0>
 struct StageBuffers {
     uint8_t* a;
     uint8_t* b;
     float* sfa;
+    float* sfb;
 
     DK_DEVICE uint8_t* a_stage(uint32_t stage) const { return a + stage * kStageABytes; }
     DK_DEVICE uint8_t* b_stage(uint32_t stage) const { return b + stage * kStageBBytes; }
     DK_DEVICE float* sfa_stage(uint32_t stage) const { return sfa + stage * kStageSfaFloats; }
+    DK_DEVICE float* sfb_stage(uint32_t stage) const { return sfb + stage * kStageSfbFloats; }
+};
+
+// The K blocks of a tile's job: the group's for KGrouped, else split split_idx of the tile's num_splits.
+template <typename Traits>
+DK_DEVICE uint32_t tile_k_block_begin(const TileInfo& tile) {
+    if constexpr (Traits::kGemmType == GemmType::KGrouped)
+        return tile.k_block_begin;
+    else
+        return split_k_block_begin<Traits::kNumKBlocks>(tile.split_idx, tile.num_splits);
+}
+
+template <typename Traits>
+DK_DEVICE uint32_t tile_k_block_end(const TileInfo& tile) {
+    if constexpr (Traits::kGemmType == GemmType::KGrouped)
+        return tile.k_block_begin + tile.num_k_blocks;
+    else
+        return split_k_block_begin<Traits::kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
+}
+
+// A if kFirst, else B (std::conditional_t, which NVRTC's trimmed <type_traits> lacks).
+template <bool kFirst, typename A, typename B>
+struct SelectType {
+    using type = A;
+};
+template <typename A, typename B>
+struct SelectType<false, A, B> {
+    using type = B;
+};
+
+// FP4 weights: the stage tiles (sfb: the per-column promotion scales the expanders write, BLOCK_N FP32) plus, per
+// stage, the e2m1 codes (BLOCK_N x 64 bytes, rows of 128 K), the barrier the codes' loads complete on and the B
+// rows' scale words; and the expansion tables (kFp4ExpandTableBytes).
+template <uint32_t kStageABytes, uint32_t kStageBBytes, uint32_t kStageSfaFloats, uint32_t kStageCodesBytes,
+          uint32_t BLOCK_N>
+struct Fp4StageBuffers : StageBuffers<kStageABytes, kStageBBytes, kStageSfaFloats, BLOCK_N> {
+    uint8_t* codes;
+    uint64_t* loaded_barriers;
+    uint2* expand_tables;
+    uint32_t* scale_words;
+
+    DK_DEVICE uint8_t* codes_stage(uint32_t stage) const { return codes + stage * kStageCodesBytes; }
+    DK_DEVICE uint32_t* scale_words_stage(uint32_t stage) const { return scale_words + stage * BLOCK_N; }
 };
 
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t BLOCK_K_,
@@ -82,13 +131,22 @@ struct Sm90Fp8GemmTraits {
     static constexpr GemmOperands kOperands = kOperands_;
     static constexpr MathSchedule kMathSchedule = kMathSchedule_;
 
-    // Derived sizes
+    // Kind
+    static constexpr bool kIsChannelScaled = kOperands == GemmOperands::Fp8ChannelScaled;
+    static constexpr bool kIsKGrouped = kGemmType == GemmType::KGrouped;
+    static constexpr bool kIsFp4B = kOperands == GemmOperands::Fp8Mxfp4;
+    // The promotion scales each column by its own factor from the stage's sfb (loaded, or the FP4 expanders').
+    static constexpr bool kHasColumnScales = kIsChannelScaled || kIsFp4B;
+
+    // Derived sizes (KGrouped: K is the groups' on the device, SHAPE_K is 0)
     static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
     static constexpr uint32_t kNumSfbRows = ceil_div(SHAPE_N, kScaleBlock);
     static constexpr uint32_t kNumMathWarpgroups = math_warpgroups_of(BLOCK_M);
     static constexpr uint32_t kNumMWaves = m_waves_of(BLOCK_M);
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
-    static constexpr uint32_t kNumTMAThreads = kNumThreadsPerWarpgroup;
+    // FP4 weights with one math warpgroup: a second producer-side warpgroup of expanders (gemm/sm90_fp4_expand.cuh).
+    static constexpr uint32_t kNumTMAThreads =
+        (kOperands_ == GemmOperands::Fp8Mxfp4 && kNumMathWarpgroups == 1 ? 2 : 1) * kNumThreadsPerWarpgroup;
     // Tiles start at multiples of kTileOffsetStep inside a 128-wide sfb block.
     static constexpr uint32_t kTileOffsetStep = gcd_with_scale_block(BLOCK_N);
     static constexpr uint32_t kNumTileOffsets = kScaleBlock / kTileOffsetStep;
@@ -98,38 +156,97 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kNumMathRegisters = kNumMathWarpgroups == 1 ? 240 : 232;
 
     // Shared-memory carve-up (deep_kernels/heuristics/fp8_gemm.py: smem_bytes mirrors it): D staging (one
-    // 64-row buffer per warpgroup and wave), then per stage A, B, sfa, then the full and empty barriers.
+    // 64-row buffer per warpgroup and wave), then per stage A, B, sfa (and sfb, per-channel B scales), then the
+    // full and empty barriers.
     using Store = AccumulatorStore<OutputType, BLOCK_N>;
     static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kNumMWaves * Store::kBytes, 1024);
     static constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K;
     static constexpr uint32_t kStageBBytes = BLOCK_N * BLOCK_K;
     static constexpr uint32_t kStageSfaBytes = BLOCK_M * sizeof(float);
+    static constexpr uint32_t kStageSfbBytes = kHasColumnScales ? BLOCK_N * sizeof(float) : 0;
     static constexpr uint32_t kOffsetA = kSmemDBytes;
     static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr uint32_t kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
-    static constexpr uint32_t kOffsetBarriers = kOffsetSfa + kNumStages * kStageSfaBytes;
-    static constexpr uint32_t kSmemBytes = kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
+    static constexpr uint32_t kOffsetSfb = kOffsetSfa + kNumStages * kStageSfaBytes;
+    static constexpr uint32_t kOffsetBarriers = kOffsetSfb + kNumStages * kStageSfbBytes;
     // NOTE: TMA counts a box's zero-filled bytes past K too, so every stage delivers the full box.
-    static constexpr uint32_t kStageTxBytes = (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float);
+    static constexpr uint32_t kStageTxBytes =
+        (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float) + kStageSfbBytes;
 
-    using Stages = StageBuffers<kStageABytes, kStageBBytes, BLOCK_M>;
+    // FP4 weights (Fp8Mxfp4): the stage's sfb holds the per-column promotion scales the expanders write; after the
+    // barriers, per stage the TMA-loaded e2m1 codes (BLOCK_N x 64 bytes, expanded into the stage's e4m3 B tile by
+    // the expander warps), a second barrier per stage (codes and scale words loaded), the e2m1 -> e4m3 tables and
+    // per stage the scale words.
+    static constexpr uint32_t kStageCodesBytes = kIsFp4B ? BLOCK_N * BLOCK_K / 2 : 0;
+    static constexpr uint32_t kOffsetCodes = align_up<uint32_t>(kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t), 1024);
+    static constexpr uint32_t kOffsetLoadedBarriers = kOffsetCodes + kNumStages * kStageCodesBytes;
+    static constexpr uint32_t kOffsetExpandTables = kOffsetLoadedBarriers + kNumStages * sizeof(uint64_t);
+    // Per stage, each B row's four UE8M0 scales of the K block (one word), copied by the producer warp.
+    static constexpr uint32_t kOffsetScaleWords = kOffsetExpandTables + kFp4ExpandTableBytes;
+    static constexpr uint32_t kFp4SmemBytes = kOffsetScaleWords + (kIsFp4B ? kNumStages * BLOCK_N * sizeof(uint32_t) : 0);
+    static constexpr uint32_t kSmemBytes =
+        kIsFp4B ? kFp4SmemBytes : kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
+    // The producer warpgroup's warps but the TMA thread's, and the second warpgroup's with one math warpgroup.
+    static constexpr uint32_t kNumExpandThreads = kIsFp4B ? kNumTMAThreads - 32 : 0;
+    // NOTE: setmaxnreg moves registers within what the launch allocated (168 per thread of the 384). One math
+    // warpgroup: 240 x 128 + 128 x 256 = 63,488; two: the expanders' 56 take 8 from each math thread (56 x 128 +
+    // 224 x 256 = 64,512).
+    static constexpr uint32_t kNumProducerRegisters = kIsFp4B ? (kNumMathWarpgroups == 1 ? 128 : 56) : kNumTMARegisters;
+    static constexpr uint32_t kNumConsumerRegisters = kIsFp4B && kNumMathWarpgroups == 2 ? 224 : kNumMathRegisters;
+
+    using Stages = typename SelectType<kIsFp4B, Fp4StageBuffers<kStageABytes, kStageBBytes, BLOCK_M, kStageCodesBytes, BLOCK_N>,
+                                       StageBuffers<kStageABytes, kStageBBytes, BLOCK_M, kStageSfbBytes / sizeof(float)>>::type;
+
+    // The stage buffers inside the dynamic shared memory `smem`.
+    DK_DEVICE static Stages stages_of(uint8_t* smem) {
+        if constexpr (kIsFp4B)
+            return {{smem + kOffsetA, smem + kOffsetB, reinterpret_cast<float*>(smem + kOffsetSfa),
+                     reinterpret_cast<float*>(smem + kOffsetSfb)},
+                    smem + kOffsetCodes, reinterpret_cast<uint64_t*>(smem + kOffsetLoadedBarriers),
+                    reinterpret_cast<uint2*>(smem + kOffsetExpandTables),
+                    reinterpret_cast<uint32_t*>(smem + kOffsetScaleWords)};
+        else
+            return {smem + kOffsetA, smem + kOffsetB, reinterpret_cast<float*>(smem + kOffsetSfa),
+                    reinterpret_cast<float*>(smem + kOffsetSfb)};
+    }
     using TileScheduler = Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits>;
 
     // Static checks
-    DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled, "operands: e4m3 with 1x128 and 128x128 scales");
+    DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled || kOperands == GemmOperands::Fp8ChannelScaled ||
+                         kOperands == GemmOperands::Fp8Mxfp4,
+                     "operands: e4m3 with 1x128 scales on A and 128x128 (block) or 1x128 (channel) scales on B, or "
+                     "MXFP4 B");
+    DK_STATIC_ASSERT(!kIsFp4B || kGemmType != GemmType::KGrouped, "FP4 weights: the Normal and M-grouped kinds");
+    DK_STATIC_ASSERT(!kIsFp4B || (SHAPE_K % kScaleBlock == 0 && kNumTMAMulticast == 1),
+                     "FP4 weights: K a multiple of 128, no multicast");
+    // NOTE: with two math warpgroups at 224 registers, the split-K reduction beside two accumulator sets wider
+    // than 96 columns spills.
+    DK_STATIC_ASSERT(!kIsFp4B || kNumMathWarpgroups == 1 || kNumSplits == 1 || BLOCK_N <= kMaxFp4SplitBlockN,
+                     "FP4 weights, 128-row tiles: split-K up to 96 columns");
     DK_STATIC_ASSERT(BLOCK_K == kScaleBlock, "one K block per 128-wide scale block");
-    DK_STATIC_ASSERT(SHAPE_K % 16 == 0 && SHAPE_K > 0, "K is a positive multiple of 16 (the last K block zero-filled)");
+    DK_STATIC_ASSERT(kIsKGrouped || (SHAPE_K % 16 == 0 && SHAPE_K > 0),
+                     "K is a positive multiple of 16 (the last K block zero-filled)");
+    DK_STATIC_ASSERT(!kIsChannelScaled || kGemmType == GemmType::Normal || kIsKGrouped,
+                     "per-channel B scales: the Normal and KGrouped kinds");
+    DK_STATIC_ASSERT(!kIsKGrouped || (SHAPE_K == 0 && kIsChannelScaled && std::is_same_v<OutputType, float> &&
+                                      kNumSplits == 1 && !kOverlapEpilogue),
+                     "KGrouped: K on the device (SHAPE_K 0), per-channel scales, FP32 D, no split-K or epilogue "
+                     "overlap");
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,
                      "BLOCK_M 64 (one math warpgroup), 128 or 256 (two, each owning half the rows)");
-    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN && kGemmType == GemmType::Normal &&
-                                         kNumSplits == 1 && !kPipelined),
-                     "256-row tiles: Normal kind, BLOCK_N <= 128, no split-K or pipelining");
+    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN &&
+                                         (kGemmType == GemmType::Normal || kGemmType == GemmType::KGrouped) &&
+                                         kNumSplits == 1 && !kPipelined &&
+                                         (!kOverlapEpilogue || (kGemmType == GemmType::Normal && !kHasColumnScales))),
+                     "256-row tiles: Normal or KGrouped kind, BLOCK_N <= 128, no split-K or pipelining; the epilogue "
+                     "overlap only for the Normal kind with block scales");
     DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= 192, "BLOCK_N in 16..192, a multiple of 16");
     DK_STATIC_ASSERT(BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N), "a tile covers at most two sfb blocks");
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
     DK_STATIC_ASSERT((!kWithAccumulation || std::is_same_v<OutputType, float>), "accumulation into FP32 D");
-    DK_STATIC_ASSERT(kNumSplits >= 1 && kNumSplits <= kNumKBlocks, "every split has at least one K block");
+    DK_STATIC_ASSERT(kNumSplits >= 1 && (kIsKGrouped || kNumSplits <= kNumKBlocks),
+                     "every split has at least one K block");
     DK_STATIC_ASSERT(!kPipelined || BLOCK_N <= kMaxPipelinedBlockN[kNumMathWarpgroups - 1],
                      "three accumulator sets fit the math warpgroups' registers");
     // NOTE: ptxas serializes every wgmma of a kernel whose group in flight meets a divergent path, as the
@@ -141,8 +258,11 @@ struct Sm90Fp8GemmTraits {
                                            (kGemmType == GemmType::Normal || BLOCK_N % 64 == 0)),
                      "the epilogue overlap is for 128- and 256-row tiles without split-K (grouped: BLOCK_N a multiple "
                      "of 64)");
-    DK_STATIC_ASSERT(kMathSchedule == MathSchedule::Lockstep || (kNumMathWarpgroups == 2 && !kPipelined),
-                     "ping-pong issue: two math warpgroups with the plain K loop (one group in flight each)");
+    DK_STATIC_ASSERT(kMathSchedule == MathSchedule::Lockstep ||
+                         (kNumMathWarpgroups == 2 && !kPipelined && kOperands == GemmOperands::Fp8BlockScaled &&
+                          kGemmType != GemmType::KGrouped),
+                     "ping-pong: two math warpgroups with the plain K loop (one group in flight each), block-scaled "
+                     "FP8 operands, not k-grouped");
     DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
     DK_STATIC_ASSERT(kSmemBytes <= kMaxSmemBytes, "stages fit in shared memory");
 };

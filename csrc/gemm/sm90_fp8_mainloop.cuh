@@ -1,7 +1,9 @@
 // The SM90 FP8 GEMM's mainloop, one per math warpgroup: it owns the consumer's pipeline state and the
 // accumulators. Per K block it waits for the stage, issues the warpgroup's wgmma groups (one per 64-row wave)
 // into the partial accumulators and, once they are done, frees the stage and promotes them into the FP32
-// final accumulators with sfa[row] * sfb (the recipe's promotion every 128-deep K block).
+// final accumulators with sfa[row] * sfb (the recipe's promotion every 128-deep K block; with per-channel B scales,
+// Fp8ChannelScaled, and with FP4 weights, whose expanders write it, sfb[column] comes from the stage and the stage
+// is freed after the promotion).
 // The pipelined K loop (kPipelined) keeps a second partial set, so that K block i + 1's wgmma group runs on the
 // tensor cores while block i is promoted. With the ping-pong schedule (gemm/sm90_math_schedule.cuh) the two
 // warpgroups take turns running their groups, so that one's group runs while the other promotes.
@@ -40,6 +42,22 @@ DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[B
         final_acc[j * 4 + 1] += lo * partial[j * 4 + 1];
         final_acc[j * 4 + 2] += hi * partial[j * 4 + 2];
         final_acc[j * 4 + 3] += hi * partial[j * 4 + 3];
+    }
+}
+
+// final += partial * sfa[row] * sfb[column] (per-channel B scales): the thread's columns 8j + 2 (lane % 4) + {0, 1}
+// of each 8-column group j, their scales read from the stage's sfb as one float2 per group.
+template <uint32_t BLOCK_N>
+DK_DEVICE void promote_per_column(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2], float sfa_lo,
+                                  float sfa_hi, const float* smem_sfb, uint32_t lane_idx) {
+    const float* thread_sfb = smem_sfb + lane_idx % 4 * 2;
+#pragma unroll
+    for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
+        const float2 sfb = *reinterpret_cast<const float2*>(thread_sfb + j * 8);
+        final_acc[j * 4 + 0] += sfa_lo * sfb.x * partial[j * 4 + 0];
+        final_acc[j * 4 + 1] += sfa_lo * sfb.y * partial[j * 4 + 1];
+        final_acc[j * 4 + 2] += sfa_hi * sfb.x * partial[j * 4 + 2];
+        final_acc[j * 4 + 3] += sfa_hi * sfb.y * partial[j * 4 + 3];
     }
 }
 
@@ -94,6 +112,8 @@ struct Sm90Fp8Mainloop {
     // The tile's first sfb block and the next one (the first again past the last block: a straddling tile past
     // the last sfb block only has columns past N, which are never stored).
     DK_DEVICE SfbBlocks sfb_blocks(const TileInfo& tile) const {
+        if constexpr (Traits::kHasColumnScales)
+            return {};
         const uint32_t n_first = tile.n_block_idx * BLOCK_N;
         const uint32_t sfb_row = (Traits::kGemmType == GemmType::Normal ? 0 : tile.group_idx * Traits::kNumSfbRows) +
                                  n_first / kScaleBlock;
@@ -102,18 +122,26 @@ struct Sm90Fp8Mainloop {
     }
 
     // Waits for the K block's stage, issues its wgmma group for the warpgroup's 64-row wave `wave` into `acc` and
-    // returns its promotion scales (the second sfb block's only where the tile straddles two).
+    // returns its promotion scales (the second sfb block's only where the tile straddles two; per-channel B
+    // scales: sfa alone, as lo and hi, sfb is read at the promotion).
     template <typename Straddles>
     DK_DEVICE PromotionScales issue_k_block(Straddles, const SfbBlocks& sfb_rows, float (&acc)[BLOCK_N / 2],
                                             uint32_t k_block, const State& k_state, uint32_t wave = 0) {
-        // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
-        const float sfb_0 = __ldg(sfb_rows.first + k_block);
-        const float sfb_1 = Straddles::value ? __ldg(sfb_rows.second + k_block) : sfb_0;
-        ring.consumer_wait(k_state);
-        const float* smem_sfa = stages.sfa_stage(k_state.stage) + wave * kWarpgroupBlockM;
-        const float sfa_lo = smem_sfa[row_lo()];
-        const float sfa_hi = smem_sfa[row_lo() + 8];
-        const PromotionScales scales{sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
+        PromotionScales scales;
+        if constexpr (Traits::kHasColumnScales) {
+            ring.consumer_wait(k_state);
+            const float* smem_sfa = stages.sfa_stage(k_state.stage) + wave * kWarpgroupBlockM;
+            scales = {smem_sfa[row_lo()], smem_sfa[row_lo() + 8], 0.0f, 0.0f};
+        } else {
+            // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
+            const float sfb_0 = __ldg(sfb_rows.first + k_block);
+            const float sfb_1 = Straddles::value ? __ldg(sfb_rows.second + k_block) : sfb_0;
+            ring.consumer_wait(k_state);
+            const float* smem_sfa = stages.sfa_stage(k_state.stage) + wave * kWarpgroupBlockM;
+            const float sfa_lo = smem_sfa[row_lo()];
+            const float sfa_hi = smem_sfa[row_lo() + 8];
+            scales = {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
+        }
 
         const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(
             stages.a_stage(k_state.stage) + (wg_idx() * kNumMWaves + wave) * kWarpgroupBlockM * Traits::BLOCK_K);
@@ -140,26 +168,38 @@ struct Sm90Fp8Mainloop {
         ptx::fence_operands(acc);
         if constexpr (kPingPong)
             MathTurns(wg_idx()).pass();
-        if (wave == kNumMWaves - 1)
-            ring.consumer_release(k_state, lane_idx());
-        promote<BLOCK_N, kSecondGroup>(acc, final_acc[wave], scales);
+        if constexpr (Traits::kHasColumnScales) {
+            // The promotion reads the stage's sfb, so the stage is freed after it.
+            promote_per_column<BLOCK_N>(acc, final_acc[wave], scales.lo, scales.hi, stages.sfb_stage(k_state.stage),
+                                        lane_idx());
+            if (wave == kNumMWaves - 1)
+                ring.consumer_release(k_state, lane_idx());
+        } else {
+            if (wave == kNumMWaves - 1)
+                ring.consumer_release(k_state, lane_idx());
+            promote<BLOCK_N, kSecondGroup>(acc, final_acc[wave], scales);
+        }
     }
 
     // The first K block of the next tile, issued ahead into `partial` (the epilogue overlap).
     DK_DEVICE IssuedKBlock<Traits::kNumStages> issue_ahead(const TileInfo& next) {
         IssuedKBlock<Traits::kNumStages> first;
         first.state = state;
-        first.scales = issue_k_block(std::true_type{}, sfb_blocks(next), partial,
-                                     split_k_block_begin<kNumKBlocks>(next.split_idx, next.num_splits), state);
+        first.scales = issue_k_block(std::true_type{}, sfb_blocks(next), partial, tile_k_block_begin<Traits>(next), state);
         state.advance();
         return first;
     }
 
     // The tile's K loop into final_acc; `first` is its first K block if that was issued ahead (into `partial`),
     // else std::false_type.
-    // NOTE: one K loop per possible straddle point keeps the per-column scale choice out of the loop.
+    // NOTE: one K loop per possible straddle point keeps the per-column scale choice out of the loop (per-channel B
+    // scales have no straddle point: one K loop).
     template <typename First>
     DK_DEVICE void accumulate(const TileInfo& tile, First first) {
+        if constexpr (Traits::kHasColumnScales) {
+            accumulate_tile(tile, std::integral_constant<uint32_t, 0>{}, first);
+            return;
+        }
         const uint32_t tile_offset_idx = tile.n_block_idx * BLOCK_N % kScaleBlock / Traits::kTileOffsetStep;
         dispatch_index(
             tile_offset_idx, [&](auto offset_idx) { accumulate_tile(tile, offset_idx, first); },
@@ -168,8 +208,9 @@ struct Sm90Fp8Mainloop {
 
     // Lockstep partner of a valid tile (never with split-K): consume the stages so the cluster's barriers stay in
     // step.
-    DK_DEVICE void skip_tile() {
-        for (uint32_t k_block = 0; k_block < kNumKBlocks; ++k_block) {
+    DK_DEVICE void skip_tile(const TileInfo& tile) {
+        const uint32_t num_k_blocks = Traits::kIsKGrouped ? tile.num_k_blocks : kNumKBlocks;
+        for (uint32_t k_block = 0; k_block < num_k_blocks; ++k_block) {
             ring.consumer_wait(state);
             ring.consumer_release(state, lane_idx());
             state.advance();
@@ -201,8 +242,13 @@ private:
             for (uint32_t i = 0; i < BLOCK_N / 2; ++i)
                 final_acc[wave][i] = 0.0f;
         }
-        const uint32_t k_block_begin = split_k_block_begin<kNumKBlocks>(tile.split_idx, tile.num_splits);
-        const uint32_t k_block_end = split_k_block_begin<kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
+        const uint32_t k_block_begin = tile_k_block_begin<Traits>(tile);
+        const uint32_t k_block_end = tile_k_block_end<Traits>(tile);
+        // KGrouped: an empty group's tile has no K block (its D is zeros, or C).
+        if constexpr (Traits::kIsKGrouped) {
+            if (k_block_begin == k_block_end)
+                return;
+        }
         if constexpr (!Traits::kPipelined) {
             uint32_t k_block = k_block_begin;
             if constexpr (kIssuedAhead) {

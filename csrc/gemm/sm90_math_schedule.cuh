@@ -25,9 +25,10 @@ enum class MathSchedule : uint32_t {
 
 namespace sm90_fp8_gemm_detail {
 
-// The issue turns of math warpgroups 0 and 1 (barrier 0 is __syncthreads; the epilogue takes 1 and 2).
+// The issue turns of math warpgroups 0 and 1 (barrier 0 is __syncthreads; the epilogue takes 1 and 2, the FP4
+// expanders 15).
 class MathTurns {
-    static constexpr uint32_t kFirstBarrier = 14;
+    static constexpr uint32_t kFirstBarrier = 12;
     // Each turn barrier completes with the waiting warpgroup's bar.sync and the other's bar.arrive.
     static constexpr uint32_t kNumThreads = 2 * 128;
     const uint32_t own_barrier, other_barrier;

@@ -1,6 +1,8 @@
 // D = A * B^T (or D += A * B^T) on Hopper (sm_90a) with FP8 e4m3 inputs and DeepSeek-V3 scaling:
-// A [M, K] and B [N, K] K-major, 1 x 128 scales sfa for A, 128 x 128 block scales sfb for B; D [M, N]
-// row-major bf16 or FP32. Persistent and warp-specialised over one set of traits (gemm/sm90_fp8_gemm_traits.cuh):
+// A [M, K] and B [N, K] K-major, 1 x 128 scales sfa for A, 128 x 128 block scales sfb for B (kOperands
+// Fp8BlockScaled) or 1 x 128 scales sfb per row of B (Fp8ChannelScaled, the weight-gradient recipe: the promotion
+// scales each column by its own sfb); D [M, N] row-major bf16 or FP32. The KGrouped kind (Fp8ChannelScaled, FP32 D)
+// computes D[g] = A_g B_g^T for the groups' K segments of A [M, sum k] and B [N, sum k] (scheduler.cuh). Persistent and warp-specialised over one set of traits (gemm/sm90_fp8_gemm_traits.cuh):
 // the last warpgroup's first thread is the TMA producer (gemm/sm90_fp8_producer.cuh, setmaxnreg 40); math
 // warpgroups 0 .. kNumMathThreads / 128 - 1 run the mainloop (gemm/sm90_fp8_mainloop.cuh: wgmma and the FP32
 // promotion every 128-deep K block) and the epilogue (epilogue/sm90_fp8_gemm_epilogue.cuh) per tile
@@ -38,7 +40,17 @@
 //             M_max * N * sizeof(D)}, box {S / sizeof(D), 64, 1}. Swizzle S bytes =
 //             AccumulatorStore<D, BLOCK_N>::kSwizzleBytes (128 if BLOCK_N * sizeof(D) % 128 == 0, else 64 if
 //             % 64 == 0, else 32; heuristics: Fp8GemmConfig.swizzle_d_bytes).
-//   sfb       FP32 [G, ceil(N / 128), ceil(K / 128)] row-major, read directly.
+//   sfb       Fp8BlockScaled: FP32 [G, ceil(N / 128), ceil(K / 128)] row-major, read directly (nullptr otherwise).
+//   tmap_sfb  Fp8ChannelScaled: FLOAT32 as tmap_sfa of Normal with N for M (dims {align_up(N, 4), ceil(K / 128)},
+//             box {BLOCK_N, 1}); loaded per stage next to sfa. Any valid map otherwise (unused).
+//   KGrouped  tmap_a {sum k, M}, tmap_b {sum k, N}, tmap_sfa / tmap_sfb over sum k / 128 K blocks, tmap_d as
+//             masked with G groups of M rows; grouped_layout = int32 k_g per group (multiples of 128) and
+//             num_groups = G; SHAPE_K = 0 (K comes from the device); an empty group's tiles store zeros (add
+//             nothing when accumulating).
+//   Fp8Mxfp4 operands (gemm/sm90_fp4_expand.cuh; K a multiple of 128, no multicast): tmap_b maps B's e2m1 codes
+//             as UINT8 dims {K / 2, G * N}, strides {K / 2}, box {64, BLOCK_N}, SWIZZLE_NONE; sfb points at the
+//             UE8M0 scale bytes [G * N, K / 32] row-major (4-byte aligned), read by the producer warpgroup's
+//             expander warps, which build each stage's e4m3 B tile and its per-column promotion scales.
 //   grouped_layout / num_groups: nullptr / 0 (Normal), int32 group per A row (contiguous; -1 = padding),
 //             int32 valid rows per group (masked).
 //   split_workspace / split_tickets (kNumSplits > 1; else unused, may be nullptr): FP32 workspace of
@@ -66,6 +78,7 @@
 
 #include "common/macros.cuh"
 #include "epilogue/sm90_fp8_gemm_epilogue.cuh"
+#include "gemm/sm90_fp4_expand.cuh"
 #include "gemm/sm90_fp8_gemm_traits.cuh"
 #include "gemm/sm90_fp8_mainloop.cuh"
 #include "gemm/sm90_fp8_producer.cuh"
@@ -96,7 +109,7 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
     if constexpr (!Traits::kOverlapEpilogue) {
         while (scheduler.get_next_tile(tile)) {
             if (!tile.is_valid) {
-                mainloop.skip_tile();
+                mainloop.skip_tile(tile);
                 continue;
             }
             const RowKeys row_keys = epilogue.row_keys_of(tile);
@@ -111,7 +124,7 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
         bool has_tile = scheduler.get_next_tile(tile);
         while (has_tile) {
             if (!tile.is_valid) {
-                mainloop.skip_tile();
+                mainloop.skip_tile(tile);
                 has_tile = scheduler.get_next_tile(tile);
                 continue;
             }
@@ -156,7 +169,8 @@ __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
                    const float* sfb, uint32_t shape_m, const int* grouped_layout, uint32_t num_groups,
-                   OutputType* d, float* split_workspace, uint32_t* split_tickets, uint32_t num_unsplit_tiles) {
+                   OutputType* d, float* split_workspace, uint32_t* split_tickets, uint32_t num_unsplit_tiles,
+                   const __grid_constant__ CUtensorMap tmap_sfb) {
     using namespace sm90_fp8_gemm_detail;
     using Traits = Sm90Fp8GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
                                      kIsMulticastOnA, kGemmType, OutputType, kWithAccumulation, kNumSplits,
@@ -168,8 +182,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
 
     // Shared memory
     extern __shared__ __align__(1024) uint8_t smem[];
-    const typename Traits::Stages stages{smem + Traits::kOffsetA, smem + Traits::kOffsetB,
-                                         reinterpret_cast<float*>(smem + Traits::kOffsetSfa)};
+    const typename Traits::Stages stages = Traits::stages_of(smem);
     auto* barriers = reinterpret_cast<uint64_t*>(smem + Traits::kOffsetBarriers);
     const StageRing<kNumStages, kNumMathThreads / 32, kNumTMAMulticast> ring{barriers, barriers + kNumStages};
 
@@ -183,7 +196,14 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         ptx::tma_prefetch_descriptor(&tmap_b);
         ptx::tma_prefetch_descriptor(&tmap_sfa);
         ptx::tma_prefetch_descriptor(&tmap_d);
+        if constexpr (Traits::kIsChannelScaled)
+            ptx::tma_prefetch_descriptor(&tmap_sfb);
         ring.init();
+        if constexpr (Traits::kIsFp4B) {
+#pragma unroll
+            for (uint32_t s = 0; s < kNumStages; ++s)
+                ptx::mbarrier_init(stages.loaded_barriers + s, 1 + 32);
+        }
         ptx::fence_mbarrier_init();
     }
     // NOTE: with multicast, a peer may signal this CTA's barriers as soon as it passes this point.
@@ -197,12 +217,21 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
 
     if (role == WarpRole::Producer) {
         // Producer branch: register reconfiguration, then one thread issues every TMA load.
-        ptx::setmaxnreg_dec<Traits::kNumTMARegisters>();
-        if (is_tma_thread)
-            run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa);
+        ptx::setmaxnreg_dec<Traits::kNumProducerRegisters>();
+        if constexpr (Traits::kIsFp4B) {
+            // FP4 weights: the TMA thread's warp also copies the scale words (sfb: the UE8M0 scales' bytes); the
+            // producer side's other warps expand the codes.
+            if (warp_idx == kNumMathThreads / 32)
+                run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa, &tmap_sfb,
+                                         reinterpret_cast<const uint32_t*>(sfb));
+            else
+                run_fp4_expander<Traits>(stages, ring, scheduler, threadIdx.x - kNumMathThreads - 32);
+        } else if (is_tma_thread) {
+            run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa, &tmap_sfb);
+        }
     } else {
         // Consumer branch: register reconfiguration, then MMA, promotion and epilogue per tile.
-        ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
+        ptx::setmaxnreg_inc<Traits::kNumConsumerRegisters>();
         uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Traits::kNumMWaves * Traits::Store::kBytes;
         run_math_warpgroup<Traits>(stages, ring, scheduler, smem_d_wg, &tmap_d, sfb, d, split_workspace,
                                    split_tickets);

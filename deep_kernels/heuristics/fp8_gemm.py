@@ -102,16 +102,24 @@ MAX_TAIL_SPLITS = 8
 # M = 4096, the six benchmark N x K, timed in turns with the lockstep kernel of the same tiles) it ran 1.04-1.10x
 # the lockstep time at 128 and 256 rows (with the turn handed over at the issue instead: 1.01-1.03x).
 PING_PONG_MATH_FACTOR = {}
+# Per-channel B scales: the promotion reads one float2 of sfb per 8 columns from shared memory and multiplies per
+# column (an estimate, not yet fitted: 2% of the 128-row K block's time at 128 columns).
+CHANNEL_PROMOTION_SECONDS_PER_COLUMN = 0.00004e-6
 
 GEMM_TYPES = {
     "normal": "deep_kernels::GemmType::Normal",
     "m_grouped_contiguous": "deep_kernels::GemmType::MGroupedContiguous",
     "m_grouped_masked": "deep_kernels::GemmType::MGroupedMasked",
+    "k_grouped": "deep_kernels::GemmType::KGrouped",
 }
 # The operands' formats and scaling (csrc/gemm/gemm_operands.cuh).
 GEMM_OPERANDS = {
     "fp8_block_scaled": "deep_kernels::GemmOperands::Fp8BlockScaled",
+    "fp8_channel_scaled": "deep_kernels::GemmOperands::Fp8ChannelScaled",
+    "fp8_mxfp4": "deep_kernels::GemmOperands::Fp8Mxfp4",
 }
+# Operands whose B scales are 1 x 128 per row (loaded per stage next to sfa: BLOCK_N FP32 more per stage).
+CHANNEL_SCALED_OPERANDS = ("fp8_channel_scaled",)
 OUTPUT_TYPES = {"bfloat16": ("__nv_bfloat16", 2), "float32": ("float", 4)}
 # How the two math warpgroups share the tensor cores (csrc/gemm/sm90_math_schedule.cuh), by Fp8GemmConfig.ping_pong.
 MATH_SCHEDULES = {False: "deep_kernels::MathSchedule::Lockstep", True: "deep_kernels::MathSchedule::PingPong"}
@@ -163,6 +171,11 @@ def num_math_warpgroups(block_m: int) -> int:
     return 1 if block_m == 64 else 2
 
 
+def num_m_waves(block_m: int) -> int:
+    """64-row wgmma waves per math warpgroup (the kernel's m_waves_of)."""
+    return block_m // (num_math_warpgroups(block_m) * 64)
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -177,16 +190,24 @@ def swizzle_d_bytes(block_n: int, out_dtype_bytes: int) -> int:
     return next(s for s in (128, 64, 32) if row_bytes % s == 0)
 
 
-def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int) -> int:
-    """Dynamic shared memory of the kernel's carve-up: D staging, then per stage A, B, sfa, then barriers."""
+def stage_bytes(block_m: int, block_n: int, operands: str = "fp8_block_scaled") -> int:
+    """Bytes one stage's TMA loads deliver: A, B, sfa, and sfb with per-channel B scales."""
+    sfb_bytes = block_n * 4 if operands in CHANNEL_SCALED_OPERANDS else 0
+    return block_m * BLOCK_K + block_n * BLOCK_K + block_m * 4 + sfb_bytes
+
+
+def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int,
+               operands: str = "fp8_block_scaled") -> int:
+    """Dynamic shared memory of the kernel's carve-up: D staging, then per stage A, B, sfa (and sfb with per-channel
+    B scales), then barriers."""
     d_bytes = _align(block_m * block_n * out_dtype_bytes, 1024)
-    stage_bytes = block_m * BLOCK_K + block_n * BLOCK_K + block_m * 4
-    return d_bytes + num_stages * stage_bytes + 2 * num_stages * 8
+    return d_bytes + num_stages * stage_bytes(block_m, block_n, operands) + 2 * num_stages * 8
 
 
-def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: int = SMEM_CAPACITY_BYTES) -> int:
-    fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes)
-    per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes) - fixed
+def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
+               operands: str = "fp8_block_scaled") -> int:
+    fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes, operands)
+    per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes, operands) - fixed
     return min(MAX_STAGES, (smem_capacity - fixed) // per_stage)
 
 
@@ -202,8 +223,9 @@ def can_ping_pong(block_m: int, pipelined: bool) -> bool:
 
 
 def is_legal_tile(block_m: int, block_n: int, grouped: bool = False) -> bool:
-    """Whether the kernel takes the tiling: 256-row tiles only for the Normal kind (a contiguous group's segment
-    is padded to 128 rows), at most MAX_TWO_WAVE_BLOCK_N columns."""
+    """Whether the kernel takes the tiling: 256-row tiles only for the Normal (and k-grouped) kinds, not the
+    M-grouped ones (`grouped`: a contiguous group's segment is padded to 128 rows), at most MAX_TWO_WAVE_BLOCK_N
+    columns."""
     return block_m != 256 or (not grouped and block_n <= MAX_TWO_WAVE_BLOCK_N)
 
 
@@ -255,8 +277,9 @@ def grid_size(config: Fp8GemmConfig, m: int, n: int, num_sms: int, num_groups: i
 
 
 def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
-                     with_accumulation: bool = False, num_groups: int = 1) -> float:
-    """The model's run-time estimate (see the module docstring)."""
+                     with_accumulation: bool = False, num_groups: int = 1, operands: str = "fp8_block_scaled") -> float:
+    """The model's run-time estimate (see the module docstring); per-channel B scales add BLOCK_N FP32 to every
+    stage and their promotion's shared-memory reads to every K block (CHANNEL_PROMOTION_SECONDS_PER_COLUMN)."""
     units = num_work_units(config, m, n, num_sms, num_groups)
     ctas = grid_size(config, m, n, num_sms, num_groups)
     clusters = ctas // config.num_tma_multicast
@@ -267,12 +290,14 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if config.pipelined else 1.0) + b * max(config.block_n, 64)
     if config.ping_pong:
         math_s *= PING_PONG_MATH_FACTOR[config.block_m]
+    if operands in CHANNEL_SCALED_OPERANDS:
+        math_s += CHANNEL_PROMOTION_SECONDS_PER_COLUMN * config.block_n * num_m_waves(config.block_m)
     a_bytes, b_bytes = config.block_m * BLOCK_K, config.block_n * BLOCK_K
-    stage_bytes = a_bytes + b_bytes + config.block_m * 4
-    l2_bytes = stage_bytes
+    loaded_bytes = stage_bytes(config.block_m, config.block_n, operands)
+    l2_bytes = loaded_bytes
     if config.num_tma_multicast == 2:
         l2_bytes -= (a_bytes if config.multicast_on_a else b_bytes) / 2
-    load_s = max(stage_bytes / SM_INGEST_BYTES_PER_S, l2_bytes * active_ctas / AGGREGATE_INGEST_BYTES_PER_S)
+    load_s = max(loaded_bytes / SM_INGEST_BYTES_PER_S, l2_bytes * active_ctas / AGGREGATE_INGEST_BYTES_PER_S)
     k_block_s = max(math_s, load_s)
     busiest_cta_s = _ceil_div(units, clusters) * (_ceil_div(k, BLOCK_K) * k_block_s + EPILOGUE_SECONDS[config.block_m])
     if config.num_splits > 1:
@@ -318,23 +343,28 @@ def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_m
         yield from range(2, min(_ceil_div(k, BLOCK_K), num_sms // (tiles % num_sms), MAX_TAIL_SPLITS) + 1)
 
 
-def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False) -> bool:
-    """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128- and 256-row tiles without
-    split-K, for the grouped kinds only tiles of a multiple of 64 columns (ptxas serializes the wgmma of the others:
-    their vote and row-predicated store meet the K loop's dispatch over more than two sfb offsets)."""
-    return block_m in (128, 256) and num_splits == 1 and (not grouped or block_n % 64 == 0)
+def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False,
+                         operands: str = "fp8_block_scaled") -> bool:
+    """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128-row tiles (256-row ones with
+    block-scaled operands) without split-K, for the grouped kinds only tiles of a multiple of 64 columns (ptxas
+    serializes the wgmma of the others: their vote and row-predicated store meet the K loop's dispatch over more
+    than two sfb offsets)."""
+    return ((block_m == 128 or (block_m == 256 and operands == "fp8_block_scaled")) and num_splits == 1 and
+            (not grouped or block_n % 64 == 0))
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
-                      out_dtype_bytes: int = 2, k: int = None, grouped: bool = False, block_ms: tuple = BLOCK_MS):
+                      out_dtype_bytes: int = 2, k: int = None, grouped: bool = False, block_ms: tuple = BLOCK_MS,
+                      operands: str = "fp8_block_scaled"):
     """Every legal config for the problem, in the fixed order ties are broken by (split-K options only when k is
-    given: Normal GEMMs; grouped: the grouped kinds' epilogue overlap rule); block_ms: the tile heights to offer."""
+    given: Normal GEMMs; grouped: the grouped kinds' epilogue overlap rule); block_ms: the tile heights to offer;
+    operands: what a stage holds (GEMM_OPERANDS)."""
     # NOTE: larger tiles first, so ties (typically memory-bound shapes) go to the one moving fewer bytes.
     for block_m in sorted(block_ms, reverse=True):
         for block_n in reversed(BLOCK_NS):
             if not is_legal_tile(block_m, block_n, grouped):
                 continue
-            stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity)
+            stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, operands)
             if stages < MIN_STAGES:
                 continue
             for num_tma_multicast, multicast_on_a in _multicast_options(m, n, block_m, block_n, num_sms):
@@ -347,14 +377,14 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         num_tma_multicast=num_tma_multicast,
                         multicast_on_a=multicast_on_a,
                         swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
-                        smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes),
+                        smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands),
                         num_splits=num_splits,
                         pipelined=can_pipeline(block_m, block_n),
-                        overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped),
+                        overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped, operands),
                     )
                     yield config
                     # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
-                    if block_m in PING_PONG_MATH_FACTOR and not grouped:
+                    if block_m in PING_PONG_MATH_FACTOR and not grouped and operands == "fp8_block_scaled":
                         yield replace(config, pipelined=False, ping_pong=True, overlap_epilogue=False)
 
 
@@ -370,16 +400,17 @@ def check_problem(n: int, k: int, num_sms: int) -> None:
 
 def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
                    out_dtype_bytes: int = 2, with_accumulation: bool = False, num_groups: int = 1,
-                   allow_split_k: bool = False, block_ms: tuple = BLOCK_MS) -> list:
+                   allow_split_k: bool = False, block_ms: tuple = BLOCK_MS, operands: str = "fp8_block_scaled") -> list:
     """Every candidate with its modelled time, fastest first (ties keep the enumeration order): the model's
     pick first, then what measured tuning times next. Arguments as for get_fp8_gemm_config; block_ms limits the
     tile heights (block_ms=(64, 128): the picks before 256-row tiles, which the benchmark times alongside)."""
     check_problem(n, k, num_sms)
     m = max(m, 1)
     split_k = k if allow_split_k and num_groups == 1 else None
-    timed = [(estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation, num_groups), config)
+    timed = [(estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation, num_groups, operands),
+              config)
              for config in candidate_configs(m, n, num_sms, smem_capacity, out_dtype_bytes, split_k,
-                                             block_ms=block_ms)]
+                                             block_ms=block_ms, operands=operands)]
     if not timed:
         raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
     timed.sort(key=lambda pair: pair[0])
@@ -388,7 +419,8 @@ def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SM
 
 def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
                         out_dtype_bytes: int = 2, with_accumulation: bool = False,
-                        num_groups: int = 1, allow_split_k: bool = False) -> Fp8GemmConfig:
+                        num_groups: int = 1, allow_split_k: bool = False,
+                        operands: str = "fp8_block_scaled") -> Fp8GemmConfig:
     """The config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T.
 
     Args:
@@ -400,12 +432,13 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
         with_accumulation: D += A * B^T (D is read and written).
         num_groups: groups of a masked grouped GEMM (1 otherwise).
         allow_split_k: also consider split-K configs (the Normal kind only; grouped kinds leave it off).
+        operands: the operands' formats (GEMM_OPERANDS): "fp8_channel_scaled" for 1 x 128 scales on B too.
 
     Returns:
         A frozen Fp8GemmConfig; equal inputs give equal configs.
     """
     return ranked_configs(m, n, k, num_sms, smem_capacity, out_dtype_bytes, with_accumulation, num_groups,
-                          allow_split_k)[0][1]
+                          allow_split_k, operands=operands)[0][1]
 
 
 def config_label(config: Fp8GemmConfig) -> str:
@@ -483,9 +516,11 @@ class CandidateKernel:
     out_dtype: str
     with_accumulation: bool
     gemm_type: str = "normal"
+    operands: str = "fp8_block_scaled"
 
     def template_args(self) -> list:
-        return template_args(self.config, self.n, self.k, self.out_dtype, self.with_accumulation, self.gemm_type)
+        return template_args(self.config, self.n, self.k, self.out_dtype, self.with_accumulation, self.gemm_type,
+                             self.operands)
 
 
 def all_candidate_configs(num_sms: int = 132, smem_capacity: int = SMEM_CAPACITY_BYTES) -> list:
@@ -502,38 +537,62 @@ def all_candidate_configs(num_sms: int = 132, smem_capacity: int = SMEM_CAPACITY
     return list(kernels.values())
 
 
+# (M, N) = out x in of the weight-gradient GEMMs (recipe (1, 1, 128)) and their token counts K.
+REPRESENTATIVE_WGRAD_MNS = ((2112, 7168), (24576, 1536), (7168, 2048), (4096, 7168))
+REPRESENTATIVE_WGRAD_KS = (4096, 16384)
+
+
+def wgrad_candidate_kernels(num_sms: int = 132, smem_capacity: int = SMEM_CAPACITY_BYTES) -> list:
+    """Every distinct weight-gradient kernel (per-channel B scales) the heuristics pick over the representative
+    shapes, accumulating into FP32 D (the gradient buffer) or not (bf16 D)."""
+    kernels = {}
+    for out_dtype, with_accumulation in REPRESENTATIVE_OUTPUTS:
+        _, out_bytes = _output_type(out_dtype)
+        for m, n in REPRESENTATIVE_WGRAD_MNS:
+            for k in REPRESENTATIVE_WGRAD_KS:
+                config = get_fp8_gemm_config(m, n, k, num_sms, smem_capacity, out_bytes, with_accumulation,
+                                             allow_split_k=True, operands="fp8_channel_scaled")
+                kernel = CandidateKernel(config, n, k, out_dtype, with_accumulation, operands="fp8_channel_scaled")
+                kernels.setdefault(tuple(kernel.template_args()), kernel)
+    return list(kernels.values())
+
+
 def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
-                pipelined: bool = None, overlap_epilogue: bool = False, ping_pong: bool = False) -> Fp8GemmConfig:
+                pipelined: bool = None, overlap_epilogue: bool = False,
+                operands: str = "fp8_block_scaled", ping_pong: bool = False) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
-    allows (and the schedule is not ping-pong) unless pipelined says otherwise, for overrides and tests."""
+    allows (and the schedule is not ping-pong) unless pipelined says otherwise, for overrides and tests (operands:
+    what a stage holds)."""
     if block_m not in BLOCK_MS or block_n not in BLOCK_NS or not is_legal_tile(block_m, block_n):
         raise ValueError(f"no kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n in {BLOCK_NS} "
                          f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
     if num_splits != 1 and (num_tma_multicast != 1 or block_m == 256):
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
-    if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits):
-        raise ValueError("the epilogue overlap needs num_splits == 1 and block_m 128 or 256")
-    if ping_pong and (pipelined or not can_ping_pong(block_m, False)):
-        raise ValueError("the ping-pong schedule needs block_m 128 or 256 and the plain K loop (pipelined=False)")
+    if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits, operands=operands):
+        raise ValueError("the epilogue overlap needs num_splits == 1 and block_m 128 (or 256 with block-scaled "
+                         "operands)")
+    if ping_pong and (pipelined or not can_ping_pong(block_m, False) or operands != "fp8_block_scaled"):
+        raise ValueError("the ping-pong schedule needs block_m 128 or 256, the plain K loop (pipelined=False) and "
+                         "block-scaled operands")
     if pipelined is None:
         pipelined = can_pipeline(block_m, block_n) and not ping_pong
     elif pipelined and not can_pipeline(block_m, block_n):
         raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined (block_m 64 or 128, block_n at most "
                          f"{MAX_PIPELINED_BLOCK_N[128]})")
-    stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes)
+    stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, operands=operands)
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
-                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes), num_splits=num_splits,
+                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands), num_splits=num_splits,
                          pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong)
 
 
 def compile_coverage_kernels(num_sms: int = 132) -> list:
     """all_candidate_configs() plus kernels for the code paths those picks leave out on the H200: multicast
-    on A and on B, both grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
+    on A and on B, the grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
     partial slot in flight) and with splits not dividing K, the plain K loop of a pipelinable tile and the
-    widest pipelined tile of one math warpgroup, the epilogue overlap's K loops and stores, and the ping-pong
-    schedule."""
+    widest pipelined tile of one math warpgroup, the epilogue overlap's K loops and stores, per-channel B scales
+    (dense and k-grouped), and the ping-pong schedule."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -560,6 +619,18 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
                         "bfloat16", False),
         CandidateKernel(make_config(256, 128, 2, True, 2, ping_pong=True), 4096, 7168, "bfloat16", False),
         CandidateKernel(make_config(128, 112, 1, False, 4, num_splits=2, ping_pong=True), 576, 640, "float32", True),
+        # Per-channel B scales (the weight gradient's): pipelined with the overlap, two waves with multicast, the
+        # widest tile's plain K loop; the k-grouped kind (K from the device: SHAPE_K 0), pipelined and two waves.
+        CandidateKernel(make_config(128, 128, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled"),
+                        7168, 4096, "float32", True, operands="fp8_channel_scaled"),
+        CandidateKernel(make_config(256, 128, 2, True, 4, operands="fp8_channel_scaled"), 7168, 4096, "float32",
+                        True, operands="fp8_channel_scaled"),
+        CandidateKernel(make_config(128, 192, 1, False, 2, overlap_epilogue=True, operands="fp8_channel_scaled"),
+                        2048, 4096, "bfloat16", False, operands="fp8_channel_scaled"),
+        CandidateKernel(make_config(128, 128, 1, False, 4, operands="fp8_channel_scaled"), 2048, 0, "float32", True,
+                        "k_grouped", "fp8_channel_scaled"),
+        CandidateKernel(make_config(256, 128, 2, False, 4, operands="fp8_channel_scaled"), 7168, 0, "float32", False,
+                        "k_grouped", "fp8_channel_scaled"),
     ]
     for kernel in extras:
         kernels.setdefault(tuple(kernel.template_args()), kernel)

@@ -11,7 +11,8 @@ CONTIGUOUS_ALIGNMENT = 128
 
 
 def dequantize_a(a: torch.Tensor, sfa: torch.Tensor) -> torch.Tensor:
-    """A [M, K] e4m3 with 1 x 128 scales [M, ceil(K / 128)] (FP32 of any strides, or packed UE8M0) to float64."""
+    """A [M, K] e4m3 with 1 x 128 scales [M, ceil(K / 128)] (FP32 of any strides, or packed UE8M0) to float64 (also
+    B of the weight-gradient recipe (1, 1, 128), whose scales are per row too)."""
     m, k = a.shape
     scale = unpack_scales(sfa, m, ceil_div(k, SCALE_BLOCK)).double()
     return a.double() * scale.repeat_interleave(SCALE_BLOCK, dim=1)[:, :k]
@@ -25,10 +26,15 @@ def dequantize_b(b: torch.Tensor, sfb: torch.Tensor) -> torch.Tensor:
     return b.double() * scale.repeat_interleave(SCALE_BLOCK, dim=0)[:n].repeat_interleave(SCALE_BLOCK, dim=1)[:, :k]
 
 
-def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
-    """d = a @ b^T (+ c), computed in float64 from the dequantized inputs, then cast to d's dtype."""
+def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None) -> torch.Tensor:
+    """d = a @ b^T (+ c), computed in float64 from the dequantized inputs, then cast to d's dtype. recipe None or
+    (1, 128, 128): 128 x 128 block scales on b; (1, 1, 128): 1 x 128 scales on b as on a (the weight gradient's)."""
     (a, sfa), (b, sfb) = a, b
-    result = dequantize_a(a, sfa) @ dequantize_b(b, sfb).T
+    per_channel = recipe is not None and tuple(recipe) == (1, 1, 128)
+    if recipe is not None and not per_channel and tuple(recipe) != (1, 128, 128):
+        raise ValueError(f"unknown recipe {recipe!r}")
+    b_values = dequantize_a(b, sfb) if per_channel else dequantize_b(b, sfb)
+    result = dequantize_a(a, sfa) @ b_values.T
     if c is not None:
         result += c.double()
     return d.copy_(result)

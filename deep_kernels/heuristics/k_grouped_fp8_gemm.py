@@ -1,0 +1,81 @@
+"""Config choice for the k-grouped FP8 GEMM (MoE weight gradients): the SM90 FP8 GEMM kernel's KGrouped kind with
+per-channel scales on both operands (deep_kernels/k_grouped_gemm.py).
+
+Pure functions of the problem and the device: no GPU calls, no torch. The model is the dense one of
+deep_kernels.heuristics.fp8_gemm with the problem cut into groups, as the scheduler walks it: every group has the
+same M x N tiles, so the busiest CTA runs ceil(G x tiles / CTAs) tiles of the average K (the host knows the
+total K, not how the device's per-group sizes spread it; uneven groups cost a little more than modelled), and
+A, B and D are moved once per group. The candidates are the dense ones with FP32 D, without split-K or epilogue
+overlap (the kind has neither); 256-row tiles take part.
+"""
+
+import dataclasses
+
+from deep_kernels.heuristics import fp8_gemm
+from deep_kernels.heuristics.fp8_gemm import CandidateKernel, Fp8GemmConfig
+
+GEMM_TYPE = "k_grouped"
+OPERANDS = "fp8_channel_scaled"
+OUT_DTYPE_BYTES = 4
+BLOCK_K = fp8_gemm.BLOCK_K
+
+
+def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES):
+    """The kind's legal configs, in the dense enumeration order (ties keep the first)."""
+    for config in fp8_gemm.candidate_configs(m, n, num_sms, smem_capacity, OUT_DTYPE_BYTES, operands=OPERANDS):
+        yield dataclasses.replace(config, overlap_epilogue=False)
+
+
+def get_k_grouped_fp8_gemm_config(m: int, n: int, total_k: int, num_groups: int, num_sms: int,
+                                  with_accumulation: bool = False,
+                                  smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
+    """The config with the lowest modelled time for D[g] = A_g B_g^T (+ C[g]), g < num_groups, A [m, total_k],
+    B [n, total_k], D [num_groups, m, n] FP32.
+
+    Args:
+        m, n: rows and columns of each D[g] (n a multiple of 16).
+        total_k: the sum of the groups' K (a multiple of 128; 0 allowed).
+        num_groups: G >= 1.
+        num_sms: SMs the persistent grid may use.
+        with_accumulation: D += A_g B_g^T (D is read and written).
+        smem_capacity: dynamic shared memory per block, bytes.
+
+    Returns:
+        A frozen Fp8GemmConfig; equal inputs give equal configs.
+    """
+    if not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
+    if m < 0 or total_k < 0 or total_k % BLOCK_K:
+        raise ValueError(f"m must be >= 0 and total_k a non-negative multiple of {BLOCK_K}, got m={m}, "
+                         f"total_k={total_k}")
+    # The model's K: the average group's, at least one K block.
+    k = max(-(-total_k // num_groups // BLOCK_K), 1) * BLOCK_K
+    fp8_gemm.check_problem(n, k, num_sms)
+    rows = max(m, 1)
+    candidates = list(candidate_configs(rows, n, num_sms, smem_capacity))
+    if not candidates:
+        raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
+    return min(candidates, key=lambda config: fp8_gemm.estimate_seconds(
+        config, rows, n, k, num_sms, OUT_DTYPE_BYTES, with_accumulation, num_groups, OPERANDS))
+
+
+def grid_size(config: Fp8GemmConfig, m: int, n: int, num_groups: int, num_sms: int) -> int:
+    """CTAs to launch: one per SM at most, a whole number of clusters, no more than the G x tiles need."""
+    return fp8_gemm.grid_size(config, m, n, num_sms, num_groups)
+
+
+# (G, M, N, average K per group) of MoE weight gradients: DeepSeek-V3's expert shapes (out x in = 4096 x 7168 and
+# 7168 x 2048) at 2048 to 8192 tokens per expert.
+REPRESENTATIVE_PROBLEMS = tuple((g, m, n, k) for g in (4, 8, 16) for m, n in ((4096, 7168), (7168, 2048))
+                                for k in (2048, 4096, 8192))
+
+
+def all_candidate_kernels(num_sms: int = 132) -> list:
+    """Every distinct kernel the k-grouped heuristics pick over the representative shapes (accumulating or not)."""
+    kernels = {}
+    for g, m, n, k in REPRESENTATIVE_PROBLEMS:
+        for accumulate in (False, True):
+            config = get_k_grouped_fp8_gemm_config(m, n, g * k, g, num_sms, accumulate)
+            kernel = CandidateKernel(config, n, 0, "float32", accumulate, GEMM_TYPE, OPERANDS)
+            kernels.setdefault(tuple(kernel.template_args()), kernel)
+    return list(kernels.values())

@@ -1,0 +1,176 @@
+"""The weight-gradient recipe of fp8_gemm_nt (recipe (1, 1, 128): 1 x 128 scales on both operands): validation (CPU)
+and the kernel against a float64 reference of the dequantized inputs (GPU).
+
+The check is testing.gemm.assert_gemm_close (calc_diff below 1e-6 for FP32 D and 1e-5 for bf16 D on the whole
+matrix, every 128 x 128 tile and every row) applied to D and to D^T, so every column is checked on its own too: a
+per-column scale that goes wrong shows in its column. Outputs are poisoned (NaN) before each launch (or hold C when
+C is D). Both operands' rows have their own power-of-two magnitudes (testing.wgrad), and the planted-bug tests run
+the real kernel with a doubled sfb entry and with sfb's columns swapped in pairs, and show the check rejects each.
+"""
+
+import pytest
+import torch
+
+import deep_kernels
+from deep_kernels import gemm
+from deep_kernels.heuristics import fp8_gemm as heuristics
+from deep_kernels.reference import gemm as reference
+from deep_kernels.testing import assert_bitwise_equal, poison_
+from deep_kernels.testing.gemm import FP32_BOUND, accumulator_like, assert_gemm_close, gemm_errors
+from deep_kernels.testing.wgrad import make_wgrad_inputs
+
+RECIPE = (1, 1, 128)
+
+
+def _reference(a, b, c: torch.Tensor = None) -> torch.Tensor:
+    m, n = a[0].shape[0], b[0].shape[0]
+    return reference.fp8_gemm_nt(a, b, torch.empty((m, n), device=a[0].device, dtype=torch.float64), c=c,
+                                 recipe=RECIPE)
+
+
+def _assert_close(d: torch.Tensor, expected: torch.Tensor) -> None:
+    """Rows, tiles and the whole matrix, then the columns (the rows of the transposes)."""
+    assert_gemm_close(d, expected)
+    assert_gemm_close(d.T, expected.T, name="d^T")
+
+
+# ---- validation and reference (CPU) ----
+
+def _cpu_operands(m=8, n=256, k=256):
+    a = (torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.ones(m, k // 128))
+    b = (torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.ones(n, k // 128))
+    return a, b, torch.empty(m, n)
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a, b, d, c: (a, (b[0], torch.ones(2, 2)), d, c), ValueError, r"sfb must have shape \[N, ceil\(K / 128\)\]"),
+    (lambda a, b, d, c: (a, (b[0], b[1].double()), d, c), TypeError, "sfb must be"),
+    (lambda a, b, d, c: (a, (b[0], torch.ones(256, 2, dtype=torch.int32)), d, c), ValueError,
+     "packed UE8M0 sfb must have shape"),
+    (lambda a, b, d, c: ((a[0], a[1][:, :1]), b, d, c), ValueError, "sfa must have shape"),
+    (lambda a, b, d, c: (a, (b[0].view(torch.uint8), b[1]), d, c), TypeError, "b must be torch.float8_e4m3fn"),
+    (lambda a, b, d, c: (a, b, d, c[:, :128]), ValueError, "c must have shape"),
+    (lambda a, b, d, c: (a, b, d.bfloat16(), c), TypeError, "d must be torch.float32"),
+    (lambda a, b, d, c: (a, b, d, None), TypeError, "pass c"),
+    (lambda a, b, d, c: (a, b, d, c), ValueError, "must be a CUDA tensor"),
+])
+def test_rejects_bad_input(mutate, error, match):
+    a, b, d = _cpu_operands()
+    with pytest.raises(error, match=match):
+        deep_kernels.fp8_gemm_nt(*mutate(a, b, d, torch.zeros(8, 256)), recipe=RECIPE)
+
+
+@pytest.mark.parametrize("recipe", [(1, 128, 1), (128, 128, 128), "1x1x128", (1, 1)])
+def test_rejects_unknown_recipes(recipe):
+    a, b, d = _cpu_operands()
+    with pytest.raises(ValueError, match="recipe must be None, \\(1, 128, 128\\) or \\(1, 1, 128\\)"):
+        deep_kernels.fp8_gemm_nt(a, b, d, c=d, recipe=recipe)
+
+
+def test_block_recipe_is_the_default():
+    # (1, 128, 128) and None both take 128 x 128 block scales: per-channel sfb [N, K / 128] is refused by them.
+    a, b, d = _cpu_operands()
+    for recipe in (None, (1, 128, 128)):
+        with pytest.raises(ValueError, match=r"sfb must have shape \[ceil\(N / 128\), ceil\(K / 128\)\]"):
+            deep_kernels.fp8_gemm_nt(a, b, d, c=d, recipe=recipe)
+
+
+def test_reference_matches_unquantized_product():
+    a, b = make_wgrad_inputs(64, 256, 520, device="cpu")
+    exact = reference.dequantize_a(*a) @ reference.dequantize_a(*b).T
+    assert torch.equal(_reference(a, b), exact)
+    # Each column of B has its own scale: the block-scaled dequantization of the same codes differs.
+    assert (reference.dequantize_a(*b) != 0).any()
+
+
+def test_check_rejects_planted_column_scales_on_cpu():
+    a, (b, sfb) = make_wgrad_inputs(128, 256, 512, device="cpu")
+    expected = _reference(a, (b, sfb))
+    for wrong in (_doubled_channel(sfb), _swapped_pairs(sfb)):
+        errors = gemm_errors(_reference(a, (b, wrong)).T, expected.T)
+        assert errors["row"][0] > 100 * FP32_BOUND
+
+
+def test_configs_fit_the_kernel():
+    # Per-channel B scales add BLOCK_N FP32 per stage: the picks still fit, with as many stages as fit.
+    for m, n, k in ((2112, 7168, 4096), (24576, 1536, 16384), (7168, 2048, 4096), (4096, 7168, 16384), (64, 576, 128)):
+        for out_bytes, accumulate in ((4, True), (2, False)):
+            config = heuristics.get_fp8_gemm_config(m, n, k, 132, out_dtype_bytes=out_bytes,
+                                                    with_accumulation=accumulate, allow_split_k=True,
+                                                    operands=gemm.CHANNEL_SCALED)
+            used = heuristics.smem_bytes(config.block_m, config.block_n, config.num_stages, out_bytes,
+                                         gemm.CHANNEL_SCALED)
+            assert config.smem_bytes == used <= heuristics.SMEM_CAPACITY_BYTES
+            assert used > heuristics.smem_bytes(config.block_m, config.block_n, config.num_stages, out_bytes)
+            assert heuristics.smem_bytes(config.block_m, config.block_n, config.num_stages + 1, out_bytes,
+                                         gemm.CHANNEL_SCALED) > heuristics.SMEM_CAPACITY_BYTES or \
+                config.num_stages == heuristics.MAX_STAGES
+
+
+def _doubled_channel(sfb: torch.Tensor) -> torch.Tensor:
+    """sfb with the largest scale doubled (one column of D, one K block)."""
+    wrong = sfb.clone()
+    row, kb = divmod(int(sfb.argmax()), sfb.shape[1])
+    wrong[row, kb] *= 2
+    return wrong
+
+
+def _swapped_pairs(sfb: torch.Tensor) -> torch.Tensor:
+    """sfb with rows 2j and 2j + 1 swapped: a kernel mixing up the two columns a thread holds."""
+    n = sfb.shape[0] // 2 * 2
+    wrong = sfb.clone()
+    wrong[:n] = sfb[:n].view(n // 2, 2, -1).flip(1).reshape(n, -1)
+    return wrong
+
+
+# ---- kernel against the reference (GPU) ----
+
+def _run(a, b, out_dtype=torch.float32, c=None, alias=False):
+    m, n = a[0].shape[0], b[0].shape[0]
+    if alias:
+        d = c.clone()
+        return deep_kernels.fp8_gemm_nt(a, b, d, c=d, recipe=RECIPE)
+    d = poison_(torch.empty((m, n), device="cuda", dtype=out_dtype))
+    return deep_kernels.fp8_gemm_nt(a, b, d, c=c, recipe=RECIPE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,alias", [(777, 2112, 4096, False), (4096, 7168, 2048, True)])
+def test_accumulates_into_fp32(m, n, k, alias):
+    a, b = make_wgrad_inputs(m, n, k)
+    product = _reference(a, b)
+    c = accumulator_like(product)
+    d = _run(a, b, c=c, alias=alias)
+    _assert_close(d, product + c.double())
+    assert_bitwise_equal(_run(a, b, c=c, alias=alias), d, "d (second run)")
+
+
+@pytest.mark.gpu
+def test_bf16_output_and_partial_k_block():
+    a, b = make_wgrad_inputs(300, 1536, 1040)
+    d = _run(a, b, torch.bfloat16)
+    _assert_close(d, _reference(a, b))
+
+
+@pytest.mark.gpu
+def test_two_wave_tiles_with_multicast(monkeypatch):
+    # 256-row tiles (two 64-row waves per math warpgroup, one B stage each) and a 2-CTA cluster sharing A.
+    monkeypatch.setattr(gemm, "_config_override", lambda: {"block_m": 256, "block_n": 128, "multicast": 2,
+                                                           "multicast_on_a": 1, "splits": 1})
+    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "_prepared_calls", {})
+    a, b = make_wgrad_inputs(1000, 2048, 1024)
+    product = _reference(a, b)
+    c = accumulator_like(product)
+    _assert_close(_run(a, b, c=c), product + c.double())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plant", [_doubled_channel, _swapped_pairs])
+def test_check_rejects_planted_column_scales(plant):
+    a, (b, sfb) = make_wgrad_inputs(777, 2112, 4096)
+    product = _reference(a, (b, sfb))
+    c = accumulator_like(product)
+    d = _run(a, (b, plant(sfb)), c=c)
+    with pytest.raises(AssertionError, match="calc_diff"):
+        _assert_close(d, product + c.double())
