@@ -43,7 +43,8 @@ FP8_GEMM = KernelDef(
     heuristics.KERNEL_HEADER, "sm90_fp8_gemm_impl",
     template=("SHAPE_N", "SHAPE_K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "kNumStages", "kNumTMAThreads", "kNumMathThreads",
               "kNumTMAMulticast", "kIsMulticastOnA", "kGemmType", "OutputType", "kWithAccumulation", "kNumSplits",
-              "kPipelined", "kOverlapEpilogue", "kOperands", "kIsMNMajorA", "kIsMNMajorB"),
+              "kPipelined", "kOverlapEpilogue", "kOperands", "kIsMNMajorA", "kIsMNMajorB",
+              "kMathSchedule"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_b", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb", PTR), Param("shape_m", U32), Param("grouped_layout", PTR),
             Param("num_groups", U32), Param("d", PTR), Param("split_workspace", PTR), Param("split_tickets", PTR),
@@ -144,14 +145,14 @@ def get_gemm_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: 
 # DK_FP8_GEMM_CONFIG's fields and the make_config argument each sets.
 OVERRIDE_FIELDS = {"block_m": "block_m", "block_n": "block_n", "stages": "num_stages", "multicast": "num_tma_multicast",
                    "multicast_on_a": "multicast_on_a", "splits": "num_splits", "pipelined": "pipelined",
-                   "overlap_epilogue": "overlap_epilogue"}
+                   "overlap_epilogue": "overlap_epilogue", "ping_pong": "ping_pong"}
 # The op's name in the measured-tuning store (deep_kernels/tuning.py, `python -m deep_kernels tune`).
 TUNING_OP = "fp8_gemm_nt"
 
 
 def parse_config_override(text: str) -> dict:
     """"block_m=128,block_n=112,stages=5,multicast=2,multicast_on_a=1" (or ...,splits=4, ...,pipelined=0,
-    ...,overlap_epilogue=1) as {field: int}; an unknown field or a value that is not an integer raises."""
+    ...,overlap_epilogue=1, ...,ping_pong=1) as {field: int}; an unknown field or a value that is not an integer raises."""
     fields = {}
     for item in text.split(","):
         key, sep, value = (part.strip() for part in item.partition("="))
@@ -174,15 +175,20 @@ def _config_override():
 def apply_config_override(config, override: dict, out_bytes: int, k: int, grouped: bool = False,
                           operands: str = BLOCK_SCALED):
     """`config` with the override's fields replaced. The config's epilogue overlap carries over only to a tiling
-    that has one (128 rows, no split-K; grouped: BLOCK_N a multiple of 64)."""
+    that has one (128 rows, or 256 with block scales; no split-K; grouped: BLOCK_N a multiple of 64), its ping-pong
+    schedule only to one that takes it (128 or 256 rows, the plain K loop, block scales); ping_pong=1 alone selects
+    the plain K loop."""
     fields = heuristics.config_fields(config)
     fields.pop("num_stages")  # as many as fit, unless given
     fields.pop("pipelined")  # wherever the tile allows, unless given
     fields.update({OVERRIDE_FIELDS[key]: value for key, value in override.items()})
+    if "ping_pong" not in override:
+        fields["ping_pong"] = config.ping_pong and operands == BLOCK_SCALED and heuristics.can_ping_pong(
+            fields["block_m"], bool(fields.get("pipelined")))
     if "overlap_epilogue" not in override:
         fields["overlap_epilogue"] = config.overlap_epilogue and heuristics.has_epilogue_overlap(
-            fields["block_m"], fields["block_n"], fields["num_splits"], grouped)
-    for flag in ("multicast_on_a", "pipelined", "overlap_epilogue"):
+            fields["block_m"], fields["block_n"], fields["num_splits"], grouped, operands)
+    for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong"):
         if flag in fields:
             fields[flag] = bool(fields[flag])
     if grouped and (fields["num_splits"] != 1 or not heuristics.is_legal_tile(fields["block_m"], fields["block_n"],

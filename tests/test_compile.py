@@ -69,3 +69,23 @@ def test_epilogue_overlap_stores_with_a_wgmma_group_in_flight(compiled):
     for spec, entry in overlapped:
         events = re.findall(r"\b(QGMMA|WARPGROUP\.DEPBAR|UTMASTG|UTMAREDG)", sass.sass(entry / cache.BINARY_NAME))
         assert any(a == "QGMMA" and b in ("UTMASTG", "UTMAREDG") for a, b in zip(events, events[1:])), spec
+
+
+def turn_taking_groups(sass_text: str) -> tuple:
+    """(wgmma groups run between a wait for the turn and its hand-over once they are done, QGMMA instructions) of a
+    SASS text."""
+    events = re.findall(r"\b(QGMMA|WARPGROUP\.DEPBAR|BAR\.SYNC|BAR\.ARV)\S*( \S+ 0x100)?", sass_text)
+    tokens = " ".join(name if name in ("QGMMA", "WARPGROUP.DEPBAR") or count else "other" for name, count in events)
+    return (len(re.findall(r"BAR\.SYNC (?:QGMMA )+(?:\S+ )*?WARPGROUP\.DEPBAR BAR\.ARV", tokens)),
+            tokens.split().count("QGMMA"))
+
+
+def test_ping_pong_takes_turns_around_each_wgmma_group(compiled):
+    # Each warpgroup waits for its turn (bar.sync on a 256-thread barrier) right before its wgmma group and hands the
+    # turn over (bar.arrive) right after the wait for the group: every QGMMA sits in such a turn.
+    ping_pong = [(spec, entry) for spec, entry in compiled if spec.name == "sm90_fp8_gemm" and
+                 gemm.FP8_GEMM.template_arguments(spec)["kMathSchedule"].endswith("PingPong")]
+    assert ping_pong
+    for spec, entry in ping_pong:
+        groups, num_qgmma = turn_taking_groups(sass.sass(entry / cache.BINARY_NAME))
+        assert groups > 0 and groups * 4 == num_qgmma, spec

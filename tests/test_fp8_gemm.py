@@ -190,6 +190,23 @@ def test_config_override_keeps_the_overlap_only_where_the_tiling_has_one(monkeyp
         assert gemm._choose_config(4096, 7168, 2048, 132, 2, False).overlap_epilogue == overlap, fields
 
 
+def test_config_override_forces_and_keeps_the_ping_pong_schedule(monkeypatch):
+    # ping_pong=1 forces the schedule (with the plain K loop); a pick's schedule carries over only to tilings that
+    # take it.
+    pick = heuristics.make_config(256, 128, 2, True, 2, ping_pong=True)
+    monkeypatch.setattr(heuristics, "get_fp8_gemm_config", lambda *args, **kwargs: pick)
+    for fields, ping_pong in (({}, True), ({"block_n": 96}, True), ({"block_m": 128}, True), ({"block_m": 64}, False),
+                              ({"block_m": 128, "pipelined": 1}, False), ({"ping_pong": 0}, False)):
+        monkeypatch.setattr(gemm, "_config_override", lambda: fields)
+        config = gemm._choose_config(4096, 4096, 7168, 132, 2, False)
+        assert config.ping_pong == ping_pong and not (config.ping_pong and config.pipelined), fields
+    assert gemm.parse_config_override("block_m=128,ping_pong=1") == {"block_m": 128, "ping_pong": 1}
+    plain = heuristics.make_config(128, 128, 1, False, 2)
+    forced = gemm.apply_config_override(plain, {"ping_pong": 1}, 2, 7168)
+    assert (forced.ping_pong, forced.pipelined) == (True, False)
+    assert gemm.apply_config_override(plain, {"ping_pong": 1}, 2, 7168, grouped=True).ping_pong
+
+
 def test_config_override_rejects_unknown_fields_and_values():
     assert gemm.parse_config_override("block_m=256, block_n=128,multicast=2") == {
         "block_m": 256, "block_n": 128, "multicast": 2}
@@ -532,6 +549,47 @@ def test_pipelined_k_loop_matches_plain(monkeypatch, block_m, block_n, splits, m
         outputs.append(_run(a, b))
     assert_gemm_close(outputs[0], _reference(a, b))
     assert_bitwise_equal(outputs[0], outputs[1], "d (pipelined against plain K loop)")
+
+
+# ---- the ping-pong schedule (GPU) ----
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_m,block_n,multicast,multicast_on_a,overlap,splits,accumulate,m,n,k", [
+    (128, 160, 1, 0, 1, 1, False, 4001, 7168, 2048),   # epilogue overlap; tiles straddling sfb blocks
+    (128, 192, 1, 0, 1, 1, False, 4001, 2112, 7168),   # a partial last N tile; 56 K blocks
+    (256, 128, 2, 1, 0, 1, False, 4001, 4096, 7168),   # two waves per warpgroup; multicast of A; a partial last tile
+    (256, 128, 2, 1, 1, 1, False, 4001, 4096, 7168),   # and the epilogue overlap (the first wave issued ahead)
+    (256, 96, 1, 0, 1, 1, True, 777, 2112, 7200),      # accumulation; straddling tiles; a last K block of 32 columns
+    (128, 128, 1, 0, 0, 1, True, 1031, 4096, 384),     # a pipelinable tile on the plain K loop; accumulation
+    (128, 112, 1, 0, 0, 2, False, 129, 576, 640),      # split-K (5 K blocks in 2 splits), straddling tiles
+])
+def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast, multicast_on_a, overlap, splits,
+                                    accumulate, m, n, k):
+    # Taking turns changes when each warpgroup runs its wgmma groups, not what it promotes in which order: D is the
+    # same bytes as the lockstep schedule's (with the same epilogue overlap, and without it), and the same again on
+    # a second run.
+    a, b = make_gemm_inputs(m, n, k)
+    out_dtype = torch.float32 if accumulate else torch.bfloat16
+    expected = _reference(a, b)
+    c = None
+    if accumulate:
+        c = accumulator_like(expected)
+        expected += c.double()
+    outputs = []
+    for ping_pong, overlap_epilogue in ((True, overlap), (True, overlap), (False, overlap), (False, 0)):
+        _force_tiles(monkeypatch, block_m, block_n, multicast=multicast, multicast_on_a=multicast_on_a,
+                     overlap_epilogue=overlap_epilogue, splits=splits, pipelined=0, ping_pong=int(ping_pong))
+        config = _chosen_config(m, n, k, out_dtype, accumulate)
+        assert (config.block_m, config.block_n, config.ping_pong, config.pipelined, config.overlap_epilogue) == (
+            block_m, block_n, ping_pong, False, bool(overlap_epilogue))
+        d = c.clone() if accumulate else poison_(torch.empty((m, n), device="cuda", dtype=out_dtype))
+        deep_kernels.fp8_gemm_nt(a, b, d, c=d if accumulate else None)
+        outputs.append(d)
+    assert_gemm_close(outputs[0], expected)
+    assert calc_diff(outputs[0], expected) <= 2e-6
+    assert_bitwise_equal(outputs[1], outputs[0], "d (ping-pong, second run)")
+    assert_bitwise_equal(outputs[2], outputs[0], "d (lockstep)")
+    assert_bitwise_equal(outputs[3], outputs[0], "d (lockstep without the epilogue overlap)")
 
 
 # ---- 256-row tiles and K not a multiple of 128 (GPU) ----

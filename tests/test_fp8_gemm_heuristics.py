@@ -2,6 +2,8 @@
 
 import math
 
+from dataclasses import replace
+
 import pytest
 
 from deep_kernels.heuristics import fp8_gemm as heur
@@ -36,9 +38,9 @@ def test_config_is_legal(m, n, k, out_bytes, accumulate):
     config = pick(m, n, k, out_bytes, accumulate)
     assert config.block_m in (64, 128, 256)
     assert config.num_math_threads == (1 if config.block_m == 64 else 2) * 128
-    if config.block_m == 256:  # two waves of 64 rows per math warpgroup: no split-K, pipelining or overlap
+    if config.block_m == 256:  # two waves of 64 rows per math warpgroup: no split-K or pipelining
         assert config.block_n <= heur.MAX_TWO_WAVE_BLOCK_N
-        assert config.num_splits == 1 and not config.pipelined and not config.overlap_epilogue
+        assert config.num_splits == 1 and not config.pipelined
     assert config.num_threads == config.num_math_threads + 128
     assert config.block_k == 128
     assert config.block_n % 16 == 0 and 16 <= config.block_n <= 192
@@ -171,14 +173,15 @@ def test_template_args_order():
     assert heur.template_args(config, 7168, 2048, "bfloat16", False) == [
         "7168", "2048", "128", "112", "128", "6", "128", "256", "2", "true",
         "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1", "false", "false",
-        "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false"]
+        "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false", "deep_kernels::MathSchedule::Lockstep"]
     args = heur.template_args(config, 7168, 2048, "torch.float32", True, "m_grouped_masked")
-    assert args[-9:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
-                         "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false"]
+    assert args[-10:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
+                          "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false",
+                          "deep_kernels::MathSchedule::Lockstep"]
     with pytest.raises(ValueError, match="operands"):
         heur.template_args(config, 7168, 2048, "bfloat16", False, operands="fp4")
     assert heur.template_args(heur.make_config(64, 64, 1, False, 2, num_splits=4), 2112, 7168, "bfloat16",
-                              False)[-6:-3] == ["4", "true", "false"]
+                              False)[-7:-4] == ["4", "true", "false"]
     with pytest.raises(ValueError, match="float32"):
         heur.template_args(config, 7168, 2048, "bfloat16", True)
     with pytest.raises(ValueError, match="gemm_type"):
@@ -295,7 +298,7 @@ def test_pipelined_k_loop_where_registers_allow():
     assert {kernel.config.pipelined for kernel in kernels if kernel.config.block_n <= 128} == {True, False}
 
 
-def test_epilogue_overlap_on_every_128_row_unsplit_candidate():
+def test_epilogue_overlap_on_every_128_and_256_row_unsplit_candidate():
     assert not heur.make_config(128, 192, 1, False, 2).overlap_epilogue
     assert heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True).overlap_epilogue
     for block_m, splits in ((64, 1), (128, 2)):
@@ -304,11 +307,11 @@ def test_epilogue_overlap_on_every_128_row_unsplit_candidate():
     dense = list(heur.candidate_configs(4096, 7168, NUM_SMS, k=2048))
     assert {c.overlap_epilogue for c in dense} == {True, False}
     for config in dense:
-        assert config.overlap_epilogue == (config.block_m == 128 and config.num_splits == 1)
+        assert config.overlap_epilogue == (config.block_m in (128, 256) and config.num_splits == 1)
     # Without split-K options the same; the grouped kinds only where BLOCK_N is a multiple of 64 (at the others
     # ptxas serializes the wgmma: tests/test_compile.py checks every picked kernel's group in flight).
     for config in heur.candidate_configs(4096, 7168, NUM_SMS):
-        assert config.overlap_epilogue == (config.block_m == 128)
+        assert config.overlap_epilogue == (config.block_m in (128, 256))
     grouped = list(heur.candidate_configs(4096, 7168, NUM_SMS, grouped=True))
     assert {c.block_n for c in grouped if c.overlap_epilogue} == {64, 128, 192}
     for config in grouped:
@@ -318,6 +321,9 @@ def test_epilogue_overlap_on_every_128_row_unsplit_candidate():
     assert heur.estimate_seconds(overlapped, 4096, 7168, 2048, NUM_SMS) < heur.estimate_seconds(plain, 4096, 7168,
                                                                                                   2048, NUM_SMS)
     assert heur.get_fp8_gemm_config(4096, 32768, 512, NUM_SMS, allow_split_k=True).overlap_epilogue
+    # 256-row tiles: measured to win at M = 4096 where the 256-row tiles do (H200, 2026-12-02).
+    two_wave = heur.get_fp8_gemm_config(4096, 4096, 7168, NUM_SMS, allow_split_k=True)
+    assert (two_wave.block_m, two_wave.overlap_epilogue) == (256, True)
     assert not heur.get_fp8_gemm_config(64, 2112, 7168, NUM_SMS, allow_split_k=True).overlap_epilogue
     assert heur.template_args(overlapped, 7168, 2048, "bfloat16", False)[15] == "true"
 
@@ -326,3 +332,38 @@ def test_config_label():
     assert heur.config_label(heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True)) == "128x192/1o"
     assert heur.config_label(heur.make_config(64, 64, 1, False, 2, num_splits=4)) == "64x64/4p"
     assert heur.config_label(heur.make_config(256, 128, 2, True, 2)) == "256x128/1+a"
+
+
+def test_ping_pong_configs():
+    # The schedule is a template argument of its own; it takes two math warpgroups and the plain K loop, which it
+    # selects by default; the label shows it.
+    config = heur.make_config(256, 128, 2, True, 2, ping_pong=True)
+    assert (config.ping_pong, config.pipelined) == (True, False)
+    assert heur.template_args(config, 4096, 7168, "bfloat16", False)[-1] == "deep_kernels::MathSchedule::PingPong"
+    assert heur.config_label(config) == "256x128/1t+a"
+    assert heur.make_config(128, 128, 1, False, 2, ping_pong=True).pipelined is False
+    assert heur.make_config(128, 128, 1, False, 2).pipelined is True
+    for kwargs in ({"block_m": 64, "block_n": 64}, {"block_m": 128, "block_n": 128, "pipelined": True}):
+        with pytest.raises(ValueError, match="ping-pong schedule needs"):
+            heur.make_config(num_tma_multicast=1, multicast_on_a=False, out_dtype_bytes=2, ping_pong=True, **kwargs)
+    assert heur.config_fields(config)["ping_pong"] is True
+    assert heur.make_config(out_dtype_bytes=2, **heur.config_fields(config)) == config
+
+
+def test_ping_pong_is_offered_only_where_its_factor_is_measured(monkeypatch):
+    # Candidates offer the schedule at the tile heights PING_PONG_MATH_FACTOR lists, right after the lockstep twin
+    # (ties keep lockstep), never for the grouped kinds; a factor below 1 makes the model prefer it.
+    monkeypatch.setattr(heur, "PING_PONG_MATH_FACTOR", {})
+    assert not any(c.ping_pong for c in heur.candidate_configs(4096, 7168, 132, k=16384))
+    monkeypatch.setattr(heur, "PING_PONG_MATH_FACTOR", {128: 0.9})
+    candidates = list(heur.candidate_configs(4096, 7168, 132, k=16384))
+    ping_pong = [c for c in candidates if c.ping_pong]
+    assert ping_pong and all(c.block_m == 128 and not c.pipelined for c in ping_pong)
+    for i, c in enumerate(candidates):
+        if c.ping_pong:
+            twin = candidates[i - 1]
+            assert (twin.block_m, twin.block_n, twin.num_splits, twin.ping_pong) == (c.block_m, c.block_n,
+                                                                                      c.num_splits, False)
+            assert heur.estimate_seconds(c, 4096, 7168, 16384, 132) < heur.estimate_seconds(
+                replace(c, ping_pong=False), 4096, 7168, 16384, 132)
+    assert not any(c.ping_pong for c in heur.candidate_configs(4096, 7168, 132, grouped=True))

@@ -490,6 +490,31 @@ def test_multicast_pairs(monkeypatch, block_m, block_n, multicast_on_a):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_n,overlap", [(192, True), (160, False)])
+def test_ping_pong_matches_lockstep(monkeypatch, block_n, overlap):
+    # The ping-pong schedule on both grouped kinds (padding and masked tails, row-predicated stores; with and without
+    # the epilogue overlap; tiles straddling sfb blocks at 160 columns): right, deterministic, and the same bytes as
+    # the lockstep schedule's.
+    rng = random.Random(7)
+    a, b, m_indices, _ = make_contiguous_inputs(expert_sizes(8, 1500, rng), N, K)
+    masked_a, masked_b, masked_m = make_masked_inputs(_random_masked_m(8, 300, rng), 300, N, K)
+    outputs = []
+    for ping_pong in (True, True, False):
+        config = dense_heuristics.make_config(128, block_n, 1, False, 2, pipelined=False, overlap_epilogue=overlap,
+                                              ping_pong=ping_pong)
+        monkeypatch.setattr(grouped_gemm, "_plans", {})
+        monkeypatch.setattr(heuristics, "get_grouped_fp8_gemm_config", lambda *args, **kwargs: config)
+        outputs.append((_run_contiguous(a, b, m_indices), _run_masked(masked_a, masked_b, masked_m, 150)))
+        assert grouped_gemm._plan(grouped_gemm.CONTIGUOUS, m_indices.numel(), N, K, 8)[1].ping_pong == ping_pong
+    (d, poisoned), (masked_d, masked_poisoned) = outputs[0]
+    _check_contiguous(d, _expected_contiguous(a, b, m_indices), m_indices, poisoned)
+    _check_masked(masked_d, _expected_masked(masked_a, masked_b, masked_m), masked_m, masked_poisoned)
+    for (other, _), (other_masked, _) in outputs[1:]:
+        assert_bitwise_equal(other, d, "d (contiguous: ping-pong again, then lockstep)")
+        assert_bitwise_equal(other_masked, masked_d, "d (masked: ping-pong again, then lockstep)")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("plant", PLANTS)
 def test_contiguous_check_rejects_a_wrong_layout(plant):
     # The real kernel given m_indices with one planted bug; the check that passes the right result rejects it

@@ -13,6 +13,7 @@
 #include "common/math.cuh"
 #include "epilogue/sm90_accumulator_store.cuh"
 #include "gemm/gemm_operands.cuh"
+#include "gemm/sm90_math_schedule.cuh"
 #include "scheduler.cuh"
 
 namespace deep_kernels {
@@ -117,7 +118,8 @@ struct Fp4StageBuffers : StageBuffers<kStageABytes, kStageBBytes, kStageSfaFloat
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t BLOCK_K_,
           uint32_t kNumStages_, uint32_t kNumTMAMulticast_, bool kIsMulticastOnA_, GemmType kGemmType_,
           typename OutputType_, bool kWithAccumulation_, uint32_t kNumSplits_, bool kPipelined_,
-          bool kOverlapEpilogue_, GemmOperands kOperands_, bool kIsMNMajorA_ = false, bool kIsMNMajorB_ = false>
+          bool kOverlapEpilogue_, GemmOperands kOperands_, bool kIsMNMajorA_ = false, bool kIsMNMajorB_ = false,
+          MathSchedule kMathSchedule_ = MathSchedule::Lockstep>
 struct Sm90Fp8GemmTraits {
     // Problem, tile, pipeline, cluster, kind and schedule
     static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_;
@@ -136,6 +138,7 @@ struct Sm90Fp8GemmTraits {
     // BF16 operands may be MN-major in global memory (A [K, M] or B [K, N] with M / N contiguous): a stage then holds
     // the operand as 64-column (128-byte) boxes along M / N, each BLOCK_K rows of K, which wgmma reads transposed.
     static constexpr bool kIsMNMajorA = kIsMNMajorA_, kIsMNMajorB = kIsMNMajorB_;
+    static constexpr MathSchedule kMathSchedule = kMathSchedule_;
 
     // Kind
     static constexpr bool kIsChannelScaled = kOperands == GemmOperands::Fp8ChannelScaled;
@@ -261,9 +264,10 @@ struct Sm90Fp8GemmTraits {
                      "BLOCK_M 64 (one math warpgroup), 128 or 256 (two, each owning half the rows)");
     DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN &&
                                          (kGemmType == GemmType::Normal || kGemmType == GemmType::KGrouped) &&
-                                         kNumSplits == 1 && !kPipelined && !kOverlapEpilogue),
-                     "256-row tiles: Normal or KGrouped kind, BLOCK_N <= 128, no split-K, pipelining or epilogue "
-                     "overlap");
+                                         kNumSplits == 1 && !kPipelined &&
+                                         (!kOverlapEpilogue || (kGemmType == GemmType::Normal && !kHasColumnScales))),
+                     "256-row tiles: Normal or KGrouped kind, BLOCK_N <= 128, no split-K or pipelining; the epilogue "
+                     "overlap only for the Normal kind with block scales");
     DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= (kIsBf16 ? kMaxBf16BlockN : 192),
                      "BLOCK_N in 16..192 (BF16: 16..256), a multiple of 16");
     DK_STATIC_ASSERT(kIsBf16 || BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N),
@@ -278,12 +282,19 @@ struct Sm90Fp8GemmTraits {
     // split-K reduction is, and (C7514) of the one-warpgroup tiles. The grouped kinds' vote and row-predicated
     // store keep the group in flight only where the K loop has at most two sfb offsets to dispatch on (BLOCK_N a
     // multiple of 64); at 96, 112, 144 and 160 columns ptxas serializes (C7518).
-    DK_STATIC_ASSERT(!kOverlapEpilogue || (kNumSplits == 1 && BLOCK_M == 128 &&
+    DK_STATIC_ASSERT(!kOverlapEpilogue || (kNumSplits == 1 &&
+                                           (BLOCK_M == 128 || BLOCK_M == 256) &&
                                            (kGemmType == GemmType::Normal || BLOCK_N % 64 == 0)),
-                     "the epilogue overlap is for 128-row tiles without split-K (grouped: BLOCK_N a multiple of 64)");
+                     "the epilogue overlap is for 128- and 256-row tiles without split-K (grouped: BLOCK_N a multiple "
+                     "of 64)");
     // NOTE: ptxas gives the streamed store of two 64-row waves a 1 KB stack frame unless the CTA is in a cluster.
     DK_STATIC_ASSERT(!kStreamedStore || kNumMWaves == 1 || kNumTMAMulticast == 2,
                      "256-row per-channel tiles with FP32 D run in 2-CTA clusters");
+    DK_STATIC_ASSERT(kMathSchedule == MathSchedule::Lockstep ||
+                         (kNumMathWarpgroups == 2 && !kPipelined && kOperands == GemmOperands::Fp8BlockScaled &&
+                          kGemmType != GemmType::KGrouped),
+                     "ping-pong: two math warpgroups with the plain K loop (one group in flight each), block-scaled "
+                     "FP8 operands, not k-grouped");
     DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
     DK_STATIC_ASSERT(kSmemBytes <= kMaxSmemBytes, "stages fit in shared memory");
 };

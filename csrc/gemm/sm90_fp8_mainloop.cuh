@@ -5,7 +5,8 @@
 // Fp8ChannelScaled, and with FP4 weights, whose expanders write it, sfb[column] comes from the stage and the stage
 // is freed after the promotion).
 // The pipelined K loop (kPipelined) keeps a second partial set, so that K block i + 1's wgmma group runs on the
-// tensor cores while block i is promoted.
+// tensor cores while block i is promoted. With the ping-pong schedule (gemm/sm90_math_schedule.cuh) the two
+// warpgroups take turns running their groups, so that one's group runs while the other promotes.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +86,7 @@ struct Sm90Fp8Mainloop {
     static constexpr uint32_t BLOCK_N = Traits::BLOCK_N;
     static constexpr uint32_t kNumKBlocks = Traits::kNumKBlocks;
     static constexpr uint32_t kNumMWaves = Traits::kNumMWaves;
+    static constexpr bool kPingPong = Traits::kMathSchedule == MathSchedule::PingPong;
     using State = PipelineState<Traits::kNumStages>;
 
     const typename Traits::Stages& stages;
@@ -144,6 +146,8 @@ struct Sm90Fp8Mainloop {
         const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(
             stages.a_stage(k_state.stage) + (wg_idx() * kNumMWaves + wave) * kWarpgroupBlockM * Traits::BLOCK_K);
         const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
+        if constexpr (kPingPong)
+            MathTurns(wg_idx()).wait();
         ptx::wgmma_fence();
 #pragma unroll
         for (uint32_t k = 0; k < Traits::BLOCK_K / kWgmmaK; ++k) {
@@ -162,6 +166,8 @@ struct Sm90Fp8Mainloop {
                                   const State& k_state, uint32_t wave = 0) {
         ptx::wgmma_wait_group<NumPending::value>();
         ptx::fence_operands(acc);
+        if constexpr (kPingPong)
+            MathTurns(wg_idx()).pass();
         if constexpr (Traits::kHasColumnScales) {
             // The promotion reads the stage's sfb, so the stage is freed after it.
             promote_per_column<BLOCK_N>(acc, final_acc[wave], scales.lo, scales.hi, stages.sfb_stage(k_state.stage),
@@ -247,6 +253,13 @@ private:
             uint32_t k_block = k_block_begin;
             if constexpr (kIssuedAhead) {
                 retire(kNoneInFlight, partial, first.scales, first.state);
+                // 256-row tiles: the block issued ahead was its first wave's; the other follows here.
+#pragma unroll
+                for (uint32_t wave = 1; wave < kNumMWaves; ++wave) {
+                    const PromotionScales scales =
+                        issue_k_block(kStraddles, sfb_rows, partial, k_block, first.state, wave);
+                    retire(kNoneInFlight, partial, scales, first.state, wave);
+                }
                 ++k_block;
             }
             for (; k_block < k_block_end; ++k_block) {

@@ -16,8 +16,11 @@
 // kPipelined (tiles narrow enough for a second accumulator set, kMaxPipelinedBlockN): each warpgroup issues
 // K block i + 1's wgmma group before it waits for and promotes block i, so the promotion, the barrier waits
 // and the wgmma latency overlap the tensor cores' work instead of draining them every K block.
-// kOverlapEpilogue (BLOCK_M 128, no split-K; grouped kinds: BLOCK_N a multiple of 64): the next tile's first K
-// block's wgmma group is issued before a tile's store, so the tensor cores work while the store converts and stages.
+// kOverlapEpilogue (BLOCK_M 128 or 256, no split-K; grouped kinds: BLOCK_N a multiple of 64): the next tile's first
+// K block's wgmma group (its first wave's) is issued before a tile's store, so the tensor cores work while the store
+// converts and stages.
+// kMathSchedule (gemm/sm90_math_schedule.cuh): Lockstep, or PingPong (two math warpgroups, plain K loop): the
+// warpgroups take turns running their wgmma groups, so one's group runs while the other promotes or stores.
 // K is any multiple of 16: past the last multiple of 128, TMA zero-fills the last K block, whose scale group
 // covers the remaining columns. Unsupported: N % 16 != 0, BLOCK_N > 192, C distinct from D (the host copies C
 // into D first).
@@ -126,6 +129,9 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
                                   float* split_workspace, uint32_t* split_tickets) {
     typename MainloopOf<Traits, Ring>::type mainloop(stages, ring, sfb);
     const Sm90Fp8Epilogue<Traits> epilogue{scheduler, smem_d_wg, tmap_d, d, split_workspace, split_tickets};
+    constexpr bool kPingPong = Traits::kMathSchedule == MathSchedule::PingPong;
+    if constexpr (kPingPong)
+        MathTurns(threadIdx.x / kNumThreadsPerWarpgroup).start();
     TileInfo tile;
     if constexpr (!Traits::kOverlapEpilogue) {
         while (scheduler.get_next_tile(tile)) {
@@ -167,6 +173,9 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
         }
     }
 
+    if constexpr (kPingPong)
+        MathTurns(threadIdx.x / kNumThreadsPerWarpgroup).finish();
+
     // The last stores must have read their shared memory before the CTA exits; their global writes complete
     // with the grid (nothing in this launch reads them), so the CTA does not wait for them.
     if (threadIdx.x % kNumThreadsPerWarpgroup == 0)
@@ -182,7 +191,8 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           uint32_t kNumTMAMulticast, bool kIsMulticastOnA,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
           uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue, GemmOperands kOperands, bool kIsMNMajorA,
-          bool kIsMNMajorB>
+          bool kIsMNMajorB,
+          MathSchedule kMathSchedule>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -192,7 +202,8 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     using namespace sm90_fp8_gemm_detail;
     using Traits = Sm90Fp8GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
                                      kIsMulticastOnA, kGemmType, OutputType, kWithAccumulation, kNumSplits,
-                                     kPipelined, kOverlapEpilogue, kOperands, kIsMNMajorA, kIsMNMajorB>;
+                                     kPipelined, kOverlapEpilogue, kOperands, kIsMNMajorA, kIsMNMajorB,
+                                     kMathSchedule>;
 
     // Static checks (the traits hold the rest)
     DK_STATIC_ASSERT(kNumTMAThreads == Traits::kNumTMAThreads && kNumMathThreads == Traits::kNumMathThreads,

@@ -25,6 +25,12 @@ DK_DEVICE void named_barrier_sync(uint32_t id, uint32_t num_threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// Arrives on barrier `id` among `num_threads` threads without waiting for the others (a producer's signal to
+// threads that bar.sync on it).
+DK_DEVICE void named_barrier_arrive(uint32_t id, uint32_t num_threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
+}
+
 // Named barrier `id` that also returns whether `value` holds for any of its `num_threads` threads; orders
 // memory like named_barrier_sync.
 DK_DEVICE bool named_barrier_sync_or(uint32_t id, uint32_t num_threads, bool value) {

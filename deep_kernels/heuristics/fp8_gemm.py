@@ -40,7 +40,7 @@ is even, on B (pairs of M-blocks) when the M-block count (per group) is even.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SMEM_CAPACITY_BYTES = 232448
 BLOCK_K = 128
@@ -91,8 +91,17 @@ SPLIT_SECONDS = 2.0e-6
 # 1.01, mean 0.955; never more than 1% slower. The saving grows with the tiles' length rather than staying one
 # epilogue per tile, so it is a share, not a constant.
 OVERLAP_EPILOGUE_FACTOR = 0.955
+# The same for 256-row tiles (the next tile's first wave issued ahead). Fitted on the H200 (2026-12-02) to the six
+# benchmark N x K at M = 4096, 256x128 tiles with and without the overlap, timed in turns: 0.969 to 0.989, mean 0.978.
+TWO_WAVE_OVERLAP_EPILOGUE_FACTOR = 0.976
 # Most splits of a tail split (the last job of a tile reads the partials back one after another).
 MAX_TAIL_SPLITS = 8
+# Time of a K block's math with the ping-pong schedule (the two math warpgroups take turns running their wgmma
+# groups, csrc/gemm/sm90_math_schedule.cuh) over the same tiles' lockstep plain K loop, by BLOCK_M; the candidates
+# offer the schedule only at the tile heights listed (where it was measured to win). None: on the H200 (2026-12-02,
+# M = 4096, the six benchmark N x K, timed in turns with the lockstep kernel of the same tiles) it ran 1.04-1.10x
+# the lockstep time at 128 and 256 rows (with the turn handed over at the issue instead: 1.01-1.03x).
+PING_PONG_MATH_FACTOR = {}
 # Per-channel B scales: the promotion reads one float2 of sfb per 8 columns from shared memory and multiplies per
 # column. Fitted on the H200 (2026-12-02) to the sweep of scripts/sweep_wgrad_gemm.py (four weight-gradient shapes,
 # FP32 D accumulated, six tilings each): the picks are the fastest swept tiling on three shapes, 1.3% behind it on the
@@ -115,6 +124,8 @@ GEMM_OPERANDS = {
 # Operands whose B scales are 1 x 128 per row (loaded per stage next to sfa: BLOCK_N FP32 more per stage).
 CHANNEL_SCALED_OPERANDS = ("fp8_channel_scaled",)
 OUTPUT_TYPES = {"bfloat16": ("__nv_bfloat16", 2), "float32": ("float", 4)}
+# How the two math warpgroups share the tensor cores (csrc/gemm/sm90_math_schedule.cuh), by Fp8GemmConfig.ping_pong.
+MATH_SCHEDULES = {False: "deep_kernels::MathSchedule::Lockstep", True: "deep_kernels::MathSchedule::PingPong"}
 
 KERNEL_HEADER = "kernels/sm90_fp8_gemm.cuh"
 
@@ -133,10 +144,13 @@ class Fp8GemmConfig:
     block_k: int = BLOCK_K
     num_splits: int = 1
     pipelined: bool = False
-    # Issue the next tile's first K block before this tile's store (the kernel's kOverlapEpilogue; BLOCK_M 128, no
-    # split-K, grouped kinds BLOCK_N a multiple of 64): the candidates use it wherever it applies (has_epilogue_overlap,
-    # OVERLAP_EPILOGUE_FACTOR).
+    # Issue the next tile's first K block before this tile's store (the kernel's kOverlapEpilogue; BLOCK_M 128 or 256,
+    # no split-K, grouped kinds BLOCK_N a multiple of 64): the candidates use it wherever it applies
+    # (has_epilogue_overlap, OVERLAP_EPILOGUE_FACTOR, TWO_WAVE_OVERLAP_EPILOGUE_FACTOR).
     overlap_epilogue: bool = False
+    # The two math warpgroups take turns issuing their wgmma groups (the kernel's MathSchedule::PingPong; two math
+    # warpgroups, plain K loop): one warpgroup's group runs on the tensor cores while the other promotes.
+    ping_pong: bool = False
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -214,6 +228,11 @@ def can_pipeline(block_m: int, block_n: int) -> bool:
     return block_n <= MAX_PIPELINED_BLOCK_N.get(block_m, 0)
 
 
+def can_ping_pong(block_m: int, pipelined: bool) -> bool:
+    """Whether the kernel takes the ping-pong schedule: two math warpgroups (128 or 256 rows), plain K loop."""
+    return block_m in (128, 256) and not pipelined
+
+
 def is_legal_tile(block_m: int, block_n: int, grouped: bool = False) -> bool:
     """Whether the kernel takes the tiling: 256-row tiles only for the Normal (and k-grouped) kinds, not the
     M-grouped ones (`grouped`: a contiguous group's segment is padded to 128 rows), at most MAX_TWO_WAVE_BLOCK_N
@@ -280,6 +299,8 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     a, b = MATH_SECONDS_PER_K_BLOCK[config.block_m]
     # NOTE: below N = 64 a wgmma is bound by reading A from shared memory, not by its N.
     math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if config.pipelined else 1.0) + b * max(config.block_n, 64)
+    if config.ping_pong:
+        math_s *= PING_PONG_MATH_FACTOR[config.block_m]
     if operands in CHANNEL_SCALED_OPERANDS:
         math_s += CHANNEL_PROMOTION_SECONDS_PER_COLUMN * config.block_n * num_m_waves(config.block_m)
     a_bytes, b_bytes = config.block_m * BLOCK_K, config.block_n * BLOCK_K
@@ -300,7 +321,7 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
                          _ceil_div(units - unsplit, clusters) * job_s)
 
     if config.overlap_epilogue:
-        busiest_cta_s *= OVERLAP_EPILOGUE_FACTOR
+        busiest_cta_s *= TWO_WAVE_OVERLAP_EPILOGUE_FACTOR if config.block_m == 256 else OVERLAP_EPILOGUE_FACTOR
 
     d_passes = 2 if with_accumulation else 1
     dram_bytes = num_groups * (m * k + n * k + d_passes * m * n * out_dtype_bytes)
@@ -340,11 +361,14 @@ def has_streamed_store_registers(block_m: int, num_tma_multicast: int, out_dtype
                 num_tma_multicast == 1)
 
 
-def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False) -> bool:
-    """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128-row tiles without split-K,
-    for the grouped kinds only tiles of a multiple of 64 columns (ptxas serializes the wgmma of the others: their
-    vote and row-predicated store meet the K loop's dispatch over more than two sfb offsets)."""
-    return block_m == 128 and num_splits == 1 and (not grouped or block_n % 64 == 0)
+def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False,
+                         operands: str = "fp8_block_scaled") -> bool:
+    """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128-row tiles (256-row ones with
+    block-scaled operands) without split-K, for the grouped kinds only tiles of a multiple of 64 columns (ptxas
+    serializes the wgmma of the others: their vote and row-predicated store meet the K loop's dispatch over more
+    than two sfb offsets)."""
+    return ((block_m == 128 or (block_m == 256 and operands == "fp8_block_scaled")) and num_splits == 1 and
+            (not grouped or block_n % 64 == 0))
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
@@ -366,7 +390,7 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                     continue
                 splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
                 for num_splits in splits:
-                    yield Fp8GemmConfig(
+                    config = Fp8GemmConfig(
                         block_m=block_m,
                         block_n=block_n,
                         num_stages=stages,
@@ -376,8 +400,12 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands),
                         num_splits=num_splits,
                         pipelined=can_pipeline(block_m, block_n),
-                        overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped),
+                        overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped, operands),
                     )
+                    yield config
+                    # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
+                    if block_m in PING_PONG_MATH_FACTOR and not grouped and operands == "fp8_block_scaled":
+                        yield replace(config, pipelined=False, ping_pong=True, overlap_epilogue=False)
 
 
 def check_problem(n: int, k: int, num_sms: int) -> None:
@@ -434,9 +462,10 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
 
 
 def config_label(config: Fp8GemmConfig) -> str:
-    """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), +a / +b (multicast of A / B):
-    128x192/1o, 64x64/4p, 256x128/1+a."""
-    flags = ("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "")
+    """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), t (ping-pong: the math warpgroups
+    take turns issuing), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 256x128/1+a, 256x128/1t+a."""
+    flags = (("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "") +
+             ("t" if config.ping_pong else ""))
     multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
     return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
 
@@ -446,7 +475,7 @@ def config_fields(config: Fp8GemmConfig) -> dict:
     return {"block_m": config.block_m, "block_n": config.block_n, "num_tma_multicast": config.num_tma_multicast,
             "multicast_on_a": config.multicast_on_a, "num_stages": config.num_stages,
             "num_splits": config.num_splits, "pipelined": config.pipelined,
-            "overlap_epilogue": config.overlap_epilogue}
+            "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong}
 
 
 def _output_type(out_dtype) -> tuple:
@@ -492,6 +521,7 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         GEMM_OPERANDS[operands],
         "true" if mn_major_a else "false",
         "true" if mn_major_b else "false",
+        MATH_SCHEDULES[config.ping_pong],
     ]
 
 
@@ -553,21 +583,26 @@ def wgrad_candidate_kernels(num_sms: int = 132, smem_capacity: int = SMEM_CAPACI
 def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
                 pipelined: bool = None, overlap_epilogue: bool = False,
-                operands: str = "fp8_block_scaled") -> Fp8GemmConfig:
+                operands: str = "fp8_block_scaled", ping_pong: bool = False) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
-    allows unless pipelined says otherwise, for overrides and tests (operands: what a stage holds)."""
+    allows (and the schedule is not ping-pong) unless pipelined says otherwise, for overrides and tests (operands:
+    what a stage holds)."""
     if block_m not in BLOCK_MS or block_n not in BLOCK_NS or not is_legal_tile(block_m, block_n):
         raise ValueError(f"no kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n in {BLOCK_NS} "
                          f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
     if num_splits != 1 and (num_tma_multicast != 1 or block_m == 256):
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
-    if overlap_epilogue and (num_splits != 1 or block_m != 128):
-        raise ValueError("the epilogue overlap needs block_m == 128 and num_splits == 1")
+    if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits, operands=operands):
+        raise ValueError("the epilogue overlap needs num_splits == 1 and block_m 128 (or 256 with block-scaled "
+                         "operands)")
+    if ping_pong and (pipelined or not can_ping_pong(block_m, False) or operands != "fp8_block_scaled"):
+        raise ValueError("the ping-pong schedule needs block_m 128 or 256, the plain K loop (pipelined=False) and "
+                         "block-scaled operands")
     if operands in CHANNEL_SCALED_OPERANDS and not has_streamed_store_registers(block_m, num_tma_multicast,
                                                                               out_dtype_bytes, operands):
         raise ValueError("256-row tiles with per-channel B scales and FP32 D need num_tma_multicast == 2")
     if pipelined is None:
-        pipelined = can_pipeline(block_m, block_n)
+        pipelined = can_pipeline(block_m, block_n) and not ping_pong
     elif pipelined and not can_pipeline(block_m, block_n):
         raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined (block_m 64 or 128, block_n at most "
                          f"{MAX_PIPELINED_BLOCK_N[128]})")
@@ -575,15 +610,15 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands), num_splits=num_splits,
-                         pipelined=pipelined, overlap_epilogue=overlap_epilogue)
+                         pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong)
 
 
 def compile_coverage_kernels(num_sms: int = 132) -> list:
     """all_candidate_configs() plus kernels for the code paths those picks leave out on the H200: multicast
     on A and on B, the grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
     partial slot in flight) and with splits not dividing K, the plain K loop of a pipelinable tile and the
-    widest pipelined tile of one math warpgroup, the epilogue overlap's K loops and stores, and per-channel B
-    scales (dense and k-grouped)."""
+    widest pipelined tile of one math warpgroup, the epilogue overlap's K loops and stores, per-channel B scales
+    (dense and k-grouped), and the ping-pong schedule."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -603,6 +638,13 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(128, 128, 1, False, 2, overlap_epilogue=True), 32768, 512, "bfloat16", False),
         CandidateKernel(make_config(128, 160, 1, False, 4, overlap_epilogue=True), 7168, 16384, "float32", True),
         CandidateKernel(make_config(128, 192, 2, False, 2, overlap_epilogue=True), 7168, 2048, "bfloat16", False),
+        # The epilogue overlap of 256-row tiles.
+        CandidateKernel(make_config(256, 128, 2, True, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False),
+        # The ping-pong schedule: with the epilogue overlap, two waves with multicast, split-K with accumulation.
+        CandidateKernel(make_config(128, 160, 1, False, 2, overlap_epilogue=True, ping_pong=True), 7168, 2048,
+                        "bfloat16", False),
+        CandidateKernel(make_config(256, 128, 2, True, 2, ping_pong=True), 4096, 7168, "bfloat16", False),
+        CandidateKernel(make_config(128, 112, 1, False, 4, num_splits=2, ping_pong=True), 576, 640, "float32", True),
         # Per-channel B scales (the weight gradient's): pipelined with the overlap, two waves with multicast, the
         # widest tile's plain K loop; the k-grouped kind (K from the device: SHAPE_K 0), pipelined and two waves.
         CandidateKernel(make_config(128, 128, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled"),
