@@ -21,7 +21,8 @@ Backward, from dout [T, H] (R: the layout's rows; rows no slot takes are zeros w
     by weight_gradient_gemm (k_grouped_fp8_gemm_nt_contiguous), then cast to the weights' dtype.
 The FP8 weights are differentiated straight through (the gradient of a master weight is that of its quantized value,
 as FP8 training does); the correction bias and the selection get none. The one host synchronization: the experts'
-padded row counts, the k-grouped GEMM's host-side group sizes.
+padded row counts, the k-grouped GEMM's host-side group sizes; it is also why torch.compile(fullgraph=True) cannot
+trace this backward (data-dependent host values), while the gate and SwiGLU functions (nn.functional) do trace.
 
 Deterministic: every reduction has a fixed order (no atomics in any kernel used, torch's GEMMs deterministic for
 fixed shapes).
