@@ -6,6 +6,9 @@ their place (deep_kernels.ops: torch.ops.deep_kernels.*).
 """
 
 from deep_kernels.device import get_num_sms, set_num_sms
+from deep_kernels.fp4_gemm import (
+    fp8_fp4_gemm_nt, m_grouped_fp8_fp4_gemm_nt_contiguous, m_grouped_fp8_fp4_gemm_nt_masked,
+)
 from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
 from deep_kernels.grouped_gemm import (
     get_m_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
@@ -33,6 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     # GEMMs
+    "fp8_fp4_gemm_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked",
     "fp8_gemm_nt", "get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor",
     "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous", "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked", "tma_aligned_size",

@@ -26,7 +26,7 @@ from dataclasses import fields
 
 import torch
 
-from deep_kernels import gemm, grouped_gemm, k_grouped_gemm
+from deep_kernels import fp4_gemm, gemm, grouped_gemm, k_grouped_gemm
 from deep_kernels.grouped_gemm import _split_pairs
 from deep_kernels.moe import expand, expert_parallel, gate, layout, routing
 from deep_kernels.moe.expand import _layout_sizes, expanded_scale_geometry
@@ -140,6 +140,47 @@ _define("m_grouped_fp8_gemm_nt_masked(Tensor a, Tensor sfa, Tensor b, Tensor sfb
 
 def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m):
     _OPS.m_grouped_fp8_gemm_nt_masked.default(*_split_pairs(a, b), d, masked_m, expected_m)
+    return d
+
+
+def _fp8_fp4_gemm_nt(a, sfa, b, sfb, d, c, c_is_d) -> None:
+    fp4_gemm.fp8_fp4_gemm_nt((a, sfa), (b, sfb), d, d if c_is_d else c)
+
+
+_define("fp8_fp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, Tensor? c, bool c_is_d) -> ()",
+        _fp8_fp4_gemm_nt, _writes_only)
+
+
+def fp8_fp4_gemm_nt(a, b, d, c):
+    a, sfa, b, sfb = _split_pairs(a, b)
+    c_is_d = c is d
+    _OPS.fp8_fp4_gemm_nt.default(a, sfa, b, sfb, d, None if c_is_d else c, c_is_d)
+    return d
+
+
+def _m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, d, m_indices) -> None:
+    fp4_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((a, sfa), (b, sfb), d, m_indices)
+
+
+_define("m_grouped_fp8_fp4_gemm_nt_contiguous(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, "
+        "Tensor m_indices) -> ()", _m_grouped_fp8_fp4_gemm_nt_contiguous, _writes_only)
+
+
+def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices):
+    _OPS.m_grouped_fp8_fp4_gemm_nt_contiguous.default(*_split_pairs(a, b), d, m_indices)
+    return d
+
+
+def _m_grouped_fp8_fp4_gemm_nt_masked(a, sfa, b, sfb, d, masked_m, expected_m) -> None:
+    fp4_gemm.m_grouped_fp8_fp4_gemm_nt_masked((a, sfa), (b, sfb), d, masked_m, expected_m)
+
+
+_define("m_grouped_fp8_fp4_gemm_nt_masked(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, "
+        "Tensor masked_m, int expected_m) -> ()", _m_grouped_fp8_fp4_gemm_nt_masked, _writes_only)
+
+
+def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m):
+    _OPS.m_grouped_fp8_fp4_gemm_nt_masked.default(*_split_pairs(a, b), d, masked_m, expected_m)
     return d
 
 

@@ -17,6 +17,7 @@ from deep_kernels.reference import gemm as reference_gemm
 from deep_kernels.reference import moe as reference_moe
 from deep_kernels.reference import quant as reference_quant
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, random_activations
+from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import make_gemm_inputs
 from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs, make_weights
 from deep_kernels.testing.wgrad import make_k_grouped_inputs, make_wgrad_inputs
@@ -26,7 +27,8 @@ from deep_kernels.testing.wgrad import make_k_grouped_inputs, make_wgrad_inputs
 NEEDS_NO_OP = {"get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor", "get_num_sms",
                "nvfp4_global_scale", "set_num_sms", "tma_aligned_size"}
 GEMMS = {"fp8_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
-         "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"}
+         "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "fp8_fp4_gemm_nt",
+         "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked"}
 
 
 # ---- inputs (CPU) ----
@@ -99,6 +101,18 @@ def _k_grouped_gemm(layout: str) -> tuple:
 def _masked_gemm() -> tuple:
     a, b, masked_m = make_masked_inputs([2, 0, 3], 4, 32, 128, device="cpu")
     return (a, b, torch.empty(3, 4, 32, dtype=torch.bfloat16), masked_m, 2), {}
+
+
+def _fp4_contiguous_gemm() -> tuple:
+    a, _, m_indices, _ = make_contiguous_inputs([3, 0, 5], 32, 128, device="cpu")
+    return (a, mxfp4_weights(32, 128, device="cpu", num_groups=3), torch.empty(m_indices.numel(), 32,
+                                                                               dtype=torch.bfloat16), m_indices), {}
+
+
+def _fp4_masked_gemm() -> tuple:
+    a, _, masked_m = make_masked_inputs([2, 0, 3], 4, 32, 128, device="cpu")
+    return (a, mxfp4_weights(32, 128, device="cpu", num_groups=3), torch.empty(3, 4, 32, dtype=torch.bfloat16),
+            masked_m, 2), {}
 
 
 class Case(NamedTuple):
@@ -192,6 +206,12 @@ CASES = [
     Case("grouped_contiguous", "m_grouped_fp8_gemm_nt_contiguous", lambda: _contiguous_gemm("m_indices")),
     Case("grouped_contiguous-offsets", "m_grouped_fp8_gemm_nt_contiguous", lambda: _contiguous_gemm("offsets")),
     Case("grouped_masked", "m_grouped_fp8_gemm_nt_masked", _masked_gemm),
+    Case("fp4_gemm", "fp8_fp4_gemm_nt", lambda: ((*make_fp4_gemm_inputs(5, 64, 256, device="cpu"),
+                                                 torch.empty(5, 64, dtype=torch.bfloat16)), {})),
+    Case("fp4_gemm-c", "fp8_fp4_gemm_nt", lambda: ((*make_fp4_gemm_inputs(5, 64, 256, device="cpu"),
+                                                   torch.empty(5, 64)), dict(c=torch.rand(5, 64)))),
+    Case("fp4_grouped_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous", _fp4_contiguous_gemm),
+    Case("fp4_grouped_masked", "m_grouped_fp8_fp4_gemm_nt_masked", _fp4_masked_gemm),
 ]
 
 

@@ -24,6 +24,10 @@ constexpr uint32_t kWarpgroupBlockM = 64;
 constexpr uint32_t kScaleBlock = 128;
 constexpr uint32_t kWgmmaK = 32;
 constexpr uint32_t kMaxSmemBytes = 232448;
+// The e2m1 -> e4m3 expansion's tables: 8 bytes (one per e2m1 magnitude) for each exponent shift 0..31.
+constexpr uint32_t kFp4ExpandTableBytes = 32 * 8;
+// Widest 128-row FP4 tile with split-K (the math warpgroups' 224 registers).
+constexpr uint32_t kMaxFp4SplitBlockN = 96;
 // Widest pipelined tile by math warpgroup count: three sets of BLOCK_N / 2 accumulators (two partial, one
 // final) plus addressing fit the 240 (one warpgroup) or 232 (two) registers without spilling.
 constexpr uint32_t kMaxPipelinedBlockN[2] = {128, 128};
@@ -81,6 +85,31 @@ DK_DEVICE uint32_t tile_k_block_end(const TileInfo& tile) {
         return split_k_block_begin<Traits::kNumKBlocks>(tile.split_idx + 1, tile.num_splits);
 }
 
+// A if kFirst, else B (std::conditional_t, which NVRTC's trimmed <type_traits> lacks).
+template <bool kFirst, typename A, typename B>
+struct SelectType {
+    using type = A;
+};
+template <typename A, typename B>
+struct SelectType<false, A, B> {
+    using type = B;
+};
+
+// FP4 weights: the stage tiles (sfb: the per-column promotion scales the expanders write, BLOCK_N FP32) plus, per
+// stage, the e2m1 codes (BLOCK_N x 64 bytes, rows of 128 K), the barrier the codes' loads complete on and the B
+// rows' scale words; and the expansion tables (kFp4ExpandTableBytes).
+template <uint32_t kStageABytes, uint32_t kStageBBytes, uint32_t kStageSfaFloats, uint32_t kStageCodesBytes,
+          uint32_t BLOCK_N>
+struct Fp4StageBuffers : StageBuffers<kStageABytes, kStageBBytes, kStageSfaFloats, BLOCK_N> {
+    uint8_t* codes;
+    uint64_t* loaded_barriers;
+    uint2* expand_tables;
+    uint32_t* scale_words;
+
+    DK_DEVICE uint8_t* codes_stage(uint32_t stage) const { return codes + stage * kStageCodesBytes; }
+    DK_DEVICE uint32_t* scale_words_stage(uint32_t stage) const { return scale_words + stage * BLOCK_N; }
+};
+
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t BLOCK_K_,
           uint32_t kNumStages_, uint32_t kNumTMAMulticast_, bool kIsMulticastOnA_, GemmType kGemmType_,
           typename OutputType_, bool kWithAccumulation_, uint32_t kNumSplits_, bool kPipelined_,
@@ -103,6 +132,9 @@ struct Sm90Fp8GemmTraits {
     // Kind
     static constexpr bool kIsChannelScaled = kOperands == GemmOperands::Fp8ChannelScaled;
     static constexpr bool kIsKGrouped = kGemmType == GemmType::KGrouped;
+    static constexpr bool kIsFp4B = kOperands == GemmOperands::Fp8Mxfp4;
+    // The promotion scales each column by its own factor from the stage's sfb (loaded, or the FP4 expanders').
+    static constexpr bool kHasColumnScales = kIsChannelScaled || kIsFp4B;
 
     // Derived sizes (KGrouped: K is the groups' on the device, SHAPE_K is 0)
     static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
@@ -110,7 +142,9 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kNumMathWarpgroups = math_warpgroups_of(BLOCK_M);
     static constexpr uint32_t kNumMWaves = m_waves_of(BLOCK_M);
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
-    static constexpr uint32_t kNumTMAThreads = kNumThreadsPerWarpgroup;
+    // FP4 weights with one math warpgroup: a second producer-side warpgroup of expanders (gemm/sm90_fp4_expand.cuh).
+    static constexpr uint32_t kNumTMAThreads =
+        (kOperands_ == GemmOperands::Fp8Mxfp4 && kNumMathWarpgroups == 1 ? 2 : 1) * kNumThreadsPerWarpgroup;
     // Tiles start at multiples of kTileOffsetStep inside a 128-wide sfb block.
     static constexpr uint32_t kTileOffsetStep = gcd_with_scale_block(BLOCK_N);
     static constexpr uint32_t kNumTileOffsets = kScaleBlock / kTileOffsetStep;
@@ -127,23 +161,66 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K;
     static constexpr uint32_t kStageBBytes = BLOCK_N * BLOCK_K;
     static constexpr uint32_t kStageSfaBytes = BLOCK_M * sizeof(float);
-    static constexpr uint32_t kStageSfbBytes = kIsChannelScaled ? BLOCK_N * sizeof(float) : 0;
+    static constexpr uint32_t kStageSfbBytes = kHasColumnScales ? BLOCK_N * sizeof(float) : 0;
     static constexpr uint32_t kOffsetA = kSmemDBytes;
     static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr uint32_t kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
     static constexpr uint32_t kOffsetSfb = kOffsetSfa + kNumStages * kStageSfaBytes;
     static constexpr uint32_t kOffsetBarriers = kOffsetSfb + kNumStages * kStageSfbBytes;
-    static constexpr uint32_t kSmemBytes = kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
     // NOTE: TMA counts a box's zero-filled bytes past K too, so every stage delivers the full box.
     static constexpr uint32_t kStageTxBytes =
         (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float) + kStageSfbBytes;
 
-    using Stages = StageBuffers<kStageABytes, kStageBBytes, BLOCK_M, kStageSfbBytes / sizeof(float)>;
+    // FP4 weights (Fp8Mxfp4): the stage's sfb holds the per-column promotion scales the expanders write; after the
+    // barriers, per stage the TMA-loaded e2m1 codes (BLOCK_N x 64 bytes, expanded into the stage's e4m3 B tile by
+    // the expander warps), a second barrier per stage (codes and scale words loaded), the e2m1 -> e4m3 tables and
+    // per stage the scale words.
+    static constexpr uint32_t kStageCodesBytes = kIsFp4B ? BLOCK_N * BLOCK_K / 2 : 0;
+    static constexpr uint32_t kOffsetCodes = align_up<uint32_t>(kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t), 1024);
+    static constexpr uint32_t kOffsetLoadedBarriers = kOffsetCodes + kNumStages * kStageCodesBytes;
+    static constexpr uint32_t kOffsetExpandTables = kOffsetLoadedBarriers + kNumStages * sizeof(uint64_t);
+    // Per stage, each B row's four UE8M0 scales of the K block (one word), copied by the producer warp.
+    static constexpr uint32_t kOffsetScaleWords = kOffsetExpandTables + kFp4ExpandTableBytes;
+    static constexpr uint32_t kFp4SmemBytes = kOffsetScaleWords + (kIsFp4B ? kNumStages * BLOCK_N * sizeof(uint32_t) : 0);
+    static constexpr uint32_t kSmemBytes =
+        kIsFp4B ? kFp4SmemBytes : kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
+    // The producer warpgroup's warps but the TMA thread's, and the second warpgroup's with one math warpgroup.
+    static constexpr uint32_t kNumExpandThreads = kIsFp4B ? kNumTMAThreads - 32 : 0;
+    // NOTE: setmaxnreg moves registers within what the launch allocated (168 per thread of the 384). One math
+    // warpgroup: 240 x 128 + 128 x 256 = 63,488; two: the expanders' 56 take 8 from each math thread (56 x 128 +
+    // 224 x 256 = 64,512).
+    static constexpr uint32_t kNumProducerRegisters = kIsFp4B ? (kNumMathWarpgroups == 1 ? 128 : 56) : kNumTMARegisters;
+    static constexpr uint32_t kNumConsumerRegisters = kIsFp4B && kNumMathWarpgroups == 2 ? 224 : kNumMathRegisters;
+
+    using Stages = typename SelectType<kIsFp4B, Fp4StageBuffers<kStageABytes, kStageBBytes, BLOCK_M, kStageCodesBytes, BLOCK_N>,
+                                       StageBuffers<kStageABytes, kStageBBytes, BLOCK_M, kStageSfbBytes / sizeof(float)>>::type;
+
+    // The stage buffers inside the dynamic shared memory `smem`.
+    DK_DEVICE static Stages stages_of(uint8_t* smem) {
+        if constexpr (kIsFp4B)
+            return {{smem + kOffsetA, smem + kOffsetB, reinterpret_cast<float*>(smem + kOffsetSfa),
+                     reinterpret_cast<float*>(smem + kOffsetSfb)},
+                    smem + kOffsetCodes, reinterpret_cast<uint64_t*>(smem + kOffsetLoadedBarriers),
+                    reinterpret_cast<uint2*>(smem + kOffsetExpandTables),
+                    reinterpret_cast<uint32_t*>(smem + kOffsetScaleWords)};
+        else
+            return {smem + kOffsetA, smem + kOffsetB, reinterpret_cast<float*>(smem + kOffsetSfa),
+                    reinterpret_cast<float*>(smem + kOffsetSfb)};
+    }
     using TileScheduler = Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits>;
 
     // Static checks
-    DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled || kOperands == GemmOperands::Fp8ChannelScaled,
-                     "operands: e4m3 with 1x128 scales on A and 128x128 (block) or 1x128 (channel) scales on B");
+    DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled || kOperands == GemmOperands::Fp8ChannelScaled ||
+                         kOperands == GemmOperands::Fp8Mxfp4,
+                     "operands: e4m3 with 1x128 scales on A and 128x128 (block) or 1x128 (channel) scales on B, or "
+                     "MXFP4 B");
+    DK_STATIC_ASSERT(!kIsFp4B || kGemmType != GemmType::KGrouped, "FP4 weights: the Normal and M-grouped kinds");
+    DK_STATIC_ASSERT(!kIsFp4B || (SHAPE_K % kScaleBlock == 0 && kNumTMAMulticast == 1),
+                     "FP4 weights: K a multiple of 128, no multicast");
+    // NOTE: with two math warpgroups at 224 registers, the split-K reduction beside two accumulator sets wider
+    // than 96 columns spills.
+    DK_STATIC_ASSERT(!kIsFp4B || kNumMathWarpgroups == 1 || kNumSplits == 1 || BLOCK_N <= kMaxFp4SplitBlockN,
+                     "FP4 weights, 128-row tiles: split-K up to 96 columns");
     DK_STATIC_ASSERT(BLOCK_K == kScaleBlock, "one K block per 128-wide scale block");
     DK_STATIC_ASSERT(kIsKGrouped || (SHAPE_K % 16 == 0 && SHAPE_K > 0),
                      "K is a positive multiple of 16 (the last K block zero-filled)");

@@ -2,7 +2,8 @@
 // accumulators. Per K block it waits for the stage, issues the warpgroup's wgmma groups (one per 64-row wave)
 // into the partial accumulators and, once they are done, frees the stage and promotes them into the FP32
 // final accumulators with sfa[row] * sfb (the recipe's promotion every 128-deep K block; with per-channel B scales,
-// Fp8ChannelScaled, sfb[column] comes from the stage and the stage is freed after the promotion).
+// Fp8ChannelScaled, and with FP4 weights, whose expanders write it, sfb[column] comes from the stage and the stage
+// is freed after the promotion).
 // The pipelined K loop (kPipelined) keeps a second partial set, so that K block i + 1's wgmma group runs on the
 // tensor cores while block i is promoted.
 #pragma once
@@ -109,7 +110,7 @@ struct Sm90Fp8Mainloop {
     // The tile's first sfb block and the next one (the first again past the last block: a straddling tile past
     // the last sfb block only has columns past N, which are never stored).
     DK_DEVICE SfbBlocks sfb_blocks(const TileInfo& tile) const {
-        if constexpr (Traits::kIsChannelScaled)
+        if constexpr (Traits::kHasColumnScales)
             return {};
         const uint32_t n_first = tile.n_block_idx * BLOCK_N;
         const uint32_t sfb_row = (Traits::kGemmType == GemmType::Normal ? 0 : tile.group_idx * Traits::kNumSfbRows) +
@@ -125,7 +126,7 @@ struct Sm90Fp8Mainloop {
     DK_DEVICE PromotionScales issue_k_block(Straddles, const SfbBlocks& sfb_rows, float (&acc)[BLOCK_N / 2],
                                             uint32_t k_block, const State& k_state, uint32_t wave = 0) {
         PromotionScales scales;
-        if constexpr (Traits::kIsChannelScaled) {
+        if constexpr (Traits::kHasColumnScales) {
             ring.consumer_wait(k_state);
             const float* smem_sfa = stages.sfa_stage(k_state.stage) + wave * kWarpgroupBlockM;
             scales = {smem_sfa[row_lo()], smem_sfa[row_lo() + 8], 0.0f, 0.0f};
@@ -161,7 +162,7 @@ struct Sm90Fp8Mainloop {
                                   const State& k_state, uint32_t wave = 0) {
         ptx::wgmma_wait_group<NumPending::value>();
         ptx::fence_operands(acc);
-        if constexpr (Traits::kIsChannelScaled) {
+        if constexpr (Traits::kHasColumnScales) {
             // The promotion reads the stage's sfb, so the stage is freed after it.
             promote_per_column<BLOCK_N>(acc, final_acc[wave], scales.lo, scales.hi, stages.sfb_stage(k_state.stage),
                                         lane_idx());
@@ -189,7 +190,7 @@ struct Sm90Fp8Mainloop {
     // scales have no straddle point: one K loop).
     template <typename First>
     DK_DEVICE void accumulate(const TileInfo& tile, First first) {
-        if constexpr (Traits::kIsChannelScaled) {
+        if constexpr (Traits::kHasColumnScales) {
             accumulate_tile(tile, std::integral_constant<uint32_t, 0>{}, first);
             return;
         }

@@ -44,6 +44,10 @@
 //             masked with G groups of M rows; grouped_layout = int32 k_g per group (multiples of 128) and
 //             num_groups = G; SHAPE_K = 0 (K comes from the device); an empty group's tiles store zeros (add
 //             nothing when accumulating).
+//   Fp8Mxfp4 operands (gemm/sm90_fp4_expand.cuh; K a multiple of 128, no multicast): tmap_b maps B's e2m1 codes
+//             as UINT8 dims {K / 2, G * N}, strides {K / 2}, box {64, BLOCK_N}, SWIZZLE_NONE; sfb points at the
+//             UE8M0 scale bytes [G * N, K / 32] row-major (4-byte aligned), read by the producer warpgroup's
+//             expander warps, which build each stage's e4m3 B tile and its per-column promotion scales.
 //   grouped_layout / num_groups: nullptr / 0 (Normal), int32 group per A row (contiguous; -1 = padding),
 //             int32 valid rows per group (masked).
 //   split_workspace / split_tickets (kNumSplits > 1; else unused, may be nullptr): FP32 workspace of
@@ -71,6 +75,7 @@
 
 #include "common/macros.cuh"
 #include "epilogue/sm90_fp8_gemm_epilogue.cuh"
+#include "gemm/sm90_fp4_expand.cuh"
 #include "gemm/sm90_fp8_gemm_traits.cuh"
 #include "gemm/sm90_fp8_mainloop.cuh"
 #include "gemm/sm90_fp8_producer.cuh"
@@ -167,9 +172,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
 
     // Shared memory
     extern __shared__ __align__(1024) uint8_t smem[];
-    const typename Traits::Stages stages{smem + Traits::kOffsetA, smem + Traits::kOffsetB,
-                                         reinterpret_cast<float*>(smem + Traits::kOffsetSfa),
-                                         reinterpret_cast<float*>(smem + Traits::kOffsetSfb)};
+    const typename Traits::Stages stages = Traits::stages_of(smem);
     auto* barriers = reinterpret_cast<uint64_t*>(smem + Traits::kOffsetBarriers);
     const StageRing<kNumStages, kNumMathThreads / 32, kNumTMAMulticast> ring{barriers, barriers + kNumStages};
 
@@ -186,6 +189,11 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         if constexpr (Traits::kIsChannelScaled)
             ptx::tma_prefetch_descriptor(&tmap_sfb);
         ring.init();
+        if constexpr (Traits::kIsFp4B) {
+#pragma unroll
+            for (uint32_t s = 0; s < kNumStages; ++s)
+                ptx::mbarrier_init(stages.loaded_barriers + s, 1 + 32);
+        }
         ptx::fence_mbarrier_init();
     }
     // NOTE: with multicast, a peer may signal this CTA's barriers as soon as it passes this point.
@@ -199,12 +207,21 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
 
     if (role == WarpRole::Producer) {
         // Producer branch: register reconfiguration, then one thread issues every TMA load.
-        ptx::setmaxnreg_dec<Traits::kNumTMARegisters>();
-        if (is_tma_thread)
+        ptx::setmaxnreg_dec<Traits::kNumProducerRegisters>();
+        if constexpr (Traits::kIsFp4B) {
+            // FP4 weights: the TMA thread's warp also copies the scale words (sfb: the UE8M0 scales' bytes); the
+            // producer side's other warps expand the codes.
+            if (warp_idx == kNumMathThreads / 32)
+                run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa, &tmap_sfb,
+                                         reinterpret_cast<const uint32_t*>(sfb));
+            else
+                run_fp4_expander<Traits>(stages, ring, scheduler, threadIdx.x - kNumMathThreads - 32);
+        } else if (is_tma_thread) {
             run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa, &tmap_sfb);
+        }
     } else {
         // Consumer branch: register reconfiguration, then MMA, promotion and epilogue per tile.
-        ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
+        ptx::setmaxnreg_inc<Traits::kNumConsumerRegisters>();
         uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Traits::kNumMWaves * Traits::Store::kBytes;
         run_math_warpgroup<Traits>(stages, ring, scheduler, smem_d_wg, &tmap_d, sfb, d, split_workspace,
                                    split_tickets);

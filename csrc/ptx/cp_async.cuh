@@ -1,4 +1,4 @@
-// Asynchronous 16-byte copies from global to shared memory (cp.async, sm_80+), bypassing L1, with zero fill.
+// Asynchronous 16-byte (and 4-byte) copies from global to shared memory (cp.async, sm_80+), bypassing L1, with zero fill.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,20 @@ DK_DEVICE void cp_async_16(void* smem_dst, const void* src, uint32_t src_bytes) 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_address(smem_dst)), "l"(src),
                  "r"(src_bytes)
                  : "memory");
+}
+
+// Copies 4 bytes (src_bytes 4) or writes 4 zero bytes (src_bytes 0, src not read) through L1; both addresses
+// 4-byte aligned.
+DK_DEVICE void cp_async_4(void* smem_dst, const void* src, uint32_t src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_address(smem_dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+// Arrives on `barrier` once every cp.async this thread issued so far has completed, without counting itself as an
+// expected arrival (.noinc: the barrier's init count must include it).
+DK_DEVICE void cp_async_mbarrier_arrive_noinc(uint64_t* barrier) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_address(barrier)) : "memory");
 }
 
 // Waits for every cp.async this thread issued (their data is then visible to this thread; a __syncwarp or

@@ -107,6 +107,7 @@ GEMM_TYPES = {
 GEMM_OPERANDS = {
     "fp8_block_scaled": "deep_kernels::GemmOperands::Fp8BlockScaled",
     "fp8_channel_scaled": "deep_kernels::GemmOperands::Fp8ChannelScaled",
+    "fp8_mxfp4": "deep_kernels::GemmOperands::Fp8Mxfp4",
 }
 # Operands whose B scales are 1 x 128 per row (loaded per stage next to sfa: BLOCK_N FP32 more per stage).
 CHANNEL_SCALED_OPERANDS = ("fp8_channel_scaled",)

@@ -1,0 +1,88 @@
+"""Suite `fp4_gemm`: the FP8 x MXFP4 GEMM on the DeepSeek-V3 projection shapes at decode sizes (M = 1, 16, 64,
+128) and at M = 4096, timed in turns in the same run with
+  - our FP8 GEMM on the same shape (e4m3 weights with 128 x 128 scales): `speedup_vs_fp8`, and
+  - the user-side alternative with MXFP4 weights: our MXFP4 -> FP8 requantization (mxfp4_requant_to_fp8, 1 x 128
+    weight scales) followed by cuBLAS's blockwise FP8 GEMM (torch._scaled_mm): `speedup` (the peer).
+Bytes count B at 4.25 bits a weight (the code and its share of the UE8M0 scale per 32)."""
+
+import torch
+
+import deep_kernels
+from deep_kernels import fp4_gemm
+from deep_kernels.benchmarks.report import BenchContext
+from deep_kernels.device import get_num_sms
+from deep_kernels.heuristics.fp8_gemm import config_label
+from deep_kernels.reference import fp4_gemm as reference
+from deep_kernels.testing import calc_diff
+from deep_kernels.testing.bench import time_kernels_us
+from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs
+
+MS = (1, 16, 64, 128, 4096)
+NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
+FP8_PEAK_TFLOPS = 1979.0
+PEER = "mxfp4_requant_to_fp8 + torch._scaled_mm blockwise (cuBLAS)"
+
+
+def _requant_then_cublas(a, sfa, codes, scales, expected):
+    """The user-side path: requantize the weights to e4m3 with 1 x 128 scales, then cuBLAS's blockwise GEMM with
+    1 x 128 scales on both operands; (function, calc_diff). torch's layout rule for the weight scales of that
+    recipe differs between versions, so the forms are tried in turn (the first whose product checks is kept)."""
+    sfa_t = sfa.contiguous().t().contiguous().t()
+    layouts = (lambda s: s, lambda s: s.t(), lambda s: s.contiguous(), lambda s: s.contiguous().t(),
+               lambda s: s.t().contiguous())
+    errors = []
+    for layout in layouts:
+        def run(layout=layout):
+            q, sfq = deep_kernels.mxfp4_requant_to_fp8(codes, scales)
+            return torch._scaled_mm(a, q.t(), scale_a=sfa_t, scale_b=layout(sfq), out_dtype=torch.bfloat16)
+        try:
+            diff = calc_diff(run(), expected)
+        except RuntimeError as error:
+            errors.append(str(error).splitlines()[0])
+            continue
+        if diff < 1e-3:
+            return run, diff
+        errors.append(f"calc_diff {diff:.2g}")
+    print(f"{PEER}: no weight-scale layout works: {errors}")
+    return None, None
+
+
+def rows(ctx: BenchContext, shapes) -> list:
+    out = []
+    for m, n, k in shapes:
+        (a, sfa), (codes, scales) = make_fp4_gemm_inputs(m, n, k)
+        d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+        deep_kernels.fp8_fp4_gemm_nt((a, sfa), (codes, scales), d)
+        expected = reference.fp8_fp4_gemm_nt((a, sfa), (codes, scales),
+                                             torch.empty((m, n), device="cuda", dtype=torch.float64))
+        diff = calc_diff(d, expected)
+        ours = lambda: deep_kernels.fp8_fp4_gemm_nt((a, sfa), (codes, scales), d)
+        b8, sfb8 = deep_kernels.per_block_cast_to_fp8(deep_kernels.mxfp4_cast_back(codes, scales))
+        d8 = torch.empty_like(d)
+        fp8 = lambda: deep_kernels.fp8_gemm_nt((a, sfa), (b8, sfb8), d8)
+        peer, peer_diff = _requant_then_cublas(a, sfa, codes, scales, expected)
+        fns = [ours, fp8] + ([peer] if peer else [])
+        times = time_kernels_us(fns, ctx.flusher)
+        us, fp8_us = times[:2]
+        peer_us = times[2] if peer else None
+
+        config = fp4_gemm._dense_plan(m, n, k, torch.bfloat16, False, get_num_sms())[1]
+        flops = 2 * m * n * k
+        num_bytes = m * k + n * k * 4.25 / 8 + 2 * m * n + 4 * m * k // 128
+        memory_us = num_bytes / ctx.copy_gbps / 1e3
+        bound_us = max(flops / FP8_PEAK_TFLOPS / 1e6, memory_us)
+        out.append({
+            "op": "fp8_fp4_gemm_nt", "shape": {"m": m, "n": n, "k": k},
+            "config": f"{config_label(config)}, {config.num_stages} stages",
+            "us": round(us, 2), "tflops": round(flops / us / 1e6, 1), "gbps": round(num_bytes / us / 1e3, 1),
+            "roofline_fraction": round(bound_us / us, 3), "memory_roofline_fraction": round(memory_us / us, 3),
+            "peer": PEER, "peer_us": round(peer_us, 2) if peer_us else None,
+            "speedup": round(peer_us / us, 3) if peer_us else None,
+            "fp8_us": round(fp8_us, 2), "speedup_vs_fp8": round(fp8_us / us, 3),
+            "check": f"calc_diff={diff:.1e}" + (f", peer {peer_diff:.1e}" if peer_diff is not None else ""),
+        })
+    return out
+
+
+def run(ctx: BenchContext) -> list:
+    return rows(ctx, [(m, n, k) for n, k in NKS for m in MS])

@@ -1,0 +1,371 @@
+"""FP8-activation x MXFP4-weight GEMMs on Hopper: D = A @ B^T (+ C), dense and grouped, on the FP8 GEMM engine
+(its GemmOperands::Fp8Mxfp4 kind: csrc/gemm/sm90_fp4_expand.cuh).
+
+Layouts:
+    a    as for fp8_gemm_nt and its grouped twins: [M, K] (contiguous: [M_total, K]; masked: [G, M_max, K])
+         float8_e4m3fn with 1x128 scales sfa (FP32 MN-major TMA-aligned, or row-major FP32 / packed UE8M0,
+         converted first).
+    b    e2m1 codes [N, K / 2] (grouped: [G, N, K / 2]) as torch.float4_e2m1fn_x2 or uint8, element 2i in the low
+         nibble of byte i, rows contiguous (per_token_cast_to_mxfp4's codes); sfb the UE8M0 scales, one per row
+         and 32 columns: [N, K / 32] (grouped: [G, N, K / 32]) torch.float8_e8m0fnu or uint8, contiguous
+         (per_token_cast_to_mxfp4's "row_major" scales). The kernel reads both as they are: no weight
+         preparation.
+    d    [M, N] bf16, or FP32 when accumulating c (dense only; c may be d).
+Constraints: K a positive multiple of 128, N of 16.
+
+Numerics: the kernel expands B to e4m3 on chip, per B row n and 128-deep K block: with e_max the largest
+exponent of the block's four UE8M0 scales, a code of a sub-block with exponent e becomes e2m1 * 2^(6 - (e_max -
+e)) in e4m3, exactly wherever e_max - e <= 14 (else rounded to nearest even: the sub-block's values are then
+under 2^-12 of the block's largest), and the tensor cores' FP32 sum of each 128-deep block is promoted with
+sfa[row] * 2^(e_max - 133) per column, as the FP8 recipe promotes every 128 K. A NaN scale (0xFF) gives NaN
+columns. Deterministic (fixed reduction order, split-K included).
+"""
+
+import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
+
+from deep_kernels.device import get_num_sms
+from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, call_signature, scale_a
+from deep_kernels.heuristics import fp8_fp4_gemm as heuristics
+from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
+from deep_kernels.jit.registry import precompiled
+from deep_kernels.jit.runtime import get_kernel, tensor_map
+from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
+from deep_kernels.validation import (
+    ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows,
+)
+
+MXFP4_GROUP_SIZE = 32
+CODE_DTYPES = (torch.float4_e2m1fn_x2, torch.uint8)
+SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
+NORMAL, CONTIGUOUS, MASKED = "normal", "m_grouped_contiguous", "m_grouped_masked"
+
+
+def kernel_spec(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = NORMAL):
+    return FP8_GEMM.spec(*heuristics.template_args(config, n, k, out_dtype, accumulate, gemm_type))
+
+
+def _kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = NORMAL):
+    return get_kernel(kernel_spec(config, n, k, out_dtype, accumulate, gemm_type), smem_bytes=config.smem_bytes)
+
+
+def _check_weights(b, sfb, k: int, num_groups) -> int:
+    """b's codes and sfb's UE8M0 scales for reduction depth k (num_groups: None for dense); returns N."""
+    lead = () if num_groups is None else (num_groups,)
+    check_dtype(b, "b", CODE_DTYPES)
+    check_rank(b, "b", len(lead) + 2)
+    if num_groups is not None and b.shape[0] != num_groups:
+        raise ValueError(f"a has G = {num_groups} groups but b has {b.shape[0]}")
+    n = b.shape[-2]
+    if b.shape[-1] * 2 != k:
+        raise ValueError(f"b must hold K / 2 = {k // 2} bytes of e2m1 codes per row (two codes a byte, a is "
+                         f"[..., K = {k}]), got shape {tuple(b.shape)}")
+    if n % 16 != 0 or n == 0:
+        raise ValueError(f"N must be a positive multiple of 16, got {n}")
+    if not b.is_contiguous():
+        raise ValueError(f"b must be contiguous, got strides {tuple(b.stride())}")
+    check_dtype(sfb, "sfb", SCALE_DTYPES)
+    shape = lead + (n, k // MXFP4_GROUP_SIZE)
+    if tuple(sfb.shape) != shape or not sfb.is_contiguous():
+        raise ValueError(f"sfb must be contiguous UE8M0 scales of shape {shape} (one per row and 32 columns, "
+                         f"per_token_cast_to_mxfp4's row_major layout), got shape {tuple(sfb.shape)} strides "
+                         f"{tuple(sfb.stride())}")
+    return n
+
+
+def _check_k(k: int) -> None:
+    if k % SCALE_BLOCK != 0 or k == 0:
+        raise ValueError(f"K must be a positive multiple of 128 for MXFP4 weights (whole 32-wide scale groups in "
+                         f"each 128-deep block), got {k}")
+
+
+def _check_addresses(a, sfa, b, sfb, d) -> None:
+    if (a.data_ptr() | b.data_ptr() | d.data_ptr() | sfa.data_ptr()) % 16 or sfb.data_ptr() % 4:
+        raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA), sfb at a 4-byte one")
+
+
+def _check_dense_call(a, sfa, b, sfb, d, c) -> tuple:
+    """Full validation; returns (m, n, k, whether sfa is kernel-ready)."""
+    check_dtype(a, "a", (torch.float8_e4m3fn,))
+    check_rank(a, "a", 2)
+    m, k = a.shape
+    _check_k(k)
+    n = _check_weights(b, sfb, k, None)
+    check_row_major_rows(a, "a")
+    accumulate = c is not None
+    check_dtype(d, "d", (torch.float32,) if accumulate else (torch.bfloat16, torch.float32))
+    if accumulate:
+        check_dtype(c, "c", (torch.float32,))
+        if tuple(c.shape) != (m, n):
+            raise ValueError(f"c must have shape {(m, n)}, got {tuple(c.shape)}")
+    elif d.dtype == torch.float32:
+        raise TypeError("d must be torch.bfloat16 without c (fp32 d is for accumulation: pass c, which may be d)")
+    if tuple(d.shape) != (m, n) or not d.is_contiguous():
+        raise ValueError(f"d must be a contiguous [M, N] = {(m, n)} tensor, got shape {tuple(d.shape)} "
+                         f"strides {tuple(d.stride())}")
+    kernel_sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+    for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d")) + ((c, "c"),) * accumulate:
+        check_cuda_device(tensor, name, like=a)
+    return m, n, k, kernel_sfa is sfa
+
+
+def _pairs(a, b) -> tuple:
+    if not (isinstance(a, (tuple, list)) and len(a) == 2 and isinstance(b, (tuple, list)) and len(b) == 2):
+        raise TypeError("a and b must be (tensor, scales) pairs")
+    return (*a, *b)
+
+
+# Signatures of calls that passed validation -> what their checks returned.
+_checked_calls = {}
+
+
+def _checked(check, tensors: tuple, *extra):
+    try:
+        signature = (check, call_signature(*tensors), tuple((type(value), value) for value in extra))
+    except AttributeError:  # not tensors: the full check says which
+        signature = None
+    checked = _checked_calls.get(signature)
+    if checked is None:
+        checked = check(*tensors, *extra)
+        if signature is not None:
+            _checked_calls[signature] = checked
+    return checked
+
+
+_plans = {}
+
+
+def _dense_plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int):
+    key = (m, n, k, out_dtype, accumulate, num_sms)
+    plan = _plans.get(key)
+    if plan is None:
+        config = heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize, accumulate)
+        plan = _plans[key] = _dense_plan_of(config, m, n, k, out_dtype, accumulate, num_sms)
+    return plan
+
+
+def _dense_plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int):
+    kernel = _kernel(config, n, k, out_dtype, accumulate)
+    grid = (fp8_heuristics.grid_size(config, m, n, num_sms), 1, 1)
+    split_layout = (fp8_heuristics.num_unsplit_tiles(config, m, n, num_sms),
+                    *fp8_heuristics.split_workspace_sizes(config, m, n, num_sms))
+    return kernel, config, grid, split_layout
+
+
+def _codes_map(b: torch.Tensor, block_n: int) -> tuple:
+    """The codes as bytes [rows, K / 2], box BLOCK_N rows x 64 bytes (one 128-deep K block), unswizzled."""
+    codes = b.view(torch.uint8)
+    return tensor_map(codes.reshape(-1, codes.shape[-1]), (block_n, SCALE_BLOCK // 2))
+
+
+def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) -> torch.Tensor:
+    """D = A @ B^T (+ C) with e4m3 activations (1x128 scales) and MXFP4 weights, FP32 accumulation.
+
+    Args:
+        a: (a [M, K] float8_e4m3fn, sfa [M, K / 128]) as per_token_cast_to_fp8 returns it.
+        b: (codes [N, K / 2] float4_e2m1fn_x2 or uint8, sfb [N, K / 32] float8_e8m0fnu or uint8) as
+            per_token_cast_to_mxfp4(w) returns it (row_major scales).
+        d: [M, N] output, bf16; fp32 when c is given.
+        c: optional fp32 [M, N] added to the product; may be d itself.
+        config: for measured tuning and tests only: a heuristics.fp8_fp4_gemm config instead of the chosen one.
+
+    Returns:
+        d.
+
+    Notes:
+        K must be a multiple of 128. Numerics: the module docstring (exact expansion, one FP32 promotion per
+        128-deep block with sfa * 2^(e_max - 133) per column). Deterministic. Split-K at decode sizes shares the
+        FP8 GEMM's per-device workspace (the same CUDA-graph rule: run a shape once before capturing it). No host
+        synchronisation or allocation with kernel-ready sfa (MN-major FP32).
+    """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.fp8_fp4_gemm_nt(a, b, d, c)
+    a, sfa, b, sfb = _pairs(a, b)
+    m, n, k, sfa_ready = _checked(_check_dense_call, (a, sfa, b, sfb, d, c))
+    if not sfa_ready:
+        sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+    _check_addresses(a, sfa, b, sfb, d)
+    if m == 0:
+        return d
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    num_sms = get_num_sms()
+    accumulate = c is not None
+    if config is None:
+        kernel, config, grid, split_layout = _dense_plan(m, n, k, d.dtype, accumulate, num_sms)
+    else:
+        kernel, config, grid, split_layout = _dense_plan_of(config, m, n, k, d.dtype, accumulate, num_sms)
+    workspace_ptr = tickets_ptr = 0
+    num_unsplit_tiles, workspace_floats, num_tickets = split_layout
+    if num_tickets:
+        workspace = _split_workspace(a.get_device(), workspace_floats, num_tickets)
+        workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
+    map_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
+    # NOTE: tmap_sfb is not read by this kind (the expanders write the column scales); any valid map does.
+    kernel.launch(
+        grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
+        tmap_b=_codes_map(b, config.block_n), tmap_sfa=map_sfa,
+        tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
+        sfb=sfb.data_ptr(), shape_m=m, grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr,
+        split_tickets=tickets_ptr, num_unsplit_tiles=num_unsplit_tiles, tmap_sfb=map_sfa)
+    return d
+
+
+def _check_bf16_d(d, shape: tuple) -> None:
+    check_dtype(d, "d", (torch.bfloat16,))
+    if tuple(d.shape) != shape or not d.is_contiguous():
+        raise ValueError(f"d must be a contiguous bf16 tensor of shape {shape}, got shape {tuple(d.shape)} "
+                         f"strides {tuple(d.stride())}")
+
+
+def _check_layout_tensor(t, name: str, length: int) -> None:
+    check_dtype(t, name, (torch.int32,))
+    if tuple(t.shape) != (length,) or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous int32 tensor of shape ({length},), got shape "
+                         f"{tuple(t.shape)} strides {tuple(t.stride())}")
+
+
+def _check_contiguous_call(a, sfa, b, sfb, d, m_indices) -> tuple:
+    """Full validation; returns (m_total, n, k, G, whether sfa is kernel-ready)."""
+    check_dtype(a, "a", (torch.float8_e4m3fn,))
+    check_rank(a, "a", 2)
+    m, k = a.shape
+    _check_k(k)
+    check_rank(b, "b", 3)
+    num_groups = b.shape[0]
+    n = _check_weights(b, sfb, k, num_groups)
+    check_row_major_rows(a, "a")
+    if m % CONTIGUOUS_ALIGNMENT != 0:
+        raise ValueError(f"a has M_total = {m} rows: it must be a multiple of "
+                         f"get_m_alignment_for_contiguous_layout() = {CONTIGUOUS_ALIGNMENT} (pad each expert's segment)")
+    _check_layout_tensor(m_indices, "m_indices", m)
+    _check_bf16_d(d, (m, n))
+    kernel_sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+    for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d"), (m_indices, "m_indices")):
+        check_cuda_device(tensor, name, like=a)
+    return m, n, k, num_groups, kernel_sfa is sfa
+
+
+def _check_masked_call(a, sfa, b, sfb, d, masked_m, expected_m) -> tuple:
+    """Full validation; returns (M_max, n, k, G, whether sfa is kernel-ready)."""
+    check_dtype(a, "a", (torch.float8_e4m3fn,))
+    check_rank(a, "a", 3)
+    num_groups, m_max, k = a.shape
+    _check_k(k)
+    n = _check_weights(b, sfb, k, num_groups)
+    check_row_major_rows(a, "a")
+    if (num_groups > 1 and a.stride(0) < m_max * a.stride(1)) or a.stride(0) % 16 != 0:
+        raise ValueError(f"a's groups must not overlap and start 16-byte aligned, got strides {tuple(a.stride())}")
+    _check_layout_tensor(masked_m, "masked_m", num_groups)
+    _check_bf16_d(d, (num_groups, m_max, n))
+    check_int_range(expected_m, "expected_m", 1, max(m_max, 1))
+    kernel_sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
+    for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d"), (masked_m, "masked_m")):
+        check_cuda_device(tensor, name, like=a)
+    return m_max, n, k, num_groups, kernel_sfa is sfa
+
+
+def _grouped_plan(gemm_type: str, m: int, n: int, k: int, num_groups: int):
+    num_sms = get_num_sms()
+    key = (gemm_type, m, n, k, num_groups, num_sms)
+    plan = _plans.get(key)
+    if plan is None:
+        config = heuristics.get_grouped_config(gemm_type, m, n, k, num_groups, num_sms)
+        kernel = _kernel(config, n, k, torch.bfloat16, False, gemm_type)
+        grid_m = m if gemm_type == CONTIGUOUS else m * num_groups
+        grid = (num_sms if gemm_type == MASKED else fp8_heuristics.grid_size(config, grid_m, n, num_sms), 1, 1)
+        plan = _plans[key] = (kernel, config, grid)
+    return plan
+
+
+def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor) -> torch.Tensor:
+    """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout, MXFP4 weights per expert.
+
+    Args:
+        a: (a [M_total, K] float8_e4m3fn, sfa [M_total, K / 128]); M_total a multiple of
+            get_m_alignment_for_contiguous_layout(), each expert's segment padded to it (as for
+            m_grouped_fp8_gemm_nt_contiguous).
+        b: (codes [G, N, K / 2] float4_e2m1fn_x2 or uint8, sfb [G, N, K / 32] float8_e8m0fnu or uint8).
+        d: [M_total, N] bf16 output.
+        m_indices: [M_total] int32 CUDA tensor: each row's expert in [0, G), -1 on padding rows.
+
+    Returns:
+        d.
+
+    Notes:
+        Padding rows of d are never written. Numerics as fp8_fp4_gemm_nt; deterministic; no host synchronisation
+        (CUDA-graph safe with kernel-ready sfa).
+    """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices)
+    a, sfa, b, sfb = _pairs(a, b)
+    m, n, k, num_groups, sfa_ready = _checked(_check_contiguous_call, (a, sfa, b, sfb, d, m_indices))
+    if not sfa_ready:
+        sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+    _check_addresses(a, sfa, b, sfb, d)
+    if m == 0 or num_groups == 0:
+        return d
+    kernel, config, grid = _grouped_plan(CONTIGUOUS, m, n, k, num_groups)
+    map_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
+    kernel.launch(
+        grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
+        tmap_b=_codes_map(b, config.block_n), tmap_sfa=map_sfa,
+        tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
+        sfb=sfb.data_ptr(), shape_m=m, grouped_layout=m_indices.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
+        split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_sfa)
+    return d
+
+
+def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
+    """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T for every expert g (masked layout), MXFP4 weights.
+
+    Args:
+        a: (a [G, M_max, K] float8_e4m3fn, sfa [G, M_max, K / 128]) as for m_grouped_fp8_gemm_nt_masked.
+        b: (codes [G, N, K / 2] float4_e2m1fn_x2 or uint8, sfb [G, N, K / 32] float8_e8m0fnu or uint8).
+        d: [G, M_max, N] bf16 output.
+        masked_m: [G] int32 CUDA tensor, valid rows per expert, read on the device (clamped to [0, M_max]).
+        expected_m: host-side estimate of the valid rows per expert in [1, max(M_max, 1)]; steers the tiling only.
+
+    Returns:
+        d.
+
+    Notes:
+        Rows at or past masked_m[g] are never written. One CTA per SM whatever masked_m holds; CUDA-graph safe
+        (no host synchronisation). Numerics as fp8_fp4_gemm_nt; deterministic.
+    """
+    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+        from deep_kernels import ops
+        return ops.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m)
+    a, sfa, b, sfb = _pairs(a, b)
+    m_max, n, k, num_groups, sfa_ready = _checked(_check_masked_call, (a, sfa, b, sfb, d, masked_m), expected_m)
+    if not sfa_ready:
+        sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
+    _check_addresses(a, sfa, b, sfb, d)
+    if m_max == 0 or num_groups == 0:
+        return d
+    kernel, config, grid = _grouped_plan(MASKED, expected_m, n, k, num_groups)
+    map_sfa = tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m))
+    kernel.launch(
+        grid, a.get_device(), tmap_a=tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128),
+        tmap_b=_codes_map(b, config.block_n), tmap_sfa=map_sfa,
+        tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
+        sfb=sfb.data_ptr(), shape_m=m_max, grouped_layout=masked_m.data_ptr(), num_groups=num_groups,
+        d=d.data_ptr(), split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_sfa)
+    return d
+
+
+# (M, N, K) the heuristics' picks are precompiled for: DeepSeek-V3's dense shapes at decode and prefill sizes.
+REPRESENTATIVE_MNK = tuple((m, n, k) for n, k in ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384),
+                                                  (4096, 7168), (7168, 2048)) for m in (1, 16, 64, 128, 4096))
+
+
+@precompiled
+def precompile_specs() -> list:
+    """The dense picks over REPRESENTATIVE_MNK (bf16 D)."""
+    specs = {}
+    for m, n, k in REPRESENTATIVE_MNK:
+        args = tuple(heuristics.template_args(heuristics.get_config(m, n, k, 132), n, k, torch.bfloat16, False))
+        specs.setdefault(args, FP8_GEMM.spec(*args))
+    return list(specs.values())
