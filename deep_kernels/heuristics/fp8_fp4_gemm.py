@@ -45,7 +45,7 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int
     """Dynamic shared memory of the FP4 kind's carve-up (Sm90Fp8GemmTraits: kFp4SmemBytes): the FP8 stages with
     per-column scales (the expanders') and the barriers, then from a 1024-byte boundary per stage the codes, the
     loaded barriers, the expansion tables and per stage the rows' scale words."""
-    fp8_bytes = fp8_gemm.smem_bytes(block_m, block_n, num_stages, out_dtype_bytes, "fp8_channel_scaled")
+    fp8_bytes = fp8_gemm.smem_bytes(block_m, block_n, num_stages, out_dtype_bytes, "fp8_mxfp4")
     return _ceil_div(fp8_bytes, 1024) * 1024 + num_stages * (block_n * BLOCK_K // 2 + 8) + EXPAND_TABLE_BYTES + \
         num_stages * block_n * 4
 
