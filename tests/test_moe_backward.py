@@ -118,6 +118,15 @@ def replace_layer_kernels(monkeypatch):
             monkeypatch.setattr(moe_autograd, name, getattr(source, name))
     monkeypatch.setattr(moe_autograd, "k_grouped_fp8_gemm_nt_contiguous", _k_grouped_reference)
     monkeypatch.setattr(moe_autograd, "router_logits", router_logits)
+    monkeypatch.setattr(moe_autograd, "moe_expand", _expand_leaving_unused_rows)
+
+
+def _expand_leaving_unused_rows(x, layout, *args, **kwargs):
+    """The reference moe_expand with the contiguous rows from layout.num_rows on NaN: the kernel never writes them,
+    so a backward that read them would show it."""
+    rows = reference_moe.moe_expand(x, layout, *args, **kwargs)
+    rows[int(layout.num_rows[0]):] = float("nan")
+    return rows
 
 
 def _layer(device: str, seed: int = 0) -> tuple:

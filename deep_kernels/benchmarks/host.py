@@ -80,7 +80,10 @@ def _gemm_call(m: int, n: int, k: int, part: str = "call"):
     if part == "signature":
         return lambda: gemm.call_signature(a, sfa, b, sfb, d, None)
     if part == "launch_encoded":
-        (encoded,) = call.encoded.values()
+        workspace = gemm._split_workspace(call.device_index, *call.split_layout[1:]) if call.split_layout[2] else None
+        key = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d.data_ptr(), sfb.data_ptr(),
+               workspace.partials.data_ptr() if workspace else 0, workspace.tickets.data_ptr() if workspace else 0)
+        encoded = call.encoded[key]  # this call's addresses (gemm._launch's key)
         return lambda: call.kernel.launch_encoded(call.grid, call.device_index, encoded)
     workspace = gemm._split_workspace(call.device_index, *call.split_layout[1:]) if call.split_layout[2] else None
 

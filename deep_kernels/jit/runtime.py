@@ -52,8 +52,9 @@ class Kernel:
     KernelDef by name (tensor maps from `tensor_map`, pointers as int addresses, scalars as Python numbers) and
     launches on torch's current stream of the device; a missing or unknown name raises TypeError before
     anything is launched. `encode(**params)` checks and encodes the same parameters into bytes once, and
-    `launch_encoded(grid, device_index, encoded)` launches from them (the hot path of callers that cache them). A cooperative kernel has every block resident at once (or fails to launch), so that
-    its blocks may wait for each other."""
+    `launch_encoded(grid, device_index, encoded)` launches from them (the hot path of callers that cache them). A
+    cooperative kernel has every block resident at once (or fails to launch), so that its blocks may wait for each
+    other."""
 
     __slots__ = ("name", "handle", "library", "definition", "block_threads", "smem_bytes", "cluster_size",
                  "cooperative", "_param_kinds")
