@@ -11,6 +11,7 @@ import deep_kernels
 from deep_kernels import fp4_gemm
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.device import get_num_sms
+from deep_kernels.heuristics.fp8_fp4_gemm import code_stages
 from deep_kernels.heuristics.fp8_gemm import config_label
 from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.testing import calc_diff
@@ -71,14 +72,17 @@ def rows(ctx: BenchContext, shapes) -> list:
         us, fp8_us = times[:2]
         peer_us = times[2] if peer else None
 
-        config = fp4_gemm._dense_plan(m, n, k, torch.bfloat16, False, get_num_sms())[1]
+        plan = fp4_gemm._dense_plan(m, n, k, torch.bfloat16, False, get_num_sms())
+        config_text = ("B expanded first (mxfp4_requant_to_fp8), then fp8_gemm_nt recipe (1, 1, 128)" if plan is None
+                       else f"{config_label(plan[1])}, {plan[1].num_stages} math stages, "
+                            f"{code_stages(plan[1].block_m, plan[1].block_n, plan[1].num_stages, 2)} code stages")
         flops = 2 * m * n * k
         num_bytes = m * k + n * k * 4.25 / 8 + 2 * m * n + 4 * m * k // 128
         memory_us = num_bytes / ctx.copy_gbps / 1e3
         bound_us = max(flops / FP8_PEAK_TFLOPS / 1e6, memory_us)
         out.append({
             "op": "fp8_fp4_gemm_nt", "shape": {"m": m, "n": n, "k": k},
-            "config": f"{config_label(config)}, {config.num_stages} stages",
+            "config": config_text,
             "us": round(us, 2), "tflops": round(flops / us / 1e6, 1), "gbps": round(num_bytes / us / 1e3, 1),
             "roofline_fraction": round(bound_us / us, 3), "memory_roofline_fraction": round(memory_us / us, 3),
             "peer": PEER, "peer_us": round(peer_us, 2) if peer_us else None,

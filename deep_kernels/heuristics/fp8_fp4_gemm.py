@@ -30,9 +30,9 @@ B_BITS_PER_WEIGHT = 4.25
 # Tile heights: one math warpgroup (64 rows) or two (128). (256-row tiles, whose stages grow by the codes and
 # column scales too, fit only two stages beside their D staging.)
 BLOCK_MS = (64, 128)
-# Seconds per code of the expansion by 3 (two math warpgroups) or 7 (one) expander warps: an estimate from the
-# instruction count (about 2 per code) at 1.7 GHz, to rank configs.
-EXPAND_SECONDS_PER_CODE = {128: 1.7e-11, 64: 0.8e-11}
+# Seconds per code of the expansion by 3 (two math warpgroups) or 7 (one) expander warps: fitted on the H200
+# (2026-12-02) to 128 x 128 tiles at M = 4096 (1.3 us a K block); one math warpgroup's seven warps scaled from it.
+EXPAND_SECONDS_PER_CODE = {128: 8e-11, 64: 3.4e-11}
 # The kernel's kFp4ExpandTableBytes.
 EXPAND_TABLE_BYTES = 256
 # The kernel's kMaxFp4CodeStages, and the fewest code stages a config may have.
@@ -187,6 +187,20 @@ def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
                with_accumulation: bool = False) -> Fp8GemmConfig:
     """The dense FP8 x MXFP4 GEMM's config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T."""
     return ranked_configs(m, n, k, num_sms, out_dtype_bytes, with_accumulation)[0][1]
+
+
+def expands_before(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
+                   with_accumulation: bool = False) -> bool:
+    """Whether the dense GEMM is faster as a pre-pass expanding B to e4m3 with per-row 1 x 128 scales (the MXFP4 ->
+    FP8 requantization: B's 4.25 bits read, 8 written) followed by the FP8 GEMM with per-channel B scales: at
+    prefill sizes, where two math warpgroups outrun the kernel's three expander warps, against the kernel's best
+    config."""
+    in_kernel_s = ranked_configs(m, n, k, num_sms, out_dtype_bytes, with_accumulation)[0][0]
+    requant_s = LAUNCH_SECONDS + n * k * (B_BITS_PER_WEIGHT / 8 + 1 + 4 / 128) / DRAM_BYTES_PER_S
+    fp8_s = fp8_gemm.ranked_configs(max(m, 1), n, k, num_sms, out_dtype_bytes=out_dtype_bytes,
+                                    with_accumulation=with_accumulation, allow_split_k=True,
+                                    operands="fp8_channel_scaled")[0][0]
+    return requant_s + fp8_s < in_kernel_s
 
 
 def get_grouped_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int) -> Fp8GemmConfig:
