@@ -70,4 +70,6 @@ def get_num_sms() -> int:
     from_env = envs.get_once("DK_NUM_SMS")
     if from_env is not None:
         return from_env
-    return info(torch.cuda.current_device()).num_sms
+    # NOTE: torch._C._cuda_getDevice, not torch.cuda.current_device(): the same value (it initializes CUDA itself)
+    # without the Python wrapper's checks, on a path every cached kernel call takes.
+    return info(torch._C._cuda_getDevice()).num_sms

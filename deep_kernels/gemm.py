@@ -19,7 +19,7 @@ Constraints: K and N multiples of 16 (with K not a multiple of 128, the last sca
 remaining K % 128 columns, and the kernel zero-fills the rest of its last K block); any M >= 0.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
@@ -29,7 +29,7 @@ from deep_kernels.device import get_num_sms, has_gpu, target_arch
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.jit.definition import PTR, TENSOR_MAP, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import get_kernel, tensor_map
+from deep_kernels.jit.runtime import get_kernel, remember_encoded, tensor_map
 from deep_kernels.quant import unpack_ue8m0
 from deep_kernels.validation import (
     ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, tma_aligned_size,
@@ -344,6 +344,7 @@ class _PreparedCall:
     scales_ready: bool  # sfa and sfb already in the kernel's layouts
     operands: str = BLOCK_SCALED
     num_sms: int = None  # the SM count the grid was planned for
+    device_index: int = None  # every tensor's device (the signature holds it)
     kernel: object = None  # None when M = 0: nothing to launch
     grid: tuple = None
     split_layout: tuple = (0, 0, 0)  # (num_unsplit_tiles, workspace floats, tickets)
@@ -352,6 +353,8 @@ class _PreparedCall:
     map_sfa: tuple = None
     map_d: tuple = None
     map_sfb: tuple = None  # per-channel B scales only
+    # The kernel's encoded parameters by the call's addresses (a, b, sfa, d, sfb, split-K workspace, tickets).
+    encoded: dict = field(default_factory=dict, compare=False)
 
 
 def _prepare_call(a, sfa, b, sfb, d, c, config=None, operands: str = BLOCK_SCALED) -> _PreparedCall:
@@ -367,7 +370,7 @@ def _prepare_call(a, sfa, b, sfb, d, c, config=None, operands: str = BLOCK_SCALE
         kernel, config, grid, split_layout = _plan_of(config, m, n, k, d.dtype, c is not None, num_sms, operands)
     map_sfa = tensor_map(kernel_sfa, (config.block_m, 1), transpose=True)[1:]
     return _PreparedCall(
-        m, n, k, scales_ready, operands, num_sms, kernel, grid, split_layout,
+        m, n, k, scales_ready, operands, num_sms, a.get_device(), kernel, grid, split_layout,
         map_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128)[1:],
         map_b=tensor_map(b, (config.block_n, SCALE_BLOCK), 128)[1:],
         map_sfa=map_sfa,
@@ -438,32 +441,45 @@ def forced_config_call(config, a, b, d: torch.Tensor, c: torch.Tensor = None, re
 
 
 def _launch(call: _PreparedCall, a, sfa, b, sfb, d: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """The per-call part of a validated call: scale conversion where needed, address checks, the launch."""
+    """The per-call part of a validated call: scale conversion where needed, address checks, the launch. The
+    encoded parameters are cached on the call's addresses, so a call with the addresses of an earlier one (whose
+    checks passed) encodes no tensor map."""
     if not call.scales_ready:
         sfa, sfb = kernel_scales(sfa, sfb, call.m, call.n, call.k, call.operands)
     a_ptr, b_ptr, sfa_ptr, d_ptr = a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d.data_ptr()
-    channel_scaled = call.operands == CHANNEL_SCALED
-    if (a_ptr | b_ptr | d_ptr | sfa_ptr | (sfb.data_ptr() if channel_scaled else 0)) % 16:
-        raise ValueError("a, b, d, sfa (and per-channel sfb) must start at 16-byte aligned addresses (TMA)")
     if call.kernel is None:
+        _check_tma_addresses(a_ptr, b_ptr, sfa_ptr, d_ptr, sfb.data_ptr() if call.operands == CHANNEL_SCALED else 0)
         return d
-    if c is not None and c.data_ptr() != d_ptr:
-        d.copy_(c)
 
-    device_index = a.get_device()
-    workspace_ptr = tickets_ptr = 0
+    device_index = call.device_index
     num_unsplit_tiles, workspace_floats, num_tickets = call.split_layout
     if num_tickets:
         workspace = _split_workspace(device_index, workspace_floats, num_tickets)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    tmap_sfa = (sfa_ptr,) + call.map_sfa
-    call.kernel.launch(
-        call.grid, device_index, tmap_a=(a_ptr,) + call.map_a, tmap_b=(b_ptr,) + call.map_b,
-        tmap_sfa=tmap_sfa, tmap_d=(d_ptr,) + call.map_d, sfb=0 if channel_scaled else sfb.data_ptr(),
-        shape_m=call.m, grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr,
-        split_tickets=tickets_ptr, num_unsplit_tiles=num_unsplit_tiles,
-        tmap_sfb=(sfb.data_ptr(),) + call.map_sfb if channel_scaled else tmap_sfa)
+    else:
+        workspace_ptr = tickets_ptr = 0
+    sfb_ptr = sfb.data_ptr()
+    key = (a_ptr, b_ptr, sfa_ptr, d_ptr, sfb_ptr, workspace_ptr, tickets_ptr)
+    encoded = call.encoded.get(key)
+    if encoded is None:
+        channel_scaled = call.operands == CHANNEL_SCALED
+        _check_tma_addresses(a_ptr, b_ptr, sfa_ptr, d_ptr, sfb_ptr if channel_scaled else 0)
+        tmap_sfa = (sfa_ptr,) + call.map_sfa
+        encoded = remember_encoded(call.encoded, key, call.kernel.encode(
+            tmap_a=(a_ptr,) + call.map_a, tmap_b=(b_ptr,) + call.map_b, tmap_sfa=tmap_sfa,
+            tmap_d=(d_ptr,) + call.map_d, sfb=0 if channel_scaled else sfb_ptr, shape_m=call.m, grouped_layout=0,
+            num_groups=0, d=0, split_workspace=workspace_ptr, split_tickets=tickets_ptr,
+            num_unsplit_tiles=num_unsplit_tiles,
+            tmap_sfb=(sfb_ptr,) + call.map_sfb if channel_scaled else tmap_sfa))
+    if c is not None and c.data_ptr() != d_ptr:
+        d.copy_(c)
+    call.kernel.launch_encoded(call.grid, device_index, encoded)
     return d
+
+
+def _check_tma_addresses(a_ptr: int, b_ptr: int, sfa_ptr: int, d_ptr: int, channel_sfb_ptr: int = 0) -> None:
+    if (a_ptr | b_ptr | d_ptr | sfa_ptr | channel_sfb_ptr) % 16:
+        raise ValueError("a, b, d, sfa (and per-channel sfb) must start at 16-byte aligned addresses (TMA)")
 
 
 def _specs(kernels) -> list:

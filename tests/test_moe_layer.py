@@ -26,12 +26,13 @@ import math
 import pytest
 import torch
 
-from deep_kernels.benchmarks.moe_layer import captured_forward, torch_bf16_moe
+from deep_kernels.benchmarks.moe_layer import captured_forward, torch_bf16_moe, torch_cast_to_fp8, torch_fp8_moe
 from deep_kernels.nn import MoE
 from deep_kernels.reference.gemm import dequantize_b
 from deep_kernels.reference.moe import topk_gate
 from deep_kernels.reference.nn import kept_slots, moe_forward, router_logits
 from deep_kernels.reference.quant import per_block_cast_to_fp8
+from deep_kernels.reference.quant import per_token_cast_to_fp8 as reference_per_token_cast_to_fp8
 from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_
 from deep_kernels.testing.moe_layer import fp8_exact_weights, moe_layer_tokens, moe_layer_weights
 
@@ -164,6 +165,41 @@ def test_peer_computes_the_same_layer():
     assert calc_diff(torch_bf16_moe(x, **weights, **CPU_GATE, routed_scaling_factor=2.5), expected) < 1e-4
 
 
+def _blockwise_scaled_mm(a, b, scale_a, scale_b, out_dtype):
+    """torch._scaled_mm's blockwise recipe in float64 (a [M, K] with scales [M, K / 128], b [K, N] with scales
+    [K / 128, N / 128]), rounded to out_dtype: the FP8 peer on the CPU."""
+    a_values = a.double() * scale_a.double().repeat_interleave(128, dim=1)
+    b_values = b.double() * scale_b.double().repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)
+    return (a_values @ b_values).to(out_dtype)
+
+
+def test_fp8_peer_computes_the_same_layer(monkeypatch):
+    # The benchmark's cuBLAS FP8 peer, its GEMMs in float64 (cuBLAS accumulates in FP32), on FP8-exact weights:
+    # against the reference in the kernels' activation formats, what is left is the peer's bf16 SwiGLU and its
+    # weights applied after the down-projection (3e-5 to 7e-5 over three seeds; 6.8e-5 at this one), against the FP8
+    # casts' own 8e-4 to 1.2e-3.
+    monkeypatch.setattr(torch, "_scaled_mm", _blockwise_scaled_mm)
+    weights, x = _cpu_layer(seed=8)
+    quantized = [[per_block_cast_to_fp8(w) for w in weights[name]] for name in ("gate_up_weight", "down_weight")]
+    gate_up, down = ((torch.stack([q for q, _ in experts]), torch.stack([s for _, s in experts]))
+                     for experts in quantized)
+    logits = torch.nn.functional.linear(x, weights["router_weight"]).float()
+    actual = torch_fp8_moe(x, weights["router_weight"], weights["correction_bias"], gate_up, down, **CPU_GATE,
+                           routed_scaling_factor=2.5)
+    quantized_reference = moe_forward(x, **weights, **CPU_GATE, logits=logits, quantize=True)
+    assert actual.dtype == torch.bfloat16 and actual.shape == x.shape
+    assert calc_diff(actual, quantized_reference) < 1e-4
+    assert calc_diff(actual, moe_forward(x, **weights, **CPU_GATE, logits=logits)) > 3e-4  # the FP8 casts happen
+
+
+def test_torch_cast_to_fp8_is_the_reference_cast():
+    x = moe_layer_tokens(5, 256, "cpu", seed=2)
+    codes, scales = torch_cast_to_fp8(x)
+    expected_codes, expected_scales = reference_per_token_cast_to_fp8(x.float(), 128, scale_layout="row_major")
+    assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
+    assert torch.equal(scales, expected_scales) and scales.stride() == (1, 5)
+
+
 def test_benchmark_suite_is_registered():
     from deep_kernels.benchmarks import moe_layer, suites
 
@@ -243,7 +279,8 @@ def _cpu_module(**config) -> MoE:
     (torch.zeros(4, 384, dtype=torch.bfloat16), None, ValueError, "x must be \\[T, hidden_size\\]"),
     (torch.zeros(4, 1024, dtype=torch.bfloat16)[:, ::2], None, ValueError, "contiguous last dimension"),
     (torch.zeros(4, 512, dtype=torch.bfloat16), "prefill", ValueError, "mode must be one of"),
-    (torch.zeros(4, 512, dtype=torch.bfloat16, requires_grad=True), None, ValueError, "no backward"),
+    (torch.zeros(4, 512, dtype=torch.bfloat16, requires_grad=True), "masked", ValueError,
+     "backward pass takes the contiguous layout"),
     (torch.zeros(4, 512, dtype=torch.bfloat16), "masked", ValueError, "x must be a CUDA tensor"),
 ])
 def test_forward_rejects_bad_input(x, mode, error, match):

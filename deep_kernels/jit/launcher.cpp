@@ -1,7 +1,9 @@
 // The hot path of a kernel call, in native code: encode TMA descriptors and launch on a stream, in one call.
 //
 // Python does the validation and picks the kernel; this extension does the two driver calls that
-// cost microseconds through cuda-python. The driver is opened with dlopen, so the extension builds
+// cost microseconds through cuda-python. encode() turns a launch's parameters into bytes once (the
+// tensor-map encodings are the costly part) and launch_encoded() launches from them, for callers that
+// cache them per set of addresses. The driver is opened with dlopen, so the extension builds
 // and imports on a machine without a GPU. Built on first use by deep_kernels/jit/launcher.py.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -9,6 +11,7 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace {
@@ -130,36 +133,21 @@ union alignas(64) ParamSlot {
     float f32;
 };
 
-// launch(kernel, grid, block, smem_bytes, cluster, device, stream, kinds, params[, cooperative])
-// kinds holds one letter per parameter: T tensor map (a spec tuple, encoded here), P pointer / u64,
-// I u32, i i32, f f32. cooperative (default false): every block is resident at once, or the launch fails.
-PyObject* launch(PyObject*, PyObject* args) {
-    unsigned long long kernel, stream;
-    unsigned int grid_x, grid_y, grid_z, block, smem_bytes, cluster;
-    int device;
-    const char* kinds;
-    Py_ssize_t num_kinds;
-    PyObject* params;
-    int cooperative = 0;
-    if (!PyArg_ParseTuple(args, "K(III)IIIiKs#O!|p", &kernel, &grid_x, &grid_y, &grid_z, &block, &smem_bytes,
-                          &cluster, &device, &stream, &kinds, &num_kinds, &PyTuple_Type, &params, &cooperative))
-        return nullptr;
+// Fills slots[0, num_params) from the parameter values (kinds: one letter per parameter, T tensor map (a spec
+// tuple, encoded here), P pointer / u64, I u32, i i32, f f32); false with a Python error set on a bad value.
+bool fill_slots(ParamSlot* slots, const char* kinds, Py_ssize_t num_kinds, PyObject* params) {
     const Py_ssize_t num_params = PyTuple_GET_SIZE(params);
     if (num_params != num_kinds || num_params > kMaxParams) {
         PyErr_Format(PyExc_ValueError, "deep_kernels: %zd parameters for a signature of %zd (at most %d)",
                      num_params, num_kinds, kMaxParams);
-        return nullptr;
+        return false;
     }
-
-    ParamSlot slots[kMaxParams];
-    void* param_ptrs[kMaxParams];
     for (Py_ssize_t i = 0; i < num_params; ++i) {
         PyObject* value = PyTuple_GET_ITEM(params, i);
-        param_ptrs[i] = &slots[i];
         switch (kinds[i]) {
             case 'T':
                 if (!encode_tiled(&slots[i].tensor_map, value))
-                    return nullptr;
+                    return false;
                 break;
             case 'P': slots[i].u64 = PyLong_AsUnsignedLongLong(value); break;
             case 'I': slots[i].u32 = static_cast<uint32_t>(PyLong_AsUnsignedLong(value)); break;
@@ -167,11 +155,21 @@ PyObject* launch(PyObject*, PyObject* args) {
             case 'f': slots[i].f32 = static_cast<float>(PyFloat_AsDouble(value)); break;
             default:
                 PyErr_Format(PyExc_ValueError, "deep_kernels: unknown parameter kind '%c'", kinds[i]);
-                return nullptr;
+                return false;
         }
         if (PyErr_Occurred())
-            return nullptr;
+            return false;
     }
+    return true;
+}
+
+// Launches a kernel whose parameters are slots[0, num_params).
+PyObject* launch_slots(unsigned long long kernel, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z,
+                       unsigned int block, unsigned int smem_bytes, unsigned int cluster, int device,
+                       unsigned long long stream, ParamSlot* slots, Py_ssize_t num_params, int cooperative) {
+    void* param_ptrs[kMaxParams];
+    for (Py_ssize_t i = 0; i < num_params; ++i)
+        param_ptrs[i] = &slots[i];
 
     CUlaunchAttribute attributes[2];
     unsigned int num_attributes = 0;
@@ -218,8 +216,71 @@ PyObject* launch(PyObject*, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+// launch(kernel, grid, block, smem_bytes, cluster, device, stream, kinds, params[, cooperative])
+// params: one value per letter of kinds (fill_slots). cooperative (default false): every block is resident at
+// once, or the launch fails.
+PyObject* launch(PyObject*, PyObject* args) {
+    unsigned long long kernel, stream;
+    unsigned int grid_x, grid_y, grid_z, block, smem_bytes, cluster;
+    int device;
+    const char* kinds;
+    Py_ssize_t num_kinds;
+    PyObject* params;
+    int cooperative = 0;
+    if (!PyArg_ParseTuple(args, "K(III)IIIiKs#O!|p", &kernel, &grid_x, &grid_y, &grid_z, &block, &smem_bytes,
+                          &cluster, &device, &stream, &kinds, &num_kinds, &PyTuple_Type, &params, &cooperative))
+        return nullptr;
+    ParamSlot slots[kMaxParams];
+    if (!fill_slots(slots, kinds, num_kinds, params))
+        return nullptr;
+    return launch_slots(kernel, grid_x, grid_y, grid_z, block, smem_bytes, cluster, device, stream, slots,
+                        PyTuple_GET_SIZE(params), cooperative);
+}
+
+// encode(kinds, params) -> bytes: the parameters as launch_encoded takes them, tensor maps encoded once
+// (a launch then costs no encoding: callers cache this per set of addresses).
+PyObject* encode(PyObject*, PyObject* args) {
+    const char* kinds;
+    Py_ssize_t num_kinds;
+    PyObject* params;
+    if (!PyArg_ParseTuple(args, "s#O!", &kinds, &num_kinds, &PyTuple_Type, &params))
+        return nullptr;
+    ParamSlot slots[kMaxParams] = {};  // zeroed: the bytes past each scalar are part of the encoding
+    if (!fill_slots(slots, kinds, num_kinds, params))
+        return nullptr;
+    return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(slots),
+                                     PyTuple_GET_SIZE(params) * static_cast<Py_ssize_t>(sizeof(ParamSlot)));
+}
+
+// launch_encoded(kernel, grid, block, smem_bytes, cluster, device, stream, encoded[, cooperative]): launch with
+// parameters from encode().
+PyObject* launch_encoded(PyObject*, PyObject* args) {
+    unsigned long long kernel, stream;
+    unsigned int grid_x, grid_y, grid_z, block, smem_bytes, cluster;
+    int device;
+    const char* encoded;
+    Py_ssize_t num_bytes;
+    int cooperative = 0;
+    if (!PyArg_ParseTuple(args, "K(III)IIIiKy#|p", &kernel, &grid_x, &grid_y, &grid_z, &block, &smem_bytes,
+                          &cluster, &device, &stream, &encoded, &num_bytes, &cooperative))
+        return nullptr;
+    const Py_ssize_t num_params = num_bytes / static_cast<Py_ssize_t>(sizeof(ParamSlot));
+    if (num_bytes % static_cast<Py_ssize_t>(sizeof(ParamSlot)) != 0 || num_params > kMaxParams) {
+        PyErr_Format(PyExc_ValueError, "deep_kernels: %zd bytes are not the encoding of at most %d parameters",
+                     num_bytes, kMaxParams);
+        return nullptr;
+    }
+    // NOTE: copied into aligned storage: a bytes object's buffer has no 64-byte alignment (CUtensorMap's).
+    ParamSlot slots[kMaxParams];
+    std::memcpy(slots, encoded, num_bytes);
+    return launch_slots(kernel, grid_x, grid_y, grid_z, block, smem_bytes, cluster, device, stream, slots,
+                        num_params, cooperative);
+}
+
 PyMethodDef methods[] = {
     {"launch", launch, METH_VARARGS, "Launch a kernel with cuLaunchKernelEx on a stream."},
+    {"encode", encode, METH_VARARGS, "A launch's parameters encoded (tensor maps included), for launch_encoded."},
+    {"launch_encoded", launch_encoded, METH_VARARGS, "Launch a kernel with parameters from encode()."},
     {nullptr, nullptr, 0, nullptr},
 };
 

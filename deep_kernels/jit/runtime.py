@@ -51,7 +51,8 @@ class Kernel:
     """A loaded kernel and how it is launched: `launch(grid, device_index, **params)` takes every parameter of its
     KernelDef by name (tensor maps from `tensor_map`, pointers as int addresses, scalars as Python numbers) and
     launches on torch's current stream of the device; a missing or unknown name raises TypeError before
-    anything is launched. A cooperative kernel has every block resident at once (or fails to launch), so that
+    anything is launched. `encode(**params)` checks and encodes the same parameters into bytes once, and
+    `launch_encoded(grid, device_index, encoded)` launches from them (the hot path of callers that cache them). A cooperative kernel has every block resident at once (or fails to launch), so that
     its blocks may wait for each other."""
 
     __slots__ = ("name", "handle", "library", "definition", "block_threads", "smem_bytes", "cluster_size",
@@ -71,6 +72,12 @@ class Kernel:
         self.cluster_size = cluster_size
         self.cooperative = definition.cooperative
         self._param_kinds = definition.param_kinds
+
+    def launch_encoded(self, grid, device_index: int, encoded: bytes) -> None:
+        """Launch with parameters from this kernel's encode(...) (which checked them): no tensor map is encoded
+        here, so a caller that keeps the encodings of its calls' addresses pays for the launch alone."""
+        _native_launch_encoded(self.handle, grid, self.block_threads, self.smem_bytes, self.cluster_size, device_index,
+                               torch._C._cuda_getCurrentRawStream(device_index), encoded, self.cooperative)
 
     def _parameter_value_error(self, values: tuple, error: Exception) -> Exception:
         """The native launcher rejected a value: name the first parameter whose value does not fit its type."""
@@ -100,6 +107,14 @@ def launch(self, grid, device_index, /, *, {names}):
     except (TypeError, OverflowError) as error:
         raise self._parameter_value_error(values, error) from error
 """
+_ENCODE_TEMPLATE = """\
+def encode(self, /, *, {names}):
+    values = ({names},)
+    try:
+        return _native_encode(self._param_kinds, values)
+    except (TypeError, OverflowError) as error:
+        raise self._parameter_value_error(values, error) from error
+"""
 _kernel_classes = {}
 
 
@@ -109,11 +124,15 @@ def _kernel_class(definition) -> type:
         namespace = {}
         # The function's globals are this module's: _native_launch rebinds itself here on first use.
         exec(_LAUNCH_TEMPLATE.format(names=", ".join(definition.param_names)), globals(), namespace)
-        launch = namespace["launch"]
+        exec(_ENCODE_TEMPLATE.format(names=", ".join(definition.param_names)), globals(), namespace)
+        launch, encode = namespace["launch"], namespace["encode"]
         launch.__qualname__ = f"{definition.name}.launch"
         launch.__doc__ = f"Launch {definition.name} with its parameters ({', '.join(definition.param_names)}) by name."
+        encode.__qualname__ = f"{definition.name}.encode"
+        encode.__doc__ = (f"{definition.name}'s parameters ({', '.join(definition.param_names)}) by name, encoded for "
+                          "launch_encoded (tensor maps included).")
         cls = _kernel_classes[definition] = type(f"{definition.name}_kernel", (Kernel,),
-                                                 {"__slots__": (), "launch": launch})
+                                                 {"__slots__": (), "launch": launch, "encode": encode})
     return cls
 
 
@@ -122,6 +141,32 @@ def _native_launch(*args) -> None:
     global _native_launch
     _native_launch = launcher.load().launch
     _native_launch(*args)
+
+
+def _native_encode(*args) -> bytes:
+    global _native_encode
+    _native_encode = launcher.load().encode
+    return _native_encode(*args)
+
+
+def _native_launch_encoded(*args) -> None:
+    global _native_launch_encoded
+    _native_launch_encoded = launcher.load().launch_encoded
+    _native_launch_encoded(*args)
+
+
+# Encoded parameters kept per call signature (remember_encoded): a caching allocator hands the same few addresses
+# out again and again, so a handful covers steady state; the bound keeps a stream of fresh addresses from growing it.
+ENCODED_PER_SIGNATURE = 64
+
+
+def remember_encoded(cache: dict, key, encoded: bytes) -> bytes:
+    """Stores encoded parameters (Kernel.encode) in cache under key (the addresses they hold), evicting the oldest
+    entry beyond ENCODED_PER_SIGNATURE; returns encoded."""
+    if len(cache) >= ENCODED_PER_SIGNATURE:
+        del cache[next(iter(cache))]
+    cache[key] = encoded
+    return encoded
 
 
 def _param_layout(driver, kernel) -> list:

@@ -78,7 +78,8 @@ def check_layout_args(num_slots: int, num_experts: int, max_tokens) -> int:
 
 def new_layout(like: torch.Tensor, num_tokens: int, k: int, num_experts: int, max_tokens) -> MoeLayout:
     """The int32 tensors of a layout on like's device: uninitialized, or their final values when there are no slots."""
-    new_int32 = functools.partial(like.new_empty, dtype=torch.int32)
+    # NOTE: torch.empty with the device, not like.new_empty: half the host time per tensor, and there are up to seven.
+    new_int32 = functools.partial(torch.empty, dtype=torch.int32, device=like.device)
     max_rows = contiguous_max_rows(num_tokens * k, num_experts)
     layout = MoeLayout(
         counts=new_int32((num_experts,)), num_rows=new_int32((1,)), m_indices=new_int32((max_rows,)),

@@ -8,6 +8,7 @@ Larger inputs take the two-stage path (three launches).
 """
 
 import functools
+from typing import NamedTuple
 
 import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
@@ -66,9 +67,10 @@ def _workspace(device_index: int, num_block_counts: int) -> torch.Tensor:
     graph replays."""
     # NOTE: a counter cached from inside a capture would hold garbage until the first replay.
     size = _COUNTER_INTS + num_block_counts
-    if torch.cuda.is_current_stream_capturing():
+    if torch._C._cuda_isCurrentStreamCapturing():
         return torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
-    key = (device_index, torch.cuda.current_stream(device_index).cuda_stream)
+    # The raw stream handle: what torch.cuda.current_stream(device_index).cuda_stream is, without making a Stream.
+    key = (device_index, torch._C._cuda_getCurrentRawStream(device_index))
     workspace = _workspaces.get(key)
     if workspace is None or workspace.numel() < size:
         workspace = torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
@@ -108,44 +110,84 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         from deep_kernels import ops
         return ops.topk_gate_with_layout(logits, k, scoring, bias, num_groups, topk_groups, renormalize,
                                          routed_scaling_factor, max_tokens)
+    try:
+        signature = (logits.dtype, logits.shape, logits.stride(), logits.get_device(),
+                     None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.get_device()),
+                     k, scoring, num_groups, topk_groups, renormalize, routed_scaling_factor, max_tokens,
+                     # NOTE: the types too: 8 == 8.0 == True for the dict, not for the checks.
+                     type(k), type(scoring), type(num_groups), type(topk_groups), type(renormalize),
+                     type(routed_scaling_factor), type(max_tokens))
+        plan = _plans.get(signature)
+    except (AttributeError, TypeError):  # not tensors, or unhashable arguments: the full check below says which
+        signature = plan = None
+    if plan is None or plan.num_sms != get_num_sms():
+        plan = _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor,
+                     max_tokens)
+        if signature is not None:
+            _plans[signature] = plan
+
+    if plan.kernel is None:
+        gate_args = (k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
+        weights, indices = topk_gate(logits, *gate_args)
+        return weights, indices, moe_layout(indices, logits.shape[1], max_tokens)
+    num_tokens, num_experts = logits.shape
+    device = logits.device
+    weights = torch.empty((num_tokens, k), dtype=torch.float32, device=device)
+    indices = torch.empty((num_tokens, k), dtype=torch.int32, device=device)
+    layout = new_layout(logits, num_tokens, k, num_experts, max_tokens)
+    device_index = logits.get_device()
+    masked = max_tokens is not None
+    workspace = _workspace(device_index, plan.token_blocks * num_experts)
+    workspace_ptr = workspace.data_ptr()
+    plan.kernel.launch(
+        (plan.num_blocks, 1, 1), device_index, logits=logits.data_ptr(), bias=0 if bias is None else bias.data_ptr(),
+        weights=weights.data_ptr(), indices=indices.data_ptr(), counts=layout.counts.data_ptr(),
+        num_rows=layout.num_rows.data_ptr(), m_indices=layout.m_indices.data_ptr(),
+        row_to_slot=layout.row_to_slot.data_ptr(), slot_to_row=layout.slot_to_row.data_ptr(),
+        masked_slots=layout.masked_slots.data_ptr() if masked else 0,
+        masked_m=layout.masked_m.data_ptr() if masked else 0, block_counts=workspace_ptr + 4 * _COUNTER_INTS,
+        barrier=workspace_ptr, num_tokens=num_tokens, tokens_per_warp=plan.tokens_per_warp,
+        logits_row_stride=logits.stride(0), top_k=k, topk_groups=topk_groups, renormalize=int(renormalize),
+        scaling_factor=float(routed_scaling_factor), max_rows=plan.max_rows, max_tokens=max_tokens if masked else 0)
+    return weights, indices, layout
+
+
+class _Plan(NamedTuple):
+    """What a valid call's signature fixes: the fused kernel and its grid (kernel None: the two-stage path, or no
+    tokens), the workspace's blocks, the layout's rows."""
+
+    num_sms: int  # the SM count it was planned for
+    kernel: object = None
+    tokens_per_warp: int = 0
+    token_blocks: int = 0
+    num_blocks: int = 0
+    max_rows: int = 0
+
+
+# Signatures of valid calls (dtypes, shapes, strides and devices of the tensors, the other arguments with their
+# types) -> their _Plan: a repeated call runs no check but the signature's look-up (and the SM count's).
+_plans = {}
+
+
+def _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor, max_tokens) -> _Plan:
+    """Every check of a call (raising its error), and its _Plan."""
     check_gate_args(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
     num_tokens, num_experts = logits.shape
     max_rows = check_layout_args(num_tokens * k, num_experts, max_tokens)
     check_cuda_device(logits, "logits")
     if bias is not None:
         check_cuda_device(bias, "bias", like=logits)
-
-    gate_args = (k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
+    num_sms = get_num_sms()
     tokens_per_warp = _fused_tokens_per_warp(num_tokens, k)
-    if tokens_per_warp is None:
-        weights, indices = topk_gate(logits, *gate_args)
-        return weights, indices, moe_layout(indices, num_experts, max_tokens)
-    weights = logits.new_empty((num_tokens, k), dtype=torch.float32)
-    indices = logits.new_empty((num_tokens, k), dtype=torch.int32)
-    layout = new_layout(logits, num_tokens, k, num_experts, max_tokens)
-    if num_tokens == 0:
-        return weights, indices, layout
-
-    device_index = logits.get_device()
-    masked = max_tokens is not None
-    num_masked = num_experts * max_tokens if masked else 0
-    kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
+    if tokens_per_warp is None or num_tokens == 0:  # the two-stage path (no launch without tokens)
+        return _Plan(num_sms)
+    num_masked = num_experts * max_tokens if max_tokens is not None else 0
     # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident. Only the
     # blocks holding tokens keep per-block counts.
     token_blocks = ceil_div(num_tokens, _FUSED_WARPS * tokens_per_warp)
     num_blocks = max(token_blocks, fill_blocks(2 * max_rows + num_masked))
-    workspace = _workspace(device_index, token_blocks * num_experts)
-    kernel.launch(
-        (num_blocks, 1, 1), device_index, logits=logits.data_ptr(), bias=0 if bias is None else bias.data_ptr(),
-        weights=weights.data_ptr(), indices=indices.data_ptr(), counts=layout.counts.data_ptr(),
-        num_rows=layout.num_rows.data_ptr(), m_indices=layout.m_indices.data_ptr(),
-        row_to_slot=layout.row_to_slot.data_ptr(), slot_to_row=layout.slot_to_row.data_ptr(),
-        masked_slots=layout.masked_slots.data_ptr() if masked else 0,
-        masked_m=layout.masked_m.data_ptr() if masked else 0, block_counts=workspace.data_ptr() + 4 * _COUNTER_INTS,
-        barrier=workspace.data_ptr(), num_tokens=num_tokens, tokens_per_warp=tokens_per_warp,
-        logits_row_stride=logits.stride(0), top_k=k, topk_groups=topk_groups, renormalize=int(renormalize),
-        scaling_factor=float(routed_scaling_factor), max_rows=max_rows, max_tokens=max_tokens if masked else 0)
-    return weights, indices, layout
+    kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
+    return _Plan(num_sms, kernel, tokens_per_warp, token_blocks, num_blocks, max_rows)
 
 
 @precompiled

@@ -42,6 +42,7 @@ from deep_kernels.grouped_gemm import m_grouped_fp8_gemm_nt_contiguous, m_groupe
 from deep_kernels.moe.expand import moe_expand_cast_to_fp8, moe_reduce
 from deep_kernels.moe.gate import MAX_EXPERTS, MAX_GROUPS, MAX_TOP_K, SCORINGS
 from deep_kernels.moe.routing import topk_gate_with_layout
+from deep_kernels.nn.moe_autograd import moe_layer
 from deep_kernels.quant.fp8 import per_block_cast_to_fp8
 from deep_kernels.quant.swiglu import swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked
 from deep_kernels.validation import (
@@ -131,8 +132,9 @@ class MoE(torch.nn.Module):
         and down_scales FP32 [E, H / 128, I / 128]: one scale per 128 x 128 block (per_block_cast_to_fp8's).
 
     Notes:
-        Forward only: the backward (weight-gradient GEMMs) does not exist yet, so an x that requires a gradient is
-        refused. Moving the module to another dtype (module.to(torch.bfloat16)) would cast the FP8 weights and FP32
+        An x that requires a gradient (with grad enabled) runs deep_kernels.nn.moe_autograd.moe_layer: differentiable
+        in x, contiguous layout only (the masked one refuses it); the FP8 experts and the router are buffers and get
+        no gradient (train master weights with moe_layer itself). Moving the module to another dtype (module.to(torch.bfloat16)) would cast the FP8 weights and FP32
         scales: forward then raises, naming the buffer.
     """
 
@@ -221,8 +223,9 @@ class MoE(torch.nn.Module):
         if x.shape[1] != self.hidden_size:
             raise ValueError(f"x must be [T, hidden_size] = [T, {self.hidden_size}], got shape {tuple(x.shape)}")
         check_row_major_rows(x, "x")
-        if x.requires_grad:
-            raise ValueError("x requires a gradient, but MoE has no backward pass yet: run it under torch.no_grad()")
+        if x.requires_grad and torch.is_grad_enabled() and mode != "contiguous":
+            raise ValueError("x requires a gradient: the backward pass takes the contiguous layout (mode='contiguous'), "
+                             "or run the masked one under torch.no_grad()")
         self._check_buffers()
         check_cuda_device(x, "x")
         for name in self._buffer_specs():
@@ -247,6 +250,13 @@ class MoE(torch.nn.Module):
         num_tokens = x.shape[0]
         if num_tokens == 0:
             return x.new_empty((0, self.hidden_size))
+        if x.requires_grad and torch.is_grad_enabled():
+            # Differentiable in x (the FP8 experts and the router are buffers: no gradient of their own); training
+            # master weights: deep_kernels.nn.moe_autograd.moe_layer.
+            return moe_layer(x, self.router_weight, self.correction_bias, None, None, self.top_k, self.num_groups,
+                             self.topk_groups, self.scoring, self.renormalize, self.routed_scaling_factor,
+                             gate_up=(self.gate_up_weight, self.gate_up_scales),
+                             down=(self.down_weight, self.down_scales))
         masked = mode == "masked"
         capacity = (self.max_tokens or num_tokens) if masked else None
         weights, _, layout = topk_gate_with_layout(

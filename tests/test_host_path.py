@@ -1,0 +1,275 @@
+"""The lean host path: a call whose signature (dtypes, shapes, strides, devices, arguments) was validated before runs
+no check but the look-up, and fp8_gemm_nt launches from parameters encoded once per set of addresses.
+
+CPU: the native launcher's encode / launch_encoded (what they check before the driver, the bytes they produce); on
+the kernels' call paths with a fake kernel (no driver), which calls encode, that a cached signature still checks what
+it does not fix (addresses), that each validation error fires on a new signature even after valid calls, and that
+the encodings per signature are bounded. GPU: fp8_gemm_nt through many address sets of one signature (more than the
+cache holds) against the reference, eager and in a CUDA graph; topk_gate_with_layout's cached plan against the
+reference.
+"""
+
+import struct
+
+import pytest
+import torch
+
+import deep_kernels
+from deep_kernels import gemm
+from deep_kernels.jit import launcher, runtime
+from deep_kernels.moe import routing
+from deep_kernels.reference import gemm as reference
+from deep_kernels.reference import moe as reference_moe
+from deep_kernels.testing import assert_bitwise_equal, poison_
+from deep_kernels.testing.gemm import assert_gemm_close, make_gemm_inputs
+
+SLOT_BYTES = 128  # launcher.cpp's ParamSlot: a CUtensorMap's size
+
+
+# ---- the native launcher (CPU: no driver needed before the driver call) ----
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    import os
+
+    previous = os.environ.get("DK_JIT_CACHE_DIR")
+    os.environ["DK_JIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("jit"))
+    try:
+        yield launcher.load.__wrapped__()
+    finally:
+        if previous is None:
+            del os.environ["DK_JIT_CACHE_DIR"]
+        else:
+            os.environ["DK_JIT_CACHE_DIR"] = previous
+
+
+def test_encode_lays_out_one_slot_per_parameter(native):
+    encoded = native.encode("PIif", (0x123456789A, 7, -3, 0.5))
+    assert len(encoded) == 4 * SLOT_BYTES
+    slots = [encoded[i * SLOT_BYTES:(i + 1) * SLOT_BYTES] for i in range(4)]
+    assert struct.unpack("<Q", slots[0][:8]) == (0x123456789A,)
+    assert struct.unpack("<I", slots[1][:4]) == (7,)
+    assert struct.unpack("<i", slots[2][:4]) == (-3,)
+    assert struct.unpack("<f", slots[3][:4]) == (0.5,)
+    assert all(slot[8:] == bytes(SLOT_BYTES - 8) for slot in slots)  # zeroed past each value: deterministic bytes
+    assert native.encode("PIif", (0x123456789A, 7, -3, 0.5)) == encoded
+
+
+@pytest.mark.parametrize("kinds,values,error,match", [
+    ("PP", (1,), ValueError, "1 parameters for a signature of 2"),
+    ("T", ((0, 0, 1, (4, 256), (1, 256), (1, 128), 3),), ValueError, "innermost dimension must be dense"),
+    ("T", (b"encoded",), TypeError, "spec tuple"),
+    ("I", (-1,), OverflowError, "negative"),
+])
+def test_encode_checks_values_before_the_driver(native, kinds, values, error, match):
+    with pytest.raises(error, match=match):
+        native.encode(kinds, values)
+
+
+def test_launch_encoded_rejects_bytes_that_are_no_encoding(native):
+    with pytest.raises(ValueError, match="not the encoding"):
+        native.launch_encoded(0, (1, 1, 1), 32, 0, 1, 0, 0, bytes(SLOT_BYTES + 4))
+    with pytest.raises(ValueError, match="not the encoding"):
+        native.launch_encoded(0, (1, 1, 1), 32, 0, 1, 0, 0, bytes(33 * SLOT_BYTES))
+
+
+# ---- fp8_gemm_nt's cached path, with a fake kernel (CPU) ----
+
+class _FakeKernel:
+    """Records encode() and launch_encoded() instead of reaching the driver."""
+
+    def __init__(self):
+        self.encoded, self.launched = [], []
+
+    def encode(self, **params):
+        self.encoded.append(params)
+        return bytes(len(self.encoded))
+
+    def launch_encoded(self, grid, device_index, encoded):
+        self.launched.append(encoded)
+
+
+@pytest.fixture
+def fake_gemm(monkeypatch):
+    """gemm with the device checks off, a fixed SM count, a split-K workspace of CPU tensors and a _FakeKernel."""
+    kernel = _FakeKernel()
+    monkeypatch.setattr(gemm, "_prepared_calls", {})
+    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "check_cuda_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(gemm, "get_num_sms", lambda: 132)
+    monkeypatch.setattr(gemm, "_tuned_config", lambda *args: None)
+    monkeypatch.setattr(gemm, "get_gemm_kernel", lambda *args, **kwargs: kernel)
+    workspace = gemm._SplitWorkspace.__new__(gemm._SplitWorkspace)
+    workspace.partials, workspace.tickets = torch.empty(1 << 22), torch.zeros(4096, dtype=torch.int32)
+    monkeypatch.setattr(gemm, "_split_workspace", lambda *args: workspace)
+    return kernel
+
+
+def _cpu_gemm(m=64, n=256, k=512):
+    a, b = make_gemm_inputs(m, n, k, device="cpu")
+    return a, b, torch.empty(m, n, dtype=torch.bfloat16)
+
+
+def test_a_cached_call_encodes_once_per_address_set(fake_gemm):
+    a, b, d = _cpu_gemm()
+    for _ in range(3):
+        deep_kernels.fp8_gemm_nt(a, b, d)
+    assert len(fake_gemm.encoded) == 1 and len(fake_gemm.launched) == 3
+    params = fake_gemm.encoded[0]
+    assert params["tmap_a"][0] == a[0].data_ptr() and params["tmap_d"][0] == d.data_ptr()
+    assert params["sfb"] == b[1].data_ptr() and params["shape_m"] == 64
+    other_d = torch.empty_like(d)
+    deep_kernels.fp8_gemm_nt(a, b, other_d)  # new address: encoded again, with it
+    assert len(fake_gemm.encoded) == 2 and fake_gemm.encoded[1]["tmap_d"][0] == other_d.data_ptr()
+    assert fake_gemm.launched[-1] != fake_gemm.launched[0]
+
+
+def test_encodings_per_signature_are_bounded(fake_gemm):
+    a, b, d = _cpu_gemm()
+    outputs = [torch.empty_like(d) for _ in range(runtime.ENCODED_PER_SIGNATURE + 5)]
+    for out in outputs:
+        deep_kernels.fp8_gemm_nt(a, b, out)
+    (call,) = gemm._prepared_calls.values()
+    assert len(call.encoded) == runtime.ENCODED_PER_SIGNATURE
+    deep_kernels.fp8_gemm_nt(a, b, outputs[-1])  # the newest are kept
+    assert len(fake_gemm.encoded) == len(outputs)
+
+
+def test_a_cached_signature_still_checks_the_addresses(fake_gemm):
+    a, b, d = _cpu_gemm()
+    deep_kernels.fp8_gemm_nt(a, b, d)
+    # The same signature (dtype, shape, strides) at an address 8 bytes off: TMA needs 16.
+    storage = torch.empty(d.numel() + 4, dtype=torch.bfloat16)
+    misaligned = storage[4:].view(d.shape)
+    assert misaligned.stride() == d.stride() and misaligned.data_ptr() % 16 == 8
+    with pytest.raises(ValueError, match="16-byte aligned addresses"):
+        deep_kernels.fp8_gemm_nt(a, b, misaligned)
+    assert len(fake_gemm.launched) == 1
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a, b, d: ((a[0].view(torch.uint8), a[1]), b, d), TypeError, "a must be torch.float8_e4m3fn"),
+    (lambda a, b, d: (a, (b[0][:, :256], b[1][:, :2]), d), ValueError, "K differs"),
+    (lambda a, b, d: (a, b, d.float()), TypeError, "fp32 d is for accumulation"),
+    (lambda a, b, d: (a, b, d[:, :128]), ValueError, "d must be a contiguous"),
+    (lambda a, b, d: ((a[0], a[1][:, :1]), b, d), ValueError, "sfa must have shape"),
+    (lambda a, b, d: (a, (b[0], b[1][:1]), d), ValueError, "sfb must have shape"),
+    (lambda a, b, d: ((a[0][:, :496], a[1]), b, d), ValueError, "K differs"),
+])
+def test_each_check_fires_after_valid_calls(fake_gemm, mutate, error, match):
+    # Valid calls first, so that the cache holds signatures; each bad call has a new one and is checked in full.
+    a, b, d = _cpu_gemm()
+    deep_kernels.fp8_gemm_nt(a, b, d)
+    deep_kernels.fp8_gemm_nt(a, b, d)
+    launched = len(fake_gemm.launched)
+    with pytest.raises(error, match=match):
+        deep_kernels.fp8_gemm_nt(*mutate(a, b, d))
+    assert len(fake_gemm.launched) == launched
+
+
+# ---- topk_gate_with_layout's cached plan (CPU, fake kernel) ----
+
+@pytest.fixture
+def fake_routing(monkeypatch):
+    """routing with the device checks off, a fixed SM count, a CPU workspace and a recording kernel."""
+    launches = []
+
+    class Kernel:
+        def launch(self, grid, device_index, **params):
+            launches.append(params)
+
+    monkeypatch.setattr(routing, "_plans", {})
+    monkeypatch.setattr(routing, "check_cuda_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(routing, "get_num_sms", lambda: 132)
+    monkeypatch.setattr(routing, "fill_blocks", lambda num_ints: 8)
+    monkeypatch.setattr(routing, "_fused_kernel", lambda *args: Kernel())
+    monkeypatch.setattr(routing, "_workspace", lambda device_index, size: torch.zeros(32 + size, dtype=torch.int32))
+    return launches
+
+
+_GATE = dict(k=4, scoring="sigmoid", num_groups=4, topk_groups=2, routed_scaling_factor=2.5)
+
+
+@pytest.mark.parametrize("changes,error,match", [
+    (dict(k=4.0), ValueError, "k must be an integer"),
+    (dict(renormalize=1), TypeError, "renormalize must be a bool"),
+    (dict(num_groups=4.0), ValueError, "num_groups must be an integer"),
+    (dict(max_tokens=0), ValueError, "max_tokens"),
+    (dict(routed_scaling_factor=float("inf")), ValueError, "routed_scaling_factor"),
+    (dict(bias=torch.zeros(15)), ValueError, "bias must be a contiguous tensor of shape \\(16,\\)"),
+    (dict(logits=torch.zeros(8, 16, dtype=torch.float16)), TypeError, "logits must be"),
+    (dict(k=[4]), TypeError, "k must be an integer|unhashable"),
+])
+def test_gate_with_layout_checks_fire_after_valid_calls(fake_routing, changes, error, match):
+    arguments = dict(_GATE, logits=torch.randn(8, 16), bias=torch.zeros(16), max_tokens=None)
+    for _ in range(2):
+        routing.topk_gate_with_layout(**arguments)
+    assert len(fake_routing) == 2 and len(routing._plans) == 1
+    with pytest.raises((error, ValueError, TypeError), match=match):
+        routing.topk_gate_with_layout(**dict(arguments, **changes))
+    assert len(fake_routing) == 2
+
+
+def test_gate_with_layout_replans_for_a_new_sm_count(fake_routing, monkeypatch):
+    logits = torch.randn(8, 16)
+    routing.topk_gate_with_layout(logits, **_GATE)
+    monkeypatch.setattr(routing, "get_num_sms", lambda: 1)
+    routing.topk_gate_with_layout(logits, **_GATE)
+    (plan,) = routing._plans.values()
+    assert plan.num_sms == 1 and len(fake_routing) == 2
+
+
+# ---- GPU ----
+
+@pytest.mark.gpu
+def test_fp8_gemm_over_more_address_sets_than_the_cache_holds():
+    # One signature, many address sets (every operand moves): each call's output against the reference, so a stale
+    # encoding (an address of an earlier set) shows as a wrong or unwritten d.
+    m, n, k = 64, 4096, 7168  # split-K: the workspace's addresses are part of the key
+    a, b = make_gemm_inputs(m, n, k)
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
+    first = None
+    for i in range(runtime.ENCODED_PER_SIGNATURE + 6):
+        a_i = (a[0].clone(), a[1].clone()) if i % 2 else a
+        b_i = (b[0].clone(), b[1].clone()) if i % 3 else b
+        d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
+        deep_kernels.fp8_gemm_nt(a_i, b_i, d)
+        if first is None:
+            assert_gemm_close(d, expected)
+            first = d
+        else:
+            assert_bitwise_equal(d, first, f"address set {i}")
+
+
+@pytest.mark.gpu
+def test_fp8_gemm_cached_call_in_a_cuda_graph():
+    m, n, k = 64, 4096, 7168
+    a, b = make_gemm_inputs(m, n, k)
+    d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    deep_kernels.fp8_gemm_nt(a, b, d)  # cached, encoded
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.fp8_gemm_nt(a, b, d)
+    poison_(d)
+    graph.replay()
+    assert_gemm_close(d, reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_tokens", [None, 128])
+def test_gate_with_layout_cached_plan_matches_reference(max_tokens):
+    gate = dict(k=8, scoring="sigmoid", num_groups=8, topk_groups=4, routed_scaling_factor=2.5)
+    bias = torch.randn(256, device="cuda") * 0.01
+    for seed in range(3):  # the first call plans, the others reuse it
+        torch.manual_seed(seed)
+        logits = torch.randn(128, 256, device="cuda")
+        weights, indices, layout = deep_kernels.topk_gate_with_layout(logits, **gate, bias=bias, max_tokens=max_tokens)
+        # On the GPU: the reference matches the kernel bit for bit there (the same expf).
+        expected = reference_moe.topk_gate_with_layout(logits, **gate, bias=bias, max_tokens=max_tokens)
+        assert_bitwise_equal(weights, expected[0], "weights")
+        assert_bitwise_equal(indices, expected[1], "indices")
+        for name in ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row", "masked_slots", "masked_m"):
+            actual, wanted = getattr(layout, name), getattr(expected[2], name)
+            assert (actual is None) == (wanted is None), name
+            if actual is not None:
+                assert_bitwise_equal(actual, wanted, name)
