@@ -18,7 +18,9 @@ exponent of the block's four UE8M0 scales, a code of a sub-block with exponent e
 e)) in e4m3, exactly wherever e_max - e <= 14 (else rounded to nearest even: the sub-block's values are then
 under 2^-12 of the block's largest), and the tensor cores' FP32 sum of each 128-deep block is promoted with
 sfa[row] * 2^(e_max - 133) per column, as the FP8 recipe promotes every 128 K. A NaN scale (0xFF) gives NaN
-columns. Deterministic (fixed reduction order, split-K included).
+columns. Deterministic (fixed reduction order, split-K included). At prefill sizes the dense GEMM expands B first
+(mxfp4_requant_to_fp8, the same numerics) and runs the FP8 GEMM with per-channel scales (fp8_fp4_gemm_nt's Notes).
+NVFP4 weights are not supported (their E4M3 scales do not fold into e4m3 exactly).
 """
 
 import torch
