@@ -40,9 +40,15 @@ KERNEL_SHAPE_K = 0
 _plans = {}
 
 
+def plan_of(config, m: int, n: int, num_groups: int, accumulate: bool, num_sms: int) -> tuple:
+    """(kernel, config, grid) of a config."""
+    kernel = get_gemm_kernel(config, n, KERNEL_SHAPE_K, torch.float32, accumulate, heuristics.GEMM_TYPE, CHANNEL_SCALED)
+    return kernel, config, (heuristics.grid_size(config, m, n, num_groups, num_sms), 1, 1)
+
+
 def _plan(m: int, n: int, total_k: int, num_groups: int, accumulate: bool):
     """(kernel, config, grid) of a problem; one dict lookup once seen. DK_FP8_GEMM_CONFIG applies over the model's
-    pick (without split-K or epilogue overlap)."""
+    pick (without split-K; the epilogue overlap where the kind has it)."""
     num_sms = get_num_sms()
     key = (m, n, total_k, num_groups, accumulate, num_sms)
     plan = _plans.get(key)
@@ -50,14 +56,11 @@ def _plan(m: int, n: int, total_k: int, num_groups: int, accumulate: bool):
         config = heuristics.get_k_grouped_fp8_gemm_config(m, n, total_k, num_groups, num_sms, accumulate)
         override = gemm._config_override()
         if override:
-            config = apply_config_override(config, dict(override, overlap_epilogue=0), heuristics.OUT_DTYPE_BYTES,
-                                           max(total_k, SCALE_BLOCK), operands=CHANNEL_SCALED)
+            config = heuristics.with_kind_overlap(apply_config_override(
+                config, override, heuristics.OUT_DTYPE_BYTES, max(total_k, SCALE_BLOCK), operands=CHANNEL_SCALED))
             if config.num_splits != 1:
                 raise ValueError("DK_FP8_GEMM_CONFIG: the k-grouped GEMM takes no split-K")
-        kernel = get_gemm_kernel(config, n, KERNEL_SHAPE_K, torch.float32, accumulate, heuristics.GEMM_TYPE,
-                                 CHANNEL_SCALED)
-        grid = (heuristics.grid_size(config, m, n, num_groups, num_sms), 1, 1)
-        plan = _plans[key] = (kernel, config, grid)
+        plan = _plans[key] = plan_of(config, m, n, num_groups, accumulate, num_sms)
     return plan
 
 
@@ -157,8 +160,8 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         A group with k_g = 0 gets d[g] = c[g] (zeros without c). ks_tensor must hold ks: it alone places the
         groups' segments on the device, and other values give other sums (never a fault: loads past sum k read
         zeros). Each 128-deep K block of a group is accumulated by the tensor cores, then scaled by sfa[row] *
-        sfb[column] and added in FP32 registers. Deterministic (fixed reduction order). A call whose tensors and
-        ks have the dtypes, shapes, strides, devices and values of an earlier valid call skips re-validation.
+        sfb[column] and added in FP32 registers. Deterministic (fixed reduction order). A call whose tensors have
+        the dtypes, shapes, strides and devices of an earlier valid call (with as many groups) checks only ks again.
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
@@ -166,7 +169,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
     a, sfa, b, sfb = _split_pairs(a, b)
     _check_recipe(recipe)
     try:
-        signature = (call_signature(a, sfa, b, sfb, d, ks_tensor, c), tuple(ks))
+        signature = (call_signature(a, sfa, b, sfb, d, ks_tensor, c), len(ks))
     except (AttributeError, TypeError):  # not tensors or not a list: the full check says which
         signature = None
     checked = _checked_calls.get(signature)
@@ -174,6 +177,9 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         checked = _check_call(a, sfa, b, sfb, d, ks, ks_tensor, c)
         if signature is not None:
             _checked_calls[signature] = checked
+    else:
+        # NOTE: the group sizes change from step to step: checked on every call, never a cache key.
+        _check_ks(ks, ks_tensor, checked[2])
     m, n, total_k, num_groups, scales_ready = checked
     if not scales_ready:
         sfa = scale_a(sfa, m, total_k // SCALE_BLOCK)
@@ -188,7 +194,11 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         # Every group is empty: D = C (already copied), or zeros.
         return d if c is not None else d.zero_()
 
-    kernel, config, grid = _plan(m, n, total_k, num_groups, c is not None)
+    return _launch(_plan(m, n, total_k, num_groups, c is not None), a, sfa, b, sfb, d, ks_tensor, m, num_groups)
+
+
+def _launch(plan: tuple, a, sfa, b, sfb, d, ks_tensor, m: int, num_groups: int) -> torch.Tensor:
+    kernel, config, grid = plan
     tmap_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
     kernel.launch(
         grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
@@ -198,6 +208,20 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0,
         tmap_sfb=tensor_map(sfb, (config.block_n, 1), transpose=True))
     return d
+
+
+def forced_config_call(config, a, b, d: torch.Tensor, ks, ks_tensor: torch.Tensor, c: torch.Tensor = None):
+    """A function that runs k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c) with `config` in place of the
+    chosen one (side-by-side timing of configs: scripts/sweep_wgrad_gemm.py); validated once, here, with
+    kernel-ready scales and at least one non-empty group."""
+    a, sfa, b, sfb = _split_pairs(a, b)
+    m, n, total_k, num_groups, scales_ready = _check_call(a, sfa, b, sfb, d, ks, ks_tensor, c)
+    if not scales_ready or total_k == 0 or m == 0:
+        raise ValueError("forced_config_call takes kernel-ready scales and a non-empty problem")
+    if c is not None and c.data_ptr() != d.data_ptr():
+        raise ValueError("forced_config_call accumulates in place only (c is d)")
+    plan = plan_of(config, m, n, num_groups, c is not None, get_num_sms())
+    return lambda: _launch(plan, a, sfa, b, sfb, d, ks_tensor, m, num_groups)
 
 
 def _k_major_view(t, scales, name: str, scale_name: str, rows_name: str) -> tuple:

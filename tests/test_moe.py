@@ -593,38 +593,59 @@ def test_routing_with_fewer_sms_is_identical(num_tokens, monkeypatch):
 
 
 @pytest.mark.parametrize("num_sms", [132, 114, 3])
-def test_fused_plan_fits_one_block_per_sm_and_one_tile_per_warp(num_sms, monkeypatch):
+@pytest.mark.parametrize("min_block_tokens", [8, 0])
+def test_fused_plan_fits_one_block_per_sm_and_one_chunk_per_block(num_sms, min_block_tokens, monkeypatch):
     from deep_kernels import device
     from deep_kernels.moe import routing
 
     monkeypatch.setattr(device, "_num_sms_override", num_sms)
+    monkeypatch.setattr(routing, "_FUSED_MIN_BLOCK_TOKENS", min_block_tokens)
     for k in range(1, 17):
         for num_tokens in sorted({1, 7, 8, 64, 1000, 1056, 1057, FUSED_MAX_SLOTS // k, FUSED_MAX_SLOTS // k + 1}):
-            tokens_per_warp = routing._fused_tokens_per_warp(num_tokens, k)
+            tokens_per_block = routing._fused_tokens_per_block(num_tokens, k)
             if num_tokens * k > FUSED_MAX_SLOTS:
-                assert tokens_per_warp is None
+                assert tokens_per_block is None
             elif num_sms >= 114:  # every H100 / H200: all of FUSED_MAX_SLOTS takes the one launch
-                assert tokens_per_warp is not None, (num_tokens, k)
-            if tokens_per_warp is not None:
-                block_tokens = routing._FUSED_WARPS * tokens_per_warp
-                assert math.ceil(num_tokens / block_tokens) <= num_sms
-                assert block_tokens * k <= routing._FUSED_WARPS * 32
-                # the fewest tokens per warp: one fewer would need more blocks than SMs
-                assert tokens_per_warp == 1 or math.ceil(num_tokens / (block_tokens - routing._FUSED_WARPS)) > num_sms
+                assert tokens_per_block is not None, (num_tokens, k)
+            if tokens_per_block is not None:
+                assert math.ceil(num_tokens / tokens_per_block) <= num_sms
+                assert tokens_per_block * k <= routing.FUSED_BLOCK_SLOTS
+                # the fewest tokens per block (whole warps' worth without a minimum): fewer would need more
+                # blocks than SMs
+                step = 1 if min_block_tokens else routing._FUSED_WARPS
+                assert tokens_per_block == max(min_block_tokens, step) or \
+                    math.ceil(num_tokens / (tokens_per_block - step)) > num_sms
 
 
 @pytest.mark.gpu
 def test_topk_gate_with_layout_grid_barrier_across_grid_sizes():
     # T = 64: a block with no token (the -1 fill takes 9 blocks); T = 1056 and 4001: several tokens per warp.
     # Each launch flips bit 31 of the barrier counter and leaves the lower bits at zero.
-    from deep_kernels.moe import routing
+    from deep_kernels.moe import layout
 
     kwargs = dict(scoring="sigmoid", num_groups=8, topk_groups=4)
-    for num_tokens, k in ((64, 8), (1, 8), (1056, 7), (4001, 2), (200, 16), (64, 8)):
+    for num_tokens, k in ((64, 8), (1, 8), (1056, 7), (4001, 2), (200, 16), (8192, 8), (64, 8)):
         logits = _gate_logits(num_tokens, 256, torch.float32, ties=num_tokens % 2 == 1)
         for _ in range(2):
             _check_gate_with_layout(logits, k, max_tokens=max(1, num_tokens * k // 256), **kwargs)
-        counter = routing._workspace(logits.get_device(), 0)[0].item()
+        counter = layout.layout_workspace(logits.get_device(), 0)[0].item()
+        assert counter & 0x7FFFFFFF == 0, hex(counter)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_sms", [132, 5])  # one chunk per block; several chunks per block
+def test_moe_layout_grid_barrier_across_grid_sizes(num_sms, monkeypatch):
+    # T = 1: one ranking block and a fill-only one; 4001 x 8: 32 blocks (or 7 chunks per block on 5 SMs);
+    # 40000 x 8 (several chunks per block on either). Each launch leaves the counter's lower bits at zero.
+    from deep_kernels import device
+    from deep_kernels.moe import layout
+
+    monkeypatch.setattr(device, "_num_sms_override", num_sms)
+    for num_tokens, num_experts, k in ((1, 256, 8), (4001, 256, 8), (40000, 72, 8), (3000, 512, 16)):
+        topk_idx = _routed_indices(num_tokens, num_experts, k, torch.int32)
+        for _ in range(2):
+            _check_layout(topk_idx, num_experts, max_tokens=max(1, num_tokens * k // num_experts))
+        counter = layout.layout_workspace(topk_idx.get_device(), 0)[0].item()
         assert counter & 0x7FFFFFFF == 0, hex(counter)
 
 

@@ -406,8 +406,8 @@ def test_kernels_are_precompiled():
     names = {name for name, _ in specs}
     assert {"smxx_swiglu_cast", "smxx_swiglu_backward"} <= names
     # Every variant the tests run, without a clamp, with a bf16 one and with another: 6 quantized layouts and
-    # modes, and the bf16 output, for each forward structure.
-    assert sum(name == "smxx_swiglu_cast" for name, _ in specs) == 3 * (len(LAYOUTS) + 1)
+    # modes in both structures (FORWARD, FEW_ROWS_FORWARD), and the bf16 output.
+    assert sum(name == "smxx_swiglu_cast" for name, _ in specs) == 3 * (2 * len(LAYOUTS) + 1)
     assert sum(name == "smxx_swiglu_backward" for name, _ in specs) == 2
 
 
@@ -427,6 +427,22 @@ def test_structures_and_their_geometry():
     assert swiglu.ForwardConfig(passes=1).block_rows == swiglu.NUM_WARPS
     assert (swiglu.ForwardConfig(rows_per_warp=4).block_columns, swiglu.FORWARD.block_columns) == (128, 512)
     assert swiglu.BACKWARD == swiglu.BackwardConfig(chunks_ahead=1, min_blocks=4)
+    # Decode-sized inputs (fewer of FORWARD's blocks than SMs) take FEW_ROWS_FORWARD: 4 warps, one row a thread.
+    assert swiglu.FEW_ROWS_FORWARD.block_rows == 4 and swiglu.FEW_ROWS_FORWARD.block_columns == 512
+
+
+@pytest.mark.parametrize("num_sms", [132, 78])
+def test_forward_structure_by_grid_size(num_sms, monkeypatch):
+    from deep_kernels import device
+
+    monkeypatch.setattr(device, "_num_sms_override", num_sms)
+    assert swiglu.forward_config(128, 2048) == swiglu.FEW_ROWS_FORWARD  # 4 x 8 blocks of FORWARD
+    assert swiglu.forward_config(4096, 2048) == swiglu.FORWARD
+    assert swiglu.forward_config(1, 7168) == swiglu.FEW_ROWS_FORWARD
+    # The switch: FORWARD's grid (14 column blocks at H = 7168) reaches the SM count.
+    row_blocks = -(-num_sms // 14)
+    assert swiglu.forward_config(row_blocks * swiglu.FORWARD.block_rows, 7168) == swiglu.FORWARD
+    assert swiglu.forward_config((row_blocks - 1) * swiglu.FORWARD.block_rows, 7168) == swiglu.FEW_ROWS_FORWARD
 
 
 def test_benchmark_cases_build_on_cpu():

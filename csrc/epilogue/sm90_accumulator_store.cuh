@@ -61,6 +61,22 @@ struct AccumulatorStore {
         }
     }
 
+    // FP32 D only: writes chunk `chunk` of the accumulators (columns chunk * kChunkCols onwards) into a buffer of
+    // one chunk (kChunkBytes), laid out as chunk 0 of write()'s. Call it with a compile-time chunk (an unrolled
+    // loop), so that the registers stay statically indexed.
+    DK_DEVICE static void write_chunk(const float (&acc)[BLOCK_N / 2], uint8_t* smem_chunk, uint32_t warp_in_wg,
+                                      uint32_t lane_idx, uint32_t chunk) {
+        DK_STATIC_ASSERT((std::is_same_v<OutputType, float>), "chunk by chunk staging of FP32 D");
+        const uint32_t row = warp_in_wg * 16 + lane_idx / 4;
+#pragma unroll
+        for (uint32_t g = 0; g < kChunkCols / 8; ++g) {
+            const uint32_t j = chunk * (kChunkCols / 8) + g;
+            const uint32_t byte_col = (g * 8 + lane_idx % 4 * 2) * sizeof(float);
+            ptx::st_shared(smem_chunk + offset(row, byte_col), acc[j * 4 + 0], acc[j * 4 + 1]);
+            ptx::st_shared(smem_chunk + offset(row + 8, byte_col), acc[j * 4 + 2], acc[j * 4 + 3]);
+        }
+    }
+
 private:
     DK_DEVICE static uint32_t pack_bf16(float lo, float hi) {
         const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);

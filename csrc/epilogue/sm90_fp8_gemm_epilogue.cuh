@@ -47,10 +47,72 @@ DK_DEVICE void stage_tile(const float (&final_acc)[kNumMWaves][BLOCK_N / 2], uin
     ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
 }
 
+// Issues the TMA store (reduce-add when accumulating) of one staged chunk at column `col` and row `row` of D.
+template <typename Traits>
+DK_DEVICE void store_chunk(const CUtensorMap* tmap_d, const uint8_t* src, int32_t col, int32_t row, int32_t group) {
+    constexpr GemmType kGemmType = Traits::kGemmType;
+    constexpr bool kWithAccumulation = Traits::kWithAccumulation;
+    // D [G, M, N] through a 3D map, the group outermost (masked; KGrouped).
+    constexpr bool kGroupedD = kGemmType == GemmType::MGroupedMasked || kGemmType == GemmType::KGrouped;
+    if constexpr (kWithAccumulation && kGroupedD)
+        ptx::tma_reduce_add(tmap_d, src, col, row, group);
+    else if constexpr (kWithAccumulation)
+        ptx::tma_reduce_add(tmap_d, src, col, row);
+    else if constexpr (kGroupedD)
+        ptx::tma_store(tmap_d, src, col, row, group);
+    else
+        ptx::tma_store(tmap_d, src, col, row);
+}
+
+// FP32 D of the per-channel kinds (Traits::kStreamedStore): the warpgroup's tile goes out one chunk (kChunkCols columns
+// of 64 rows) at a time through two chunk buffers in turn, each stored by TMA as soon as it is written.
+template <typename Traits, uint32_t kNumMWaves>
+DK_DEVICE void store_tile_streamed(const float (&final_acc)[kNumMWaves][Traits::BLOCK_N / 2], uint8_t* smem_d_wg,
+                                   const CUtensorMap* tmap_d, const TileInfo& tile, uint32_t wg_idx) {
+    constexpr uint32_t SHAPE_N = Traits::SHAPE_N, BLOCK_M = Traits::BLOCK_M, BLOCK_N = Traits::BLOCK_N;
+    using Store = typename Traits::Store;
+    const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
+    const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
+#pragma unroll
+    for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
+#pragma unroll
+        for (uint32_t c = 0; c < Store::kNumChunks; ++c) {
+            const uint32_t i = wave * Store::kNumChunks + c;
+            uint8_t* buffer = smem_d_wg + i % 2 * Store::kChunkBytes;
+            // The buffer's previous store (two chunks back, or the previous tile's, whose last chunk may have used
+            // either buffer) must have read it.
+            if (thread_in_wg == 0) {
+                if (i == 0)
+                    ptx::tma_store_wait_read<0>();
+                else
+                    ptx::tma_store_wait_read<1>();
+            }
+            ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
+            // NOTE: the thread's row and column are recomputed here rather than kept live through the K loop.
+            const uint32_t tid = ptx::thread_idx_x_here();
+            Store::write_chunk(final_acc[wave], buffer, tid % kNumThreadsPerWarpgroup / 32, tid % 32, c);
+            ptx::fence_proxy_async_shared();
+            ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
+            const uint32_t col = tile.n_block_idx * BLOCK_N + c * Store::kChunkCols;
+            if (thread_in_wg == 0 && col < SHAPE_N) {
+                const int32_t row =
+                    static_cast<int32_t>(tile.m_block_idx * BLOCK_M + (wg_idx * kNumMWaves + wave) * kWarpgroupBlockM);
+                store_chunk<Traits>(tmap_d, buffer, static_cast<int32_t>(col), row, static_cast<int32_t>(tile.group_idx));
+            }
+            if (thread_in_wg == 0)
+                ptx::tma_store_commit();
+        }
+    }
+}
+
 // The warpgroup's TMA store of its kNumMWaves x 64 tile rows, from row wg_idx * kNumMWaves * 64 of the tile.
 template <typename Traits, uint32_t kNumMWaves>
 DK_DEVICE void store_tile(const float (&final_acc)[kNumMWaves][Traits::BLOCK_N / 2], uint8_t* smem_d_wg,
                           const CUtensorMap* tmap_d, const TileInfo& tile, uint32_t wg_idx) {
+    if constexpr (Traits::kStreamedStore) {
+        store_tile_streamed<Traits, kNumMWaves>(final_acc, smem_d_wg, tmap_d, tile, wg_idx);
+        return;
+    }
     constexpr uint32_t SHAPE_N = Traits::SHAPE_N, BLOCK_M = Traits::BLOCK_M, BLOCK_N = Traits::BLOCK_N;
     constexpr GemmType kGemmType = Traits::kGemmType;
     constexpr bool kWithAccumulation = Traits::kWithAccumulation;

@@ -160,11 +160,19 @@ struct Sm90Fp8GemmTraits {
     // 64-row buffer per warpgroup and wave), then per stage A, B, sfa (and sfb, per-channel B scales), then the
     // full and empty barriers.
     using Store = AccumulatorStore<OutputType, BLOCK_N>;
-    static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kNumMWaves * Store::kBytes, 1024);
+    // Per-channel kinds with FP32 D stream the store: each warpgroup stages its tile one chunk of columns at a time
+    // through two chunk buffers in turn (the epilogue's store_tile_streamed), which leaves the stages the rest of the
+    // shared memory (FP32 tiles are twice bf16's: staged whole, 128 x 192 left three stages and 256 x 128 none).
+    static constexpr bool kStreamedStore = kIsChannelScaled && std::is_same_v<OutputType, float>;
+    static constexpr uint32_t kSmemDBytesPerWarpgroup = kStreamedStore ? 2 * Store::kChunkBytes : kNumMWaves * Store::kBytes;
+    static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kSmemDBytesPerWarpgroup, 1024);
     static constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K;
     static constexpr uint32_t kStageBBytes = BLOCK_N * BLOCK_K;
     static constexpr uint32_t kStageSfaBytes = BLOCK_M * sizeof(float);
-    static constexpr uint32_t kStageSfbBytes = kHasColumnScales ? BLOCK_N * sizeof(float) : 0;
+    // NOTE: TMA writes shared memory at 128-byte aligned addresses: TMA-loaded (per-channel) sfb stages are padded
+    // to it; the FP4 expanders' sfb stages are not.
+    static constexpr uint32_t kSfbBoxBytes = kHasColumnScales ? BLOCK_N * sizeof(float) : 0;
+    static constexpr uint32_t kStageSfbBytes = kIsChannelScaled ? align_up<uint32_t>(kSfbBoxBytes, 128) : kSfbBoxBytes;
     static constexpr uint32_t kOffsetA = kSmemDBytes;
     static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr uint32_t kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
@@ -172,7 +180,7 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kOffsetBarriers = kOffsetSfb + kNumStages * kStageSfbBytes;
     // NOTE: TMA counts a box's zero-filled bytes past K too, so every stage delivers the full box.
     static constexpr uint32_t kStageTxBytes =
-        (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float) + kStageSfbBytes;
+        (BLOCK_M + BLOCK_N) * BLOCK_K + BLOCK_M * sizeof(float) + kSfbBoxBytes;
 
     // FP4 weights (Fp8Mxfp4): the stage's sfb holds the per-column promotion scales the expanders write. After the
     // barriers, from a 1024-byte boundary, a ring of code stages of its own (gemm/sm90_fp4_expand.cuh), as deep as
@@ -240,9 +248,8 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(!kIsChannelScaled || kGemmType == GemmType::Normal || kIsKGrouped,
                      "per-channel B scales: the Normal and KGrouped kinds");
     DK_STATIC_ASSERT(!kIsKGrouped || (SHAPE_K == 0 && kIsChannelScaled && std::is_same_v<OutputType, float> &&
-                                      kNumSplits == 1 && !kOverlapEpilogue),
-                     "KGrouped: K on the device (SHAPE_K 0), per-channel scales, FP32 D, no split-K or epilogue "
-                     "overlap");
+                                      kNumSplits == 1),
+                     "KGrouped: K on the device (SHAPE_K 0), per-channel scales, FP32 D, no split-K");
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,
                      "BLOCK_M 64 (one math warpgroup), 128 or 256 (two, each owning half the rows)");
@@ -266,6 +273,9 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(!kOverlapEpilogue || (kNumSplits == 1 && BLOCK_M == 128 &&
                                            (kGemmType == GemmType::Normal || BLOCK_N % 64 == 0)),
                      "the epilogue overlap is for 128-row tiles without split-K (grouped: BLOCK_N a multiple of 64)");
+    // NOTE: ptxas gives the streamed store of two 64-row waves a 1 KB stack frame unless the CTA is in a cluster.
+    DK_STATIC_ASSERT(!kStreamedStore || kNumMWaves == 1 || kNumTMAMulticast == 2,
+                     "256-row per-channel tiles with FP32 D run in 2-CTA clusters");
     DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
     DK_STATIC_ASSERT(kSmemBytes <= kMaxSmemBytes, "stages fit in shared memory");
 };

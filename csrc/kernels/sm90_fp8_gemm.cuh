@@ -91,6 +91,15 @@ namespace sm90_fp8_gemm_detail {
 
 enum class WarpRole : uint32_t { Math, Producer };
 
+// Whether a tile has K blocks to issue ahead (KGrouped: an empty group's tiles have none).
+template <typename Traits>
+DK_DEVICE bool has_k_blocks(const TileInfo& tile) {
+    if constexpr (Traits::kIsKGrouped)
+        return tile.num_k_blocks > 0;
+    else
+        return true;
+}
+
 // One math warpgroup's walk over the scheduler's tiles: the mainloop accumulates each tile, the epilogue stores it.
 template <typename Traits, typename Ring>
 DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const Ring& ring,
@@ -127,7 +136,7 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
             // NOTE: zeroed, so that the copy into `tile` after the last tile copies defined values.
             TileInfo next{};
             has_tile = scheduler.get_next_tile(next);
-            while (has_tile && next.is_valid) {
+            while (has_tile && next.is_valid && has_k_blocks<Traits>(next)) {
                 const auto first = mainloop.issue_ahead(next);
                 epilogue.store(tile, row_keys, mainloop.final_acc);
                 tile = next;
@@ -224,7 +233,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     } else {
         // Consumer branch: register reconfiguration, then MMA, promotion and epilogue per tile.
         ptx::setmaxnreg_inc<Traits::kNumConsumerRegisters>();
-        uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Traits::kNumMWaves * Traits::Store::kBytes;
+        uint8_t* smem_d_wg = smem + threadIdx.x / kNumThreadsPerWarpgroup * Traits::kSmemDBytesPerWarpgroup;
         run_math_warpgroup<Traits>(stages, ring, scheduler, smem_d_wg, &tmap_d, sfb, d, split_workspace,
                                    split_tickets);
     }

@@ -51,18 +51,9 @@ DK_DEVICE float key_from_order_bits(uint32_t bits) {
     return __uint_as_float(bits >> 31 ? bits & 0x7fffffffu : ~bits);
 }
 
-// The index the warp's (key, index) pairs rank first by ranks_before: the largest key, then the lowest
-// index holding it.
-DK_DEVICE int warp_argmax(float key, int index) {
-    const uint32_t bits = key_order_bits(key);
-    const uint32_t best = __reduce_max_sync(kFullWarpMask, bits);
-    return __reduce_min_sync(kFullWarpMask, bits == best ? index : kNoExpert);
-}
-
-// The two largest values of a multiset spread over the warp, from each lane's two largest (first >= second).
-// -0 comes back as +0: the callers only compare the sum of the two.
-DK_DEVICE void warp_top2(float& first, float& second) {
-    const uint32_t lane_first = key_order_bits(first), lane_second = key_order_bits(second);
+// The two largest keys of a multiset spread over the warp, from each lane's two largest as order bits (first >=
+// second; 0, below every key, where a lane has fewer). -0 comes back as +0: the callers only compare their sum.
+DK_DEVICE void warp_top2(uint32_t lane_first, uint32_t lane_second, float& first, float& second) {
     const uint32_t best = __reduce_max_sync(kFullWarpMask, lane_first);
     const bool holds_best = lane_first == best;
     // The runner-up is the best again when two lanes hold it, else the largest of everything else.
@@ -70,6 +61,16 @@ DK_DEVICE void warp_top2(float& first, float& second) {
     const bool best_twice = __popc(__ballot_sync(kFullWarpMask, holds_best)) > 1;
     first = key_from_order_bits(best);
     second = key_from_order_bits(best_twice ? best : runner_up);
+}
+
+// condition ? a : b, as a PTX select the compiler cannot see through.
+// NOTE: unrolled selects of array[i] where lane == i are otherwise turned into array[lane], a run-time index
+// that puts the array in local memory.
+DK_DEVICE float select_opaque(bool condition, float a, float b) {
+    float result;
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\tselp.f32 %0, %2, %3, p;\n\t}"
+        : "=f"(result) : "r"(static_cast<uint32_t>(condition)), "f"(a), "f"(b));
+    return result;
 }
 
 template <typename Op>
@@ -99,6 +100,9 @@ DK_DEVICE void warp_gate_scores(const InT* row, int lane, float (&score)[ceil_di
     #pragma unroll
     for (int i = 0; i < kSlots; ++i)
         score[i] = is_expert(i) ? static_cast<float>(row[lane + 32 * i]) : -CUDART_INF_F;
+    // NOTE: every load is issued before the first score is computed: the compiler would otherwise sink each
+    // load below the previous score's division, whose slow path is a call, and wait for them one by one.
+    asm volatile("" ::: "memory");
     if constexpr (kScoring == GateScoring::Softmax) {
         float row_max = -CUDART_INF_F;
         #pragma unroll
@@ -158,13 +162,13 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
     float score[kSlots];
     warp_gate_scores<InT, NUM_EXPERTS, kScoring>(row, lane, score);
 
-    // Selection keys; slots that are no expert never become eligible
-    float key[kSlots];
-    uint32_t eligible_slots = 0;
+    // Selection keys as order bits (key_order_bits); 0 marks a slot out of the race (no expert, a group left
+    // out, or chosen already): every key, -inf included, has larger ones, so integer maxima rank the rest
+    uint32_t order[kSlots];
     #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
-        key[i] = nan_to_lowest(has_bias && is_expert(i) ? __fadd_rn(score[i], bias_value[i]) : score[i]);
-        eligible_slots |= static_cast<uint32_t>(is_expert(i)) << i;
+        const float key = nan_to_lowest(has_bias && is_expert(i) ? __fadd_rn(score[i], bias_value[i]) : score[i]);
+        order[i] = is_expert(i) ? key_order_bits(key) : 0u;
     }
 
     // Group limit: rank the groups by the sum of their top-2 keys, keep the best topk_groups
@@ -172,17 +176,18 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
         float group_key[NUM_GROUPS], lane_group_key = 0.0f;
         #pragma unroll
         for (int g = 0; g < NUM_GROUPS; ++g) {
-            float first = -CUDART_INF_F, second = -CUDART_INF_F;
+            uint32_t lane_first = 0, lane_second = 0;
             #pragma unroll
             for (int i = 0; i < kSlots; ++i) {
                 if (is_expert(i) && group_of(i) == g) {
-                    second = fmaxf(second, fminf(first, key[i]));
-                    first = fmaxf(first, key[i]);
+                    lane_second = max(lane_second, min(lane_first, order[i]));
+                    lane_first = max(lane_first, order[i]);
                 }
             }
-            warp_top2(first, second);
+            float first, second;
+            warp_top2(lane_first, lane_second, first, second);
             group_key[g] = nan_to_lowest(__fadd_rn(first, second));
-            lane_group_key = lane == g ? group_key[g] : lane_group_key;
+            lane_group_key = select_opaque(lane == g, group_key[g], lane_group_key);
         }
         // Lane g ranks group g
         uint32_t rank = 0;
@@ -192,36 +197,44 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
         const uint32_t selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
         #pragma unroll
         for (int i = 0; i < kSlots; ++i)
-            if (is_expert(i) && ((selected_groups >> group_of(i)) & 1u) == 0)
-                eligible_slots &= ~(1u << i);
+            order[i] = ((selected_groups >> group_of(i)) & 1u) != 0 ? order[i] : 0u;
     }
 
     // Iterative argmax: k rounds of (lane-local best, warp argmax); lane j keeps round j's choice
     // NOTE: the host guarantees k <= the number of eligible experts, so every round finds one.
-    float chosen_score = 0.0f, score_sum = 0.0f;
     int chosen_expert = 0;
     for (uint32_t round = 0; round < top_k; ++round) {
-        float best_key = -CUDART_INF_F, candidate_score = 0.0f;
-        int best_expert = kNoExpert;
-        // A lane's slots ascend in expert index: the first eligible slot, then only strictly larger keys.
+        // A lane's slots ascend in expert index: only strictly larger keys replace the best
+        uint32_t best_order = 0;
+        int best_slot = 0;
         #pragma unroll
         for (int i = 0; i < kSlots; ++i) {
-            if (((eligible_slots >> i) & 1u) && (key[i] > best_key || best_expert == kNoExpert)) {
-                best_key = key[i];
-                best_expert = expert_of(i);
-                candidate_score = score[i];
-            }
+            const bool better = order[i] > best_order;
+            best_order = better ? order[i] : best_order;
+            best_slot = better ? i : best_slot;
         }
-        best_expert = warp_argmax(best_key, best_expert);
-        const float winner_score = __shfl_sync(kFullWarpMask, candidate_score, best_expert % 32);
-        if (lane == best_expert % 32)
-            eligible_slots &= ~(1u << (best_expert / 32));
-        score_sum = __fadd_rn(score_sum, winner_score);
-        if (static_cast<uint32_t>(lane) == round) {
-            chosen_score = winner_score;
-            chosen_expert = best_expert;
-        }
+        const uint32_t warp_best = __reduce_max_sync(kFullWarpMask, best_order);
+        const int best_expert =
+            __reduce_min_sync(kFullWarpMask, best_order == warp_best ? lane + 32 * best_slot : kNoExpert);
+        const int cleared_slot = lane == static_cast<int>(static_cast<uint32_t>(best_expert) % 32) ? best_slot : -1;
+        #pragma unroll
+        for (int i = 0; i < kSlots; ++i)
+            order[i] = i == cleared_slot ? 0u : order[i];
+        chosen_expert = static_cast<uint32_t>(lane) == round ? best_expert : chosen_expert;
     }
+
+    // The chosen scores (lane j fetches round j's from the lane holding it), summed in round order
+    const uint32_t owner_lane = static_cast<uint32_t>(chosen_expert) % 32;
+    const int owner_slot = static_cast<int>(static_cast<uint32_t>(chosen_expert) / 32);
+    float chosen_score = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+        const float slot_score = __shfl_sync(kFullWarpMask, score[i], owner_lane);
+        chosen_score = owner_slot == i ? slot_score : chosen_score;
+    }
+    float score_sum = 0.0f;
+    for (uint32_t j = 0; j < top_k; ++j)
+        score_sum = __fadd_rn(score_sum, __shfl_sync(kFullWarpMask, chosen_score, j));
 
     // Weights
     // NOTE: dividing on every lane, outside any branch, keeps predicates from living across the division's

@@ -9,7 +9,7 @@ from deep_kernels.reference import quant as reference
 from deep_kernels.testing import random_activations
 
 # (N rows, H): x is [N, 2H].
-SHAPES = ((4096, 7168), (16384, 7168), (4096, 2048), (16384, 2048))
+SHAPES = ((4096, 7168), (16384, 7168), (128, 2048), (4096, 2048), (16384, 2048))
 GROUP_SIZE = 128
 CLAMP = 7.0
 # (label, options, whether rows carry a weight and a position, the op)

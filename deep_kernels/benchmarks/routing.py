@@ -1,6 +1,6 @@
-"""Suite `routing`: top-k gating plus the contiguous grouped-GEMM layout (DeepSeek-V3 router), separately
-(three launches) and fused (one launch up to FUSED_MAX_SLOTS slots), and the gate backward; against the
-same pipeline in plain torch (the reference), eager and under torch.compile."""
+"""Suite `routing`: top-k gating and the contiguous grouped-GEMM layout (DeepSeek-V3 router), each alone,
+one after the other (two launches) and fused (one launch up to FUSED_MAX_SLOTS slots), and the gate
+backward; against the same steps in plain torch (the reference), eager and under torch.compile."""
 
 import torch
 
@@ -45,7 +45,7 @@ def launches(num_tokens: int) -> str:
     """What topk_gate_with_layout launches at num_tokens (the rows' config says it)."""
     if num_tokens * TOP_K <= FUSED_MAX_SLOTS:
         return "1 cooperative launch: gate + block counts, grid barrier, each block ranks + scatters its slots"
-    return "3 launches: gate, count + -1 fill, rank + scatter"
+    return "2 launches: gate, then the layout (1 cooperative launch)"
 
 
 def run(ctx: BenchContext) -> list:
@@ -62,10 +62,26 @@ def run(ctx: BenchContext) -> list:
             + contiguous_max_rows(num_slots, NUM_EXPERTS) * 8
         shape = {"t": num_tokens, "e": NUM_EXPERTS, "k": TOP_K}
 
+        us = time_kernel_us(lambda: deep_kernels.topk_gate(logits, TOP_K, bias=bias, **GATE), ctx.flusher)
+        peer_name, peer_us = timed_peer(lambda: reference.topk_gate(logits, TOP_K, bias=bias, **GATE), ctx)
+        # logits and bias in; weights and indices out
+        gate_bytes = (num_tokens * NUM_EXPERTS + NUM_EXPERTS) * 4 + num_slots * 8
+        rows.append(memory_bound_row("topk_gate", shape, f"{CONFIG}; 1 launch", us, gate_bytes, ctx, peer_name,
+                                     peer_us, "bitwise equal"))
+
+        indices = expected[1]
+        us = time_kernel_us(lambda: deep_kernels.moe_layout(indices, NUM_EXPERTS), ctx.flusher)
+        peer_name, peer_us = timed_peer(lambda: reference.moe_layout(indices, NUM_EXPERTS), ctx)
+        # indices in; counts (negligible), slot_to_row, m_indices and row_to_slot out
+        layout_bytes = num_slots * 8 + contiguous_max_rows(num_slots, NUM_EXPERTS) * 8
+        rows.append(memory_bound_row("moe_layout", shape, "int32 indices; 1 cooperative launch: counts + -1 fill, "
+                                     "grid barrier, ranks + scatter", us, layout_bytes, ctx, peer_name, peer_us,
+                                     "bitwise equal"))
+
         us = time_kernel_us(lambda: _pipeline(deep_kernels, logits, bias), ctx.flusher)
         peer_us = time_kernel_us(lambda: _pipeline(reference, logits, bias), ctx.flusher, reps=20)
         rows.append(memory_bound_row(
-            "topk_gate + moe_layout", shape, f"{CONFIG}; 3 launches: gate, count + -1 fill, rank + scatter", us,
+            "topk_gate + moe_layout", shape, f"{CONFIG}; 2 launches: gate, then the layout (1 cooperative launch)", us,
             num_bytes, ctx, "torch reference (eager)", peer_us, "bitwise equal"))
 
         us = time_kernel_us(lambda: _fused(deep_kernels, logits, bias), ctx.flusher)

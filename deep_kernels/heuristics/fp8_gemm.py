@@ -94,8 +94,10 @@ OVERLAP_EPILOGUE_FACTOR = 0.955
 # Most splits of a tail split (the last job of a tile reads the partials back one after another).
 MAX_TAIL_SPLITS = 8
 # Per-channel B scales: the promotion reads one float2 of sfb per 8 columns from shared memory and multiplies per
-# column (an estimate, not yet fitted: 2% of the 128-row K block's time at 128 columns).
-CHANNEL_PROMOTION_SECONDS_PER_COLUMN = 0.00004e-6
+# column. Fitted on the H200 (2026-12-02) to the sweep of scripts/sweep_wgrad_gemm.py (four weight-gradient shapes,
+# FP32 D accumulated, six tilings each): the picks are the fastest swept tiling on three shapes, 1.3% behind it on the
+# fourth (4096 x 7168 x 16384: 128 x 160 against 128 x 128 pipelined).
+CHANNEL_PROMOTION_SECONDS_PER_COLUMN = 0.0003e-6
 
 GEMM_TYPES = {
     "normal": "deep_kernels::GemmType::Normal",
@@ -177,16 +179,24 @@ def swizzle_d_bytes(block_n: int, out_dtype_bytes: int) -> int:
 
 
 def stage_bytes(block_m: int, block_n: int, operands: str = "fp8_block_scaled") -> int:
-    """Bytes one stage's TMA loads deliver: A, B, sfa, and sfb with per-channel B scales."""
-    sfb_bytes = block_n * 4 if operands in CHANNEL_SCALED_OPERANDS else 0
+    """Shared memory of one stage: A, B, sfa, and with per-column scales sfb: loaded by TMA with per-channel B scales
+    (padded to 128 bytes, TMA's shared-memory alignment), written by the expanders with FP4 weights."""
+    if operands in CHANNEL_SCALED_OPERANDS:
+        sfb_bytes = _align(block_n * 4, 128)
+    else:
+        sfb_bytes = block_n * 4 if operands == "fp8_mxfp4" else 0
     return block_m * BLOCK_K + block_n * BLOCK_K + block_m * 4 + sfb_bytes
 
 
 def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int,
                operands: str = "fp8_block_scaled") -> int:
     """Dynamic shared memory of the kernel's carve-up: D staging, then per stage A, B, sfa (and sfb with per-channel
-    B scales), then barriers."""
-    d_bytes = _align(block_m * block_n * out_dtype_bytes, 1024)
+    B scales), then barriers. D staging: the whole tile, or with per-channel B scales and FP32 D two chunks of 64 rows
+    per math warpgroup (the kernel's streamed store)."""
+    if operands in CHANNEL_SCALED_OPERANDS and out_dtype_bytes == 4:
+        d_bytes = _align(num_math_warpgroups(block_m) * 2 * 64 * swizzle_d_bytes(block_n, 4), 1024)
+    else:
+        d_bytes = _align(block_m * block_n * out_dtype_bytes, 1024)
     return d_bytes + num_stages * stage_bytes(block_m, block_n, operands) + 2 * num_stages * 8
 
 
@@ -322,6 +332,13 @@ def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_m
         yield from range(2, min(_ceil_div(k, BLOCK_K), num_sms // (tiles % num_sms), MAX_TAIL_SPLITS) + 1)
 
 
+def has_streamed_store_registers(block_m: int, num_tma_multicast: int, out_dtype_bytes: int, operands: str) -> bool:
+    """Whether the tiling compiles without a stack frame: the streamed FP32 store (per-channel B scales) of 256-row
+    tiles spills without a 2-CTA cluster (the kernel's static_assert)."""
+    return not (operands in CHANNEL_SCALED_OPERANDS and out_dtype_bytes == 4 and block_m == 256 and
+                num_tma_multicast == 1)
+
+
 def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False) -> bool:
     """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128-row tiles without split-K,
     for the grouped kinds only tiles of a multiple of 64 columns (ptxas serializes the wgmma of the others: their
@@ -344,6 +361,8 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
             if stages < MIN_STAGES:
                 continue
             for num_tma_multicast, multicast_on_a in _multicast_options(m, n, block_m, block_n, num_sms):
+                if not has_streamed_store_registers(block_m, num_tma_multicast, out_dtype_bytes, operands):
+                    continue
                 splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
                 for num_splits in splits:
                     yield Fp8GemmConfig(
@@ -540,6 +559,9 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
     if overlap_epilogue and (num_splits != 1 or block_m != 128):
         raise ValueError("the epilogue overlap needs block_m == 128 and num_splits == 1")
+    if operands in CHANNEL_SCALED_OPERANDS and not has_streamed_store_registers(block_m, num_tma_multicast,
+                                                                              out_dtype_bytes, operands):
+        raise ValueError("256-row tiles with per-channel B scales and FP32 D need num_tma_multicast == 2")
     if pipelined is None:
         pipelined = can_pipeline(block_m, block_n)
     elif pipelined and not can_pipeline(block_m, block_n):
@@ -585,8 +607,8 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
                         True, operands="fp8_channel_scaled"),
         CandidateKernel(make_config(128, 192, 1, False, 2, overlap_epilogue=True, operands="fp8_channel_scaled"),
                         2048, 4096, "bfloat16", False, operands="fp8_channel_scaled"),
-        CandidateKernel(make_config(128, 128, 1, False, 4, operands="fp8_channel_scaled"), 2048, 0, "float32", True,
-                        "k_grouped", "fp8_channel_scaled"),
+        CandidateKernel(make_config(128, 128, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled"), 2048,
+                        0, "float32", True, "k_grouped", "fp8_channel_scaled"),
         CandidateKernel(make_config(256, 128, 2, False, 4, operands="fp8_channel_scaled"), 7168, 0, "float32", False,
                         "k_grouped", "fp8_channel_scaled"),
     ]

@@ -5,8 +5,9 @@ Pure functions of the problem and the device: no GPU calls, no torch. The model 
 deep_kernels.heuristics.fp8_gemm with the problem cut into groups, as the scheduler walks it: every group has the
 same M x N tiles, so the busiest CTA runs ceil(G x tiles / CTAs) tiles of the average K (the host knows the
 total K, not how the device's per-group sizes spread it; uneven groups cost a little more than modelled), and
-A, B and D are moved once per group. The candidates are the dense ones with FP32 D, without split-K or epilogue
-overlap (the kind has neither); 256-row tiles take part.
+A, B and D are moved once per group. The candidates are the dense ones with FP32 D, without split-K (the kind has
+none), with the epilogue overlap where the kind has it (128-row tiles of a multiple of 64 columns: the next tile's
+first K block is issued before the store unless that tile's group is empty); 256-row tiles take part.
 """
 
 import dataclasses
@@ -23,7 +24,13 @@ BLOCK_K = fp8_gemm.BLOCK_K
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES):
     """The kind's legal configs, in the dense enumeration order (ties keep the first)."""
     for config in fp8_gemm.candidate_configs(m, n, num_sms, smem_capacity, OUT_DTYPE_BYTES, operands=OPERANDS):
-        yield dataclasses.replace(config, overlap_epilogue=False)
+        yield with_kind_overlap(config)
+
+
+def with_kind_overlap(config: Fp8GemmConfig) -> Fp8GemmConfig:
+    """The config with the epilogue overlap where the kind has it (the grouped kinds' rule)."""
+    overlap = fp8_gemm.has_epilogue_overlap(config.block_m, config.block_n, config.num_splits, grouped=True)
+    return dataclasses.replace(config, overlap_epilogue=config.overlap_epilogue and overlap)
 
 
 def get_k_grouped_fp8_gemm_config(m: int, n: int, total_k: int, num_groups: int, num_sms: int,

@@ -4,9 +4,10 @@ moe_layout: slot s = t * k + j of topk_idx [T, k]; -1 (or any index outside [0, 
     contiguous layout: expert segments in expert order, each padded to CONTIGUOUS_ALIGNMENT rows,
     slots in ascending order within a segment; sized for the worst case so that no host sync is needed
     masked layout: [E, max_tokens] slots per expert and the per-expert valid count
-    Positions never depend on atomics: counts, an exclusive scan, then ranks by counting earlier slots.
-    The rows and masked positions no slot takes are filled with -1 first (by every block of the count
-    pass), so the ranking pass writes the routed slots only.
+    One cooperative launch: every block fills its share of the rows and masked positions no slot takes
+    with -1 and counts its slots per expert; after a grid barrier each block reads every block's counts and
+    writes its slots' rows. Positions never depend on atomics: counts, exclusive scans, then ranks by
+    counting earlier slots.
 """
 
 import functools
@@ -26,9 +27,12 @@ from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, ch
 CONTIGUOUS_ALIGNMENT = 128
 
 _LAYOUT_WARPS = 16
-_COUNT_THREADS = 512
-_CHUNK_SLOTS = 4096
+_LAYOUT_SLOTS_PER_THREAD = 2
+# A block ranks its slots in chunks of this many (csrc/kernels/smxx_moe_layout.cuh).
+LAYOUT_CHUNK_SLOTS = _LAYOUT_WARPS * 32 * _LAYOUT_SLOTS_PER_THREAD
 _FILL_INTS_PER_BLOCK = 8192
+# The workspace's grid-barrier counter has a 128-byte line to itself; the block counts follow.
+_COUNTER_INTS = 32
 
 
 @dataclass(frozen=True)
@@ -96,36 +100,63 @@ def new_layout(like: torch.Tensor, num_tokens: int, k: int, num_experts: int, ma
     return layout
 
 
-MOE_COUNT = KernelDef(
-    "kernels/smxx_moe_count.cuh", "smxx_moe_count_impl",
-    template=("IndexT", "CHUNK_SLOTS", "kNumThreads"),
-    params=(Param("topk_idx", PTR), Param("chunk_counts", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
-            Param("masked_slots", PTR), Param("num_slots", U32), Param("num_experts", U32), Param("num_chunks", U32),
-            Param("max_rows", U32), Param("num_masked", U32)),
-    threads=lambda t: t["kNumThreads"])
-
 MOE_LAYOUT = KernelDef(
     "kernels/smxx_moe_layout.cuh", "smxx_moe_layout_impl",
-    template=("IndexT", "CHUNK_SLOTS", "kAlignment", "kNumWarps"),
-    params=(Param("topk_idx", PTR), Param("chunk_counts", PTR), Param("counts", PTR), Param("num_rows", PTR),
-            Param("m_indices", PTR), Param("row_to_slot", PTR), Param("slot_to_row", PTR), Param("masked_slots", PTR),
-            Param("masked_m", PTR), Param("num_slots", U32), Param("num_experts", U32), Param("num_chunks", U32),
+    template=("IndexT", "kSlotsPerThread", "kAlignment", "kNumWarps"),
+    params=(Param("topk_idx", PTR), Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR),
+            Param("row_to_slot", PTR), Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR),
+            Param("block_counts", PTR), Param("barrier", PTR), Param("num_slots", U32), Param("num_experts", U32),
+            Param("slots_per_block", U32), Param("num_rank_blocks", U32), Param("max_rows", U32),
             Param("max_tokens", U32)),
-    threads=lambda t: t["kNumWarps"] * 32)
-
-
-def _count_spec(dtype: torch.dtype) -> KernelSpec:
-    return MOE_COUNT.spec(IndexT=dtype, CHUNK_SLOTS=_CHUNK_SLOTS, kNumThreads=_COUNT_THREADS)
+    threads=lambda t: t["kNumWarps"] * 32, cooperative=True)
 
 
 def _layout_spec(dtype: torch.dtype) -> KernelSpec:
-    return MOE_LAYOUT.spec(IndexT=dtype, CHUNK_SLOTS=_CHUNK_SLOTS, kAlignment=CONTIGUOUS_ALIGNMENT,
+    return MOE_LAYOUT.spec(IndexT=dtype, kSlotsPerThread=_LAYOUT_SLOTS_PER_THREAD, kAlignment=CONTIGUOUS_ALIGNMENT,
                            kNumWarps=_LAYOUT_WARPS)
 
 
 @functools.lru_cache(maxsize=None)
-def _layout_kernels(dtype: torch.dtype):
-    return get_kernel(_count_spec(dtype)), get_kernel(_layout_spec(dtype))
+def _layout_kernel(dtype: torch.dtype):
+    return get_kernel(_layout_spec(dtype))
+
+
+_workspaces = {}
+
+
+def layout_workspace(device_index: int, num_block_counts: int) -> torch.Tensor:
+    """The int32 workspace of the cooperative layout kernels: [0] their grid-barrier counter (bits 0-30 zero
+    between launches, each launch flips bit 31), then from block_counts_offset() on room for num_block_counts
+    per-block expert counts. One per stream, grown as needed, or while capturing a CUDA graph a fresh one
+    whose zeroing the graph replays."""
+    # NOTE: a counter cached from inside a capture would hold garbage until the first replay.
+    size = _COUNTER_INTS + num_block_counts
+    if torch._C._cuda_isCurrentStreamCapturing():
+        return torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
+    # The raw stream handle: what torch.cuda.current_stream(device_index).cuda_stream is, without making a Stream.
+    key = (device_index, torch._C._cuda_getCurrentRawStream(device_index))
+    workspace = _workspaces.get(key)
+    if workspace is None or workspace.numel() < size:
+        workspace = torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
+        _workspaces[key] = workspace
+    return workspace
+
+
+def block_counts_offset() -> int:
+    """Bytes from the start of layout_workspace to its block counts (16-byte aligned)."""
+    return 4 * _COUNTER_INTS
+
+
+def block_counts_row_ints(num_experts: int) -> int:
+    """The int32 of one block's row of expert counts in the workspace: E rounded up to 16 bytes."""
+    return ceil_div(num_experts, 4) * 4
+
+
+def layout_blocks(num_slots: int) -> tuple:
+    """(slots_per_block, blocks) of moe_layout's ranking: whole chunks, at most one block per SM."""
+    chunks_per_block = ceil_div(ceil_div(num_slots, LAYOUT_CHUNK_SLOTS), get_num_sms())
+    slots_per_block = chunks_per_block * LAYOUT_CHUNK_SLOTS
+    return slots_per_block, ceil_div(num_slots, slots_per_block)
 
 
 def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None) -> MoeLayout:
@@ -142,8 +173,10 @@ def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None)
         MoeLayout (see its docstring); the contiguous tensors have contiguous_max_rows(T * k, E) rows.
 
     Notes:
-        Two launches (per-chunk counts and the -1 fill, then offsets, ranks and scatter), no host
-        synchronization, so it can be captured in a CUDA graph. Deterministic, whatever the SM count.
+        One cooperative launch (at most one block per SM), no host synchronization, so it can be
+        captured in a CUDA graph. Deterministic, whatever the SM count. Its workspace (a grid-barrier counter
+        and per-block counts) is kept per (device, stream) (a captured graph zeroes its own in a memset
+        node), so calls may overlap only on different streams.
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
@@ -160,31 +193,25 @@ def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None)
     layout = new_layout(topk_idx, num_tokens, k, num_experts, max_tokens)
     if num_slots == 0:
         return layout
-    count_kernel, layout_kernel = _layout_kernels(topk_idx.dtype)
-    num_chunks = ceil_div(num_slots, _CHUNK_SLOTS)
-    chunk_counts = topk_idx.new_empty((num_chunks, num_experts), dtype=torch.int32)
     masked = max_tokens is not None
     num_masked = num_experts * max_tokens if masked else 0
-    masked_slots = layout.masked_slots.data_ptr() if masked else 0
     device_index = topk_idx.get_device()
-    count_kernel.launch(
-        (max(num_chunks, fill_blocks(2 * max_rows + num_masked)), 1, 1), device_index, topk_idx=topk_idx.data_ptr(),
-        chunk_counts=chunk_counts.data_ptr(), m_indices=layout.m_indices.data_ptr(),
-        row_to_slot=layout.row_to_slot.data_ptr(), masked_slots=masked_slots, num_slots=num_slots,
-        num_experts=num_experts, num_chunks=num_chunks, max_rows=max_rows, num_masked=num_masked)
-    layout_kernel.launch(
-        (num_chunks, 1, 1), device_index, topk_idx=topk_idx.data_ptr(), chunk_counts=chunk_counts.data_ptr(),
-        counts=layout.counts.data_ptr(), num_rows=layout.num_rows.data_ptr(), m_indices=layout.m_indices.data_ptr(),
-        row_to_slot=layout.row_to_slot.data_ptr(), slot_to_row=layout.slot_to_row.data_ptr(),
-        masked_slots=masked_slots, masked_m=layout.masked_m.data_ptr() if masked else 0, num_slots=num_slots,
-        num_experts=num_experts, num_chunks=num_chunks, max_tokens=max_tokens if masked else 0)
+    slots_per_block, rank_blocks = layout_blocks(num_slots)
+    workspace = layout_workspace(device_index, rank_blocks * block_counts_row_ints(num_experts))
+    # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident.
+    _layout_kernel(topk_idx.dtype).launch(
+        (max(rank_blocks, fill_blocks(2 * max_rows + num_masked)), 1, 1), device_index,
+        topk_idx=topk_idx.data_ptr(), counts=layout.counts.data_ptr(), num_rows=layout.num_rows.data_ptr(),
+        m_indices=layout.m_indices.data_ptr(), row_to_slot=layout.row_to_slot.data_ptr(),
+        slot_to_row=layout.slot_to_row.data_ptr(), masked_slots=layout.masked_slots.data_ptr() if masked else 0,
+        masked_m=layout.masked_m.data_ptr() if masked else 0,
+        block_counts=workspace.data_ptr() + block_counts_offset(), barrier=workspace.data_ptr(),
+        num_slots=num_slots, num_experts=num_experts, slots_per_block=slots_per_block, num_rank_blocks=rank_blocks,
+        max_rows=max_rows, max_tokens=max_tokens if masked else 0)
     return layout
 
 
 @precompiled
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
-    specs = []
-    for dtype in (torch.int32, torch.int64):
-        specs.extend((_count_spec(dtype), _layout_spec(dtype)))
-    return specs
+    return [_layout_spec(dtype) for dtype in (torch.int32, torch.int64)]

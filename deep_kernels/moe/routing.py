@@ -4,7 +4,7 @@ topk_gate_with_layout returns exactly what topk_gate followed by moe_layout retu
 routed slots (T * k) one cooperative kernel does both: every block (at most one per SM) gates its tokens,
 fills its share of the layout's -1 rows and counts its slots per expert; after a grid barrier every block
 sums those counts and writes its own slots' rows, positions from counts and scans as in moe_layout.
-Larger inputs take the two-stage path (three launches).
+Larger inputs take the two-stage path (two launches: topk_gate, then moe_layout).
 """
 
 import functools
@@ -20,28 +20,32 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.moe.gate import check_gate_args, kernel_groups, scoring_cpp, topk_gate
 from deep_kernels.moe.layout import (
-    CONTIGUOUS_ALIGNMENT, check_layout_args, fill_blocks, moe_layout, new_layout,
+    CONTIGUOUS_ALIGNMENT, block_counts_offset, block_counts_row_ints, check_layout_args, fill_blocks, moe_layout,
+    new_layout,
 )
+from deep_kernels.moe.layout import layout_workspace as _workspace
 from deep_kernels.validation import ceil_div, check_cuda_device
 
 # The fused kernel's blocks, at most one per SM, gate their tokens one per warp at a time: beyond this
 # the two-stage path is faster.
-FUSED_MAX_SLOTS = 8192
+FUSED_MAX_SLOTS = 65536
 
-_FUSED_WARPS = 8
-# A block ranks one tile of 32 slots per warp.
-_FUSED_MAX_WARP_SLOTS = 32
-# The workspace's grid-barrier counter has a 128-byte line to itself; the block counts follow.
-_COUNTER_INTS = 32
+_FUSED_WARPS = 16
+_FUSED_SLOTS_PER_THREAD = 2
+# A block ranks at most one chunk of slots (csrc/kernels/smxx_topk_gate_layout.cuh).
+FUSED_BLOCK_SLOTS = _FUSED_WARPS * 32 * _FUSED_SLOTS_PER_THREAD
+# A block gates at least this many tokens, spread over the SMs above that (0: whole warps' worth, a token a
+# warp first).
+_FUSED_MIN_BLOCK_TOKENS = 8
 
 
 TOPK_GATE_LAYOUT = KernelDef(
     "kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
-    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kAlignment"),
+    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment"),
     params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
             Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
             Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR), Param("block_counts", PTR),
-            Param("barrier", PTR), Param("num_tokens", U32), Param("tokens_per_warp", U32),
+            Param("barrier", PTR), Param("num_tokens", U32), Param("tokens_per_block", U32),
             Param("logits_row_stride", U32), Param("top_k", U32), Param("topk_groups", U32), Param("renormalize", U32),
             Param("scaling_factor", F32), Param("max_rows", U32), Param("max_tokens", U32)),
     threads=lambda t: t["kNumWarps"] * 32, cooperative=True)
@@ -49,7 +53,8 @@ TOPK_GATE_LAYOUT = KernelDef(
 
 def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
-                                 kScoring=scoring_cpp(scoring), kNumWarps=_FUSED_WARPS, kAlignment=CONTIGUOUS_ALIGNMENT)
+                                 kScoring=scoring_cpp(scoring), kNumWarps=_FUSED_WARPS,
+                                 kSlotsPerThread=_FUSED_SLOTS_PER_THREAD, kAlignment=CONTIGUOUS_ALIGNMENT)
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,34 +62,16 @@ def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring
     return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring))
 
 
-_workspaces = {}
-
-
-def _workspace(device_index: int, num_block_counts: int) -> torch.Tensor:
-    """The fused kernel's int32 workspace: [0] its grid-barrier counter (bits 0-30 zero between launches,
-    each launch flips bit 31), then from _COUNTER_INTS on room for num_block_counts per-block expert
-    counts. One per stream, grown as needed, or while capturing a CUDA graph a fresh one whose zeroing the
-    graph replays."""
-    # NOTE: a counter cached from inside a capture would hold garbage until the first replay.
-    size = _COUNTER_INTS + num_block_counts
-    if torch._C._cuda_isCurrentStreamCapturing():
-        return torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
-    # The raw stream handle: what torch.cuda.current_stream(device_index).cuda_stream is, without making a Stream.
-    key = (device_index, torch._C._cuda_getCurrentRawStream(device_index))
-    workspace = _workspaces.get(key)
-    if workspace is None or workspace.numel() < size:
-        workspace = torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
-        _workspaces[key] = workspace
-    return workspace
-
-
-def _fused_tokens_per_warp(num_tokens: int, k: int):
-    """Tokens each warp of the fused kernel gates, so that its grid fits on the SMs; None where the
-    two-stage path serves the input (too many slots, or more than a tile of them per warp)."""
-    tokens_per_warp = ceil_div(num_tokens, _FUSED_WARPS * get_num_sms())
-    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_warp * k > _FUSED_MAX_WARP_SLOTS:
+def _fused_tokens_per_block(num_tokens: int, k: int):
+    """Tokens each block of the fused kernel gates, so that its grid fits on the SMs; None where the
+    two-stage path serves the input (too many slots, or more than a chunk of them per block)."""
+    if _FUSED_MIN_BLOCK_TOKENS:
+        tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, get_num_sms()))
+    else:
+        tokens_per_block = _FUSED_WARPS * ceil_div(num_tokens, _FUSED_WARPS * get_num_sms())
+    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_block * k > FUSED_BLOCK_SLOTS:
         return None
-    return tokens_per_warp
+    return tokens_per_block
 
 
 def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torch.Tensor = None,
@@ -137,7 +124,7 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
     layout = new_layout(logits, num_tokens, k, num_experts, max_tokens)
     device_index = logits.get_device()
     masked = max_tokens is not None
-    workspace = _workspace(device_index, plan.token_blocks * num_experts)
+    workspace = _workspace(device_index, plan.token_blocks * block_counts_row_ints(num_experts))
     workspace_ptr = workspace.data_ptr()
     plan.kernel.launch(
         (plan.num_blocks, 1, 1), device_index, logits=logits.data_ptr(), bias=0 if bias is None else bias.data_ptr(),
@@ -145,8 +132,8 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         num_rows=layout.num_rows.data_ptr(), m_indices=layout.m_indices.data_ptr(),
         row_to_slot=layout.row_to_slot.data_ptr(), slot_to_row=layout.slot_to_row.data_ptr(),
         masked_slots=layout.masked_slots.data_ptr() if masked else 0,
-        masked_m=layout.masked_m.data_ptr() if masked else 0, block_counts=workspace_ptr + 4 * _COUNTER_INTS,
-        barrier=workspace_ptr, num_tokens=num_tokens, tokens_per_warp=plan.tokens_per_warp,
+        masked_m=layout.masked_m.data_ptr() if masked else 0, block_counts=workspace_ptr + block_counts_offset(),
+        barrier=workspace_ptr, num_tokens=num_tokens, tokens_per_block=plan.tokens_per_block,
         logits_row_stride=logits.stride(0), top_k=k, topk_groups=topk_groups, renormalize=int(renormalize),
         scaling_factor=float(routed_scaling_factor), max_rows=plan.max_rows, max_tokens=max_tokens if masked else 0)
     return weights, indices, layout
@@ -158,7 +145,7 @@ class _Plan(NamedTuple):
 
     num_sms: int  # the SM count it was planned for
     kernel: object = None
-    tokens_per_warp: int = 0
+    tokens_per_block: int = 0
     token_blocks: int = 0
     num_blocks: int = 0
     max_rows: int = 0
@@ -178,16 +165,16 @@ def _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed
     if bias is not None:
         check_cuda_device(bias, "bias", like=logits)
     num_sms = get_num_sms()
-    tokens_per_warp = _fused_tokens_per_warp(num_tokens, k)
-    if tokens_per_warp is None or num_tokens == 0:  # the two-stage path (no launch without tokens)
+    tokens_per_block = _fused_tokens_per_block(num_tokens, k)
+    if tokens_per_block is None or num_tokens == 0:  # the two-stage path (no launch without tokens)
         return _Plan(num_sms)
     num_masked = num_experts * max_tokens if max_tokens is not None else 0
     # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident. Only the
     # blocks holding tokens keep per-block counts.
-    token_blocks = ceil_div(num_tokens, _FUSED_WARPS * tokens_per_warp)
+    token_blocks = ceil_div(num_tokens, tokens_per_block)
     num_blocks = max(token_blocks, fill_blocks(2 * max_rows + num_masked))
     kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
-    return _Plan(num_sms, kernel, tokens_per_warp, token_blocks, num_blocks, max_rows)
+    return _Plan(num_sms, kernel, tokens_per_block, token_blocks, num_blocks, max_rows)
 
 
 @precompiled

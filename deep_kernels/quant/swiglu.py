@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
+from deep_kernels.device import get_num_sms
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
@@ -60,13 +61,14 @@ class ForwardConfig:
     in_flight further (None: all passes); range_check: silu by the fast steps (common/swiglu.cuh's fast_silu),
     and by the scaled ones (exact for every bf16 gate, twice the instructions) for a thread's 8 gates of a row
     when one is below 2^-20 in magnitude, inf or NaN; without it the scaled steps for every gate; min_blocks: the
-    blocks per SM the launch bounds ask for (a register cap), 0 for none.
+    blocks per SM the launch bounds ask for (a register cap), 0 for none; num_warps: warps of a block.
     """
     rows_per_warp: int = 1
     passes: int = 2
     in_flight: int = None
     range_check: bool = True
     min_blocks: int = 0
+    num_warps: int = NUM_WARPS
 
     def __post_init__(self):
         if self.in_flight is None:
@@ -75,7 +77,7 @@ class ForwardConfig:
     @property
     def block_rows(self) -> int:
         """Rows of a block: a warp covers rows_per_warp rows a pass."""
-        return self.rows_per_warp * NUM_WARPS * self.passes
+        return self.rows_per_warp * self.num_warps * self.passes
 
     @property
     def block_columns(self) -> int:
@@ -99,6 +101,16 @@ class BackwardConfig:
 # per SM cost more than the loads ahead gain).
 FORWARD = ForwardConfig()
 BACKWARD = BackwardConfig()
+# Forward, when FORWARD's grid would leave SMs idle (decode: a few hundred rows): one row a thread and 4 warps a
+# block, so that the rows spread over 4x the blocks and each thread's chain of loads and math is half as long.
+FEW_ROWS_FORWARD = ForwardConfig(passes=1, num_warps=4)
+
+
+def forward_config(num_rows: int, hidden: int) -> ForwardConfig:
+    """The structure swiglu_cast_to_fp8 runs for x [num_rows, 2 * hidden]: FORWARD, or FEW_ROWS_FORWARD where
+    FORWARD's grid has fewer blocks than the device has SMs."""
+    blocks = ceil_div(hidden, FORWARD.block_columns) * ceil_div(num_rows, FORWARD.block_rows)
+    return FEW_ROWS_FORWARD if blocks < get_num_sms() else FORWARD
 
 
 SWIGLU_CAST = KernelDef(
@@ -116,7 +128,7 @@ def _forward_spec(config: ForwardConfig, clamped: bool, quantize: bool, ue8m0: b
                   layout: ScaleLayout = ScaleLayout.mn_major, mode: ScaleMode = ScaleMode.mul,
                   bf16_clamp: bool = False) -> KernelSpec:
     """bf16_clamp: the clamp is a bf16 value, so the kernel clamps the loaded bf16 pairs (fewer instructions)."""
-    return SWIGLU_CAST.spec(kNumWarps=NUM_WARPS, kRowsPerWarp=config.rows_per_warp, kPasses=config.passes,
+    return SWIGLU_CAST.spec(kNumWarps=config.num_warps, kRowsPerWarp=config.rows_per_warp, kPasses=config.passes,
                             kPassesInFlight=config.in_flight, kRangeCheck=bool(config.range_check),
                             kMinBlocks=config.min_blocks, kClamped=clamped, kBf16Clamp=bf16_clamp, kQuantize=quantize,
                             kUE8M0=ue8m0, kLayout=layout, kScaleMode=mode)
@@ -321,13 +333,14 @@ def swiglu_cast_to_fp8(x: torch.Tensor, clamp: float = None, weights: torch.Tens
         from deep_kernels import ops
         return ops.swiglu_cast_to_fp8(x, clamp, weights, pos, ue8m0, scale_layout, amax_clamp, scale_mode, check_pos,
                                       out)
-    return _cast_to_fp8(FORWARD, x, clamp, weights, pos, ue8m0, scale_layout, amax_clamp, scale_mode, check_pos, out)
+    return _cast_to_fp8(None, x, clamp, weights, pos, ue8m0, scale_layout, amax_clamp, scale_mode, check_pos, out)
 
 
 def _cast_to_fp8(config: ForwardConfig, x, clamp, weights, pos, ue8m0, scale_layout, amax_clamp, scale_mode,
                  check_pos, out):
-    """swiglu_cast_to_fp8 (its arguments in order) by the forward kernel of structure `config`."""
-    num_rows, hidden, c, limit = _check_forward_rows(x, clamp, weights, pos, check_pos, config)
+    """swiglu_cast_to_fp8 (its arguments in order) by the forward kernel of structure `config` (None: the one
+    forward_config picks)."""
+    num_rows, hidden, c, limit = _check_forward_rows(x, clamp, weights, pos, check_pos, config or FORWARD)
     layout = parse_layout(scale_layout, ue8m0)
     mode = parse_scale_mode(scale_mode, ue8m0)
     check_amax_clamp(amax_clamp)
@@ -344,7 +357,7 @@ def _cast_to_fp8(config: ForwardConfig, x, clamp, weights, pos, ue8m0, scale_lay
     if num_rows == 0 or hidden == 0:
         return q, scales
     _launch_forward(x, q, scales, weights, pos, None, 1, num_rows, hidden, True, ue8m0, layout, mode, geometry,
-                    limit, c, amax_clamp, config)
+                    limit, c, amax_clamp, config or forward_config(num_rows, hidden))
     return q, scales
 
 
@@ -515,7 +528,7 @@ def precompile_specs() -> list:
     # No clamp, a clamp of any value, and a bf16 one.
     clamps = [(False, False), (True, False), (True, True)]
     return [spec for clamped, bf16_clamp in clamps for spec in
-            [_forward_spec(FORWARD, clamped, True, ue8m0, layout, mode, bf16_clamp)
-             for ue8m0, layout, mode in cast_variants]
+            [_forward_spec(config, clamped, True, ue8m0, layout, mode, bf16_clamp)
+             for ue8m0, layout, mode in cast_variants for config in (FORWARD, FEW_ROWS_FORWARD)]
             + [_forward_spec(FORWARD, clamped, False, bf16_clamp=bf16_clamp)]] + \
         [_backward_spec(BACKWARD, clamped) for clamped in (False, True)]

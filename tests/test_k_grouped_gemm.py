@@ -1,0 +1,242 @@
+"""The k-grouped FP8 GEMM (MoE weight gradients): validation (CPU) and the kernel against a float64 reference of the
+dequantized inputs, group by group (GPU).
+
+Inputs are cast as training casts them (per_channel_cast_transpose_to_fp8 of token-major tensors, testing.wgrad),
+with uneven groups and empty ones. Each group's D is checked with testing.gemm.assert_gemm_close (calc_diff below
+1e-6 on the whole matrix, every 128 x 128 tile and every row) and so is its transpose (every column); D is poisoned
+(NaN) before each launch, or holds C when C is D. The planted-bug tests run the real kernel with a group boundary
+moved by one K block in ks_tensor and with one doubled B scale, and show the check rejects each.
+"""
+
+import random
+
+import pytest
+import torch
+
+import deep_kernels
+from deep_kernels import gemm, k_grouped_gemm
+from deep_kernels.heuristics import fp8_gemm
+from deep_kernels.heuristics import k_grouped_fp8_gemm as heuristics
+from deep_kernels.reference import k_grouped_gemm as reference
+from deep_kernels.testing import assert_bitwise_equal, poison_
+from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close
+from deep_kernels.testing.wgrad import group_sizes, make_k_grouped_inputs
+
+
+def _reference(a, b, ks, c=None) -> torch.Tensor:
+    m, n = a[0].shape[0], b[0].shape[0]
+    d = torch.empty((len(ks), m, n), dtype=torch.float64, device=a[0].device)
+    return reference.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, c=c)
+
+
+def _assert_close(d: torch.Tensor, expected: torch.Tensor) -> None:
+    for g in range(d.shape[0]):
+        assert_gemm_close(d[g], expected[g], name=f"d[{g}]")
+        assert_gemm_close(d[g].T, expected[g].T, name=f"d[{g}]^T")
+
+
+# ---- validation and reference (CPU) ----
+
+def _cpu_call(ks=(128, 0, 256), m=8, n=32):
+    a, b, ks_tensor = make_k_grouped_inputs(list(ks), m, n, device="cpu")
+    d = torch.empty(len(ks), m, n)
+    return a, b, d, list(ks), ks_tensor
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a, b, d, ks, t: (a, b, d, [128, 0, 200], t), ValueError, r"ks\[2\] = 200: every group's K must be a "
+                                                                      "non-negative multiple of 128"),
+    (lambda a, b, d, ks, t: (a, b, d, [128, -128, 384], t), ValueError, "non-negative multiple of 128"),
+    (lambda a, b, d, ks, t: (a, b, d, [128, 128, 256], t), ValueError, "ks sums to 512 but a and b hold sum k = 384"),
+    (lambda a, b, d, ks, t: (a, b, d, [], t), TypeError, "ks must be a non-empty list"),
+    (lambda a, b, d, ks, t: (a, b, d, ks, t.long()), TypeError, "ks_tensor must be torch.int32"),
+    (lambda a, b, d, ks, t: (a, b, d, ks, t[:2]), ValueError, r"ks_tensor must be a contiguous int32 tensor of shape "
+                                                              r"\(3,\)"),
+    (lambda a, b, d, ks, t: ((a[0][:, :256], a[1][:, :2]), b, d, ks, t), ValueError, "sum k differs"),
+    (lambda a, b, d, ks, t: ((a[0].view(torch.uint8), a[1]), b, d, ks, t), TypeError, "a must be torch.float8_e4m3fn"),
+    (lambda a, b, d, ks, t: ((a[0], a[1][:, :2]), b, d, ks, t), ValueError, "sfa must have shape"),
+    (lambda a, b, d, ks, t: (a, (b[0], b[1].T), d, ks, t), ValueError, "sfb must have shape"),
+    (lambda a, b, d, ks, t: (a, (b[0], b[1].half()), d, ks, t), TypeError, "sfb must be"),
+    (lambda a, b, d, ks, t: (a, b, d.bfloat16(), ks, t), TypeError, "d must be torch.float32"),
+    (lambda a, b, d, ks, t: (a, b, d[:2], ks, t), ValueError, r"d must be a contiguous FP32 \[G, M, N\]"),
+    (lambda a, b, d, ks, t: (a, (b[0][:24], b[1][:24]), d[..., :24], ks, t), ValueError, "multiple of 16"),
+    (lambda a, b, d, ks, t: ((a[0][:, :320], a[1]), b, d, ks, t), ValueError, "must be a multiple of 128"),
+    (lambda a, b, d, ks, t: (a[0], b, d, ks, t), TypeError, "pairs"),
+    (lambda a, b, d, ks, t: (a, b, d, ks, t), ValueError, "must be a CUDA tensor"),
+])
+def test_rejects_bad_input(mutate, error, match):
+    with pytest.raises(error, match=match):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(*mutate(*_cpu_call()))
+
+
+def test_rejects_other_recipes_and_bad_c():
+    a, b, d, ks, t = _cpu_call()
+    for recipe in ((1, 128, 128), None):
+        with pytest.raises(ValueError, match=r"takes recipe \(1, 1, 128\)"):
+            deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, t, recipe=recipe)
+    with pytest.raises(ValueError, match=r"c must have shape \[G, M, N\]"):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, t, c=d[:, :4])
+    with pytest.raises(TypeError, match="c must be torch.float32"):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, t, c=d.double())
+
+
+def test_tn_takes_transposed_views_and_refuses_m_major_operands():
+    a, b, d, ks, t = _cpu_call()
+    # The views reach the nt checks (which stop at the device).
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.k_grouped_fp8_gemm_tn_contiguous((a[0].T, a[1].T), (b[0].T, b[1].T), d, ks, t)
+    with pytest.raises(ValueError, match="per_channel_cast_transpose_to_fp8"):
+        deep_kernels.k_grouped_fp8_gemm_tn_contiguous((a[0].T.contiguous(), a[1].T), (b[0].T, b[1].T), d, ks, t)
+
+
+def test_reference_is_the_per_group_product():
+    ks = [256, 0, 128]
+    a, b, _ = make_k_grouped_inputs(ks, 8, 32, device="cpu")
+    c = torch.rand(3, 8, 32)
+    d = _reference(a, b, ks, c)
+    values_a = gemm_values(a)
+    values_b = gemm_values(b)
+    assert torch.equal(d[0], values_a[:, :256] @ values_b[:, :256].T + c[0].double())
+    assert torch.equal(d[1], c[1].double())
+    assert torch.equal(d[2], values_a[:, 256:] @ values_b[:, 256:].T + c[2].double())
+    tn = reference.k_grouped_fp8_gemm_tn_contiguous((a[0].T, a[1].T), (b[0].T, b[1].T), torch.empty_like(d), ks, c=c)
+    assert torch.equal(tn, d)
+
+
+def gemm_values(operand) -> torch.Tensor:
+    """An operand [rows, sum k] dequantized in float64 by its 1 x 128 scales, written out here."""
+    q, scales = operand
+    return q.double() * scales.double().repeat_interleave(128, dim=1)
+
+
+def test_inputs_take_the_cast_transpose_layout():
+    a, b, ks_tensor = make_k_grouped_inputs([128, 256], 24, 32, device="cpu")
+    assert a[0].shape == (24, 384) and a[0].is_contiguous()
+    assert a[1].shape == (24, 3) and a[1].stride() == (1, 24)  # MN-major, M rounded up to 4
+    assert b[1].shape == (32, 3) and ks_tensor.tolist() == [128, 256]
+
+
+def test_configs():
+    for g, m, n, k in heuristics.REPRESENTATIVE_PROBLEMS:
+        config = heuristics.get_k_grouped_fp8_gemm_config(m, n, g * k, g, 132, with_accumulation=True)
+        assert config.num_splits == 1
+        assert not config.overlap_epilogue or (config.block_m == 128 and config.block_n % 64 == 0)
+        assert config.smem_bytes == fp8_gemm.smem_bytes(config.block_m, config.block_n, config.num_stages, 4,
+                                                        heuristics.OPERANDS) <= fp8_gemm.SMEM_CAPACITY_BYTES
+        assert 0 < heuristics.grid_size(config, m, n, g, 132) <= 132
+    # Every group empty: still a config (the call itself returns before any launch).
+    assert heuristics.get_k_grouped_fp8_gemm_config(64, 128, 0, 4, 132).block_m in fp8_gemm.BLOCK_MS
+    with pytest.raises(ValueError, match="total_k"):
+        heuristics.get_k_grouped_fp8_gemm_config(64, 128, 100, 4, 132)
+    kernels = heuristics.all_candidate_kernels()
+    assert kernels and all(kernel.k == 0 and kernel.gemm_type == "k_grouped" for kernel in kernels)
+
+
+# ---- kernel against the reference (GPU) ----
+
+def _run(a, b, ks, ks_tensor, c=None, alias=False, layout="nt"):
+    m, n = a[0].shape[0], b[0].shape[0]
+    d = c.clone() if alias else poison_(torch.empty((len(ks), m, n), device="cuda"))
+    if layout == "tn":
+        a, b = (a[0].T, a[1].T), (b[0].T, b[1].T)
+    function = getattr(deep_kernels, f"k_grouped_fp8_gemm_{layout}_contiguous")
+    return function(a, b, d, ks, ks_tensor, c=d if alias else c)
+
+
+def _problem(num_groups: int, m: int, n: int, mean_k: int, empty: int, seed: int = 0) -> tuple:
+    ks = group_sizes(num_groups, mean_k, random.Random(seed), empty=empty)
+    a, b, ks_tensor = make_k_grouped_inputs(ks, m, n, seed=seed)
+    return a, b, ks, ks_tensor
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c_kind", ["separate", "alias", "none"])
+def test_matches_reference(c_kind):
+    a, b, ks, ks_tensor = _problem(4, 1000, 2048, 1024, empty=1)
+    product = _reference(a, b, ks)
+    c = None if c_kind == "none" else accumulator_like(product.flatten(0, 1)).view(product.shape)
+    d = _run(a, b, ks, ks_tensor, c=c, alias=c_kind == "alias")
+    _assert_close(d, product if c is None else product + c.double())
+    assert_bitwise_equal(_run(a, b, ks, ks_tensor, c=c, alias=c_kind == "alias"), d, "d (second run)")
+
+
+@pytest.mark.gpu
+def test_tn_views_and_many_groups():
+    a, b, ks, ks_tensor = _problem(16, 256, 7168, 384, empty=3, seed=1)
+    product = _reference(a, b, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    _assert_close(_run(a, b, ks, ks_tensor, c=c, layout="tn"), product + c.double())
+
+
+@pytest.mark.gpu
+def test_two_wave_tiles(monkeypatch):
+    monkeypatch.setattr(gemm, "_config_override", lambda: {"block_m": 256, "block_n": 128, "multicast": 2,
+                                                           "multicast_on_a": 0, "splits": 1})
+    monkeypatch.setattr(k_grouped_gemm, "_plans", {})
+    a, b, ks, ks_tensor = _problem(4, 1024, 2048, 1024, empty=1, seed=2)
+    product = _reference(a, b, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    _assert_close(_run(a, b, ks, ks_tensor, c=c), product + c.double())
+
+
+@pytest.mark.gpu
+def test_every_group_empty():
+    a, b, ks, ks_tensor = _problem(3, 64, 128, 0, empty=0)
+    assert ks == [0, 0, 0]
+    c = torch.randn(3, 64, 128, device="cuda")
+    assert torch.equal(_run(a, b, ks, ks_tensor, c=c), c)
+    assert not _run(a, b, ks, ks_tensor).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plant", ["boundary", "scale"])
+def test_check_rejects_planted_bugs(plant):
+    a, b, ks, ks_tensor = _problem(4, 1000, 2048, 1024, empty=1)
+    product = _reference(a, b, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    if plant == "boundary":
+        # The first non-empty group ends one K block early on the device (the next one starts early).
+        g = next(i for i, k in enumerate(ks) if k > 128 and i + 1 < len(ks))
+        wrong = ks_tensor.clone()
+        wrong[g] -= 128
+        wrong[g + 1] += 128
+        d = _run(a, b, ks, wrong, c=c)
+    else:
+        sfb = b[1].clone()
+        row, kb = divmod(int(sfb.argmax()), sfb.shape[1])
+        sfb[row, kb] *= 2
+        d = _run(a, (b[0], sfb), ks, ks_tensor, c=c)
+    with pytest.raises(AssertionError, match="calc_diff"):
+        _assert_close(d, product + c.double())
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_reads_the_group_sizes_on_the_device():
+    # Captured once (no host synchronisation inside), replayed with other group sizes of the same total in ks_tensor:
+    # the kernel places the segments from the device's values.
+    a, b, ks, ks_tensor = _problem(4, 512, 2048, 512, empty=0, seed=3)
+    d = torch.zeros((4, 512, 2048), device="cuda")
+    deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor)
+    new_ks = [ks[0] + ks[1], 0, ks[2] - 128, ks[3] + 128]
+    ks_tensor.copy_(torch.tensor(new_ks, dtype=torch.int32))
+    poison_(d)
+    graph.replay()
+    _assert_close(d, _reference(a, b, new_ks))
+
+
+def test_group_sizes_are_checked_on_every_call(monkeypatch):
+    # A signature seen before skips the tensor checks, never the check of ks against the tensors' sum k.
+    a, b, d, ks, t = _cpu_call()
+    monkeypatch.setattr(k_grouped_gemm, "_checked_calls", {})
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, t)
+    assert not k_grouped_gemm._checked_calls  # an invalid call is not kept
+    key = (k_grouped_gemm.call_signature(a[0], a[1], b[0], b[1], d, t, None), len(ks))
+    k_grouped_gemm._checked_calls[key] = (8, 32, 384, 3, True)  # as a valid call on the GPU would leave it
+    with pytest.raises(ValueError, match="ks sums to 512"):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, [128, 128, 256], t)
+    with pytest.raises(ValueError, match=r"ks\[1\] = 100"):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, [128, 100, 156], t)
