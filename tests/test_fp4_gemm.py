@@ -113,8 +113,9 @@ def test_smem_bytes_is_the_kernels_carve_up(tmp_path):
                for c in [heuristics.get_config(m, n, k, 132)]}
     configs[(64, 48, 0)] = heuristics.make_config(64, 48, 2, num_stages=3, num_splits=3)
     checks = []
-    for config in configs.values():
-        args = heuristics.template_args(config, 4096, 7168, "bfloat16", False)
+    fp32_config = heuristics.make_config(64, 128, 4, num_splits=2)
+    for config, out, accumulate in [(c, "bfloat16", False) for c in configs.values()] + [(fp32_config, "float32", True)]:
+        args = heuristics.template_args(config, 4096, 7168, out, accumulate)
         traits_args = ", ".join(args[:6] + args[8:])
         checks.append(f"static_assert(deep_kernels::sm90_fp8_gemm_detail::Sm90Fp8GemmTraits<{traits_args}>::kSmemBytes "
                       f"== {config.smem_bytes});")

@@ -53,7 +53,7 @@ def _ceil_div(a: int, b: int) -> int:
 def _fixed_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int) -> int:
     """The FP8 part of the carve-up: D staging, the math stages with per-column scales, their barriers, rounded up
     to 1024 bytes."""
-    return _ceil_div(fp8_gemm.smem_bytes(block_m, block_n, num_stages, out_dtype_bytes, "fp8_channel_scaled"),
+    return _ceil_div(fp8_gemm.smem_bytes(block_m, block_n, num_stages, out_dtype_bytes, "fp8_mxfp4"),
                      1024) * 1024
 
 
