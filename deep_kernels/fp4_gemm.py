@@ -18,7 +18,9 @@ exponent of the block's four UE8M0 scales, a code of a sub-block with exponent e
 e)) in e4m3, exactly wherever e_max - e <= 14 (else rounded to nearest even: the sub-block's values are then
 under 2^-12 of the block's largest), and the tensor cores' FP32 sum of each 128-deep block is promoted with
 sfa[row] * 2^(e_max - 133) per column, as the FP8 recipe promotes every 128 K. A NaN scale (0xFF) gives NaN
-columns. Deterministic (fixed reduction order, split-K included).
+columns. Deterministic (fixed reduction order, split-K included). At prefill sizes the dense GEMM expands B first
+(mxfp4_requant_to_fp8, the same numerics) and runs the FP8 GEMM with per-channel scales (fp8_fp4_gemm_nt's Notes).
+NVFP4 weights are not supported (their E4M3 scales do not fold into e4m3 exactly).
 """
 
 import torch
@@ -32,7 +34,7 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows,
+    ceil_div, tma_aligned_size, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows,
 )
 
 MXFP4_GROUP_SIZE = 32
@@ -136,12 +138,53 @@ _plans = {}
 
 
 def _dense_plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int):
+    """(kernel, config, grid, split-K layout) of the in-kernel expansion, or None where the heuristics expand B
+    before the GEMM (heuristics.expands_before)."""
     key = (m, n, k, out_dtype, accumulate, num_sms)
-    plan = _plans.get(key)
-    if plan is None:
-        config = heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize, accumulate)
-        plan = _plans[key] = _dense_plan_of(config, m, n, k, out_dtype, accumulate, num_sms)
-    return plan
+    if key not in _plans:
+        if heuristics.expands_before(m, n, k, num_sms, out_dtype.itemsize, accumulate):
+            _plans[key] = None
+        else:
+            config = heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize, accumulate)
+            _plans[key] = _dense_plan_of(config, m, n, k, out_dtype, accumulate, num_sms)
+    return _plans[key]
+
+
+class _ExpansionWorkspace:
+    """One device's buffers for B expanded to e4m3 [N, K] and its per-row FP32 scales (MN-major, N rounded up to
+    4) at prefill sizes."""
+
+    def __init__(self, device_index: int, num_codes: int, num_scales: int):
+        device = torch.device("cuda", device_index)
+        self.codes = torch.empty(num_codes, dtype=torch.uint8, device=device)
+        self.scales = torch.empty(num_scales, dtype=torch.float32, device=device)
+
+
+_expansion_workspaces = {}
+_retired_expansion_workspaces = []
+
+
+def _expanded_weights(b: torch.Tensor, sfb: torch.Tensor, n: int, k: int) -> tuple:
+    """(e4m3 [N, K], FP32 scales [N, K / 128] MN-major) of B, by mxfp4_requant_to_fp8 into the device's persistent
+    workspace (grown, never shrunk; kept alive once replaced, for CUDA graphs captured before; refused during
+    capture: run the shape once before capturing it)."""
+    from deep_kernels.quant.fp4 import mxfp4_requant_to_fp8
+
+    k_blocks, aligned_n = k // SCALE_BLOCK, tma_aligned_size(n, 4)
+    device_index = b.get_device()
+    workspace = _expansion_workspaces.get(device_index)
+    if workspace is None or workspace.codes.numel() < n * k or workspace.scales.numel() < aligned_n * k_blocks:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("fp8_fp4_gemm_nt: this prefill shape needs a larger expansion workspace, which cannot "
+                               "be allocated during CUDA-graph capture; run the same call once before capturing")
+        if workspace is not None:
+            _retired_expansion_workspaces.append(workspace)
+        workspace = _expansion_workspaces[device_index] = _ExpansionWorkspace(
+            device_index, max(n * k, 2 * (workspace.codes.numel() if workspace else 0)),
+            max(aligned_n * k_blocks, 2 * (workspace.scales.numel() if workspace else 0)))
+    q = workspace.codes[:n * k].view(torch.float8_e4m3fn).view(n, k)
+    scales = workspace.scales[:aligned_n * k_blocks].as_strided((n, k_blocks), (1, aligned_n))
+    return mxfp4_requant_to_fp8(b, sfb.view(torch.float8_e8m0fnu), scale_layout="mn_major", out=(q, scales))
 
 
 def _dense_plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int):
@@ -175,8 +218,13 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
     Notes:
         K must be a multiple of 128. Numerics: the module docstring (exact expansion, one FP32 promotion per
         128-deep block with sfa * 2^(e_max - 133) per column). Deterministic. Split-K at decode sizes shares the
-        FP8 GEMM's per-device workspace (the same CUDA-graph rule: run a shape once before capturing it). No host
-        synchronisation or allocation with kernel-ready sfa (MN-major FP32).
+        FP8 GEMM's per-device workspace (the same CUDA-graph rule: run a shape once before capturing it). At
+        prefill sizes (heuristics.expands_before: from a few hundred rows), where the kernel's three expander warps
+        cannot keep up with two math warpgroups, B is expanded once per call by mxfp4_requant_to_fp8 (the same
+        numerics: e4m3 with one power-of-two scale per row and 128 columns, exact under the same condition) into a
+        persistent per-device workspace, and the FP8 GEMM with per-channel B scales (recipe (1, 1, 128)) multiplies;
+        that workspace too is grown outside CUDA-graph capture only. No host synchronisation or allocation with
+        kernel-ready sfa (MN-major FP32).
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
@@ -193,7 +241,13 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
     num_sms = get_num_sms()
     accumulate = c is not None
     if config is None:
-        kernel, config, grid, split_layout = _dense_plan(m, n, k, d.dtype, accumulate, num_sms)
+        plan = _dense_plan(m, n, k, d.dtype, accumulate, num_sms)
+        if plan is None:
+            # Prefill: B expanded once per call, then the FP8 GEMM with per-channel scales.
+            from deep_kernels.gemm import fp8_gemm_nt
+            return fp8_gemm_nt((a, sfa), _expanded_weights(b, sfb, n, k), d, d if accumulate else None,
+                               recipe=(1, 1, 128))
+        kernel, config, grid, split_layout = plan
     else:
         kernel, config, grid, split_layout = _dense_plan_of(config, m, n, k, d.dtype, accumulate, num_sms)
     workspace_ptr = tickets_ptr = 0

@@ -113,8 +113,9 @@ def test_smem_bytes_is_the_kernels_carve_up(tmp_path):
                for c in [heuristics.get_config(m, n, k, 132)]}
     configs[(64, 48, 0)] = heuristics.make_config(64, 48, 2, num_stages=3, num_splits=3)
     checks = []
-    for config in configs.values():
-        args = heuristics.template_args(config, 4096, 7168, "bfloat16", False)
+    fp32_config = heuristics.make_config(64, 128, 4, num_splits=2)
+    for config, out, accumulate in [(c, "bfloat16", False) for c in configs.values()] + [(fp32_config, "float32", True)]:
+        args = heuristics.template_args(config, 4096, 7168, out, accumulate)
         traits_args = ", ".join(args[:6] + args[8:])
         checks.append(f"static_assert(deep_kernels::sm90_fp8_gemm_detail::Sm90Fp8GemmTraits<{traits_args}>::kSmemBytes "
                       f"== {config.smem_bytes});")
@@ -128,13 +129,16 @@ def test_smem_bytes_is_the_kernels_carve_up(tmp_path):
         compiler.run_compile(command)
 
 
-def test_heuristics_pick_legal_configs_and_price_fp4_weights():
+def test_heuristics_pick_legal_configs_and_price_fp4_weights(monkeypatch):
     for m, n, k in fp4_gemm.REPRESENTATIVE_MNK:
         config = heuristics.get_config(m, n, k, 132)
         assert config.num_tma_multicast == 1 and config.smem_bytes <= heuristics.SMEM_CAPACITY_BYTES
         assert config.num_stages >= heuristics.MIN_STAGES
-    # At decode the weight bytes dominate: the FP4 estimate is near 4.25 / 8 of the same config's FP8 estimate.
+    # Where the weight bytes are all the cost (expansion and code ring free), the FP4 estimate is near 4.25 / 8 of
+    # the same config's FP8 estimate.
     from deep_kernels.heuristics import fp8_gemm
+    monkeypatch.setattr(heuristics, "EXPAND_SECONDS_PER_CODE", {64: 0.0, 128: 0.0})
+    monkeypatch.setattr(heuristics, "CODE_ROUND_TRIP_SECONDS", 0.0)
     config = heuristics.make_config(64, 64, 2, num_splits=1)
     fp4_s = heuristics.estimate_seconds(config, 1, 32768, 7168, 132)
     fp8_s = fp8_gemm.estimate_seconds(config, 1, 32768, 7168, 132)
@@ -149,6 +153,12 @@ def _decode_and_prefill_shapes():
     shapes = [(m, n, k) for m in (1, 16, 64, 128) for n, k in DEEPSEEK_NK[::2]]
     shapes += [(m, n, k) for m, n, k in ((16, 2112, 7168), (64, 24576, 1536), (128, 7168, 16384))]
     return shapes + [(4096, 4096, 7168), (4096, 7168, 2048), (300, 1040, 384), (129, 176, 1024)]
+
+
+def test_prefill_expands_before_and_decode_in_the_kernel():
+    for n, k in DEEPSEEK_NK:
+        assert not any(heuristics.expands_before(m, n, k, 132) for m in (1, 16, 64, 128))
+        assert heuristics.expands_before(4096, n, k, 132)
 
 
 @pytest.mark.gpu
@@ -177,11 +187,13 @@ def test_forced_tilings(block_m, block_n, splits):
 
 
 @pytest.mark.gpu
-def test_accumulates_into_fp32_and_in_place():
-    a, b = make_fp4_gemm_inputs(96, 2112, 1536)
+@pytest.mark.parametrize("m", [96, 1024])  # the in-kernel expansion, and B expanded before the GEMM (prefill)
+def test_accumulates_into_fp32_and_in_place(m):
+    assert heuristics.expands_before(m, 2112, 1536, 132, 4, True) == (m == 1024)
+    a, b = make_fp4_gemm_inputs(m, 2112, 1536)
     c = accumulator_like(_reference(a, b))
     expected = _reference(a, b, c)
-    d = poison_(torch.empty(96, 2112, device="cuda"))
+    d = poison_(torch.empty(m, 2112, device="cuda"))
     assert_gemm_close(deep_kernels.fp8_fp4_gemm_nt(a, b, d, c=c), expected)
     d = c.clone()
     assert_gemm_close(deep_kernels.fp8_fp4_gemm_nt(a, b, d, c=d), expected)

@@ -27,6 +27,8 @@ constexpr uint32_t kWgmmaK = 32;
 constexpr uint32_t kMaxSmemBytes = 232448;
 // The e2m1 -> e4m3 expansion's tables: 8 bytes (one per e2m1 magnitude) for each exponent shift 0..31.
 constexpr uint32_t kFp4ExpandTableBytes = 32 * 8;
+// Deepest ring of FP4 code stages.
+constexpr uint32_t kMaxFp4CodeStages = 32;
 // Widest 128-row FP4 tile with split-K (the math warpgroups' 224 registers).
 constexpr uint32_t kMaxFp4SplitBlockN = 96;
 // Widest pipelined tile by math warpgroup count: three sets of BLOCK_N / 2 accumulators (two partial, one
@@ -101,13 +103,14 @@ struct SelectType<false, A, B> {
 };
 
 // FP4 weights: the stage tiles (sfb: the per-column promotion scales the expanders write, BLOCK_N FP32) plus, per
-// stage, the e2m1 codes (BLOCK_N x 64 bytes, rows of 128 K), the barrier the codes' loads complete on and the B
-// rows' scale words; and the expansion tables (kFp4ExpandTableBytes).
+// code stage (a ring of its own), the e2m1 codes (BLOCK_N x 64 bytes, rows of 128 K), the barriers its loads
+// complete on and its expanders free it by, and the B rows' scale words; and the expansion tables.
 template <uint32_t kStageABytes, uint32_t kStageBBytes, uint32_t kStageSfaFloats, uint32_t kStageCodesBytes,
           uint32_t BLOCK_N>
 struct Fp4StageBuffers : StageBuffers<kStageABytes, kStageBBytes, kStageSfaFloats, BLOCK_N> {
     uint8_t* codes;
     uint64_t* loaded_barriers;
+    uint64_t* codes_empty_barriers;
     uint2* expand_tables;
     uint32_t* scale_words;
 
@@ -194,17 +197,24 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kMNMajorBoxCols = 128 / kOperandBytes;
     static constexpr uint32_t kMNMajorBoxBytes = 128 * BLOCK_K;
 
-    // FP4 weights (Fp8Mxfp4): the stage's sfb holds the per-column promotion scales the expanders write; after the
-    // barriers, per stage the TMA-loaded e2m1 codes (BLOCK_N x 64 bytes, expanded into the stage's e4m3 B tile by
-    // the expander warps), a second barrier per stage (codes and scale words loaded), the e2m1 -> e4m3 tables and
-    // per stage the scale words.
+    // FP4 weights (Fp8Mxfp4): the stage's sfb holds the per-column promotion scales the expanders write. After the
+    // barriers, from a 1024-byte boundary, a ring of code stages of its own (gemm/sm90_fp4_expand.cuh), as deep as
+    // the shared memory left allows (up to kMaxFp4CodeStages): per code stage the e2m1 codes (BLOCK_N x 64 bytes,
+    // TMA), then the code stages' loaded and empty barriers, the e2m1 -> e4m3 tables, and per code stage the B
+    // rows' scale words.
     static constexpr uint32_t kStageCodesBytes = kIsFp4B ? BLOCK_N * BLOCK_K / 2 : 0;
     static constexpr uint32_t kOffsetCodes = align_up<uint32_t>(kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t), 1024);
-    static constexpr uint32_t kOffsetLoadedBarriers = kOffsetCodes + kNumStages * kStageCodesBytes;
-    static constexpr uint32_t kOffsetExpandTables = kOffsetLoadedBarriers + kNumStages * sizeof(uint64_t);
-    // Per stage, each B row's four UE8M0 scales of the K block (one word), copied by the producer warp.
+    static constexpr uint32_t kCodeStageBytes = kStageCodesBytes + 2 * sizeof(uint64_t) + BLOCK_N * sizeof(uint32_t);
+    static constexpr uint32_t kNumCodeStages =
+        !kIsFp4B || kOffsetCodes + kFp4ExpandTableBytes >= kMaxSmemBytes ? 1
+        : (kMaxSmemBytes - kOffsetCodes - kFp4ExpandTableBytes) / kCodeStageBytes < kMaxFp4CodeStages
+            ? (kMaxSmemBytes - kOffsetCodes - kFp4ExpandTableBytes) / kCodeStageBytes
+            : kMaxFp4CodeStages;
+    static constexpr uint32_t kOffsetLoadedBarriers = kOffsetCodes + kNumCodeStages * kStageCodesBytes;
+    static constexpr uint32_t kOffsetCodesEmptyBarriers = kOffsetLoadedBarriers + kNumCodeStages * sizeof(uint64_t);
+    static constexpr uint32_t kOffsetExpandTables = kOffsetCodesEmptyBarriers + kNumCodeStages * sizeof(uint64_t);
     static constexpr uint32_t kOffsetScaleWords = kOffsetExpandTables + kFp4ExpandTableBytes;
-    static constexpr uint32_t kFp4SmemBytes = kOffsetScaleWords + (kIsFp4B ? kNumStages * BLOCK_N * sizeof(uint32_t) : 0);
+    static constexpr uint32_t kFp4SmemBytes = kOffsetScaleWords + kNumCodeStages * BLOCK_N * sizeof(uint32_t);
     static constexpr uint32_t kSmemBytes =
         kIsFp4B ? kFp4SmemBytes : kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
     // The producer warpgroup's warps but the TMA thread's, and the second warpgroup's with one math warpgroup.
@@ -224,6 +234,7 @@ struct Sm90Fp8GemmTraits {
             return {{smem + kOffsetA, smem + kOffsetB, reinterpret_cast<float*>(smem + kOffsetSfa),
                      reinterpret_cast<float*>(smem + kOffsetSfb)},
                     smem + kOffsetCodes, reinterpret_cast<uint64_t*>(smem + kOffsetLoadedBarriers),
+                    reinterpret_cast<uint64_t*>(smem + kOffsetCodesEmptyBarriers),
                     reinterpret_cast<uint2*>(smem + kOffsetExpandTables),
                     reinterpret_cast<uint32_t*>(smem + kOffsetScaleWords)};
         else
@@ -240,6 +251,8 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(!kIsFp4B || kGemmType != GemmType::KGrouped, "FP4 weights: the Normal and M-grouped kinds");
     DK_STATIC_ASSERT(!kIsFp4B || (SHAPE_K % kScaleBlock == 0 && kNumTMAMulticast == 1),
                      "FP4 weights: K a multiple of 128, no multicast");
+    DK_STATIC_ASSERT(!kIsFp4B || (kNumCodeStages >= 2 && kFp4SmemBytes <= kMaxSmemBytes),
+                     "FP4 weights: at least two code stages fit beside the math stages");
     // NOTE: with two math warpgroups at 224 registers, the split-K reduction beside two accumulator sets wider
     // than 96 columns spills.
     DK_STATIC_ASSERT(!kIsFp4B || kNumMathWarpgroups == 1 || kNumSplits == 1 || BLOCK_N <= kMaxFp4SplitBlockN,

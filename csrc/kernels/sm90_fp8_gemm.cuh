@@ -231,8 +231,11 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         ring.init();
         if constexpr (Traits::kIsFp4B) {
 #pragma unroll
-            for (uint32_t s = 0; s < kNumStages; ++s)
+            for (uint32_t s = 0; s < Traits::kNumCodeStages; ++s) {
+                // The code loader's TMA arrival and its 32 lanes' cp.async arrivals; the expanders' one.
                 ptx::mbarrier_init(stages.loaded_barriers + s, 1 + 32);
+                ptx::mbarrier_init(stages.codes_empty_barriers + s, 1);
+            }
         }
         ptx::fence_mbarrier_init();
     }
@@ -249,13 +252,12 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         // Producer branch: register reconfiguration, then one thread issues every TMA load.
         ptx::setmaxnreg_dec<Traits::kNumProducerRegisters>();
         if constexpr (Traits::kIsFp4B) {
-            // FP4 weights: the TMA thread's warp also copies the scale words (sfb: the UE8M0 scales' bytes); the
-            // producer side's other warps expand the codes.
+            // FP4 weights: the TMA thread's warp loads the codes and their scale words (sfb: the UE8M0 scales'
+            // bytes); the producer side's other warps load A and sfa and expand the codes (gemm/sm90_fp4_expand.cuh).
             if (warp_idx == kNumMathThreads / 32)
-                run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa, &tmap_sfb,
-                                         reinterpret_cast<const uint32_t*>(sfb));
+                run_fp4_code_loader<Traits>(stages, scheduler, &tmap_b, reinterpret_cast<const uint32_t*>(sfb));
             else
-                run_fp4_expander<Traits>(stages, ring, scheduler, threadIdx.x - kNumMathThreads - 32);
+                run_fp4_expander<Traits>(stages, ring, scheduler, &tmap_a, &tmap_sfa, threadIdx.x - kNumMathThreads - 32);
         } else if (is_tma_thread) {
             run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa, &tmap_sfb);
         }

@@ -43,6 +43,12 @@ DK_DEVICE void mbarrier_arrive_expect_tx(uint64_t* barrier, uint32_t bytes) {
                  : "memory");
 }
 
+// Announces `bytes` more transaction bytes for the current phase without arriving.
+DK_DEVICE void mbarrier_expect_tx(uint64_t* barrier, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_address(barrier)), "r"(bytes)
+                 : "memory");
+}
+
 // Where `pred` holds, arrives on the barrier at the same shared-memory offset in cluster CTA `cta_rank`
 // (which may be this CTA); predicated like mbarrier_arrive_if.
 // NOTE: default (.release.cta) semantics: `.release.cluster` costs a GPU-wide MEMBAR per arrive, and the

@@ -9,14 +9,16 @@ fp8_gemm's (waves, per-K-block math and loads, DRAM, split-K at decode sizes) wi
 * A K block also costs the expansion of the tile's BLOCK_N x 128 codes into e4m3 by the expander warps (the
   producer warpgroup's three spare ones, and with one math warpgroup a second warpgroup of four), overlapped
   with the loads and the math: the K block costs the largest of the three.
-* The stage holds the codes and the column scales besides the FP8 stage, so fewer stages fit.
+* The codes go through a ring of code stages of their own, as deep as the shared memory the math stages leave
+  (3 math stages with one math warpgroup, 4 with two where they leave 4 code stages): a K block costs at least
+  the code ring's round trip over its depth (CODE_ROUND_TRIP_SECONDS), which bounds decode sizes.
 * No multicast (the kind does not take it).
 """
 
 from deep_kernels.heuristics import fp8_gemm
 from deep_kernels.heuristics.grouped_fp8_gemm import modelled_rows
 from deep_kernels.heuristics.fp8_gemm import (
-    BLOCK_K, BLOCK_NS, DRAM_BYTES_PER_S, EPILOGUE_SECONDS, LAUNCH_SECONDS, MATH_SECONDS_PER_K_BLOCK, MAX_STAGES,
+    BLOCK_K, BLOCK_NS, DRAM_BYTES_PER_S, EPILOGUE_SECONDS, LAUNCH_SECONDS, MATH_SECONDS_PER_K_BLOCK,
     MIN_STAGES, OVERLAP_EPILOGUE_FACTOR, OVERLAP_LOSS, PIPELINED_CONSTANT_SHARE, SM_INGEST_BYTES_PER_S,
     AGGREGATE_INGEST_BYTES_PER_S, SMEM_CAPACITY_BYTES, SPLIT_SECONDS, Fp8GemmConfig, can_pipeline,
     has_epilogue_overlap, swizzle_d_bytes,
@@ -28,11 +30,18 @@ B_BITS_PER_WEIGHT = 4.25
 # Tile heights: one math warpgroup (64 rows) or two (128). (256-row tiles, whose stages grow by the codes and
 # column scales too, fit only two stages beside their D staging.)
 BLOCK_MS = (64, 128)
-# Seconds per code of the expansion by 3 (two math warpgroups) or 7 (one) expander warps: an estimate from the
-# instruction count (about 2 per code) at 1.7 GHz, to rank configs.
-EXPAND_SECONDS_PER_CODE = {128: 1.7e-11, 64: 0.8e-11}
+# Seconds per code of the expansion by 3 (two math warpgroups) or 7 (one) expander warps: fitted on the H200
+# (2026-12-02) to 128 x 128 tiles at M = 4096 (1.3 us a K block); one math warpgroup's seven warps scaled from it.
+EXPAND_SECONDS_PER_CODE = {128: 8e-11, 64: 3.4e-11}
 # The kernel's kFp4ExpandTableBytes.
 EXPAND_TABLE_BYTES = 256
+# The kernel's kMaxFp4CodeStages, and the fewest code stages a config may have.
+MAX_CODE_STAGES = 32
+MIN_CODE_STAGES = 2
+# The round trip of a code stage (its TMA from DRAM under load, the expansion, the math, the release), which the
+# ring of code stages divides: a K block costs at least its share. Fitted on the H200 (2026-12-02): the FP8 GEMM and
+# this kind with 7 stages ran a K block every 0.65-0.73 us at decode sizes.
+CODE_ROUND_TRIP_SECONDS = 4.7e-6
 # Widest 128-row tile with split-K (the kernel's kMaxFp4SplitBlockN: the math warpgroups have 224 registers).
 MAX_SPLIT_BLOCK_N = 96
 
@@ -41,20 +50,39 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _fixed_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int) -> int:
+    """The FP8 part of the carve-up: D staging, the math stages with per-column scales, their barriers, rounded up
+    to 1024 bytes."""
+    return _ceil_div(fp8_gemm.smem_bytes(block_m, block_n, num_stages, out_dtype_bytes, "fp8_mxfp4"),
+                     1024) * 1024
+
+
+def _code_stage_bytes(block_n: int) -> int:
+    """One code stage: the codes, its two barriers, the rows' scale words."""
+    return block_n * BLOCK_K // 2 + 16 + block_n * 4
+
+
+def code_stages(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int) -> int:
+    """Code stages the kernel carves from what the math stages leave (the traits' kNumCodeStages)."""
+    left = SMEM_CAPACITY_BYTES - _fixed_bytes(block_m, block_n, num_stages, out_dtype_bytes) - EXPAND_TABLE_BYTES
+    return max(0, min(left // _code_stage_bytes(block_n), MAX_CODE_STAGES))
+
+
 def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int) -> int:
     """Dynamic shared memory of the FP4 kind's carve-up (Sm90Fp8GemmTraits: kFp4SmemBytes): the FP8 stages with
-    per-column scales (the expanders') and the barriers, then from a 1024-byte boundary per stage the codes, the
-    loaded barriers, the expansion tables and per stage the rows' scale words."""
-    fp8_bytes = fp8_gemm.smem_bytes(block_m, block_n, num_stages, out_dtype_bytes, "fp8_mxfp4")
-    return _ceil_div(fp8_bytes, 1024) * 1024 + num_stages * (block_n * BLOCK_K // 2 + 8) + EXPAND_TABLE_BYTES + \
-        num_stages * block_n * 4
+    per-column scales (the expanders') and the barriers, then from a 1024-byte boundary the ring of code stages
+    (codes, barriers, scale words) as deep as fits, and the expansion tables."""
+    return (_fixed_bytes(block_m, block_n, num_stages, out_dtype_bytes) + EXPAND_TABLE_BYTES +
+            code_stages(block_m, block_n, num_stages, out_dtype_bytes) * _code_stage_bytes(block_n))
 
 
-def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: int = SMEM_CAPACITY_BYTES) -> int:
-    stages = 0
-    while stages < MAX_STAGES and smem_bytes(block_m, block_n, stages + 1, out_dtype_bytes) <= smem_capacity:
-        stages += 1
-    return stages
+def math_stages(block_m: int, block_n: int, out_dtype_bytes: int) -> int:
+    """Math stages of a tiling: 3 for one math warpgroup (decode: the code ring takes the rest), 4 for two where
+    that leaves 4 code stages; 0 when 3 leave fewer than MIN_CODE_STAGES."""
+    for stages in ((4, 3) if block_m == 128 else (3,)):
+        if code_stages(block_m, block_n, stages, out_dtype_bytes) >= (4 if stages == 4 else MIN_CODE_STAGES):
+            return stages
+    return 0
 
 
 def is_legal_tile(block_m: int, block_n: int, grouped: bool = False) -> bool:
@@ -75,23 +103,22 @@ def make_config(block_m: int, block_n: int, out_dtype_bytes: int, num_stages: in
         pipelined = can_pipeline(block_m, block_n)
     elif pipelined and not can_pipeline(block_m, block_n):
         raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined")
-    stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes)
-    if stages < MIN_STAGES:
-        raise ValueError(f"{block_m}x{block_n} tiles fit only {stages} stages")
+    stages = num_stages or math_stages(block_m, block_n, out_dtype_bytes)
+    if stages < MIN_STAGES or code_stages(block_m, block_n, stages, out_dtype_bytes) < MIN_CODE_STAGES:
+        raise ValueError(f"{block_m}x{block_n} tiles with {stages} math stages leave too few code stages")
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=1,
                          multicast_on_a=False, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes), num_splits=num_splits,
                          pipelined=pipelined, overlap_epilogue=overlap_epilogue)
 
 
-def candidate_configs(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2, grouped: bool = False,
-                      smem_capacity: int = SMEM_CAPACITY_BYTES):
+def candidate_configs(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2, grouped: bool = False):
     """Every legal config, larger tiles first (the tie order); split-K options for the Normal kind only."""
     for block_m in sorted(BLOCK_MS, reverse=True):
         for block_n in reversed(BLOCK_NS):
             if not is_legal_tile(block_m, block_n, grouped):
                 continue
-            stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity)
+            stages = math_stages(block_m, block_n, out_dtype_bytes)
             if stages < MIN_STAGES:
                 continue
             splitting = not grouped and (block_m == 64 or block_n <= MAX_SPLIT_BLOCK_N)
@@ -116,7 +143,8 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     stage_bytes = config.block_m * BLOCK_K + config.block_n * BLOCK_K * B_BITS_PER_WEIGHT / 8 + config.block_m * 4
     load_s = max(stage_bytes / SM_INGEST_BYTES_PER_S, stage_bytes * active_ctas / AGGREGATE_INGEST_BYTES_PER_S)
     expand_s = config.block_n * BLOCK_K * EXPAND_SECONDS_PER_CODE[config.block_m]
-    k_block_s = max(math_s, load_s, expand_s)
+    ring_s = CODE_ROUND_TRIP_SECONDS / code_stages(config.block_m, config.block_n, config.num_stages, out_dtype_bytes)
+    k_block_s = max(math_s, load_s, expand_s, ring_s)
     k_blocks = _ceil_div(k, BLOCK_K)
     tile_s = k_blocks * k_block_s + EPILOGUE_SECONDS[config.block_m]
     busiest_cta_s = _ceil_div(units, clusters) * tile_s
@@ -159,6 +187,20 @@ def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
                with_accumulation: bool = False) -> Fp8GemmConfig:
     """The dense FP8 x MXFP4 GEMM's config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T."""
     return ranked_configs(m, n, k, num_sms, out_dtype_bytes, with_accumulation)[0][1]
+
+
+def expands_before(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
+                   with_accumulation: bool = False) -> bool:
+    """Whether the dense GEMM is faster as a pre-pass expanding B to e4m3 with per-row 1 x 128 scales (the MXFP4 ->
+    FP8 requantization: B's 4.25 bits read, 8 written) followed by the FP8 GEMM with per-channel B scales: at
+    prefill sizes, where two math warpgroups outrun the kernel's three expander warps, against the kernel's best
+    config."""
+    in_kernel_s = ranked_configs(m, n, k, num_sms, out_dtype_bytes, with_accumulation)[0][0]
+    requant_s = LAUNCH_SECONDS + n * k * (B_BITS_PER_WEIGHT / 8 + 1 + 4 / 128) / DRAM_BYTES_PER_S
+    fp8_s = fp8_gemm.ranked_configs(max(m, 1), n, k, num_sms, out_dtype_bytes=out_dtype_bytes,
+                                    with_accumulation=with_accumulation, allow_split_k=True,
+                                    operands="fp8_channel_scaled")[0][0]
+    return requant_s + fp8_s < in_kernel_s
 
 
 def get_grouped_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int) -> Fp8GemmConfig:
