@@ -27,14 +27,15 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms
-from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, call_signature, scale_a
+from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_output, scale_a
+from deep_kernels.grouped_gemm import _checked, _split_pairs
 from deep_kernels.heuristics import fp8_fp4_gemm as heuristics
 from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    ceil_div, tma_aligned_size, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows,
+    tma_aligned_size, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows,
 )
 
 MXFP4_GROUP_SIZE = 32
@@ -94,44 +95,13 @@ def _check_dense_call(a, sfa, b, sfb, d, c) -> tuple:
     _check_k(k)
     n = _check_weights(b, sfb, k, None)
     check_row_major_rows(a, "a")
-    accumulate = c is not None
-    check_dtype(d, "d", (torch.float32,) if accumulate else (torch.bfloat16, torch.float32))
-    if accumulate:
-        check_dtype(c, "c", (torch.float32,))
-        if tuple(c.shape) != (m, n):
-            raise ValueError(f"c must have shape {(m, n)}, got {tuple(c.shape)}")
-    elif d.dtype == torch.float32:
-        raise TypeError("d must be torch.bfloat16 without c (fp32 d is for accumulation: pass c, which may be d)")
-    if tuple(d.shape) != (m, n) or not d.is_contiguous():
-        raise ValueError(f"d must be a contiguous [M, N] = {(m, n)} tensor, got shape {tuple(d.shape)} "
-                         f"strides {tuple(d.stride())}")
+    check_output(d, c, m, n)
     kernel_sfa = scale_a(sfa, m, k // SCALE_BLOCK)
-    for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d")) + ((c, "c"),) * accumulate:
+    for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d")) + ((c, "c"),) * (c is not None):
         check_cuda_device(tensor, name, like=a)
     return m, n, k, kernel_sfa is sfa
 
 
-def _pairs(a, b) -> tuple:
-    if not (isinstance(a, (tuple, list)) and len(a) == 2 and isinstance(b, (tuple, list)) and len(b) == 2):
-        raise TypeError("a and b must be (tensor, scales) pairs")
-    return (*a, *b)
-
-
-# Signatures of calls that passed validation -> what their checks returned.
-_checked_calls = {}
-
-
-def _checked(check, tensors: tuple, *extra):
-    try:
-        signature = (check, call_signature(*tensors), tuple((type(value), value) for value in extra))
-    except AttributeError:  # not tensors: the full check says which
-        signature = None
-    checked = _checked_calls.get(signature)
-    if checked is None:
-        checked = check(*tensors, *extra)
-        if signature is not None:
-            _checked_calls[signature] = checked
-    return checked
 
 
 _plans = {}
@@ -229,7 +199,7 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.fp8_fp4_gemm_nt(a, b, d, c)
-    a, sfa, b, sfb = _pairs(a, b)
+    a, sfa, b, sfb = _split_pairs(a, b)
     m, n, k, sfa_ready = _checked(_check_dense_call, (a, sfa, b, sfb, d, c))
     if not sfa_ready:
         sfa = scale_a(sfa, m, k // SCALE_BLOCK)
@@ -354,7 +324,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices)
-    a, sfa, b, sfb = _pairs(a, b)
+    a, sfa, b, sfb = _split_pairs(a, b)
     m, n, k, num_groups, sfa_ready = _checked(_check_contiguous_call, (a, sfa, b, sfb, d, m_indices))
     if not sfa_ready:
         sfa = scale_a(sfa, m, k // SCALE_BLOCK)
@@ -392,7 +362,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tens
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m)
-    a, sfa, b, sfb = _pairs(a, b)
+    a, sfa, b, sfb = _split_pairs(a, b)
     m_max, n, k, num_groups, sfa_ready = _checked(_check_masked_call, (a, sfa, b, sfb, d, masked_m), expected_m)
     if not sfa_ready:
         sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)

@@ -302,6 +302,20 @@ def kernel_scales(sfa, sfb, m: int, n: int, k: int, operands: str) -> tuple:
     return scale_a(sfa, m, k_blocks), scale_b(sfb, ceil_div(n, SCALE_BLOCK), k_blocks)
 
 
+def check_output(d, c, m: int, n: int) -> None:
+    """d: a contiguous [m, n] bf16 tensor, or FP32 with c (an FP32 [m, n] tensor accumulated into it, may be d)."""
+    check_dtype(d, "d", (torch.float32,) if c is not None else (torch.bfloat16, torch.float32))
+    if c is not None:
+        check_dtype(c, "c", (torch.float32,))
+        if tuple(c.shape) != (m, n):
+            raise ValueError(f"c must have shape {(m, n)}, got {tuple(c.shape)}")
+    elif d.dtype == torch.float32:
+        raise TypeError("d must be torch.bfloat16 without c (fp32 d is for accumulation: pass c, which may be d)")
+    if tuple(d.shape) != (m, n) or not d.is_contiguous():
+        raise ValueError(f"d must be a contiguous [M, N] = {(m, n)} tensor, got shape {tuple(d.shape)} "
+                         f"strides {tuple(d.stride())}")
+
+
 def _check_call(a, sfa, b, sfb, d, c, operands: str = BLOCK_SCALED) -> tuple:
     """Full validation of a call; returns (m, n, k, whether sfa and sfb are already in the kernel's
     layouts). Raises a clear error for anything the kernel cannot take."""
@@ -316,20 +330,9 @@ def _check_call(a, sfa, b, sfb, d, c, operands: str = BLOCK_SCALED) -> tuple:
     check_k_n(k, n)
     check_row_major_rows(a, "a")
     check_row_major_rows(b, "b")
-    accumulate = c is not None
-    check_dtype(d, "d", (torch.float32,) if accumulate else (torch.bfloat16, torch.float32))
-    if accumulate:
-        check_dtype(c, "c", (torch.float32,))
-        if tuple(c.shape) != (m, n):
-            raise ValueError(f"c must have shape {(m, n)}, got {tuple(c.shape)}")
-    elif d.dtype == torch.float32:
-        raise TypeError("d must be torch.bfloat16 without c (fp32 d is for accumulation: pass c, which may be d)")
-    if tuple(d.shape) != (m, n) or not d.is_contiguous():
-        raise ValueError(f"d must be a contiguous [M, N] = {(m, n)} tensor, got shape {tuple(d.shape)} "
-                         f"strides {tuple(d.stride())}")
-    check_row_major_rows(d, "d")
+    check_output(d, c, m, n)
     kernel_sfa, kernel_sfb = kernel_scales(sfa, sfb, m, n, k, operands)
-    for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d")) + ((c, "c"),) * accumulate:
+    for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d")) + ((c, "c"),) * (c is not None):
         check_cuda_device(tensor, name, like=a)
     return m, n, k, kernel_sfa is sfa and kernel_sfb is sfb
 
