@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from deep_kernels.heuristics import fp8_gemm
 from deep_kernels.heuristics.fp8_gemm import CandidateKernel, Fp8GemmConfig
-from deep_kernels.heuristics.grouped_fp8_gemm import modelled_rows
+from deep_kernels.heuristics.grouped_fp8_gemm import check_grouped_problem, modelled_rows
 
 BLOCK_K = 64
 OPERAND_BYTES = 2
@@ -35,7 +35,6 @@ MIN_STAGES = fp8_gemm.MIN_STAGES
 # K loop of one math warpgroup, fp8_gemm.PIPELINED_CONSTANT_SHARE[64]).
 BF16_CONSTANT_SHARE = 0.4
 OPERANDS = "bf16"
-GROUPED_GEMM_TYPES = ("m_grouped_contiguous", "m_grouped_masked")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -193,13 +192,7 @@ def get_grouped_bf16_gemm_config(gemm_type: str, m: int, n: int, k: int, num_gro
                                  smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
     """The grouped kinds' config (bf16 D), as heuristics.grouped_fp8_gemm models the groups: m is the total rows
     (contiguous) or the expected valid rows per group (masked)."""
-    if gemm_type not in GROUPED_GEMM_TYPES:
-        raise ValueError(f"gemm_type must be one of {GROUPED_GEMM_TYPES}, got {gemm_type!r}")
-    if not isinstance(num_groups, int) or num_groups < 1:
-        raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
-    if m < 0:
-        raise ValueError(f"m must be >= 0, got {m}")
-    fp8_gemm.check_problem(n, k, num_sms)
+    check_grouped_problem(gemm_type, m, n, k, num_groups, num_sms)
     rows = modelled_rows(gemm_type, m, num_groups, 0)
     candidates = list(candidate_configs(rows, n, num_sms, smem_capacity, grouped=True))
     if not candidates:

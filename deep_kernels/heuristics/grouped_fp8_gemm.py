@@ -27,11 +27,9 @@ def modelled_rows(gemm_type: str, m: int, num_groups: int, block_m: int) -> int:
     return max(-(-m // num_groups), 1)
 
 
-def ranked_grouped_configs(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
-                           smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> list:
-    """Every candidate of a grouped GEMM with bf16 D with its modelled seconds, fastest first (ties keep
-    fp8_gemm.candidate_configs' order): the model's pick first, then what measured tuning times next. Arguments
-    as for get_grouped_fp8_gemm_config."""
+def check_grouped_problem(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int) -> None:
+    """A grouped problem the heuristics take (m: total rows, or expected rows per group when masked), else a clear
+    ValueError."""
     if gemm_type not in GEMM_TYPES:
         raise ValueError(f"gemm_type must be one of {GEMM_TYPES}, got {gemm_type!r}")
     if not isinstance(num_groups, int) or num_groups < 1:
@@ -39,6 +37,14 @@ def ranked_grouped_configs(gemm_type: str, m: int, n: int, k: int, num_groups: i
     if m < 0:
         raise ValueError(f"m must be >= 0, got {m}")
     fp8_gemm.check_problem(n, k, num_sms)
+
+
+def ranked_grouped_configs(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
+                           smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> list:
+    """Every candidate of a grouped GEMM with bf16 D with its modelled seconds, fastest first (ties keep
+    fp8_gemm.candidate_configs' order): the model's pick first, then what measured tuning times next. Arguments
+    as for get_grouped_fp8_gemm_config."""
+    check_grouped_problem(gemm_type, m, n, k, num_groups, num_sms)
     rows = modelled_rows(gemm_type, m, num_groups, 0)
     timed = [(fp8_gemm.estimate_seconds(config, modelled_rows(gemm_type, m, num_groups, config.block_m), n, k,
                                         num_sms, num_groups=num_groups), config)

@@ -58,27 +58,38 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
                                      offsets: torch.Tensor = None) -> torch.Tensor:
     """d[r] = a[r] @ b[g]^T (float64, then d's dtype) for every row r of expert g; padding rows (ids outside
     [0, G)) are left as they are."""
+    return grouped_contiguous(a, b, d, contiguous_row_groups(a[0].shape[0], m_indices, offsets), dequantize_b)
+
+
+def grouped_contiguous(a, b, d: torch.Tensor, groups: torch.Tensor, dequantize_weights) -> torch.Tensor:
+    """The contiguous layout's per-expert products: d[rows of g] = a[rows] @ dequantize_weights(b[g], sfb[g])^T for
+    each expert g, groups the rows' experts (other ids: padding, left as it is)."""
     (a, sfa), (b, sfb) = a, b
     m_total, k = a.shape
-    groups = contiguous_row_groups(m_total, m_indices, offsets)
     sfa = unpack_scales(sfa, m_total, ceil_div(k, SCALE_BLOCK))
     for g in range(b.shape[0]):
         rows = (groups == g).nonzero().flatten()
         if rows.numel():
             # NOTE: rows gathered as bytes: not every torch build indexes float8 tensors on every device.
             expert_a = a.view(torch.uint8)[rows].view(a.dtype)
-            d[rows] = (dequantize_a(expert_a, sfa[rows]) @ dequantize_b(b[g], sfb[g]).T).to(d.dtype)
+            d[rows] = (dequantize_a(expert_a, sfa[rows]) @ dequantize_weights(b[g], sfb[g]).T).to(d.dtype)
     return d
 
 
 def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
     """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T (float64, then d's dtype); rows at or past masked_m[g]
     are left as they are (masked_m clamped to [0, M_max]). expected_m is only the kernel's tiling hint."""
+    return grouped_masked(a, b, d, masked_m, dequantize_b)
+
+
+def grouped_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, dequantize_weights) -> torch.Tensor:
+    """The masked layout's per-expert products: d[g, :masked_m[g]] = a[g, :masked_m[g]] @
+    dequantize_weights(b[g], sfb[g])^T (masked_m clamped to [0, M_max]; later rows left as they are)."""
     (a, sfa), (b, sfb) = a, b
     m_max, k = a.shape[1:]
     for g, rows in enumerate(masked_m.tolist()):
         rows = max(0, min(rows, m_max))
         if rows:
             sfa_g = unpack_scales(sfa[g], m_max, ceil_div(k, SCALE_BLOCK))[:rows]
-            d[g, :rows] = (dequantize_a(a[g, :rows], sfa_g) @ dequantize_b(b[g], sfb[g]).T).to(d.dtype)
+            d[g, :rows] = (dequantize_a(a[g, :rows], sfa_g) @ dequantize_weights(b[g], sfb[g]).T).to(d.dtype)
     return d
