@@ -1,0 +1,139 @@
+"""Config choice for the FP8 x MXFP4 GEMM with A and B swapped (decode sizes, M <= 128 tokens): the weights are
+wgmma's register operand, expanded in registers, the tokens its N (csrc/kernels/sm90_fp8_fp4_gemm_swap_ab.cuh).
+
+Pure functions of the problem and the device: no GPU calls, no torch. A CTA computes 64 weight rows per math
+warpgroup (one or two) over one share of K (split-K across CTAs, one CTA per SM); the model's K block costs the
+largest of the CTA's share of the DRAM stream (B's 4.25 bits a weight), what one SM ingests (codes, the activation
+tile, scales) and the math warpgroups' expansion and promotion.
+"""
+
+from dataclasses import dataclass
+
+from deep_kernels.heuristics.fp8_gemm import (
+    BLOCK_K, DRAM_BYTES_PER_S, LAUNCH_SECONDS, SM_INGEST_BYTES_PER_S, SMEM_CAPACITY_BYTES, SPLIT_SECONDS,
+)
+
+KERNEL_HEADER = "kernels/sm90_fp8_fp4_gemm_swap_ab.cuh"
+# Token tiles (wgmma's N) and the most tokens the kernel takes.
+BLOCK_TS = (16, 32, 64, 128)
+MAX_TOKENS = BLOCK_TS[-1]
+B_BITS_PER_WEIGHT = 4.25
+EXPAND_TABLE_BYTES = 256
+MAX_STAGES = 12
+MIN_STAGES = 2
+MAX_SPLITS = 16
+# A math warpgroup's K block (64 rows): the expansion, plus the promotion per token column. Estimates (instruction
+# counts at about one issue a cycle per warp, 1.6 GHz), to be fitted.
+EXPAND_SECONDS_PER_K_BLOCK = 0.10e-6
+PROMOTE_SECONDS_PER_TOKEN = 0.0012e-6
+EPILOGUE_SECONDS = 0.6e-6
+
+
+@dataclass(frozen=True)
+class SwapAbConfig:
+    """One instantiation: token tile, math warpgroups (64 weight rows each), stages; and the launch's split-K."""
+
+    block_t: int
+    num_math_warpgroups: int
+    num_stages: int
+    num_splits: int = 1
+
+    @property
+    def block_w(self) -> int:
+        return 64 * self.num_math_warpgroups
+
+    @property
+    def num_threads(self) -> int:
+        return 128 + 128 * self.num_math_warpgroups
+
+    @property
+    def smem_bytes(self) -> int:
+        return smem_bytes(self.block_t, self.num_math_warpgroups, self.num_stages)
+
+
+def _align(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def _stage_bytes(block_t: int, num_math_warpgroups: int) -> int:
+    block_w = 64 * num_math_warpgroups
+    return block_t * BLOCK_K + block_w * BLOCK_K // 2 + _align(block_t * 4, 128) + block_w * 4
+
+
+def smem_bytes(block_t: int, num_math_warpgroups: int, num_stages: int) -> int:
+    """The kernel's carve-up (Sm90Fp8Fp4SwapAbTraits::kSmemBytes): the stages, the expansion tables, the barriers."""
+    return num_stages * _stage_bytes(block_t, num_math_warpgroups) + EXPAND_TABLE_BYTES + 16 * num_stages
+
+
+def max_stages(block_t: int, num_math_warpgroups: int) -> int:
+    """As many stages as fit (up to MAX_STAGES)."""
+    stages = (SMEM_CAPACITY_BYTES - EXPAND_TABLE_BYTES) // (_stage_bytes(block_t, num_math_warpgroups) + 16)
+    return min(stages, MAX_STAGES)
+
+
+def block_t_for(m: int) -> int:
+    """The smallest token tile holding m tokens."""
+    if not 0 < m <= MAX_TOKENS:
+        raise ValueError(f"the swapped kernel takes 1 to {MAX_TOKENS} tokens, got m = {m}")
+    return next(t for t in BLOCK_TS if t >= m)
+
+
+def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = None,
+                num_splits: int = 1) -> SwapAbConfig:
+    """A config of the given tiling (as many stages as fit unless given), for overrides and tests."""
+    if block_t not in BLOCK_TS or num_math_warpgroups not in (1, 2):
+        raise ValueError(f"no swapped FP4 kernel for {block_t} tokens and {num_math_warpgroups} math warpgroups")
+    stages = num_stages or max_stages(block_t, num_math_warpgroups)
+    if not MIN_STAGES <= stages or smem_bytes(block_t, num_math_warpgroups, stages) > SMEM_CAPACITY_BYTES:
+        raise ValueError(f"{stages} stages of {block_t} tokens do not fit")
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be positive, got {num_splits}")
+    return SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits)
+
+
+def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -> float:
+    """The model's run-time estimate (module docstring)."""
+    tiles = -(-n // config.block_w)
+    units = tiles * config.num_splits
+    waves = -(-units // num_sms)
+    active = min(units, num_sms)
+    k_blocks = k // BLOCK_K
+    codes_bytes = config.block_w * BLOCK_K * B_BITS_PER_WEIGHT / 8
+    stage_bytes = codes_bytes + config.block_t * BLOCK_K + config.block_t * 4
+    dram_s = codes_bytes * active / DRAM_BYTES_PER_S
+    ingest_s = stage_bytes / SM_INGEST_BYTES_PER_S
+    math_s = EXPAND_SECONDS_PER_K_BLOCK + PROMOTE_SECONDS_PER_TOKEN * config.block_t
+    k_block_s = max(dram_s, ingest_s, math_s)
+    unit_s = -(-k_blocks // config.num_splits) * k_block_s + EPILOGUE_SECONDS
+    if config.num_splits > 1:
+        unit_s += SPLIT_SECONDS + config.num_splits * config.block_w * config.block_t * 4 / SM_INGEST_BYTES_PER_S
+    return LAUNCH_SECONDS + waves * unit_s
+
+
+def candidate_configs(m: int, n: int, k: int, num_sms: int):
+    block_t = block_t_for(m)
+    for num_math_warpgroups in (2, 1):
+        stages = max_stages(block_t, num_math_warpgroups)
+        for num_splits in range(1, min(MAX_SPLITS, k // BLOCK_K) + 1):
+            yield SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits)
+
+
+def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -> SwapAbConfig:
+    """The swapped kernel's config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T."""
+    if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0:
+        raise ValueError(f"k must be a positive multiple of 128 and n of 16, got k = {k}, n = {n}")
+    return min(candidate_configs(m, n, k, num_sms),
+               key=lambda config: estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes))
+
+
+def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool) -> list:
+    """The kernel's C++ template arguments, in declaration order (out_dtype "bfloat16" / "float32" or a torch
+    dtype)."""
+    name = str(out_dtype).removeprefix("torch.")
+    cpp_type = {"bfloat16": "__nv_bfloat16", "float32": "float"}.get(name)
+    if cpp_type is None:
+        raise ValueError(f"out_dtype must be bfloat16 or float32, got {out_dtype!r}")
+    if with_accumulation != (cpp_type == "float"):
+        raise ValueError("FP32 D with accumulation, bf16 D without")
+    return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
+            "true" if with_accumulation else "false"]
