@@ -48,7 +48,7 @@ NORMAL, CONTIGUOUS, MASKED = "normal", "m_grouped_contiguous", "m_grouped_masked
 # The dense GEMM at decode sizes with A and B swapped: the weights expanded into wgmma's register operand.
 FP8_FP4_SWAP_AB_GEMM = KernelDef(
     swap_ab_heuristics.KERNEL_HEADER, "sm90_fp8_fp4_gemm_swap_ab_impl",
-    template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation"),
+    template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumCTAsPerSM"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_codes", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb_words", PTR), Param("shape_n", U32), Param("shape_k", U32),
             Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR)),
@@ -437,6 +437,7 @@ def precompile_specs() -> list:
         specs.setdefault(args, FP8_GEMM.spec(*args))
         if m <= swap_ab_heuristics.MAX_TOKENS:
             config = swap_ab_heuristics.get_config(m, n, k, 132)
-            specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages),
+            specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
+                              config.ctas_per_sm),
                              swap_ab_kernel_spec(config, torch.bfloat16, False))
     return list(specs.values())

@@ -59,13 +59,18 @@ using sm90_fp8_gemm_detail::kWgmmaK;
 // Named barriers: the math warpgroups together (before D's staging reuses the stages), and each one alone.
 enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
 
+// Dynamic shared memory of each of two CTAs on one SM (the SM's 228 KB, less 1 KB the system keeps per CTA).
+constexpr uint32_t kMaxSmemBytesOfTwo = (233472 - 2 * 1024) / 2;
+
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
-          bool kWithAccumulation_>
+          bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1>
 struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t BLOCK_T = BLOCK_T_;
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
     using OutputType = OutputType_;
     static constexpr bool kWithAccumulation = kWithAccumulation_;
+    // CTAs an SM runs at once (the launch bounds' minimum): two with one math warpgroup, at 128 registers a thread.
+    static constexpr uint32_t kNumCTAsPerSM = kNumCTAsPerSM_;
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
@@ -101,10 +106,13 @@ struct Sm90Fp8Fp4SwapAbTraits {
     DK_STATIC_ASSERT(BLOCK_T % 16 == 0 && BLOCK_T >= 16 && BLOCK_T <= 128, "BLOCK_T in 16..128, a multiple of 16");
     DK_STATIC_ASSERT(kNumMathWarpgroups == 1 || kNumMathWarpgroups == 2, "one or two math warpgroups");
     DK_STATIC_ASSERT(kNumStages >= 2, "at least two stages");
+    DK_STATIC_ASSERT(kNumCTAsPerSM == 1 || (kNumCTAsPerSM == 2 && kNumMathWarpgroups == 1 && BLOCK_T <= 64),
+                     "two CTAs an SM: one math warpgroup, up to 64 tokens (128 registers)");
     DK_STATIC_ASSERT((std::is_same_v<OutputType, float> || (std::is_same_v<OutputType, __nv_bfloat16> && !kWithAccumulation)),
                      "bf16 D, or FP32 D (accumulated into with kWithAccumulation)");
     DK_STATIC_ASSERT(kSmemDBytes <= kOffsetTables, "D's staging fits in the stages");
-    DK_STATIC_ASSERT(kSmemBytes <= sm90_fp8_gemm_detail::kMaxSmemBytes, "stages fit in shared memory");
+    DK_STATIC_ASSERT(kSmemBytes <= (kNumCTAsPerSM == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes : kMaxSmemBytesOfTwo),
+                     "stages fit in shared memory");
 };
 
 // This thread's half of a K block's A fragments: its rows r0 (16w + g of its warpgroup's 64) and r0 + 8, the four
@@ -334,15 +342,17 @@ DK_DEVICE void store_tile(const float (&final_acc)[Traits::BLOCK_T / 2], uint8_t
 
 }  // namespace sm90_fp8_fp4_swap_ab_detail
 
-template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation>
-__global__ void __launch_bounds__(128 + 128 * kNumMathWarpgroups, 1)
+template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
+          uint32_t kNumCTAsPerSM>
+__global__ void __launch_bounds__(128 + 128 * kNumMathWarpgroups, kNumCTAsPerSM)
 sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_codes,
                                const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
                                const uint32_t* sfb_words, uint32_t shape_n, uint32_t shape_k, uint32_t num_splits,
                                float* split_workspace,
                                uint32_t* split_tickets) {
     using namespace sm90_fp8_fp4_swap_ab_detail;
-    using Traits = Sm90Fp8Fp4SwapAbTraits<BLOCK_T, kNumMathWarpgroups, kNumStages, OutputType, kWithAccumulation>;
+    using Traits = Sm90Fp8Fp4SwapAbTraits<BLOCK_T, kNumMathWarpgroups, kNumStages, OutputType, kWithAccumulation,
+                                          kNumCTAsPerSM>;
     constexpr uint32_t kNumMathThreads = Traits::kNumMathThreads;
 
     // Shared memory and barriers

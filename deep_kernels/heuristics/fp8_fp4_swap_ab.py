@@ -37,6 +37,7 @@ class SwapAbConfig:
     num_math_warpgroups: int
     num_stages: int
     num_splits: int = 1
+    ctas_per_sm: int = 1
 
     @property
     def block_w(self) -> int:
@@ -49,6 +50,19 @@ class SwapAbConfig:
     @property
     def smem_bytes(self) -> int:
         return smem_bytes(self.block_t, self.num_math_warpgroups, self.num_stages)
+
+
+# Dynamic shared memory of each of two CTAs on one SM (the kernel's kMaxSmemBytesOfTwo).
+SMEM_BYTES_OF_TWO = (233472 - 2 * 1024) // 2
+
+
+def smem_capacity(ctas_per_sm: int) -> int:
+    return SMEM_CAPACITY_BYTES if ctas_per_sm == 1 else SMEM_BYTES_OF_TWO
+
+
+def can_share_sm(block_t: int, num_math_warpgroups: int) -> bool:
+    """Whether two CTAs fit an SM (128 registers a thread): one math warpgroup, up to 64 tokens."""
+    return num_math_warpgroups == 1 and block_t <= 64
 
 
 def _align(x: int, a: int) -> int:
@@ -65,9 +79,9 @@ def smem_bytes(block_t: int, num_math_warpgroups: int, num_stages: int) -> int:
     return num_stages * _stage_bytes(block_t, num_math_warpgroups) + EXPAND_TABLE_BYTES + 16 * num_stages
 
 
-def max_stages(block_t: int, num_math_warpgroups: int) -> int:
+def max_stages(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> int:
     """As many stages as fit (up to MAX_STAGES)."""
-    stages = (SMEM_CAPACITY_BYTES - EXPAND_TABLE_BYTES) // (_stage_bytes(block_t, num_math_warpgroups) + 16)
+    stages = (smem_capacity(ctas_per_sm) - EXPAND_TABLE_BYTES) // (_stage_bytes(block_t, num_math_warpgroups) + 16)
     return min(stages, MAX_STAGES)
 
 
@@ -78,31 +92,33 @@ def block_t_for(m: int) -> int:
     return next(t for t in BLOCK_TS if t >= m)
 
 
-def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = None,
-                num_splits: int = 1) -> SwapAbConfig:
+def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = None, num_splits: int = 1,
+                ctas_per_sm: int = 1) -> SwapAbConfig:
     """A config of the given tiling (as many stages as fit unless given), for overrides and tests."""
     if block_t not in BLOCK_TS or num_math_warpgroups not in (1, 2):
         raise ValueError(f"no swapped FP4 kernel for {block_t} tokens and {num_math_warpgroups} math warpgroups")
-    stages = num_stages or max_stages(block_t, num_math_warpgroups)
-    if not MIN_STAGES <= stages or smem_bytes(block_t, num_math_warpgroups, stages) > SMEM_CAPACITY_BYTES:
+    if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups)):
+        raise ValueError(f"{ctas_per_sm} CTAs an SM: two need one math warpgroup and at most 64 tokens")
+    stages = num_stages or max_stages(block_t, num_math_warpgroups, ctas_per_sm)
+    if not MIN_STAGES <= stages or smem_bytes(block_t, num_math_warpgroups, stages) > smem_capacity(ctas_per_sm):
         raise ValueError(f"{stages} stages of {block_t} tokens do not fit")
     if num_splits < 1:
         raise ValueError(f"num_splits must be positive, got {num_splits}")
-    return SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits)
+    return SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm)
 
 
 def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -> float:
     """The model's run-time estimate (module docstring)."""
     tiles = -(-n // config.block_w)
     units = tiles * config.num_splits
-    waves = -(-units // num_sms)
-    active = min(units, num_sms)
+    waves = -(-units // (num_sms * config.ctas_per_sm))
+    active = min(units, num_sms * config.ctas_per_sm)
     k_blocks = k // BLOCK_K
     codes_bytes = config.block_w * BLOCK_K * B_BITS_PER_WEIGHT / 8
     stage_bytes = codes_bytes + config.block_t * BLOCK_K + config.block_t * 4
     dram_s = codes_bytes * active / DRAM_BYTES_PER_S
-    ingest_s = stage_bytes / SM_INGEST_BYTES_PER_S
-    math_s = EXPAND_SECONDS_PER_K_BLOCK + PROMOTE_SECONDS_PER_TOKEN * config.block_t
+    ingest_s = stage_bytes * config.ctas_per_sm / SM_INGEST_BYTES_PER_S
+    math_s = (EXPAND_SECONDS_PER_K_BLOCK + PROMOTE_SECONDS_PER_TOKEN * config.block_t) * config.ctas_per_sm
     k_block_s = max(dram_s, ingest_s, math_s)
     unit_s = -(-k_blocks // config.num_splits) * k_block_s + EPILOGUE_SECONDS
     if config.num_splits > 1:
@@ -112,10 +128,12 @@ def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int,
 
 def candidate_configs(m: int, n: int, k: int, num_sms: int):
     block_t = block_t_for(m)
-    for num_math_warpgroups in (2, 1):
-        stages = max_stages(block_t, num_math_warpgroups)
+    for num_math_warpgroups, ctas_per_sm in ((2, 1), (1, 1), (1, 2)):
+        if ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups):
+            continue
+        stages = max_stages(block_t, num_math_warpgroups, ctas_per_sm)
         for num_splits in range(1, min(MAX_SPLITS, k // BLOCK_K) + 1):
-            yield SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits)
+            yield SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm)
 
 
 def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -> SwapAbConfig:
@@ -136,4 +154,4 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool) -> l
     if with_accumulation != (cpp_type == "float"):
         raise ValueError("FP32 D with accumulation, bf16 D without")
     return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
-            "true" if with_accumulation else "false"]
+            "true" if with_accumulation else "false", str(config.ctas_per_sm)]
