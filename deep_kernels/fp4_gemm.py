@@ -18,8 +18,10 @@ exponent of the block's four UE8M0 scales, a code of a sub-block with exponent e
 e)) in e4m3, exactly wherever e_max - e <= 14 (else rounded to nearest even: the sub-block's values are then
 under 2^-12 of the block's largest), and the tensor cores' FP32 sum of each 128-deep block is promoted with
 sfa[row] * 2^(e_max - 133) per column, as the FP8 recipe promotes every 128 K. A NaN scale (0xFF) gives NaN
-columns. Deterministic (fixed reduction order, split-K included). At prefill sizes the dense GEMM expands B first
-(mxfp4_requant_to_fp8, the same numerics) and runs the FP8 GEMM with per-channel scales (fp8_fp4_gemm_nt's Notes).
+columns. Deterministic (fixed reduction order, split-K included). At decode sizes (up to 128 tokens) the dense GEMM
+runs a kernel with A and B swapped (csrc/kernels/sm90_fp8_fp4_gemm_swap_ab.cuh: the weights expanded in registers
+as wgmma's A operand, the same numerics). At prefill sizes the dense GEMM expands B first (mxfp4_requant_to_fp8,
+the same numerics) and runs the FP8 GEMM with per-channel scales (fp8_fp4_gemm_nt's Notes).
 NVFP4 weights are not supported (their E4M3 scales do not fold into e4m3 exactly).
 """
 
@@ -48,7 +50,8 @@ NORMAL, CONTIGUOUS, MASKED = "normal", "m_grouped_contiguous", "m_grouped_masked
 # The dense GEMM at decode sizes with A and B swapped: the weights expanded into wgmma's register operand.
 FP8_FP4_SWAP_AB_GEMM = KernelDef(
     swap_ab_heuristics.KERNEL_HEADER, "sm90_fp8_fp4_gemm_swap_ab_impl",
-    template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumCTAsPerSM"),
+    template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumCTAsPerSM",
+              "kNumChains"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_codes", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb_words", PTR), Param("shape_n", U32), Param("shape_k", U32),
             Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR)),
@@ -119,11 +122,14 @@ _plans = {}
 
 
 def _dense_plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int):
-    """(kernel, config, grid, split-K layout) of the in-kernel expansion, or None where the heuristics expand B
-    before the GEMM (heuristics.expands_before)."""
+    """The swapped kernel's config where it runs (decode sizes: swap_ab_heuristics.is_preferred), else (kernel,
+    config, grid, split-K layout) of the in-kernel expansion, or None where the heuristics expand B before the GEMM
+    (heuristics.expands_before)."""
     key = (m, n, k, out_dtype, accumulate, num_sms)
     if key not in _plans:
-        if heuristics.expands_before(m, n, k, num_sms, out_dtype.itemsize, accumulate):
+        if swap_ab_heuristics.is_preferred(m, n, k, num_sms):
+            _plans[key] = swap_ab_heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize)
+        elif heuristics.expands_before(m, n, k, num_sms, out_dtype.itemsize, accumulate):
             _plans[key] = None
         else:
             config = heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize, accumulate)
@@ -250,9 +256,6 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
         d.copy_(c)
     num_sms = get_num_sms()
     accumulate = c is not None
-    if isinstance(config, swap_ab_heuristics.SwapAbConfig):
-        _launch_swap_ab(config, a, sfa, b, sfb, d, m, n, k, accumulate)
-        return d
     if config is None:
         plan = _dense_plan(m, n, k, d.dtype, accumulate, num_sms)
         if plan is None:
@@ -260,9 +263,14 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
             from deep_kernels.gemm import fp8_gemm_nt
             return fp8_gemm_nt((a, sfa), _expanded_weights(b, sfb, n, k), d, d if accumulate else None,
                                recipe=(1, 1, 128))
-        kernel, config, grid, split_layout = plan
+    elif isinstance(config, swap_ab_heuristics.SwapAbConfig):
+        plan = config
     else:
-        kernel, config, grid, split_layout = _dense_plan_of(config, m, n, k, d.dtype, accumulate, num_sms)
+        plan = _dense_plan_of(config, m, n, k, d.dtype, accumulate, num_sms)
+    if isinstance(plan, swap_ab_heuristics.SwapAbConfig):
+        _launch_swap_ab(plan, a, sfa, b, sfb, d, m, n, k, accumulate)
+        return d
+    kernel, config, grid, split_layout = plan
     workspace_ptr = tickets_ptr = 0
     num_unsplit_tiles, workspace_floats, num_tickets = split_layout
     if num_tickets:
@@ -438,6 +446,6 @@ def precompile_specs() -> list:
         if m <= swap_ab_heuristics.MAX_TOKENS:
             config = swap_ab_heuristics.get_config(m, n, k, 132)
             specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
-                              config.ctas_per_sm),
+                              config.ctas_per_sm, config.num_chains),
                              swap_ab_kernel_spec(config, torch.bfloat16, False))
     return list(specs.values())

@@ -273,6 +273,7 @@ def test_swap_ab_smem_bytes_is_the_kernels_carve_up(tmp_path):
 
     configs = [swap_ab.make_config(t, w) for t in swap_ab.BLOCK_TS for w in (1, 2)]
     configs += [swap_ab.make_config(t, 1, ctas_per_sm=2) for t in (16, 32, 64)]
+    configs += [swap_ab.make_config(16, 2, num_chains=1), swap_ab.make_config(32, 1, num_chains=2)]
     checks = [f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::Sm90Fp8Fp4SwapAbTraits<"
               f"{', '.join(swap_ab.template_args(c, 'bfloat16', False))}>::kSmemBytes == {c.smem_bytes});"
               for c in configs]
@@ -301,21 +302,24 @@ def test_swap_ab_heuristics():
         fp4_gemm._launch_swap_ab(swap_ab.make_config(32, num_splits=3), a, sfa, b, sfb, d, 17, 256, 256, False)
 
 
-def _swap_ab_config(block_t, warpgroups, splits, ctas_per_sm=1):
+def _swap_ab_config(block_t, warpgroups, splits, ctas_per_sm=1, chains=None):
     from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
-    return swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas_per_sm)
+    return swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas_per_sm, num_chains=chains)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,block_t,warpgroups,splits,ctas_per_sm", [
-    (1, 2112, 7168, 16, 2, 4, 1), (16, 2112, 7168, 16, 2, 1, 1), (13, 1040, 1024, 16, 2, 3, 1),
-    (64, 7168, 2048, 64, 2, 2, 1), (128, 4096, 7168, 128, 2, 3, 1), (100, 1040, 1024, 128, 1, 2, 1),
-    (128, 24576, 1536, 128, 2, 1, 1), (32, 32768, 512, 32, 1, 1, 1), (20, 176, 512, 32, 1, 4, 1),
-    (64, 4096, 7168, 64, 2, 56, 1), (5, 2112, 7168, 16, 1, 8, 2), (64, 7168, 2048, 64, 1, 2, 2),
+# (m, n, k, tokens a tile, math warpgroups, splits, CTAs an SM, accumulator chains: None for the most that fit)
+@pytest.mark.parametrize("m,n,k,block_t,warpgroups,splits,ctas_per_sm,chains", [
+    (1, 2112, 7168, 16, 2, 4, 1, None), (16, 2112, 7168, 16, 2, 1, 1, 1), (13, 1040, 1024, 16, 2, 3, 1, None),
+    (64, 7168, 2048, 64, 2, 2, 1, None), (128, 4096, 7168, 128, 2, 3, 1, None), (100, 1040, 1024, 128, 1, 2, 1, None),
+    (128, 24576, 1536, 128, 2, 1, 1, None), (32, 32768, 512, 32, 1, 1, 1, None), (20, 176, 512, 32, 1, 4, 1, 2),
+    (64, 4096, 7168, 64, 2, 56, 1, 1), (5, 2112, 7168, 16, 1, 8, 2, None), (64, 7168, 2048, 64, 1, 2, 2, None),
+    (30, 4096, 1024, 32, 1, 1, 2, None),
 ])
-def test_swap_ab_matches_reference(m, n, k, block_t, warpgroups, splits, ctas_per_sm):
+def test_swap_ab_matches_reference(m, n, k, block_t, warpgroups, splits, ctas_per_sm, chains):
     a, b = make_fp4_gemm_inputs(m, n, k)
-    assert_gemm_close(_run(a, b, config=_swap_ab_config(block_t, warpgroups, splits, ctas_per_sm)), _reference(a, b))
+    config = _swap_ab_config(block_t, warpgroups, splits, ctas_per_sm, chains)
+    assert_gemm_close(_run(a, b, config=config), _reference(a, b))
 
 
 @pytest.mark.gpu

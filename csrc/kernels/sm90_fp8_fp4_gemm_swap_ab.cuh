@@ -63,7 +63,7 @@ enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
 constexpr uint32_t kMaxSmemBytesOfTwo = (233472 - 2 * 1024) / 2;
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
-          bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1>
+          bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1>
 struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t BLOCK_T = BLOCK_T_;
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
@@ -71,6 +71,8 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr bool kWithAccumulation = kWithAccumulation_;
     // CTAs an SM runs at once (the launch bounds' minimum): two with one math warpgroup, at 128 registers a thread.
     static constexpr uint32_t kNumCTAsPerSM = kNumCTAsPerSM_;
+    // Independent wgmma accumulator chains of a K block (run_k_loop).
+    static constexpr uint32_t kNumChains = kNumChains_;
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
@@ -106,6 +108,7 @@ struct Sm90Fp8Fp4SwapAbTraits {
     DK_STATIC_ASSERT(BLOCK_T % 16 == 0 && BLOCK_T >= 16 && BLOCK_T <= 128, "BLOCK_T in 16..128, a multiple of 16");
     DK_STATIC_ASSERT(kNumMathWarpgroups == 1 || kNumMathWarpgroups == 2, "one or two math warpgroups");
     DK_STATIC_ASSERT(kNumStages >= 2, "at least two stages");
+    DK_STATIC_ASSERT(kNumChains == 1 || kNumChains == 2 || kNumChains == 4, "1, 2 or 4 accumulator chains");
     DK_STATIC_ASSERT(kNumCTAsPerSM == 1 || (kNumCTAsPerSM == 2 && kNumMathWarpgroups == 1 && BLOCK_T <= 64),
                      "two CTAs an SM: one math warpgroup, up to 64 tokens (128 registers)");
     DK_STATIC_ASSERT((std::is_same_v<OutputType, float> || (std::is_same_v<OutputType, __nv_bfloat16> && !kWithAccumulation)),
@@ -236,7 +239,11 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
 #pragma unroll
     for (uint32_t i = 0; i < BLOCK_T / 2; ++i)
         final_acc[i] = 0.0f;
-    float partial[BLOCK_T / 2];
+    // NOTE: the K block's four k32 steps go round-robin into kNumChains accumulator sets, so that up to four wgmma
+    // of a block run independently instead of each waiting for the last's accumulators (narrow tiles are latency-
+    // bound); the sets' FP32 sum, ((0 + 1) + 2) + 3, is the block's partial sum.
+    constexpr uint32_t kNumChains = Traits::kNumChains;
+    float partial[kNumChains][BLOCK_T / 2];
     Fragments frags[2];
     State state;
     expand(frags[0], state);
@@ -247,7 +254,8 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         ptx::wgmma_fence();
 #pragma unroll
         for (uint32_t s = 0; s < kScaleBlock / kWgmmaK; ++s)
-            ptx::Fp8WgmmaRegisterA<BLOCK_T>::mma(current.regs[s], desc_a + s * kWgmmaK / 16, partial, s > 0 ? 1u : 0u);
+            ptx::Fp8WgmmaRegisterA<BLOCK_T>::mma(current.regs[s], desc_a + s * kWgmmaK / 16, partial[s % kNumChains],
+                                                 s >= kNumChains ? 1u : 0u);
         ptx::wgmma_commit_group();
         State next_state = state;
         next_state.advance();
@@ -255,9 +263,17 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         if (has_next)
             expand(next, next_state);
         ptx::wgmma_wait_group<0>();
-        ptx::fence_operands(partial);
+#pragma unroll
+        for (uint32_t c = 0; c < kNumChains; ++c)
+            ptx::fence_operands(partial[c]);
+#pragma unroll
+        for (uint32_t c = 1; c < kNumChains; ++c) {
+#pragma unroll
+            for (uint32_t i = 0; i < BLOCK_T / 2; ++i)
+                partial[0][i] += partial[c][i];
+        }
         sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
-            partial, final_acc, current.scale_lo, current.scale_hi,
+            partial[0], final_acc, current.scale_lo, current.scale_hi,
             reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes), lane_idx);
         ring.consumer_release(state, lane_idx);
         state = next_state;
@@ -343,7 +359,7 @@ DK_DEVICE void store_tile(const float (&final_acc)[Traits::BLOCK_T / 2], uint8_t
 }  // namespace sm90_fp8_fp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumCTAsPerSM>
+          uint32_t kNumCTAsPerSM, uint32_t kNumChains>
 __global__ void __launch_bounds__(128 + 128 * kNumMathWarpgroups, kNumCTAsPerSM)
 sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_codes,
                                const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -352,7 +368,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
                                uint32_t* split_tickets) {
     using namespace sm90_fp8_fp4_swap_ab_detail;
     using Traits = Sm90Fp8Fp4SwapAbTraits<BLOCK_T, kNumMathWarpgroups, kNumStages, OutputType, kWithAccumulation,
-                                          kNumCTAsPerSM>;
+                                          kNumCTAsPerSM, kNumChains>;
     constexpr uint32_t kNumMathThreads = Traits::kNumMathThreads;
 
     // Shared memory and barriers

@@ -2,16 +2,13 @@
 wgmma's register operand, expanded in registers, the tokens its N (csrc/kernels/sm90_fp8_fp4_gemm_swap_ab.cuh).
 
 Pure functions of the problem and the device: no GPU calls, no torch. A CTA computes 64 weight rows per math
-warpgroup (one or two) over one share of K (split-K across CTAs, one CTA per SM); the model's K block costs the
-largest of the CTA's share of the DRAM stream (B's 4.25 bits a weight), what one SM ingests (codes, the activation
-tile, scales) and the math warpgroups' expansion and promotion.
+warpgroup (one or two) over one share of K (split-K across CTAs; one or two CTAs an SM); the model prices the CTAs'
+latency-bound K blocks over the SMs, bounded below by B's bytes (4.25 bits a weight) at DRAM speed.
 """
 
 from dataclasses import dataclass
 
-from deep_kernels.heuristics.fp8_gemm import (
-    BLOCK_K, DRAM_BYTES_PER_S, LAUNCH_SECONDS, SM_INGEST_BYTES_PER_S, SMEM_CAPACITY_BYTES, SPLIT_SECONDS,
-)
+from deep_kernels.heuristics.fp8_gemm import BLOCK_K, DRAM_BYTES_PER_S, SMEM_CAPACITY_BYTES
 
 KERNEL_HEADER = "kernels/sm90_fp8_fp4_gemm_swap_ab.cuh"
 # Token tiles (wgmma's N) and the most tokens the kernel takes.
@@ -22,11 +19,18 @@ EXPAND_TABLE_BYTES = 256
 MAX_STAGES = 12
 MIN_STAGES = 2
 MAX_SPLITS = 16
-# A math warpgroup's K block (64 rows): the expansion, plus the promotion per token column. Estimates (instruction
-# counts at about one issue a cycle per warp, 1.6 GHz), to be fitted.
-EXPAND_SECONDS_PER_K_BLOCK = 0.10e-6
-PROMOTE_SECONDS_PER_TOKEN = 0.0012e-6
-EPILOGUE_SECONDS = 0.6e-6
+# A CTA's K block is latency-bound (the expansion's shared-memory chain, the wgmma group, the promotion), so it
+# costs a constant plus a term per token, by math warpgroups (the two of a CTA share its SM sub-partitions):
+# fitted on the H200 (2026-12-02, one CTA an SM, one accumulator chain) to 2112 x 7168 and 7168 x 16384 at 1 to 128
+# tokens. Independent accumulator chains shorten the constant, a second CTA on the SM lengthens each CTA's K block
+# (estimates, to be fitted).
+K_BLOCK_SECONDS = {1: (0.26e-6, 0.0016e-6), 2: (0.45e-6, 0.0024e-6)}
+CHAIN_FACTOR = {1: 1.0, 2: 0.85, 4: 0.75}
+SHARED_SM_FACTOR = 1.3
+# The fixed cost of a launch (launch, prologue, epilogue) and what a split adds (its partial store, ticket and
+# the last split's sum): fitted to the same runs.
+FIXED_SECONDS = 4.5e-6
+SPLIT_SECONDS = 0.7e-6
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class SwapAbConfig:
     num_stages: int
     num_splits: int = 1
     ctas_per_sm: int = 1
+    num_chains: int = 1
 
     @property
     def block_w(self) -> int:
@@ -85,6 +90,13 @@ def max_stages(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> 
     return min(stages, MAX_STAGES)
 
 
+def max_chains(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> int:
+    """The most independent wgmma accumulator chains of a K block whose accumulators (BLOCK_T / 2 registers a set)
+    fit: up to 64 registers of sets (32 with two CTAs an SM)."""
+    budget = 32 if ctas_per_sm == 2 else 64
+    return max(c for c in (1, 2, 4) if c == 1 or c * block_t // 2 <= budget)
+
+
 def block_t_for(m: int) -> int:
     """The smallest token tile holding m tokens."""
     if not 0 < m <= MAX_TOKENS:
@@ -93,7 +105,7 @@ def block_t_for(m: int) -> int:
 
 
 def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = None, num_splits: int = 1,
-                ctas_per_sm: int = 1) -> SwapAbConfig:
+                ctas_per_sm: int = 1, num_chains: int = None) -> SwapAbConfig:
     """A config of the given tiling (as many stages as fit unless given), for overrides and tests."""
     if block_t not in BLOCK_TS or num_math_warpgroups not in (1, 2):
         raise ValueError(f"no swapped FP4 kernel for {block_t} tokens and {num_math_warpgroups} math warpgroups")
@@ -104,26 +116,26 @@ def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = No
         raise ValueError(f"{stages} stages of {block_t} tokens do not fit")
     if num_splits < 1:
         raise ValueError(f"num_splits must be positive, got {num_splits}")
-    return SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm)
+    chains = num_chains or max_chains(block_t, num_math_warpgroups, ctas_per_sm)
+    if chains not in (1, 2, 4) or chains > max_chains(block_t, num_math_warpgroups, ctas_per_sm):
+        raise ValueError(f"{chains} accumulator chains do not fit the registers of {block_t} tokens")
+    return SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains)
 
 
 def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -> float:
-    """The model's run-time estimate (module docstring)."""
+    """The model's run-time estimate: the CTAs' K blocks over the SMs (a fractional number of waves: CTAs start as
+    others finish), at least B's bytes at DRAM speed."""
     tiles = -(-n // config.block_w)
     units = tiles * config.num_splits
-    waves = -(-units // (num_sms * config.ctas_per_sm))
-    active = min(units, num_sms * config.ctas_per_sm)
-    k_blocks = k // BLOCK_K
-    codes_bytes = config.block_w * BLOCK_K * B_BITS_PER_WEIGHT / 8
-    stage_bytes = codes_bytes + config.block_t * BLOCK_K + config.block_t * 4
-    dram_s = codes_bytes * active / DRAM_BYTES_PER_S
-    ingest_s = stage_bytes * config.ctas_per_sm / SM_INGEST_BYTES_PER_S
-    math_s = (EXPAND_SECONDS_PER_K_BLOCK + PROMOTE_SECONDS_PER_TOKEN * config.block_t) * config.ctas_per_sm
-    k_block_s = max(dram_s, ingest_s, math_s)
-    unit_s = -(-k_blocks // config.num_splits) * k_block_s + EPILOGUE_SECONDS
-    if config.num_splits > 1:
-        unit_s += SPLIT_SECONDS + config.num_splits * config.block_w * config.block_t * 4 / SM_INGEST_BYTES_PER_S
-    return LAUNCH_SECONDS + waves * unit_s
+    capacity = num_sms * config.ctas_per_sm
+    waves = max(1.0, units / capacity)
+    constant, per_token = K_BLOCK_SECONDS[config.num_math_warpgroups]
+    k_block_s = constant * CHAIN_FACTOR[config.num_chains] + per_token * config.block_t
+    if config.ctas_per_sm == 2:
+        k_block_s *= SHARED_SM_FACTOR
+    unit_s = -(-(k // BLOCK_K) // config.num_splits) * k_block_s + (SPLIT_SECONDS if config.num_splits > 1 else 0.0)
+    dram_s = (n * k * B_BITS_PER_WEIGHT / 8 + m * k + m * n * out_dtype_bytes) / DRAM_BYTES_PER_S
+    return FIXED_SECONDS + max(waves * unit_s, dram_s)
 
 
 def candidate_configs(m: int, n: int, k: int, num_sms: int):
@@ -132,8 +144,9 @@ def candidate_configs(m: int, n: int, k: int, num_sms: int):
         if ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups):
             continue
         stages = max_stages(block_t, num_math_warpgroups, ctas_per_sm)
+        chains = max_chains(block_t, num_math_warpgroups, ctas_per_sm)
         for num_splits in range(1, min(MAX_SPLITS, k // BLOCK_K) + 1):
-            yield SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm)
+            yield SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains)
 
 
 def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -> SwapAbConfig:
@@ -142,6 +155,11 @@ def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -
         raise ValueError(f"k must be a positive multiple of 128 and n of 16, got k = {k}, n = {n}")
     return min(candidate_configs(m, n, k, num_sms),
                key=lambda config: estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes))
+
+
+def is_preferred(m: int, n: int, k: int, num_sms: int) -> bool:
+    """Whether the dense GEMM runs the swapped kernel: up to MAX_TOKENS tokens."""
+    return 0 < m <= MAX_TOKENS
 
 
 def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool) -> list:
@@ -154,4 +172,4 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool) -> l
     if with_accumulation != (cpp_type == "float"):
         raise ValueError("FP32 D with accumulation, bf16 D without")
     return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
-            "true" if with_accumulation else "false", str(config.ctas_per_sm)]
+            "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains)]
