@@ -2,11 +2,12 @@
 n = E / W, and the tokens it was given; the exchanges are torch.distributed.all_to_all_single (NCCL on GPUs).
 
     gate      where the tokens are: the router logits and topk_gate of the rank's own tokens
-    dispatch  each token goes once to every rank that holds one of its experts, with its k global expert ids and
-              k routing weights (BF16 rows; the ids and the weights' bits as int32 beside them)
+    dispatch  each token goes once to every rank that holds one of its experts, cast to FP8 (per_token_cast_to_fp8,
+              1 x 128 FP32 scales: the cast the layer does anyway, half the bytes of BF16), with its k global expert
+              ids, k routing weights and scales (their bits as int32, one exchange)
     experts   each rank maps the ids it received to its own (map_global_to_local_experts: another rank's expert
-              becomes -1, a dropped slot), lays them out (moe_layout) and runs the layer's expert steps
-              (nn/routed_experts.py) on them
+              becomes -1, a dropped slot), lays them out (moe_layout), expands the FP8 rows (moe_expand: the same
+              rows as the layer's expand and cast) and runs the layer's expert steps (nn/routed_experts.py)
     combine   each slot's down-projected row goes back to its token's rank, which adds a token's k rows in slot
               order (moe_reduce over a layout of the received rows)
 Every step treats a row on its own, and a rank receives tokens in (source rank, token) order, so the output is
@@ -72,13 +73,16 @@ def _scatter_index(values: torch.Tensor, valid: torch.Tensor, size: int) -> torc
     return out[:size]
 
 
-def _metadata(indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """int32 [T, 2k]: the k expert ids and the k FP32 weights' bits, one exchange for both."""
-    return torch.cat([indices.to(torch.int32), weights.view(torch.int32)], dim=1)
+def _metadata(indices: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """int32 [T, 2k + H / 128]: the k expert ids, the k FP32 weights' and the FP32 scales' bits, one exchange."""
+    return torch.cat([indices.to(torch.int32), weights.view(torch.int32), scales.view(torch.int32)], dim=1)
 
 
-def _received(metadata: torch.Tensor, k: int) -> tuple:
-    return metadata[:, :k].contiguous(), metadata[:, k:].contiguous().view(torch.float32)
+def _received(codes: torch.Tensor, metadata: torch.Tensor, k: int) -> tuple:
+    """(ids [R, k], weights [R, k], (e4m3 tokens, FP32 row-major scales)) of received rows."""
+    ids, weights, scales = metadata[:, :k], metadata[:, k:2 * k], metadata[:, 2 * k:]
+    tokens = (codes.view(torch.float8_e4m3fn), scales.contiguous().view(torch.float32))
+    return ids.contiguous(), weights.contiguous().view(torch.float32), tokens
 
 
 def _combine_layout(slot_to_row: torch.Tensor, num_slots: int, rows: int) -> MoeLayout:
@@ -107,16 +111,18 @@ def _contiguous_exchange(x, weights, indices, world, rank, num_local, experts, m
 
     # Dispatch: the tokens for rank 0, then for rank 1, ...; each in token order.
     token = _first_true(hit.t().reshape(-1), sum(sent_tokens)) % num_tokens
-    tokens_in = x.new_empty((sum(got_tokens), hidden))
-    dist.all_to_all_single(tokens_in, x.index_select(0, token), got_tokens, sent_tokens, group=group)
-    metadata_in = indices.new_empty((sum(got_tokens), 2 * k), dtype=torch.int32)
-    dist.all_to_all_single(metadata_in, _metadata(indices, weights).index_select(0, token), got_tokens, sent_tokens,
-                           group=group)
+    codes, scales = kernels.per_token_cast_to_fp8(x, scale_layout="row_major")
+    codes_out = codes.view(torch.uint8).index_select(0, token)
+    codes_in = codes_out.new_empty((sum(got_tokens), hidden))
+    dist.all_to_all_single(codes_in, codes_out, got_tokens, sent_tokens, group=group)
+    metadata_out = _metadata(indices, weights, scales).index_select(0, token)
+    metadata_in = metadata_out.new_empty((sum(got_tokens), metadata_out.shape[1]))
+    dist.all_to_all_single(metadata_in, metadata_out, got_tokens, sent_tokens, group=group)
 
     # This rank's experts, then its kept slots' rows in (received token, j) order: by source rank.
     rows_out = x.new_empty((0, hidden))
-    if tokens_in.shape[0] > 0:
-        ids_in, weights_in = _received(metadata_in, k)
+    if codes_in.shape[0] > 0:
+        ids_in, weights_in, tokens_in = _received(codes_in, metadata_in, k)
         layout = kernels.moe_layout(kernels.map_global_to_local_experts(ids_in, num_local, rank), num_local)
         expert_out = routed_experts(kernels, tokens_in, weights_in, layout, experts)
         slot_rows = layout.slot_to_row.view(-1)
@@ -143,15 +149,16 @@ def _masked_exchange(x, weights, indices, world, rank, num_local, experts, max_t
     token = torch.where(entry >= 0, entry // world, -1)
     # Rows past a block's tokens carry ids -1: no slot.
     sent_token = token.clamp(min=0)
+    codes, scales = kernels.per_token_cast_to_fp8(x, scale_layout="row_major")
     metadata = _metadata(torch.where((token >= 0).unsqueeze(1), indices.index_select(0, sent_token), -1),
-                         weights.index_select(0, sent_token))
-    tokens_out = x.index_select(0, sent_token)
-    tokens_in = torch.empty_like(tokens_out)
-    dist.all_to_all_single(tokens_in, tokens_out, group=group)
+                         weights.index_select(0, sent_token), scales.index_select(0, sent_token))
+    codes_out = codes.view(torch.uint8).index_select(0, sent_token)
+    codes_in = torch.empty_like(codes_out)
+    dist.all_to_all_single(codes_in, codes_out, group=group)
     metadata_in = torch.empty_like(metadata)
     dist.all_to_all_single(metadata_in, metadata, group=group)
 
-    ids_in, weights_in = _received(metadata_in, k)
+    ids_in, weights_in, tokens_in = _received(codes_in, metadata_in, k)
     received = world * num_tokens
     capacity = max_tokens or received
     layout = kernels.moe_layout(kernels.map_global_to_local_experts(ids_in, num_local, rank), num_local, capacity)

@@ -65,9 +65,9 @@ def reference_expert_kernels():
     the layer's dataflow on the CPU."""
     from deep_kernels.nn.routed_experts import ExpertKernels
     from deep_kernels.reference import gemm, moe
-    from deep_kernels.reference.quant import swiglu
+    from deep_kernels.reference.quant import fp8, swiglu
 
     return ExpertKernels(moe.topk_gate, moe.topk_gate_with_layout, moe.moe_layout, moe.map_global_to_local_experts,
                          moe.moe_expand_cast_to_fp8, gemm.m_grouped_fp8_gemm_nt_contiguous,
                          gemm.m_grouped_fp8_gemm_nt_masked, swiglu.swiglu_cast_to_fp8, swiglu.swiglu_cast_to_fp8_masked,
-                         moe.moe_reduce)
+                         moe.moe_reduce, fp8.per_token_cast_to_fp8, moe.moe_expand)
