@@ -128,8 +128,7 @@ def _run_nccl(rank: int, store: str, queue) -> None:
     queue.put(failures)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < WORLD, reason="needs two GPUs")
+@pytest.mark.multi_gpu
 def test_expert_parallel_module_matches_single_gpu_nccl(tmp_path):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared machines
     context = mp.get_context("spawn")
