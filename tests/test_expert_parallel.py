@@ -169,6 +169,19 @@ def test_expert_parallel_module_one_rank_matches_module(tmp_path):
                 expected, out = single(x, mode=mode), parallel(x, mode=mode)
             assert expected.abs().max() > 0
             assert torch.equal(out, expected), f"{mode} max_tokens={max_tokens}"
+        # The masked mode in a CUDA graph: captured once, replayed with new tokens.
+        parallel.max_tokens = single.max_tokens = None
+        static_x = torch.randn((64, hidden), device="cuda", generator=g).bfloat16()
+        with torch.no_grad():
+            parallel(static_x, mode="masked")  # warm: kernels compiled, the communicator made
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = parallel(static_x, mode="masked")
+            for _ in range(2):
+                static_x.copy_(torch.randn((64, hidden), device="cuda", generator=g).bfloat16())
+                static_out.fill_(float("nan"))
+                graph.replay()
+                assert torch.equal(static_out, single(static_x, mode="masked"))
         with pytest.raises(ValueError, match="forward only"):
             parallel(torch.randn((4, hidden), device="cuda").bfloat16().requires_grad_())
     finally:
