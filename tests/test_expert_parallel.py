@@ -85,35 +85,46 @@ def _run(rank: int, store: str, queue) -> None:
     queue.put(failures)
 
 
-def test_expert_parallel_matches_single_gpu_layer_gloo(tmp_path):
+def _in_processes(target, tmp_path) -> None:
+    """target(rank, store, queue) in WORLD spawned processes; each puts its list of failures on the queue."""
     context = mp.get_context("spawn")
     queue = context.Queue()
-    processes = [context.Process(target=_run, args=(rank, str(tmp_path / "store"), queue)) for rank in range(WORLD)]
+    processes = [context.Process(target=target, args=(rank, str(tmp_path / "store"), queue)) for rank in range(WORLD)]
     for p in processes:
         p.start()
-    failures = [f for _ in processes for f in queue.get(timeout=600)]
+    failures = [f for _ in processes for f in queue.get(timeout=900)]
     for p in processes:
         p.join(timeout=60)
     assert not failures, "\n".join(failures)
     assert all(p.exitcode == 0 for p in processes)
 
 
-def _run_nccl(rank: int, store: str, queue) -> None:
+def test_expert_parallel_matches_single_gpu_layer_gloo(tmp_path):
+    _in_processes(_run, tmp_path)
+
+
+def _gpu_layers(g: torch.Generator) -> tuple:
+    """(the single-GPU nn.MoE, the expert-parallel one over the default group) of the same random weights."""
     import deep_kernels.nn as dk_nn
 
+    num_experts, hidden, intermediate = 32, 1024, 256
+    weights = dict(router_weight=torch.randn((num_experts, hidden), device="cuda", generator=g) / 32,
+                   correction_bias=torch.randn((num_experts,), device="cuda", generator=g) * 0.1,
+                   gate_up_weight=torch.randn((num_experts, 2 * intermediate, hidden), device="cuda", generator=g) / 32,
+                   down_weight=torch.randn((num_experts, hidden, intermediate), device="cuda", generator=g) / 16)
+    config = dict(top_k=8, num_groups=8, topk_groups=4)
+    return (dk_nn.MoE.from_float(**weights, **config),
+            dk_nn.MoE.from_float(**weights, **config, process_group=dist.group.WORLD))
+
+
+def _run_nccl(rank: int, store: str, queue) -> None:
     failures = []
     try:
         torch.cuda.set_device(rank)
         dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=WORLD)
         g = torch.Generator(device="cuda").manual_seed(0)
-        num_experts, hidden, intermediate = 32, 1024, 256
-        weights = dict(router_weight=torch.randn((num_experts, hidden), device="cuda", generator=g) / 32,
-                       correction_bias=torch.randn((num_experts,), device="cuda", generator=g) * 0.1,
-                       gate_up_weight=torch.randn((num_experts, 2 * intermediate, hidden), device="cuda", generator=g) / 32,
-                       down_weight=torch.randn((num_experts, hidden, intermediate), device="cuda", generator=g) / 16)
-        config = dict(top_k=8, num_groups=8, topk_groups=4)
-        single = dk_nn.MoE.from_float(**weights, **config)
-        parallel = dk_nn.MoE.from_float(**weights, **config, process_group=dist.group.WORLD)
+        single, parallel = _gpu_layers(g)
+        hidden = single.hidden_size
         for mode, tokens in (("contiguous", (96, 160)), ("masked", (64, 64))):
             x = torch.randn((sum(tokens), hidden), device="cuda", generator=g).bfloat16()
             rows = slice(sum(tokens[:rank]), sum(tokens[:rank + 1]))
@@ -131,37 +142,20 @@ def _run_nccl(rank: int, store: str, queue) -> None:
 @pytest.mark.multi_gpu
 def test_expert_parallel_module_matches_single_gpu_nccl(tmp_path):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared machines
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    processes = [context.Process(target=_run_nccl, args=(rank, str(tmp_path / "store"), queue))
-                 for rank in range(WORLD)]
-    for p in processes:
-        p.start()
-    failures = [f for _ in processes for f in queue.get(timeout=900)]
-    for p in processes:
-        p.join(timeout=60)
-    assert not failures, "\n".join(failures)
+    _in_processes(_run_nccl, tmp_path)
 
 
 @pytest.mark.gpu
 def test_expert_parallel_module_one_rank_matches_module(tmp_path):
     """One rank over NCCL: every step on the GPU kernels (the exchanges are copies to itself)."""
-    import deep_kernels.nn as dk_nn
-
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         g = torch.Generator(device="cuda").manual_seed(0)
-        num_experts, hidden, intermediate = 32, 1024, 256
-        weights = dict(router_weight=torch.randn((num_experts, hidden), device="cuda", generator=g) / 32,
-                       correction_bias=torch.randn((num_experts,), device="cuda", generator=g) * 0.1,
-                       gate_up_weight=torch.randn((num_experts, 2 * intermediate, hidden), device="cuda", generator=g) / 32,
-                       down_weight=torch.randn((num_experts, hidden, intermediate), device="cuda", generator=g) / 16)
-        config = dict(top_k=8, num_groups=8, topk_groups=4)
-        single = dk_nn.MoE.from_float(**weights, **config)
-        parallel = dk_nn.MoE.from_float(**weights, **config, process_group=dist.group.WORLD)
+        single, parallel = _gpu_layers(g)
+        hidden = single.hidden_size
         for mode, max_tokens in (("contiguous", None), ("masked", None), ("masked", 5)):
             single.max_tokens = parallel.max_tokens = max_tokens
             x = torch.randn((96, hidden), device="cuda", generator=g).bfloat16()
