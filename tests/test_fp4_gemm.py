@@ -272,8 +272,7 @@ def test_swap_ab_smem_bytes_is_the_kernels_carve_up(tmp_path):
     from deep_kernels.jit import compiler
 
     configs = [swap_ab.make_config(t, w) for t in swap_ab.BLOCK_TS for w in (1, 2)]
-    configs += [swap_ab.make_config(t, 1, ctas_per_sm=c) for t in (16, 32, 64) for c in (2, 3)]
-    configs += [swap_ab.make_config(128, 1, ctas_per_sm=2)]
+    configs += [swap_ab.make_config(t, 1, ctas_per_sm=2) for t in (16, 32, 64)]
     configs += [swap_ab.make_config(16, 2, num_chains=1), swap_ab.make_config(32, 1, num_chains=2)]
     checks = [f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::Sm90Fp8Fp4SwapAbTraits<"
               f"{', '.join(swap_ab.template_args(c, 'bfloat16', False))}>::kSmemBytes == {c.smem_bytes});"
@@ -315,8 +314,7 @@ def _swap_ab_config(block_t, warpgroups, splits, ctas_per_sm=1, chains=None):
     (64, 7168, 2048, 64, 2, 2, 1, None), (128, 4096, 7168, 128, 2, 3, 1, None), (100, 1040, 1024, 128, 1, 2, 1, None),
     (128, 24576, 1536, 128, 2, 1, 1, None), (32, 32768, 512, 32, 1, 1, 1, None), (20, 176, 512, 32, 1, 4, 1, 2),
     (64, 4096, 7168, 64, 2, 56, 1, 1), (5, 2112, 7168, 16, 1, 8, 2, None), (64, 7168, 2048, 64, 1, 2, 2, None),
-    (30, 4096, 1024, 32, 1, 1, 2, None), (16, 2112, 7168, 16, 1, 4, 3, None), (50, 1040, 1024, 64, 1, 3, 3, None),
-    (128, 7168, 2048, 128, 1, 2, 2, None),
+    (30, 4096, 1024, 32, 1, 1, 2, None),
 ])
 def test_swap_ab_matches_reference(m, n, k, block_t, warpgroups, splits, ctas_per_sm, chains):
     a, b = make_fp4_gemm_inputs(m, n, k)

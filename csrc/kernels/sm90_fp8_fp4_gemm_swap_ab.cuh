@@ -59,10 +59,8 @@ using sm90_fp8_gemm_detail::kWgmmaK;
 // Named barriers: the math warpgroups together (before D's staging reuses the stages), and each one alone.
 enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
 
-// Dynamic shared memory of each of kNumCTAs CTAs on one SM (the SM's 228 KB, less 1 KB the system keeps per CTA).
-DK_HOST_DEVICE constexpr uint32_t max_smem_bytes_of(uint32_t num_ctas) {
-    return num_ctas == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes : (233472 - num_ctas * 1024) / num_ctas;
-}
+// Dynamic shared memory of each of two CTAs on one SM (the SM's 228 KB, less 1 KB the system keeps per CTA).
+constexpr uint32_t kMaxSmemBytesOfTwo = (233472 - 2 * 1024) / 2;
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
           bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1>
@@ -71,7 +69,7 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
     using OutputType = OutputType_;
     static constexpr bool kWithAccumulation = kWithAccumulation_;
-    // CTAs an SM runs at once (the launch bounds' minimum): two or three with one math warpgroup.
+    // CTAs an SM runs at once (the launch bounds' minimum): two with one math warpgroup, at 128 registers a thread.
     static constexpr uint32_t kNumCTAsPerSM = kNumCTAsPerSM_;
     // Independent wgmma accumulator chains of a K block (run_k_loop).
     static constexpr uint32_t kNumChains = kNumChains_;
@@ -80,13 +78,9 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
     static constexpr uint32_t kNumThreads = kNumMathThreads + kNumThreadsPerWarpgroup;
     // NOTE: registers are allocated per SM sub-partition, so the producer is a whole warpgroup (its first warp
-    // loads, the others exit) that gives its registers to the math warpgroups (setmaxnreg): two math warpgroups
-    // 128 x 40 + 256 x 232 = 64,512; one with two CTAs an SM 128 x 24 + 128 x 232 = 32,768 of the launch's 128 a
-    // thread, with three 128 x 24 + 128 x 136 = 20,480 of its 80; one CTA with one math warpgroup keeps the launch's
-    // 255 (kReconfigures false).
-    static constexpr bool kReconfigures = kNumMathWarpgroups == 2 || kNumCTAsPerSM > 1;
-    static constexpr uint32_t kNumProducerRegisters = kNumMathWarpgroups == 2 ? 40 : 24;
-    static constexpr uint32_t kNumMathRegisters = kNumCTAsPerSM == 3 ? 136 : 232;
+    // loads, the others exit) that gives its registers to the math warpgroups: 128 x 40 + 256 x 232 = 64,512 with
+    // two; one math warpgroup keeps what the launch gives (255).
+    static constexpr uint32_t kNumProducerRegisters = 40, kNumMathRegisters = 232;
 
     // Shared memory, per stage: the activation tile (BLOCK_T x 128 e4m3, 128-byte swizzle), the codes (BLOCK_W x 64
     // bytes, 64-byte swizzle), sfa (BLOCK_T FP32, padded to 128 bytes), the rows' scale words; then the expansion
@@ -115,13 +109,13 @@ struct Sm90Fp8Fp4SwapAbTraits {
     DK_STATIC_ASSERT(kNumMathWarpgroups == 1 || kNumMathWarpgroups == 2, "one or two math warpgroups");
     DK_STATIC_ASSERT(kNumStages >= 2, "at least two stages");
     DK_STATIC_ASSERT(kNumChains == 1 || kNumChains == 2 || kNumChains == 4, "1, 2 or 4 accumulator chains");
-    DK_STATIC_ASSERT(kNumCTAsPerSM == 1 || (kNumCTAsPerSM <= 3 && kNumMathWarpgroups == 1 &&
-                                            (kNumCTAsPerSM == 2 || BLOCK_T <= 64)),
-                     "two or three CTAs an SM: one math warpgroup (three: up to 64 tokens, 136 registers)");
+    DK_STATIC_ASSERT(kNumCTAsPerSM == 1 || (kNumCTAsPerSM == 2 && kNumMathWarpgroups == 1 && BLOCK_T <= 64),
+                     "two CTAs an SM: one math warpgroup, up to 64 tokens (128 registers)");
     DK_STATIC_ASSERT((std::is_same_v<OutputType, float> || (std::is_same_v<OutputType, __nv_bfloat16> && !kWithAccumulation)),
                      "bf16 D, or FP32 D (accumulated into with kWithAccumulation)");
     DK_STATIC_ASSERT(kSmemDBytes <= kOffsetTables, "D's staging fits in the stages");
-    DK_STATIC_ASSERT(kSmemBytes <= max_smem_bytes_of(kNumCTAsPerSM), "stages fit in shared memory");
+    DK_STATIC_ASSERT(kSmemBytes <= (kNumCTAsPerSM == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes : kMaxSmemBytesOfTwo),
+                     "stages fit in shared memory");
 };
 
 // This thread's half of a K block's A fragments: its rows r0 (16w + g of its warpgroup's 64) and r0 + 8, the four
@@ -412,7 +406,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
     const uint32_t k_block_end = (split_idx + 1) * num_k_blocks / num_splits;
 
     if (is_producer_warpgroup) {
-        if constexpr (Traits::kReconfigures)
+        if constexpr (kNumMathWarpgroups == 2)
             ptx::setmaxnreg_dec<Traits::kNumProducerRegisters>();
         if (!is_producer)
             return;
@@ -420,7 +414,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
                              w_first, k_block_begin, k_block_end);
         return;
     }
-    if constexpr (Traits::kReconfigures)
+    if constexpr (kNumMathWarpgroups == 2)
         ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
     float final_acc[BLOCK_T / 2];
     run_k_loop<Traits>(ring, smem, final_acc, k_block_begin, k_block_end);

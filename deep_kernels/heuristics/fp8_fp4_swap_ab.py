@@ -57,21 +57,17 @@ class SwapAbConfig:
         return smem_bytes(self.block_t, self.num_math_warpgroups, self.num_stages)
 
 
+# Dynamic shared memory of each of two CTAs on one SM (the kernel's kMaxSmemBytesOfTwo).
+SMEM_BYTES_OF_TWO = (233472 - 2 * 1024) // 2
+
+
 def smem_capacity(ctas_per_sm: int) -> int:
-    """Dynamic shared memory of each CTA with ctas_per_sm on one SM (the kernel's max_smem_bytes_of)."""
-    return SMEM_CAPACITY_BYTES if ctas_per_sm == 1 else (233472 - ctas_per_sm * 1024) // ctas_per_sm
+    return SMEM_CAPACITY_BYTES if ctas_per_sm == 1 else SMEM_BYTES_OF_TWO
 
 
-def can_share_sm(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 2) -> bool:
-    """Whether ctas_per_sm CTAs fit an SM: one math warpgroup (three: up to 64 tokens)."""
-    return ctas_per_sm == 1 or (num_math_warpgroups == 1 and (ctas_per_sm == 2 or (ctas_per_sm == 3 and block_t <= 64)))
-
-
-def math_registers(num_math_warpgroups: int, ctas_per_sm: int) -> int:
-    """A math thread's registers (the kernel's kNumMathRegisters, or the launch's 255)."""
-    if num_math_warpgroups == 1 and ctas_per_sm == 1:
-        return 255
-    return 136 if ctas_per_sm == 3 else 232
+def can_share_sm(block_t: int, num_math_warpgroups: int) -> bool:
+    """Whether two CTAs fit an SM (128 registers a thread): one math warpgroup, up to 64 tokens."""
+    return num_math_warpgroups == 1 and block_t <= 64
 
 
 def _align(x: int, a: int) -> int:
@@ -95,10 +91,10 @@ def max_stages(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> 
 
 
 def max_chains(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> int:
-    """The most independent wgmma accumulator chains of a K block whose accumulators fit the math threads'
-    registers: BLOCK_T / 2 a set, as many more for the final sums, and 72 for the fragments and addressing."""
-    budget = math_registers(num_math_warpgroups, ctas_per_sm)
-    return max(c for c in (1, 2, 4) if c == 1 or (c + 1) * block_t // 2 + 72 <= budget)
+    """The most independent wgmma accumulator chains of a K block whose accumulators (BLOCK_T / 2 registers a set)
+    fit: up to 64 registers of sets (32 with two CTAs an SM)."""
+    budget = 32 if ctas_per_sm == 2 else 64
+    return max(c for c in (1, 2, 4) if c == 1 or c * block_t // 2 <= budget)
 
 
 def block_t_for(m: int) -> int:
@@ -113,8 +109,8 @@ def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = No
     """A config of the given tiling (as many stages as fit unless given), for overrides and tests."""
     if block_t not in BLOCK_TS or num_math_warpgroups not in (1, 2):
         raise ValueError(f"no swapped FP4 kernel for {block_t} tokens and {num_math_warpgroups} math warpgroups")
-    if ctas_per_sm not in (1, 2, 3) or not can_share_sm(block_t, num_math_warpgroups, ctas_per_sm):
-        raise ValueError(f"{ctas_per_sm} CTAs an SM: more than one need one math warpgroup, three at most 64 tokens")
+    if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups)):
+        raise ValueError(f"{ctas_per_sm} CTAs an SM: two need one math warpgroup and at most 64 tokens")
     stages = num_stages or max_stages(block_t, num_math_warpgroups, ctas_per_sm)
     if not MIN_STAGES <= stages or smem_bytes(block_t, num_math_warpgroups, stages) > smem_capacity(ctas_per_sm):
         raise ValueError(f"{stages} stages of {block_t} tokens do not fit")
@@ -135,7 +131,8 @@ def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int,
     waves = max(1.0, units / capacity)
     constant, per_token = K_BLOCK_SECONDS[config.num_math_warpgroups]
     k_block_s = constant * CHAIN_FACTOR[config.num_chains] + per_token * config.block_t
-    k_block_s *= SHARED_SM_FACTOR ** (config.ctas_per_sm - 1)
+    if config.ctas_per_sm == 2:
+        k_block_s *= SHARED_SM_FACTOR
     unit_s = -(-(k // BLOCK_K) // config.num_splits) * k_block_s + (SPLIT_SECONDS if config.num_splits > 1 else 0.0)
     dram_s = (n * k * B_BITS_PER_WEIGHT / 8 + m * k + m * n * out_dtype_bytes) / DRAM_BYTES_PER_S
     return FIXED_SECONDS + max(waves * unit_s, dram_s)
@@ -143,8 +140,8 @@ def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int,
 
 def candidate_configs(m: int, n: int, k: int, num_sms: int):
     block_t = block_t_for(m)
-    for num_math_warpgroups, ctas_per_sm in ((2, 1), (1, 1), (1, 2), (1, 3)):
-        if not can_share_sm(block_t, num_math_warpgroups, ctas_per_sm):
+    for num_math_warpgroups, ctas_per_sm in ((2, 1), (1, 1), (1, 2)):
+        if ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups):
             continue
         stages = max_stages(block_t, num_math_warpgroups, ctas_per_sm)
         chains = max_chains(block_t, num_math_warpgroups, ctas_per_sm)
