@@ -30,7 +30,8 @@
 //                        grouped_layout[g] = k_g columns (read on the device, negative counts as 0) starting
 //                        at the sum of the earlier groups' k_g. Every group walks all of its M x N tiles
 //                        (an empty group's tiles have no K blocks); the tile's K blocks are
-//                        [k_block_begin, k_block_begin + num_k_blocks) of A and B (k_g / 128 of them).
+//                        [k_block_begin, k_block_begin + num_k_blocks) of A and B (k_g / kKBlock of them:
+//                        kKBlock is the kernel's BLOCK_K, 128 for FP8 operands and 64 for BF16).
 // is_valid_row tells the epilogue which D rows of a tile it may write (padding and rows past masked_m
 // are never written).
 #pragma once
@@ -68,7 +69,7 @@ struct TileInfo {
 };
 
 template <GemmType kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumTMAMulticast,
-          bool kIsMulticastOnA, uint32_t kNumSplits = 1>
+          bool kIsMulticastOnA, uint32_t kNumSplits = 1, uint32_t kKBlock = 128>
 struct Scheduler {
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
     DK_STATIC_ASSERT(kNumSplits >= 1 && (kNumSplits == 1 || (kGemmType == GemmType::Normal && kNumTMAMulticast == 1)),
@@ -80,8 +81,6 @@ struct Scheduler {
     static constexpr uint32_t kNumNUnits = kPairsShareM ? ceil_div(kNumNBlocks, 2u) : kNumNBlocks;
     // NOTE: 8 N-units per band: ~16 concurrent M-blocks x 8 N-blocks per 132-SM wave at large M.
     static constexpr uint32_t kNumNUnitsPerBand = 8;
-    // KGrouped: K blocks are 128 columns deep (the scale block).
-    static constexpr uint32_t kKBlock = 128;
 
     const uint32_t shape_m;
     const int* const grouped_layout;
