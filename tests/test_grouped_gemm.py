@@ -110,10 +110,13 @@ def test_masked_rejects_bad_input(mutate, error, match):
 
 def test_alignment_is_the_routing_layouts():
     assert deep_kernels.get_m_alignment_for_contiguous_layout() == CONTIGUOUS_ALIGNMENT == 128
-    # No M-block of the contiguous layout may span two expert segments: the grouped kinds' tiles divide 128 rows.
+    # The grouped kinds' tiles divide 128 rows, or are 256 rows starting on 128-row halves (scheduler.cuh) and
+    # multicast A only (B pairs would not line up with the segments).
     for m in (128, 4096):
-        assert all(CONTIGUOUS_ALIGNMENT % config.block_m == 0
-                   for config in dense_heuristics.candidate_configs(m, 4096, NUM_SMS, grouped=True))
+        for config in dense_heuristics.candidate_configs(m, 4096, NUM_SMS, grouped=True):
+            assert CONTIGUOUS_ALIGNMENT % config.block_m == 0 or config.block_m == 2 * CONTIGUOUS_ALIGNMENT
+            if config.block_m == 256:
+                assert config.num_tma_multicast == 1 or config.multicast_on_a
 
 
 def test_batched_mn_major_scales():
@@ -487,6 +490,27 @@ def test_multicast_pairs(monkeypatch, block_m, block_n, multicast_on_a):
     a, b, masked_m = make_masked_inputs(_random_masked_m(8, 300, rng), 300, N, K)
     d, poisoned = _run_masked(a, b, masked_m, 150)
     _check_masked(d, _expected_masked(a, b, masked_m), masked_m, poisoned)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("multicast,overlap", [(2, True), (1, False)])
+def test_256_row_tiles(monkeypatch, multicast, overlap):
+    # 256-row tiles: contiguous segments starting on odd 128-row halves (that tile writes only its first 128 rows),
+    # one-half segments, an empty expert, tiles holding two experts' rows and padding; masked tails inside either
+    # warpgroup's 128 rows; with A multicast an odd N-block count (a pair's second tile past N). Deterministic.
+    config = dense_heuristics.make_config(256, 128, multicast, True, 2, overlap_epilogue=overlap)
+    monkeypatch.setattr(grouped_gemm, "_plans", {})
+    monkeypatch.setattr(heuristics, "get_grouped_fp8_gemm_config", lambda *args, **kwargs: config)
+    a, b, m_indices, offsets = make_contiguous_inputs([300, 0, 100, 128, 257, 40, 600, 1], N, K)
+    d, poisoned = _run_contiguous(a, b, m_indices)
+    _check_contiguous(d, _expected_contiguous(a, b, m_indices), m_indices, poisoned)
+    assert_bitwise_equal(_run_contiguous(a, b, offsets=offsets)[0], d, "d (second run, offsets form)")
+    assert grouped_gemm._plan(grouped_gemm.CONTIGUOUS, m_indices.numel(), N, K, 8)[1].block_m == 256
+
+    a, b, masked_m = make_masked_inputs([300, 13, 0, 200, 129, 128, 256, 255], 300, N, K)
+    d, poisoned = _run_masked(a, b, masked_m, 150)
+    _check_masked(d, _expected_masked(a, b, masked_m), masked_m, poisoned)
+    assert_bitwise_equal(_run_masked(a, b, masked_m, 150)[0], d, "d (masked, second run)")
 
 
 @pytest.mark.gpu
