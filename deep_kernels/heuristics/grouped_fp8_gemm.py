@@ -10,8 +10,10 @@ deep_kernels.heuristics.fp8_gemm with the problem cut into groups, which is what
 * contiguous: the total M is known; the rows are split evenly over the groups (each segment a multiple of
   the alignment), so the tile count is that of the total M while B is read num_groups times.
 
-Every BLOCK_M (64, 128) divides the contiguous layout's segment alignment (128, deep_kernels.moe.layout's
-CONTIGUOUS_ALIGNMENT; tests/test_grouped_gemm.py checks it), so no M-block spans two segments.
+BLOCK_M 64 and 128 divide the contiguous layout's segment alignment (128, deep_kernels.moe.layout's
+CONTIGUOUS_ALIGNMENT; tests/test_grouped_gemm.py checks it), so no M-block spans two segments; 256-row tiles start
+on 128-row halves, one more tile where a segment starts on an odd half (csrc/scheduler.cuh), which the model leaves
+out (a segment of an odd count of halves adds half a tile).
 """
 
 from deep_kernels.heuristics import fp8_gemm
