@@ -191,9 +191,12 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
     for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong"):
         if flag in fields:
             fields[flag] = bool(fields[flag])
-    if grouped and (fields["num_splits"] != 1 or not heuristics.is_legal_tile(fields["block_m"], fields["block_n"],
-                                                                                grouped=True)):
-        raise ValueError("DK_FP8_GEMM_CONFIG: the grouped GEMMs take neither split-K nor 256-row tiles")
+    if grouped and (fields["num_splits"] != 1 or
+                    not heuristics.is_legal_tile(fields["block_m"], fields["block_n"], True, operands) or
+                    not heuristics.is_legal_multicast(fields["block_m"], fields["num_tma_multicast"],
+                                                      fields["multicast_on_a"], grouped=True)):
+        raise ValueError("DK_FP8_GEMM_CONFIG: the grouped GEMMs take no split-K, and 256-row tiles only with block "
+                         "scales, at most 128 columns and multicast on A if any")
     config = heuristics.make_config(out_dtype_bytes=out_bytes, operands=operands, **fields)
     if not 1 <= config.num_splits <= ceil_div(k, SCALE_BLOCK):
         raise ValueError(f"DK_FP8_GEMM_CONFIG: splits must be in 1..ceil(K / 128) = {ceil_div(k, SCALE_BLOCK)}, "
