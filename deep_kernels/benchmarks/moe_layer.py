@@ -342,7 +342,8 @@ def _checked_part(results: tuple) -> tuple:
     """(output, gradients of x and the router, of the first CHECKED_EXPERTS experts' weights) of a training step's
     results: two steps' full weight gradients (45 GB each in FP32) do not fit beside the weights."""
     out, grad_x, grad_router, grad_gate_up, grad_down = results
-    return out, grad_x, grad_router, grad_gate_up[:CHECKED_EXPERTS].clone(), grad_down[:CHECKED_EXPERTS].clone()
+    return (out.detach(), grad_x, grad_router, grad_gate_up[:CHECKED_EXPERTS].clone(),
+            grad_down[:CHECKED_EXPERTS].clone())
 
 
 def _figures(ctx: BenchContext, us: float, flops: int, num_bytes: int) -> dict:
