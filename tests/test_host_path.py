@@ -73,10 +73,20 @@ def test_launch_encoded_rejects_bytes_that_are_no_encoding(native):
         native.launch_encoded(0, (1, 1, 1), 32, 0, 1, 0, 0, bytes(33 * SLOT_BYTES))
 
 
+def test_prepare_rejects_bytes_that_are_no_encoding(native):
+    with pytest.raises(ValueError, match="not the encoding"):
+        native.prepare(0, (1, 1, 1), 32, 0, 1, 0, bytes(SLOT_BYTES + 4))
+    with pytest.raises(ValueError, match="not the encoding"):
+        native.prepare(0, (1, 1, 1), 32, 0, 1, 0, bytes(33 * SLOT_BYTES))
+    launch = native.prepare(0, (1, 1, 1), 32, 0, 1, 0, native.encode("PI", (1, 2)))
+    with pytest.raises(TypeError):
+        launch.launch("not a stream")
+
+
 # ---- fp8_gemm_nt's cached path, with a fake kernel (CPU) ----
 
 class _FakeKernel:
-    """Records encode() and launch_encoded() instead of reaching the driver."""
+    """Records encode() and the launches of prepare()'s launches instead of reaching the driver."""
 
     def __init__(self):
         self.encoded, self.launched = [], []
@@ -85,8 +95,13 @@ class _FakeKernel:
         self.encoded.append(params)
         return bytes(len(self.encoded))
 
-    def launch_encoded(self, grid, device_index, encoded):
-        self.launched.append(encoded)
+    def prepare(self, grid, device_index, encoded):
+        kernel = self
+
+        class Launch:
+            def launch(self, stream):
+                kernel.launched.append(encoded)
+        return Launch()
 
 
 @pytest.fixture
@@ -99,8 +114,10 @@ def fake_gemm(monkeypatch):
     monkeypatch.setattr(gemm, "get_num_sms", lambda: 132)
     monkeypatch.setattr(gemm, "_tuned_config", lambda *args: None)
     monkeypatch.setattr(gemm, "get_gemm_kernel", lambda *args, **kwargs: kernel)
+    monkeypatch.setattr(gemm, "current_raw_stream", lambda device_index: 0)
     workspace = gemm._SplitWorkspace.__new__(gemm._SplitWorkspace)
     workspace.partials, workspace.tickets = torch.empty(1 << 22), torch.zeros(4096, dtype=torch.int32)
+    monkeypatch.setattr(gemm, "_split_workspaces", {-1: workspace})  # CPU tensors' device index
     monkeypatch.setattr(gemm, "_split_workspace", lambda *args: workspace)
     return kernel
 
@@ -126,11 +143,11 @@ def test_a_cached_call_encodes_once_per_address_set(fake_gemm):
 
 def test_encodings_per_signature_are_bounded(fake_gemm):
     a, b, d = _cpu_gemm()
-    outputs = [torch.empty_like(d) for _ in range(runtime.ENCODED_PER_SIGNATURE + 5)]
+    outputs = [torch.empty_like(d) for _ in range(runtime.LAUNCHES_PER_SIGNATURE + 5)]
     for out in outputs:
         deep_kernels.fp8_gemm_nt(a, b, out)
     (call,) = gemm._prepared_calls.values()
-    assert len(call.encoded) == runtime.ENCODED_PER_SIGNATURE
+    assert len(call.launches) == runtime.LAUNCHES_PER_SIGNATURE
     deep_kernels.fp8_gemm_nt(a, b, outputs[-1])  # the newest are kept
     assert len(fake_gemm.encoded) == len(outputs)
 
@@ -175,10 +192,17 @@ def fake_routing(monkeypatch):
     launches = []
 
     class Kernel:
-        def launch(self, grid, device_index, **params):
-            launches.append(params)
+        def encode(self, **params):
+            return params
+
+        def prepare(self, grid, device_index, params):
+            class Launch:
+                def launch(self, stream):
+                    launches.append(params)
+            return Launch()
 
     monkeypatch.setattr(routing, "_plans", {})
+    monkeypatch.setattr(routing, "current_raw_stream", lambda device_index: 0)
     monkeypatch.setattr(routing, "check_cuda_device", lambda *args, **kwargs: None)
     monkeypatch.setattr(routing, "get_num_sms", lambda: 132)
     monkeypatch.setattr(routing, "fill_blocks", lambda num_ints: 8)
@@ -229,7 +253,7 @@ def test_fp8_gemm_over_more_address_sets_than_the_cache_holds():
     a, b = make_gemm_inputs(m, n, k)
     expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
     first = None
-    for i in range(runtime.ENCODED_PER_SIGNATURE + 6):
+    for i in range(runtime.LAUNCHES_PER_SIGNATURE + 6):
         a_i = (a[0].clone(), a[1].clone()) if i % 2 else a
         b_i = (b[0].clone(), b[1].clone()) if i % 3 else b
         d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
