@@ -13,7 +13,8 @@ as the previous path made it (Kernel.launch encoding its 4 tensor maps on every 
 call (the signature look-up's metadata reads, the prepared launch alone); topk_gate and
 topk_gate_with_layout at DeepSeek-V3's routing (256 experts, 8 groups, top 8) for 128 tokens, with and without the
 masked layout, and once more with the GPU not held (the fused gate is a cooperative launch, which may wait for the
-GPU); and, for the record, torch.empty of a small CUDA tensor (what each output allocation costs).
+GPU); moe_layout of those indices and per_token_cast_to_fp8 of a decode activation; and, for the record, torch.empty
+of a small CUDA tensor (what each output allocation costs).
 `speedup` is add_'s time over ours: the issue's targets are speedup >= 1 / 1.3 for fp8_gemm_nt and >= 1 / 1.5 for
 topk_gate_with_layout.
 """
@@ -104,6 +105,8 @@ def run(ctx: BenchContext) -> list:
     logits = torch.randn(128, 256, device="cuda", dtype=torch.float32)
     bias = torch.randn(256, device="cuda", dtype=torch.float32) * 0.01
     gate = dict(k=8, scoring="sigmoid", bias=bias, num_groups=8, topk_groups=4, routed_scaling_factor=2.5)
+    _, indices = deep_kernels.topk_gate(logits, **gate)
+    activations = torch.randn(64, 7168, device="cuda", dtype=torch.bfloat16)
     cases = [
         ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "cached call: 4 tensor maps encoded once per address set",
          _gemm_call(64, 4096, 7168)),
@@ -122,6 +125,10 @@ def run(ctx: BenchContext) -> list:
         ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8, "max_tokens": 128},
          "contiguous and masked layouts; 9 tensors, 2 allocations",
          lambda: deep_kernels.topk_gate_with_layout(logits, **gate, max_tokens=128)),
+        ("moe_layout", {"t": 128, "e": 256, "k": 8, "max_tokens": 128}, "contiguous and masked layouts; 7 tensors",
+         lambda: deep_kernels.moe_layout(indices, 256, max_tokens=128)),
+        ("per_token_cast_to_fp8", {"m": 64, "k": 7168}, "bf16 input, 1 x 128 groups, MN-major FP32 scales",
+         lambda: deep_kernels.per_token_cast_to_fp8(activations)),
         ("torch.empty", {"numel": 1024}, "one small CUDA allocation (int32), for scale",
          lambda: torch.empty(1024, dtype=torch.int32, device="cuda")),
     ]
