@@ -17,7 +17,8 @@ import torch
 import deep_kernels
 from deep_kernels import gemm
 from deep_kernels.jit import launcher, runtime
-from deep_kernels.moe import routing
+from deep_kernels.moe import gate, layout, routing
+from deep_kernels.quant import fp8
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference import moe as reference_moe
 from deep_kernels.testing import assert_bitwise_equal, poison_
@@ -184,31 +185,38 @@ def test_each_check_fires_after_valid_calls(fake_gemm, mutate, error, match):
     assert len(fake_gemm.launched) == launched
 
 
-# ---- topk_gate_with_layout's cached plan (CPU, fake kernel) ----
+# ---- the gate's, the layout's and the cast's cached plans (CPU, fake kernel) ----
+
+class _RecordingKernel:
+    """A kernel whose prepared launches record their parameters instead of reaching the driver."""
+
+    def __init__(self):
+        self.launched = []
+
+    def encode(self, **params):
+        return params
+
+    def prepare(self, grid, device_index, params):
+        launched = self.launched
+
+        class Launch:
+            def launch(self, stream):
+                launched.append(params)
+        return Launch()
+
 
 @pytest.fixture
 def fake_routing(monkeypatch):
     """routing with the device checks off, a fixed SM count, a CPU workspace and a recording kernel."""
-    launches = []
-
-    class Kernel:
-        def encode(self, **params):
-            return params
-
-        def prepare(self, grid, device_index, params):
-            class Launch:
-                def launch(self, stream):
-                    launches.append(params)
-            return Launch()
-
+    kernel = _RecordingKernel()
     monkeypatch.setattr(routing, "_plans", {})
     monkeypatch.setattr(routing, "current_raw_stream", lambda device_index: 0)
     monkeypatch.setattr(routing, "check_cuda_device", lambda *args, **kwargs: None)
     monkeypatch.setattr(routing, "get_num_sms", lambda: 132)
     monkeypatch.setattr(routing, "fill_blocks", lambda num_ints: 8)
-    monkeypatch.setattr(routing, "_fused_kernel", lambda *args: Kernel())
+    monkeypatch.setattr(routing, "_fused_kernel", lambda *args: kernel)
     monkeypatch.setattr(routing, "_workspace", lambda device_index, size: torch.zeros(32 + size, dtype=torch.int32))
-    return launches
+    return kernel.launched
 
 
 _GATE = dict(k=4, scoring="sigmoid", num_groups=4, topk_groups=2, routed_scaling_factor=2.5)
@@ -241,6 +249,133 @@ def test_gate_with_layout_replans_for_a_new_sm_count(fake_routing, monkeypatch):
     routing.topk_gate_with_layout(logits, **_GATE)
     (plan,) = routing._plans.values()
     assert plan.num_sms == 1 and len(fake_routing) == 2
+
+
+@pytest.fixture
+def fake_gate(monkeypatch):
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(gate, "_plans", {})
+    monkeypatch.setattr(gate, "current_raw_stream", lambda device_index: 0)
+    monkeypatch.setattr(gate, "check_cuda_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(gate, "_gate_kernel", lambda *args: kernel)
+    return kernel.launched
+
+
+@pytest.mark.parametrize("changes,error,match", [
+    (dict(k=4.0), ValueError, "k must be an integer"),
+    (dict(renormalize=1), TypeError, "renormalize must be a bool"),
+    (dict(topk_groups=5), ValueError, "topk_groups must be an integer in \\[1, 4\\]"),
+    (dict(scoring="relu"), ValueError, "scoring must be one of"),
+    (dict(bias=torch.zeros(16, dtype=torch.float64)), TypeError, "bias must be torch.float32"),
+    (dict(logits=torch.zeros(8, 32)[:, ::2]), ValueError, "logits must have a contiguous last dimension"),
+    (dict(k=[4]), ValueError, "k must be an integer"),  # unhashable: no look-up, the full check
+])
+def test_gate_checks_fire_after_valid_calls(fake_gate, changes, error, match):
+    arguments = dict(_GATE, logits=torch.randn(8, 16), bias=torch.zeros(16))
+    for _ in range(2):
+        weights, indices = gate.topk_gate(**arguments)
+    assert len(fake_gate) == 2 and len(gate._plans) == 1
+    assert fake_gate[-1]["weights"] == weights.data_ptr() and fake_gate[-1]["indices"] == indices.data_ptr()
+    with pytest.raises(error, match=match):
+        gate.topk_gate(**dict(arguments, **changes))
+    assert len(fake_gate) == 2
+
+
+@pytest.fixture
+def fake_layout(monkeypatch):
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(layout, "_plans", {})
+    monkeypatch.setattr(layout, "current_raw_stream", lambda device_index: 0)
+    monkeypatch.setattr(layout, "check_cuda_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(layout, "get_num_sms", lambda: 132)
+    monkeypatch.setattr(layout, "_layout_kernel", lambda *args: kernel)
+    monkeypatch.setattr(layout, "layout_workspace", lambda device_index, size: torch.zeros(32 + size, dtype=torch.int32))
+    return kernel.launched
+
+
+@pytest.mark.parametrize("changes,error,match", [
+    (dict(num_experts=16.0), ValueError, "num_experts must be an integer"),
+    (dict(max_tokens=0), ValueError, "max_tokens must be an integer"),
+    (dict(topk_idx=torch.zeros(8, 4, dtype=torch.int16)), TypeError, "topk_idx must be"),
+    (dict(topk_idx=torch.zeros(4, 8, dtype=torch.int32).t()), ValueError, "topk_idx must be contiguous"),
+    (dict(max_tokens=[3]), ValueError, "max_tokens must be an integer"),  # unhashable: the full check
+])
+def test_layout_checks_fire_after_valid_calls(fake_layout, changes, error, match):
+    arguments = dict(topk_idx=torch.randint(0, 16, (8, 4), dtype=torch.int32), num_experts=16, max_tokens=3)
+    for _ in range(2):
+        routed = layout.moe_layout(**arguments)
+    assert len(fake_layout) == 2 and len(layout._plans) == 1
+    assert fake_layout[-1]["m_indices"] == routed.m_indices.data_ptr()
+    assert fake_layout[-1]["masked_slots"] == routed.masked_slots.data_ptr()
+    with pytest.raises(error, match=match):
+        layout.moe_layout(**dict(arguments, **changes))
+    assert len(fake_layout) == 2
+
+
+@pytest.mark.parametrize("num_tokens,k,num_experts,max_tokens", [(128, 8, 256, 128), (7, 3, 5, None), (7, 3, 5, 3),
+                                                                 (1, 1, 1, 1)])
+def test_layout_tensors_are_disjoint_aligned_views_of_one_allocation(num_tokens, k, num_experts, max_tokens):
+    ints_layout = layout.LayoutInts(num_tokens, k, num_experts, max_tokens, with_indices=True)
+    ints = torch.zeros(ints_layout.numel, dtype=torch.int32)
+    indices, routed = ints_layout.carve(ints)
+    expected = reference_moe.moe_layout(torch.zeros(num_tokens, k, dtype=torch.int32), num_experts, max_tokens)
+    pointers = ints_layout.pointers(ints.data_ptr())
+    tensors = {"indices": indices}
+    tensors.update({name: getattr(routed, name) for name in layout.MoeLayout.__dataclass_fields__})
+    for value, (name, tensor) in enumerate(tensors.items(), start=1):
+        wanted = indices if name == "indices" else getattr(expected, name)
+        assert (tensor is None) == (wanted is None), name
+        if tensor is None:
+            continue
+        assert tensor.shape == wanted.shape and tensor.stride() == wanted.stride(), name
+        assert tensor.dtype == torch.int32 and tensor.data_ptr() == pointers[name], name
+        assert tensor.data_ptr() % 16 == 0, name
+        tensor.fill_(value)
+    # Each tensor kept its own value: none overlaps another.
+    for value, (name, tensor) in enumerate(tensors.items(), start=1):
+        if tensor is not None:
+            assert bool((tensor == value).all()), name
+
+
+@pytest.fixture
+def fake_cast(monkeypatch):
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(fp8, "_plans", {})
+    monkeypatch.setattr(fp8, "current_raw_stream", lambda device_index: 0)
+    monkeypatch.setattr(fp8, "check_cuda_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(fp8, "_cast_kernel", lambda *args: kernel)
+    return kernel.launched
+
+
+@pytest.mark.parametrize("changes,error,match", [
+    (dict(group_size=100), ValueError, "group_size"),
+    (dict(scale_layout="columns"), ValueError, "scale_layout"),
+    (dict(amax_clamp=-1.0), ValueError, "amax_clamp"),
+    (dict(x=torch.zeros(64, 256, dtype=torch.float16)), TypeError, "x must be"),
+    (dict(x="x"), TypeError, "x must be a torch.Tensor"),
+])
+def test_cast_checks_fire_after_valid_calls(fake_cast, changes, error, match):
+    arguments = dict(x=torch.randn(64, 256, dtype=torch.bfloat16))
+    for _ in range(2):
+        q, scales = fp8.per_token_cast_to_fp8(**arguments)
+    assert len(fake_cast) == 2 and len(fp8._plans) == 1
+    assert fake_cast[-1]["q"] == q.data_ptr() and fake_cast[-1]["scales"] == scales.data_ptr()
+    assert scales.stride() == (1, 64) and q.shape == (64, 256)
+    with pytest.raises(error, match=match):
+        fp8.per_token_cast_to_fp8(**dict(arguments, **changes))
+    assert len(fake_cast) == 2
+
+
+def test_a_cached_cast_still_checks_the_address(fake_cast):
+    x = torch.randn(64, 256, dtype=torch.bfloat16)
+    fp8.per_token_cast_to_fp8(x)
+    # The same signature (dtype, shape, strides) at an address 8 bytes off.
+    storage = torch.empty(x.numel() + 4, dtype=torch.bfloat16)
+    misaligned = storage[4:].view(x.shape)
+    assert misaligned.stride() == x.stride() and misaligned.data_ptr() % 16 == 8
+    with pytest.raises(ValueError, match="x must start at a 16-byte aligned address"):
+        fp8.per_token_cast_to_fp8(misaligned)
+    assert len(fake_cast) == 1
 
 
 # ---- GPU ----
