@@ -187,6 +187,10 @@ def test_each_check_fires_after_valid_calls(fake_gemm, mutate, error, match):
 
 # ---- the gate's, the layout's and the cast's cached plans (CPU, fake kernel) ----
 
+def _cpu_layout_workspace(device_index, num_block_counts, stream=None):
+    return torch.zeros(32 + num_block_counts, dtype=torch.int32)
+
+
 class _RecordingKernel:
     """A kernel whose prepared launches record their parameters instead of reaching the driver."""
 
@@ -215,7 +219,7 @@ def fake_routing(monkeypatch):
     monkeypatch.setattr(routing, "get_num_sms", lambda: 132)
     monkeypatch.setattr(routing, "fill_blocks", lambda num_ints: 8)
     monkeypatch.setattr(routing, "_fused_kernel", lambda *args: kernel)
-    monkeypatch.setattr(routing, "_workspace", lambda device_index, size: torch.zeros(32 + size, dtype=torch.int32))
+    monkeypatch.setattr(routing, "_workspace", _cpu_layout_workspace)
     return kernel.launched
 
 
@@ -289,7 +293,7 @@ def fake_layout(monkeypatch):
     monkeypatch.setattr(layout, "check_cuda_device", lambda *args, **kwargs: None)
     monkeypatch.setattr(layout, "get_num_sms", lambda: 132)
     monkeypatch.setattr(layout, "_layout_kernel", lambda *args: kernel)
-    monkeypatch.setattr(layout, "layout_workspace", lambda device_index, size: torch.zeros(32 + size, dtype=torch.int32))
+    monkeypatch.setattr(layout, "layout_workspace", _cpu_layout_workspace)
     return kernel.launched
 
 

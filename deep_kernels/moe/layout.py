@@ -167,17 +167,17 @@ def _layout_kernel(dtype: torch.dtype):
 _workspaces = {}
 
 
-def layout_workspace(device_index: int, num_block_counts: int) -> torch.Tensor:
+def layout_workspace(device_index: int, num_block_counts: int, stream: int = None) -> torch.Tensor:
     """The int32 workspace of the cooperative layout kernels: [0] their grid-barrier counter (bits 0-30 zero
     between launches, each launch flips bit 31), then from block_counts_offset() on room for num_block_counts
-    per-block expert counts. One per stream, grown as needed, or while capturing a CUDA graph a fresh one
-    whose zeroing the graph replays."""
+    per-block expert counts. One per stream (stream: the current one's raw handle, current_raw_stream(device_index),
+    if the caller has it), grown as needed, or while capturing a CUDA graph a fresh one whose zeroing the graph
+    replays."""
     # NOTE: a counter cached from inside a capture would hold garbage until the first replay.
     size = _COUNTER_INTS + num_block_counts
     if torch._C._cuda_isCurrentStreamCapturing():
         return torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
-    # The raw stream handle: what torch.cuda.current_stream(device_index).cuda_stream is, without making a Stream.
-    key = (device_index, torch._C._cuda_getCurrentRawStream(device_index))
+    key = (device_index, current_raw_stream(device_index) if stream is None else stream)
     workspace = _workspaces.get(key)
     if workspace is None or workspace.numel() < size:
         workspace = torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
@@ -244,12 +244,13 @@ def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None)
     ints = torch.empty(plan.ints.numel, dtype=torch.int32, device=plan.device)
     layout = plan.ints.carve(ints)
     device_index = plan.device.index
-    workspace = layout_workspace(device_index, plan.rank_blocks * block_counts_row_ints(num_experts))
+    stream = current_raw_stream(device_index)
+    workspace = layout_workspace(device_index, plan.rank_blocks * block_counts_row_ints(num_experts), stream)
     key = (topk_idx.data_ptr(), ints.data_ptr(), workspace.data_ptr())
     launch = plan.launches.get(key)
     if launch is None:
         launch = _prepare_launch(plan, key, num_experts, max_tokens)
-    launch.launch(current_raw_stream(device_index))
+    launch.launch(stream)
     return layout
 
 

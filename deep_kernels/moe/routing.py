@@ -118,13 +118,14 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
     ints = torch.empty(plan.ints.numel, dtype=torch.int32, device=plan.device)
     indices, layout = plan.ints.carve(ints)
     device_index = plan.device.index
-    workspace = _workspace(device_index, plan.token_blocks * block_counts_row_ints(plan.num_experts))
+    stream = current_raw_stream(device_index)
+    workspace = _workspace(device_index, plan.token_blocks * block_counts_row_ints(plan.num_experts), stream)
     key = (logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(), ints.data_ptr(),
            workspace.data_ptr())
     launch = plan.launches.get(key)
     if launch is None:
         launch = _prepare_launch(plan, key, logits, k, topk_groups, renormalize, routed_scaling_factor, max_tokens)
-    launch.launch(current_raw_stream(device_index))
+    launch.launch(stream)
     return weights, indices, layout
 
 
