@@ -92,6 +92,9 @@ struct Sm90Fp8Mainloop {
     const typename Traits::Stages& stages;
     const Ring& ring;
     const float* sfb;
+    // The warpgroup's first A row in a stage, as wg_idx() from a shuffle: ptxas then knows it to be warp-uniform and
+    // builds the wgmma descriptors in uniform registers instead of per thread, every K block.
+    const uint32_t a_row_offset;
 
     State state;
     float partial[BLOCK_N / 2];
@@ -100,7 +103,8 @@ struct Sm90Fp8Mainloop {
     float final_acc[kNumMWaves][BLOCK_N / 2];
 
     DK_DEVICE Sm90Fp8Mainloop(const typename Traits::Stages& stages, const Ring& ring, const float* sfb)
-        : stages(stages), ring(ring), sfb(sfb) {}
+        : stages(stages), ring(ring), sfb(sfb),
+          a_row_offset(__shfl_sync(0xffffffff, wg_idx(), 0) * kNumMWaves * kWarpgroupBlockM) {}
 
     DK_DEVICE static uint32_t wg_idx() { return threadIdx.x / kNumThreadsPerWarpgroup; }
     DK_DEVICE static uint32_t lane_idx() { return threadIdx.x % 32; }
@@ -143,9 +147,12 @@ struct Sm90Fp8Mainloop {
             scales = {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
         }
 
+        // NOTE: the stage from a shuffle too: where the K loop's control flow hides that it is warp-uniform, the
+        // descriptors would otherwise be built per thread.
+        const uint32_t stage = __shfl_sync(0xffffffff, k_state.stage, 0);
         const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(
-            stages.a_stage(k_state.stage) + (wg_idx() * kNumMWaves + wave) * kWarpgroupBlockM * Traits::BLOCK_K);
-        const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
+            stages.a_stage(stage) + (a_row_offset + wave * kWarpgroupBlockM) * Traits::BLOCK_K);
+        const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(stage));
         if constexpr (kPingPong)
             MathTurns(wg_idx()).wait();
         ptx::wgmma_fence();
