@@ -149,9 +149,11 @@ struct Sm90Fp8Mainloop {
             scales = {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
         }
 
-        // NOTE: the stage from a shuffle too where the one-wave K loops' control flow hides that it is warp-uniform
-        // (the descriptors would otherwise be built per thread); the two-wave loop keeps it uniform by itself.
-        const uint32_t stage = kNumMWaves == 1 ? __shfl_sync(0xffffffff, k_state.stage, 0) : k_state.stage;
+        // NOTE: the stage from a shuffle too where the one-wave K loops hide that it is warp-uniform (the descriptors
+        // would otherwise be built per thread); the two-wave loop keeps it uniform by itself, and the per-column kinds
+        // have no register to spare for it (the k-grouped 128 x 128 pipelined tile spills).
+        constexpr bool kShuffleStage = kNumMWaves == 1 && !Traits::kHasColumnScales;
+        const uint32_t stage = kShuffleStage ? __shfl_sync(0xffffffff, k_state.stage, 0) : k_state.stage;
         const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(
             stages.a_stage(stage) + (a_row_offset + wave * kWarpgroupBlockM) * Traits::BLOCK_K);
         const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(stage));
