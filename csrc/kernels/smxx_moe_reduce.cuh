@@ -11,6 +11,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/macros.cuh"
 #include "common/moe_rows.cuh"
@@ -18,9 +19,23 @@
 
 namespace deep_kernels {
 
+// Element i of a 16-byte vector of InT, from the 32-bit word holding it, as fp32 (exact), in registers.
+template <typename InT>
+DK_DEVICE float element_to_float(uint32_t word, int i) {
+    if constexpr (sizeof(InT) == 4) {
+        return __uint_as_float(word);
+    } else if constexpr (sizeof(InT) == 2) {
+        return __uint_as_float(i % 2 == 0 ? word << 16 : word & 0xffff0000u);
+    } else {
+        __nv_fp8_e4m3 element;
+        element.__x = static_cast<__nv_fp8_storage_t>((word >> (8 * (i % 4))) & 0xffu);
+        return static_cast<float>(element);
+    }
+}
+
 template <typename InT, typename OutT, int kTopK, int GROUP_SIZE, bool kPackedScales, int kColumnThreads,
-          int kTokenLanes>
-__global__ void __launch_bounds__(kColumnThreads * kTokenLanes)
+          int kTokenLanes, bool kColumnsFirst, int kLoadMode, int kMinBlocks>
+__global__ void __launch_bounds__(kColumnThreads * kTokenLanes, kMinBlocks)
 smxx_moe_reduce_impl(const uint4* __restrict__ y, const void* __restrict__ y_scales, const float* __restrict__ weights,
                      const int32_t* __restrict__ slot_to_row, const int32_t* __restrict__ m_indices,
                      const int32_t* __restrict__ masked_slots, OutT* __restrict__ out, uint32_t num_tokens,
@@ -32,10 +47,13 @@ smxx_moe_reduce_impl(const uint4* __restrict__ y, const void* __restrict__ y_sca
     constexpr int kOutBytes = kVec * static_cast<int>(sizeof(OutT));
     DK_STATIC_ASSERT(GROUP_SIZE % kVec == 0, "a vector lies within one scale group");
     DK_STATIC_ASSERT(kOutBytes == 8 || kOutBytes % 16 == 0, "outputs are one 8-byte or whole 16-byte vectors");
+    DK_STATIC_ASSERT((sizeof(OutT) == 4 || std::is_same_v<OutT, __nv_bfloat16>), "bf16 or fp32 outputs");
 
     // Tile: blockIdx.x is the token block, blockIdx.y the column chunk
-    const uint32_t token = blockIdx.x * kTokenLanes + threadIdx.x / kColumnThreads;
-    const uint32_t column = blockIdx.y * kColumnThreads + threadIdx.x % kColumnThreads;
+    const uint32_t token_block = kColumnsFirst ? blockIdx.y : blockIdx.x;
+    const uint32_t column_block = kColumnsFirst ? blockIdx.x : blockIdx.y;
+    const uint32_t token = token_block * kTokenLanes + threadIdx.x / kColumnThreads;
+    const uint32_t column = column_block * kColumnThreads + threadIdx.x % kColumnThreads;
     if (token >= num_tokens || column >= row_vectors)
         return;
 
@@ -54,7 +72,18 @@ smxx_moe_reduce_impl(const uint4* __restrict__ y, const void* __restrict__ y_sca
     for (int j = 0; j < kTopK; ++j) {
         if (rows[j] < 0)
             continue;
-        vectors[j] = __ldg(y + static_cast<uint64_t>(rows[j]) * row_vectors + column);
+        const uint4* ptr = y + static_cast<uint64_t>(rows[j]) * row_vectors + column;
+        if constexpr (kLoadMode == 0) {
+            vectors[j] = __ldg(ptr);
+        } else if constexpr (kLoadMode == 1) {
+            vectors[j] = __ldcs(ptr);
+        } else {
+            uint64_t policy;
+            asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+            asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                : "=r"(vectors[j].x), "=r"(vectors[j].y), "=r"(vectors[j].z), "=r"(vectors[j].w)
+                : "l"(ptr), "l"(policy));
+        }
         if constexpr (kScaled) {
             const ScaleStrides strides{scale_batch_rows, scale_batch_stride, scale_row_stride, scale_column_stride};
             const uint32_t group = column * kVec / GROUP_SIZE;
@@ -76,28 +105,35 @@ smxx_moe_reduce_impl(const uint4* __restrict__ y, const void* __restrict__ y_sca
     for (int j = 0; j < kTopK; ++j) {
         if (rows[j] < 0)
             continue;
-        const InT* elements = reinterpret_cast<const InT*>(&vectors[j]);
+        const uint32_t words[4] = {vectors[j].x, vectors[j].y, vectors[j].z, vectors[j].w};
         #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-            float value = static_cast<float>(elements[i]);
+            float value = element_to_float<InT>(words[i * sizeof(InT) / 4], i);
             if constexpr (kScaled)
                 value = __fmul_rn(value, scales[j]);
             acc[i] = __fadd_rn(acc[i], __fmul_rn(slot_weights[j], value));
         }
     }
 
-    // Store
-    alignas(16) OutT result[kVec];
+    // Store: the results as 32-bit words (bf16 pairs or fp32 bits), in registers
+    constexpr int kWords = kOutBytes / 4;
+    uint32_t words[kWords];
     #pragma unroll
-    for (int i = 0; i < kVec; ++i)
-        result[i] = static_cast<OutT>(acc[i]);
+    for (int w = 0; w < kWords; ++w) {
+        if constexpr (sizeof(OutT) == 2) {
+            words[w] = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * w]))) |
+                       static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * w + 1]))) << 16;
+        } else {
+            words[w] = __float_as_uint(acc[w]);
+        }
+    }
     OutT* dst = out + static_cast<uint64_t>(token) * row_vectors * kVec + column * kVec;
     if constexpr (kOutBytes % 16 == 0) {
         #pragma unroll
         for (int i = 0; i < kOutBytes / 16; ++i)
-            reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(result)[i];
+            reinterpret_cast<uint4*>(dst)[i] = make_uint4(words[4 * i], words[4 * i + 1], words[4 * i + 2], words[4 * i + 3]);
     } else {
-        *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(result);
+        *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
     }
 }
 

@@ -25,7 +25,7 @@
 namespace deep_kernels {
 
 template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps, int kSlotsPerThread,
-          int kAlignment>
+          int kAlignment, bool kByteCounts>
 __global__ void __launch_bounds__(kNumWarps * 32, 1)
 smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
                            int* __restrict__ indices, int* __restrict__ counts, int* __restrict__ num_rows,
@@ -117,15 +117,28 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     warp_count_tiles(experts, smem_warp_base[warp]);
     __syncthreads();
     constexpr uint32_t kRowStride = (NUM_EXPERTS + 3) / 4 * 4;
-    for (uint32_t e = threadIdx.x; e < kRowStride; e += kNumThreads)
-        block_counts[blockIdx.x * kRowStride + e] =
-            e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0;
+    if constexpr (kByteCounts) {
+        constexpr uint32_t kRowBytes = (NUM_EXPERTS + 15) / 16 * 16;
+        auto* byte_counts = reinterpret_cast<uint8_t*>(block_counts);
+        for (uint32_t e = threadIdx.x; e < kRowBytes; e += kNumThreads)
+            byte_counts[blockIdx.x * kRowBytes + e] =
+                static_cast<uint8_t>(e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0);
+    } else {
+        for (uint32_t e = threadIdx.x; e < kRowStride; e += kNumThreads)
+            block_counts[blockIdx.x * kRowStride + e] =
+                e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0;
+    }
 
     grid_barrier_sync(barrier);
 
     // Per expert: the total and the slots of earlier blocks; the segment offsets
-    sum_block_counts<kNumThreads>(block_counts, token_blocks, blockIdx.x, NUM_EXPERTS, smem_partial, smem_total,
-                                  smem_earlier);
+    if constexpr (kByteCounts)
+        sum_block_byte_counts<kNumThreads, NUM_EXPERTS>(reinterpret_cast<const uint8_t*>(block_counts), token_blocks,
+                                                        blockIdx.x, reinterpret_cast<uint32_t*>(smem_partial),
+                                                        smem_total, smem_earlier);
+    else
+        sum_block_counts<kNumThreads>(block_counts, token_blocks, blockIdx.x, NUM_EXPERTS, smem_partial, smem_total,
+                                      smem_earlier);
     __syncthreads();
     if (warp == 0)
         warp_segment_offsets<kAlignment>(smem_total, smem_offset);

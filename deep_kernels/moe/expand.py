@@ -249,7 +249,7 @@ def _padding_share(num_out_rows: int, token_blocks: int, columns: int, row_share
 
 MOE_EXPAND = KernelDef(
     "kernels/smxx_moe_expand.cuh", "smxx_moe_expand_impl",
-    template=("kTopK", "kColumnThreads", "kTokenLanes", "kVectorsPerThread", "kScaleLoads"),
+    template=("kTopK", "kColumnThreads", "kTokenLanes", "kVectorsPerThread", "kScaleLoads", "kBulkZero"),
     params=(Param("x", PTR), Param("out", PTR), Param("x_scales", PTR), Param("out_scales", PTR),
             Param("slot_to_row", PTR), Param("m_indices", PTR), Param("masked_slots", PTR), Param("row_slots", PTR),
             Param("num_rows", PTR), Param("num_tokens", U32), Param("num_out_rows", U32), Param("masked_tokens", U32),
@@ -262,7 +262,7 @@ MOE_EXPAND = KernelDef(
 
 def _expand_spec(k: int, tile: ExpandTile = EXPAND_TILE) -> KernelSpec:
     return MOE_EXPAND.spec(kTopK=k, kColumnThreads=tile.column_threads, kTokenLanes=tile.token_lanes,
-                           kVectorsPerThread=tile.vectors, kScaleLoads=tile.scale_loads)
+                           kVectorsPerThread=tile.vectors, kScaleLoads=tile.scale_loads, kBulkZero=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -484,7 +484,8 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
 
 MOE_REDUCE = KernelDef(
     "kernels/smxx_moe_reduce.cuh", "smxx_moe_reduce_impl",
-    template=("InT", "OutT", "kTopK", "GROUP_SIZE", "kPackedScales", "kColumnThreads", "kTokenLanes"),
+    template=("InT", "OutT", "kTopK", "GROUP_SIZE", "kPackedScales", "kColumnThreads", "kTokenLanes",
+              "kColumnsFirst", "kLoadMode", "kMinBlocks"),
     params=(Param("y", PTR), Param("y_scales", PTR), Param("weights", PTR), Param("slot_to_row", PTR),
             Param("m_indices", PTR), Param("masked_slots", PTR), Param("out", PTR), Param("num_tokens", U32),
             Param("row_vectors", U32), Param("masked_tokens", U32), Param("scale_batch_rows", U32),
@@ -494,7 +495,8 @@ MOE_REDUCE = KernelDef(
 
 def _reduce_spec(in_dtype: torch.dtype, out_dtype: torch.dtype, k: int, packed: bool) -> KernelSpec:
     return MOE_REDUCE.spec(InT=in_dtype, OutT=out_dtype, kTopK=k, GROUP_SIZE=GROUP_SIZE, kPackedScales=packed,
-                           kColumnThreads=_REDUCE_COLUMN_THREADS, kTokenLanes=_REDUCE_TOKEN_LANES)
+                           kColumnThreads=_REDUCE_COLUMN_THREADS, kTokenLanes=_REDUCE_TOKEN_LANES,
+                           kColumnsFirst=False, kLoadMode=0, kMinBlocks=1)
 
 
 @functools.lru_cache(maxsize=None)

@@ -41,7 +41,8 @@ _FUSED_MIN_BLOCK_TOKENS = 8
 
 TOPK_GATE_LAYOUT = KernelDef(
     "kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
-    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment"),
+    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment",
+              "kByteCounts"),
     params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
             Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
             Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR), Param("block_counts", PTR),
@@ -54,7 +55,8 @@ TOPK_GATE_LAYOUT = KernelDef(
 def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
                                  kScoring=scoring_cpp(scoring), kNumWarps=_FUSED_WARPS,
-                                 kSlotsPerThread=_FUSED_SLOTS_PER_THREAD, kAlignment=CONTIGUOUS_ALIGNMENT)
+                                 kSlotsPerThread=_FUSED_SLOTS_PER_THREAD, kAlignment=CONTIGUOUS_ALIGNMENT,
+                                 kByteCounts=False)
 
 
 @functools.lru_cache(maxsize=None)
