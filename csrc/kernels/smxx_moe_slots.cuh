@@ -107,10 +107,9 @@ DK_DEVICE int scan_warp_counts(uint16_t (*warp_counts)[kMaxMoeExperts], uint32_t
 // blocks before `block`, from block_counts [num_blocks, 4 * ceil(E / 4)] (16-byte rows, zero past E, written
 // by other blocks during this launch: L2 loads). Threads split the rows' 16-byte vectors and the blocks;
 // partial [2 * 4 * kNumThreads] in shared memory combines them.
-template <int kNumThreads>
+template <int kNumThreads, int kBatch = 16>
 DK_DEVICE void sum_block_counts(const int* block_counts, uint32_t num_blocks, uint32_t block, uint32_t num_experts,
                                 int* partial, int* totals, int* earlier) {
-    constexpr int kBatch = 16;
     const uint32_t num_vectors = (num_experts + 3) / 4;
     const uint32_t num_groups = min(kNumThreads / num_vectors, num_blocks);
     const uint32_t vector = threadIdx.x % num_vectors, group = threadIdx.x / num_vectors;
@@ -156,10 +155,9 @@ DK_DEVICE void sum_block_counts(const int* block_counts, uint32_t num_blocks, ui
 // [8 * kNumThreads] in shared memory combines the groups (at most kMaxByteGroups, so few rows are combined).
 constexpr uint32_t kMaxByteGroups = 16;
 
-template <int kNumThreads, int NUM_EXPERTS>
+template <int kNumThreads, int NUM_EXPERTS, int kBatch = 16>
 DK_DEVICE void sum_block_byte_counts(const uint8_t* block_counts, uint32_t num_blocks, uint32_t block,
                                      uint32_t* partial, int* totals, int* earlier) {
-    constexpr int kBatch = 16;
     constexpr uint32_t kVectors = (NUM_EXPERTS + 15) / 16;
     // Each group's partial sums take 16 words a vector: 2 * 8 * groups * kVectors <= 8 * kNumThreads words
     constexpr uint32_t kGroupLimit =

@@ -75,12 +75,14 @@ EXPAND_TILE = ExpandTile(128, 2, 4)
 SCALE_SHARE_ROW_ALIGNMENT = 8
 # The most rows without a slot one expand block checks and zeroes (a warp ballot: csrc/common/moe_rows.cuh),
 # and the blocks per SM that smaller shares aim for.
-_PADDING_ROWS_PER_BLOCK, _PADDING_BLOCKS_PER_SM = 32, 8
+_PADDING_ROWS_PER_BLOCK, _PADDING_BLOCKS_PER_SM = 8, 8
 # Expand-cast: a thread casts 16 elements of a token (one 16-byte store of codes per row), loaded as
 # element-size 16-byte vectors; PASSES counts its loads (csrc/kernels/smxx_moe_expand_cast.cuh).
 _CAST_ELEMENTS_PER_THREAD = 16
-# Reduce: 128 threads along a row's vectors, 2 tokens per block; each thread loads its token's k rows.
-_REDUCE_COLUMN_THREADS, _REDUCE_TOKEN_LANES = 128, 2
+# Reduce: 128 threads along a row's vectors, 1 token per block; each thread loads its token's k rows.
+_REDUCE_COLUMN_THREADS, _REDUCE_TOKEN_LANES = 128, 1
+# CUDA's limit on a grid's y dimension (the reduce grid's token blocks spill into z beyond it).
+_GRID_Y_LIMIT = 65535
 _LAYOUT_FIELDS = ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row")
 
 
@@ -262,7 +264,7 @@ MOE_EXPAND = KernelDef(
 
 def _expand_spec(k: int, tile: ExpandTile = EXPAND_TILE) -> KernelSpec:
     return MOE_EXPAND.spec(kTopK=k, kColumnThreads=tile.column_threads, kTokenLanes=tile.token_lanes,
-                           kVectorsPerThread=tile.vectors, kScaleLoads=tile.scale_loads, kBulkZero=False)
+                           kVectorsPerThread=tile.vectors, kScaleLoads=tile.scale_loads, kBulkZero=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -484,8 +486,7 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
 
 MOE_REDUCE = KernelDef(
     "kernels/smxx_moe_reduce.cuh", "smxx_moe_reduce_impl",
-    template=("InT", "OutT", "kTopK", "GROUP_SIZE", "kPackedScales", "kColumnThreads", "kTokenLanes",
-              "kColumnsFirst", "kLoadMode", "kMinBlocks"),
+    template=("InT", "OutT", "kTopK", "GROUP_SIZE", "kPackedScales", "kColumnThreads", "kTokenLanes"),
     params=(Param("y", PTR), Param("y_scales", PTR), Param("weights", PTR), Param("slot_to_row", PTR),
             Param("m_indices", PTR), Param("masked_slots", PTR), Param("out", PTR), Param("num_tokens", U32),
             Param("row_vectors", U32), Param("masked_tokens", U32), Param("scale_batch_rows", U32),
@@ -495,8 +496,7 @@ MOE_REDUCE = KernelDef(
 
 def _reduce_spec(in_dtype: torch.dtype, out_dtype: torch.dtype, k: int, packed: bool) -> KernelSpec:
     return MOE_REDUCE.spec(InT=in_dtype, OutT=out_dtype, kTopK=k, GROUP_SIZE=GROUP_SIZE, kPackedScales=packed,
-                           kColumnThreads=_REDUCE_COLUMN_THREADS, kTokenLanes=_REDUCE_TOKEN_LANES,
-                           kColumnsFirst=False, kLoadMode=0, kMinBlocks=1)
+                           kColumnThreads=_REDUCE_COLUMN_THREADS, kTokenLanes=_REDUCE_TOKEN_LANES)
 
 
 @functools.lru_cache(maxsize=None)
@@ -575,7 +575,9 @@ def moe_reduce(y: torch.Tensor, layout: MoeLayout, weights: torch.Tensor, scales
 
     kernel = _reduce_kernel(y.dtype, out_dtype, k, is_fp8 and y_layout == ScaleLayout.packed_ue8m0)
     row_vectors = hidden * y.element_size() // 16
-    grid = (ceil_div(num_tokens, _REDUCE_TOKEN_LANES), ceil_div(row_vectors, _REDUCE_COLUMN_THREADS), 1)
+    token_blocks = ceil_div(num_tokens, _REDUCE_TOKEN_LANES)
+    grid_y = min(token_blocks, _GRID_Y_LIMIT)
+    grid = (ceil_div(row_vectors, _REDUCE_COLUMN_THREADS), grid_y, ceil_div(token_blocks, grid_y))
     kernel.launch(
         grid, y.get_device(), y=y.data_ptr(), y_scales=scales.data_ptr() if is_fp8 else 0, weights=weights.data_ptr(),
         slot_to_row=layout.slot_to_row.data_ptr(), m_indices=layout.m_indices.data_ptr(),

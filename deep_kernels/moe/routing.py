@@ -1,7 +1,7 @@
 """Gating and layout together: topk_gate then moe_layout of its indices, in one launch for few tokens.
 
 topk_gate_with_layout returns exactly what topk_gate followed by moe_layout returns. Up to FUSED_MAX_SLOTS
-routed slots (T * k) one cooperative kernel does both: every block (at most one per SM) gates its tokens,
+routed slots (T * k) one cooperative kernel does both: every block (all resident at once) gates its tokens,
 fills its share of the layout's -1 rows and counts its slots per expert; after a grid barrier every block
 sums those counts and writes its own slots' rows, positions from counts and scans as in moe_layout.
 Larger inputs take the two-stage path (two launches: topk_gate, then moe_layout).
@@ -26,23 +26,42 @@ from deep_kernels.moe.layout import (
 from deep_kernels.moe.layout import layout_workspace as _workspace
 from deep_kernels.validation import ceil_div, check_cuda_device
 
-# The fused kernel's blocks, at most one per SM, gate their tokens one per warp at a time: beyond this
-# the two-stage path is faster.
+# The fused kernel's blocks gate their tokens one per warp at a time: beyond this the two-stage path is faster.
 FUSED_MAX_SLOTS = 65536
 
-_FUSED_WARPS = 16
-_FUSED_SLOTS_PER_THREAD = 2
-# A block ranks at most one chunk of slots (csrc/kernels/smxx_topk_gate_layout.cuh).
-FUSED_BLOCK_SLOTS = _FUSED_WARPS * 32 * _FUSED_SLOTS_PER_THREAD
-# A block gates at least this many tokens, spread over the SMs above that (0: whole warps' worth, a token a
-# warp first).
+
+class FusedTile(NamedTuple):
+    """The fused kernel's block: `warps` warps, each gating a token at a time; `blocks_per_sm` of them resident on
+    an SM (more than one caps registers at 65536 / (blocks_per_sm * threads) a thread); a block ranks at most one
+    chunk of warps * 32 * slots_per_thread slots (csrc/kernels/smxx_topk_gate_layout.cuh)."""
+    warps: int
+    blocks_per_sm: int
+    slots_per_thread: int
+
+    @property
+    def block_slots(self) -> int:
+        return self.warps * 32 * self.slots_per_thread
+
+
+# Up to a token per warp of one 8-warp block per SM: the fewest warps in the count and scan steps (H200: 7.6 against
+# 9.1 us at T = 128, 9.0 against 11.7 at 512 for 16 warps). Beyond: two 16-warp blocks per SM, so that 32 warps an
+# SM gate at once (a warp's gate is a long dependent chain).
+_FUSED_FEW_TOKENS_TILE = FusedTile(8, 1, 1)
+_FUSED_TILE = FusedTile(16, 2, 2)
+# A block gates at least this many tokens, spread over the blocks above that.
 _FUSED_MIN_BLOCK_TOKENS = 8
+
+
+def _fused_tile(num_tokens: int) -> FusedTile:
+    """The fused kernel's block for num_tokens tokens."""
+    few = _FUSED_FEW_TOKENS_TILE
+    return few if ceil_div(num_tokens, few.blocks_per_sm * get_num_sms()) <= few.warps else _FUSED_TILE
 
 
 TOPK_GATE_LAYOUT = KernelDef(
     "kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
     template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment",
-              "kByteCounts"),
+              "kBlocksPerSM", "kByteCounts"),
     params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
             Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
             Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR), Param("block_counts", PTR),
@@ -52,26 +71,24 @@ TOPK_GATE_LAYOUT = KernelDef(
     threads=lambda t: t["kNumWarps"] * 32, cooperative=True)
 
 
-def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
+def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str, tile: FusedTile) -> KernelSpec:
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
-                                 kScoring=scoring_cpp(scoring), kNumWarps=_FUSED_WARPS,
-                                 kSlotsPerThread=_FUSED_SLOTS_PER_THREAD, kAlignment=CONTIGUOUS_ALIGNMENT,
-                                 kByteCounts=False)
+                                 kScoring=scoring_cpp(scoring), kNumWarps=tile.warps,
+                                 kSlotsPerThread=tile.slots_per_thread, kAlignment=CONTIGUOUS_ALIGNMENT,
+                                 kBlocksPerSM=tile.blocks_per_sm, kByteCounts=False)
 
 
 @functools.lru_cache(maxsize=None)
-def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str):
-    return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring))
+def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str, tile: FusedTile):
+    return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring, tile))
 
 
 def _fused_tokens_per_block(num_tokens: int, k: int):
-    """Tokens each block of the fused kernel gates, so that its grid fits on the SMs; None where the
-    two-stage path serves the input (too many slots, or more than a chunk of them per block)."""
-    if _FUSED_MIN_BLOCK_TOKENS:
-        tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, get_num_sms()))
-    else:
-        tokens_per_block = _FUSED_WARPS * ceil_div(num_tokens, _FUSED_WARPS * get_num_sms())
-    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_block * k > FUSED_BLOCK_SLOTS:
+    """Tokens each block of the fused kernel (of _fused_tile(num_tokens)) gates, so that its grid is resident at
+    once; None where the two-stage path serves the input (too many slots, or more than a chunk of them per block)."""
+    tile = _fused_tile(num_tokens)
+    tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, tile.blocks_per_sm * get_num_sms()))
+    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_block * k > tile.block_slots:
         return None
     return tokens_per_block
 
@@ -90,8 +107,8 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
 
     Notes:
         Bit-exact with deep_kernels.reference.moe.topk_gate_with_layout, deterministic, no host
-        synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots it is one cooperative launch (at
-        most one block per SM) whose workspace (a grid-barrier counter and per-block counts) is kept per
+        synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots it is one cooperative launch (every
+        block resident at once) whose workspace (a grid-barrier counter and per-block counts) is kept per
         (device, stream) (a captured graph zeroes its own in a memset node), so calls may overlap only on
         different streams.
     """
@@ -171,11 +188,11 @@ def _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed
     if tokens_per_block is None or num_tokens == 0:  # the two-stage path (no launch without tokens)
         return _Plan(num_sms)
     num_masked = num_experts * max_tokens if max_tokens is not None else 0
-    # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident. Only the
-    # blocks holding tokens keep per-block counts.
+    # NOTE: both terms are at most the tile's blocks per SM times the SM count, so the whole grid is resident. Only
+    # the blocks holding tokens keep per-block counts.
     token_blocks = ceil_div(num_tokens, tokens_per_block)
     num_blocks = max(token_blocks, fill_blocks(2 * max_rows + num_masked))
-    kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
+    kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring, _fused_tile(num_tokens))
     return _Plan(num_sms, kernel, tokens_per_block, token_blocks, num_blocks, max_rows)
 
 
@@ -183,8 +200,12 @@ def _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     return [
-        _fused_spec(torch.float32, 256, 8, "sigmoid"),        # DeepSeek-V3
-        _fused_spec(torch.bfloat16, 384, 0, "sigmoid"),       # Kimi-K2
-        _fused_spec(torch.float32, 512, 8, "softmax"),        # the largest
-        _fused_spec(torch.bfloat16, 72, 0, "sqrtsoftplus"),   # experts not a multiple of 32
+        _fused_spec(dtype, num_experts, num_groups, scoring, tile)
+        for dtype, num_experts, num_groups, scoring in (
+            (torch.float32, 256, 8, "sigmoid"),        # DeepSeek-V3
+            (torch.bfloat16, 384, 0, "sigmoid"),       # Kimi-K2
+            (torch.float32, 512, 8, "softmax"),        # the largest
+            (torch.bfloat16, 72, 0, "sqrtsoftplus"),   # experts not a multiple of 32
+        )
+        for tile in (_FUSED_FEW_TOKENS_TILE, _FUSED_TILE)
     ]
