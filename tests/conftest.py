@@ -1,7 +1,8 @@
 """Markers: tests marked `gpu` need a Hopper GPU. Without one they are skipped, unless DK_REQUIRE_GPU=1 (the
 GPU runner, scripts/run_gpu.sh, sets it): then a GPU test that cannot run, or that skips itself, fails, so a
 broken CUDA setup cannot pass as "every GPU test skipped". Tests without the marker keep their own skips.
-Tests marked `full` (minutes of compiling) run only in the full mode: `python -m deep_kernels test --full`,
+Tests marked `multi_gpu` need two Hopper GPUs and skip with fewer (DK_REQUIRE_GPU does not cover them: the GPU
+runner has one). Tests marked `full` (minutes of compiling) run only in the full mode: `python -m deep_kernels test --full`,
 DK_FULL_TEST=1."""
 
 import contextlib
@@ -39,6 +40,8 @@ def _missing_hopper() -> str:
 def pytest_runtest_setup(item):
     if "full" in item.keywords and not FULL:
         pytest.skip("runs in the full mode only: python -m deep_kernels test --full")
+    if "multi_gpu" in item.keywords and (_missing_hopper() or torch.cuda.device_count() < 2):
+        pytest.skip("needs two Hopper GPUs")
     if "gpu" in item.keywords and _missing_hopper():
         if REQUIRE_GPU:
             pytest.fail(f"DK_REQUIRE_GPU=1 but the GPU tests cannot run: {_missing_hopper()}", pytrace=False)

@@ -34,7 +34,9 @@ from deep_kernels.reference.nn import kept_slots, moe_forward, router_logits
 from deep_kernels.reference.quant import per_block_cast_to_fp8
 from deep_kernels.reference.quant import per_token_cast_to_fp8 as reference_per_token_cast_to_fp8
 from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_
-from deep_kernels.testing.moe_layer import fp8_exact_weights, moe_layer_tokens, moe_layer_weights
+from deep_kernels.testing.moe_layer import (
+    fp8_exact_weights, moe_layer_tokens, moe_layer_weights, reference_expert_kernels,
+)
 
 LAYER_BOUND = 1e-4
 TOKEN_BOUND = 5e-3
@@ -293,16 +295,10 @@ def kernels_replaced_by_references(monkeypatch):
     """deep_kernels.nn.moe with every kernel call replaced by its plain-torch reference (same names and
     arguments), the device checks off and the router GEMM in float64: the module's own dataflow, on the CPU."""
     from deep_kernels.nn import moe as module
-    from deep_kernels.reference import gemm as gemm_reference
-    from deep_kernels.reference import moe as moe_reference
     from deep_kernels.reference import quant as quant_reference
 
-    replaced = ((moe_reference, ("topk_gate_with_layout", "moe_expand_cast_to_fp8", "moe_reduce")),
-                (gemm_reference, ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")),
-                (quant_reference, ("per_block_cast_to_fp8", "swiglu_cast_to_fp8", "swiglu_cast_to_fp8_masked")))
-    for source, names in replaced:
-        for name in names:
-            monkeypatch.setattr(module, name, getattr(source, name))
+    monkeypatch.setattr(module, "KERNELS", reference_expert_kernels())
+    monkeypatch.setattr(module, "per_block_cast_to_fp8", quant_reference.per_block_cast_to_fp8)
     monkeypatch.setattr(module, "check_cuda_device", lambda *args, **kwargs: None)
     monkeypatch.setattr(MoE, "router_logits", lambda self, x: router_logits(x, self.router_weight))
 

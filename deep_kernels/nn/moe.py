@@ -38,15 +38,13 @@ import math
 
 import torch
 
-from deep_kernels.grouped_gemm import m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked
-from deep_kernels.moe.expand import moe_expand_cast_to_fp8, moe_reduce
 from deep_kernels.moe.gate import MAX_EXPERTS, MAX_GROUPS, MAX_TOP_K, SCORINGS
-from deep_kernels.moe.routing import topk_gate_with_layout
+from deep_kernels.nn.expert_parallel import expert_parallel_forward
 from deep_kernels.nn.moe_autograd import moe_layer
+from deep_kernels.nn.routed_experts import KERNELS, moe_forward
 from deep_kernels.quant.fp8 import per_block_cast_to_fp8
-from deep_kernels.quant.swiglu import swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked
 from deep_kernels.validation import (
-    INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows,
+    INT32_LIMIT, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows,
 )
 
 MODES = ("contiguous", "masked")
@@ -125,25 +123,39 @@ class MoE(torch.nn.Module):
             order t * k + j) and the others are dropped, adding nothing. None: T, so none is dropped. Memory of the
             masked buffers grows as E x capacity.
         device: where the buffers are made (zeros); from_float quantizes given weights instead.
+        process_group: a torch.distributed group of W ranks for expert parallelism (nn/expert_parallel.py): this
+            rank holds experts [r * E / W, (r + 1) * E / W) (E a multiple of W) and routes the tokens it is given.
+            None: one GPU, every expert.
 
     Buffers (as the kernels read them; state_dict holds them):
         router_weight bf16 [E, H]; correction_bias FP32 [E] (added to the scores for selection only);
-        gate_up_weight e4m3 [E, 2I, H] and gate_up_scales FP32 [E, 2I / 128, H / 128]; down_weight e4m3 [E, H, I]
-        and down_scales FP32 [E, H / 128, I / 128]: one scale per 128 x 128 block (per_block_cast_to_fp8's).
+        gate_up_weight e4m3 [n, 2I, H] and gate_up_scales FP32 [n, 2I / 128, H / 128]; down_weight e4m3 [n, H, I]
+        and down_scales FP32 [n, H / 128, I / 128]: one scale per 128 x 128 block (per_block_cast_to_fp8's); n = E,
+        or E / W with a process group (this rank's experts).
 
     Notes:
         An x that requires a gradient (with grad enabled) runs deep_kernels.nn.moe_autograd.moe_layer: differentiable
         in x, contiguous layout only (the masked one refuses it); the FP8 experts and the router are buffers and get
-        no gradient (train master weights with moe_layer itself). Moving the module to another dtype (module.to(torch.bfloat16)) would cast the FP8 weights and FP32
+        no gradient (train master weights with moe_layer itself); with a process group the forward is inference only
+        (such an x is refused). Moving the module to another dtype (module.to(torch.bfloat16)) would cast the FP8 weights and FP32
         scales: forward then raises, naming the buffer.
     """
 
     def __init__(self, hidden_size: int = 7168, intermediate_size: int = 2048, num_experts: int = 256, top_k: int = 8,
                  num_groups: int = 8, topk_groups: int = 4, scoring: str = "sigmoid", renormalize: bool = True,
-                 routed_scaling_factor: float = 2.5, mode: str = "contiguous", max_tokens: int = None, device=None):
+                 routed_scaling_factor: float = 2.5, mode: str = "contiguous", max_tokens: int = None, device=None,
+                 process_group=None):
         super().__init__()
         _check_config(hidden_size, intermediate_size, num_experts, top_k, num_groups, topk_groups, scoring,
                       renormalize, routed_scaling_factor, mode, max_tokens)
+        self.process_group = process_group
+        self.num_local_experts, self.first_expert = num_experts, 0
+        if process_group is not None:
+            world, rank = torch.distributed.get_world_size(process_group), torch.distributed.get_rank(process_group)
+            if num_experts % world != 0:
+                raise ValueError(f"num_experts ({num_experts}) must be a multiple of the process group's {world} ranks")
+            self.num_local_experts = num_experts // world
+            self.first_expert = rank * self.num_local_experts
         self.hidden_size, self.intermediate_size, self.num_experts = hidden_size, intermediate_size, num_experts
         self.top_k, self.num_groups, self.topk_groups = top_k, num_groups, topk_groups
         self.scoring, self.renormalize, self.routed_scaling_factor = scoring, renormalize, routed_scaling_factor
@@ -153,11 +165,11 @@ class MoE(torch.nn.Module):
 
     def _buffer_specs(self) -> dict:
         """Each buffer's (shape, dtype)."""
-        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        e, n, h, i = self.num_experts, self.num_local_experts, self.hidden_size, self.intermediate_size
         return {
             "router_weight": ((e, h), torch.bfloat16),
             "correction_bias": ((e,), torch.float32),
-            "gate_up_weight": ((e, 2 * i, h), torch.float8_e4m3fn),
+            "gate_up_weight": ((n, 2 * i, h), torch.float8_e4m3fn),
             "gate_up_scales": ((e, 2 * i // BLOCK, h // BLOCK), torch.float32),
             "down_weight": ((e, h, i), torch.float8_e4m3fn),
             "down_scales": ((e, h // BLOCK, i // BLOCK), torch.float32),
@@ -190,6 +202,10 @@ class MoE(torch.nn.Module):
             raise ValueError(f"gate_up_weight must be [E, 2I, H] (gate and up rows), got shape "
                              f"{tuple(gate_up_weight.shape)}")
         module = cls(hidden, two_intermediate // 2, num_experts, **config, device="meta")
+        # A process group's rank keeps its own experts of the E given.
+        experts = slice(module.first_expert, module.first_expert + module.num_local_experts)
+        gate_up_weight, down_weight = gate_up_weight[experts], down_weight[experts]
+        named = named[:2] + ((gate_up_weight, "gate_up_weight", 3), (down_weight, "down_weight", 3))
         specs = module._buffer_specs()
         for t, name, _ in named:
             _check_shape(t, name, specs[name][0])
@@ -223,6 +239,9 @@ class MoE(torch.nn.Module):
         if x.shape[1] != self.hidden_size:
             raise ValueError(f"x must be [T, hidden_size] = [T, {self.hidden_size}], got shape {tuple(x.shape)}")
         check_row_major_rows(x, "x")
+        if x.requires_grad and torch.is_grad_enabled() and self.process_group is not None:
+            raise ValueError("x requires a gradient: the expert-parallel layer (process_group) runs the forward only; "
+                             "run it under torch.no_grad()")
         if x.requires_grad and torch.is_grad_enabled() and mode != "contiguous":
             raise ValueError("x requires a gradient: the backward pass takes the contiguous layout (mode='contiguous'), "
                              "or run the masked one under torch.no_grad()")
@@ -247,6 +266,9 @@ class MoE(torch.nn.Module):
         """
         mode = self.mode if mode is None else mode
         self._check_input(x, mode)
+        if self.process_group is not None:  # every rank takes part in the exchanges, with or without tokens
+            return expert_parallel_forward(x, self.router_logits(x), self.gate_config(), self.experts(), mode,
+                                           self.max_tokens, self.process_group)
         num_tokens = x.shape[0]
         if num_tokens == 0:
             return x.new_empty((0, self.hidden_size))
@@ -257,31 +279,16 @@ class MoE(torch.nn.Module):
                              self.topk_groups, self.scoring, self.renormalize, self.routed_scaling_factor,
                              gate_up=(self.gate_up_weight, self.gate_up_scales),
                              down=(self.down_weight, self.down_scales))
-        masked = mode == "masked"
-        capacity = (self.max_tokens or num_tokens) if masked else None
-        weights, _, layout = topk_gate_with_layout(
-            self.router_logits(x), self.top_k, self.scoring, self.correction_bias, self.num_groups, self.topk_groups,
-            self.renormalize, self.routed_scaling_factor, max_tokens=capacity)
-        tokens = moe_expand_cast_to_fp8(x, layout, masked=masked, zero_padding=False)
-        gate_up = (self.gate_up_weight, self.gate_up_scales)
-        down = (self.down_weight, self.down_scales)
-        if masked:
-            # The tile hint: the average slots per expert (a wrong guess costs time only).
-            expected_m = min(capacity, ceil_div(num_tokens * self.top_k, self.num_experts))
-            rows = (self.num_experts, capacity)
-            projected = m_grouped_fp8_gemm_nt_masked(tokens, gate_up, x.new_empty((*rows, 2 * self.intermediate_size)),
-                                                     layout.masked_m, expected_m)
-            activated = swiglu_cast_to_fp8_masked(projected, layout.masked_m, weights=weights, pos=layout.masked_slots,
-                                                  check_pos=False)
-            expert_out = m_grouped_fp8_gemm_nt_masked(activated, down, x.new_empty((*rows, self.hidden_size)),
-                                                      layout.masked_m, expected_m)
-        else:
-            rows = (layout.m_indices.shape[0],)
-            projected = m_grouped_fp8_gemm_nt_contiguous(tokens, gate_up,
-                                                         x.new_empty((*rows, 2 * self.intermediate_size)),
-                                                         layout.m_indices)
-            activated = swiglu_cast_to_fp8(projected, weights=weights, pos=layout.row_to_slot, check_pos=False)
-            expert_out = m_grouped_fp8_gemm_nt_contiguous(activated, down, x.new_empty((*rows, self.hidden_size)),
-                                                          layout.m_indices)
-        # The routing weights are in `activated` already: each slot's row counts once.
-        return moe_reduce(expert_out, layout, torch.ones_like(weights), masked=masked)
+        return moe_forward(KERNELS, x, self.router_logits(x), self.gate_config(), self.experts(), mode,
+                           self.max_tokens)
+
+    def gate_config(self) -> tuple:
+        """topk_gate's arguments after the logits: (k, scoring, bias, num_groups, topk_groups, renormalize,
+        routed_scaling_factor)."""
+        return (self.top_k, self.scoring, self.correction_bias, self.num_groups, self.topk_groups, self.renormalize,
+                self.routed_scaling_factor)
+
+    def experts(self) -> tuple:
+        """((gate_up_weight, gate_up_scales), (down_weight, down_scales)): this rank's experts, as the grouped
+        GEMMs take b and sfb."""
+        return (self.gate_up_weight, self.gate_up_scales), (self.down_weight, self.down_scales)

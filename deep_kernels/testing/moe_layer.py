@@ -1,4 +1,5 @@
-"""Inputs of the MoE layer (deep_kernels.nn.MoE), shared by tests/test_moe_layer.py and the moe_layer benchmark.
+"""Inputs of the MoE layer (deep_kernels.nn.MoE), shared by tests/test_moe_layer.py and the moe_layer benchmark,
+and the table of reference kernels its CPU tests run the layer on.
 
 Expert weights are FP8-exact: each 128 x 128 block of each expert is e4m3 values times its own power of two 2^e
 (e in [-2, 2] around a base that keeps the projections near unit size), with one value of magnitude 448 * 2^e in
@@ -57,3 +58,16 @@ def moe_layer_tokens(num_tokens: int, hidden: int, device="cuda", seed: int = 3)
     x = torch.randn((num_tokens, hidden), generator=generator, device=device)
     row = torch.randint(-2, 3, (num_tokens, 1), generator=generator, device=device)
     return (x * torch.exp2(row.float())).bfloat16()
+
+
+def reference_expert_kernels():
+    """nn.routed_experts.ExpertKernels of the plain-torch references (same names and arguments as the kernels):
+    the layer's dataflow on the CPU."""
+    from deep_kernels.nn.routed_experts import ExpertKernels
+    from deep_kernels.reference import gemm, moe
+    from deep_kernels.reference.quant import fp8, swiglu
+
+    return ExpertKernels(moe.topk_gate, moe.topk_gate_with_layout, moe.moe_layout, moe.map_global_to_local_experts,
+                         moe.moe_expand_cast_to_fp8, gemm.m_grouped_fp8_gemm_nt_contiguous,
+                         gemm.m_grouped_fp8_gemm_nt_masked, swiglu.swiglu_cast_to_fp8, swiglu.swiglu_cast_to_fp8_masked,
+                         moe.moe_reduce, fp8.per_token_cast_to_fp8, moe.moe_expand)

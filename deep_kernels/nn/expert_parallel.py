@@ -1,0 +1,182 @@
+"""Expert parallelism of the MoE layer over torch.distributed: rank r of W holds experts [r * n, (r + 1) * n),
+n = E / W, and the tokens it was given; the exchanges are torch.distributed.all_to_all_single (NCCL on GPUs).
+
+    gate      where the tokens are: the router logits and topk_gate of the rank's own tokens
+    dispatch  each token goes once to every rank that holds one of its experts, cast to FP8 (per_token_cast_to_fp8,
+              1 x 128 FP32 scales: the cast the layer does anyway, half the bytes of BF16), with its k global expert
+              ids, k routing weights and scales (their bits as int32, one exchange)
+    experts   each rank maps the ids it received to its own (map_global_to_local_experts: another rank's expert
+              becomes -1, a dropped slot), lays them out (moe_layout), expands the FP8 rows (moe_expand: the same
+              rows as the layer's expand and cast) and runs the layer's expert steps (nn/routed_experts.py)
+    combine   each slot's down-projected row goes back to its token's rank, which adds a token's k rows in slot
+              order (moe_reduce over a layout of the received rows)
+Every step treats a row on its own, and a rank receives tokens in (source rank, token) order, so the output is
+bitwise that of the single-GPU layer over the ranks' tokens concatenated in rank order, the masked capacity's
+first-come order included.
+
+contiguous (prefill): one exchange of counts (tokens and slots per rank pair) sizes the buffers: the one host
+    synchronization of the forward.
+masked (decode): every rank must pass the same T; a rank sends a block of T rows to each rank (its tokens for
+    that rank first) and gets a block of T * k slot rows back from each, so the sizes follow from T and W alone:
+    no host synchronization, and the whole forward can be captured in a CUDA graph. The capacity per expert is
+    max_tokens, or W * T (none dropped).
+Forward only: a process group with an input that requires a gradient is refused (nn.MoE).
+"""
+
+import torch
+import torch.distributed as dist
+
+from deep_kernels.moe.layout import MoeLayout, contiguous_max_rows
+from deep_kernels.nn.routed_experts import ExpertKernels, KERNELS, routed_experts
+from deep_kernels.validation import ceil_div
+
+
+def expert_parallel_forward(x: torch.Tensor, logits: torch.Tensor, gate_config: tuple, experts: tuple, mode: str,
+                            max_tokens, group, kernels: ExpertKernels = KERNELS) -> torch.Tensor:
+    """The layer's output for this rank's tokens (the module docstring).
+
+    Args:
+        x: [T, H] bf16 tokens of this rank; logits: their FP32 [T, E] router logits.
+        gate_config: topk_gate's arguments after the logits (nn.MoE.gate_config).
+        experts: this rank's ((gate_up_weight, gate_up_scales), (down_weight, down_scales)), n experts each.
+        mode: "contiguous" or "masked"; max_tokens: the masked capacity per expert (None: W * T).
+        group: the torch.distributed process group of the W ranks.
+        kernels: the functions the steps call (the package's kernels).
+
+    Returns:
+        [T, H] bf16.
+    """
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    num_local = experts[0][0].shape[0]
+    weights, indices = kernels.topk_gate(logits, *gate_config)
+    exchange = _masked_exchange if mode == "masked" else _contiguous_exchange
+    return exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels)
+
+
+def _token_ranks(indices: torch.Tensor, world: int, num_local: int) -> tuple:
+    """(rank of each slot [T, k] int64, bool [T, W]: whether token t has a slot on rank r)."""
+    slot_rank = indices.long() // num_local
+    hit = torch.zeros((indices.shape[0], world), dtype=torch.bool, device=indices.device)
+    return slot_rank, hit.scatter_(1, slot_rank, True)
+
+
+def _first_true(flags: torch.Tensor, count: int) -> torch.Tensor:
+    """int64 positions of the first `count` true entries of a flat bool tensor, ascending (no host sync)."""
+    return torch.argsort((~flags).to(torch.uint8), stable=True)[:count]
+
+
+def _scatter_index(values: torch.Tensor, valid: torch.Tensor, size: int) -> torch.Tensor:
+    """int64 [size]: out[values[i]] = i where valid (values distinct there), -1 elsewhere (no host sync)."""
+    out = torch.full((size + 1,), -1, dtype=torch.int64, device=values.device)
+    target = torch.where(valid, values.long(), size)
+    out.scatter_(0, target, torch.arange(values.numel(), device=values.device))
+    return out[:size]
+
+
+def _metadata(indices: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """int32 [T, 2k + H / 128]: the k expert ids, the k FP32 weights' and the FP32 scales' bits, one exchange."""
+    return torch.cat([indices.to(torch.int32), weights.view(torch.int32), scales.view(torch.int32)], dim=1)
+
+
+def _received(codes: torch.Tensor, metadata: torch.Tensor, k: int) -> tuple:
+    """(ids [R, k], weights [R, k], (e4m3 tokens, FP32 row-major scales)) of received rows."""
+    ids, weights, scales = metadata[:, :k], metadata[:, k:2 * k], metadata[:, 2 * k:]
+    tokens = (codes.view(torch.float8_e4m3fn), scales.contiguous().view(torch.float32))
+    return ids.contiguous(), weights.contiguous().view(torch.float32), tokens
+
+
+def _combine_layout(slot_to_row: torch.Tensor, num_slots: int, rows: int) -> MoeLayout:
+    """The combine buffer's layout: its first num_slots rows one segment holding the slots at slot_to_row [T, k]
+    (-1: a slot no rank kept); what moe_reduce reads of a layout."""
+    device = slot_to_row.device
+    row_index = torch.arange(rows, device=device)
+    row_to_slot = torch.full((rows,), -1, dtype=torch.int32, device=device)
+    kept = slot_to_row.view(-1) >= 0
+    row_to_slot.scatter_(0, torch.where(kept, slot_to_row.view(-1).long(), rows - 1),
+                         torch.where(kept, torch.arange(num_slots, device=device), -1).to(torch.int32))
+    return MoeLayout(counts=torch.full((1,), num_slots, dtype=torch.int32, device=device),
+                     num_rows=torch.full((1,), rows, dtype=torch.int32, device=device),
+                     m_indices=torch.where(row_index < num_slots, 0, -1).to(torch.int32),
+                     row_to_slot=row_to_slot, slot_to_row=slot_to_row.to(torch.int32).contiguous())
+
+
+def _contiguous_exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels):
+    num_tokens, k = indices.shape
+    hidden = x.shape[1]
+    slot_rank, hit = _token_ranks(indices, world, num_local)
+    counts = torch.stack([hit.sum(0), torch.bincount(slot_rank.view(-1), minlength=world)], dim=1).to(torch.int32)
+    received_counts = torch.empty_like(counts)
+    dist.all_to_all_single(received_counts, counts, group=group)
+    sent_tokens, sent_slots, got_tokens, got_slots = torch.cat([counts, received_counts], 1).t().tolist()
+
+    # Dispatch: the tokens for rank 0, then for rank 1, ...; each in token order.
+    token = _first_true(hit.t().reshape(-1), sum(sent_tokens)) % num_tokens
+    codes, scales = kernels.per_token_cast_to_fp8(x, scale_layout="row_major")
+    codes_out = codes.view(torch.uint8).index_select(0, token)
+    codes_in = codes_out.new_empty((sum(got_tokens), hidden))
+    dist.all_to_all_single(codes_in, codes_out, got_tokens, sent_tokens, group=group)
+    metadata_out = _metadata(indices, weights, scales).index_select(0, token)
+    metadata_in = metadata_out.new_empty((sum(got_tokens), metadata_out.shape[1]))
+    dist.all_to_all_single(metadata_in, metadata_out, got_tokens, sent_tokens, group=group)
+
+    # This rank's experts, then its kept slots' rows in (received token, j) order: by source rank.
+    rows_out = x.new_empty((0, hidden))
+    if codes_in.shape[0] > 0:
+        ids_in, weights_in, tokens_in = _received(codes_in, metadata_in, k)
+        layout = kernels.moe_layout(kernels.map_global_to_local_experts(ids_in, num_local, rank), num_local)
+        expert_out = routed_experts(kernels, tokens_in, weights_in, layout, experts)
+        slot_rows = layout.slot_to_row.view(-1)
+        rows_out = expert_out.index_select(0, slot_rows[_first_true(slot_rows >= 0, sum(got_slots))].long())
+
+    # Combine: rank r's rows are this rank's slots on rank r, in slot order.
+    num_slots = num_tokens * k
+    combined = x.new_empty((contiguous_max_rows(num_slots, 1), hidden))
+    dist.all_to_all_single(combined[:num_slots], rows_out, sent_slots, got_slots, group=group)
+    by_rank = torch.argsort(slot_rank.view(-1), stable=True)
+    slot_to_row = _scatter_index(by_rank, torch.ones_like(by_rank, dtype=torch.bool), num_slots)
+    layout = _combine_layout(slot_to_row.view(num_tokens, k), num_slots, combined.shape[0])
+    return kernels.moe_reduce(combined, layout, torch.ones_like(weights))
+
+
+def _masked_exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels):
+    num_tokens, k = indices.shape
+    hidden = x.shape[1]
+    slot_rank, hit = _token_ranks(indices, world, num_local)
+    # Token t's place in the block it sends rank r (its earlier tokens for r before it).
+    place = torch.cumsum(hit, 0) - 1
+    block_row = torch.arange(world, device=x.device) * num_tokens + place
+    entry = _scatter_index(block_row.view(-1), hit.view(-1), world * num_tokens)  # entry = t * W + r
+    token = torch.where(entry >= 0, entry // world, -1)
+    # Rows past a block's tokens carry ids -1: no slot.
+    sent_token = token.clamp(min=0)
+    codes, scales = kernels.per_token_cast_to_fp8(x, scale_layout="row_major")
+    metadata = _metadata(torch.where((token >= 0).unsqueeze(1), indices.index_select(0, sent_token), -1),
+                         weights.index_select(0, sent_token), scales.index_select(0, sent_token))
+    codes_out = codes.view(torch.uint8).index_select(0, sent_token)
+    codes_in = torch.empty_like(codes_out)
+    dist.all_to_all_single(codes_in, codes_out, group=group)
+    metadata_in = torch.empty_like(metadata)
+    dist.all_to_all_single(metadata_in, metadata, group=group)
+
+    ids_in, weights_in, tokens_in = _received(codes_in, metadata_in, k)
+    received = world * num_tokens
+    capacity = max_tokens or received
+    layout = kernels.moe_layout(kernels.map_global_to_local_experts(ids_in, num_local, rank), num_local, capacity)
+    expected_m = min(capacity, ceil_div(received * k, num_local * world))
+    expert_out = routed_experts(kernels, tokens_in, weights_in, layout, experts, expected_m)
+    # Each received slot's row in the flattened [n * capacity] rows, -1 where none (another rank's, or dropped).
+    slot_rows = _scatter_index(layout.masked_slots.view(-1), layout.masked_slots.view(-1) >= 0, received * k)
+    rows_out = expert_out.view(-1, hidden).index_select(0, slot_rows.clamp(min=0))
+    rows_back = torch.empty_like(rows_out)
+    dist.all_to_all_single(rows_back, rows_out, group=group)
+    kept_back = torch.empty_like(slot_rows)
+    dist.all_to_all_single(kept_back, slot_rows, group=group)
+
+    # Slot (t, j) came back from rank r = slot_rank[t, j] at row (r * T + place[t, r]) * k + j.
+    num_slots = num_tokens * k
+    source = ((block_row.gather(1, slot_rank)) * k + torch.arange(k, device=x.device)).view(-1)
+    combined = x.new_empty((contiguous_max_rows(num_slots, 1), hidden))
+    torch.index_select(rows_back, 0, source, out=combined[:num_slots])
+    slot_to_row = torch.where(kept_back.index_select(0, source) >= 0, torch.arange(num_slots, device=x.device), -1)
+    layout = _combine_layout(slot_to_row.view(num_tokens, k), num_slots, combined.shape[0])
+    return kernels.moe_reduce(combined, layout, torch.ones_like(weights))
