@@ -593,7 +593,7 @@ def test_routing_with_fewer_sms_is_identical(num_tokens, monkeypatch):
 
 
 @pytest.mark.parametrize("num_sms", [132, 114, 3])
-def test_fused_plan_fits_the_resident_blocks_and_one_chunk_per_block(num_sms, monkeypatch):
+def test_fused_plan_fits_one_block_per_sm_and_one_chunk_per_block(num_sms, monkeypatch):
     from deep_kernels import device
     from deep_kernels.moe import routing
 
@@ -608,14 +608,14 @@ def test_fused_plan_fits_the_resident_blocks_and_one_chunk_per_block(num_sms, mo
             elif num_sms >= 114:  # every H100 / H200: all of FUSED_MAX_SLOTS takes the one launch
                 assert tokens_per_block is not None, (num_tokens, k)
             if tokens_per_block is not None:
-                assert math.ceil(num_tokens / tokens_per_block) <= tile.blocks_per_sm * num_sms
+                assert math.ceil(num_tokens / tokens_per_block) <= num_sms
                 assert tokens_per_block * k <= tile.block_slots
-                # the fewest tokens per block: fewer would need more blocks than are resident
+                # the fewest tokens per block: fewer would need more blocks than SMs
                 assert tokens_per_block == routing._FUSED_MIN_BLOCK_TOKENS or \
-                    math.ceil(num_tokens / (tokens_per_block - 1)) > tile.blocks_per_sm * num_sms
-            # one token a warp in the few-token tile's blocks, else the other tile
+                    math.ceil(num_tokens / (tokens_per_block - 1)) > num_sms
+            # at most two tokens a warp in the few-token tile's blocks, else the other tile
             few = routing._FUSED_FEW_TOKENS_TILE
-            assert (tile == few) == (math.ceil(num_tokens / (few.blocks_per_sm * num_sms)) <= few.warps)
+            assert (tile == few) == (math.ceil(num_tokens / num_sms) <= 2 * few.warps)
 
 
 @pytest.mark.gpu

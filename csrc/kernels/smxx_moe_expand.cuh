@@ -3,7 +3,8 @@
 // the flattened masked layout (common/moe_rows.cuh: slot_row); dropped slots are not written. Rows are raw
 // 16-byte vectors (any element type: bf16, fp32, fp8), so one kernel serves every dtype.
 // Shares: the block of linear index b owns rows [b * rows_per_block, ...), at most 32. With zero_padding it
-// zeroes those without a slot (row_slots[r] == -1; PaddingRows). With scales it writes its share's scale
+// zeroes those without a slot (row_slots[r] == -1; PaddingRows): with kBulkZero by bulk copies (TMA) of a zeroed
+// shared-memory row, else by the threads' stores. With scales it writes its share's scale
 // rows (FP32 values or packed UE8M0 words; ScaleStrides): each row's from its token (row_slots[r] / kTopK),
 // zero for a row without a slot (with zero_padding).
 // Contiguous layout: rows from *num_rows on are never written; masked layout: num_rows null.

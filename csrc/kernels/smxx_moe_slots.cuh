@@ -107,9 +107,10 @@ DK_DEVICE int scan_warp_counts(uint16_t (*warp_counts)[kMaxMoeExperts], uint32_t
 // blocks before `block`, from block_counts [num_blocks, 4 * ceil(E / 4)] (16-byte rows, zero past E, written
 // by other blocks during this launch: L2 loads). Threads split the rows' 16-byte vectors and the blocks;
 // partial [2 * 4 * kNumThreads] in shared memory combines them.
-template <int kNumThreads, int kBatch = 16>
+template <int kNumThreads>
 DK_DEVICE void sum_block_counts(const int* block_counts, uint32_t num_blocks, uint32_t block, uint32_t num_experts,
                                 int* partial, int* totals, int* earlier) {
+    constexpr int kBatch = 16;
     const uint32_t num_vectors = (num_experts + 3) / 4;
     const uint32_t num_groups = min(kNumThreads / num_vectors, num_blocks);
     const uint32_t vector = threadIdx.x % num_vectors, group = threadIdx.x / num_vectors;
@@ -146,67 +147,6 @@ DK_DEVICE void sum_block_counts(const int* block_counts, uint32_t num_blocks, ui
         totals[e] = total;
         if (e < num_experts)
             earlier[e] = before;
-    }
-}
-
-// sum_block_counts for counts of at most 255 a block (a byte each): block_counts [num_blocks, 16 * ceil(E / 16)]
-// bytes (zero past E), num_blocks * 255 < 2^16. A thread sums 16-byte vectors of a group of rows as two packed
-// 16-bit halves per word (bytes 0 and 2, bytes 1 and 3), so that one add takes two experts; partial
-// [8 * kNumThreads] in shared memory combines the groups (at most kMaxByteGroups, so few rows are combined).
-constexpr uint32_t kMaxByteGroups = 16;
-
-template <int kNumThreads, int NUM_EXPERTS, int kBatch = 16>
-DK_DEVICE void sum_block_byte_counts(const uint8_t* block_counts, uint32_t num_blocks, uint32_t block,
-                                     uint32_t* partial, int* totals, int* earlier) {
-    constexpr uint32_t kVectors = (NUM_EXPERTS + 15) / 16;
-    // Each group's partial sums take 16 words a vector: 2 * 8 * groups * kVectors <= 8 * kNumThreads words
-    constexpr uint32_t kGroupLimit =
-        kNumThreads / (2 * kVectors) < kMaxByteGroups ? kNumThreads / (2 * kVectors) : kMaxByteGroups;
-    DK_STATIC_ASSERT(kGroupLimit >= 1, "the partial sums of a group fit");
-    const uint32_t num_groups = min(kGroupLimit, num_blocks);
-    const uint32_t vector = threadIdx.x % kVectors, group = threadIdx.x / kVectors;
-    uint32_t* partial_total = partial;
-    uint32_t* partial_earlier = partial + 8 * kGroupLimit * kVectors;
-    if (group < num_groups) {
-        uint32_t total[8] = {}, before[8] = {};
-        const auto* rows = reinterpret_cast<const uint4*>(block_counts) + vector;
-        for (uint32_t first = group; first < num_blocks; first += num_groups * kBatch) {
-            uint4 count[kBatch];
-            #pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
-                const uint32_t row = first + b * num_groups;
-                count[b] = row < num_blocks ? __ldcg(rows + row * kVectors) : make_uint4(0, 0, 0, 0);
-            }
-            #pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
-                const bool is_earlier = first + b * num_groups < block;
-                const uint32_t words[4] = {count[b].x, count[b].y, count[b].z, count[b].w};
-                #pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    const uint32_t even = words[w] & 0x00ff00ffu, odd = (words[w] >> 8) & 0x00ff00ffu;
-                    total[2 * w] += even, total[2 * w + 1] += odd;
-                    before[2 * w] += is_earlier ? even : 0u, before[2 * w + 1] += is_earlier ? odd : 0u;
-                }
-            }
-        }
-        #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            partial_total[(group * kVectors + vector) * 8 + i] = total[i];
-            partial_earlier[(group * kVectors + vector) * 8 + i] = before[i];
-        }
-    }
-    __syncthreads();
-    // Expert e: byte e % 16 of vector e / 16, i.e. word (e % 16) / 4, half (e % 4) / 2 of its even or odd sums
-    for (uint32_t e = threadIdx.x; e < kMaxMoeExperts; e += kNumThreads) {
-        const uint32_t index = (e / 16) * 8 + (e % 16) / 4 * 2 + e % 2, shift = (e % 4) / 2 * 16;
-        uint32_t total = 0, before = 0;
-        for (uint32_t g = 0; e < NUM_EXPERTS && g < num_groups; ++g) {
-            total += partial_total[g * kVectors * 8 + index];
-            before += partial_earlier[g * kVectors * 8 + index];
-        }
-        totals[e] = static_cast<int>((total >> shift) & 0xffffu);
-        if (e < NUM_EXPERTS)
-            earlier[e] = static_cast<int>((before >> shift) & 0xffffu);
     }
 }
 

@@ -10,8 +10,6 @@
 // Blocks hold consecutive tokens, so a slot's rank = (its expert's slots in earlier blocks) + (in earlier
 // warps of its block) + (in earlier lanes of its tile): positions come from counts and scans only.
 // Unsupported: more than one chunk (kNumWarps * 32 * kSlotsPerThread slots) per block (the host checks).
-// kBlocksPerSM blocks share an SM (the launch bounds cap registers to fit them; the count sums then load fewer
-// rows at a time), so that more warps gate at once.
 // NOTE: the barrier counter serves one stream at a time (the host keeps one per stream); each launch
 // flips its bit 31 and leaves the lower bits at zero.
 #pragma once
@@ -27,8 +25,8 @@
 namespace deep_kernels {
 
 template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps, int kSlotsPerThread,
-          int kAlignment, int kBlocksPerSM, bool kByteCounts>
-__global__ void __launch_bounds__(kNumWarps * 32, kBlocksPerSM)
+          int kAlignment>
+__global__ void __launch_bounds__(kNumWarps * 32, 1)
 smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
                            int* __restrict__ indices, int* __restrict__ counts, int* __restrict__ num_rows,
                            int* __restrict__ m_indices, int* __restrict__ row_to_slot, int* __restrict__ slot_to_row,
@@ -119,28 +117,15 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     warp_count_tiles(experts, smem_warp_base[warp]);
     __syncthreads();
     constexpr uint32_t kRowStride = (NUM_EXPERTS + 3) / 4 * 4;
-    if constexpr (kByteCounts) {
-        constexpr uint32_t kRowBytes = (NUM_EXPERTS + 15) / 16 * 16;
-        auto* byte_counts = reinterpret_cast<uint8_t*>(block_counts);
-        for (uint32_t e = threadIdx.x; e < kRowBytes; e += kNumThreads)
-            byte_counts[blockIdx.x * kRowBytes + e] =
-                static_cast<uint8_t>(e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0);
-    } else {
-        for (uint32_t e = threadIdx.x; e < kRowStride; e += kNumThreads)
-            block_counts[blockIdx.x * kRowStride + e] =
-                e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0;
-    }
+    for (uint32_t e = threadIdx.x; e < kRowStride; e += kNumThreads)
+        block_counts[blockIdx.x * kRowStride + e] =
+            e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0;
 
     grid_barrier_sync(barrier);
 
     // Per expert: the total and the slots of earlier blocks; the segment offsets
-    if constexpr (kByteCounts)
-        sum_block_byte_counts<kNumThreads, NUM_EXPERTS, kBlocksPerSM == 1 ? 16 : 4>(
-            reinterpret_cast<const uint8_t*>(block_counts), token_blocks, blockIdx.x,
-            reinterpret_cast<uint32_t*>(smem_partial), smem_total, smem_earlier);
-    else
-        sum_block_counts<kNumThreads, kBlocksPerSM == 1 ? 16 : 4>(block_counts, token_blocks, blockIdx.x, NUM_EXPERTS,
-                                                                  smem_partial, smem_total, smem_earlier);
+    sum_block_counts<kNumThreads>(block_counts, token_blocks, blockIdx.x, NUM_EXPERTS, smem_partial, smem_total,
+                                  smem_earlier);
     __syncthreads();
     if (warp == 0)
         warp_segment_offsets<kAlignment>(smem_total, smem_offset);

@@ -1,7 +1,7 @@
 """Gating and layout together: topk_gate then moe_layout of its indices, in one launch for few tokens.
 
 topk_gate_with_layout returns exactly what topk_gate followed by moe_layout returns. Up to FUSED_MAX_SLOTS
-routed slots (T * k) one cooperative kernel does both: every block (all resident at once) gates its tokens,
+routed slots (T * k) one cooperative kernel does both: every block (at most one per SM) gates its tokens,
 fills its share of the layout's -1 rows and counts its slots per expert; after a grid barrier every block
 sums those counts and writes its own slots' rows, positions from counts and scans as in moe_layout.
 Larger inputs take the two-stage path (two launches: topk_gate, then moe_layout).
@@ -31,11 +31,9 @@ FUSED_MAX_SLOTS = 65536
 
 
 class FusedTile(NamedTuple):
-    """The fused kernel's block: `warps` warps, each gating a token at a time; `blocks_per_sm` of them resident on
-    an SM (more than one caps registers at 65536 / (blocks_per_sm * threads) a thread); a block ranks at most one
-    chunk of warps * 32 * slots_per_thread slots (csrc/kernels/smxx_topk_gate_layout.cuh)."""
+    """The fused kernel's block: `warps` warps, each gating a token at a time, at most one block per SM; a block
+    ranks at most one chunk of warps * 32 * slots_per_thread slots (csrc/kernels/smxx_topk_gate_layout.cuh)."""
     warps: int
-    blocks_per_sm: int
     slots_per_thread: int
 
     @property
@@ -43,25 +41,24 @@ class FusedTile(NamedTuple):
         return self.warps * 32 * self.slots_per_thread
 
 
-# Up to a token per warp of one 8-warp block per SM: the fewest warps in the count and scan steps (H200: 7.6 against
-# 9.1 us at T = 128, 9.0 against 11.7 at 512 for 16 warps). Beyond: two 16-warp blocks per SM, so that 32 warps an
-# SM gate at once (a warp's gate is a long dependent chain).
-_FUSED_FEW_TOKENS_TILE = FusedTile(8, 1, 1)
-_FUSED_TILE = FusedTile(16, 2, 2)
-# A block gates at least this many tokens, spread over the blocks above that.
+# Up to two tokens per warp of 8-warp blocks: the fewest warps in the count and scan steps (H200: 7.6 against
+# 9.1 us at T = 128, 9.3 against 11.7 at 512, 15.4 against 16.5 at 2048 for 16 warps). Beyond, 16-warp blocks.
+_FUSED_FEW_TOKENS_TILE = FusedTile(8, 1)
+_FUSED_TILE = FusedTile(16, 2)
+_FUSED_FEW_TOKENS_PER_WARP = 2
+# A block gates at least this many tokens, spread over the SMs above that.
 _FUSED_MIN_BLOCK_TOKENS = 8
 
 
 def _fused_tile(num_tokens: int) -> FusedTile:
     """The fused kernel's block for num_tokens tokens."""
     few = _FUSED_FEW_TOKENS_TILE
-    return few if ceil_div(num_tokens, few.blocks_per_sm * get_num_sms()) <= few.warps else _FUSED_TILE
+    return few if ceil_div(num_tokens, get_num_sms()) <= _FUSED_FEW_TOKENS_PER_WARP * few.warps else _FUSED_TILE
 
 
 TOPK_GATE_LAYOUT = KernelDef(
     "kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
-    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment",
-              "kBlocksPerSM", "kByteCounts"),
+    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment"),
     params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
             Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
             Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR), Param("block_counts", PTR),
@@ -74,8 +71,7 @@ TOPK_GATE_LAYOUT = KernelDef(
 def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str, tile: FusedTile) -> KernelSpec:
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
                                  kScoring=scoring_cpp(scoring), kNumWarps=tile.warps,
-                                 kSlotsPerThread=tile.slots_per_thread, kAlignment=CONTIGUOUS_ALIGNMENT,
-                                 kBlocksPerSM=tile.blocks_per_sm, kByteCounts=False)
+                                 kSlotsPerThread=tile.slots_per_thread, kAlignment=CONTIGUOUS_ALIGNMENT)
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,10 +80,10 @@ def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring
 
 
 def _fused_tokens_per_block(num_tokens: int, k: int):
-    """Tokens each block of the fused kernel (of _fused_tile(num_tokens)) gates, so that its grid is resident at
-    once; None where the two-stage path serves the input (too many slots, or more than a chunk of them per block)."""
+    """Tokens each block of the fused kernel (of _fused_tile(num_tokens)) gates, so that its grid fits on the SMs;
+    None where the two-stage path serves the input (too many slots, or more than a chunk of them per block)."""
     tile = _fused_tile(num_tokens)
-    tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, tile.blocks_per_sm * get_num_sms()))
+    tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, get_num_sms()))
     if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_block * k > tile.block_slots:
         return None
     return tokens_per_block
@@ -107,8 +103,8 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
 
     Notes:
         Bit-exact with deep_kernels.reference.moe.topk_gate_with_layout, deterministic, no host
-        synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots it is one cooperative launch (every
-        block resident at once) whose workspace (a grid-barrier counter and per-block counts) is kept per
+        synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots it is one cooperative launch (at
+        most one block per SM) whose workspace (a grid-barrier counter and per-block counts) is kept per
         (device, stream) (a captured graph zeroes its own in a memset node), so calls may overlap only on
         different streams.
     """
@@ -188,8 +184,8 @@ def _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed
     if tokens_per_block is None or num_tokens == 0:  # the two-stage path (no launch without tokens)
         return _Plan(num_sms)
     num_masked = num_experts * max_tokens if max_tokens is not None else 0
-    # NOTE: both terms are at most the tile's blocks per SM times the SM count, so the whole grid is resident. Only
-    # the blocks holding tokens keep per-block counts.
+    # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident. Only the
+    # blocks holding tokens keep per-block counts.
     token_blocks = ceil_div(num_tokens, tokens_per_block)
     num_blocks = max(token_blocks, fill_blocks(2 * max_rows + num_masked))
     kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring, _fused_tile(num_tokens))
