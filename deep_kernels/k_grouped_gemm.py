@@ -14,7 +14,9 @@ Layouts (DeepGEMM's names and argument order):
     ks  the experts' token counts k_g, each a multiple of 128 (the contiguous layout pads each expert's segment to
         it), 0 allowed: a host list (the shapes, validation and tile choice) and the same values as an int32 CUDA
         tensor ks_tensor [G], which the kernel reads (the K segments' offsets are their prefix sums, computed on the
-        device).
+        device). ks=None: the sizes are on the device only (no host synchronization, traceable with shapes alone);
+        a and b's sum k is then an upper bound of their sum (e.g. a MoE layout's worst-case rows) and the columns
+        after the groups' segments are never read.
 Constraints: N a multiple of 16; M >= 0.
 """
 
@@ -64,14 +66,22 @@ def _plan(m: int, n: int, total_k: int, num_groups: int, accumulate: bool):
     return plan
 
 
-def _check_ks(ks, ks_tensor, total_k: int) -> int:
-    """The host list ks (each a non-negative multiple of 128, summing to total_k) and ks_tensor (int32 [G]);
-    returns G."""
+def check_group_sizes(ks, ks_tensor, total_k: int, alignment: int = SCALE_BLOCK) -> int:
+    """The host list ks (each a non-negative multiple of `alignment`, the kernel's K block, summing to total_k) and
+    ks_tensor (int32 [G]); returns G. ks None: ks_tensor's shape alone (its values stay on the device)."""
+    if ks is None:
+        check_dtype(ks_tensor, "ks_tensor", (torch.int32,))
+        if ks_tensor.dim() != 1 or ks_tensor.numel() == 0 or not ks_tensor.is_contiguous():
+            raise ValueError(f"ks_tensor must be a non-empty contiguous int32 tensor [G], got shape "
+                             f"{tuple(ks_tensor.shape)} strides {tuple(ks_tensor.stride())}")
+        if total_k > INT32_LIMIT:
+            raise ValueError(f"sum k = {total_k} exceeds the int32 range")
+        return ks_tensor.numel()
     if not isinstance(ks, (list, tuple)) or not ks:
         raise TypeError(f"ks must be a non-empty list of ints (the tokens of each group), got {ks!r}")
     for g, k in enumerate(ks):
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0 or k % SCALE_BLOCK:
-            raise ValueError(f"ks[{g}] = {k!r}: every group's K must be a non-negative multiple of {SCALE_BLOCK} "
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0 or k % alignment:
+            raise ValueError(f"ks[{g}] = {k!r}: every group's K must be a non-negative multiple of {alignment} "
                              "(pad each expert's tokens to it)")
     if sum(ks) != total_k:
         raise ValueError(f"ks sums to {sum(ks)} but a and b hold sum k = {total_k} columns")
@@ -105,7 +115,7 @@ def _check_call(a, sfa, b, sfb, d, ks, ks_tensor, c) -> tuple:
         raise ValueError(f"a is [M, sum k] = {tuple(a.shape)} but b is [N, sum k] = {tuple(b.shape)}: sum k differs")
     if n % 16 != 0 or n == 0:
         raise ValueError(f"N must be a positive multiple of 16, got {n}")
-    num_groups = _check_ks(ks, ks_tensor, total_k)
+    num_groups = check_group_sizes(ks, ks_tensor, total_k)
     check_dtype(d, "d", (torch.float32,))
     if tuple(d.shape) != (num_groups, m, n) or not d.is_contiguous():
         raise ValueError(f"d must be a contiguous FP32 [G, M, N] = {(num_groups, m, n)} tensor, got shape "
@@ -148,7 +158,9 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
             returns it for the [sum k, M] output gradient.
         b: (b [N, sum k] float8_e4m3fn K-major, sfb [N, sum k / 128]) likewise for the [sum k, N] activations.
         d: [G, M, N] FP32 output.
-        ks: host list of the G groups' K (tokens), each a non-negative multiple of 128, summing to sum k.
+        ks: host list of the G groups' K (tokens), each a non-negative multiple of 128, summing to sum k; or None:
+            the sizes are ks_tensor's alone, each a non-negative multiple of 128 summing to at most sum k (not
+            checked: that would read them on the host).
         ks_tensor: int32 CUDA tensor [G] holding the same values; the kernel reads it (no host synchronisation).
         c: optional FP32 [G, M, N] added to the products; may be d itself (accumulating into the gradients).
         recipe: (1, 1, 128), the only recipe of this GEMM.
@@ -169,7 +181,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
     a, sfa, b, sfb = _split_pairs(a, b)
     _check_recipe(recipe)
     try:
-        signature = (call_signature(a, sfa, b, sfb, d, ks_tensor, c), len(ks))
+        signature = (call_signature(a, sfa, b, sfb, d, ks_tensor, c), None if ks is None else len(ks))
     except (AttributeError, TypeError):  # not tensors or not a list: the full check says which
         signature = None
     checked = _checked_calls.get(signature)
@@ -179,7 +191,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
             _checked_calls[signature] = checked
     else:
         # NOTE: the group sizes change from step to step: checked on every call, never a cache key.
-        _check_ks(ks, ks_tensor, checked[2])
+        check_group_sizes(ks, ks_tensor, checked[2])
     m, n, total_k, num_groups, scales_ready = checked
     if not scales_ready:
         sfa = scale_a(sfa, m, total_k // SCALE_BLOCK)
