@@ -14,7 +14,9 @@ Layouts (DeepGEMM's names and argument order):
     ks  the experts' token counts k_g, each a multiple of 128 (the contiguous layout pads each expert's segment to
         it), 0 allowed: a host list (the shapes, validation and tile choice) and the same values as an int32 CUDA
         tensor ks_tensor [G], which the kernel reads (the K segments' offsets are their prefix sums, computed on the
-        device).
+        device). ks=None: the sizes are on the device only (no host synchronization, traceable with shapes alone);
+        a and b's sum k is then an upper bound of their sum (e.g. a MoE layout's worst-case rows) and the columns
+        after the groups' segments are never read.
 Constraints: N a multiple of 16; M >= 0.
 """
 
@@ -66,7 +68,15 @@ def _plan(m: int, n: int, total_k: int, num_groups: int, accumulate: bool):
 
 def check_group_sizes(ks, ks_tensor, total_k: int, alignment: int = SCALE_BLOCK) -> int:
     """The host list ks (each a non-negative multiple of `alignment`, the kernel's K block, summing to total_k) and
-    ks_tensor (int32 [G]); returns G."""
+    ks_tensor (int32 [G]); returns G. ks None: ks_tensor's shape alone (its values stay on the device)."""
+    if ks is None:
+        check_dtype(ks_tensor, "ks_tensor", (torch.int32,))
+        if ks_tensor.dim() != 1 or ks_tensor.numel() == 0 or not ks_tensor.is_contiguous():
+            raise ValueError(f"ks_tensor must be a non-empty contiguous int32 tensor [G], got shape "
+                             f"{tuple(ks_tensor.shape)} strides {tuple(ks_tensor.stride())}")
+        if total_k > INT32_LIMIT:
+            raise ValueError(f"sum k = {total_k} exceeds the int32 range")
+        return ks_tensor.numel()
     if not isinstance(ks, (list, tuple)) or not ks:
         raise TypeError(f"ks must be a non-empty list of ints (the tokens of each group), got {ks!r}")
     for g, k in enumerate(ks):
@@ -148,7 +158,9 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
             returns it for the [sum k, M] output gradient.
         b: (b [N, sum k] float8_e4m3fn K-major, sfb [N, sum k / 128]) likewise for the [sum k, N] activations.
         d: [G, M, N] FP32 output.
-        ks: host list of the G groups' K (tokens), each a non-negative multiple of 128, summing to sum k.
+        ks: host list of the G groups' K (tokens), each a non-negative multiple of 128, summing to sum k; or None:
+            the sizes are ks_tensor's alone, each a non-negative multiple of 128 summing to at most sum k (not
+            checked: that would read them on the host).
         ks_tensor: int32 CUDA tensor [G] holding the same values; the kernel reads it (no host synchronisation).
         c: optional FP32 [G, M, N] added to the products; may be d itself (accumulating into the gradients).
         recipe: (1, 1, 128), the only recipe of this GEMM.
@@ -169,7 +181,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
     a, sfa, b, sfb = _split_pairs(a, b)
     _check_recipe(recipe)
     try:
-        signature = (call_signature(a, sfa, b, sfb, d, ks_tensor, c), len(ks))
+        signature = (call_signature(a, sfa, b, sfb, d, ks_tensor, c), None if ks is None else len(ks))
     except (AttributeError, TypeError):  # not tensors or not a list: the full check says which
         signature = None
     checked = _checked_calls.get(signature)

@@ -218,36 +218,36 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m):
 
 
 def _k_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, d, ks, ks_tensor, c, c_is_d, recipe) -> None:
-    k_grouped_gemm.k_grouped_fp8_gemm_nt_contiguous((a, sfa), (b, sfb), d, list(ks), ks_tensor, d if c_is_d else c,
-                                                    recipe)
+    k_grouped_gemm.k_grouped_fp8_gemm_nt_contiguous((a, sfa), (b, sfb), d, None if ks is None else list(ks),
+                                                    ks_tensor, d if c_is_d else c, recipe)
 
 
-_define("k_grouped_fp8_gemm_nt_contiguous(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, int[] ks, "
+_define("k_grouped_fp8_gemm_nt_contiguous(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, int[]? ks, "
         "Tensor ks_tensor, Tensor? c, bool c_is_d, int[] recipe) -> ()", _k_grouped_fp8_gemm_nt_contiguous,
         _writes_only)
 
 
 def k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c, recipe):
     c_is_d = c is d
-    _OPS.k_grouped_fp8_gemm_nt_contiguous.default(*_split_pairs(a, b), d, list(ks), ks_tensor,
-                                                  None if c_is_d else c, c_is_d, list(recipe))
+    _OPS.k_grouped_fp8_gemm_nt_contiguous.default(*_split_pairs(a, b), d, None if ks is None else list(ks),
+                                                  ks_tensor, None if c_is_d else c, c_is_d, list(recipe))
     return d
 
 
 def _k_grouped_fp8_gemm_tn_contiguous(a, sfa, b, sfb, d, ks, ks_tensor, c, c_is_d, recipe) -> None:
-    k_grouped_gemm.k_grouped_fp8_gemm_tn_contiguous((a, sfa), (b, sfb), d, list(ks), ks_tensor, d if c_is_d else c,
-                                                    recipe)
+    k_grouped_gemm.k_grouped_fp8_gemm_tn_contiguous((a, sfa), (b, sfb), d, None if ks is None else list(ks),
+                                                    ks_tensor, d if c_is_d else c, recipe)
 
 
-_define("k_grouped_fp8_gemm_tn_contiguous(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, int[] ks, "
+_define("k_grouped_fp8_gemm_tn_contiguous(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, int[]? ks, "
         "Tensor ks_tensor, Tensor? c, bool c_is_d, int[] recipe) -> ()", _k_grouped_fp8_gemm_tn_contiguous,
         _writes_only)
 
 
 def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks, ks_tensor, c, recipe):
     c_is_d = c is d
-    _OPS.k_grouped_fp8_gemm_tn_contiguous.default(*_split_pairs(a, b), d, list(ks), ks_tensor,
-                                                  None if c_is_d else c, c_is_d, list(recipe))
+    _OPS.k_grouped_fp8_gemm_tn_contiguous.default(*_split_pairs(a, b), d, None if ks is None else list(ks),
+                                                  ks_tensor, None if c_is_d else c, c_is_d, list(recipe))
     return d
 
 

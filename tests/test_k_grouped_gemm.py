@@ -409,3 +409,46 @@ def test_bf16_cuda_graph_replay_reads_the_group_sizes_on_the_device():
     poison_(d)
     graph.replay()
     _assert_close(d, _bf16_reference(dy, x, new_ks))
+
+def test_sizes_on_the_device_only_check_the_tensor():
+    a, b, d, _, t = _cpu_call()
+    with pytest.raises(TypeError, match="ks_tensor must be torch.int32"):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, None, t.long())
+    with pytest.raises(ValueError, match=r"ks_tensor must be a non-empty contiguous int32 tensor \[G\]"):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, None, t.view(3, 1))
+    with pytest.raises(ValueError, match=r"d must be a contiguous FP32 \[G, M, N\]"):
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, None, t[:2])
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):  # valid up to the device
+        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, None, t)
+
+
+def test_reference_with_sizes_on_the_device_reads_their_segments_only():
+    a, b, ks_tensor = make_k_grouped_inputs([128, 0, 256, 128], 8, 32, device="cpu")
+    a[0][:, 384:] = float("nan")  # the columns after the segments of [128, 0, 256]
+    d = reference.k_grouped_fp8_gemm_nt_contiguous(a, b, torch.empty(3, 8, 32, dtype=torch.float64), None,
+                                                   ks_tensor[:3])
+    assert torch.equal(d, _reference(a, b, [128, 0, 256, 128])[:3])
+
+
+@pytest.mark.gpu
+def test_sizes_on_the_device_only_with_columns_to_spare():
+    # ks=None: sum k of a and b is a bound; the columns after the groups' segments (NaN here) are never read.
+    a, b, ks, ks_tensor = _problem(4, 1000, 2048, 1024, empty=1, seed=4)
+    spare = 384
+    (qa, sa), (qb, sb) = a, b
+    a = _with_nan_columns(qa, sa, spare)
+    b = _with_nan_columns(qb, sb, spare)
+    product = _reference(a, b, ks + [spare])[:len(ks)]
+    d = poison_(torch.empty((len(ks), 1000, 2048), device="cuda"))
+    deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, None, ks_tensor)
+    _assert_close(d, product)
+
+
+def _with_nan_columns(q, scales, spare: int) -> tuple:
+    """The operand with `spare` more columns of NaN codes (scales 1) after its own."""
+    rows, total_k = q.shape
+    wider = torch.full((rows, total_k + spare), float("nan"), device=q.device).to(q.dtype)
+    wider[:, :total_k] = q
+    wider_scales = torch.ones((scales.shape[1] + spare // 128, scales.shape[0]), device=q.device).T
+    wider_scales[:, :scales.shape[1]] = scales
+    return wider, wider_scales

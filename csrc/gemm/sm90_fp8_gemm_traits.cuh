@@ -277,12 +277,12 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,
                      "BLOCK_M 64 (one math warpgroup), 128 or 256 (two, each owning half the rows)");
-    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN &&
-                                         (kGemmType == GemmType::Normal || kGemmType == GemmType::KGrouped) &&
-                                         kNumSplits == 1 && !kPipelined &&
-                                         (!kOverlapEpilogue || (kGemmType == GemmType::Normal && !kHasColumnScales))),
-                     "256-row tiles: Normal or KGrouped kind, BLOCK_N <= 128, no split-K or pipelining; the epilogue "
-                     "overlap only for the Normal kind with block scales");
+    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN && kNumSplits == 1 && !kPipelined &&
+                                         (kGemmType == GemmType::Normal || kGemmType == GemmType::KGrouped ||
+                                          kOperands == GemmOperands::Fp8BlockScaled) &&
+                                         (!kOverlapEpilogue || (kGemmType != GemmType::KGrouped && !kHasColumnScales))),
+                     "256-row tiles: BLOCK_N <= 128, no split-K or pipelining, the M-grouped kinds with block-scaled "
+                     "FP8 operands; the epilogue overlap with block scales, not k-grouped");
     DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= (kIsBf16 ? kMaxBf16BlockN : 192),
                      "BLOCK_N in 16..192 (BF16: 16..256), a multiple of 16");
     DK_STATIC_ASSERT(kIsBf16 || BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N),

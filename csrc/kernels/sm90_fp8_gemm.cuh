@@ -139,7 +139,7 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
                 mainloop.skip_tile(tile);
                 continue;
             }
-            const RowKeys row_keys = epilogue.row_keys_of(tile);
+            const auto row_keys = epilogue.row_keys_of(tile);
             mainloop.accumulate(tile, std::false_type{});
             epilogue.store(tile, row_keys, mainloop.final_acc);
         }
@@ -155,7 +155,7 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
                 has_tile = scheduler.get_next_tile(tile);
                 continue;
             }
-            RowKeys row_keys = epilogue.row_keys_of(tile);
+            auto row_keys = epilogue.row_keys_of(tile);
             mainloop.accumulate(tile, std::false_type{});
             // NOTE: zeroed, so that the copy into `tile` after the last tile copies defined values.
             TileInfo next{};

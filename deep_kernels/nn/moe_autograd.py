@@ -15,15 +15,17 @@ Backward, from dout [T, H] (R: the layout's rows; rows no slot takes are zeros w
     dweights [T, k] = dw_row of each slot's row; dlogits = topk_gate_backward(dweights, logits, indices)  FP32 [T, E]
     dx  += dlogits @ router_weight (torch, FP32, rounded once to bf16); drouter = dlogits^T @ x (torch, FP32)
     weight gradients (the expert segments along the rows are the K groups, padded to 128 rows as the k-grouped GEMM
-    needs; the rows the layout leaves unused are never written, and not read), both operands cast per 1 x 128 along
-    the rows (per_channel_cast_transpose_to_fp8):
+    needs, their sizes on the device; the GEMM's K is all R rows, an upper bound: the rows the layout leaves unused
+    are never written, and not read), both operands cast per 1 x 128 along the rows
+    (per_channel_cast_transpose_to_fp8):
         ddown[e]    = dO_e^T @ y_e       y = swiglu_forward(h, weights, pos) recomputed in bf16      FP32 [E, H, I]
         dgate_up[e] = dh_e^T @ x_e       x_e: the expert's token rows (moe_expand, bf16)            FP32 [E, 2I, H]
     by weight_gradient_gemm (k_grouped_fp8_gemm_nt_contiguous), then cast to the weights' dtype.
 The FP8 weights are differentiated straight through (the gradient of a master weight is that of its quantized value,
-as FP8 training does); the correction bias and the selection get none. The one host synchronization: the experts'
-padded row counts, the k-grouped GEMM's host-side group sizes; it is also why torch.compile(fullgraph=True) cannot
-trace this backward (data-dependent host values), while the gate and SwiGLU functions (nn.functional) do trace.
+as FP8 training does); the correction bias and the selection get none.
+
+No host synchronization, forward or backward: every shape follows from T, k, E, H and I (R is the layout's
+worst-case rows), so torch.compile(fullgraph=True) traces the layer's forward and backward to the kernels' ops.
 
 Deterministic: every reduction has a fixed order (no atomics in any kernel used, torch's GEMMs deterministic for
 fixed shapes).
@@ -65,23 +67,22 @@ def transposed_experts(fp8_weight: tuple) -> tuple:
     return batched_transpose(q), scales.transpose(1, 2).contiguous()
 
 
-def weight_gradient_gemm(rows_a: torch.Tensor, rows_b: torch.Tensor, ks: list, ks_tensor: torch.Tensor,
-                         num_experts: int) -> torch.Tensor:
-    """FP32 [E, M, N]: out[e] = rows_a_e^T @ rows_b_e over expert e's segment of rows (ks[e] rows, back to back),
-    of bf16 rows_a [R, M] and rows_b [R, N], both cast per 1 x 128 along the rows (the weight-gradient recipe)."""
+def weight_gradient_gemm(rows_a: torch.Tensor, rows_b: torch.Tensor, segment_rows: torch.Tensor) -> torch.Tensor:
+    """FP32 [E, M, N]: out[e] = rows_a_e^T @ rows_b_e over expert e's segment of rows (segment_rows[e] rows, back to
+    back from row 0; the rows after the last segment are not read), of bf16 rows_a [R, M] and rows_b [R, N], both
+    cast per 1 x 128 along the rows (the weight-gradient recipe)."""
     a = per_channel_cast_transpose_to_fp8(rows_a)
     b = per_channel_cast_transpose_to_fp8(rows_b)
-    out = torch.empty((num_experts, rows_a.shape[1], rows_b.shape[1]), dtype=torch.float32, device=rows_a.device)
-    return k_grouped_fp8_gemm_nt_contiguous(a, b, out, ks, ks_tensor)
+    out = torch.empty((segment_rows.shape[0], rows_a.shape[1], rows_b.shape[1]), dtype=torch.float32,
+                      device=rows_a.device)
+    return k_grouped_fp8_gemm_nt_contiguous(a, b, out, None, segment_rows)
 
 
-def _segment_sizes(layout: MoeLayout) -> tuple:
-    """(host list, int32 tensor) of each expert's rows in the contiguous layout: its count rounded up to 128. They
-    sum to the rows the layout uses; the rows after them are never written (moe_expand leaves them), so the weight
-    gradients read the used rows only."""
+def segment_rows(layout: MoeLayout) -> torch.Tensor:
+    """int32 [E] on the device: each expert's rows in the contiguous layout, its count rounded up to 128. They sum to
+    the rows the layout uses (num_rows); the rows after them are never written (moe_expand leaves them)."""
     sizes = (layout.counts + (CONTIGUOUS_ALIGNMENT - 1)).div(CONTIGUOUS_ALIGNMENT, rounding_mode="floor")
-    sizes = (sizes * CONTIGUOUS_ALIGNMENT).int()
-    return sizes.tolist(), sizes
+    return (sizes * CONTIGUOUS_ALIGNMENT).int()
 
 
 class _MoELayer(torch.autograd.Function):
@@ -112,7 +113,7 @@ class _MoELayer(torch.autograd.Function):
          *layout_tensors) = ctx.saved_tensors
         layout = MoeLayout(*layout_tensors)
         top_k, num_groups, topk_groups, scoring, renormalize, routed_scaling_factor = ctx.config
-        num_rows, num_experts = projected.shape[0], gate_up_q.shape[0]
+        num_rows = projected.shape[0]
         intermediate, hidden = projected.shape[1] // 2, x.shape[1]
         dout = dout.to(torch.bfloat16).contiguous()
 
@@ -139,17 +140,15 @@ class _MoELayer(torch.autograd.Function):
         # Weight gradients: K-grouped over the experts' row segments.
         grad_gate_up = grad_down = None
         if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
-            ks, ks_tensor = _segment_sizes(layout)
-            used = sum(ks)
+            segments = segment_rows(layout)
             if ctx.needs_input_grad[3]:
                 activated = torch.zeros((num_rows, intermediate), dtype=torch.bfloat16, device=x.device)
                 swiglu_forward(projected, weights=weights, pos=layout.row_to_slot, check_pos=False, out=activated)
-                grad_down = weight_gradient_gemm(moe_expand(dout, layout, zero_padding=True)[:used], activated[:used],
-                                                 ks, ks_tensor, num_experts).to(ctx.weight_dtypes[1])
+                grad_down = weight_gradient_gemm(moe_expand(dout, layout, zero_padding=True), activated,
+                                                 segments).to(ctx.weight_dtypes[1])
             if ctx.needs_input_grad[2]:
                 token_rows = moe_expand(x, layout, zero_padding=True)
-                grad_gate_up = weight_gradient_gemm(grad_projected[:used], token_rows[:used], ks, ks_tensor,
-                                                    num_experts).to(ctx.weight_dtypes[0])
+                grad_gate_up = weight_gradient_gemm(grad_projected, token_rows, segments).to(ctx.weight_dtypes[0])
         return grad_x.to(x.dtype), grad_router, grad_gate_up, grad_down, None, None, None, None
 
 
