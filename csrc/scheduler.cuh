@@ -19,10 +19,16 @@
 // Kinds (GemmType):
 //   Normal               A [M, K], B [N, K], D [M, N].
 //   MGroupedContiguous   A holds the rows of all groups back to back, each group's segment padded to a
-//                        multiple of BLOCK_M; grouped_layout[row] is the row's group, -1 on padding
+//                        multiple of 128 rows; grouped_layout[row] is the row's group, -1 on padding
 //                        (any id outside [0, num_groups) counts as padding).
 //                        An M-block's group is that of its first row; blocks starting on padding are
 //                        skipped. B is [G, N, K]; D rows follow A's.
+//                        256-row tiles (kHalfBlockTiles): a segment may start at an odd 128-row half, so
+//                        tiles start on halves: the even halves' tiles first (rows 256 i on), then the odd
+//                        halves' (rows 256 i + 128 on), an odd half's tile taken only where its group starts
+//                        there (differs from the half before). Such a tile writes only its first 128 rows
+//                        (the rows after are the next even half's tile's); a tile's rows of another group
+//                        are never written (is_valid_row).
 //   MGroupedMasked       A [G, M_max, K] (shape_m = M_max); grouped_layout[g] = valid rows of group g
 //                        (masked_m, read on the device, clamped to [0, M_max]); only the M-blocks holding
 //                        valid rows are walked.
@@ -30,7 +36,8 @@
 //                        grouped_layout[g] = k_g columns (read on the device, negative counts as 0) starting
 //                        at the sum of the earlier groups' k_g. Every group walks all of its M x N tiles
 //                        (an empty group's tiles have no K blocks); the tile's K blocks are
-//                        [k_block_begin, k_block_begin + num_k_blocks) of A and B (k_g / 128 of them).
+//                        [k_block_begin, k_block_begin + num_k_blocks) of A and B (k_g / kKBlock of them:
+//                        kKBlock is the kernel's BLOCK_K, 128 for FP8 operands and 64 for BF16).
 // is_valid_row tells the epilogue which D rows of a tile it may write (padding and rows past masked_m
 // are never written).
 #pragma once
@@ -68,7 +75,7 @@ struct TileInfo {
 };
 
 template <GemmType kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumTMAMulticast,
-          bool kIsMulticastOnA, uint32_t kNumSplits = 1>
+          bool kIsMulticastOnA, uint32_t kNumSplits = 1, uint32_t kKBlock = 128>
 struct Scheduler {
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
     DK_STATIC_ASSERT(kNumSplits >= 1 && (kNumSplits == 1 || (kGemmType == GemmType::Normal && kNumTMAMulticast == 1)),
@@ -76,12 +83,14 @@ struct Scheduler {
 
     static constexpr bool kPairsShareM = kNumTMAMulticast == 2 && kIsMulticastOnA;
     static constexpr bool kPairsShareN = kNumTMAMulticast == 2 && !kIsMulticastOnA;
+    // Contiguous 256-row tiles start on 128-row halves (the segment alignment); m_block_idx counts halves.
+    static constexpr bool kHalfBlockTiles = kGemmType == GemmType::MGroupedContiguous && BLOCK_M == 256;
+    static constexpr uint32_t kMBlockRows = kHalfBlockTiles ? BLOCK_M / 2 : BLOCK_M;
+    DK_STATIC_ASSERT(!kHalfBlockTiles || !kPairsShareN, "contiguous 256-row tiles multicast A, not B");
     static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
     static constexpr uint32_t kNumNUnits = kPairsShareM ? ceil_div(kNumNBlocks, 2u) : kNumNBlocks;
     // NOTE: 8 N-units per band: ~16 concurrent M-blocks x 8 N-blocks per 132-SM wave at large M.
     static constexpr uint32_t kNumNUnitsPerBand = 8;
-    // KGrouped: K blocks are 128 columns deep (the scale block).
-    static constexpr uint32_t kKBlock = 128;
 
     const uint32_t shape_m;
     const int* const grouped_layout;
@@ -110,6 +119,8 @@ struct Scheduler {
           next_unit_idx(blockIdx.x / kNumTMAMulticast) {
         if constexpr (kGemmType == GemmType::MGroupedMasked)
             group_num_m_blocks = num_groups > 0 ? masked_num_m_blocks(0) : 0;
+        else if constexpr (kHalfBlockTiles)
+            group_num_m_blocks = ceil_div(shape_m, kMBlockRows);
         else
             group_num_m_blocks = ceil_div(shape_m, BLOCK_M);
         if constexpr (kGemmType == GemmType::KGrouped)
@@ -138,7 +149,7 @@ struct Scheduler {
             uint32_t m_unit, n_unit;
             rasterize(unit_idx - group_first_unit, m_unit, n_unit);
             // Pair member r (r = CTA rank; always 0 without multicast).
-            const uint32_t m_block_0 = kPairsShareN ? 2 * m_unit : m_unit;
+            const uint32_t m_block_0 = kHalfBlockTiles ? half_of_m_unit(m_unit) : kPairsShareN ? 2 * m_unit : m_unit;
             const uint32_t n_block_0 = kPairsShareM ? 2 * n_unit : n_unit;
             const uint32_t m_block_1 = kPairsShareN ? m_block_0 + 1 : m_block_0;
             const uint32_t n_block_1 = kPairsShareM ? n_block_0 + 1 : n_block_0;
@@ -194,6 +205,13 @@ struct Scheduler {
         return is_valid_row(row_key(row, group), row, group);
     }
 
+    // The tile's first row (counted inside the group when masked).
+    DK_DEVICE static uint32_t first_row(const TileInfo& tile) { return tile.m_block_idx * kMBlockRows; }
+
+    // Contiguous 256-row tiles: whether the tile starts on an odd half, so that its last 128 rows are the next
+    // tile's and are not written by this one.
+    DK_DEVICE static bool is_odd_half_tile(const TileInfo& tile) { return kHalfBlockTiles && tile.m_block_idx % 2 == 1; }
+
 private:
     // KGrouped: group g's K columns (a negative count is 0).
     DK_DEVICE uint32_t group_columns(uint32_t group) const {
@@ -220,8 +238,18 @@ private:
         return ceil_div(masked_num_rows(group), BLOCK_M);
     }
 
-    DK_DEVICE uint32_t num_units(uint32_t num_m_blocks) const {
-        return (kPairsShareN ? ceil_div(num_m_blocks, 2u) : num_m_blocks) * kNumNUnits;
+    // M-units of a group: M-blocks, or pairs of them with multicast on B; contiguous 256-row tiles: one per
+    // 128-row half (the halves' tiles that do not start a tile are skipped).
+    DK_DEVICE uint32_t num_m_units(uint32_t num_m_blocks) const {
+        return kPairsShareN ? ceil_div(num_m_blocks, 2u) : num_m_blocks;
+    }
+
+    DK_DEVICE uint32_t num_units(uint32_t num_m_blocks) const { return num_m_units(num_m_blocks) * kNumNUnits; }
+
+    // Contiguous 256-row tiles: the half an M-unit's tile starts on, the even halves' first.
+    DK_DEVICE uint32_t half_of_m_unit(uint32_t m_unit) const {
+        const uint32_t num_even = ceil_div(group_num_m_blocks, 2u);
+        return m_unit < num_even ? 2 * m_unit : 2 * (m_unit - num_even) + 1;
     }
 
     // Makes [group_first_unit, group_first_unit + num_units) hold unit_idx; false past the last unit.
@@ -250,8 +278,7 @@ private:
     }
 
     DK_DEVICE void rasterize(uint32_t unit_in_group, uint32_t& m_unit, uint32_t& n_unit) const {
-        const uint32_t num_m_units = kPairsShareN ? ceil_div(group_num_m_blocks, 2u) : group_num_m_blocks;
-        const uint32_t band_size = num_m_units * kNumNUnitsPerBand;
+        const uint32_t band_size = num_m_units(group_num_m_blocks) * kNumNUnitsPerBand;
         const uint32_t band_idx = unit_in_group / band_size;
         const uint32_t unit_in_band = unit_in_group - band_idx * band_size;
         const uint32_t band_first_n = band_idx * kNumNUnitsPerBand;
@@ -261,13 +288,18 @@ private:
     }
 
     DK_DEVICE bool is_valid_block(uint32_t m_block_idx, uint32_t n_block_idx, int group) const {
-        return m_block_idx < group_num_m_blocks && n_block_idx < kNumNBlocks && group >= 0;
+        const bool valid = m_block_idx < group_num_m_blocks && n_block_idx < kNumNBlocks && group >= 0;
+        if constexpr (kHalfBlockTiles) {
+            // An odd half starts a tile only where its group starts there.
+            return valid && (m_block_idx % 2 == 0 || contiguous_group((m_block_idx - 1) * kMBlockRows) != group);
+        }
+        return valid;
     }
 
     // Group of an M-block: the masked cursor's group, the first row's id for contiguous, 0 for Normal.
     DK_DEVICE int block_group(uint32_t m_block_idx) const {
         if constexpr (kGemmType == GemmType::MGroupedContiguous)
-            return m_block_idx < group_num_m_blocks ? contiguous_group(m_block_idx * BLOCK_M) : -1;
+            return m_block_idx < group_num_m_blocks ? contiguous_group(m_block_idx * kMBlockRows) : -1;
         else if constexpr (kGemmType == GemmType::MGroupedMasked || kGemmType == GemmType::KGrouped)
             return static_cast<int>(group_idx);
         else

@@ -17,6 +17,7 @@ from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
 from deep_kernels.grouped_gemm import (
     get_m_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
 )
+from deep_kernels.k_grouped_bf16_gemm import k_grouped_bf16_gemm_nt_contiguous, k_grouped_bf16_gemm_tn_contiguous
 from deep_kernels.k_grouped_gemm import k_grouped_fp8_gemm_nt_contiguous, k_grouped_fp8_gemm_tn_contiguous
 from deep_kernels.moe.expand import moe_expand, moe_expand_cast_to_fp8, moe_reduce
 from deep_kernels.moe.expert_parallel import map_global_to_local_experts
@@ -43,7 +44,8 @@ __all__ = [
     "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked", "fp8_fp4_gemm_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked", "fp8_gemm_nt", "get_m_alignment_for_contiguous_layout",
-    "get_mn_major_tma_aligned_tensor", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
+    "get_mn_major_tma_aligned_tensor", "k_grouped_bf16_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous",
+    "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "tma_aligned_size",
     # MoE routing
     "MoeLayout", "map_global_to_local_experts", "moe_expand", "moe_expand_cast_to_fp8", "moe_layout", "moe_reduce",

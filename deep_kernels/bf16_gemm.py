@@ -63,7 +63,7 @@ def _check_k_major(t: torch.Tensor, name: str, rows: str, layout: str) -> None:
     check_row_major_rows(t, name)
 
 
-def _is_mn_major(t: torch.Tensor, name: str, rows: str) -> bool:
+def is_mn_major(t: torch.Tensor, name: str, rows: str) -> bool:
     """Whether a dense bf16 operand [rows, K] is MN-major (rows contiguous) rather than K-major; neither is an error."""
     check_dtype(t, name, (torch.bfloat16,))
     num_rows, k = t.shape
@@ -83,8 +83,8 @@ def _check_dense_call(a, b, d, c) -> tuple:
     """Full validation of a dense call; returns (m, n, k, whether a is M-major, whether b is N-major)."""
     check_rank(a, "a", 2)
     check_rank(b, "b", 2)
-    mn_major_a = _is_mn_major(a, "a", "M")
-    mn_major_b = _is_mn_major(b, "b", "N")
+    mn_major_a = is_mn_major(a, "a", "M")
+    mn_major_b = is_mn_major(b, "b", "N")
     m, k = a.shape
     n = b.shape[0]
     if b.shape[1] != k:
@@ -216,18 +216,18 @@ def _launch_dense(a, b, d, c, config=None) -> torch.Tensor:
     if num_tickets:
         workspace = gemm._split_workspace(a.get_device(), workspace_floats, num_tickets)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    map_a = _operand_map(a, config.block_m, mn_major_a)
+    map_a = operand_map(a, config.block_m, mn_major_a)
     # NOTE: the kernel reads no scales with BF16 operands; tmap_sfa and tmap_sfb take A's map so that every parameter
     # is valid.
     kernel.launch(
-        grid, a.get_device(), tmap_a=map_a, tmap_b=_operand_map(b, config.block_n, mn_major_b), tmap_sfa=map_a,
+        grid, a.get_device(), tmap_a=map_a, tmap_b=operand_map(b, config.block_n, mn_major_b), tmap_sfa=map_a,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes), sfb=0,
         shape_m=m, grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr, split_tickets=tickets_ptr,
         num_unsplit_tiles=num_unsplit_tiles, tmap_sfb=map_a)
     return d
 
 
-def _operand_map(t: torch.Tensor, block_rows: int, mn_major: bool) -> tuple:
+def operand_map(t: torch.Tensor, block_rows: int, mn_major: bool) -> tuple:
     """A dense operand's tensor map: K-major boxes {block_rows, 64}, or MN-major boxes of 64 x 64 (the kernel loads
     block_rows / 64 of them per stage)."""
     if mn_major:

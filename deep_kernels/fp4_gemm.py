@@ -18,8 +18,10 @@ exponent of the block's four UE8M0 scales, a code of a sub-block with exponent e
 e)) in e4m3, exactly wherever e_max - e <= 14 (else rounded to nearest even: the sub-block's values are then
 under 2^-12 of the block's largest), and the tensor cores' FP32 sum of each 128-deep block is promoted with
 sfa[row] * 2^(e_max - 133) per column, as the FP8 recipe promotes every 128 K. A NaN scale (0xFF) gives NaN
-columns. Deterministic (fixed reduction order, split-K included). At prefill sizes the dense GEMM expands B first
-(mxfp4_requant_to_fp8, the same numerics) and runs the FP8 GEMM with per-channel scales (fp8_fp4_gemm_nt's Notes).
+columns. Deterministic (fixed reduction order, split-K included). At decode sizes (up to 128 tokens) the dense GEMM
+runs a kernel with A and B swapped (csrc/kernels/sm90_fp8_fp4_gemm_swap_ab.cuh: the weights expanded in registers
+as wgmma's A operand, the same numerics). At prefill sizes the dense GEMM expands B first (mxfp4_requant_to_fp8,
+the same numerics) and runs the FP8 GEMM with per-channel scales (fp8_fp4_gemm_nt's Notes).
 NVFP4 weights are not supported (their E4M3 scales do not fold into e4m3 exactly).
 """
 
@@ -30,7 +32,9 @@ from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_output, scale_a
 from deep_kernels.grouped_gemm import _checked, _split_pairs
 from deep_kernels.heuristics import fp8_fp4_gemm as heuristics
+from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab_heuristics
 from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
+from deep_kernels.jit.definition import PTR, TENSOR_MAP, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
@@ -42,6 +46,16 @@ MXFP4_GROUP_SIZE = 32
 CODE_DTYPES = (torch.float4_e2m1fn_x2, torch.uint8)
 SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
 NORMAL, CONTIGUOUS, MASKED = "normal", "m_grouped_contiguous", "m_grouped_masked"
+
+# The dense GEMM at decode sizes with A and B swapped: the weights expanded into wgmma's register operand.
+FP8_FP4_SWAP_AB_GEMM = KernelDef(
+    swap_ab_heuristics.KERNEL_HEADER, "sm90_fp8_fp4_gemm_swap_ab_impl",
+    template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumCTAsPerSM",
+              "kNumChains"),
+    params=(Param("tmap_a", TENSOR_MAP), Param("tmap_codes", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
+            Param("tmap_d", TENSOR_MAP), Param("sfb_words", PTR), Param("shape_n", U32), Param("shape_k", U32),
+            Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR)),
+    threads=lambda t: 128 + 128 * int(t["kNumMathWarpgroups"]))
 
 
 def kernel_spec(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = NORMAL):
@@ -108,11 +122,14 @@ _plans = {}
 
 
 def _dense_plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int):
-    """(kernel, config, grid, split-K layout) of the in-kernel expansion, or None where the heuristics expand B
-    before the GEMM (heuristics.expands_before)."""
+    """The swapped kernel's config where it runs (decode sizes: swap_ab_heuristics.is_preferred), else (kernel,
+    config, grid, split-K layout) of the in-kernel expansion, or None where the heuristics expand B before the GEMM
+    (heuristics.expands_before)."""
     key = (m, n, k, out_dtype, accumulate, num_sms)
     if key not in _plans:
-        if heuristics.expands_before(m, n, k, num_sms, out_dtype.itemsize, accumulate):
+        if swap_ab_heuristics.is_preferred(m, n, k, num_sms):
+            _plans[key] = swap_ab_heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize)
+        elif heuristics.expands_before(m, n, k, num_sms, out_dtype.itemsize, accumulate):
             _plans[key] = None
         else:
             config = heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize, accumulate)
@@ -165,6 +182,34 @@ def _dense_plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accum
     return kernel, config, grid, split_layout
 
 
+def swap_ab_kernel_spec(config, out_dtype: torch.dtype, accumulate: bool):
+    return FP8_FP4_SWAP_AB_GEMM.spec(*swap_ab_heuristics.template_args(config, out_dtype, accumulate))
+
+
+def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulate: bool) -> None:
+    """The swapped kernel (m <= 128 tokens, sfa kernel-ready) of config, split-K through the FP8 GEMM's workspace."""
+    if config.block_t < m:
+        raise ValueError(f"a swapped config of {config.block_t} tokens cannot take m = {m}")
+    if not 1 <= config.num_splits <= k // SCALE_BLOCK:
+        raise ValueError(f"num_splits must be in 1..K / 128 = {k // SCALE_BLOCK}, got {config.num_splits}")
+    kernel = get_kernel(swap_ab_kernel_spec(config, d.dtype, accumulate), smem_bytes=config.smem_bytes)
+    num_tiles = -(-n // config.block_w)
+    workspace_ptr = tickets_ptr = 0
+    if config.num_splits > 1:
+        workspace = _split_workspace(a.get_device(), num_tiles * config.block_w * config.block_t * config.num_splits,
+                                     num_tiles * config.num_math_warpgroups)
+        workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
+    codes = b.view(torch.uint8)
+    kernel.launch(
+        (num_tiles * config.num_splits, 1, 1), a.get_device(),
+        tmap_a=tensor_map(a, (config.block_t, SCALE_BLOCK), 128),
+        tmap_codes=tensor_map(codes, (config.block_w, SCALE_BLOCK // 2), 64),
+        tmap_sfa=tensor_map(sfa, (config.block_t, 1), transpose=True),
+        tmap_d=tensor_map(d, (config.block_t, 128 // d.element_size()), 128),
+        sfb_words=sfb.data_ptr(), shape_n=n, shape_k=k, num_splits=config.num_splits, split_workspace=workspace_ptr,
+        split_tickets=tickets_ptr)
+
+
 def _codes_map(b: torch.Tensor, block_n: int) -> tuple:
     """The codes as bytes [rows, K / 2], box BLOCK_N rows x 64 bytes (one 128-deep K block), unswizzled."""
     codes = b.view(torch.uint8)
@@ -180,7 +225,8 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
             per_token_cast_to_mxfp4(w) returns it (row_major scales).
         d: [M, N] output, bf16; fp32 when c is given.
         c: optional fp32 [M, N] added to the product; may be d itself.
-        config: for measured tuning and tests only: a heuristics.fp8_fp4_gemm config instead of the chosen one.
+        config: for measured tuning and tests only: a heuristics.fp8_fp4_gemm config, or a
+            heuristics.fp8_fp4_swap_ab one (the swapped kernel, up to 128 tokens), instead of the chosen one.
 
     Returns:
         d.
@@ -217,9 +263,14 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
             from deep_kernels.gemm import fp8_gemm_nt
             return fp8_gemm_nt((a, sfa), _expanded_weights(b, sfb, n, k), d, d if accumulate else None,
                                recipe=(1, 1, 128))
-        kernel, config, grid, split_layout = plan
+    elif isinstance(config, swap_ab_heuristics.SwapAbConfig):
+        plan = config
     else:
-        kernel, config, grid, split_layout = _dense_plan_of(config, m, n, k, d.dtype, accumulate, num_sms)
+        plan = _dense_plan_of(config, m, n, k, d.dtype, accumulate, num_sms)
+    if isinstance(plan, swap_ab_heuristics.SwapAbConfig):
+        _launch_swap_ab(plan, a, sfa, b, sfb, d, m, n, k, accumulate)
+        return d
+    kernel, config, grid, split_layout = plan
     workspace_ptr = tickets_ptr = 0
     num_unsplit_tiles, workspace_floats, num_tickets = split_layout
     if num_tickets:
@@ -387,9 +438,14 @@ REPRESENTATIVE_MNK = tuple((m, n, k) for n, k in ((2112, 7168), (24576, 1536), (
 
 @precompiled
 def precompile_specs() -> list:
-    """The dense picks over REPRESENTATIVE_MNK (bf16 D)."""
+    """The dense picks over REPRESENTATIVE_MNK (bf16 D), and the swapped kernel's at its decode sizes."""
     specs = {}
     for m, n, k in REPRESENTATIVE_MNK:
         args = tuple(heuristics.template_args(heuristics.get_config(m, n, k, 132), n, k, torch.bfloat16, False))
         specs.setdefault(args, FP8_GEMM.spec(*args))
+        if m <= swap_ab_heuristics.MAX_TOKENS:
+            config = swap_ab_heuristics.get_config(m, n, k, 132)
+            specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
+                              config.ctas_per_sm, config.num_chains),
+                             swap_ab_kernel_spec(config, torch.bfloat16, False))
     return list(specs.values())

@@ -29,7 +29,7 @@ from deep_kernels.device import get_num_sms, has_gpu, target_arch
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.jit.definition import PTR, TENSOR_MAP, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import get_kernel, remember_encoded, tensor_map
+from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch, tensor_map
 from deep_kernels.quant import unpack_ue8m0
 from deep_kernels.validation import (
     ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, tma_aligned_size,
@@ -191,9 +191,12 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
     for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong"):
         if flag in fields:
             fields[flag] = bool(fields[flag])
-    if grouped and (fields["num_splits"] != 1 or not heuristics.is_legal_tile(fields["block_m"], fields["block_n"],
-                                                                                grouped=True)):
-        raise ValueError("DK_FP8_GEMM_CONFIG: the grouped GEMMs take neither split-K nor 256-row tiles")
+    if grouped and (fields["num_splits"] != 1 or
+                    not heuristics.is_legal_tile(fields["block_m"], fields["block_n"], True, operands) or
+                    not heuristics.is_legal_multicast(fields["block_m"], fields["num_tma_multicast"],
+                                                      fields["multicast_on_a"], grouped=True)):
+        raise ValueError("DK_FP8_GEMM_CONFIG: the grouped GEMMs take no split-K, and 256-row tiles only with block "
+                         "scales, at most 128 columns and multicast on A if any")
     config = heuristics.make_config(out_dtype_bytes=out_bytes, operands=operands, **fields)
     if not 1 <= config.num_splits <= ceil_div(k, SCALE_BLOCK):
         raise ValueError(f"DK_FP8_GEMM_CONFIG: splits must be in 1..ceil(K / 128) = {ceil_div(k, SCALE_BLOCK)}, "
@@ -339,7 +342,15 @@ def _check_call(a, sfa, b, sfb, d, c, operands: str = BLOCK_SCALED) -> tuple:
 
 def call_signature(*tensors) -> tuple:
     """What validation depends on, bar data addresses: dtypes, shapes, strides and devices (None stays None)."""
-    return tuple(None if t is None else (t.dtype, t.shape, t.stride(), t.get_device()) for t in tensors)
+    return tuple([None if t is None else (t.dtype, t.shape, t.stride(), t.get_device()) for t in tensors])
+
+
+def _gemm_signature(a, sfa, b, sfb, d, c, operands: str) -> tuple:
+    """call_signature(a, sfa, b, sfb, d, c) and the operands, in one flat tuple: the hot path's form of it."""
+    return (a.dtype, a.shape, a.stride(), a.get_device(), sfa.dtype, sfa.shape, sfa.stride(), sfa.get_device(),
+            b.dtype, b.shape, b.stride(), b.get_device(), sfb.dtype, sfb.shape, sfb.stride(), sfb.get_device(),
+            d.dtype, d.shape, d.stride(), d.get_device(),
+            None if c is None else (c.dtype, c.shape, c.stride(), c.get_device()), operands)
 
 
 @dataclass(frozen=True)
@@ -362,8 +373,9 @@ class _PreparedCall:
     map_sfa: tuple = None
     map_d: tuple = None
     map_sfb: tuple = None  # per-channel B scales only
-    # The kernel's encoded parameters by the call's addresses (a, b, sfa, d, sfb, split-K workspace, tickets).
-    encoded: dict = field(default_factory=dict, compare=False)
+    # The kernel's prepared launches (Kernel.prepare) by the call's addresses (a, b, sfa, d, sfb) and split-K
+    # workspace (a _SplitWorkspace, never freed, so that its identity stands for its addresses; None without split-K).
+    launches: dict = field(default_factory=dict, compare=False)
 
 
 def _prepare_call(a, sfa, b, sfb, d, c, config=None, operands: str = BLOCK_SCALED) -> _PreparedCall:
@@ -430,7 +442,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None) -> t
     (a, sfa), (b, sfb) = a, b
     operands = operands_of_recipe(recipe)
     try:
-        signature = (call_signature(a, sfa, b, sfb, d, c), operands)
+        signature = _gemm_signature(a, sfa, b, sfb, d, c, operands)
     except AttributeError:  # not tensors: the full check below says which
         signature = None
     call = _prepared_calls.get(signature)
@@ -451,39 +463,45 @@ def forced_config_call(config, a, b, d: torch.Tensor, c: torch.Tensor = None, re
 
 def _launch(call: _PreparedCall, a, sfa, b, sfb, d: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """The per-call part of a validated call: scale conversion where needed, address checks, the launch. The
-    encoded parameters are cached on the call's addresses, so a call with the addresses of an earlier one (whose
-    checks passed) encodes no tensor map."""
+    prepared launches are cached on the call's addresses, so a call with the addresses of an earlier one (whose
+    checks passed) encodes no tensor map and passes no parameter."""
     if not call.scales_ready:
         sfa, sfb = kernel_scales(sfa, sfb, call.m, call.n, call.k, call.operands)
-    a_ptr, b_ptr, sfa_ptr, d_ptr = a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d.data_ptr()
+    d_ptr = d.data_ptr()
     if call.kernel is None:
-        _check_tma_addresses(a_ptr, b_ptr, sfa_ptr, d_ptr, sfb.data_ptr() if call.operands == CHANNEL_SCALED else 0)
+        _check_tma_addresses(a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d_ptr,
+                             sfb.data_ptr() if call.operands == CHANNEL_SCALED else 0)
         return d
-
     device_index = call.device_index
-    num_unsplit_tiles, workspace_floats, num_tickets = call.split_layout
-    if num_tickets:
-        workspace = _split_workspace(device_index, workspace_floats, num_tickets)
-        workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    else:
-        workspace_ptr = tickets_ptr = 0
-    sfb_ptr = sfb.data_ptr()
-    key = (a_ptr, b_ptr, sfa_ptr, d_ptr, sfb_ptr, workspace_ptr, tickets_ptr)
-    encoded = call.encoded.get(key)
-    if encoded is None:
-        channel_scaled = call.operands == CHANNEL_SCALED
-        _check_tma_addresses(a_ptr, b_ptr, sfa_ptr, d_ptr, sfb_ptr if channel_scaled else 0)
-        tmap_sfa = (sfa_ptr,) + call.map_sfa
-        encoded = remember_encoded(call.encoded, key, call.kernel.encode(
-            tmap_a=(a_ptr,) + call.map_a, tmap_b=(b_ptr,) + call.map_b, tmap_sfa=tmap_sfa,
-            tmap_d=(d_ptr,) + call.map_d, sfb=0 if channel_scaled else sfb_ptr, shape_m=call.m, grouped_layout=0,
-            num_groups=0, d=0, split_workspace=workspace_ptr, split_tickets=tickets_ptr,
-            num_unsplit_tiles=num_unsplit_tiles,
-            tmap_sfb=(sfb_ptr,) + call.map_sfb if channel_scaled else tmap_sfa))
+    # NOTE: the current workspace, unchecked: a launch cached with it was made for a call that fit in it.
+    workspace = _split_workspaces.get(device_index) if call.split_layout[2] else None
+    key = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d_ptr, sfb.data_ptr(), workspace)
+    launch = call.launches.get(key)
+    if launch is None:
+        launch = _prepare_launch(call, key)
     if c is not None and c.data_ptr() != d_ptr:
         d.copy_(c)
-    call.kernel.launch_encoded(call.grid, device_index, encoded)
+    launch.launch(current_raw_stream(device_index))
     return d
+
+
+def _prepare_launch(call: _PreparedCall, key: tuple):
+    """The launch of a validated call at the addresses of key (_launch's), its addresses checked, cached in the
+    call under the key they have with the workspace they use."""
+    a_ptr, b_ptr, sfa_ptr, d_ptr, sfb_ptr, _ = key
+    channel_scaled = call.operands == CHANNEL_SCALED
+    _check_tma_addresses(a_ptr, b_ptr, sfa_ptr, d_ptr, sfb_ptr if channel_scaled else 0)
+    num_unsplit_tiles, workspace_floats, num_tickets = call.split_layout
+    workspace = _split_workspace(call.device_index, workspace_floats, num_tickets) if num_tickets else None
+    tmap_sfa = (sfa_ptr,) + call.map_sfa
+    encoded = call.kernel.encode(
+        tmap_a=(a_ptr,) + call.map_a, tmap_b=(b_ptr,) + call.map_b, tmap_sfa=tmap_sfa, tmap_d=(d_ptr,) + call.map_d,
+        sfb=0 if channel_scaled else sfb_ptr, shape_m=call.m, grouped_layout=0, num_groups=0, d=0,
+        split_workspace=workspace.partials.data_ptr() if workspace else 0,
+        split_tickets=workspace.tickets.data_ptr() if workspace else 0, num_unsplit_tiles=num_unsplit_tiles,
+        tmap_sfb=(sfb_ptr,) + call.map_sfb if channel_scaled else tmap_sfa)
+    return remember_launch(call.launches, key[:5] + (workspace,),
+                           call.kernel.prepare(call.grid, call.device_index, encoded))
 
 
 def _check_tma_addresses(a_ptr: int, b_ptr: int, sfa_ptr: int, d_ptr: int, channel_sfb_ptr: int = 0) -> None:

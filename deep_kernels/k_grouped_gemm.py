@@ -66,9 +66,9 @@ def _plan(m: int, n: int, total_k: int, num_groups: int, accumulate: bool):
     return plan
 
 
-def _check_ks(ks, ks_tensor, total_k: int) -> int:
-    """The host list ks (each a non-negative multiple of 128, summing to total_k) and ks_tensor (int32 [G]);
-    returns G. ks None: ks_tensor's shape alone (its values stay on the device)."""
+def check_group_sizes(ks, ks_tensor, total_k: int, alignment: int = SCALE_BLOCK) -> int:
+    """The host list ks (each a non-negative multiple of `alignment`, the kernel's K block, summing to total_k) and
+    ks_tensor (int32 [G]); returns G. ks None: ks_tensor's shape alone (its values stay on the device)."""
     if ks is None:
         check_dtype(ks_tensor, "ks_tensor", (torch.int32,))
         if ks_tensor.dim() != 1 or ks_tensor.numel() == 0 or not ks_tensor.is_contiguous():
@@ -80,8 +80,8 @@ def _check_ks(ks, ks_tensor, total_k: int) -> int:
     if not isinstance(ks, (list, tuple)) or not ks:
         raise TypeError(f"ks must be a non-empty list of ints (the tokens of each group), got {ks!r}")
     for g, k in enumerate(ks):
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0 or k % SCALE_BLOCK:
-            raise ValueError(f"ks[{g}] = {k!r}: every group's K must be a non-negative multiple of {SCALE_BLOCK} "
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0 or k % alignment:
+            raise ValueError(f"ks[{g}] = {k!r}: every group's K must be a non-negative multiple of {alignment} "
                              "(pad each expert's tokens to it)")
     if sum(ks) != total_k:
         raise ValueError(f"ks sums to {sum(ks)} but a and b hold sum k = {total_k} columns")
@@ -115,7 +115,7 @@ def _check_call(a, sfa, b, sfb, d, ks, ks_tensor, c) -> tuple:
         raise ValueError(f"a is [M, sum k] = {tuple(a.shape)} but b is [N, sum k] = {tuple(b.shape)}: sum k differs")
     if n % 16 != 0 or n == 0:
         raise ValueError(f"N must be a positive multiple of 16, got {n}")
-    num_groups = _check_ks(ks, ks_tensor, total_k)
+    num_groups = check_group_sizes(ks, ks_tensor, total_k)
     check_dtype(d, "d", (torch.float32,))
     if tuple(d.shape) != (num_groups, m, n) or not d.is_contiguous():
         raise ValueError(f"d must be a contiguous FP32 [G, M, N] = {(num_groups, m, n)} tensor, got shape "
@@ -191,7 +191,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
             _checked_calls[signature] = checked
     else:
         # NOTE: the group sizes change from step to step: checked on every call, never a cache key.
-        _check_ks(ks, ks_tensor, checked[2])
+        check_group_sizes(ks, ks_tensor, checked[2])
     m, n, total_k, num_groups, scales_ready = checked
     if not scales_ready:
         sfa = scale_a(sfa, m, total_k // SCALE_BLOCK)

@@ -20,14 +20,15 @@ rows, skipped rows) keeps its contents as in eager calls.
 
 Not ops (they launch nothing of their own, and trace as they are): get_mn_major_tma_aligned_tensor and
 nvfp4_global_scale (torch ops), tma_aligned_size, get_m_alignment_for_contiguous_layout, get_num_sms, set_num_sms,
-and bf16_gemm_nn / tn / tt (transposed views handed to bf16_gemm_nt, which traces to its op).
+bf16_gemm_nn / tn / tt and k_grouped_bf16_gemm_tn_contiguous (transposed views handed to the nt function, which
+traces to its op).
 """
 
 from dataclasses import fields
 
 import torch
 
-from deep_kernels import bf16_gemm, fp4_gemm, gemm, grouped_gemm, k_grouped_gemm
+from deep_kernels import bf16_gemm, fp4_gemm, gemm, grouped_gemm, k_grouped_bf16_gemm, k_grouped_gemm
 from deep_kernels.grouped_gemm import _split_pairs
 from deep_kernels.moe import expand, expert_parallel, gate, layout, routing
 from deep_kernels.moe.expand import _layout_sizes, expanded_scale_geometry
@@ -247,6 +248,20 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks, ks_tensor, c, recipe):
     c_is_d = c is d
     _OPS.k_grouped_fp8_gemm_tn_contiguous.default(*_split_pairs(a, b), d, None if ks is None else list(ks),
                                                   ks_tensor, None if c_is_d else c, c_is_d, list(recipe))
+    return d
+
+
+def _k_grouped_bf16_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c, c_is_d) -> None:
+    k_grouped_bf16_gemm.k_grouped_bf16_gemm_nt_contiguous(a, b, d, list(ks), ks_tensor, d if c_is_d else c)
+
+
+_define("k_grouped_bf16_gemm_nt_contiguous(Tensor a, Tensor b, Tensor(a!) d, int[] ks, Tensor ks_tensor, Tensor? c, "
+        "bool c_is_d) -> ()", _k_grouped_bf16_gemm_nt_contiguous, _writes_only)
+
+
+def k_grouped_bf16_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c):
+    c_is_d = c is d
+    _OPS.k_grouped_bf16_gemm_nt_contiguous.default(a, b, d, list(ks), ks_tensor, None if c_is_d else c, c_is_d)
     return d
 
 

@@ -100,7 +100,7 @@ def test_transposed_forms_take_either_major_and_grouped_ones_refuse_mn_major():
                        (deep_kernels.bf16_gemm_tt, (a.t().contiguous(), b, d)), (deep_kernels.bf16_gemm_tt, (a.t(), b, d))):
         with pytest.raises(ValueError, match="must be a CUDA tensor"):
             call(*args)
-    assert bf16_gemm._is_mn_major(a.t().contiguous().t(), "a", "M") and not bf16_gemm._is_mn_major(a, "a", "M")
+    assert bf16_gemm.is_mn_major(a.t().contiguous().t(), "a", "M") and not bf16_gemm.is_mn_major(a, "a", "M")
     a, b, d, m_indices = _cpu_grouped()
     with pytest.raises(ValueError, match=r"a is M-major .* grouped BF16 GEMMs read a \[M_total, K\] K-major"):
         deep_kernels.m_grouped_bf16_gemm_nt_contiguous(a.t().contiguous().t(), b, d, m_indices)

@@ -263,3 +263,96 @@ def test_masked_matches_reference_and_keeps_rows_past_masked_m(masked_m, m_max, 
         if rows:
             assert_gemm_close(d[g, :rows], expected[g, :rows])
         assert torch.isnan(d[g, rows:]).all()
+
+
+# ---- the swapped kernel (weights as wgmma's register operand, decode sizes) ----
+
+def test_swap_ab_smem_bytes_is_the_kernels_carve_up(tmp_path):
+    from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
+    from deep_kernels.jit import compiler
+
+    configs = [swap_ab.make_config(t, w) for t in swap_ab.BLOCK_TS for w in (1, 2)]
+    configs += [swap_ab.make_config(t, 1, ctas_per_sm=2) for t in (16, 32, 64)]
+    configs += [swap_ab.make_config(16, 2, num_chains=1), swap_ab.make_config(32, 1, num_chains=2)]
+    checks = [f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::Sm90Fp8Fp4SwapAbTraits<"
+              f"{', '.join(swap_ab.template_args(c, 'bfloat16', False))}>::kSmemBytes == {c.smem_bytes});"
+              for c in configs]
+    source = tmp_path / "swap_ab_smem_check.cu"
+    source.write_text('#include "kernels/sm90_fp8_fp4_gemm_swap_ab.cuh"\n' + "\n".join(checks) + "\n")
+    command = compiler.compile_command(source, tmp_path / "swap_ab_smem_check.cubin", "90a")
+    compiler.run_compile(command)
+    source.write_text(source.read_text().replace(f"== {configs[0].smem_bytes});", f"== {configs[0].smem_bytes + 1});", 1))
+    with pytest.raises(RuntimeError, match="static assertion failed"):
+        compiler.run_compile(command)
+
+
+def test_swap_ab_heuristics():
+    from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
+    for m in (1, 16, 64, 128):
+        for n, k in DEEPSEEK_NK:
+            config = swap_ab.get_config(m, n, k, 132)
+            assert config.block_t >= m and 1 <= config.num_splits <= k // 128
+            assert config.smem_bytes <= swap_ab.smem_capacity(config.ctas_per_sm)
+    with pytest.raises(ValueError, match="1 to 128 tokens"):
+        swap_ab.get_config(129, 4096, 7168, 132)
+    (a, sfa), (b, sfb), d = _cpu_operands(m=17)
+    with pytest.raises(ValueError, match="cannot take m = 17"):
+        fp4_gemm._launch_swap_ab(swap_ab.make_config(16), a, sfa, b, sfb, d, 17, 256, 256, False)
+    with pytest.raises(ValueError, match="num_splits must be in 1..K / 128 = 2"):
+        fp4_gemm._launch_swap_ab(swap_ab.make_config(32, num_splits=3), a, sfa, b, sfb, d, 17, 256, 256, False)
+
+
+def _swap_ab_config(block_t, warpgroups, splits, ctas_per_sm=1, chains=None):
+    from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
+    return swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas_per_sm, num_chains=chains)
+
+
+@pytest.mark.gpu
+# (m, n, k, tokens a tile, math warpgroups, splits, CTAs an SM, accumulator chains: None for the most that fit)
+@pytest.mark.parametrize("m,n,k,block_t,warpgroups,splits,ctas_per_sm,chains", [
+    (1, 2112, 7168, 16, 2, 4, 1, None), (16, 2112, 7168, 16, 2, 1, 1, 1), (13, 1040, 1024, 16, 2, 3, 1, None),
+    (64, 7168, 2048, 64, 2, 2, 1, None), (128, 4096, 7168, 128, 2, 3, 1, None), (100, 1040, 1024, 128, 1, 2, 1, None),
+    (128, 24576, 1536, 128, 2, 1, 1, None), (32, 32768, 512, 32, 1, 1, 1, None), (20, 176, 512, 32, 1, 4, 1, 2),
+    (64, 4096, 7168, 64, 2, 56, 1, 1), (5, 2112, 7168, 16, 1, 8, 2, None), (64, 7168, 2048, 64, 1, 2, 2, None),
+    (30, 4096, 1024, 32, 1, 1, 2, None),
+])
+def test_swap_ab_matches_reference(m, n, k, block_t, warpgroups, splits, ctas_per_sm, chains):
+    a, b = make_fp4_gemm_inputs(m, n, k)
+    config = _swap_ab_config(block_t, warpgroups, splits, ctas_per_sm, chains)
+    assert_gemm_close(_run(a, b, config=config), _reference(a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_shift", [14, 24])
+def test_swap_ab_sub_block_shifts(max_shift):
+    a, b = make_fp4_gemm_inputs(64, 2048, 2048, max_shift=max_shift)
+    assert_gemm_close(_run(a, b, config=_swap_ab_config(64, 2, 2)), _reference(a, b))
+
+
+@pytest.mark.gpu
+def test_swap_ab_accumulates_into_fp32_and_is_deterministic():
+    a, b = make_fp4_gemm_inputs(64, 2112, 1536)
+    config = _swap_ab_config(64, 2, 3)
+    c = accumulator_like(_reference(a, b))
+    expected = _reference(a, b, c)
+    d = poison_(torch.empty(64, 2112, device="cuda"))
+    assert_gemm_close(deep_kernels.fp8_fp4_gemm_nt(a, b, d, c=c, config=config), expected)
+    d = c.clone()
+    assert_gemm_close(deep_kernels.fp8_fp4_gemm_nt(a, b, d, c=d, config=config), expected)
+    first = _run(a, b, config=config)
+    assert_bitwise_equal(_run(a, b, config=config), first)
+
+
+@pytest.mark.gpu
+def test_swap_ab_check_rejects_planted_bugs():
+    a, b = make_fp4_gemm_inputs(64, 1024, 1024)
+    expected = _reference(a, b)
+    config = _swap_ab_config(64, 2, 2)
+    scales = b[1].view(torch.uint8).clone()
+    scales[517, 13] += 1
+    with pytest.raises(AssertionError, match="calc_diff"):
+        assert_gemm_close(_run(a, (b[0], scales.view(torch.float8_e8m0fnu)), config=config), expected)
+    codes = b[0].view(torch.uint8).clone()
+    codes[100] = (codes[100] >> 4) | (codes[100] << 4)
+    with pytest.raises(AssertionError, match="calc_diff"):
+        assert_gemm_close(_run(a, (codes, b[1]), config=config), expected)

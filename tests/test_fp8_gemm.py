@@ -227,10 +227,16 @@ def test_config_override_applies_to_the_grouped_gemms(monkeypatch):
     monkeypatch.setattr(gemm, "_config_override", lambda: {"block_n": 96, "multicast": 1})
     config = grouped_gemm._plan("m_grouped_masked", 256, 4096, 7168, 4)[1]
     assert (config.block_n, config.num_tma_multicast) == (96, 1)
-    for fields in ({"splits": 2}, {"block_m": 256, "block_n": 128}):
+    monkeypatch.setattr(grouped_gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "_config_override", lambda: {"block_m": 256, "block_n": 128, "multicast": 2,
+                                                           "multicast_on_a": 1})
+    config = grouped_gemm._plan("m_grouped_contiguous", 4096, 4096, 7168, 4)[1]
+    assert (config.block_m, config.block_n, config.num_tma_multicast, config.multicast_on_a) == (256, 128, 2, True)
+    for fields in ({"splits": 2}, {"block_m": 256, "block_n": 192},
+                   {"block_m": 256, "block_n": 128, "multicast": 2, "multicast_on_a": 0}):
         monkeypatch.setattr(grouped_gemm, "_plans", {})
         monkeypatch.setattr(gemm, "_config_override", lambda: fields)
-        with pytest.raises(ValueError, match="grouped GEMMs take neither split-K nor 256-row tiles"):
+        with pytest.raises(ValueError, match="grouped GEMMs take no split-K, and 256-row tiles only"):
             grouped_gemm._plan("m_grouped_contiguous", 4096, 4096, 7168, 4)
 
 

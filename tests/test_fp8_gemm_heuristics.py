@@ -315,7 +315,7 @@ def test_epilogue_overlap_on_every_128_and_256_row_unsplit_candidate():
     grouped = list(heur.candidate_configs(4096, 7168, NUM_SMS, grouped=True))
     assert {c.block_n for c in grouped if c.overlap_epilogue} == {64, 128, 192}
     for config in grouped:
-        assert config.overlap_epilogue == (config.block_m == 128 and config.block_n % 64 == 0)
+        assert config.overlap_epilogue == (config.block_m in (128, 256) and config.block_n % 64 == 0)
     overlapped = heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True)
     plain = heur.make_config(128, 192, 1, False, 2)
     assert heur.estimate_seconds(overlapped, 4096, 7168, 2048, NUM_SMS) < heur.estimate_seconds(plain, 4096, 7168,

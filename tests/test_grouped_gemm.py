@@ -110,10 +110,13 @@ def test_masked_rejects_bad_input(mutate, error, match):
 
 def test_alignment_is_the_routing_layouts():
     assert deep_kernels.get_m_alignment_for_contiguous_layout() == CONTIGUOUS_ALIGNMENT == 128
-    # No M-block of the contiguous layout may span two expert segments: the grouped kinds' tiles divide 128 rows.
+    # The grouped kinds' tiles divide 128 rows, or are 256 rows starting on 128-row halves (scheduler.cuh) and
+    # multicast A only (B pairs would not line up with the segments).
     for m in (128, 4096):
-        assert all(CONTIGUOUS_ALIGNMENT % config.block_m == 0
-                   for config in dense_heuristics.candidate_configs(m, 4096, NUM_SMS, grouped=True))
+        for config in dense_heuristics.candidate_configs(m, 4096, NUM_SMS, grouped=True):
+            assert CONTIGUOUS_ALIGNMENT % config.block_m == 0 or config.block_m == 2 * CONTIGUOUS_ALIGNMENT
+            if config.block_m == 256:
+                assert config.num_tma_multicast == 1 or config.multicast_on_a
 
 
 def test_batched_mn_major_scales():
@@ -199,16 +202,23 @@ def test_masked_tiles_follow_expected_m():
         assert heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 1024, n, k, 1, NUM_SMS).block_m == 128
 
 
-def test_masked_model_counts_a_half_full_last_block():
-    # masked_m varies around expected_m: a group's last M-block is half full on average.
+def test_masked_model_counts_the_blocks_of_expected_m():
+    # The FP8 model counts ceil(expected_m / BLOCK_M) blocks per group; the BF16 and FP4 models keep half a block more.
+    assert heuristics.modelled_rows("m_grouped_masked", 256, 4, 128, half_block_spread=False) == 256
     assert heuristics.modelled_rows("m_grouped_masked", 256, 4, 128) == 320
     assert heuristics.modelled_rows("m_grouped_masked", 0, 4, 64) == 33
     assert heuristics.modelled_rows("m_grouped_contiguous", 1000, 4, 128) == 250
     config = heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 256, 4096, 7168, 4, NUM_SMS)
-    for other in dense_heuristics.candidate_configs(256, 4096, NUM_SMS, grouped=True):
-        rows = heuristics.modelled_rows("m_grouped_masked", 256, 4, other.block_m)
-        assert (dense_heuristics.estimate_seconds(other, rows, 4096, 7168, NUM_SMS, num_groups=4) >=
-                dense_heuristics.estimate_seconds(config, 256 + config.block_m // 2, 4096, 7168, NUM_SMS, num_groups=4))
+    for other in dense_heuristics.candidate_configs(256, 4096, NUM_SMS, grouped=True, block_ms=(64, 128)):
+        assert (dense_heuristics.estimate_seconds(other, 256, 4096, 7168, NUM_SMS, num_groups=4) >=
+                dense_heuristics.estimate_seconds(config, 256, 4096, 7168, NUM_SMS, num_groups=4))
+    # Measured on the H200 (grouped_gemm suite shapes, hint 1.2 x expected_m): 16 groups of about 64 rows ran fastest
+    # on 128-row tiles (one block a group), 32 groups of about 32 rows on 64-row ones; 256-row tiles never won.
+    for n, k in ((4096, 7168), (7168, 2048)):
+        assert heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 76, n, k, 16, NUM_SMS).block_m == 128
+        assert heuristics.get_grouped_fp8_gemm_config("m_grouped_masked", 38, n, k, 32, NUM_SMS).block_m == 64
+    assert all(heuristics.get_grouped_fp8_gemm_config(gemm_type, m, n, k, g, NUM_SMS).block_m != 256
+               for gemm_type, m, n, k, g in heuristics.representative_problems())
 
 
 def test_group_count_enters_the_model():
@@ -487,6 +497,27 @@ def test_multicast_pairs(monkeypatch, block_m, block_n, multicast_on_a):
     a, b, masked_m = make_masked_inputs(_random_masked_m(8, 300, rng), 300, N, K)
     d, poisoned = _run_masked(a, b, masked_m, 150)
     _check_masked(d, _expected_masked(a, b, masked_m), masked_m, poisoned)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("multicast,overlap", [(2, True), (1, False)])
+def test_256_row_tiles(monkeypatch, multicast, overlap):
+    # 256-row tiles: contiguous segments starting on odd 128-row halves (that tile writes only its first 128 rows),
+    # one-half segments, an empty expert, tiles holding two experts' rows and padding; masked tails inside either
+    # warpgroup's 128 rows; with A multicast an odd N-block count (a pair's second tile past N). Deterministic.
+    config = dense_heuristics.make_config(256, 128, multicast, True, 2, overlap_epilogue=overlap)
+    monkeypatch.setattr(grouped_gemm, "_plans", {})
+    monkeypatch.setattr(heuristics, "get_grouped_fp8_gemm_config", lambda *args, **kwargs: config)
+    a, b, m_indices, offsets = make_contiguous_inputs([300, 0, 100, 128, 257, 40, 600, 1], N, K)
+    d, poisoned = _run_contiguous(a, b, m_indices)
+    _check_contiguous(d, _expected_contiguous(a, b, m_indices), m_indices, poisoned)
+    assert_bitwise_equal(_run_contiguous(a, b, offsets=offsets)[0], d, "d (second run, offsets form)")
+    assert grouped_gemm._plan(grouped_gemm.CONTIGUOUS, m_indices.numel(), N, K, 8)[1].block_m == 256
+
+    a, b, masked_m = make_masked_inputs([300, 13, 0, 200, 129, 128, 256, 255], 300, N, K)
+    d, poisoned = _run_masked(a, b, masked_m, 150)
+    _check_masked(d, _expected_masked(a, b, masked_m), masked_m, poisoned)
+    assert_bitwise_equal(_run_masked(a, b, masked_m, 150)[0], d, "d (masked, second run)")
 
 
 @pytest.mark.gpu

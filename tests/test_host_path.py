@@ -17,7 +17,8 @@ import torch
 import deep_kernels
 from deep_kernels import gemm
 from deep_kernels.jit import launcher, runtime
-from deep_kernels.moe import routing
+from deep_kernels.moe import gate, layout, routing
+from deep_kernels.quant import fp8
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference import moe as reference_moe
 from deep_kernels.testing import assert_bitwise_equal, poison_
@@ -73,10 +74,20 @@ def test_launch_encoded_rejects_bytes_that_are_no_encoding(native):
         native.launch_encoded(0, (1, 1, 1), 32, 0, 1, 0, 0, bytes(33 * SLOT_BYTES))
 
 
+def test_prepare_rejects_bytes_that_are_no_encoding(native):
+    with pytest.raises(ValueError, match="not the encoding"):
+        native.prepare(0, (1, 1, 1), 32, 0, 1, 0, bytes(SLOT_BYTES + 4))
+    with pytest.raises(ValueError, match="not the encoding"):
+        native.prepare(0, (1, 1, 1), 32, 0, 1, 0, bytes(33 * SLOT_BYTES))
+    launch = native.prepare(0, (1, 1, 1), 32, 0, 1, 0, native.encode("PI", (1, 2)))
+    with pytest.raises(TypeError):
+        launch.launch("not a stream")
+
+
 # ---- fp8_gemm_nt's cached path, with a fake kernel (CPU) ----
 
 class _FakeKernel:
-    """Records encode() and launch_encoded() instead of reaching the driver."""
+    """Records encode() and the launches of prepare()'s launches instead of reaching the driver."""
 
     def __init__(self):
         self.encoded, self.launched = [], []
@@ -85,8 +96,13 @@ class _FakeKernel:
         self.encoded.append(params)
         return bytes(len(self.encoded))
 
-    def launch_encoded(self, grid, device_index, encoded):
-        self.launched.append(encoded)
+    def prepare(self, grid, device_index, encoded):
+        kernel = self
+
+        class Launch:
+            def launch(self, stream):
+                kernel.launched.append(encoded)
+        return Launch()
 
 
 @pytest.fixture
@@ -99,8 +115,10 @@ def fake_gemm(monkeypatch):
     monkeypatch.setattr(gemm, "get_num_sms", lambda: 132)
     monkeypatch.setattr(gemm, "_tuned_config", lambda *args: None)
     monkeypatch.setattr(gemm, "get_gemm_kernel", lambda *args, **kwargs: kernel)
+    monkeypatch.setattr(gemm, "current_raw_stream", lambda device_index: 0)
     workspace = gemm._SplitWorkspace.__new__(gemm._SplitWorkspace)
     workspace.partials, workspace.tickets = torch.empty(1 << 22), torch.zeros(4096, dtype=torch.int32)
+    monkeypatch.setattr(gemm, "_split_workspaces", {-1: workspace})  # CPU tensors' device index
     monkeypatch.setattr(gemm, "_split_workspace", lambda *args: workspace)
     return kernel
 
@@ -126,11 +144,11 @@ def test_a_cached_call_encodes_once_per_address_set(fake_gemm):
 
 def test_encodings_per_signature_are_bounded(fake_gemm):
     a, b, d = _cpu_gemm()
-    outputs = [torch.empty_like(d) for _ in range(runtime.ENCODED_PER_SIGNATURE + 5)]
+    outputs = [torch.empty_like(d) for _ in range(runtime.LAUNCHES_PER_SIGNATURE + 5)]
     for out in outputs:
         deep_kernels.fp8_gemm_nt(a, b, out)
     (call,) = gemm._prepared_calls.values()
-    assert len(call.encoded) == runtime.ENCODED_PER_SIGNATURE
+    assert len(call.launches) == runtime.LAUNCHES_PER_SIGNATURE
     deep_kernels.fp8_gemm_nt(a, b, outputs[-1])  # the newest are kept
     assert len(fake_gemm.encoded) == len(outputs)
 
@@ -167,24 +185,42 @@ def test_each_check_fires_after_valid_calls(fake_gemm, mutate, error, match):
     assert len(fake_gemm.launched) == launched
 
 
-# ---- topk_gate_with_layout's cached plan (CPU, fake kernel) ----
+# ---- the gate's, the layout's and the cast's cached plans (CPU, fake kernel) ----
+
+def _cpu_layout_workspace(device_index, num_block_counts, stream=None):
+    return torch.zeros(32 + num_block_counts, dtype=torch.int32)
+
+
+class _RecordingKernel:
+    """A kernel whose prepared launches record their parameters instead of reaching the driver."""
+
+    def __init__(self):
+        self.launched = []
+
+    def encode(self, **params):
+        return params
+
+    def prepare(self, grid, device_index, params):
+        launched = self.launched
+
+        class Launch:
+            def launch(self, stream):
+                launched.append(params)
+        return Launch()
+
 
 @pytest.fixture
 def fake_routing(monkeypatch):
     """routing with the device checks off, a fixed SM count, a CPU workspace and a recording kernel."""
-    launches = []
-
-    class Kernel:
-        def launch(self, grid, device_index, **params):
-            launches.append(params)
-
+    kernel = _RecordingKernel()
     monkeypatch.setattr(routing, "_plans", {})
+    monkeypatch.setattr(routing, "current_raw_stream", lambda device_index: 0)
     monkeypatch.setattr(routing, "check_cuda_device", lambda *args, **kwargs: None)
     monkeypatch.setattr(routing, "get_num_sms", lambda: 132)
     monkeypatch.setattr(routing, "fill_blocks", lambda num_ints: 8)
-    monkeypatch.setattr(routing, "_fused_kernel", lambda *args: Kernel())
-    monkeypatch.setattr(routing, "_workspace", lambda device_index, size: torch.zeros(32 + size, dtype=torch.int32))
-    return launches
+    monkeypatch.setattr(routing, "_fused_kernel", lambda *args: kernel)
+    monkeypatch.setattr(routing, "_workspace", _cpu_layout_workspace)
+    return kernel.launched
 
 
 _GATE = dict(k=4, scoring="sigmoid", num_groups=4, topk_groups=2, routed_scaling_factor=2.5)
@@ -219,6 +255,133 @@ def test_gate_with_layout_replans_for_a_new_sm_count(fake_routing, monkeypatch):
     assert plan.num_sms == 1 and len(fake_routing) == 2
 
 
+@pytest.fixture
+def fake_gate(monkeypatch):
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(gate, "_plans", {})
+    monkeypatch.setattr(gate, "current_raw_stream", lambda device_index: 0)
+    monkeypatch.setattr(gate, "check_cuda_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(gate, "_gate_kernel", lambda *args: kernel)
+    return kernel.launched
+
+
+@pytest.mark.parametrize("changes,error,match", [
+    (dict(k=4.0), ValueError, "k must be an integer"),
+    (dict(renormalize=1), TypeError, "renormalize must be a bool"),
+    (dict(topk_groups=5), ValueError, "topk_groups must be an integer in \\[1, 4\\]"),
+    (dict(scoring="relu"), ValueError, "scoring must be one of"),
+    (dict(bias=torch.zeros(16, dtype=torch.float64)), TypeError, "bias must be torch.float32"),
+    (dict(logits=torch.zeros(8, 32)[:, ::2]), ValueError, "logits must have a contiguous last dimension"),
+    (dict(k=[4]), ValueError, "k must be an integer"),  # unhashable: no look-up, the full check
+])
+def test_gate_checks_fire_after_valid_calls(fake_gate, changes, error, match):
+    arguments = dict(_GATE, logits=torch.randn(8, 16), bias=torch.zeros(16))
+    for _ in range(2):
+        weights, indices = gate.topk_gate(**arguments)
+    assert len(fake_gate) == 2 and len(gate._plans) == 1
+    assert fake_gate[-1]["weights"] == weights.data_ptr() and fake_gate[-1]["indices"] == indices.data_ptr()
+    with pytest.raises(error, match=match):
+        gate.topk_gate(**dict(arguments, **changes))
+    assert len(fake_gate) == 2
+
+
+@pytest.fixture
+def fake_layout(monkeypatch):
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(layout, "_plans", {})
+    monkeypatch.setattr(layout, "current_raw_stream", lambda device_index: 0)
+    monkeypatch.setattr(layout, "check_cuda_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(layout, "get_num_sms", lambda: 132)
+    monkeypatch.setattr(layout, "_layout_kernel", lambda *args: kernel)
+    monkeypatch.setattr(layout, "layout_workspace", _cpu_layout_workspace)
+    return kernel.launched
+
+
+@pytest.mark.parametrize("changes,error,match", [
+    (dict(num_experts=16.0), ValueError, "num_experts must be an integer"),
+    (dict(max_tokens=0), ValueError, "max_tokens must be an integer"),
+    (dict(topk_idx=torch.zeros(8, 4, dtype=torch.int16)), TypeError, "topk_idx must be"),
+    (dict(topk_idx=torch.zeros(4, 8, dtype=torch.int32).t()), ValueError, "topk_idx must be contiguous"),
+    (dict(max_tokens=[3]), ValueError, "max_tokens must be an integer"),  # unhashable: the full check
+])
+def test_layout_checks_fire_after_valid_calls(fake_layout, changes, error, match):
+    arguments = dict(topk_idx=torch.randint(0, 16, (8, 4), dtype=torch.int32), num_experts=16, max_tokens=3)
+    for _ in range(2):
+        routed = layout.moe_layout(**arguments)
+    assert len(fake_layout) == 2 and len(layout._plans) == 1
+    assert fake_layout[-1]["m_indices"] == routed.m_indices.data_ptr()
+    assert fake_layout[-1]["masked_slots"] == routed.masked_slots.data_ptr()
+    with pytest.raises(error, match=match):
+        layout.moe_layout(**dict(arguments, **changes))
+    assert len(fake_layout) == 2
+
+
+@pytest.mark.parametrize("num_tokens,k,num_experts,max_tokens", [(128, 8, 256, 128), (7, 3, 5, None), (7, 3, 5, 3),
+                                                                 (1, 1, 1, 1)])
+def test_layout_tensors_are_disjoint_aligned_views_of_one_allocation(num_tokens, k, num_experts, max_tokens):
+    ints_layout = layout.LayoutInts(num_tokens, k, num_experts, max_tokens, with_indices=True)
+    ints = torch.zeros(ints_layout.numel, dtype=torch.int32)
+    indices, routed = ints_layout.carve(ints)
+    expected = reference_moe.moe_layout(torch.zeros(num_tokens, k, dtype=torch.int32), num_experts, max_tokens)
+    pointers = ints_layout.pointers(ints.data_ptr())
+    tensors = {"indices": indices}
+    tensors.update({name: getattr(routed, name) for name in layout.MoeLayout.__dataclass_fields__})
+    for value, (name, tensor) in enumerate(tensors.items(), start=1):
+        wanted = indices if name == "indices" else getattr(expected, name)
+        assert (tensor is None) == (wanted is None), name
+        if tensor is None:
+            continue
+        assert tensor.shape == wanted.shape and tensor.stride() == wanted.stride(), name
+        assert tensor.dtype == torch.int32 and tensor.data_ptr() == pointers[name], name
+        assert tensor.data_ptr() % 16 == 0, name
+        tensor.fill_(value)
+    # Each tensor kept its own value: none overlaps another.
+    for value, (name, tensor) in enumerate(tensors.items(), start=1):
+        if tensor is not None:
+            assert bool((tensor == value).all()), name
+
+
+@pytest.fixture
+def fake_cast(monkeypatch):
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(fp8, "_plans", {})
+    monkeypatch.setattr(fp8, "current_raw_stream", lambda device_index: 0)
+    monkeypatch.setattr(fp8, "check_cuda_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(fp8, "_cast_kernel", lambda *args: kernel)
+    return kernel.launched
+
+
+@pytest.mark.parametrize("changes,error,match", [
+    (dict(group_size=100), ValueError, "group_size"),
+    (dict(scale_layout="columns"), ValueError, "scale_layout"),
+    (dict(amax_clamp=-1.0), ValueError, "amax_clamp"),
+    (dict(x=torch.zeros(64, 256, dtype=torch.float16)), TypeError, "x must be"),
+    (dict(x="x"), TypeError, "x must be a torch.Tensor"),
+])
+def test_cast_checks_fire_after_valid_calls(fake_cast, changes, error, match):
+    arguments = dict(x=torch.randn(64, 256, dtype=torch.bfloat16))
+    for _ in range(2):
+        q, scales = fp8.per_token_cast_to_fp8(**arguments)
+    assert len(fake_cast) == 2 and len(fp8._plans) == 1
+    assert fake_cast[-1]["q"] == q.data_ptr() and fake_cast[-1]["scales"] == scales.data_ptr()
+    assert scales.stride() == (1, 64) and q.shape == (64, 256)
+    with pytest.raises(error, match=match):
+        fp8.per_token_cast_to_fp8(**dict(arguments, **changes))
+    assert len(fake_cast) == 2
+
+
+def test_a_cached_cast_still_checks_the_address(fake_cast):
+    x = torch.randn(64, 256, dtype=torch.bfloat16)
+    fp8.per_token_cast_to_fp8(x)
+    # The same signature (dtype, shape, strides) at an address 8 bytes off.
+    storage = torch.empty(x.numel() + 4, dtype=torch.bfloat16)
+    misaligned = storage[4:].view(x.shape)
+    assert misaligned.stride() == x.stride() and misaligned.data_ptr() % 16 == 8
+    with pytest.raises(ValueError, match="x must start at a 16-byte aligned address"):
+        fp8.per_token_cast_to_fp8(misaligned)
+    assert len(fake_cast) == 1
+
+
 # ---- GPU ----
 
 @pytest.mark.gpu
@@ -229,7 +392,7 @@ def test_fp8_gemm_over_more_address_sets_than_the_cache_holds():
     a, b = make_gemm_inputs(m, n, k)
     expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
     first = None
-    for i in range(runtime.ENCODED_PER_SIGNATURE + 6):
+    for i in range(runtime.LAUNCHES_PER_SIGNATURE + 6):
         a_i = (a[0].clone(), a[1].clone()) if i % 2 else a
         b_i = (b[0].clone(), b[1].clone()) if i % 3 else b
         d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))

@@ -1,4 +1,4 @@
-"""The k-grouped FP8 GEMM (MoE weight gradients): validation (CPU) and the kernel against a float64 reference of the
+"""The k-grouped FP8 and BF16 GEMMs (MoE weight gradients): validation (CPU) and the kernel against a float64 reference of the
 dequantized inputs, group by group (GPU).
 
 Inputs are cast as training casts them (per_channel_cast_transpose_to_fp8 of token-major tensors, testing.wgrad),
@@ -14,13 +14,14 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels import gemm, k_grouped_gemm
+from deep_kernels import gemm, k_grouped_bf16_gemm, k_grouped_gemm
 from deep_kernels.heuristics import fp8_gemm
+from deep_kernels.heuristics import k_grouped_bf16_gemm as heuristics_bf16
 from deep_kernels.heuristics import k_grouped_fp8_gemm as heuristics
 from deep_kernels.reference import k_grouped_gemm as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_
 from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close
-from deep_kernels.testing.wgrad import group_sizes, make_k_grouped_inputs
+from deep_kernels.testing.wgrad import group_sizes, make_k_grouped_bf16_inputs, make_k_grouped_inputs
 
 
 def _reference(a, b, ks, c=None) -> torch.Tensor:
@@ -241,6 +242,173 @@ def test_group_sizes_are_checked_on_every_call(monkeypatch):
     with pytest.raises(ValueError, match=r"ks\[1\] = 100"):
         deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, [128, 100, 156], t)
 
+
+# ---- the k-grouped BF16 GEMM ----
+# Inputs are the token-major bf16 tensors dy [sum k, M] and x [sum k, N] with testing.gemm's power-of-two magnitudes
+# (testing.wgrad.make_k_grouped_bf16_inputs); the tn layout takes them as they are (both operands MN-major), the nt
+# layout their K-major copies. Groups are multiples of 64 tokens (the kind's K block). FP32 D is checked as above
+# (testing.gemm.FP32_BOUND on the whole matrix, every tile and row, and on the transpose), poisoned before each
+# launch; the planted bugs move a group boundary by one K block on the device and double one token of b.
+
+def _bf16_reference(dy, x, ks, c=None) -> torch.Tensor:
+    d = torch.empty((len(ks), dy.shape[1], x.shape[1]), dtype=torch.float64, device=dy.device)
+    return reference.k_grouped_bf16_gemm_tn_contiguous(dy, x, d, ks, c=c)
+
+
+def _bf16_problem(num_groups: int, m: int, n: int, mean_k: int, empty: int, seed: int = 0) -> tuple:
+    ks = group_sizes(num_groups, mean_k, random.Random(seed), empty=empty, alignment=64)
+    dy, x, ks_tensor = make_k_grouped_bf16_inputs(ks, m, n, seed=seed)
+    return dy, x, ks, ks_tensor
+
+
+def _bf16_run(dy, x, ks, ks_tensor, c=None, alias=False, layout="tn"):
+    """The kernel on poisoned d (or d = c when alias); tn: the token-major tensors, nt: their K-major copies."""
+    d = c.clone() if alias else poison_(torch.empty((len(ks), dy.shape[1], x.shape[1]), device="cuda"))
+    c = d if alias else c
+    if layout == "tn":
+        return deep_kernels.k_grouped_bf16_gemm_tn_contiguous(dy, x, d, ks, ks_tensor, c=c)
+    return deep_kernels.k_grouped_bf16_gemm_nt_contiguous(dy.T.contiguous(), x.T.contiguous(), d, ks, ks_tensor, c=c)
+
+
+def _bf16_cpu_call(ks=(64, 0, 128), m=8, n=32):
+    dy, x, ks_tensor = make_k_grouped_bf16_inputs(list(ks), m, n, device="cpu")
+    return dy.T, x.T, torch.empty(len(ks), m, n), list(ks), ks_tensor
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a, b, d, ks, t: (a, b, d, [64, 0, 100], t), ValueError, r"ks\[2\] = 100: every group's K must be a "
+                                                                    "non-negative multiple of 64"),
+    (lambda a, b, d, ks, t: (a, b, d, [64, -64, 192], t), ValueError, "non-negative multiple of 64"),
+    (lambda a, b, d, ks, t: (a, b, d, [64, 64, 128], t), ValueError, "ks sums to 256 but a and b hold sum k = 192"),
+    (lambda a, b, d, ks, t: (a, b, d, [], t), TypeError, "ks must be a non-empty list"),
+    (lambda a, b, d, ks, t: (a, b, d, ks, t.long()), TypeError, "ks_tensor must be torch.int32"),
+    (lambda a, b, d, ks, t: (a, b, d, ks, t[:2]), ValueError, r"ks_tensor must be a contiguous int32 tensor"),
+    (lambda a, b, d, ks, t: (a.float(), b, d, ks, t), TypeError, "a must be torch.bfloat16"),
+    (lambda a, b, d, ks, t: (a, b.half(), d, ks, t), TypeError, "b must be torch.bfloat16"),
+    (lambda a, b, d, ks, t: (a[:, :128], b, d, ks, t), ValueError, "sum k differs"),
+    (lambda a, b, d, ks, t: (a, b[:24], d[..., :24], ks, t), ValueError, "multiple of 16"),
+    (lambda a, b, d, ks, t: (a.contiguous()[:, ::2], b, d, ks, t), ValueError, "must be K-major"),
+    (lambda a, b, d, ks, t: (a.contiguous()[None], b, d, ks, t), ValueError, "a must be 2-D"),
+    (lambda a, b, d, ks, t: (a, b, d.bfloat16(), ks, t), TypeError, "d must be torch.float32"),
+    (lambda a, b, d, ks, t: (a, b, d[:2], ks, t), ValueError, r"d must be a contiguous FP32 \[G, M, N\]"),
+    (lambda a, b, d, ks, t: (a, b, d, ks, t), ValueError, "must be a CUDA tensor"),
+])
+def test_bf16_rejects_bad_input(mutate, error, match):
+    with pytest.raises(error, match=match):
+        deep_kernels.k_grouped_bf16_gemm_nt_contiguous(*mutate(*_bf16_cpu_call()))
+
+
+def test_bf16_rejects_bad_c_and_checks_group_sizes_on_every_call(monkeypatch):
+    a, b, d, ks, t = _bf16_cpu_call()
+    with pytest.raises(ValueError, match=r"c must have shape \[G, M, N\]"):
+        deep_kernels.k_grouped_bf16_gemm_nt_contiguous(a, b, d, ks, t, c=d[:, :4])
+    with pytest.raises(TypeError, match="c must be torch.float32"):
+        deep_kernels.k_grouped_bf16_gemm_nt_contiguous(a, b, d, ks, t, c=d.double())
+    # The tn form hands the transposes to the nt checks (which stop at the device).
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.k_grouped_bf16_gemm_tn_contiguous(a.T, b.T, d, ks, t)
+    monkeypatch.setattr(k_grouped_bf16_gemm, "_checked_calls", {})
+    key = (k_grouped_bf16_gemm.call_signature(a, b, d, t, None), len(ks))
+    k_grouped_bf16_gemm._checked_calls[key] = (8, 32, 192, 3, True, True)  # as a valid call on the GPU would leave it
+    with pytest.raises(ValueError, match="ks sums to 256"):
+        deep_kernels.k_grouped_bf16_gemm_nt_contiguous(a, b, d, [64, 64, 128], t)
+
+
+def test_bf16_reference_is_the_per_group_product():
+    ks = [128, 0, 64]
+    dy, x, _ = make_k_grouped_bf16_inputs(ks, 8, 32, device="cpu")
+    c = torch.rand(3, 8, 32)
+    d = _bf16_reference(dy, x, ks, c)
+    a, b = dy.double().T, x.double().T
+    assert torch.equal(d[0], a[:, :128] @ b[:, :128].T + c[0].double())
+    assert torch.equal(d[1], c[1].double())
+    assert torch.equal(d[2], a[:, 128:] @ b[:, 128:].T + c[2].double())
+
+
+def test_bf16_configs():
+    for g, m, n, k in heuristics_bf16.REPRESENTATIVE_PROBLEMS:
+        for mn_major in (False, True):
+            config = heuristics_bf16.get_k_grouped_bf16_gemm_config(m, n, g * k, g, 132, True, mn_major_b=mn_major)
+            assert config.num_splits == 1 and config.block_k == 64 and not config.overlap_epilogue
+            assert not mn_major or config.block_n % 64 == 0
+            assert config.block_m != 256 or config.num_tma_multicast == 2
+            assert config.smem_bytes == heuristics_bf16.bf16_gemm.smem_bytes(
+                config.block_m, config.block_n, config.num_stages, 4, streamed_store=True) <= fp8_gemm.SMEM_CAPACITY_BYTES
+            assert 0 < heuristics_bf16.grid_size(config, m, n, g, 132) <= 132
+    with pytest.raises(ValueError, match="total_k"):
+        heuristics_bf16.get_k_grouped_bf16_gemm_config(64, 128, 96, 4, 132)
+    kernels = heuristics_bf16.all_candidate_kernels()
+    assert kernels and all(kernel.k == 0 and kernel.gemm_type == "k_grouped" for kernel in kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c_kind,layout", [("separate", "tn"), ("alias", "tn"), ("none", "tn"), ("alias", "nt")])
+def test_bf16_matches_reference(c_kind, layout):
+    dy, x, ks, ks_tensor = _bf16_problem(4, 1000, 2048, 1024, empty=1)
+    product = _bf16_reference(dy, x, ks)
+    c = None if c_kind == "none" else accumulator_like(product.flatten(0, 1)).view(product.shape)
+    d = _bf16_run(dy, x, ks, ks_tensor, c=c, alias=c_kind == "alias", layout=layout)
+    _assert_close(d, product if c is None else product + c.double())
+    assert_bitwise_equal(_bf16_run(dy, x, ks, ks_tensor, c=c, alias=c_kind == "alias", layout=layout), d,
+                         "d (second run)")
+
+
+@pytest.mark.gpu
+def test_bf16_many_groups_and_128_row_tiles(monkeypatch):
+    # 16 groups (3 empty) on 128 x 256 tiles (the benchmark shapes' pick; these shapes take 256 x 128 tiles).
+    config = heuristics_bf16.bf16_gemm.make_config(128, 256, out_dtype_bytes=4, streamed_store=True)
+    monkeypatch.setattr(heuristics_bf16, "get_k_grouped_bf16_gemm_config", lambda *args, **kwargs: config)
+    monkeypatch.setattr(k_grouped_bf16_gemm, "_plans", {})
+    dy, x, ks, ks_tensor = _bf16_problem(16, 256, 2048, 320, empty=3, seed=1)
+    product = _bf16_reference(dy, x, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    _assert_close(_bf16_run(dy, x, ks, ks_tensor, c=c, alias=True), product + c.double())
+
+
+@pytest.mark.gpu
+def test_bf16_every_group_empty():
+    dy, x, ks, ks_tensor = _bf16_problem(3, 64, 128, 0, empty=0)
+    assert ks == [0, 0, 0]
+    c = torch.randn(3, 64, 128, device="cuda")
+    assert torch.equal(_bf16_run(dy, x, ks, ks_tensor, c=c), c)
+    assert not _bf16_run(dy, x, ks, ks_tensor).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plant", ["boundary", "token"])
+def test_bf16_check_rejects_planted_bugs(plant):
+    dy, x, ks, ks_tensor = _bf16_problem(4, 1000, 2048, 1024, empty=1)
+    product = _bf16_reference(dy, x, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    if plant == "boundary":
+        # The first non-empty group ends one K block early on the device (the next one starts early).
+        g = next(i for i, k in enumerate(ks) if k > 64 and i + 1 < len(ks))
+        wrong = ks_tensor.clone()
+        wrong[g] -= 64
+        wrong[g + 1] += 64
+        d = _bf16_run(dy, x, ks, wrong, c=c, alias=True)
+    else:
+        doubled = x.clone()
+        doubled[int(x.float().abs().sum(dim=1).argmax())] *= 2
+        d = _bf16_run(dy, doubled, ks, ks_tensor, c=c, alias=True)
+    with pytest.raises(AssertionError, match="calc_diff"):
+        _assert_close(d, product + c.double())
+
+
+@pytest.mark.gpu
+def test_bf16_cuda_graph_replay_reads_the_group_sizes_on_the_device():
+    # Captured once, replayed with other group sizes of the same total in ks_tensor.
+    dy, x, ks, ks_tensor = _bf16_problem(4, 1000, 2048, 512, empty=0, seed=3)
+    d = torch.zeros((4, 1000, 2048), device="cuda")
+    deep_kernels.k_grouped_bf16_gemm_tn_contiguous(dy, x, d, ks, ks_tensor, c=d)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.k_grouped_bf16_gemm_tn_contiguous(dy, x, d, ks, ks_tensor)
+    new_ks = [ks[0] + ks[1], 0, ks[2] - 64, ks[3] + 64]
+    ks_tensor.copy_(torch.tensor(new_ks, dtype=torch.int32))
+    poison_(d)
+    graph.replay()
+    _assert_close(d, _bf16_reference(dy, x, new_ks))
 
 def test_sizes_on_the_device_only_check_the_tensor():
     a, b, d, _, t = _cpu_call()

@@ -27,11 +27,11 @@ from deep_kernels.testing.wgrad import make_k_grouped_inputs, make_wgrad_inputs
 NEEDS_NO_OP = {"get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor", "get_num_sms",
                "nvfp4_global_scale", "set_num_sms", "tma_aligned_size",
                # transposed views handed to bf16_gemm_nt, which traces to its op
-               "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt"}
+               "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "k_grouped_bf16_gemm_tn_contiguous"}
 GEMMS = {"fp8_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
          "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "fp8_fp4_gemm_nt",
          "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked", "bf16_gemm_nt",
-         "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked"}
+         "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked", "k_grouped_bf16_gemm_nt_contiguous"}
 
 
 # ---- inputs (CPU) ----
@@ -125,6 +125,15 @@ def _bf16_contiguous_gemm() -> tuple:
 def _bf16_masked_gemm() -> tuple:
     a, b = _x(12, 128).view(3, 4, 128), _x(96, 128, seed=1).view(3, 32, 128)
     return (a, b, torch.empty(3, 4, 32, dtype=torch.bfloat16), torch.tensor([2, 0, 3], dtype=torch.int32), 2), {}
+
+
+def _bf16_k_grouped_gemm() -> tuple:
+    """(args, kwargs) of the k-grouped BF16 GEMM of three groups (one empty): a M-major (a token-major tensor's
+    transpose), b K-major, accumulating in place (c is d)."""
+    ks = [64, 0, 128]
+    a, b = _x(192, 8).t(), _x(32, 192, seed=1)
+    d = torch.rand(3, 8, 32)
+    return (a, b, d, ks, torch.tensor(ks, dtype=torch.int32)), dict(c=d)
 
 
 def _fp4_contiguous_gemm() -> tuple:
@@ -240,6 +249,7 @@ CASES = [
     Case("bf16_gemm-c-is-d", "bf16_gemm_nt", lambda: _bf16_gemm(True)),
     Case("bf16_grouped_contiguous", "m_grouped_bf16_gemm_nt_contiguous", _bf16_contiguous_gemm),
     Case("bf16_grouped_masked", "m_grouped_bf16_gemm_nt_masked", _bf16_masked_gemm),
+    Case("bf16_k_grouped", "k_grouped_bf16_gemm_nt_contiguous", _bf16_k_grouped_gemm),
 ]
 
 

@@ -69,7 +69,7 @@ DK_DEVICE void store_chunk(const CUtensorMap* tmap_d, const uint8_t* src, int32_
 template <typename Traits, uint32_t kNumMWaves>
 DK_DEVICE void store_tile_streamed(const float (&final_acc)[kNumMWaves][Traits::BLOCK_N / 2], uint8_t* smem_d_wg,
                                    const CUtensorMap* tmap_d, const TileInfo& tile, uint32_t wg_idx) {
-    constexpr uint32_t SHAPE_N = Traits::SHAPE_N, BLOCK_M = Traits::BLOCK_M, BLOCK_N = Traits::BLOCK_N;
+    constexpr uint32_t SHAPE_N = Traits::SHAPE_N, BLOCK_N = Traits::BLOCK_N;
     using Store = typename Traits::Store;
     const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
     const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
@@ -96,7 +96,7 @@ DK_DEVICE void store_tile_streamed(const float (&final_acc)[kNumMWaves][Traits::
             const uint32_t col = tile.n_block_idx * BLOCK_N + c * Store::kChunkCols;
             if (thread_in_wg == 0 && col < SHAPE_N) {
                 const int32_t row =
-                    static_cast<int32_t>(tile.m_block_idx * BLOCK_M + (wg_idx * kNumMWaves + wave) * kWarpgroupBlockM);
+                    static_cast<int32_t>(Traits::TileScheduler::first_row(tile) + (wg_idx * kNumMWaves + wave) * kWarpgroupBlockM);
                 store_chunk<Traits>(tmap_d, buffer, static_cast<int32_t>(col), row, static_cast<int32_t>(tile.group_idx));
             }
             if (thread_in_wg == 0)
@@ -113,7 +113,7 @@ DK_DEVICE void store_tile(const float (&final_acc)[kNumMWaves][Traits::BLOCK_N /
         store_tile_streamed<Traits, kNumMWaves>(final_acc, smem_d_wg, tmap_d, tile, wg_idx);
         return;
     }
-    constexpr uint32_t SHAPE_N = Traits::SHAPE_N, BLOCK_M = Traits::BLOCK_M, BLOCK_N = Traits::BLOCK_N;
+    constexpr uint32_t SHAPE_N = Traits::SHAPE_N, BLOCK_N = Traits::BLOCK_N;
     constexpr GemmType kGemmType = Traits::kGemmType;
     constexpr bool kWithAccumulation = Traits::kWithAccumulation;
     // D [G, M, N] through a 3D map, the group outermost (masked; KGrouped).
@@ -127,7 +127,7 @@ DK_DEVICE void store_tile(const float (&final_acc)[kNumMWaves][Traits::BLOCK_N /
 #pragma unroll
         for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
             const int32_t row =
-                static_cast<int32_t>(tile.m_block_idx * BLOCK_M + (wg_idx * kNumMWaves + wave) * kWarpgroupBlockM);
+                static_cast<int32_t>(Traits::TileScheduler::first_row(tile) + (wg_idx * kNumMWaves + wave) * kWarpgroupBlockM);
 #pragma unroll
             for (uint32_t c = 0; c < Store::kNumChunks; ++c) {
                 const uint32_t col = tile.n_block_idx * BLOCK_N + c * Store::kChunkCols;
@@ -205,39 +205,53 @@ DK_DEVICE bool reduce_splits(const float (&partial_sums)[BLOCK_N / 2], float (&t
     return true;
 }
 
-// The grouped kinds' store of a tile whose rows are not all valid: through the same staging buffer, then
-// row-predicated 16-byte stores, so padding rows and rows past masked_m are never written.
+// One 64-row wave of the grouped kinds' row-predicated store (store_tile_rows), from its staging buffer.
 template <typename Traits>
-DK_DEVICE void store_tile_rows(const float (&final_acc)[1][Traits::BLOCK_N / 2], uint8_t* smem_d_wg,
-                               typename Traits::OutputType* d, const TileInfo& tile, uint32_t wg_idx,
-                               const typename Traits::TileScheduler& scheduler) {
-    constexpr uint32_t SHAPE_N = Traits::SHAPE_N, BLOCK_M = Traits::BLOCK_M, BLOCK_N = Traits::BLOCK_N;
+DK_DEVICE void store_wave_rows(const uint8_t* smem_d_wave, typename Traits::OutputType* d, const TileInfo& tile,
+                               uint32_t first_row, const typename Traits::TileScheduler& scheduler) {
+    constexpr uint32_t SHAPE_N = Traits::SHAPE_N, BLOCK_N = Traits::BLOCK_N;
     constexpr GemmType kGemmType = Traits::kGemmType;
     using OutputType = typename Traits::OutputType;
-    DK_STATIC_ASSERT(kGemmType != GemmType::Normal, "Normal tiles are clipped by the TMA store");
     using RowStore = RowPredicatedStore<OutputType, BLOCK_N, kNumThreadsPerWarpgroup, Traits::kWithAccumulation>;
-    stage_tile<typename Traits::Store, BLOCK_N, 1>(final_acc, smem_d_wg, wg_idx);
-
     // Rows are counted inside the group for masked (D [G, M_max, N]), inside D for contiguous.
-    const uint32_t first_row = tile.m_block_idx * BLOCK_M + wg_idx * kWarpgroupBlockM;
     const uint32_t first_col = tile.n_block_idx * BLOCK_N;
     const size_t group_first_row =
         kGemmType == GemmType::MGroupedMasked ? static_cast<size_t>(tile.group_idx) * scheduler.shape_m : 0;
     OutputType* d_tile = d + (group_first_row + first_row) * SHAPE_N + first_col;
     const uint32_t num_cols = SHAPE_N - first_col < BLOCK_N ? SHAPE_N - first_col : BLOCK_N;
-    RowStore::store(smem_d_wg, d_tile, SHAPE_N, num_cols, threadIdx.x % kNumThreadsPerWarpgroup,
+    RowStore::store(smem_d_wave, d_tile, SHAPE_N, num_cols, threadIdx.x % kNumThreadsPerWarpgroup,
                     [&](uint32_t row) { return scheduler.is_valid_row(first_row + row, tile.group_idx); });
 }
 
-// Scheduler::row_key of a lane's two rows of its warpgroup's 64 (the grouped kinds' store reads them).
-struct RowKeys {
-    int even, odd;
+// The grouped kinds' store of a tile whose rows are not all valid: through the same staging buffers, then
+// row-predicated 16-byte stores, so padding rows and rows past masked_m are never written.
+template <typename Traits>
+DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::kNumMWaves][Traits::BLOCK_N / 2], uint8_t* smem_d_wg,
+                               typename Traits::OutputType* d, const TileInfo& tile, uint32_t wg_idx,
+                               const typename Traits::TileScheduler& scheduler) {
+    constexpr uint32_t kNumMWaves = Traits::kNumMWaves;
+    DK_STATIC_ASSERT(Traits::kGemmType != GemmType::Normal, "Normal tiles are clipped by the TMA store");
+    DK_STATIC_ASSERT(kNumMWaves == 1 || kNumMWaves == 2, "one or two 64-row waves per warpgroup");
+    stage_tile<typename Traits::Store, Traits::BLOCK_N, kNumMWaves>(final_acc, smem_d_wg, wg_idx);
+    const uint32_t first_row = Traits::TileScheduler::first_row(tile) + wg_idx * kNumMWaves * kWarpgroupBlockM;
+    store_wave_rows<Traits>(smem_d_wg, d, tile, first_row, scheduler);
+    if constexpr (kNumMWaves == 2)
+        store_wave_rows<Traits>(smem_d_wg + Traits::Store::kBytes, d, tile, first_row + kWarpgroupBlockM, scheduler);
+}
+
+// Scheduler::row_key of a lane's two rows of each of its warpgroup's 64-row waves (the grouped kinds' store reads
+// them).
+template <uint32_t kNumMWaves>
+struct RowKeysOf {
+    int even[kNumMWaves], odd[kNumMWaves];
 };
 
 // One math warpgroup's store of its tile rows: split-K partial sums and their reduction, the grouped kinds'
 // row-predicated store, or the TMA store.
 template <typename Traits>
 struct Sm90Fp8Epilogue {
+    using RowKeys = RowKeysOf<Traits::kNumMWaves>;
+
     typename Traits::TileScheduler& scheduler;
     uint8_t* smem_d_wg;
     const CUtensorMap* tmap_d;
@@ -247,19 +261,26 @@ struct Sm90Fp8Epilogue {
 
     DK_DEVICE static uint32_t wg_idx() { return threadIdx.x / kNumThreadsPerWarpgroup; }
 
-    // Grouped kinds: the first of the lane's two rows (2 * lane, 2 * lane + 1 of its warpgroup's 64) whose keys it
+    // Grouped kinds: the first of the lane's two rows (2 * lane, 2 * lane + 1 of the wave's 64) whose keys it
     // loads and checks for the store's vote.
-    DK_DEVICE uint32_t vote_row(const TileInfo& tile) const {
-        return tile.m_block_idx * Traits::BLOCK_M + wg_idx() * kWarpgroupBlockM + 2 * (threadIdx.x % 32);
+    DK_DEVICE uint32_t vote_row(const TileInfo& tile, uint32_t wave) const {
+        return Traits::TileScheduler::first_row(tile) + (wg_idx() * Traits::kNumMWaves + wave) * kWarpgroupBlockM +
+               2 * (threadIdx.x % 32);
     }
 
-    // Grouped kinds: the row keys (Scheduler::row_key) of the lane's two vote rows; loaded before the K loop,
+    // Grouped kinds: the row keys (Scheduler::row_key) of the lane's vote rows; loaded before the K loop,
     // compared at the store, so that the loads' latency hides behind the tile.
     DK_DEVICE RowKeys row_keys_of(const TileInfo& tile) const {
-        if constexpr (Traits::kGemmType == GemmType::Normal || Traits::kGemmType == GemmType::KGrouped)
-            return {};
-        const uint32_t row = vote_row(tile);
-        return {scheduler.row_key(row, tile.group_idx), scheduler.row_key(row + 1, tile.group_idx)};
+        RowKeys keys{};
+        if constexpr (Traits::kGemmType != GemmType::Normal && Traits::kGemmType != GemmType::KGrouped) {
+#pragma unroll
+            for (uint32_t wave = 0; wave < Traits::kNumMWaves; ++wave) {
+                const uint32_t row = vote_row(tile, wave);
+                keys.even[wave] = scheduler.row_key(row, tile.group_idx);
+                keys.odd[wave] = scheduler.row_key(row + 1, tile.group_idx);
+            }
+        }
+        return keys;
     }
 
     // With split-K the last job reduces into its own final accumulators (one wave).
@@ -279,13 +300,21 @@ struct Sm90Fp8Epilogue {
             }
         }
         // Normal and KGrouped tiles rely on the TMA store's clipping at M; M-grouped ones store a warpgroup's rows
-        // with any rejected row through the row-predicated path. Every warp votes over all 64 rows, so the warps agree.
+        // with any rejected row through the row-predicated path. Every warp votes over all of its rows, so the warps
+        // agree.
         // NOTE: a warp vote rather than a warpgroup barrier's reduction: with the latter the contiguous kind ran
         // 7-11% behind the dense GEMM at the same tiles, with the vote 1-4% (H200, timed in turns).
         if constexpr (Traits::kGemmType != GemmType::Normal && Traits::kGemmType != GemmType::KGrouped) {
-            const uint32_t row = vote_row(tile);
-            const bool rows_valid = scheduler.is_valid_row(row_keys.even, row, tile.group_idx) &&
-                                    scheduler.is_valid_row(row_keys.odd, row + 1, tile.group_idx);
+            // A contiguous 256-row tile starting on an odd half leaves its last 128 rows to the next tile.
+            if (Traits::TileScheduler::is_odd_half_tile(tile) && wg_idx() == 1)
+                return;
+            bool rows_valid = true;
+#pragma unroll
+            for (uint32_t wave = 0; wave < Traits::kNumMWaves; ++wave) {
+                const uint32_t row = vote_row(tile, wave);
+                rows_valid = rows_valid && scheduler.is_valid_row(row_keys.even[wave], row, tile.group_idx) &&
+                             scheduler.is_valid_row(row_keys.odd[wave], row + 1, tile.group_idx);
+            }
             if (!__all_sync(0xffffffffu, rows_valid)) {
                 store_tile_rows<Traits>(final_acc, smem_d_wg, d, tile, wg_idx(), scheduler);
                 return;

@@ -2,7 +2,8 @@
 // consumer's pipeline state and the FP32 accumulators, which are the result (no scales, no promotion). Per
 // 64-deep K block it waits for the stage and issues one wgmma group (m64nNk16, every 64-row wave of the
 // warpgroup) straight into the accumulators, then waits for the previous K block's group only and frees its
-// stage: one group stays in flight across K blocks, so the tensor cores never drain between them.
+// stage: one group stays in flight across K blocks, so the tensor cores never drain between them. KGrouped: the
+// tile's K blocks are its group's (an empty group's tile has none: its accumulators are zeros).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +50,17 @@ struct Sm90Bf16Mainloop {
         DK_STATIC_ASSERT((std::is_same_v<First, std::false_type>), "no K block is issued ahead");
         const uint32_t k_block_begin = tile_k_block_begin<Traits>(tile);
         const uint32_t k_block_end = tile_k_block_end<Traits>(tile);
+        if constexpr (Traits::kIsKGrouped) {
+            if (k_block_begin == k_block_end) {
+#pragma unroll
+                for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
+#pragma unroll
+                    for (uint32_t i = 0; i < BLOCK_N / 2; ++i)
+                        final_acc[wave][i] = 0.0f;
+                }
+                return;
+            }
+        }
 
         // The first K block overwrites the accumulators (scale-d 0), so they need no zeroing.
         issue_k_block(state, 0u);

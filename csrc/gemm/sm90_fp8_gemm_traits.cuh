@@ -171,10 +171,12 @@ struct Sm90Fp8GemmTraits {
     // 64-row buffer per warpgroup and wave), then per stage A, B, sfa (and sfb, per-channel B scales), then the
     // full and empty barriers.
     using Store = AccumulatorStore<OutputType, BLOCK_N>;
-    // Per-channel kinds with FP32 D stream the store: each warpgroup stages its tile one chunk of columns at a time
-    // through two chunk buffers in turn (the epilogue's store_tile_streamed), which leaves the stages the rest of the
-    // shared memory (FP32 tiles are twice bf16's: staged whole, 128 x 192 left three stages and 256 x 128 none).
-    static constexpr bool kStreamedStore = kIsChannelScaled && std::is_same_v<OutputType, float>;
+    // Per-channel kinds and k-grouped BF16 with FP32 D stream the store: each warpgroup stages its tile one chunk of
+    // columns at a time through two chunk buffers in turn (the epilogue's store_tile_streamed), which leaves the stages
+    // the rest of the shared memory (FP32 tiles are twice bf16's: staged whole, 128 x 192 left three stages and
+    // 256 x 128 none).
+    static constexpr bool kStreamedStore =
+        (kIsChannelScaled || (kIsBf16 && kIsKGrouped)) && std::is_same_v<OutputType, float>;
     static constexpr uint32_t kSmemDBytesPerWarpgroup = kStreamedStore ? 2 * Store::kChunkBytes : kNumMWaves * Store::kBytes;
     static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kSmemDBytesPerWarpgroup, 1024);
     // Bytes of one operand element (e4m3 or bf16); BF16 stages hold no sfa.
@@ -241,7 +243,8 @@ struct Sm90Fp8GemmTraits {
             return {smem + kOffsetA, smem + kOffsetB, reinterpret_cast<float*>(smem + kOffsetSfa),
                     reinterpret_cast<float*>(smem + kOffsetSfb)};
     }
-    using TileScheduler = Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits>;
+    using TileScheduler =
+        Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits, BLOCK_K>;
 
     // Static checks
     DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled || kOperands == GemmOperands::Fp8ChannelScaled ||
@@ -259,28 +262,27 @@ struct Sm90Fp8GemmTraits {
                      "FP4 weights, 128-row tiles: split-K up to 96 columns");
     DK_STATIC_ASSERT(kIsBf16 || BLOCK_K == kScaleBlock, "one K block per 128-wide scale block");
     DK_STATIC_ASSERT(!kIsBf16 || BLOCK_K == kBf16BlockK, "BF16: 64-column K blocks (128-byte rows)");
-    DK_STATIC_ASSERT((!kIsMNMajorA && !kIsMNMajorB) || (kIsBf16 && kGemmType == GemmType::Normal),
-                     "MN-major operands: BF16, Normal kind");
+    DK_STATIC_ASSERT((!kIsMNMajorA && !kIsMNMajorB) || (kIsBf16 && (kGemmType == GemmType::Normal || kIsKGrouped)),
+                     "MN-major operands: BF16, Normal and KGrouped kinds");
     DK_STATIC_ASSERT(!kIsMNMajorB || BLOCK_N % 64 == 0, "an MN-major B stage is whole 64-column boxes");
-    DK_STATIC_ASSERT(!kIsBf16 || (!kPipelined && !kOverlapEpilogue && !kIsKGrouped),
-                     "BF16: the K loop always keeps a group in flight; no second accumulator set to overlap with; "
-                     "no KGrouped kind");
+    DK_STATIC_ASSERT(!kIsBf16 || (!kPipelined && !kOverlapEpilogue),
+                     "BF16: the K loop always keeps a group in flight; no second accumulator set to overlap with");
     DK_STATIC_ASSERT(kIsKGrouped || (SHAPE_K % 16 == 0 && SHAPE_K > 0),
                      "K is a positive multiple of 16 (the last K block zero-filled)");
     DK_STATIC_ASSERT(!kIsChannelScaled || kGemmType == GemmType::Normal || kIsKGrouped,
                      "per-channel B scales: the Normal and KGrouped kinds");
-    DK_STATIC_ASSERT(!kIsKGrouped || (SHAPE_K == 0 && kIsChannelScaled && std::is_same_v<OutputType, float> &&
-                                      kNumSplits == 1),
-                     "KGrouped: K on the device (SHAPE_K 0), per-channel scales, FP32 D, no split-K");
+    DK_STATIC_ASSERT(!kIsKGrouped || (SHAPE_K == 0 && (kIsChannelScaled || kIsBf16) &&
+                                      std::is_same_v<OutputType, float> && kNumSplits == 1),
+                     "KGrouped: K on the device (SHAPE_K 0), per-channel scales or BF16 operands, FP32 D, no split-K");
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,
                      "BLOCK_M 64 (one math warpgroup), 128 or 256 (two, each owning half the rows)");
-    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN &&
-                                         (kGemmType == GemmType::Normal || kGemmType == GemmType::KGrouped) &&
-                                         kNumSplits == 1 && !kPipelined &&
-                                         (!kOverlapEpilogue || (kGemmType == GemmType::Normal && !kHasColumnScales))),
-                     "256-row tiles: Normal or KGrouped kind, BLOCK_N <= 128, no split-K or pipelining; the epilogue "
-                     "overlap only for the Normal kind with block scales");
+    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN && kNumSplits == 1 && !kPipelined &&
+                                         (kGemmType == GemmType::Normal || kGemmType == GemmType::KGrouped ||
+                                          kOperands == GemmOperands::Fp8BlockScaled) &&
+                                         (!kOverlapEpilogue || (kGemmType != GemmType::KGrouped && !kHasColumnScales))),
+                     "256-row tiles: BLOCK_N <= 128, no split-K or pipelining, the M-grouped kinds with block-scaled "
+                     "FP8 operands; the epilogue overlap with block scales, not k-grouped");
     DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= (kIsBf16 ? kMaxBf16BlockN : 192),
                      "BLOCK_N in 16..192 (BF16: 16..256), a multiple of 16");
     DK_STATIC_ASSERT(kIsBf16 || BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N),
@@ -302,7 +304,7 @@ struct Sm90Fp8GemmTraits {
                      "of 64)");
     // NOTE: ptxas gives the streamed store of two 64-row waves a 1 KB stack frame unless the CTA is in a cluster.
     DK_STATIC_ASSERT(!kStreamedStore || kNumMWaves == 1 || kNumTMAMulticast == 2,
-                     "256-row per-channel tiles with FP32 D run in 2-CTA clusters");
+                     "256-row tiles with the streamed FP32 store run in 2-CTA clusters");
     DK_STATIC_ASSERT(kMathSchedule == MathSchedule::Lockstep ||
                          (kNumMathWarpgroups == 2 && !kPipelined && kOperands == GemmOperands::Fp8BlockScaled &&
                           kGemmType != GemmType::KGrouped),

@@ -70,7 +70,7 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
     PipelineState<Traits::kNumStages> state;
     TileInfo tile;
     while (scheduler.get_next_tile(tile)) {
-        const int32_t a_row = static_cast<int32_t>(tile.m_block_idx * Traits::BLOCK_M);
+        const int32_t a_row = static_cast<int32_t>(Traits::TileScheduler::first_row(tile));
         const int32_t b_row = static_cast<int32_t>((kGroupedB ? tile.group_idx * Traits::SHAPE_N : 0) +
                                                    tile.n_block_idx * Traits::BLOCK_N);
         const bool multicast = Traits::kNumTMAMulticast > 1 && tile.is_multicast_valid;

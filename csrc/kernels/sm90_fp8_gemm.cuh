@@ -1,7 +1,7 @@
 // D = A * B^T (or D += A * B^T) on Hopper (sm_90a) with FP8 e4m3 inputs and DeepSeek-V3 scaling:
 // A [M, K] and B [N, K] K-major, 1 x 128 scales sfa for A, 128 x 128 block scales sfb for B (kOperands
 // Fp8BlockScaled) or 1 x 128 scales sfb per row of B (Fp8ChannelScaled, the weight-gradient recipe: the promotion
-// scales each column by its own sfb); D [M, N] row-major bf16 or FP32. The KGrouped kind (Fp8ChannelScaled, FP32 D)
+// scales each column by its own sfb); D [M, N] row-major bf16 or FP32. The KGrouped kind (Fp8ChannelScaled or Bf16, FP32 D)
 // computes D[g] = A_g B_g^T for the groups' K segments of A [M, sum k] and B [N, sum k] (scheduler.cuh). Persistent and warp-specialised over one set of traits (gemm/sm90_fp8_gemm_traits.cuh):
 // the last warpgroup's first thread is the TMA producer (gemm/sm90_fp8_producer.cuh, setmaxnreg 40); math
 // warpgroups 0 .. kNumMathThreads / 128 - 1 run the mainloop (gemm/sm90_fp8_mainloop.cuh: wgmma and the FP32
@@ -28,7 +28,7 @@
 // swizzle and stage bytes), no scales (tmap_sfa and sfb unused: pass any valid map and nullptr), BLOCK_N up to 256;
 // the K loop keeps one wgmma group in flight across K blocks; no kPipelined, no kOverlapEpilogue. Tensor maps as
 // below with BFLOAT16 A and B and boxes {64, BLOCK_M} / {64, BLOCK_N} (128 bytes a row). kIsMNMajorA / B (BF16,
-// Normal kind; B: BLOCK_N a multiple of 64): the operand is M- / N-contiguous in global memory, its map has dims
+// Normal and KGrouped kinds; B: BLOCK_N a multiple of 64): the operand is M- / N-contiguous in global memory, its map has dims
 // {M (or N), K}, strides {row stride of K}, box {64, 64}, SWIZZLE_128B; wgmma reads it transposed.
 //
 // Host contract (tensor maps from cuTensorMapEncodeTiled, dims and strides innermost first, interleave
@@ -50,9 +50,9 @@
 //   tmap_sfb  Fp8ChannelScaled: FLOAT32 as tmap_sfa of Normal with N for M (dims {align_up(N, 4), ceil(K / 128)},
 //             box {BLOCK_N, 1}); loaded per stage next to sfa. Any valid map otherwise (unused).
 //   KGrouped  tmap_a {sum k, M}, tmap_b {sum k, N}, tmap_sfa / tmap_sfb over sum k / 128 K blocks, tmap_d as
-//             masked with G groups of M rows; grouped_layout = int32 k_g per group (multiples of 128) and
-//             num_groups = G; SHAPE_K = 0 (K comes from the device); an empty group's tiles store zeros (add
-//             nothing when accumulating).
+//             masked with G groups of M rows; grouped_layout = int32 k_g per group (multiples of BLOCK_K: 128, BF16
+//             64) and num_groups = G; SHAPE_K = 0 (K comes from the device); an empty group's tiles store zeros (add
+//             nothing when accumulating). BF16: no scale maps; A and B K-major or MN-major as above.
 //   Fp8Mxfp4 operands (gemm/sm90_fp4_expand.cuh; K a multiple of 128, no multicast): tmap_b maps B's e2m1 codes
 //             as UINT8 dims {K / 2, G * N}, strides {K / 2}, box {64, BLOCK_N}, SWIZZLE_NONE; sfb points at the
 //             UE8M0 scale bytes [G * N, K / 32] row-major (4-byte aligned), read by the producer warpgroup's
@@ -139,7 +139,7 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
                 mainloop.skip_tile(tile);
                 continue;
             }
-            const RowKeys row_keys = epilogue.row_keys_of(tile);
+            const auto row_keys = epilogue.row_keys_of(tile);
             mainloop.accumulate(tile, std::false_type{});
             epilogue.store(tile, row_keys, mainloop.final_acc);
         }
@@ -155,7 +155,7 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
                 has_tile = scheduler.get_next_tile(tile);
                 continue;
             }
-            RowKeys row_keys = epilogue.row_keys_of(tile);
+            auto row_keys = epilogue.row_keys_of(tile);
             mainloop.accumulate(tile, std::false_type{});
             // NOTE: zeroed, so that the copy into `tile` after the last tile copies defined values.
             TileInfo next{};

@@ -1,5 +1,5 @@
 """Suite `fp4_gemm`: the FP8 x MXFP4 GEMM on the DeepSeek-V3 projection shapes at decode sizes (M = 1, 16, 64,
-128) and at M = 4096, timed in turns in the same run with
+128; the swapped kernel, weights as wgmma's register operand) and at M = 4096, timed in turns in the same run with
   - our FP8 GEMM on the same shape (e4m3 weights with 128 x 128 scales): `speedup_vs_fp8`, and
   - the user-side alternative with MXFP4 weights: our MXFP4 -> FP8 requantization (mxfp4_requant_to_fp8, 1 x 128
     weight scales) followed by cuBLAS's blockwise FP8 GEMM (torch._scaled_mm): `speedup` (the peer).
@@ -12,6 +12,7 @@ from deep_kernels import fp4_gemm
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.device import get_num_sms
 from deep_kernels.heuristics.fp8_fp4_gemm import code_stages
+from deep_kernels.heuristics.fp8_fp4_swap_ab import SwapAbConfig
 from deep_kernels.heuristics.fp8_gemm import config_label
 from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.testing import calc_diff
@@ -73,9 +74,14 @@ def rows(ctx: BenchContext, shapes) -> list:
         peer_us = times[2] if peer else None
 
         plan = fp4_gemm._dense_plan(m, n, k, torch.bfloat16, False, get_num_sms())
-        config_text = ("B expanded first (mxfp4_requant_to_fp8), then fp8_gemm_nt recipe (1, 1, 128)" if plan is None
-                       else f"{config_label(plan[1])}, {plan[1].num_stages} math stages, "
-                            f"{code_stages(plan[1].block_m, plan[1].block_n, plan[1].num_stages, 2)} code stages")
+        if plan is None:
+            config_text = "B expanded first (mxfp4_requant_to_fp8), then fp8_gemm_nt recipe (1, 1, 128)"
+        elif isinstance(plan, SwapAbConfig):
+            config_text = (f"A and B swapped: {plan.block_w} weight rows x {plan.block_t} tokens, {plan.num_stages} "
+                           f"stages, split-K {plan.num_splits}, {plan.ctas_per_sm} CTA(s) an SM")
+        else:
+            config_text = (f"{config_label(plan[1])}, {plan[1].num_stages} math stages, "
+                           f"{code_stages(plan[1].block_m, plan[1].block_n, plan[1].num_stages, 2)} code stages")
         flops = 2 * m * n * k
         num_bytes = m * k + n * k * 4.25 / 8 + 2 * m * n + 4 * m * k // 128
         memory_us = num_bytes / ctx.copy_gbps / 1e3

@@ -10,10 +10,11 @@ call; rounds of ours and of add_ alternate, so that both see the same host (cloc
 
 Rows: fp8_gemm_nt at the issue's 64 x 4096 x 7168 (split-K) and a decode 1 x 2112 x 7168, the launch of the first
 as the previous path made it (Kernel.launch encoding its 4 tensor maps on every call) and two parts of its cached
-call (the signature look-up's metadata reads, the launch from cached encodings); topk_gate and
+call (the signature look-up's metadata reads, the prepared launch alone); topk_gate and
 topk_gate_with_layout at DeepSeek-V3's routing (256 experts, 8 groups, top 8) for 128 tokens, with and without the
 masked layout, and once more with the GPU not held (the fused gate is a cooperative launch, which may wait for the
-GPU); and, for the record, torch.empty of a small CUDA tensor (what each output allocation costs).
+GPU); moe_layout of those indices and per_token_cast_to_fp8 of a decode activation; and, for the record, torch.empty
+of a small CUDA tensor (what each output allocation costs).
 `speedup` is add_'s time over ours: the issue's targets are speedup >= 1 / 1.3 for fp8_gemm_nt and >= 1 / 1.5 for
 topk_gate_with_layout.
 """
@@ -26,6 +27,7 @@ import torch
 import deep_kernels
 from deep_kernels import gemm
 from deep_kernels.benchmarks.report import BenchContext
+from deep_kernels.jit.runtime import current_raw_stream
 from deep_kernels.reference.quant import per_block_cast_to_fp8
 
 CALLS = 100
@@ -68,7 +70,8 @@ def _row(op: str, shape: dict, config: str, us: float, peer_us: float) -> dict:
 def _gemm_call(m: int, n: int, k: int, part: str = "call"):
     """A cached fp8_gemm_nt call ("call"), or a part of it: "encode_each_call", the launch of its prepared call as
     the path before cached encodings made it (tensor maps encoded by every launch); "signature", the call
-    signature alone (the metadata of its six arguments); "launch_encoded", the launch from cached encodings alone."""
+    signature alone (the metadata of its six arguments); "prepared_launch", the cached launch alone (on the current
+    stream)."""
     a = deep_kernels.per_token_cast_to_fp8(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
     b = per_block_cast_to_fp8(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
     d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -78,13 +81,12 @@ def _gemm_call(m: int, n: int, k: int, part: str = "call"):
     (call,) = [c for c in gemm._prepared_calls.values() if (c.m, c.n, c.k) == (m, n, k)]
     (a, sfa), (b, sfb) = a, b
     if part == "signature":
-        return lambda: gemm.call_signature(a, sfa, b, sfb, d, None)
-    if part == "launch_encoded":
-        workspace = gemm._split_workspace(call.device_index, *call.split_layout[1:]) if call.split_layout[2] else None
-        key = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d.data_ptr(), sfb.data_ptr(),
-               workspace.partials.data_ptr() if workspace else 0, workspace.tickets.data_ptr() if workspace else 0)
-        encoded = call.encoded[key]  # this call's addresses (gemm._launch's key)
-        return lambda: call.kernel.launch_encoded(call.grid, call.device_index, encoded)
+        return lambda: gemm._gemm_signature(a, sfa, b, sfb, d, None, gemm.BLOCK_SCALED)
+    if part == "prepared_launch":
+        workspace = gemm._split_workspaces.get(call.device_index) if call.split_layout[2] else None
+        launch = call.launches[(a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d.data_ptr(), sfb.data_ptr(), workspace)]
+        device_index = call.device_index
+        return lambda: launch.launch(current_raw_stream(device_index))
     workspace = gemm._split_workspace(call.device_index, *call.split_layout[1:]) if call.split_layout[2] else None
 
     def launch():
@@ -104,6 +106,8 @@ def run(ctx: BenchContext) -> list:
     logits = torch.randn(128, 256, device="cuda", dtype=torch.float32)
     bias = torch.randn(256, device="cuda", dtype=torch.float32) * 0.01
     gate = dict(k=8, scoring="sigmoid", bias=bias, num_groups=8, topk_groups=4, routed_scaling_factor=2.5)
+    _, indices = deep_kernels.topk_gate(logits, **gate)
+    activations = torch.randn(64, 7168, device="cuda", dtype=torch.bfloat16)
     cases = [
         ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "cached call: 4 tensor maps encoded once per address set",
          _gemm_call(64, 4096, 7168)),
@@ -112,16 +116,20 @@ def run(ctx: BenchContext) -> list:
          _gemm_call(64, 4096, 7168, "encode_each_call")),
         ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "part: the call signature alone (6 tensors' metadata)",
          _gemm_call(64, 4096, 7168, "signature")),
-        ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "part: Kernel.launch_encoded alone (cached encodings)",
-         _gemm_call(64, 4096, 7168, "launch_encoded")),
+        ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "part: its prepared launch alone (Kernel.prepare, cached)",
+         _gemm_call(64, 4096, 7168, "prepared_launch")),
         ("fp8_gemm_nt", {"m": 1, "n": 2112, "k": 7168}, "cached call", _gemm_call(1, 2112, 7168)),
         ("topk_gate", {"t": 128, "e": 256, "k": 8}, "allocates weights and indices",
          lambda: deep_kernels.topk_gate(logits, **gate)),
-        ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8}, "contiguous layout; allocates 7 tensors",
+        ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8}, "contiguous layout; 7 tensors, 2 allocations",
          lambda: deep_kernels.topk_gate_with_layout(logits, **gate)),
         ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8, "max_tokens": 128},
-         "contiguous and masked layouts; allocates 9 tensors",
+         "contiguous and masked layouts; 9 tensors, 2 allocations",
          lambda: deep_kernels.topk_gate_with_layout(logits, **gate, max_tokens=128)),
+        ("moe_layout", {"t": 128, "e": 256, "k": 8, "max_tokens": 128}, "contiguous and masked layouts; 7 tensors",
+         lambda: deep_kernels.moe_layout(indices, 256, max_tokens=128)),
+        ("per_token_cast_to_fp8", {"m": 64, "k": 7168}, "bf16 input, 1 x 128 groups, MN-major FP32 scales",
+         lambda: deep_kernels.per_token_cast_to_fp8(activations)),
         ("torch.empty", {"numel": 1024}, "one small CUDA allocation (int32), for scale",
          lambda: torch.empty(1024, dtype=torch.int32, device="cuda")),
     ]

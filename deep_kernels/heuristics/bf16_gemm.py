@@ -41,18 +41,24 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int) -> int:
+def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int,
+               streamed_store: bool = False) -> int:
     """Dynamic shared memory of the kernel's carve-up for bf16 stages: D staging, then per stage A and B (128
-    bytes a row), then the barriers."""
-    d_bytes = _ceil_div(block_m * block_n * out_dtype_bytes, 1024) * 1024
+    bytes a row), then the barriers. D staging: the whole tile, or with streamed_store (the k-grouped kind's FP32 D)
+    two chunks of 64 rows per math warpgroup."""
+    if streamed_store:
+        d_bytes = _ceil_div(fp8_gemm.num_math_warpgroups(block_m) * 2 * 64 *
+                            fp8_gemm.swizzle_d_bytes(block_n, out_dtype_bytes), 1024) * 1024
+    else:
+        d_bytes = _ceil_div(block_m * block_n * out_dtype_bytes, 1024) * 1024
     stage_bytes = (block_m + block_n) * BLOCK_K * OPERAND_BYTES
     return d_bytes + num_stages * stage_bytes + 2 * num_stages * 8
 
 
 def max_stages(block_m: int, block_n: int, out_dtype_bytes: int,
-               smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> int:
-    fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes)
-    per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes) - fixed
+               smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES, streamed_store: bool = False) -> int:
+    fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes, streamed_store)
+    per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes, streamed_store) - fixed
     return min(fp8_gemm.MAX_STAGES, (smem_capacity - fixed) // per_stage)
 
 
@@ -66,20 +72,22 @@ def is_legal_tile(block_m: int, block_n: int, grouped: bool = False, mn_major_b:
 
 def make_config(block_m: int, block_n: int, num_tma_multicast: int = 1, multicast_on_a: bool = False,
                 out_dtype_bytes: int = 2, num_stages: int = None, num_splits: int = 1,
-                smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
-    """A BF16 config of the given tiling with as many stages as fit (or num_stages)."""
+                smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES, streamed_store: bool = False) -> Fp8GemmConfig:
+    """A BF16 config of the given tiling with as many stages as fit (or num_stages); streamed_store: the k-grouped
+    kind's FP32 D staging (smem_bytes)."""
     if not is_legal_tile(block_m, block_n):
         raise ValueError(f"no BF16 kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n a multiple "
                          f"of 16 up to 256 (at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
     if num_splits != 1 and (num_tma_multicast != 1 or block_m == 256):
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
-    stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, smem_capacity)
+    stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, streamed_store)
     if stages < MIN_STAGES:
         raise ValueError(f"a {block_m}x{block_n} BF16 tile fits only {stages} stages")
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a,
                          swizzle_d_bytes=fp8_gemm.swizzle_d_bytes(block_n, out_dtype_bytes),
-                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes), block_k=BLOCK_K,
+                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, streamed_store),
+                         block_k=BLOCK_K,
                          num_splits=num_splits, pipelined=False, overlap_epilogue=False)
 
 
@@ -144,19 +152,25 @@ def _split_options(m: int, n: int, k: int, block_m: int, block_n: int, num_tma_m
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES,
-                      out_dtype_bytes: int = 2, k: int = None, grouped: bool = False, mn_major_b: bool = False):
-    """Every legal BF16 config, larger tiles first (the tie order); split-K options only when k is given."""
+                      out_dtype_bytes: int = 2, k: int = None, grouped: bool = False, mn_major_b: bool = False,
+                      streamed_store: bool = False):
+    """Every legal BF16 config, larger tiles first (the tie order); split-K options only when k is given;
+    streamed_store: the k-grouped kind's FP32 D staging, whose 256-row tiles run in 2-CTA clusters only (the
+    kernel's static_assert)."""
     for block_m in sorted(BLOCK_MS, reverse=True):
         for block_n in reversed(BLOCK_NS):
             if not is_legal_tile(block_m, block_n, grouped, mn_major_b):
                 continue
-            if max_stages(block_m, block_n, out_dtype_bytes, smem_capacity) < MIN_STAGES:
+            if max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, streamed_store) < MIN_STAGES:
                 continue
             for num_tma_multicast, multicast_on_a in _multicast_options(m, n, block_m, block_n, num_sms):
+                if streamed_store and block_m == 256 and num_tma_multicast == 1:
+                    continue
                 splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
                 for num_splits in splits:
                     yield make_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes,
-                                      num_splits=num_splits, smem_capacity=smem_capacity)
+                                      num_splits=num_splits, smem_capacity=smem_capacity,
+                                      streamed_store=streamed_store)
 
 
 def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES,

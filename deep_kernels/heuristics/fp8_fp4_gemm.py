@@ -86,7 +86,7 @@ def math_stages(block_m: int, block_n: int, out_dtype_bytes: int) -> int:
 
 
 def is_legal_tile(block_m: int, block_n: int, grouped: bool = False) -> bool:
-    return fp8_gemm.is_legal_tile(block_m, block_n, grouped)
+    return fp8_gemm.is_legal_tile(block_m, block_n, grouped, operands="fp8_mxfp4")
 
 
 def make_config(block_m: int, block_n: int, out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,

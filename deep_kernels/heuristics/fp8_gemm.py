@@ -233,11 +233,16 @@ def can_ping_pong(block_m: int, pipelined: bool) -> bool:
     return block_m in (128, 256) and not pipelined
 
 
-def is_legal_tile(block_m: int, block_n: int, grouped: bool = False) -> bool:
-    """Whether the kernel takes the tiling: 256-row tiles only for the Normal (and k-grouped) kinds, not the
-    M-grouped ones (`grouped`: a contiguous group's segment is padded to 128 rows), at most MAX_TWO_WAVE_BLOCK_N
-    columns."""
-    return block_m != 256 or (not grouped and block_n <= MAX_TWO_WAVE_BLOCK_N)
+def is_legal_tile(block_m: int, block_n: int, grouped: bool = False, operands: str = "fp8_block_scaled") -> bool:
+    """Whether the kernel takes the tiling: 256-row tiles at most MAX_TWO_WAVE_BLOCK_N columns wide, for the M-grouped
+    kinds (`grouped`) only with block-scaled FP8 operands."""
+    return block_m != 256 or (block_n <= MAX_TWO_WAVE_BLOCK_N and (not grouped or operands == "fp8_block_scaled"))
+
+
+def is_legal_multicast(block_m: int, num_tma_multicast: int, multicast_on_a: bool, grouped: bool = False) -> bool:
+    """Whether the kernel takes the cluster: the M-grouped kinds' 256-row tiles multicast A only (a contiguous
+    256-row tile may start on an odd 128-row half, so M-block pairs do not line up with the segments)."""
+    return not (grouped and block_m == 256 and num_tma_multicast == 2 and not multicast_on_a)
 
 
 def num_tiles(config: Fp8GemmConfig, m: int, n: int) -> int:
@@ -386,7 +391,8 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
             if stages < MIN_STAGES:
                 continue
             for num_tma_multicast, multicast_on_a in _multicast_options(m, n, block_m, block_n, num_sms):
-                if not has_streamed_store_registers(block_m, num_tma_multicast, out_dtype_bytes, operands):
+                if not (has_streamed_store_registers(block_m, num_tma_multicast, out_dtype_bytes, operands) and
+                        is_legal_multicast(block_m, num_tma_multicast, multicast_on_a, grouped)):
                     continue
                 splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
                 for num_splits in splits:
@@ -638,8 +644,11 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(128, 128, 1, False, 2, overlap_epilogue=True), 32768, 512, "bfloat16", False),
         CandidateKernel(make_config(128, 160, 1, False, 4, overlap_epilogue=True), 7168, 16384, "float32", True),
         CandidateKernel(make_config(128, 192, 2, False, 2, overlap_epilogue=True), 7168, 2048, "bfloat16", False),
-        # The epilogue overlap of 256-row tiles.
+        # The epilogue overlap of 256-row tiles; the M-grouped kinds' 256-row tiles (row-predicated stores of two waves).
         CandidateKernel(make_config(256, 128, 2, True, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False),
+        CandidateKernel(make_config(256, 128, 2, True, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False,
+                        "m_grouped_contiguous"),
+        CandidateKernel(make_config(256, 112, 1, False, 2), 7168, 2048, "bfloat16", False, "m_grouped_masked"),
         # The ping-pong schedule: with the epilogue overlap, two waves with multicast, split-K with accumulation.
         CandidateKernel(make_config(128, 160, 1, False, 2, overlap_epilogue=True, ping_pong=True), 7168, 2048,
                         "bfloat16", False),

@@ -2,8 +2,9 @@
 //
 // Python does the validation and picks the kernel; this extension does the two driver calls that
 // cost microseconds through cuda-python. encode() turns a launch's parameters into bytes once (the
-// tensor-map encodings are the costly part) and launch_encoded() launches from them, for callers that
-// cache them per set of addresses. The driver is opened with dlopen, so the extension builds
+// tensor-map encodings are the costly part) and launch_encoded() launches from them; prepare() makes of
+// them a launch fixed but for its stream, whose launch(stream) is the whole per-call cost, for callers
+// that cache launches per set of addresses. The driver is opened with dlopen, so the extension builds
 // and imports on a machine without a GPU. Built on first use by deep_kernels/jit/launcher.py.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -163,29 +164,29 @@ bool fill_slots(ParamSlot* slots, const char* kinds, Py_ssize_t num_kinds, PyObj
     return true;
 }
 
-// Launches a kernel whose parameters are slots[0, num_params).
-PyObject* launch_slots(unsigned long long kernel, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z,
-                       unsigned int block, unsigned int smem_bytes, unsigned int cluster, int device,
-                       unsigned long long stream, ParamSlot* slots, Py_ssize_t num_params, int cooperative) {
-    void* param_ptrs[kMaxParams];
-    for (Py_ssize_t i = 0; i < num_params; ++i)
-        param_ptrs[i] = &slots[i];
-
+// A launch's configuration but for its stream: grid, block, shared memory, and the cluster and cooperative
+// attributes (config.attrs points into attributes).
+struct LaunchShape {
+    CUlaunchConfig config;
     CUlaunchAttribute attributes[2];
+};
+
+void make_launch_shape(LaunchShape* shape, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z,
+                       unsigned int block, unsigned int smem_bytes, unsigned int cluster, int cooperative) {
     unsigned int num_attributes = 0;
     if (cluster > 1) {
-        attributes[num_attributes].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attributes[num_attributes].value.clusterDim.x = cluster;
-        attributes[num_attributes].value.clusterDim.y = 1;
-        attributes[num_attributes].value.clusterDim.z = 1;
+        shape->attributes[num_attributes].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        shape->attributes[num_attributes].value.clusterDim.x = cluster;
+        shape->attributes[num_attributes].value.clusterDim.y = 1;
+        shape->attributes[num_attributes].value.clusterDim.z = 1;
         ++num_attributes;
     }
     if (cooperative) {
-        attributes[num_attributes].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-        attributes[num_attributes].value.cooperative = 1;
+        shape->attributes[num_attributes].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        shape->attributes[num_attributes].value.cooperative = 1;
         ++num_attributes;
     }
-    CUlaunchConfig config;
+    CUlaunchConfig& config = shape->config;
     config.gridDimX = grid_x;
     config.gridDimY = grid_y;
     config.gridDimZ = grid_z;
@@ -193,14 +194,19 @@ PyObject* launch_slots(unsigned long long kernel, unsigned int grid_x, unsigned 
     config.blockDimY = 1;
     config.blockDimZ = 1;
     config.sharedMemBytes = smem_bytes;
-    config.hStream = reinterpret_cast<CUstream>(stream);
-    config.attrs = attributes;
+    config.hStream = nullptr;
+    config.attrs = shape->attributes;
     config.numAttrs = num_attributes;
+}
 
+// Launches a kernel of a LaunchShape on a stream with its parameters' addresses.
+PyObject* launch_shaped(unsigned long long kernel, LaunchShape* shape, int device, unsigned long long stream,
+                        void** param_ptrs) {
     if (!load_driver())
         return nullptr;
+    shape->config.hStream = reinterpret_cast<CUstream>(stream);
     const auto function = reinterpret_cast<CUfunction>(kernel);
-    CUresult result = g_driver.launch_kernel_ex(&config, function, param_ptrs, nullptr);
+    CUresult result = g_driver.launch_kernel_ex(&shape->config, function, param_ptrs, nullptr);
     if (result == CUDA_ERROR_INVALID_CONTEXT) {
         // NOTE: a thread that never made a CUDA runtime call has no current context; torch works in
         // the device's primary context, so make that one current and try again.
@@ -209,11 +215,23 @@ PyObject* launch_slots(unsigned long long kernel, unsigned int grid_x, unsigned 
         if (g_driver.device_get(&cu_device, device) == CUDA_SUCCESS &&
             g_driver.primary_ctx_retain(&context, cu_device) == CUDA_SUCCESS &&
             g_driver.ctx_set_current(context) == CUDA_SUCCESS)
-            result = g_driver.launch_kernel_ex(&config, function, param_ptrs, nullptr);
+            result = g_driver.launch_kernel_ex(&shape->config, function, param_ptrs, nullptr);
     }
     if (result != CUDA_SUCCESS)
         return raise_cuda_error(result, "cuLaunchKernelEx");
     Py_RETURN_NONE;
+}
+
+// Launches a kernel whose parameters are slots[0, num_params).
+PyObject* launch_slots(unsigned long long kernel, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z,
+                       unsigned int block, unsigned int smem_bytes, unsigned int cluster, int device,
+                       unsigned long long stream, ParamSlot* slots, Py_ssize_t num_params, int cooperative) {
+    void* param_ptrs[kMaxParams];
+    for (Py_ssize_t i = 0; i < num_params; ++i)
+        param_ptrs[i] = &slots[i];
+    LaunchShape shape;
+    make_launch_shape(&shape, grid_x, grid_y, grid_z, block, smem_bytes, cluster, cooperative);
+    return launch_shaped(kernel, &shape, device, stream, param_ptrs);
 }
 
 // launch(kernel, grid, block, smem_bytes, cluster, device, stream, kinds, params[, cooperative])
@@ -252,6 +270,17 @@ PyObject* encode(PyObject*, PyObject* args) {
                                      PyTuple_GET_SIZE(params) * static_cast<Py_ssize_t>(sizeof(ParamSlot)));
 }
 
+// The number of parameters a bytes object from encode() holds; -1 with a Python error set if it is no encoding.
+Py_ssize_t encoded_params(Py_ssize_t num_bytes) {
+    const Py_ssize_t num_params = num_bytes / static_cast<Py_ssize_t>(sizeof(ParamSlot));
+    if (num_bytes % static_cast<Py_ssize_t>(sizeof(ParamSlot)) != 0 || num_params > kMaxParams) {
+        PyErr_Format(PyExc_ValueError, "deep_kernels: %zd bytes are not the encoding of at most %d parameters",
+                     num_bytes, kMaxParams);
+        return -1;
+    }
+    return num_params;
+}
+
 // launch_encoded(kernel, grid, block, smem_bytes, cluster, device, stream, encoded[, cooperative]): launch with
 // parameters from encode().
 PyObject* launch_encoded(PyObject*, PyObject* args) {
@@ -264,12 +293,9 @@ PyObject* launch_encoded(PyObject*, PyObject* args) {
     if (!PyArg_ParseTuple(args, "K(III)IIIiKy#|p", &kernel, &grid_x, &grid_y, &grid_z, &block, &smem_bytes,
                           &cluster, &device, &stream, &encoded, &num_bytes, &cooperative))
         return nullptr;
-    const Py_ssize_t num_params = num_bytes / static_cast<Py_ssize_t>(sizeof(ParamSlot));
-    if (num_bytes % static_cast<Py_ssize_t>(sizeof(ParamSlot)) != 0 || num_params > kMaxParams) {
-        PyErr_Format(PyExc_ValueError, "deep_kernels: %zd bytes are not the encoding of at most %d parameters",
-                     num_bytes, kMaxParams);
+    const Py_ssize_t num_params = encoded_params(num_bytes);
+    if (num_params < 0)
         return nullptr;
-    }
     // NOTE: copied into aligned storage: a bytes object's buffer has no 64-byte alignment (CUtensorMap's).
     ParamSlot slots[kMaxParams];
     std::memcpy(slots, encoded, num_bytes);
@@ -277,10 +303,70 @@ PyObject* launch_encoded(PyObject*, PyObject* args) {
                         num_params, cooperative);
 }
 
+// A launch fixed but for its stream (prepare()): its one method, launch(stream), costs the driver call alone.
+struct PreparedLaunch {
+    PyObject_HEAD
+    unsigned long long kernel;
+    int device;
+    LaunchShape shape;
+    void* param_ptrs[kMaxParams];
+    // NOTE: raw bytes, the slots placed at the first 64-byte boundary inside (CUtensorMap's alignment): the object's
+    // memory (PyType_GenericAlloc) is aligned to 16 bytes only, so a ParamSlot member would be misaligned.
+    char slot_storage[kMaxParams * sizeof(ParamSlot) + 64];
+};
+
+PyObject* prepared_launch_launch(PyObject* self, PyObject* stream_obj) {
+    auto* prepared = reinterpret_cast<PreparedLaunch*>(self);
+    const unsigned long long stream = PyLong_AsUnsignedLongLong(stream_obj);
+    if (PyErr_Occurred())
+        return nullptr;
+    return launch_shaped(prepared->kernel, &prepared->shape, prepared->device, stream, prepared->param_ptrs);
+}
+
+PyMethodDef prepared_launch_methods[] = {
+    {"launch", prepared_launch_launch, METH_O, "launch(stream): launch on a stream (a raw CUstream handle)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyTypeObject prepared_launch_type = {
+    PyVarObject_HEAD_INIT(nullptr, 0)
+};
+
+// prepare(kernel, grid, block, smem_bytes, cluster, device, encoded[, cooperative]) -> PreparedLaunch: a launch
+// with parameters from encode(), everything fixed but the stream.
+PyObject* prepare(PyObject*, PyObject* args) {
+    unsigned long long kernel;
+    unsigned int grid_x, grid_y, grid_z, block, smem_bytes, cluster;
+    int device;
+    const char* encoded;
+    Py_ssize_t num_bytes;
+    int cooperative = 0;
+    if (!PyArg_ParseTuple(args, "K(III)IIIiy#|p", &kernel, &grid_x, &grid_y, &grid_z, &block, &smem_bytes,
+                          &cluster, &device, &encoded, &num_bytes, &cooperative))
+        return nullptr;
+    const Py_ssize_t num_params = encoded_params(num_bytes);
+    if (num_params < 0)
+        return nullptr;
+    PyObject* object = PyType_GenericAlloc(&prepared_launch_type, 0);
+    if (object == nullptr)
+        return nullptr;
+    auto* prepared = reinterpret_cast<PreparedLaunch*>(object);
+    prepared->kernel = kernel;
+    prepared->device = device;
+    make_launch_shape(&prepared->shape, grid_x, grid_y, grid_z, block, smem_bytes, cluster, cooperative);
+    char* slots = prepared->slot_storage;
+    slots += (64 - reinterpret_cast<uintptr_t>(slots) % 64) % 64;
+    std::memcpy(slots, encoded, num_bytes);
+    for (Py_ssize_t i = 0; i < num_params; ++i)
+        prepared->param_ptrs[i] = slots + i * static_cast<Py_ssize_t>(sizeof(ParamSlot));
+    return object;
+}
+
 PyMethodDef methods[] = {
     {"launch", launch, METH_VARARGS, "Launch a kernel with cuLaunchKernelEx on a stream."},
     {"encode", encode, METH_VARARGS, "A launch's parameters encoded (tensor maps included), for launch_encoded."},
     {"launch_encoded", launch_encoded, METH_VARARGS, "Launch a kernel with parameters from encode()."},
+    {"prepare", prepare, METH_VARARGS, "A launch with parameters from encode(), fixed but for its stream."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -288,4 +374,13 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_dk_launcher", "deep_kernels launc
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__dk_launcher() { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__dk_launcher() {
+    prepared_launch_type.tp_name = "_dk_launcher.PreparedLaunch";
+    prepared_launch_type.tp_basicsize = sizeof(PreparedLaunch);
+    prepared_launch_type.tp_flags = Py_TPFLAGS_DEFAULT;
+    prepared_launch_type.tp_doc = "A kernel launch fixed but for its stream (prepare()).";
+    prepared_launch_type.tp_methods = prepared_launch_methods;
+    if (PyType_Ready(&prepared_launch_type) < 0)
+        return nullptr;
+    return PyModule_Create(&module);
+}

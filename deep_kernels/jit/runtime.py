@@ -51,8 +51,9 @@ class Kernel:
     """A loaded kernel and how it is launched: `launch(grid, device_index, **params)` takes every parameter of its
     KernelDef by name (tensor maps from `tensor_map`, pointers as int addresses, scalars as Python numbers) and
     launches on torch's current stream of the device; a missing or unknown name raises TypeError before
-    anything is launched. `encode(**params)` checks and encodes the same parameters into bytes once, and
-    `launch_encoded(grid, device_index, encoded)` launches from them (the hot path of callers that cache them). A
+    anything is launched. `encode(**params)` checks and encodes the same parameters into bytes once,
+    `launch_encoded(grid, device_index, encoded)` launches from them, and `prepare(grid, device_index, encoded)`
+    makes of them a launch fixed but for its stream (the hot path of callers that cache them). A
     cooperative kernel has every block resident at once (or fails to launch), so that its blocks may wait for each
     other."""
 
@@ -79,6 +80,13 @@ class Kernel:
         here, so a caller that keeps the encodings of its calls' addresses pays for the launch alone."""
         _native_launch_encoded(self.handle, grid, self.block_threads, self.smem_bytes, self.cluster_size, device_index,
                                torch._C._cuda_getCurrentRawStream(device_index), encoded, self.cooperative)
+
+    def prepare(self, grid, device_index: int, encoded: bytes):
+        """A launch of this kernel with parameters from its encode(...) (which checked them), fixed but for the
+        stream: its `launch(stream)` (a raw stream handle, as torch._C._cuda_getCurrentRawStream gives) costs the
+        driver call alone, for callers that keep one per set of their calls' addresses."""
+        return _native_prepare(self.handle, grid, self.block_threads, self.smem_bytes, self.cluster_size,
+                               device_index, encoded, self.cooperative)
 
     def _parameter_value_error(self, values: tuple, error: Exception) -> Exception:
         """The native launcher rejected a value: name the first parameter whose value does not fit its type."""
@@ -137,6 +145,15 @@ def _kernel_class(definition) -> type:
     return cls
 
 
+def _no_cuda_stream(device_index: int) -> int:
+    raise RuntimeError("deep_kernels: this torch build has no CUDA")
+
+
+# The raw handle of torch's current stream on a device (torch.cuda.current_stream(i).cuda_stream without making a
+# Stream): what a prepared launch (Kernel.prepare) takes.
+current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _no_cuda_stream)
+
+
 def _native_launch(*args) -> None:
     # Rebinds itself to the native function on first use: no lookup on later calls.
     global _native_launch
@@ -156,18 +173,24 @@ def _native_launch_encoded(*args) -> None:
     _native_launch_encoded(*args)
 
 
-# Encoded parameters kept per call signature (remember_encoded): a caching allocator hands the same few addresses
-# out again and again, so a handful covers steady state; the bound keeps a stream of fresh addresses from growing it.
-ENCODED_PER_SIGNATURE = 64
+def _native_prepare(*args):
+    global _native_prepare
+    _native_prepare = launcher.load().prepare
+    return _native_prepare(*args)
 
 
-def remember_encoded(cache: dict, key, encoded: bytes) -> bytes:
-    """Stores encoded parameters (Kernel.encode) in cache under key (the addresses they hold), evicting the oldest
-    entry beyond ENCODED_PER_SIGNATURE; returns encoded."""
-    if len(cache) >= ENCODED_PER_SIGNATURE:
+# Launches kept per call signature (remember_launch): a caching allocator hands the same few addresses out again and
+# again, so a handful covers steady state; the bound keeps a stream of fresh addresses from growing it.
+LAUNCHES_PER_SIGNATURE = 64
+
+
+def remember_launch(cache: dict, key, launch):
+    """Stores a launch made for a set of addresses (Kernel.prepare) in cache under key (those addresses), evicting
+    the oldest entry beyond LAUNCHES_PER_SIGNATURE; returns launch."""
+    if len(cache) >= LAUNCHES_PER_SIGNATURE:
         del cache[next(iter(cache))]
-    cache[key] = encoded
-    return encoded
+    cache[key] = launch
+    return launch
 
 
 def _param_layout(driver, kernel) -> list:

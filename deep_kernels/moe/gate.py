@@ -12,13 +12,14 @@ topk_gate (DeepSeek-V3 semantics, bit-exact with deep_kernels.reference.moe):
 """
 
 import functools
+from typing import NamedTuple
 
 import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import get_kernel
+from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, INT32_LIMIT
 
@@ -137,22 +138,69 @@ def topk_gate(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torc
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.topk_gate(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
+    try:
+        signature = gate_signature(logits, k, scoring, bias, num_groups, topk_groups, renormalize,
+                                   routed_scaling_factor)
+        plan = _plans.get(signature)
+    except (AttributeError, TypeError):  # not tensors, or unhashable arguments: the full check below says which
+        signature = plan = None
+    if plan is None:
+        plan = _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
+        if signature is not None:
+            _plans[signature] = plan
+
+    weights = torch.empty(plan.shape, dtype=torch.float32, device=plan.device)
+    indices = torch.empty(plan.shape, dtype=torch.int32, device=plan.device)
+    if plan.kernel is None:  # no tokens
+        return weights, indices
+    key = (logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(), indices.data_ptr())
+    launch = plan.launches.get(key)
+    if launch is None:
+        encoded = plan.kernel.encode(
+            logits=key[0], bias=key[1], weights=key[2], indices=key[3], num_tokens=plan.shape[0],
+            logits_row_stride=logits.stride(0), top_k=k, topk_groups=topk_groups, renormalize=int(renormalize),
+            scaling_factor=float(routed_scaling_factor))
+        launch = remember_launch(plan.launches, key, plan.kernel.prepare(plan.grid, plan.device.index, encoded))
+    launch.launch(current_raw_stream(plan.device.index))
+    return weights, indices
+
+
+def gate_signature(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor) -> tuple:
+    """What topk_gate's validation depends on, bar data addresses: the tensors' dtypes, shapes, strides and devices,
+    the other arguments with their types (8 == 8.0 == True for a dict, not for the checks). Raises AttributeError
+    for non-tensors; hashing it raises TypeError for unhashable arguments."""
+    return (logits.dtype, logits.shape, logits.stride(), logits.get_device(),
+            None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.get_device()),
+            k, scoring, num_groups, topk_groups, renormalize, routed_scaling_factor,
+            type(k), type(scoring), type(num_groups), type(topk_groups), type(renormalize), type(routed_scaling_factor))
+
+
+class _Plan(NamedTuple):
+    """What a valid call's signature fixes: the outputs' shape and device, the kernel and its grid (None without
+    tokens), and the prepared launches by the call's addresses."""
+
+    shape: tuple
+    device: torch.device
+    kernel: object = None
+    grid: tuple = None
+    launches: dict = None
+
+
+# Signatures of valid calls (gate_signature) -> their _Plan: a repeated call runs no check but the look-up.
+_plans = {}
+
+
+def _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor) -> _Plan:
+    """Every check of a call (raising its error), and its _Plan."""
     check_gate_args(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
     check_cuda_device(logits, "logits")
     if bias is not None:
         check_cuda_device(bias, "bias", like=logits)
-
     num_tokens, num_experts = logits.shape
-    weights = logits.new_empty((num_tokens, k), dtype=torch.float32)
-    indices = logits.new_empty((num_tokens, k), dtype=torch.int32)
     if num_tokens == 0:
-        return weights, indices
+        return _Plan((num_tokens, k), logits.device)
     kernel = _gate_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
-    kernel.launch((ceil_div(num_tokens, _GATE_WARPS), 1, 1), logits.get_device(), logits=logits.data_ptr(),
-                  bias=0 if bias is None else bias.data_ptr(), weights=weights.data_ptr(), indices=indices.data_ptr(),
-                  num_tokens=num_tokens, logits_row_stride=logits.stride(0), top_k=k, topk_groups=topk_groups,
-                  renormalize=int(renormalize), scaling_factor=float(routed_scaling_factor))
-    return weights, indices
+    return _Plan((num_tokens, k), logits.device, kernel, (ceil_div(num_tokens, _GATE_WARPS), 1, 1), {})
 
 
 def kernel_groups(num_groups: int) -> int:

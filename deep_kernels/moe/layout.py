@@ -12,6 +12,7 @@ moe_layout: slot s = t * k + j of topk_idx [T, k]; -1 (or any index outside [0, 
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
@@ -19,7 +20,7 @@ from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 from deep_kernels.device import get_num_sms
 from deep_kernels.jit.definition import PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import get_kernel
+from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.moe.gate import MAX_EXPERTS
 from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, INT32_LIMIT
@@ -100,6 +101,48 @@ def new_layout(like: torch.Tensor, num_tokens: int, k: int, num_experts: int, ma
     return layout
 
 
+class LayoutInts:
+    """Where a layout's int32 tensors (and topk_gate's indices, with_indices) lie in one int32 allocation: one
+    allocation and a few views cost the host less than a tensor each. Every tensor starts 16-byte aligned (the
+    kernels fill m_indices, row_to_slot and masked_slots with 16-byte stores) and none overlaps another."""
+
+    def __init__(self, num_tokens: int, k: int, num_experts: int, max_tokens, with_indices: bool = False):
+        max_rows = contiguous_max_rows(num_tokens * k, num_experts)
+        self.token_shape = (num_tokens, k)
+        self.masked_shape = None if max_tokens is None else (num_experts, max_tokens)
+        pieces = [("m_indices", max_rows), ("row_to_slot", max_rows)]
+        pieces += [("masked_slots", num_experts * max_tokens)] if self.masked_shape else []
+        pieces += [("indices", num_tokens * k)] if with_indices else []
+        pieces += [("slot_to_row", num_tokens * k), ("counts", num_experts)]
+        pieces += [("masked_m", num_experts)] if self.masked_shape else []
+        pieces += [("num_rows", 1)]
+        # split_with_sizes covers the allocation: a piece not a multiple of 16 bytes is followed by its padding.
+        self.split_sizes, self.offsets, self._part = [], {}, {}
+        for name, size in pieces:
+            self._part[name] = len(self.split_sizes)
+            self.offsets[name] = sum(self.split_sizes)
+            padding = -size % 4 if name != "num_rows" else 0
+            self.split_sizes += [size, padding] if padding else [size]
+        self.numel = sum(self.split_sizes)
+        self.with_indices = with_indices
+
+    def pointers(self, address: int) -> dict:
+        """The address of each tensor (by its MoeLayout field name, and indices) in an allocation at address."""
+        return {name: address + 4 * offset for name, offset in self.offsets.items()}
+
+    def carve(self, ints: torch.Tensor):
+        """The tensors, as views of ints ([numel] int32): the MoeLayout, or (indices, MoeLayout) with_indices."""
+        parts = ints.split_with_sizes(self.split_sizes)
+        part = self._part
+        masked = self.masked_shape is not None
+        layout = MoeLayout(
+            parts[part["counts"]], parts[part["num_rows"]], parts[part["m_indices"]], parts[part["row_to_slot"]],
+            parts[part["slot_to_row"]].view(self.token_shape),
+            parts[part["masked_slots"]].view(self.masked_shape) if masked else None,
+            parts[part["masked_m"]] if masked else None)
+        return (parts[part["indices"]].view(self.token_shape), layout) if self.with_indices else layout
+
+
 MOE_LAYOUT = KernelDef(
     "kernels/smxx_moe_layout.cuh", "smxx_moe_layout_impl",
     template=("IndexT", "kSlotsPerThread", "kAlignment", "kNumWarps"),
@@ -124,17 +167,17 @@ def _layout_kernel(dtype: torch.dtype):
 _workspaces = {}
 
 
-def layout_workspace(device_index: int, num_block_counts: int) -> torch.Tensor:
+def layout_workspace(device_index: int, num_block_counts: int, stream: int = None) -> torch.Tensor:
     """The int32 workspace of the cooperative layout kernels: [0] their grid-barrier counter (bits 0-30 zero
     between launches, each launch flips bit 31), then from block_counts_offset() on room for num_block_counts
-    per-block expert counts. One per stream, grown as needed, or while capturing a CUDA graph a fresh one
-    whose zeroing the graph replays."""
+    per-block expert counts. One per stream (stream: the current one's raw handle, current_raw_stream(device_index),
+    if the caller has it), grown as needed, or while capturing a CUDA graph a fresh one whose zeroing the graph
+    replays."""
     # NOTE: a counter cached from inside a capture would hold garbage until the first replay.
     size = _COUNTER_INTS + num_block_counts
     if torch._C._cuda_isCurrentStreamCapturing():
         return torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
-    # The raw stream handle: what torch.cuda.current_stream(device_index).cuda_stream is, without making a Stream.
-    key = (device_index, torch._C._cuda_getCurrentRawStream(device_index))
+    key = (device_index, current_raw_stream(device_index) if stream is None else stream)
     workspace = _workspaces.get(key)
     if workspace is None or workspace.numel() < size:
         workspace = torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
@@ -176,11 +219,64 @@ def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None)
         One cooperative launch (at most one block per SM), no host synchronization, so it can be
         captured in a CUDA graph. Deterministic, whatever the SM count. Its workspace (a grid-barrier counter
         and per-block counts) is kept per (device, stream) (a captured graph zeroes its own in a memset
-        node), so calls may overlap only on different streams.
+        node), so calls may overlap only on different streams. The layout's tensors are views of one int32
+        allocation (none overlaps another, each starts 16-byte aligned); a call whose topk_idx has the dtype,
+        shape, strides and device of an earlier valid call (same arguments, same SM count) reuses its checks
+        and plan.
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.moe_layout(topk_idx, num_experts, max_tokens)
+    try:
+        # NOTE: the types too: 8 == 8.0 == True for the dict, not for the checks.
+        signature = (topk_idx.dtype, topk_idx.shape, topk_idx.stride(), topk_idx.get_device(), num_experts, max_tokens,
+                     type(num_experts), type(max_tokens))
+        plan = _plans.get(signature)
+    except (AttributeError, TypeError):  # not a tensor, or unhashable arguments: the full check below says which
+        signature = plan = None
+    if plan is None or plan.num_sms != get_num_sms():
+        plan = _plan(topk_idx, num_experts, max_tokens)
+        if signature is not None:
+            _plans[signature] = plan
+    if plan.kernel is None:  # no slots: the layout's final values, no launch
+        return new_layout(topk_idx, *topk_idx.shape, num_experts, max_tokens)
+
+    ints = torch.empty(plan.ints.numel, dtype=torch.int32, device=plan.device)
+    layout = plan.ints.carve(ints)
+    device_index = plan.device.index
+    stream = current_raw_stream(device_index)
+    workspace = layout_workspace(device_index, plan.rank_blocks * block_counts_row_ints(num_experts), stream)
+    key = (topk_idx.data_ptr(), ints.data_ptr(), workspace.data_ptr())
+    launch = plan.launches.get(key)
+    if launch is None:
+        launch = _prepare_launch(plan, key, num_experts, max_tokens)
+    launch.launch(stream)
+    return layout
+
+
+class _Plan(NamedTuple):
+    """What a valid call's signature fixes: the kernel and its grid (kernel None: no slots), the ranking blocks, where
+    the layout's tensors lie in one allocation, and the prepared launches by the call's addresses."""
+
+    num_sms: int  # the SM count it was planned for
+    device: torch.device
+    kernel: object = None
+    num_slots: int = 0
+    num_blocks: int = 0
+    slots_per_block: int = 0
+    rank_blocks: int = 0
+    max_rows: int = 0
+    ints: LayoutInts = None
+    launches: dict = None
+
+
+# Signatures of valid calls (the tensor's dtype, shape, strides and device, the other arguments with their types) ->
+# their _Plan: a repeated call runs no check but the signature's look-up (and the SM count's).
+_plans = {}
+
+
+def _plan(topk_idx, num_experts, max_tokens) -> _Plan:
+    """Every check of a call (raising its error), and its _Plan."""
     check_dtype(topk_idx, "topk_idx", (torch.int32, torch.int64))
     check_rank(topk_idx, "topk_idx", 2)
     num_tokens, k = topk_idx.shape
@@ -189,26 +285,30 @@ def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None)
     if not topk_idx.is_contiguous():
         raise ValueError(f"topk_idx must be contiguous, got strides {tuple(topk_idx.stride())}")
     check_cuda_device(topk_idx, "topk_idx")
-
-    layout = new_layout(topk_idx, num_tokens, k, num_experts, max_tokens)
+    num_sms = get_num_sms()
     if num_slots == 0:
-        return layout
-    masked = max_tokens is not None
-    num_masked = num_experts * max_tokens if masked else 0
-    device_index = topk_idx.get_device()
+        return _Plan(num_sms, topk_idx.device)
+    num_masked = num_experts * max_tokens if max_tokens is not None else 0
     slots_per_block, rank_blocks = layout_blocks(num_slots)
-    workspace = layout_workspace(device_index, rank_blocks * block_counts_row_ints(num_experts))
     # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident.
-    _layout_kernel(topk_idx.dtype).launch(
-        (max(rank_blocks, fill_blocks(2 * max_rows + num_masked)), 1, 1), device_index,
-        topk_idx=topk_idx.data_ptr(), counts=layout.counts.data_ptr(), num_rows=layout.num_rows.data_ptr(),
-        m_indices=layout.m_indices.data_ptr(), row_to_slot=layout.row_to_slot.data_ptr(),
-        slot_to_row=layout.slot_to_row.data_ptr(), masked_slots=layout.masked_slots.data_ptr() if masked else 0,
-        masked_m=layout.masked_m.data_ptr() if masked else 0,
-        block_counts=workspace.data_ptr() + block_counts_offset(), barrier=workspace.data_ptr(),
-        num_slots=num_slots, num_experts=num_experts, slots_per_block=slots_per_block, num_rank_blocks=rank_blocks,
-        max_rows=max_rows, max_tokens=max_tokens if masked else 0)
-    return layout
+    num_blocks = max(rank_blocks, fill_blocks(2 * max_rows + num_masked))
+    return _Plan(num_sms, topk_idx.device, _layout_kernel(topk_idx.dtype), num_slots, num_blocks, slots_per_block,
+                 rank_blocks, max_rows, LayoutInts(num_tokens, k, num_experts, max_tokens), {})
+
+
+def _prepare_launch(plan: _Plan, key: tuple, num_experts: int, max_tokens):
+    """The layout kernel's launch at the addresses of key (moe_layout's), cached in the plan."""
+    topk_idx_ptr, ints_ptr, workspace_ptr = key
+    pointers = plan.ints.pointers(ints_ptr)
+    masked = max_tokens is not None
+    encoded = plan.kernel.encode(
+        topk_idx=topk_idx_ptr, counts=pointers["counts"], num_rows=pointers["num_rows"],
+        m_indices=pointers["m_indices"], row_to_slot=pointers["row_to_slot"], slot_to_row=pointers["slot_to_row"],
+        masked_slots=pointers["masked_slots"] if masked else 0, masked_m=pointers["masked_m"] if masked else 0,
+        block_counts=workspace_ptr + block_counts_offset(), barrier=workspace_ptr, num_slots=plan.num_slots,
+        num_experts=num_experts, slots_per_block=plan.slots_per_block, num_rank_blocks=plan.rank_blocks,
+        max_rows=plan.max_rows, max_tokens=max_tokens if masked else 0)
+    return remember_launch(plan.launches, key, plan.kernel.prepare((plan.num_blocks, 1, 1), plan.device.index, encoded))
 
 
 @precompiled

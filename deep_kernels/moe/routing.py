@@ -16,12 +16,12 @@ from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 from deep_kernels.device import get_num_sms
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import get_kernel
+from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch
 from deep_kernels.jit.source import KernelSpec
-from deep_kernels.moe.gate import check_gate_args, kernel_groups, scoring_cpp, topk_gate
+from deep_kernels.moe.gate import check_gate_args, gate_signature, kernel_groups, scoring_cpp, topk_gate
 from deep_kernels.moe.layout import (
-    CONTIGUOUS_ALIGNMENT, block_counts_offset, block_counts_row_ints, check_layout_args, fill_blocks, moe_layout,
-    new_layout,
+    CONTIGUOUS_ALIGNMENT, LayoutInts, block_counts_offset, block_counts_row_ints, check_layout_args, fill_blocks,
+    moe_layout,
 )
 from deep_kernels.moe.layout import layout_workspace as _workspace
 from deep_kernels.validation import ceil_div, check_cuda_device
@@ -91,19 +91,16 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots it is one cooperative launch (at
         most one block per SM) whose workspace (a grid-barrier counter and per-block counts) is kept per
         (device, stream) (a captured graph zeroes its own in a memset node), so calls may overlap only on
-        different streams.
+        different streams. indices and the layout's tensors are views of one int32 allocation (none overlaps
+        another, each starts 16-byte aligned).
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.topk_gate_with_layout(logits, k, scoring, bias, num_groups, topk_groups, renormalize,
                                          routed_scaling_factor, max_tokens)
     try:
-        signature = (logits.dtype, logits.shape, logits.stride(), logits.get_device(),
-                     None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.get_device()),
-                     k, scoring, num_groups, topk_groups, renormalize, routed_scaling_factor, max_tokens,
-                     # NOTE: the types too: 8 == 8.0 == True for the dict, not for the checks.
-                     type(k), type(scoring), type(num_groups), type(topk_groups), type(renormalize),
-                     type(routed_scaling_factor), type(max_tokens))
+        signature = gate_signature(logits, k, scoring, bias, num_groups, topk_groups, renormalize,
+                                   routed_scaling_factor) + (max_tokens, type(max_tokens))
         plan = _plans.get(signature)
     except (AttributeError, TypeError):  # not tensors, or unhashable arguments: the full check below says which
         signature = plan = None
@@ -117,31 +114,42 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         gate_args = (k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
         weights, indices = topk_gate(logits, *gate_args)
         return weights, indices, moe_layout(indices, logits.shape[1], max_tokens)
-    num_tokens, num_experts = logits.shape
-    device = logits.device
-    weights = torch.empty((num_tokens, k), dtype=torch.float32, device=device)
-    indices = torch.empty((num_tokens, k), dtype=torch.int32, device=device)
-    layout = new_layout(logits, num_tokens, k, num_experts, max_tokens)
-    device_index = logits.get_device()
+    weights = torch.empty(plan.weights_shape, dtype=torch.float32, device=plan.device)
+    ints = torch.empty(plan.ints.numel, dtype=torch.int32, device=plan.device)
+    indices, layout = plan.ints.carve(ints)
+    device_index = plan.device.index
+    stream = current_raw_stream(device_index)
+    workspace = _workspace(device_index, plan.token_blocks * block_counts_row_ints(plan.num_experts), stream)
+    key = (logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(), ints.data_ptr(),
+           workspace.data_ptr())
+    launch = plan.launches.get(key)
+    if launch is None:
+        launch = _prepare_launch(plan, key, logits, k, topk_groups, renormalize, routed_scaling_factor, max_tokens)
+    launch.launch(stream)
+    return weights, indices, layout
+
+
+def _prepare_launch(plan, key: tuple, logits, k, topk_groups, renormalize, routed_scaling_factor, max_tokens):
+    """The fused kernel's launch at the addresses of key (topk_gate_with_layout's), cached in the plan."""
+    logits_ptr, bias_ptr, weights_ptr, ints_ptr, workspace_ptr = key
+    pointers = plan.ints.pointers(ints_ptr)
     masked = max_tokens is not None
-    workspace = _workspace(device_index, plan.token_blocks * block_counts_row_ints(num_experts))
-    workspace_ptr = workspace.data_ptr()
-    plan.kernel.launch(
-        (plan.num_blocks, 1, 1), device_index, logits=logits.data_ptr(), bias=0 if bias is None else bias.data_ptr(),
-        weights=weights.data_ptr(), indices=indices.data_ptr(), counts=layout.counts.data_ptr(),
-        num_rows=layout.num_rows.data_ptr(), m_indices=layout.m_indices.data_ptr(),
-        row_to_slot=layout.row_to_slot.data_ptr(), slot_to_row=layout.slot_to_row.data_ptr(),
-        masked_slots=layout.masked_slots.data_ptr() if masked else 0,
-        masked_m=layout.masked_m.data_ptr() if masked else 0, block_counts=workspace_ptr + block_counts_offset(),
-        barrier=workspace_ptr, num_tokens=num_tokens, tokens_per_block=plan.tokens_per_block,
+    encoded = plan.kernel.encode(
+        logits=logits_ptr, bias=bias_ptr, weights=weights_ptr, indices=pointers["indices"], counts=pointers["counts"],
+        num_rows=pointers["num_rows"], m_indices=pointers["m_indices"], row_to_slot=pointers["row_to_slot"],
+        slot_to_row=pointers["slot_to_row"], masked_slots=pointers["masked_slots"] if masked else 0,
+        masked_m=pointers["masked_m"] if masked else 0, block_counts=workspace_ptr + block_counts_offset(),
+        barrier=workspace_ptr, num_tokens=logits.shape[0], tokens_per_block=plan.tokens_per_block,
         logits_row_stride=logits.stride(0), top_k=k, topk_groups=topk_groups, renormalize=int(renormalize),
         scaling_factor=float(routed_scaling_factor), max_rows=plan.max_rows, max_tokens=max_tokens if masked else 0)
-    return weights, indices, layout
+    return remember_launch(plan.launches, key, plan.kernel.prepare((plan.num_blocks, 1, 1), plan.device.index,
+                                                                   encoded))
 
 
 class _Plan(NamedTuple):
     """What a valid call's signature fixes: the fused kernel and its grid (kernel None: the two-stage path, or no
-    tokens), the workspace's blocks, the layout's rows."""
+    tokens), the workspace's blocks, the outputs' shapes and where the int32 ones lie in one allocation, and the
+    prepared launches by the call's addresses."""
 
     num_sms: int  # the SM count it was planned for
     kernel: object = None
@@ -149,6 +157,11 @@ class _Plan(NamedTuple):
     token_blocks: int = 0
     num_blocks: int = 0
     max_rows: int = 0
+    device: torch.device = None
+    num_experts: int = 0
+    weights_shape: tuple = ()
+    ints: LayoutInts = None
+    launches: dict = None
 
 
 # Signatures of valid calls (dtypes, shapes, strides and devices of the tensors, the other arguments with their
@@ -174,7 +187,8 @@ def _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed
     token_blocks = ceil_div(num_tokens, tokens_per_block)
     num_blocks = max(token_blocks, fill_blocks(2 * max_rows + num_masked))
     kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
-    return _Plan(num_sms, kernel, tokens_per_block, token_blocks, num_blocks, max_rows)
+    return _Plan(num_sms, kernel, tokens_per_block, token_blocks, num_blocks, max_rows, logits.device, num_experts,
+                 (num_tokens, k), LayoutInts(num_tokens, k, num_experts, max_tokens, with_indices=True), {})
 
 
 @precompiled

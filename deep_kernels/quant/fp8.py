@@ -17,13 +17,14 @@ Scale layouts: see deep_kernels.quant.common.
 """
 
 import functools
+from typing import NamedTuple
 
 import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import get_kernel
+from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
@@ -124,6 +125,31 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.per_token_cast_to_fp8(x, group_size, ue8m0, scale_layout, amax_clamp, scale_mode, out)
+    signature = None
+    if out is None:
+        try:
+            # NOTE: the types too: 128 == 128.0 == True for the dict, not for the checks.
+            signature = (x.dtype, x.shape, x.stride(), x.get_device(), group_size, ue8m0, scale_layout, amax_clamp,
+                         scale_mode, type(group_size), type(ue8m0), type(scale_layout), type(amax_clamp),
+                         type(scale_mode))
+            plan = _plans.get(signature)
+        except (AttributeError, TypeError):  # not a tensor, or unhashable arguments: the full check below says which
+            signature = plan = None
+        if plan is not None:  # checked before, but for x's address
+            x_ptr = x.data_ptr()
+            if x_ptr % 16 != 0:
+                raise ValueError("x must start at a 16-byte aligned address")
+            q = torch.empty(plan.q_shape, dtype=torch.float8_e4m3fn, device=plan.device)
+            scales = torch.empty_strided(plan.scales_shape, plan.scales_strides, dtype=plan.scales_dtype,
+                                         device=plan.device)
+            if plan.kernel is not None:
+                key = (x_ptr, q.data_ptr(), scales.data_ptr())
+                launch = plan.launches.get(key)
+                if launch is None:
+                    launch = _prepare_launch(plan, key)
+                launch.launch(current_raw_stream(plan.device.index))
+            return q, scales
+
     check_dtype(x, "x", (torch.bfloat16, torch.float32))
     check_rank(x, "x", 2)
     m, k = x.shape
@@ -142,23 +168,62 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
 
     num_groups = k // group_size
     q, scales = cast_outputs(out, x, m, k, num_groups, layout)
-    if m == 0 or k == 0:
-        return q, scales
+    plan = _plan(x, q, scales, group_size, ue8m0, layout, mode, amax_clamp, per_row)
+    if signature is not None:
+        _plans[signature] = plan
+    if plan.kernel is not None:
+        launch = plan.kernel.prepare(plan.grid, plan.device.index, plan.kernel.encode(
+            x=x.data_ptr(), q=q.data_ptr(), scales=scales.data_ptr(), **plan.params))
+        launch.launch(current_raw_stream(plan.device.index))
+    return q, scales
 
-    stride = kernel_scale_stride(scales, layout)
+
+class _Plan(NamedTuple):
+    """What a valid call's signature fixes: the outputs' shapes and device, the kernel (None: nothing to cast), its
+    grid and parameters but for the addresses, and the prepared launches by the call's addresses."""
+
+    q_shape: tuple
+    scales_shape: tuple
+    scales_strides: tuple
+    scales_dtype: torch.dtype
+    device: torch.device
+    kernel: object = None
+    grid: tuple = None
+    params: dict = None
+    launches: dict = None
+
+
+# Signatures of valid calls without out (x's dtype, shape, strides and device, the other arguments with their types)
+# -> their _Plan: a repeated call checks x's address and looks up its launch.
+_plans = {}
+
+
+def _plan(x, q, scales, group_size: int, ue8m0: bool, layout: ScaleLayout, mode: ScaleMode, amax_clamp,
+          per_row: bool) -> _Plan:
+    """The _Plan of a checked call whose outputs are q and scales."""
+    m, k = x.shape
+    geometry = (tuple(q.shape), tuple(scales.shape), scales.stride(), scales.dtype, x.device)
+    if m == 0 or k == 0:
+        return _Plan(*geometry)
+    params = dict(shape_k=k, x_row_stride=x.stride(0), scale_stride=kernel_scale_stride(scales, layout),
+                  amax_clamp=float(amax_clamp))
     if per_row:
         kernel = _row_cast_kernel(x.dtype, _row_vectors(k, x.dtype), ue8m0, layout, mode)
-        kernel.launch((m, 1, 1), x.get_device(), x=x.data_ptr(), q=q.data_ptr(), scales=scales.data_ptr(),
-                      shape_k=k, x_row_stride=x.stride(0), scale_stride=stride, amax_clamp=float(amax_clamp))
-        return q, scales
+        return _Plan(*geometry, kernel, (m, 1, 1), params, {})
     kernel = _cast_kernel(x.dtype, group_size, ue8m0, layout, mode)
     # NOTE: with packed scales a CTA takes the 4 groups of a scale word (csrc/common/token_group_tile.cuh), the
     # 4 CTAs of a word column splitting the row block: group columns round up to whole words.
+    num_groups = k // group_size
     group_columns = ceil_div(num_groups, 4) * 4 if layout == ScaleLayout.packed_ue8m0 else num_groups
     grid = (group_columns, ceil_div(m, block_rows(group_size, 16 // x.element_size())), 1)
-    kernel.launch(grid, x.get_device(), x=x.data_ptr(), q=q.data_ptr(), scales=scales.data_ptr(), shape_m=m,
-                  shape_k=k, x_row_stride=x.stride(0), scale_stride=stride, amax_clamp=float(amax_clamp))
-    return q, scales
+    return _Plan(*geometry, kernel, grid, dict(params, shape_m=m), {})
+
+
+def _prepare_launch(plan: _Plan, key: tuple):
+    """The cast's launch at the addresses of key (x, q, scales), cached in the plan."""
+    x_ptr, q_ptr, scales_ptr = key
+    encoded = plan.kernel.encode(x=x_ptr, q=q_ptr, scales=scales_ptr, **plan.params)
+    return remember_launch(plan.launches, key, plan.kernel.prepare(plan.grid, plan.device.index, encoded))
 
 
 # Per-block cast: (blocks side by side in one CTA's tile, warps) by (input dtype, block size); each thread

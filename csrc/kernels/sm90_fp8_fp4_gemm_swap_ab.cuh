@@ -1,0 +1,430 @@
+// D = A * W^T (or D += A * W^T) at decode sizes, FP8 activations x MXFP4 weights, with A and B swapped: the weights
+// are wgmma's A operand, expanded from their e2m1 codes straight into the e4m3 register fragment (no expanded tile
+// in shared memory), and the tokens are its N (BLOCK_T of them); the kernel computes D^T tiles and stores them as D
+// rows. A [M, K] e4m3 with FP32 1x128 scales sfa (M-major, TMA-aligned), M <= BLOCK_T <= 128; W [N, K / 2] e2m1
+// codes with UE8M0 scales per 1x32 ([N, K / 32] bytes); D [M, N] bf16, or FP32 accumulated into (kWithAccumulation).
+// One CTA per (64 * kNumMathWarpgroups weight rows, K split): the producer warpgroup's first warp loads each K block's activation tile,
+// codes, sfa and scale words into a ring of stages (TMA; cp.async for the scale words); each math warpgroup owns
+// 64 weight rows, expands the next K block's fragments while the current block's wgmma group runs, and promotes
+// per 128-deep block. Numerics as the Fp8Mxfp4 kind's (gemm/sm90_fp4_expand.cuh: the same expansion tables, fold
+// of the sub-block scales and per-row promotion scale 2^(e_max - 133) times sfa). Split-K (num_splits > 1): each
+// warpgroup stores its FP32 partial sums to a workspace slot and the last split of its rows to arrive (ticket)
+// sums slots 0 .. num_splits - 1 in that order and stores (deterministic).
+// N (a multiple of 16) and K (of 128) are launch parameters. Unsupported: M > BLOCK_T, grouped kinds.
+//
+// Host contract (tensor maps as sm90_fp8_gemm.cuh's, dims innermost first):
+//   tmap_a      UINT8 dims {K, M}, box {128, BLOCK_T}, SWIZZLE_128B.
+//   tmap_codes  UINT8 dims {K / 2, N}, box {64, 64 * kNumMathWarpgroups}, SWIZZLE_64B.
+//   tmap_sfa    FLOAT32 dims {align_up(M, 4), K / 128}, box {BLOCK_T, 1}, SWIZZLE_NONE.
+//   tmap_d      D's type, dims {N, M}, box {128 / sizeof(D), BLOCK_T}, SWIZZLE_128B.
+//   sfb_words   the UE8M0 scale bytes [N, K / 32] row-major, 4-byte aligned (one 32-bit word per row and K block).
+//   shape_n, shape_k: N and K.
+//   split_workspace / split_tickets (num_splits > 1): FP32 num_tiles * 64 * kNumMathWarpgroups * BLOCK_T *
+//               num_splits floats and num_tiles * kNumMathWarpgroups uint32 tickets, zero before the first launch
+//               and left zero by each (num_tiles = ceil(N / (64 * kNumMathWarpgroups))).
+// Launch: grid num_tiles * num_splits (1 <= num_splits <= K / 128), block 128 * (kNumMathWarpgroups + 1), dynamic
+// shared memory Sm90Fp8Fp4SwapAbTraits::kSmemBytes.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/fp4.cuh"
+#include "common/macros.cuh"
+#include "common/math.cuh"
+#include "gemm/sm90_fp4_expand.cuh"
+#include "gemm/sm90_fp8_mainloop.cuh"
+#include "pipeline.cuh"
+#include "ptx/cp_async.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+#include "ptx/wgmma_register_a.cuh"
+
+namespace deep_kernels {
+
+namespace sm90_fp8_fp4_swap_ab_detail {
+
+using sm90_fp8_gemm_detail::kFp4ExpandTableBytes;
+using sm90_fp8_gemm_detail::kFp4MaxExpandShift;
+using sm90_fp8_gemm_detail::kNumThreadsPerWarpgroup;
+using sm90_fp8_gemm_detail::kScaleBlock;
+using sm90_fp8_gemm_detail::kWarpgroupBlockM;
+using sm90_fp8_gemm_detail::kWgmmaK;
+
+// Named barriers: the math warpgroups together (before D's staging reuses the stages), and each one alone.
+enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
+
+// Dynamic shared memory of each of two CTAs on one SM (the SM's 228 KB, less 1 KB the system keeps per CTA).
+constexpr uint32_t kMaxSmemBytesOfTwo = (233472 - 2 * 1024) / 2;
+
+template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
+          bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1>
+struct Sm90Fp8Fp4SwapAbTraits {
+    static constexpr uint32_t BLOCK_T = BLOCK_T_;
+    static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
+    using OutputType = OutputType_;
+    static constexpr bool kWithAccumulation = kWithAccumulation_;
+    // CTAs an SM runs at once (the launch bounds' minimum): two with one math warpgroup, at 128 registers a thread.
+    static constexpr uint32_t kNumCTAsPerSM = kNumCTAsPerSM_;
+    // Independent wgmma accumulator chains of a K block (run_k_loop).
+    static constexpr uint32_t kNumChains = kNumChains_;
+
+    static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
+    static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
+    static constexpr uint32_t kNumThreads = kNumMathThreads + kNumThreadsPerWarpgroup;
+    // NOTE: registers are allocated per SM sub-partition, so the producer is a whole warpgroup (its first warp
+    // loads, the others exit) that gives its registers to the math warpgroups: 128 x 40 + 256 x 232 = 64,512 with
+    // two; one math warpgroup keeps what the launch gives (255).
+    static constexpr uint32_t kNumProducerRegisters = 40, kNumMathRegisters = 232;
+
+    // Shared memory, per stage: the activation tile (BLOCK_T x 128 e4m3, 128-byte swizzle), the codes (BLOCK_W x 64
+    // bytes, 64-byte swizzle), sfa (BLOCK_T FP32, padded to 128 bytes), the rows' scale words; then the expansion
+    // tables and the full and empty barriers. D's staging (BLOCK_T rows of BLOCK_W, as boxes of 128-byte rows)
+    // reuses the stages once every K block is done.
+    static constexpr uint32_t kStageABytes = BLOCK_T * kScaleBlock;
+    static constexpr uint32_t kStageCodesBytes = BLOCK_W * kScaleBlock / 2;
+    static constexpr uint32_t kStageSfaBytes = align_up<uint32_t>(BLOCK_T * sizeof(float), 128);
+    static constexpr uint32_t kStageWordsBytes = BLOCK_W * sizeof(uint32_t);
+    static constexpr uint32_t kOffsetA = 0;
+    static constexpr uint32_t kOffsetCodes = kOffsetA + kNumStages * kStageABytes;
+    static constexpr uint32_t kOffsetSfa = kOffsetCodes + kNumStages * kStageCodesBytes;
+    static constexpr uint32_t kOffsetWords = kOffsetSfa + kNumStages * kStageSfaBytes;
+    static constexpr uint32_t kOffsetTables = kOffsetWords + kNumStages * kStageWordsBytes;
+    static constexpr uint32_t kOffsetBarriers = kOffsetTables + kFp4ExpandTableBytes;
+    static constexpr uint32_t kSmemBytes = kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
+    // TMA-loaded bytes of a stage (the scale words come by cp.async).
+    static constexpr uint32_t kStageTxBytes = kStageABytes + kStageCodesBytes + BLOCK_T * sizeof(float);
+
+    // D's staging: boxes of kBoxCols weight rows (128 bytes of D) by BLOCK_T tokens.
+    static constexpr uint32_t kBoxCols = 128 / sizeof(OutputType);
+    static constexpr uint32_t kBoxBytes = BLOCK_T * 128;
+    static constexpr uint32_t kSmemDBytes = BLOCK_W / kBoxCols * kBoxBytes;
+
+    DK_STATIC_ASSERT(BLOCK_T % 16 == 0 && BLOCK_T >= 16 && BLOCK_T <= 128, "BLOCK_T in 16..128, a multiple of 16");
+    DK_STATIC_ASSERT(kNumMathWarpgroups == 1 || kNumMathWarpgroups == 2, "one or two math warpgroups");
+    DK_STATIC_ASSERT(kNumStages >= 2, "at least two stages");
+    DK_STATIC_ASSERT(kNumChains == 1 || kNumChains == 2 || kNumChains == 4, "1, 2 or 4 accumulator chains");
+    DK_STATIC_ASSERT(kNumCTAsPerSM == 1 || (kNumCTAsPerSM == 2 && kNumMathWarpgroups == 1 && BLOCK_T <= 64),
+                     "two CTAs an SM: one math warpgroup, up to 64 tokens (128 registers)");
+    DK_STATIC_ASSERT((std::is_same_v<OutputType, float> || (std::is_same_v<OutputType, __nv_bfloat16> && !kWithAccumulation)),
+                     "bf16 D, or FP32 D (accumulated into with kWithAccumulation)");
+    DK_STATIC_ASSERT(kSmemDBytes <= kOffsetTables, "D's staging fits in the stages");
+    DK_STATIC_ASSERT(kSmemBytes <= (kNumCTAsPerSM == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes : kMaxSmemBytesOfTwo),
+                     "stages fit in shared memory");
+};
+
+// This thread's half of a K block's A fragments: its rows r0 (16w + g of its warpgroup's 64) and r0 + 8, the four
+// k32 steps, and the rows' promotion scales.
+struct Fragments {
+    uint32_t regs[4][4];
+    float scale_lo, scale_hi;
+};
+
+// One row's codes of step s (its 32-wide sub-block s) for lane quad position q: the e2m1 codes of columns 4q .. 4q + 3
+// (low half) and 16 + 4q .. 16 + 4q + 3 (high half), as expand_e2m1x8 takes them.
+// NOTE: the 64 code bytes of a row sit in four 16-byte chunks, chunk s at s ^ ((row / 2) % 4) (TMA's 64-byte
+// swizzle), so that the eight rows of a warp's load hit distinct banks; the four lanes of a quad load the same chunk.
+DK_DEVICE uint32_t codes_of_step(const uint8_t* smem_codes, uint32_t row, uint32_t s, uint32_t q) {
+    const uint4 chunk = *reinterpret_cast<const uint4*>(smem_codes + row * 64 + ((s ^ ((row / 2) % 4)) * 16));
+    const uint32_t lo = q < 2 ? chunk.x : chunk.y;
+    const uint32_t hi = q < 2 ? chunk.z : chunk.w;
+    return sm90_fp8_gemm_detail::byte_perm(lo, hi, q % 2 ? 0x7632u : 0x5410u);
+}
+
+// Expands a stage's codes of rows r0 and r0 + 8 into `frag` (e4m3 bytes in the register A layout) with the rows'
+// promotion scales, folding the sub-block scales as the Fp8Mxfp4 kind does.
+DK_DEVICE void expand_fragments(Fragments& frag, const uint8_t* smem_codes, const uint32_t* smem_words,
+                                const uint2* tables, uint32_t r0, uint32_t q) {
+    uint32_t words[2], codes[2][4];
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+        words[h] = smem_words[r0 + 8 * h];
+#pragma unroll
+        for (uint32_t s = 0; s < 4; ++s)
+            codes[h][s] = codes_of_step(smem_codes, r0 + 8 * h, s, q);
+    }
+    uint2 expanded[2][4];
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+        const uint32_t e_max = sm90_fp8_gemm_detail::max_exponent(words[h]);
+        const float scale = e8m0_to_float(static_cast<uint8_t>(e_max)) * 0x1p-6f;
+        if (h == 0)
+            frag.scale_lo = scale;
+        else
+            frag.scale_hi = scale;
+#pragma unroll
+        for (uint32_t s = 0; s < 4; ++s) {
+            const uint32_t e_sub = (words[h] >> (8 * s)) & 0xFFu;
+            expanded[h][s] = sm90_fp8_gemm_detail::expand_e2m1x8(codes[h][s], tables[min(e_max - e_sub, kFp4MaxExpandShift)]);
+        }
+    }
+#pragma unroll
+    for (uint32_t s = 0; s < 4; ++s) {
+        frag.regs[s][0] = expanded[0][s].x;
+        frag.regs[s][1] = expanded[1][s].x;
+        frag.regs[s][2] = expanded[0][s].y;
+        frag.regs[s][3] = expanded[1][s].y;
+    }
+}
+
+// D^T's element (weight row `row` of the tile, token `token`) in the staging: box row / kBoxCols, a 128-byte row per
+// token, 16-byte chunks swizzled by token % 8 (TMA's 128-byte swizzle).
+template <typename Traits>
+DK_DEVICE typename Traits::OutputType* staged_element(uint8_t* smem_d, uint32_t row, uint32_t token) {
+    using OutputType = typename Traits::OutputType;
+    const uint32_t byte = row % Traits::kBoxCols * sizeof(OutputType);
+    return reinterpret_cast<OutputType*>(smem_d + row / Traits::kBoxCols * Traits::kBoxBytes + token * 128 +
+                                         (((byte / 16) ^ (token % 8)) * 16) + byte % 16);
+}
+
+// The producer warp: per K block of the CTA's split, once the stage is free, lane 0 loads the activation tile, the
+// codes and sfa by TMA and the 32 lanes copy the rows' scale words by cp.async; all complete on the stage's full
+// barrier (1 + 32 arrivals). Rows past N copy zeros.
+template <typename Traits, typename Ring>
+DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* tmap_a, const CUtensorMap* tmap_codes,
+                            const CUtensorMap* tmap_sfa, const uint32_t* sfb_words, uint32_t shape_n,
+                            uint32_t num_k_blocks, uint32_t w_first, uint32_t k_block_begin, uint32_t k_block_end) {
+    const uint32_t lane_idx = threadIdx.x % 32;
+    PipelineState<Traits::kNumStages> state;
+    for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
+        ring.producer_acquire(state);
+        uint64_t* full_barrier = ring.full_barriers + state.stage;
+        if (lane_idx == 0) {
+            ptx::mbarrier_arrive_expect_tx(full_barrier, Traits::kStageTxBytes);
+            ptx::tma_load(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes, tmap_a, full_barrier,
+                          static_cast<int32_t>(k_block * kScaleBlock), 0);
+            ptx::tma_load(smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes, tmap_codes,
+                          full_barrier, static_cast<int32_t>(k_block * kScaleBlock / 2), static_cast<int32_t>(w_first));
+            ptx::tma_load(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes, tmap_sfa, full_barrier, 0,
+                          static_cast<int32_t>(k_block));
+        }
+        auto* smem_words = reinterpret_cast<uint32_t*>(smem + Traits::kOffsetWords + state.stage * Traits::kStageWordsBytes);
+#pragma unroll
+        for (uint32_t row = lane_idx; row < Traits::BLOCK_W; row += 32) {
+            const bool valid = w_first + row < shape_n;
+            ptx::cp_async_4(smem_words + row, sfb_words + (valid ? (w_first + row) * num_k_blocks + k_block : 0),
+                            valid ? 4 : 0);
+        }
+        ptx::cp_async_mbarrier_arrive_noinc(full_barrier);
+        state.advance();
+    }
+}
+
+// One math warpgroup: the K loop of its 64 rows over the split's K blocks into final_acc.
+// NOTE: K block i + 1's fragments are expanded (into the other register set) while block i's wgmma group runs; the
+// loop is unrolled by two so that each set is named at compile time.
+template <typename Traits, typename Ring>
+DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2], uint32_t k_block_begin,
+                          uint32_t k_block_end) {
+    constexpr uint32_t BLOCK_T = Traits::BLOCK_T;
+    using State = PipelineState<Traits::kNumStages>;
+    const uint32_t wg_idx = threadIdx.x / kNumThreadsPerWarpgroup;
+    const uint32_t lane_idx = threadIdx.x % 32;
+    const uint32_t r0 = wg_idx * kWarpgroupBlockM + threadIdx.x / 32 % 4 * 16 + lane_idx / 4;
+    const uint32_t q = lane_idx % 4;
+    const auto* tables = reinterpret_cast<const uint2*>(smem + Traits::kOffsetTables);
+
+    auto expand = [&](Fragments& frag, const State& state) {
+        ring.consumer_wait(state);
+        expand_fragments(frag, smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes,
+                         reinterpret_cast<const uint32_t*>(smem + Traits::kOffsetWords + state.stage * Traits::kStageWordsBytes),
+                         tables, r0, q);
+    };
+
+#pragma unroll
+    for (uint32_t i = 0; i < BLOCK_T / 2; ++i)
+        final_acc[i] = 0.0f;
+    // NOTE: the K block's four k32 steps go round-robin into kNumChains accumulator sets, so that up to four wgmma
+    // of a block run independently instead of each waiting for the last's accumulators (narrow tiles are latency-
+    // bound); the sets' FP32 sum, ((0 + 1) + 2) + 3, is the block's partial sum.
+    constexpr uint32_t kNumChains = Traits::kNumChains;
+    float partial[kNumChains][BLOCK_T / 2];
+    Fragments frags[2];
+    State state;
+    expand(frags[0], state);
+    // Issues the block's wgmma group from `current`, expands the next block into `next` meanwhile, then promotes the
+    // block and frees its stage. Returns whether the split has another block.
+    auto step = [&](Fragments& current, Fragments& next, uint32_t k_block) {
+        const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (uint32_t s = 0; s < kScaleBlock / kWgmmaK; ++s)
+            ptx::Fp8WgmmaRegisterA<BLOCK_T>::mma(current.regs[s], desc_a + s * kWgmmaK / 16, partial[s % kNumChains],
+                                                 s >= kNumChains ? 1u : 0u);
+        ptx::wgmma_commit_group();
+        State next_state = state;
+        next_state.advance();
+        const bool has_next = k_block + 1 < k_block_end;
+        if (has_next)
+            expand(next, next_state);
+        ptx::wgmma_wait_group<0>();
+#pragma unroll
+        for (uint32_t c = 0; c < kNumChains; ++c)
+            ptx::fence_operands(partial[c]);
+#pragma unroll
+        for (uint32_t c = 1; c < kNumChains; ++c) {
+#pragma unroll
+            for (uint32_t i = 0; i < BLOCK_T / 2; ++i)
+                partial[0][i] += partial[c][i];
+        }
+        sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
+            partial[0], final_acc, current.scale_lo, current.scale_hi,
+            reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes), lane_idx);
+        ring.consumer_release(state, lane_idx);
+        state = next_state;
+        return has_next;
+    };
+    for (uint32_t k_block = k_block_begin;; k_block += 2) {
+        if (!step(frags[0], frags[1], k_block) || !step(frags[1], frags[0], k_block + 1))
+            break;
+    }
+}
+
+// The warpgroup's split-K reduction: stores its partial sums to its slot; the last split of its rows to arrive sums
+// every slot in order into final_acc and returns true (the others return false).
+template <typename Traits>
+DK_DEVICE bool reduce_splits(float (&final_acc)[Traits::BLOCK_T / 2], float* split_workspace, uint32_t* split_tickets,
+                             uint32_t tile_idx, uint32_t split_idx, uint32_t num_splits) {
+    constexpr uint32_t kSlotFloats = kNumThreadsPerWarpgroup * Traits::BLOCK_T / 2;
+    const uint32_t wg_idx = threadIdx.x / kNumThreadsPerWarpgroup;
+    const uint32_t thread = threadIdx.x % kNumThreadsPerWarpgroup;
+    const uint32_t barrier_id = static_cast<uint32_t>(SwapAbBarrier::FirstWarpgroup) + wg_idx;
+    const uint32_t slots = tile_idx * Traits::kNumMathWarpgroups + wg_idx;
+    float* slot_base = split_workspace + static_cast<uint64_t>(slots) * num_splits * kSlotFloats + thread;
+#pragma unroll
+    for (uint32_t i = 0; i < Traits::BLOCK_T / 2; ++i)
+        slot_base[split_idx * kSlotFloats + i * kNumThreadsPerWarpgroup] = final_acc[i];
+    __threadfence();
+    bool is_last = false;
+    ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
+    if (thread == 0) {
+        is_last = atomicAdd(split_tickets + slots, 1u) == num_splits - 1;
+        if (is_last)
+            atomicExch(split_tickets + slots, 0u);
+    }
+    is_last = ptx::named_barrier_sync_or(barrier_id, kNumThreadsPerWarpgroup, is_last);
+    if (!is_last)
+        return false;
+    __threadfence();
+#pragma unroll
+    for (uint32_t i = 0; i < Traits::BLOCK_T / 2; ++i)
+        final_acc[i] = 0.0f;
+    for (uint32_t split = 0; split < num_splits; ++split) {
+#pragma unroll
+        for (uint32_t i = 0; i < Traits::BLOCK_T / 2; ++i)
+            final_acc[i] += __ldcg(slot_base + split * kSlotFloats + i * kNumThreadsPerWarpgroup);
+    }
+    return true;
+}
+
+// The warpgroup's 64 rows of D^T, staged transposed (tokens as rows) and stored as D rows by TMA (reduce-add when
+// accumulating); TMA clips tokens past M and rows past N.
+template <typename Traits>
+DK_DEVICE void store_tile(const float (&final_acc)[Traits::BLOCK_T / 2], uint8_t* smem_d, const CUtensorMap* tmap_d,
+                          uint32_t w_first) {
+    using OutputType = typename Traits::OutputType;
+    const uint32_t wg_idx = threadIdx.x / kNumThreadsPerWarpgroup;
+    const uint32_t lane_idx = threadIdx.x % 32;
+    const uint32_t r0 = wg_idx * kWarpgroupBlockM + threadIdx.x / 32 % 4 * 16 + lane_idx / 4;
+#pragma unroll
+    for (uint32_t j = 0; j < Traits::BLOCK_T / 8; ++j) {
+#pragma unroll
+        for (uint32_t e = 0; e < 4; ++e) {
+            const uint32_t token = j * 8 + lane_idx % 4 * 2 + e % 2;
+            *staged_element<Traits>(smem_d, r0 + e / 2 * 8, token) = static_cast<OutputType>(final_acc[j * 4 + e]);
+        }
+    }
+    ptx::fence_proxy_async_shared();
+    ptx::named_barrier_sync(static_cast<uint32_t>(SwapAbBarrier::FirstWarpgroup) + wg_idx, kNumThreadsPerWarpgroup);
+    if (threadIdx.x % kNumThreadsPerWarpgroup == 0) {
+        constexpr uint32_t kBoxesPerWarpgroup = kWarpgroupBlockM / Traits::kBoxCols;
+#pragma unroll
+        for (uint32_t box = wg_idx * kBoxesPerWarpgroup; box < (wg_idx + 1) * kBoxesPerWarpgroup; ++box) {
+            const int32_t col = static_cast<int32_t>(w_first + box * Traits::kBoxCols);
+            if constexpr (Traits::kWithAccumulation)
+                ptx::tma_reduce_add(tmap_d, smem_d + box * Traits::kBoxBytes, col, 0);
+            else
+                ptx::tma_store(tmap_d, smem_d + box * Traits::kBoxBytes, col, 0);
+        }
+        ptx::tma_store_commit();
+        ptx::tma_store_wait_read<0>();
+    }
+}
+
+}  // namespace sm90_fp8_fp4_swap_ab_detail
+
+template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
+          uint32_t kNumCTAsPerSM, uint32_t kNumChains>
+__global__ void __launch_bounds__(128 + 128 * kNumMathWarpgroups, kNumCTAsPerSM)
+sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_codes,
+                               const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
+                               const uint32_t* sfb_words, uint32_t shape_n, uint32_t shape_k, uint32_t num_splits,
+                               float* split_workspace,
+                               uint32_t* split_tickets) {
+    using namespace sm90_fp8_fp4_swap_ab_detail;
+    using Traits = Sm90Fp8Fp4SwapAbTraits<BLOCK_T, kNumMathWarpgroups, kNumStages, OutputType, kWithAccumulation,
+                                          kNumCTAsPerSM, kNumChains>;
+    constexpr uint32_t kNumMathThreads = Traits::kNumMathThreads;
+
+    // Shared memory and barriers
+    extern __shared__ __align__(1024) uint8_t smem[];
+    auto* barriers = reinterpret_cast<uint64_t*>(smem + Traits::kOffsetBarriers);
+    const StageRing<kNumStages, kNumMathThreads / 32, 1> ring{barriers, barriers + kNumStages};
+    const uint32_t warp_idx = __shfl_sync(0xffffffff, threadIdx.x / 32, 0);
+    const bool is_producer_warpgroup = warp_idx >= kNumMathThreads / 32;
+    const bool is_producer = warp_idx == kNumMathThreads / 32;
+    if (is_producer && threadIdx.x % 32 == 0) {
+        ptx::tma_prefetch_descriptor(&tmap_a);
+        ptx::tma_prefetch_descriptor(&tmap_codes);
+        ptx::tma_prefetch_descriptor(&tmap_sfa);
+        ptx::tma_prefetch_descriptor(&tmap_d);
+#pragma unroll
+        for (uint32_t s = 0; s < kNumStages; ++s) {
+            // The TMA thread's arrival and the 32 lanes' cp.async arrivals; one per math warp to free it.
+            ptx::mbarrier_init(ring.full_barriers + s, 1 + 32);
+            ptx::mbarrier_init(ring.empty_barriers + s, kNumMathThreads / 32);
+        }
+        ptx::fence_mbarrier_init();
+    }
+    if (!is_producer_warpgroup)
+        sm90_fp8_gemm_detail::init_fp4_expand_tables(reinterpret_cast<uint2*>(smem + Traits::kOffsetTables), threadIdx.x,
+                                                     kNumMathThreads);
+    __syncthreads();
+
+    // The CTA's rows and split
+    const uint32_t num_tiles = (shape_n + Traits::BLOCK_W - 1) / Traits::BLOCK_W;
+    const uint32_t num_k_blocks = shape_k / kScaleBlock;
+    const uint32_t tile_idx = blockIdx.x % num_tiles;
+    const uint32_t split_idx = blockIdx.x / num_tiles;
+    const uint32_t w_first = tile_idx * Traits::BLOCK_W;
+    const uint32_t k_block_begin = split_idx * num_k_blocks / num_splits;
+    const uint32_t k_block_end = (split_idx + 1) * num_k_blocks / num_splits;
+
+    if (is_producer_warpgroup) {
+        if constexpr (kNumMathWarpgroups == 2)
+            ptx::setmaxnreg_dec<Traits::kNumProducerRegisters>();
+        if (!is_producer)
+            return;
+        run_producer<Traits>(ring, smem, &tmap_a, &tmap_codes, &tmap_sfa, sfb_words, shape_n, num_k_blocks,
+                             w_first, k_block_begin, k_block_end);
+        return;
+    }
+    if constexpr (kNumMathWarpgroups == 2)
+        ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
+    float final_acc[BLOCK_T / 2];
+    run_k_loop<Traits>(ring, smem, final_acc, k_block_begin, k_block_end);
+    // NOTE: D's staging reuses the stages, which the other math warpgroup reads until its K loop ends (every stage's
+    // loads have landed by then: the math waited for each).
+    ptx::named_barrier_sync(static_cast<uint32_t>(SwapAbBarrier::AllMath), kNumMathThreads);
+    if (num_splits > 1 &&
+        !reduce_splits<Traits>(final_acc, split_workspace, split_tickets, tile_idx, split_idx, num_splits))
+        return;
+    store_tile<Traits>(final_acc, smem, &tmap_d, w_first);
+}
+
+}  // namespace deep_kernels

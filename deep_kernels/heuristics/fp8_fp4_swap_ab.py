@@ -1,0 +1,175 @@
+"""Config choice for the FP8 x MXFP4 GEMM with A and B swapped (decode sizes, M <= 128 tokens): the weights are
+wgmma's register operand, expanded in registers, the tokens its N (csrc/kernels/sm90_fp8_fp4_gemm_swap_ab.cuh).
+
+Pure functions of the problem and the device: no GPU calls, no torch. A CTA computes 64 weight rows per math
+warpgroup (one or two) over one share of K (split-K across CTAs; one or two CTAs an SM); the model prices the CTAs'
+latency-bound K blocks over the SMs, bounded below by B's bytes (4.25 bits a weight) at DRAM speed.
+"""
+
+from dataclasses import dataclass
+
+from deep_kernels.heuristics.fp8_gemm import BLOCK_K, DRAM_BYTES_PER_S, SMEM_CAPACITY_BYTES
+
+KERNEL_HEADER = "kernels/sm90_fp8_fp4_gemm_swap_ab.cuh"
+# Token tiles (wgmma's N) and the most tokens the kernel takes.
+BLOCK_TS = (16, 32, 64, 128)
+MAX_TOKENS = BLOCK_TS[-1]
+B_BITS_PER_WEIGHT = 4.25
+EXPAND_TABLE_BYTES = 256
+MAX_STAGES = 12
+MIN_STAGES = 2
+MAX_SPLITS = 16
+# A CTA's K block is latency-bound (the expansion's shared-memory chain, the wgmma group, the promotion), so it
+# costs a constant plus a term per token, by math warpgroups (the two of a CTA share its SM sub-partitions):
+# fitted on the H200 (2026-12-02, one CTA an SM, one accumulator chain) to 2112 x 7168 and 7168 x 16384 at 1 to 128
+# tokens. Independent accumulator chains shorten the constant, a second CTA on the SM lengthens each CTA's K block
+# (estimates, to be fitted).
+K_BLOCK_SECONDS = {1: (0.26e-6, 0.0016e-6), 2: (0.45e-6, 0.0024e-6)}
+CHAIN_FACTOR = {1: 1.0, 2: 0.85, 4: 0.75}
+SHARED_SM_FACTOR = 1.3
+# The fixed cost of a launch (launch, prologue, epilogue) and what a split adds (its partial store, ticket and
+# the last split's sum): fitted to the same runs.
+FIXED_SECONDS = 4.5e-6
+SPLIT_SECONDS = 0.7e-6
+
+
+@dataclass(frozen=True)
+class SwapAbConfig:
+    """One instantiation: token tile, math warpgroups (64 weight rows each), stages; and the launch's split-K."""
+
+    block_t: int
+    num_math_warpgroups: int
+    num_stages: int
+    num_splits: int = 1
+    ctas_per_sm: int = 1
+    num_chains: int = 1
+
+    @property
+    def block_w(self) -> int:
+        return 64 * self.num_math_warpgroups
+
+    @property
+    def num_threads(self) -> int:
+        return 128 + 128 * self.num_math_warpgroups
+
+    @property
+    def smem_bytes(self) -> int:
+        return smem_bytes(self.block_t, self.num_math_warpgroups, self.num_stages)
+
+
+# Dynamic shared memory of each of two CTAs on one SM (the kernel's kMaxSmemBytesOfTwo).
+SMEM_BYTES_OF_TWO = (233472 - 2 * 1024) // 2
+
+
+def smem_capacity(ctas_per_sm: int) -> int:
+    return SMEM_CAPACITY_BYTES if ctas_per_sm == 1 else SMEM_BYTES_OF_TWO
+
+
+def can_share_sm(block_t: int, num_math_warpgroups: int) -> bool:
+    """Whether two CTAs fit an SM (128 registers a thread): one math warpgroup, up to 64 tokens."""
+    return num_math_warpgroups == 1 and block_t <= 64
+
+
+def _align(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def _stage_bytes(block_t: int, num_math_warpgroups: int) -> int:
+    block_w = 64 * num_math_warpgroups
+    return block_t * BLOCK_K + block_w * BLOCK_K // 2 + _align(block_t * 4, 128) + block_w * 4
+
+
+def smem_bytes(block_t: int, num_math_warpgroups: int, num_stages: int) -> int:
+    """The kernel's carve-up (Sm90Fp8Fp4SwapAbTraits::kSmemBytes): the stages, the expansion tables, the barriers."""
+    return num_stages * _stage_bytes(block_t, num_math_warpgroups) + EXPAND_TABLE_BYTES + 16 * num_stages
+
+
+def max_stages(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> int:
+    """As many stages as fit (up to MAX_STAGES)."""
+    stages = (smem_capacity(ctas_per_sm) - EXPAND_TABLE_BYTES) // (_stage_bytes(block_t, num_math_warpgroups) + 16)
+    return min(stages, MAX_STAGES)
+
+
+def max_chains(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> int:
+    """The most independent wgmma accumulator chains of a K block whose accumulators (BLOCK_T / 2 registers a set)
+    fit: up to 64 registers of sets (32 with two CTAs an SM)."""
+    budget = 32 if ctas_per_sm == 2 else 64
+    return max(c for c in (1, 2, 4) if c == 1 or c * block_t // 2 <= budget)
+
+
+def block_t_for(m: int) -> int:
+    """The smallest token tile holding m tokens."""
+    if not 0 < m <= MAX_TOKENS:
+        raise ValueError(f"the swapped kernel takes 1 to {MAX_TOKENS} tokens, got m = {m}")
+    return next(t for t in BLOCK_TS if t >= m)
+
+
+def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = None, num_splits: int = 1,
+                ctas_per_sm: int = 1, num_chains: int = None) -> SwapAbConfig:
+    """A config of the given tiling (as many stages as fit unless given), for overrides and tests."""
+    if block_t not in BLOCK_TS or num_math_warpgroups not in (1, 2):
+        raise ValueError(f"no swapped FP4 kernel for {block_t} tokens and {num_math_warpgroups} math warpgroups")
+    if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups)):
+        raise ValueError(f"{ctas_per_sm} CTAs an SM: two need one math warpgroup and at most 64 tokens")
+    stages = num_stages or max_stages(block_t, num_math_warpgroups, ctas_per_sm)
+    if not MIN_STAGES <= stages or smem_bytes(block_t, num_math_warpgroups, stages) > smem_capacity(ctas_per_sm):
+        raise ValueError(f"{stages} stages of {block_t} tokens do not fit")
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be positive, got {num_splits}")
+    chains = num_chains or max_chains(block_t, num_math_warpgroups, ctas_per_sm)
+    if chains not in (1, 2, 4) or chains > max_chains(block_t, num_math_warpgroups, ctas_per_sm):
+        raise ValueError(f"{chains} accumulator chains do not fit the registers of {block_t} tokens")
+    return SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains)
+
+
+def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -> float:
+    """The model's run-time estimate: the CTAs' K blocks over the SMs (a fractional number of waves: CTAs start as
+    others finish), at least B's bytes at DRAM speed."""
+    tiles = -(-n // config.block_w)
+    units = tiles * config.num_splits
+    capacity = num_sms * config.ctas_per_sm
+    waves = max(1.0, units / capacity)
+    constant, per_token = K_BLOCK_SECONDS[config.num_math_warpgroups]
+    k_block_s = constant * CHAIN_FACTOR[config.num_chains] + per_token * config.block_t
+    if config.ctas_per_sm == 2:
+        k_block_s *= SHARED_SM_FACTOR
+    unit_s = -(-(k // BLOCK_K) // config.num_splits) * k_block_s + (SPLIT_SECONDS if config.num_splits > 1 else 0.0)
+    dram_s = (n * k * B_BITS_PER_WEIGHT / 8 + m * k + m * n * out_dtype_bytes) / DRAM_BYTES_PER_S
+    return FIXED_SECONDS + max(waves * unit_s, dram_s)
+
+
+def candidate_configs(m: int, n: int, k: int, num_sms: int):
+    block_t = block_t_for(m)
+    for num_math_warpgroups, ctas_per_sm in ((2, 1), (1, 1), (1, 2)):
+        if ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups):
+            continue
+        stages = max_stages(block_t, num_math_warpgroups, ctas_per_sm)
+        chains = max_chains(block_t, num_math_warpgroups, ctas_per_sm)
+        for num_splits in range(1, min(MAX_SPLITS, k // BLOCK_K) + 1):
+            yield SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains)
+
+
+def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -> SwapAbConfig:
+    """The swapped kernel's config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T."""
+    if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0:
+        raise ValueError(f"k must be a positive multiple of 128 and n of 16, got k = {k}, n = {n}")
+    return min(candidate_configs(m, n, k, num_sms),
+               key=lambda config: estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes))
+
+
+def is_preferred(m: int, n: int, k: int, num_sms: int) -> bool:
+    """Whether the dense GEMM runs the swapped kernel: up to MAX_TOKENS tokens."""
+    return 0 < m <= MAX_TOKENS
+
+
+def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool) -> list:
+    """The kernel's C++ template arguments, in declaration order (out_dtype "bfloat16" / "float32" or a torch
+    dtype)."""
+    name = str(out_dtype).removeprefix("torch.")
+    cpp_type = {"bfloat16": "__nv_bfloat16", "float32": "float"}.get(name)
+    if cpp_type is None:
+        raise ValueError(f"out_dtype must be bfloat16 or float32, got {out_dtype!r}")
+    if with_accumulation != (cpp_type == "float"):
+        raise ValueError("FP32 D with accumulation, bf16 D without")
+    return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
+            "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains)]
