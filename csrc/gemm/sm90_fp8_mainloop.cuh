@@ -92,6 +92,9 @@ struct Sm90Fp8Mainloop {
     const typename Traits::Stages& stages;
     const Ring& ring;
     const float* sfb;
+    // The warpgroup's first A row in a stage, as wg_idx() from a shuffle: ptxas then knows it to be warp-uniform and
+    // builds the wgmma descriptors in uniform registers instead of per thread, every K block.
+    const uint32_t a_row_offset;
 
     State state;
     float partial[BLOCK_N / 2];
@@ -100,7 +103,8 @@ struct Sm90Fp8Mainloop {
     float final_acc[kNumMWaves][BLOCK_N / 2];
 
     DK_DEVICE Sm90Fp8Mainloop(const typename Traits::Stages& stages, const Ring& ring, const float* sfb)
-        : stages(stages), ring(ring), sfb(sfb) {}
+        : stages(stages), ring(ring), sfb(sfb),
+          a_row_offset(__shfl_sync(0xffffffff, wg_idx(), 0) * kNumMWaves * kWarpgroupBlockM) {}
 
     DK_DEVICE static uint32_t wg_idx() { return threadIdx.x / kNumThreadsPerWarpgroup; }
     DK_DEVICE static uint32_t lane_idx() { return threadIdx.x % 32; }
@@ -121,31 +125,38 @@ struct Sm90Fp8Mainloop {
         return {first, first + (n_first / kScaleBlock + 1 < Traits::kNumSfbRows ? kNumKBlocks : 0)};
     }
 
-    // Waits for the K block's stage, issues its wgmma group for the warpgroup's 64-row wave `wave` into `acc` and
-    // returns its promotion scales (the second sfb block's only where the tile straddles two; per-channel B
-    // scales: sfa alone, as lo and hi, sfb is read at the promotion).
+    // Waits for the K block's stage (the first wave; the others follow it), issues its wgmma group for the
+    // warpgroup's 64-row wave `wave` into `acc` and returns its promotion scales (the second sfb block's only where
+    // the tile straddles two; per-channel B scales: sfa alone, as lo and hi, sfb is read at the promotion).
     template <typename Straddles>
     DK_DEVICE PromotionScales issue_k_block(Straddles, const SfbBlocks& sfb_rows, float (&acc)[BLOCK_N / 2],
                                             uint32_t k_block, const State& k_state, uint32_t wave = 0) {
         PromotionScales scales;
         if constexpr (Traits::kHasColumnScales) {
-            ring.consumer_wait(k_state);
+            if (wave == 0)
+                ring.consumer_wait(k_state);
             const float* smem_sfa = stages.sfa_stage(k_state.stage) + wave * kWarpgroupBlockM;
             scales = {smem_sfa[row_lo()], smem_sfa[row_lo() + 8], 0.0f, 0.0f};
         } else {
             // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
             const float sfb_0 = __ldg(sfb_rows.first + k_block);
             const float sfb_1 = Straddles::value ? __ldg(sfb_rows.second + k_block) : sfb_0;
-            ring.consumer_wait(k_state);
+            if (wave == 0)
+                ring.consumer_wait(k_state);
             const float* smem_sfa = stages.sfa_stage(k_state.stage) + wave * kWarpgroupBlockM;
             const float sfa_lo = smem_sfa[row_lo()];
             const float sfa_hi = smem_sfa[row_lo() + 8];
             scales = {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
         }
 
+        // NOTE: the stage from a shuffle too where the one-wave K loops hide that it is warp-uniform (the descriptors
+        // would otherwise be built per thread); the two-wave loop keeps it uniform by itself, and the per-column kinds
+        // have no register to spare for it (the k-grouped 128 x 128 pipelined tile spills).
+        constexpr bool kShuffleStage = kNumMWaves == 1 && !Traits::kHasColumnScales;
+        const uint32_t stage = kShuffleStage ? __shfl_sync(0xffffffff, k_state.stage, 0) : k_state.stage;
         const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(
-            stages.a_stage(k_state.stage) + (wg_idx() * kNumMWaves + wave) * kWarpgroupBlockM * Traits::BLOCK_K);
-        const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(k_state.stage));
+            stages.a_stage(stage) + (a_row_offset + wave * kWarpgroupBlockM) * Traits::BLOCK_K);
+        const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(stage));
         if constexpr (kPingPong)
             MathTurns(wg_idx()).wait();
         ptx::wgmma_fence();

@@ -81,6 +81,12 @@ LAUNCH_SECONDS = 3e-6
 # costs the narrower tiles more than the halved L2 reads of the shared operand save; 256-row tiles, whose stages
 # are the largest, gain (same sweep as the 256-row terms above).
 MULTICAST_FACTOR = {64: 1.05, 128: 1.05, 256: 0.97}
+# Time of a block-scaled 256-row K block over MATH_SECONDS_PER_K_BLOCK[256]: its loop waits for the stage once for both
+# waves and builds the wgmma descriptors in uniform registers (237 -> 204 instructions per K block). On the H200
+# (2026-12-02, timed in turns with cuBLAS) 256x128 with A multicast went from 1.015x to 1.062x cuBLAS at 4096x4096x7168
+# and from 1.030x to 1.078x at 4096x7168x16384, and beat 128x160 at 4096x7168x2048 (1.078x against 1.040x), while
+# 128x192 kept 4096x24576x1536 (1.114x against 1.088x) and 4096x32768x512 (1.229x against 1.210x).
+BLOCK_SCALED_TWO_WAVE_MATH_FACTOR = 0.97
 OVERLAP_LOSS = 0.25  # share of the smaller of the two bounds that the larger does not hide
 # A partial-tile store, a gpu-scope ticket and the barriers around it: fitted on the H200 (2026-11-30) to
 # the split-K configs of the 12 decode shapes (measured within 0.4 us where split, e.g. 11.8 us at
@@ -306,6 +312,8 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if config.pipelined else 1.0) + b * max(config.block_n, 64)
     if config.ping_pong:
         math_s *= PING_PONG_MATH_FACTOR[config.block_m]
+    if config.block_m == 256 and operands == "fp8_block_scaled":
+        math_s *= BLOCK_SCALED_TWO_WAVE_MATH_FACTOR
     if operands in CHANNEL_SCALED_OPERANDS:
         math_s += CHANNEL_PROMOTION_SECONDS_PER_COLUMN * config.block_n * num_m_waves(config.block_m)
     a_bytes, b_bytes = config.block_m * BLOCK_K, config.block_n * BLOCK_K
