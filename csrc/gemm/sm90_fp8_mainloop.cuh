@@ -61,6 +61,23 @@ DK_DEVICE void promote_per_column(const float (&partial)[BLOCK_N / 2], float (&f
     }
 }
 
+// promote_per_column with the sfb pairs of the first kNumPreloaded 8-column groups already in registers (loaded before
+// the wgmma group's wait, so that their latency hides behind it).
+template <uint32_t BLOCK_N, uint32_t kNumPreloaded>
+DK_DEVICE void promote_per_column_preloaded(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2],
+                                            float sfa_lo, float sfa_hi, const float2 (&preloaded)[kNumPreloaded],
+                                            const float* thread_sfb) {
+#pragma unroll
+    for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
+        const float2 sfb = j < kNumPreloaded ? preloaded[j < kNumPreloaded ? j : 0]
+                                             : *reinterpret_cast<const float2*>(thread_sfb + j * 8);
+        final_acc[j * 4 + 0] += sfa_lo * sfb.x * partial[j * 4 + 0];
+        final_acc[j * 4 + 1] += sfa_lo * sfb.y * partial[j * 4 + 1];
+        final_acc[j * 4 + 2] += sfa_hi * sfb.x * partial[j * 4 + 2];
+        final_acc[j * 4 + 3] += sfa_hi * sfb.y * partial[j * 4 + 3];
+    }
+}
+
 // Calls f(std::integral_constant<uint32_t, i>) for the runtime index i < sizeof...(Is).
 template <typename F, uint32_t... Is>
 DK_DEVICE void dispatch_index(uint32_t i, F&& f, std::integer_sequence<uint32_t, Is...>) {
@@ -87,6 +104,18 @@ struct Sm90Fp8Mainloop {
     static constexpr uint32_t kNumKBlocks = Traits::kNumKBlocks;
     static constexpr uint32_t kNumMWaves = Traits::kNumMWaves;
     static constexpr bool kPingPong = Traits::kMathSchedule == MathSchedule::PingPong;
+    // Per-channel B scales, plain K loop of one 64-row wave: the sfb pairs of the promotion's first 8-column groups are
+    // loaded before the wgmma group's wait, so that their latency hides behind it; as many as fit in the registers left
+    // beside the partial and final accumulators below kPreloadRegisters (by math warpgroups; measured with ptxas: more
+    // spill at 64 x 192 and 128 x 192). Two-wave tiles (whose accumulators leave too few registers) and the pipelined
+    // loops preload none.
+    static constexpr uint32_t kPreloadRegisters = Traits::kNumMathWarpgroups == 1 ? 216 : 224;
+    static constexpr uint32_t kAccumulatorRegisters = (kNumMWaves + 1) * BLOCK_N / 2;
+    static constexpr uint32_t kNumPreloadedSfb =
+        !Traits::kIsChannelScaled || Traits::kPipelined || kNumMWaves > 1 || kAccumulatorRegisters >= kPreloadRegisters
+            ? 0
+            : ((kPreloadRegisters - kAccumulatorRegisters) / 2 < BLOCK_N / 8 ? (kPreloadRegisters - kAccumulatorRegisters) / 2
+                                                                              : BLOCK_N / 8);
     using State = PipelineState<Traits::kNumStages>;
 
     const typename Traits::Stages& stages;
@@ -175,6 +204,21 @@ struct Sm90Fp8Mainloop {
     template <uint32_t kSecondGroup, typename NumPending>
     DK_DEVICE void retire_k_block(NumPending, float (&acc)[BLOCK_N / 2], const PromotionScales& scales,
                                   const State& k_state, uint32_t wave = 0) {
+        if constexpr (kNumPreloadedSfb > 0) {
+            // The first groups' sfb pairs are loaded before the wait, so that the promotion starts without waiting for
+            // shared memory.
+            const float* thread_sfb = stages.sfb_stage(k_state.stage) + lane_idx() % 4 * 2;
+            float2 preloaded[kNumPreloadedSfb];
+#pragma unroll
+            for (uint32_t j = 0; j < kNumPreloadedSfb; ++j)
+                preloaded[j] = *reinterpret_cast<const float2*>(thread_sfb + j * 8);
+            ptx::wgmma_wait_group<NumPending::value>();
+            ptx::fence_operands(acc);
+            promote_per_column_preloaded<BLOCK_N, kNumPreloadedSfb>(acc, final_acc[wave], scales.lo, scales.hi,
+                                                                    preloaded, thread_sfb);
+            ring.consumer_release(k_state, lane_idx());
+            return;
+        }
         ptx::wgmma_wait_group<NumPending::value>();
         ptx::fence_operands(acc);
         if constexpr (kPingPong)
