@@ -13,7 +13,8 @@ Backward, from dout [T, H] (R: the layout's rows; rows no slot takes are zeros w
     dX   = m_grouped_fp8_gemm_nt_contiguous(cast(dh), gate_up^T)                                     bf16 [R, H]
     dx   = moe_reduce(dX, ones): each token's rows summed in FP32                                    bf16 [T, H]
     dweights [T, k] = dw_row of each slot's row; dlogits = topk_gate_backward(dweights, logits, indices)  FP32 [T, E]
-    dx  += dlogits @ router_weight (torch, FP32, rounded once to bf16); drouter = dlogits^T @ x (torch, FP32)
+    dx  += dlogits @ router_weight; drouter = dlogits^T @ x: torch's bf16 GEMMs (dlogits rounded to bf16) with FP32
+           outputs; dx rounded once to bf16
     weight gradients (the expert segments along the rows are the K groups, padded to 128 rows as the k-grouped GEMM
     needs, their sizes on the device; the GEMM's K is all R rows, an upper bound: the rows the layout leaves unused
     are never written, and not read), both operands cast per 1 x 128 along the rows
@@ -50,6 +51,11 @@ _LAYOUT_FIELDS = ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row
 def router_logits(x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
     """FP32 [T, E] = x @ router_weight^T (torch's bf16 GEMM with an FP32 output), as MoE.router_logits."""
     return torch.mm(x, router_weight.t(), out_dtype=torch.float32)
+
+
+def router_gradient_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """FP32 a @ b of bf16 a and b (the router GEMM's backward: torch's bf16 GEMM with an FP32 output)."""
+    return torch.mm(a, b, out_dtype=torch.float32)
 
 
 def quantize_experts(weight: torch.Tensor) -> tuple:
@@ -134,8 +140,10 @@ class _MoELayer(torch.autograd.Function):
         slot_rows = layout.slot_to_row.long()
         grad_weights = torch.where(slot_rows >= 0, row_weight_grads[slot_rows.clamp(min=0)], 0.0)
         grad_logits = topk_gate_backward(grad_weights, logits, indices, scoring, renormalize, routed_scaling_factor)
-        grad_x += grad_logits @ router_weight.float()
-        grad_router = (grad_logits.t() @ x.float()).to(router_weight.dtype) if ctx.needs_input_grad[1] else None
+        grad_logits = grad_logits.to(torch.bfloat16)
+        grad_x += router_gradient_gemm(grad_logits, router_weight)
+        grad_router = (router_gradient_gemm(grad_logits.t(), x).to(router_weight.dtype) if ctx.needs_input_grad[1]
+                       else None)
 
         # Weight gradients: K-grouped over the experts' row segments.
         grad_gate_up = grad_down = None
