@@ -457,6 +457,18 @@ def _layout_tensors(moe_layout: MoeLayout) -> list:
     return [t for t in tensors if t is not None]
 
 
+def _own_storage(tensors: list) -> list:
+    """The tensors, each one that shares its storage with an earlier one cloned: a custom op's outputs may not alias
+    each other (torch refuses it from 2.12), and the eager layout functions carve theirs from one allocation."""
+    seen = set()
+    owned = []
+    for t in tensors:
+        storage = t.untyped_storage().data_ptr()
+        owned.append(t.clone() if storage in seen else t)
+        seen.add(storage)
+    return owned
+
+
 def _topk_gate_fake(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor):
     num_tokens = logits.shape[0]
     return (logits.new_empty((num_tokens, k), dtype=torch.float32),
@@ -489,7 +501,7 @@ map_global_to_local_experts = _define(
 
 
 def _moe_layout(topk_idx, num_experts, max_tokens) -> list:
-    return _layout_tensors(layout.moe_layout(topk_idx, num_experts, max_tokens))
+    return _own_storage(_layout_tensors(layout.moe_layout(topk_idx, num_experts, max_tokens)))
 
 
 def _moe_layout_fake(topk_idx, num_experts, max_tokens) -> list:
@@ -507,7 +519,7 @@ def _topk_gate_with_layout(logits, k, scoring, bias, num_groups, topk_groups, re
                            max_tokens) -> list:
     weights, indices, routed = routing.topk_gate_with_layout(
         logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor, max_tokens)
-    return [weights, indices, *_layout_tensors(routed)]
+    return _own_storage([weights, indices, *_layout_tensors(routed)])
 
 
 def _topk_gate_with_layout_fake(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor,
