@@ -233,8 +233,11 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
 
     Notes:
         K must be a multiple of 128. Numerics: the module docstring (exact expansion, one FP32 promotion per
-        128-deep block with sfa * 2^(e_max - 133) per column). Deterministic. Split-K at decode sizes shares the
-        FP8 GEMM's per-device workspace (the same CUDA-graph rule: run a shape once before capturing it). At
+        128-deep block with sfa * 2^(e_max - 133) per column). Deterministic. Up to 128 rows (decode) the kernel
+        with A and B swapped runs (heuristics.fp8_fp4_swap_ab: the weights expanded into wgmma's register operand,
+        the tokens its N; the same numerics, its 128-deep block's FP32 sum taken over up to four accumulator sets).
+        Split-K at decode sizes shares the FP8 GEMM's per-device workspace (the same CUDA-graph rule: run a shape
+        once before capturing it). Between 129 rows and the prefill sizes the expander kernel runs. At
         prefill sizes (heuristics.expands_before: from a few hundred rows), where the kernel's three expander warps
         cannot keep up with two math warpgroups, B is expanded once per call by mxfp4_requant_to_fp8 (the same
         numerics: e4m3 with one power-of-two scale per row and 128 columns, exact under the same condition) into a

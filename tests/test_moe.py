@@ -593,28 +593,29 @@ def test_routing_with_fewer_sms_is_identical(num_tokens, monkeypatch):
 
 
 @pytest.mark.parametrize("num_sms", [132, 114, 3])
-@pytest.mark.parametrize("min_block_tokens", [8, 0])
-def test_fused_plan_fits_one_block_per_sm_and_one_chunk_per_block(num_sms, min_block_tokens, monkeypatch):
+def test_fused_plan_fits_one_block_per_sm_and_one_chunk_per_block(num_sms, monkeypatch):
     from deep_kernels import device
     from deep_kernels.moe import routing
 
     monkeypatch.setattr(device, "_num_sms_override", num_sms)
-    monkeypatch.setattr(routing, "_FUSED_MIN_BLOCK_TOKENS", min_block_tokens)
     for k in range(1, 17):
-        for num_tokens in sorted({1, 7, 8, 64, 1000, 1056, 1057, FUSED_MAX_SLOTS // k, FUSED_MAX_SLOTS // k + 1}):
+        for num_tokens in sorted({1, 7, 8, 64, 1000, 1056, 1057, 2112, 2113, FUSED_MAX_SLOTS // k,
+                                  FUSED_MAX_SLOTS // k + 1}):
             tokens_per_block = routing._fused_tokens_per_block(num_tokens, k)
+            tile = routing._fused_tile(num_tokens)
             if num_tokens * k > FUSED_MAX_SLOTS:
                 assert tokens_per_block is None
             elif num_sms >= 114:  # every H100 / H200: all of FUSED_MAX_SLOTS takes the one launch
                 assert tokens_per_block is not None, (num_tokens, k)
             if tokens_per_block is not None:
                 assert math.ceil(num_tokens / tokens_per_block) <= num_sms
-                assert tokens_per_block * k <= routing.FUSED_BLOCK_SLOTS
-                # the fewest tokens per block (whole warps' worth without a minimum): fewer would need more
-                # blocks than SMs
-                step = 1 if min_block_tokens else routing._FUSED_WARPS
-                assert tokens_per_block == max(min_block_tokens, step) or \
-                    math.ceil(num_tokens / (tokens_per_block - step)) > num_sms
+                assert tokens_per_block * k <= tile.block_slots
+                # the fewest tokens per block: fewer would need more blocks than SMs
+                assert tokens_per_block == routing._FUSED_MIN_BLOCK_TOKENS or \
+                    math.ceil(num_tokens / (tokens_per_block - 1)) > num_sms
+            # at most two tokens a warp in the few-token tile's blocks, else the other tile
+            few = routing._FUSED_FEW_TOKENS_TILE
+            assert (tile == few) == (math.ceil(num_tokens / num_sms) <= 2 * few.warps)
 
 
 @pytest.mark.gpu

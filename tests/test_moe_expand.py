@@ -190,21 +190,23 @@ def _global_accesses(sass_text: str) -> list:
 
 
 def test_expand_tile_sass_has_wide_accesses_with_loads_first():
-    # Each thread's row loads are 16-byte LDGs issued before any 16-byte store (k = 8 rows each, and the
-    # padding rows' zero store; streaming: .EF, evict first), and after them the scale section's first pass
-    # issues its scale_loads loads (32-bit) before its first store.
+    # Each thread's row loads are 16-byte LDGs issued before any 16-byte store (k = 8 rows each, and the padding
+    # rows' zero store, or with bulk_zero bulk copies from shared memory; streaming: .EF, evict first), and after
+    # them the scale section's first pass issues its scale_loads loads (32-bit) before its first store.
     tile = expand.EXPAND_TILE
-    (entry,) = precompile([expand._expand_spec(8, tile)], arch="90a", progress=False)
-    cubin = entry / cache.BINARY_NAME
-    assert sass.kernel_problems("smxx_moe_expand", cubin) == []
-    accesses = _global_accesses(sass.sass(cubin))
-    row_loads = [i for i, a in enumerate(accesses) if a == "LDG.E.128"]
-    row_stores = [i for i, a in enumerate(accesses) if a == "STG.E.EF.128"]
-    assert len(row_loads) == tile.vectors and len(row_stores) == 8 * tile.vectors + 1
-    assert row_loads[-1] < row_stores[0]
-    first_scale_store = accesses.index("STG.E.EF")
-    assert row_stores[-1] < first_scale_store
-    assert accesses[first_scale_store - tile.scale_loads:first_scale_store] == ["LDG.E.CONSTANT"] * tile.scale_loads
+    for bulk_zero in (False, True):
+        (entry,) = precompile([expand._expand_spec(8, tile, bulk_zero)], arch="90a", progress=False)
+        cubin = entry / cache.BINARY_NAME
+        assert sass.kernel_problems("smxx_moe_expand", cubin) == []
+        accesses = _global_accesses(sass.sass(cubin))
+        row_loads = [i for i, a in enumerate(accesses) if a == "LDG.E.128"]
+        row_stores = [i for i, a in enumerate(accesses) if a == "STG.E.EF.128"]
+        assert len(row_loads) == tile.vectors and len(row_stores) == 8 * tile.vectors + (0 if bulk_zero else 1)
+        assert ("UBLKCP.G.S" in sass.sass(cubin)) == bulk_zero
+        assert row_loads[-1] < row_stores[0]
+        first_scale_store = accesses.index("STG.E.EF")
+        assert row_stores[-1] < first_scale_store
+        assert accesses[first_scale_store - tile.scale_loads:first_scale_store] == ["LDG.E.CONSTANT"] * tile.scale_loads
 
 
 def test_tile_harness_parses_tiles():

@@ -3,7 +3,8 @@
 // the flattened masked layout (common/moe_rows.cuh: slot_row); dropped slots are not written. Rows are raw
 // 16-byte vectors (any element type: bf16, fp32, fp8), so one kernel serves every dtype.
 // Shares: the block of linear index b owns rows [b * rows_per_block, ...), at most 32. With zero_padding it
-// zeroes those without a slot (row_slots[r] == -1; PaddingRows). With scales it writes its share's scale
+// zeroes those without a slot (row_slots[r] == -1; PaddingRows): with kBulkZero by bulk copies (TMA) of a zeroed
+// shared-memory row, else by the threads' stores. With scales it writes its share's scale
 // rows (FP32 values or packed UE8M0 words; ScaleStrides): each row's from its token (row_slots[r] / kTopK),
 // zero for a row without a slot (with zero_padding).
 // Contiguous layout: rows from *num_rows on are never written; masked layout: num_rows null.
@@ -18,10 +19,12 @@
 #include "common/macros.cuh"
 #include "common/moe_rows.cuh"
 #include "ptx/global_memory.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
 
 namespace deep_kernels {
 
-template <int kTopK, int kColumnThreads, int kTokenLanes, int kVectorsPerThread, int kScaleLoads>
+template <int kTopK, int kColumnThreads, int kTokenLanes, int kVectorsPerThread, int kScaleLoads, bool kBulkZero>
 __global__ void __launch_bounds__(kColumnThreads * kTokenLanes)
 smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __restrict__ x_scales,
                      uint32_t* __restrict__ out_scales, const int32_t* __restrict__ slot_to_row,
@@ -73,7 +76,28 @@ smxx_moe_expand_impl(const uint4* x, uint4* __restrict__ out, const uint32_t* __
     }
 
     // Padding rows: the whole block zeroes each one
-    for (uint32_t bits = padding.bits; bits != 0; bits &= bits - 1) {
+    if constexpr (kBulkZero) {
+        constexpr uint32_t kZeroBytes = 16384;
+        __shared__ __align__(128) uint4 smem_zeros[kZeroBytes / 16];
+        if (padding.bits != 0) {
+            for (uint32_t i = threadIdx.x; i < kZeroBytes / 16; i += blockDim.x)
+                smem_zeros[i] = make_uint4(0, 0, 0, 0);
+            ptx::fence_proxy_async_shared();
+            __syncthreads();
+            const uint32_t row_bytes = row_vectors * 16;
+            const uint32_t pieces = (row_bytes + kZeroBytes - 1) / kZeroBytes;
+            const uint32_t items = __popc(padding.bits) * pieces;
+            for (uint32_t item = threadIdx.x; item < items; item += blockDim.x) {
+                const uint32_t padding_row = padding.first_row + __fns(padding.bits, 0, item / pieces + 1);
+                const uint32_t offset = item % pieces * kZeroBytes;
+                ptx::bulk_store(reinterpret_cast<uint8_t*>(out) + static_cast<uint64_t>(padding_row) * row_bytes +
+                                    offset, smem_zeros, min(kZeroBytes, row_bytes - offset));
+            }
+            ptx::tma_store_commit();
+            ptx::tma_store_wait_read<0>();
+        }
+    }
+    for (uint32_t bits = kBulkZero ? 0u : padding.bits; bits != 0; bits &= bits - 1) {
         const uint32_t padding_row = padding.first_row + __ffs(bits) - 1;
         uint4* row = out + static_cast<uint64_t>(padding_row) * row_vectors;
         for (uint32_t column = threadIdx.x; column < row_vectors; column += blockDim.x)

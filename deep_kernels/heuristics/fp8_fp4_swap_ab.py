@@ -2,8 +2,9 @@
 wgmma's register operand, expanded in registers, the tokens its N (csrc/kernels/sm90_fp8_fp4_gemm_swap_ab.cuh).
 
 Pure functions of the problem and the device: no GPU calls, no torch. A CTA computes 64 weight rows per math
-warpgroup (one or two) over one share of K (split-K across CTAs; one or two CTAs an SM); the model prices the CTAs'
-latency-bound K blocks over the SMs, bounded below by B's bytes (4.25 bits a weight) at DRAM speed.
+warpgroup (one or two) over one share of K (split-K across CTAs; one or two CTAs an SM); the model prices the
+busiest SM's K blocks (the expansion's integer work bounds an SM), bounded below by B's bytes (4.25 bits a weight) at
+DRAM speed.
 """
 
 from dataclasses import dataclass
@@ -18,19 +19,21 @@ B_BITS_PER_WEIGHT = 4.25
 EXPAND_TABLE_BYTES = 256
 MAX_STAGES = 12
 MIN_STAGES = 2
-MAX_SPLITS = 16
-# A CTA's K block is latency-bound (the expansion's shared-memory chain, the wgmma group, the promotion), so it
-# costs a constant plus a term per token, by math warpgroups (the two of a CTA share its SM sub-partitions):
-# fitted on the H200 (2026-12-02, one CTA an SM, one accumulator chain) to 2112 x 7168 and 7168 x 16384 at 1 to 128
-# tokens. Independent accumulator chains shorten the constant, a second CTA on the SM lengthens each CTA's K block
-# (estimates, to be fitted).
-K_BLOCK_SECONDS = {1: (0.26e-6, 0.0016e-6), 2: (0.45e-6, 0.0024e-6)}
-CHAIN_FACTOR = {1: 1.0, 2: 0.85, 4: 0.75}
-SHARED_SM_FACTOR = 1.3
-# The fixed cost of a launch (launch, prologue, epilogue) and what a split adds (its partial store, ticket and
-# the last split's sum): fitted to the same runs.
-FIXED_SECONDS = 4.5e-6
-SPLIT_SECONDS = 0.7e-6
+# The split-K counts offered (those the model was fitted over).
+SPLITS = (1, 2, 4, 8)
+# What the model charges, fitted on the H200 (2026-12-02) to 255 timings of the kernel over the 24 decode shapes (1 to
+# 16 splits, one or two math warpgroups, one or two CTAs an SM; 13% mean error): an SM expands a 64-row K block in a
+# time that grows with the token tile (its integer pipe is the limit, so a second CTA on it adds no throughput), by
+# math warpgroups of the CTA; each wave of CTAs an SM runs one after another costs its pipeline fill; a split adds
+# its partial store, ticket and sum; and a fixed cost per launch. An SM with one math warpgroup alone (one-warpgroup
+# CTAs, no more of them than SMs) is latency- rather than throughput-bound, and a two-warpgroup CTA's pipeline fill
+# (twice the codes a stage) costs twice: those two factors were chosen on the same timings, where they bring the
+# model's picks to 2% (geometric mean; at most 9%) of the fastest measured config, from 5% (34%).
+ROW_BLOCK_SECONDS = {1: (0.205e-6, 0.00291e-6), 2: (0.222e-6, 0.00174e-6)}  # (constant, per token)
+LONE_WARPGROUP_FACTOR = 1.1
+WAVE_SECONDS = {1: 1.47e-6, 2: 2.94e-6}  # by math warpgroups
+SPLIT_SECONDS = 2.16e-6
+FIXED_SECONDS = 2.75e-6
 
 
 @dataclass(frozen=True)
@@ -123,19 +126,21 @@ def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = No
 
 
 def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -> float:
-    """The model's run-time estimate: the CTAs' K blocks over the SMs (a fractional number of waves: CTAs start as
-    others finish), at least B's bytes at DRAM speed."""
+    """The model's run-time estimate (ROW_BLOCK_SECONDS and the costs after it): the busiest SM's 64-row K blocks,
+    the waves of CTAs, the splits, at least B's bytes at DRAM speed."""
     tiles = -(-n // config.block_w)
     units = tiles * config.num_splits
-    capacity = num_sms * config.ctas_per_sm
-    waves = max(1.0, units / capacity)
-    constant, per_token = K_BLOCK_SECONDS[config.num_math_warpgroups]
-    k_block_s = constant * CHAIN_FACTOR[config.num_chains] + per_token * config.block_t
-    if config.ctas_per_sm == 2:
-        k_block_s *= SHARED_SM_FACTOR
-    unit_s = -(-(k // BLOCK_K) // config.num_splits) * k_block_s + (SPLIT_SECONDS if config.num_splits > 1 else 0.0)
+    k_blocks = -(-(k // BLOCK_K) // config.num_splits)
+    busiest_row_blocks = -(-units // num_sms) * config.num_math_warpgroups * k_blocks
+    waves = -(-units // (num_sms * config.ctas_per_sm))
+    constant, per_token = ROW_BLOCK_SECONDS[config.num_math_warpgroups]
+    row_block_s = constant + per_token * config.block_t
+    if config.num_math_warpgroups == 1 and units <= num_sms:
+        row_block_s *= LONE_WARPGROUP_FACTOR
+    compute_s = (busiest_row_blocks * row_block_s + waves * WAVE_SECONDS[config.num_math_warpgroups] +
+                 (SPLIT_SECONDS if config.num_splits > 1 else 0.0))
     dram_s = (n * k * B_BITS_PER_WEIGHT / 8 + m * k + m * n * out_dtype_bytes) / DRAM_BYTES_PER_S
-    return FIXED_SECONDS + max(waves * unit_s, dram_s)
+    return FIXED_SECONDS + max(compute_s, dram_s)
 
 
 def candidate_configs(m: int, n: int, k: int, num_sms: int):
@@ -145,7 +150,7 @@ def candidate_configs(m: int, n: int, k: int, num_sms: int):
             continue
         stages = max_stages(block_t, num_math_warpgroups, ctas_per_sm)
         chains = max_chains(block_t, num_math_warpgroups, ctas_per_sm)
-        for num_splits in range(1, min(MAX_SPLITS, k // BLOCK_K) + 1):
+        for num_splits in (splits for splits in SPLITS if splits <= k // BLOCK_K):
             yield SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains)
 
 

@@ -26,17 +26,34 @@ from deep_kernels.moe.layout import (
 from deep_kernels.moe.layout import layout_workspace as _workspace
 from deep_kernels.validation import ceil_div, check_cuda_device
 
-# The fused kernel's blocks, at most one per SM, gate their tokens one per warp at a time: beyond this
-# the two-stage path is faster.
+# The fused kernel's blocks gate their tokens one per warp at a time: beyond this the two-stage path is faster.
 FUSED_MAX_SLOTS = 65536
 
-_FUSED_WARPS = 16
-_FUSED_SLOTS_PER_THREAD = 2
-# A block ranks at most one chunk of slots (csrc/kernels/smxx_topk_gate_layout.cuh).
-FUSED_BLOCK_SLOTS = _FUSED_WARPS * 32 * _FUSED_SLOTS_PER_THREAD
-# A block gates at least this many tokens, spread over the SMs above that (0: whole warps' worth, a token a
-# warp first).
+
+class FusedTile(NamedTuple):
+    """The fused kernel's block: `warps` warps, each gating a token at a time, at most one block per SM; a block
+    ranks at most one chunk of warps * 32 * slots_per_thread slots (csrc/kernels/smxx_topk_gate_layout.cuh)."""
+    warps: int
+    slots_per_thread: int
+
+    @property
+    def block_slots(self) -> int:
+        return self.warps * 32 * self.slots_per_thread
+
+
+# Up to two tokens per warp of 8-warp blocks: the fewest warps in the count and scan steps (H200: 7.6 against
+# 9.1 us at T = 128, 9.3 against 11.7 at 512, 15.4 against 16.5 at 2048 for 16 warps). Beyond, 16-warp blocks.
+_FUSED_FEW_TOKENS_TILE = FusedTile(8, 1)
+_FUSED_TILE = FusedTile(16, 2)
+_FUSED_FEW_TOKENS_PER_WARP = 2
+# A block gates at least this many tokens, spread over the SMs above that.
 _FUSED_MIN_BLOCK_TOKENS = 8
+
+
+def _fused_tile(num_tokens: int) -> FusedTile:
+    """The fused kernel's block for num_tokens tokens."""
+    few = _FUSED_FEW_TOKENS_TILE
+    return few if ceil_div(num_tokens, get_num_sms()) <= _FUSED_FEW_TOKENS_PER_WARP * few.warps else _FUSED_TILE
 
 
 TOPK_GATE_LAYOUT = KernelDef(
@@ -51,25 +68,23 @@ TOPK_GATE_LAYOUT = KernelDef(
     threads=lambda t: t["kNumWarps"] * 32, cooperative=True)
 
 
-def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str) -> KernelSpec:
+def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str, tile: FusedTile) -> KernelSpec:
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
-                                 kScoring=scoring_cpp(scoring), kNumWarps=_FUSED_WARPS,
-                                 kSlotsPerThread=_FUSED_SLOTS_PER_THREAD, kAlignment=CONTIGUOUS_ALIGNMENT)
+                                 kScoring=scoring_cpp(scoring), kNumWarps=tile.warps,
+                                 kSlotsPerThread=tile.slots_per_thread, kAlignment=CONTIGUOUS_ALIGNMENT)
 
 
 @functools.lru_cache(maxsize=None)
-def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str):
-    return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring))
+def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str, tile: FusedTile):
+    return get_kernel(_fused_spec(dtype, num_experts, num_groups, scoring, tile))
 
 
 def _fused_tokens_per_block(num_tokens: int, k: int):
-    """Tokens each block of the fused kernel gates, so that its grid fits on the SMs; None where the
-    two-stage path serves the input (too many slots, or more than a chunk of them per block)."""
-    if _FUSED_MIN_BLOCK_TOKENS:
-        tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, get_num_sms()))
-    else:
-        tokens_per_block = _FUSED_WARPS * ceil_div(num_tokens, _FUSED_WARPS * get_num_sms())
-    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_block * k > FUSED_BLOCK_SLOTS:
+    """Tokens each block of the fused kernel (of _fused_tile(num_tokens)) gates, so that its grid fits on the SMs;
+    None where the two-stage path serves the input (too many slots, or more than a chunk of them per block)."""
+    tile = _fused_tile(num_tokens)
+    tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, get_num_sms()))
+    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_block * k > tile.block_slots:
         return None
     return tokens_per_block
 
@@ -186,7 +201,7 @@ def _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed
     # blocks holding tokens keep per-block counts.
     token_blocks = ceil_div(num_tokens, tokens_per_block)
     num_blocks = max(token_blocks, fill_blocks(2 * max_rows + num_masked))
-    kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring)
+    kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring, _fused_tile(num_tokens))
     return _Plan(num_sms, kernel, tokens_per_block, token_blocks, num_blocks, max_rows, logits.device, num_experts,
                  (num_tokens, k), LayoutInts(num_tokens, k, num_experts, max_tokens, with_indices=True), {})
 
@@ -195,8 +210,12 @@ def _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed
 def precompile_specs() -> list:
     """The specializations `python -m deep_kernels precompile` builds for this module."""
     return [
-        _fused_spec(torch.float32, 256, 8, "sigmoid"),        # DeepSeek-V3
-        _fused_spec(torch.bfloat16, 384, 0, "sigmoid"),       # Kimi-K2
-        _fused_spec(torch.float32, 512, 8, "softmax"),        # the largest
-        _fused_spec(torch.bfloat16, 72, 0, "sqrtsoftplus"),   # experts not a multiple of 32
+        _fused_spec(dtype, num_experts, num_groups, scoring, tile)
+        for dtype, num_experts, num_groups, scoring in (
+            (torch.float32, 256, 8, "sigmoid"),        # DeepSeek-V3
+            (torch.bfloat16, 384, 0, "sigmoid"),       # Kimi-K2
+            (torch.float32, 512, 8, "softmax"),        # the largest
+            (torch.bfloat16, 72, 0, "sqrtsoftplus"),   # experts not a multiple of 32
+        )
+        for tile in (_FUSED_FEW_TOKENS_TILE, _FUSED_TILE)
     ]
