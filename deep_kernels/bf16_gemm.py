@@ -295,8 +295,6 @@ def _grouped_plan(gemm_type: str, m: int, n: int, k: int, num_groups: int, confi
             config = heuristics.get_grouped_bf16_gemm_config(gemm_type, m, n, k, num_groups, num_sms)
         elif config.num_splits != 1 or not heuristics.is_legal_tile(config.block_m, config.block_n, grouped=True):
             raise ValueError("the grouped BF16 GEMMs take neither split-K nor 256-row tiles")
-        elif heuristics.streams_store(config.block_m, config.block_n, config.num_stages, 2):
-            raise ValueError("the grouped BF16 GEMMs stage whole tiles: fewer stages")
         kernel = _get_kernel(config, n, k, torch.bfloat16, False, gemm_type)
         if gemm_type == MASKED:
             grid = num_sms // config.num_tma_multicast * config.num_tma_multicast

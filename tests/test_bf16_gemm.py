@@ -222,26 +222,6 @@ def test_make_config_rejects_illegal_tiles():
         heuristics.make_config(128, 128, 2, True, num_splits=2)
 
 
-# Tiles given more stages than fit beside their whole staged tile, whose store is streamed: (block_m, block_n, stages,
-# splits, D type, its bytes, accumulate).
-STREAMED_CASES = [(128, 256, 4, 1, "bfloat16", 2, False), (64, 256, 5, 4, "bfloat16", 2, False),
-                  (128, 240, 4, 1, "bfloat16", 2, False), (128, 256, 3, 1, "float32", 4, True)]
-
-
-def test_more_stages_than_the_whole_staged_tile_allows_stream_the_store(monkeypatch):
-    assert not heuristics.streams_store(128, 256, 3, 2) and heuristics.streams_store(128, 256, 4, 2)
-    whole, streamed = heuristics.make_config(128, 256), heuristics.make_config(128, 256, num_stages=4)
-    assert whole.num_stages == 3 and streamed.smem_bytes == heuristics.smem_bytes(128, 256, 4, 2, True)
-    assert streamed.smem_bytes <= fp8_heuristics.SMEM_CAPACITY_BYTES < heuristics.smem_bytes(128, 256, 4, 2)
-    # Only one 64-row wave per warpgroup streams: 256-row tiles stage whole, so past three stages nothing fits.
-    assert not heuristics.streams_store(256, 128, 4, 2)
-    with pytest.raises(ValueError, match="do not fit"):
-        heuristics.make_config(256, 128, num_stages=4)
-    monkeypatch.setattr(bf16_gemm, "get_num_sms", lambda: NUM_SMS)
-    with pytest.raises(ValueError, match="stage whole tiles"):
-        bf16_gemm._grouped_plan(bf16_gemm.MASKED, 256, 4096, 7168, 2, streamed)
-
-
 def test_template_args_name_the_bf16_kind():
     args = heuristics.template_args(heuristics.make_config(128, 256), 4096, 7168, torch.bfloat16, False)
     named = dict(zip(bf16_gemm.FP8_GEMM.template, args))
@@ -257,9 +237,6 @@ def test_smem_bytes_is_the_kernels_carve_up(tmp_path):
 
     kernels = heuristics.all_candidate_kernels() + [
         heuristics.Bf16CandidateKernel(heuristics.make_config(64, 256, out_dtype_bytes=4), 7168, 2048, "float32", True)]
-    kernels += [heuristics.Bf16CandidateKernel(heuristics.make_config(bm, bn, out_dtype_bytes=out_bytes, num_stages=stages,
-                                                                      num_splits=splits), 4096, 7168, out_dtype, accumulate)
-                for bm, bn, stages, splits, out_dtype, out_bytes, accumulate in STREAMED_CASES]
     checks = []
     for kernel in kernels:
         args = kernel.template_args()
@@ -290,8 +267,6 @@ SASS_KERNELS = [
                                    True, True),
     heuristics.Bf16CandidateKernel(heuristics.make_config(64, 192), 4096, 7168, "bfloat16", False, "normal", False,
                                    True),
-    # The streamed store of a 128 x 256 tile with four stages.
-    heuristics.Bf16CandidateKernel(heuristics.make_config(128, 256, num_stages=4), 4096, 7168, "bfloat16", False),
 ]
 
 
@@ -350,10 +325,6 @@ def _gpu_test_kernels(num_sms: int) -> list:
     kernels += [heuristics.Bf16CandidateKernel(heuristics.make_config(bm, bn, mc, on_a, num_splits=splits),
                                                *FORCED_SHAPE[1:], "bfloat16", False, "normal", mn_a, mn_b)
                 for bm, bn, mc, on_a, splits, mn_a, mn_b in MN_MAJOR_FORCED]
-    kernels += [heuristics.Bf16CandidateKernel(heuristics.make_config(bm, bn, out_dtype_bytes=out_bytes,
-                                                                      num_stages=stages, num_splits=splits),
-                                               *STREAMED_SHAPE[1:], out_dtype, accumulate)
-                for bm, bn, stages, splits, out_dtype, out_bytes, accumulate in STREAMED_CASES]
     for m, n, k in TRANSPOSED_SHAPES:
         for mn_a, mn_b in ((False, True), (True, True), (True, False)):
             config = heuristics.get_bf16_gemm_config(m, n, k, num_sms, mn_major_b=mn_b)
@@ -412,30 +383,6 @@ def test_forced_tiles_match_reference(block_m, block_n, multicast, on_a, splits)
     a, b = _inputs(m, n, k)
     config = heuristics.make_config(block_m, block_n, multicast, on_a, num_splits=splits)
     _assert_close(_run(a, b, config=config), _reference(a, b))
-
-
-# M and N not multiples of the tile (the TMA store clips the last chunks), K not a multiple of 64.
-STREAMED_SHAPE = (300, 2000, 1040)
-
-
-@pytest.mark.gpu
-@pytest.mark.usefixtures("built_kernels")
-@pytest.mark.parametrize("block_m,block_n,stages,splits,out_dtype,out_bytes,accumulate", STREAMED_CASES)
-def test_streamed_store_matches_reference(block_m, block_n, stages, splits, out_dtype, out_bytes, accumulate):
-    m, n, k = STREAMED_SHAPE
-    a, b = _inputs(m, n, k)
-    config = heuristics.make_config(block_m, block_n, out_dtype_bytes=out_bytes, num_stages=stages, num_splits=splits)
-    assert heuristics.streams_store(block_m, block_n, stages, out_bytes)
-    product = _reference(a, b)
-    if not accumulate:
-        d = _run(a, b, getattr(torch, out_dtype), config)
-        _assert_close(d, product)
-        assert_bitwise_equal(_run(a, b, getattr(torch, out_dtype), config), d, "d (second run)")
-        return
-    c = accumulator_like(product)
-    d = c.clone()
-    bf16_gemm._launch_dense(a, b, d, d, config)
-    _assert_close(d, product + c.double())
 
 
 @pytest.mark.gpu

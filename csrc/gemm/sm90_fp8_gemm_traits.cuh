@@ -175,16 +175,8 @@ struct Sm90Fp8GemmTraits {
     // columns at a time through two chunk buffers in turn (the epilogue's store_tile_streamed), which leaves the stages
     // the rest of the shared memory (FP32 tiles are twice bf16's: staged whole, 128 x 192 left three stages and
     // 256 x 128 none).
-    // BF16 tiles of the Normal kind (one wave per warpgroup) stream it as well where the whole tile's staging would not
-    // leave room for kNumStages stages: the host asks for the deeper pipeline by the stage count (128 x 256 bf16 D: four
-    // stages instead of three).
-    static constexpr uint32_t kWholeTileSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kNumMWaves * Store::kBytes, 1024);
-    static constexpr bool kIsBf16StreamedStore =
-        kIsBf16 && kGemmType == GemmType::Normal && kNumMWaves == 1 &&
-        kWholeTileSmemDBytes + kNumStages * ((BLOCK_M + BLOCK_N) * BLOCK_K * sizeof(__nv_bfloat16) +
-                                             2 * sizeof(uint64_t)) > kMaxSmemBytes;
     static constexpr bool kStreamedStore =
-        ((kIsChannelScaled || (kIsBf16 && kIsKGrouped)) && std::is_same_v<OutputType, float>) || kIsBf16StreamedStore;
+        (kIsChannelScaled || (kIsBf16 && kIsKGrouped)) && std::is_same_v<OutputType, float>;
     static constexpr uint32_t kSmemDBytesPerWarpgroup = kStreamedStore ? 2 * Store::kChunkBytes : kNumMWaves * Store::kBytes;
     static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kSmemDBytesPerWarpgroup, 1024);
     // Bytes of one operand element (e4m3 or bf16); BF16 stages hold no sfa.

@@ -11,8 +11,7 @@ multicast, split-K), with what the BF16 kind changes:
 * A stage holds no sfa; operands move 2 bytes an element from DRAM.
 * Tiles may be as wide as one wgmma (256 columns) with one 64-row wave per warpgroup: no partial accumulator
   sets take registers. 256-row tiles (two waves) stay at most 128 wide, Normal kind only.
-* No pipelined flag (the K loop always keeps a group in flight) and no epilogue overlap. A Normal-kind tile given
-  more stages than fit beside its whole staged tile streams its store (streams_store).
+* No pipelined flag (the K loop always keeps a group in flight) and no epilogue overlap.
 * An N-major B (bf16_gemm_nn / tn) is loaded as 64-column boxes: BLOCK_N a multiple of 64.
 
 Candidates are enumerated in a fixed order (larger tiles first) and ties keep the first, so the choice is
@@ -56,12 +55,6 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int
     return d_bytes + num_stages * stage_bytes + 2 * num_stages * 8
 
 
-def streams_store(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int) -> bool:
-    """Whether the Normal kind's kernel streams the store of a tiling (the traits' kIsBf16StreamedStore): one 64-row
-    wave per math warpgroup, and the whole tile's staging with num_stages stages past the shared memory."""
-    return block_m <= 128 and smem_bytes(block_m, block_n, num_stages, out_dtype_bytes) > fp8_gemm.SMEM_CAPACITY_BYTES
-
-
 def max_stages(block_m: int, block_n: int, out_dtype_bytes: int,
                smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES, streamed_store: bool = False) -> int:
     fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes, streamed_store)
@@ -81,8 +74,7 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int = 1, multicas
                 out_dtype_bytes: int = 2, num_stages: int = None, num_splits: int = 1,
                 smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES, streamed_store: bool = False) -> Fp8GemmConfig:
     """A BF16 config of the given tiling with as many stages as fit (or num_stages); streamed_store: the k-grouped
-    kind's FP32 D staging (smem_bytes). A Normal-kind tile given more stages than fit beside its whole staged tile
-    streams its store (streams_store)."""
+    kind's FP32 D staging (smem_bytes)."""
     if not is_legal_tile(block_m, block_n):
         raise ValueError(f"no BF16 kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n a multiple "
                          f"of 16 up to 256 (at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
@@ -91,9 +83,6 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int = 1, multicas
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, streamed_store)
     if stages < MIN_STAGES:
         raise ValueError(f"a {block_m}x{block_n} BF16 tile fits only {stages} stages")
-    streamed_store = streamed_store or streams_store(block_m, block_n, stages, out_dtype_bytes)
-    if smem_bytes(block_m, block_n, stages, out_dtype_bytes, streamed_store) > smem_capacity:
-        raise ValueError(f"{stages} stages of a {block_m}x{block_n} BF16 tile do not fit {smem_capacity} bytes")
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a,
                          swizzle_d_bytes=fp8_gemm.swizzle_d_bytes(block_n, out_dtype_bytes),
