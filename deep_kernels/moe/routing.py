@@ -31,10 +31,12 @@ FUSED_MAX_SLOTS = 65536
 
 
 class FusedTile(NamedTuple):
-    """The fused kernel's block: `warps` warps, each gating a token at a time, at most one block per SM; a block
-    ranks at most one chunk of warps * 32 * slots_per_thread slots (csrc/kernels/smxx_topk_gate_layout.cuh)."""
+    """The fused kernel's block: `warps` warps, each gating tokens_per_warp tokens at a time (interleaved), at most
+    one block per SM; a block ranks at most one chunk of warps * 32 * slots_per_thread slots
+    (csrc/kernels/smxx_topk_gate_layout.cuh)."""
     warps: int
     slots_per_thread: int
+    tokens_per_warp: int = 1
 
     @property
     def block_slots(self) -> int:
@@ -42,9 +44,10 @@ class FusedTile(NamedTuple):
 
 
 # Up to two tokens per warp of 8-warp blocks: the fewest warps in the count and scan steps (H200: 7.6 against
-# 9.1 us at T = 128, 9.3 against 11.7 at 512, 15.4 against 16.5 at 2048 for 16 warps). Beyond, 16-warp blocks.
+# 9.1 us at T = 128, 9.3 against 11.7 at 512, 15.4 against 16.5 at 2048 for 16 warps). Beyond, 16-warp blocks
+# whose warps gate two tokens at once.
 _FUSED_FEW_TOKENS_TILE = FusedTile(8, 1)
-_FUSED_TILE = FusedTile(16, 2)
+_FUSED_TILE = FusedTile(16, 2, 2)
 _FUSED_FEW_TOKENS_PER_WARP = 2
 # A block gates at least this many tokens, spread over the SMs above that.
 _FUSED_MIN_BLOCK_TOKENS = 8
@@ -58,7 +61,8 @@ def _fused_tile(num_tokens: int) -> FusedTile:
 
 TOPK_GATE_LAYOUT = KernelDef(
     "kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
-    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment"),
+    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment",
+              "kTokensPerWarp"),
     params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
             Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
             Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR), Param("block_counts", PTR),
@@ -71,7 +75,8 @@ TOPK_GATE_LAYOUT = KernelDef(
 def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str, tile: FusedTile) -> KernelSpec:
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
                                  kScoring=scoring_cpp(scoring), kNumWarps=tile.warps,
-                                 kSlotsPerThread=tile.slots_per_thread, kAlignment=CONTIGUOUS_ALIGNMENT)
+                                 kSlotsPerThread=tile.slots_per_thread, kAlignment=CONTIGUOUS_ALIGNMENT,
+                                 kTokensPerWarp=tile.tokens_per_warp)
 
 
 @functools.lru_cache(maxsize=None)
