@@ -44,8 +44,9 @@ class FusedTile(NamedTuple):
 
 
 # Up to two tokens per warp of 8-warp blocks: the fewest warps in the count and scan steps (H200: 7.6 against
-# 9.1 us at T = 128, 9.3 against 11.7 at 512, 15.4 against 16.5 at 2048 for 16 warps). Beyond, 16-warp blocks
-# whose warps gate two tokens at once.
+# 9.1 us at T = 128, 9.3 against 11.7 at 512, 15.4 against 16.5 at 2048 for 16 warps). Beyond, 16-warp blocks. A warp
+# with two or more tokens gates two at once (H200, T = 2048 / 4096 / 8192: 14.7 / 20.8 / 30.4 us against 15.6 / 21.2
+# / 31.1 one at a time; at T = 1024, one token per warp, 14.3 against 12.1).
 _FUSED_FEW_TOKENS_TILE = FusedTile(8, 1)
 _FUSED_TILE = FusedTile(16, 2, 2)
 _FUSED_FEW_TOKENS_PER_WARP = 2
@@ -56,7 +57,10 @@ _FUSED_MIN_BLOCK_TOKENS = 8
 def _fused_tile(num_tokens: int) -> FusedTile:
     """The fused kernel's block for num_tokens tokens."""
     few = _FUSED_FEW_TOKENS_TILE
-    return few if ceil_div(num_tokens, get_num_sms()) <= _FUSED_FEW_TOKENS_PER_WARP * few.warps else _FUSED_TILE
+    tokens_per_block = ceil_div(num_tokens, get_num_sms())
+    if tokens_per_block > _FUSED_FEW_TOKENS_PER_WARP * few.warps:
+        return _FUSED_TILE
+    return few._replace(tokens_per_warp=2) if tokens_per_block > few.warps else few
 
 
 TOPK_GATE_LAYOUT = KernelDef(
@@ -136,8 +140,6 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
                      max_tokens)
         if signature is not None:
             _plans[signature] = plan
-    if out is not None:
-        outputs = _written_outputs(plan, out)
 
     if plan.kernel is None:
         gate_args = (k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
@@ -145,7 +147,7 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         results = (weights, indices, moe_layout(indices, logits.shape[1], max_tokens))
         if out is None:
             return results
-        for written, result in zip(outputs, (*results[:2], *_layout_fields(results[2]))):
+        for written, result in zip(_written_outputs(plan, out), (*results[:2], *_layout_fields(results[2]))):
             if written is not None:
                 written.copy_(result)
         return tuple(out)
@@ -162,16 +164,34 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
                                      renormalize, routed_scaling_factor, max_tokens)
         launch.launch(stream)
         return plan.ints.carve(ints)
-    key = (logits.data_ptr(), bias_address, workspace.data_ptr()) + tuple(
-        0 if t is None else t.data_ptr() for t in outputs)
-    launch = plan.launches.get(key)
+    # A launch prepared for out's addresses and metadata was prepared after every check of them.
+    try:
+        key = (logits.data_ptr(), bias_address, workspace.data_ptr(), _out_key(out))
+        launch = plan.launches.get(key)
+    except (AttributeError, TypeError, ValueError):  # not the form out takes: the checks below say how
+        launch = None
     if launch is None:
+        outputs = _written_outputs(plan, out)
         _check_written_addresses(outputs, logits, bias)
-        pointers = dict(zip(_OUTPUT_NAMES, key[3:]))
+        key = (logits.data_ptr(), bias_address, workspace.data_ptr(), _out_key(out))
+        pointers = dict(zip(_OUTPUT_NAMES, (0 if t is None else t.data_ptr() for t in outputs)))
         launch = _prepare_launch(plan, key, pointers, key[2], logits, k, topk_groups, renormalize,
                                  routed_scaling_factor, max_tokens)
     launch.launch(stream)
     return tuple(out)
+
+
+def _out_key(out) -> tuple:
+    """The addresses and metadata of out's tensors (a prepared launch's key; an address also fixes the device, the
+    address space being unified)."""
+    weights, indices, routed = out
+    return (_tensor_key(weights), _tensor_key(indices), _tensor_key(routed.counts), _tensor_key(routed.num_rows),
+            _tensor_key(routed.m_indices), _tensor_key(routed.row_to_slot), _tensor_key(routed.slot_to_row),
+            _tensor_key(routed.masked_slots), _tensor_key(routed.masked_m))
+
+
+def _tensor_key(t) -> tuple:
+    return None if t is None else (t.data_ptr(), t.dtype, t.shape, t.stride())
 
 
 # out's tensors in order: weights, indices, then the MoeLayout's fields.
@@ -324,5 +344,5 @@ def precompile_specs() -> list:
             (torch.float32, 512, 8, "softmax"),        # the largest
             (torch.bfloat16, 72, 0, "sqrtsoftplus"),   # experts not a multiple of 32
         )
-        for tile in (_FUSED_FEW_TOKENS_TILE, _FUSED_TILE)
+        for tile in (_FUSED_FEW_TOKENS_TILE, _FUSED_FEW_TOKENS_TILE._replace(tokens_per_warp=2), _FUSED_TILE)
     ]
