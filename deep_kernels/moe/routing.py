@@ -185,13 +185,20 @@ def _out_key(out) -> tuple:
     """The addresses and metadata of out's tensors (a prepared launch's key; an address also fixes the device, the
     address space being unified)."""
     weights, indices, routed = out
-    return (_tensor_key(weights), _tensor_key(indices), _tensor_key(routed.counts), _tensor_key(routed.num_rows),
-            _tensor_key(routed.m_indices), _tensor_key(routed.row_to_slot), _tensor_key(routed.slot_to_row),
-            _tensor_key(routed.masked_slots), _tensor_key(routed.masked_m))
-
-
-def _tensor_key(t) -> tuple:
-    return None if t is None else (t.data_ptr(), t.dtype, t.shape, t.stride())
+    counts, num_rows, m_indices = routed.counts, routed.num_rows, routed.m_indices
+    row_to_slot, slot_to_row, masked_slots, masked_m = (routed.row_to_slot, routed.slot_to_row, routed.masked_slots,
+                                                        routed.masked_m)
+    # NOTE: written out rather than looped: this is most of the call's host time.
+    return (weights.data_ptr(), weights.dtype, weights.shape, weights.stride(),
+            indices.data_ptr(), indices.dtype, indices.shape, indices.stride(),
+            counts.data_ptr(), counts.dtype, counts.shape, counts.stride(),
+            num_rows.data_ptr(), num_rows.dtype, num_rows.shape, num_rows.stride(),
+            m_indices.data_ptr(), m_indices.dtype, m_indices.shape, m_indices.stride(),
+            row_to_slot.data_ptr(), row_to_slot.dtype, row_to_slot.shape, row_to_slot.stride(),
+            slot_to_row.data_ptr(), slot_to_row.dtype, slot_to_row.shape, slot_to_row.stride(),
+            None if masked_slots is None else (masked_slots.data_ptr(), masked_slots.dtype, masked_slots.shape,
+                                               masked_slots.stride()),
+            None if masked_m is None else (masked_m.data_ptr(), masked_m.dtype, masked_m.shape, masked_m.stride()))
 
 
 # out's tensors in order: weights, indices, then the MoeLayout's fields.
