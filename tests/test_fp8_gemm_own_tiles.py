@@ -111,8 +111,10 @@ def test_own_tiles_are_offered_only_where_their_cost_is_measured(monkeypatch):
             c.block_m, c.block_n, c.num_tma_multicast, c.multicast_on_a, False)
         assert c == heuristics.make_config(out_dtype_bytes=2, **heuristics.config_fields(c))
     assert not any(c.own_tiles for c in heuristics.candidate_configs(4096, 7168, 132, k=16384, grouped=True))
-    seconds = heuristics.estimate_seconds(own[0], 4096, 7168, 16384, 132)
-    assert seconds > 0
+    assert heuristics.estimate_seconds(own[0], 4096, 7168, 16384, 132) > 0
+    # Forced configs of unmeasured heights still get an estimate (the sweep and tuning report one for every config).
+    assert heuristics.estimate_seconds(heuristics.make_config(128, 128, 2, True, 2, own_tiles=True), 4096, 7168, 16384,
+                                       132) > 0
 
 
 def _override_config(monkeypatch, **fields):

@@ -347,7 +347,12 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if config.pipelined else 1.0) + b * max(config.block_n, 64)
     epilogue_s = EPILOGUE_SECONDS[config.block_m]
     if config.own_tiles:
-        a, b = OWN_TILE_MATH_SECONDS_PER_K_BLOCK[config.block_m]
+        if config.block_m in OWN_TILE_MATH_SECONDS_PER_K_BLOCK:
+            a, b = OWN_TILE_MATH_SECONDS_PER_K_BLOCK[config.block_m]
+        else:
+            # Unmeasured (forced configs only): half the K block of the lockstep tile of twice the rows, whose two
+            # warpgroups each run this tile's work.
+            a, b = (term / 2 for term in MATH_SECONDS_PER_K_BLOCK[2 * config.block_m])
         math_s, epilogue_s = a + b * max(config.block_n, 64), OWN_TILE_EPILOGUE_SECONDS
     if config.ping_pong:
         math_s *= PING_PONG_MATH_FACTOR[config.block_m]
