@@ -111,15 +111,15 @@ PING_PONG_MATH_FACTOR = {}
 # Own-tile ping-pong (MathSchedule::OwnTilePingPong: each of the two math warpgroups owns whole BLOCK_M-row tiles, which
 # take turns at the tensor cores tile by tile): a + b * BLOCK_N seconds per K block of one tile, by BLOCK_M (the
 # warpgroup's tile); the tiles' epilogues overlap the other warpgroup's turn (OWN_TILE_EPILOGUE_SECONDS). The candidates
-# offer the schedule only at the tile heights listed (where it was measured to win). None: on the H200 (2026-12-02,
-# M = 4096, timed in turns with the model's pick, 128x192 with the epilogue overlap) 64x128 pipelined own tiles ran at
-# 0.68x (N x K = 2112 x 7168) and 0.73x (24576 x 1536) the pick's speed, 0.58-0.59x with B multicast, and 128x128
-# own tiles (two waves, plain K loop) at 0.62-0.73x. In its turn one warpgroup feeds the tensor cores alone, so its K
-# loop must keep a group in flight while it promotes: a second partial set, which 232 registers allow only up to
-# 64 x 128 (MAX_OWN_TILE_PIPELINED_BLOCK_N). Such tiles need 24.6 KB of stage loads per 64 x 128 x 128 K block, and at 942
-# TFLOPS the 64 x 128 tile already takes 84 GB/s per SM, the per-SM ingest rate the model fits (SM_INGEST_BYTES_PER_S);
-# the pick's 128 x 192 tile needs 62 GB/s at 1289 TFLOPS. The two-wave tiles keep one partial set and drain the tensor
-# pipe at every promotion.
+# offer the schedule only at the tile heights listed (where it was measured to win). None: on the H200 (2026-12-02, the
+# six benchmark N x K at M = 4096, timed in turns) 64x128 pipelined own tiles ran at 0.62-0.80x the model's picks and
+# 0.72-0.92x their lockstep twin (128x128 pipelined: the same arithmetic per warpgroup); 128x128 own tiles (two waves,
+# plain K loop) at 0.58-0.82x the picks and 0.64-0.87x their twin (256x128, the same cluster). In its turn one
+# warpgroup feeds the tensor cores alone, so its K loop must keep a group in flight while it promotes: a second
+# partial set, which 232 registers allow only up to 64 x 128 (MAX_OWN_TILE_PIPELINED_BLOCK_N); such a tile loads 24.8 KB
+# per 64 x 128 x 128 K block, 1.5x the bytes per MAC of 128 x 128, and peaked at 942 TFLOPS (24576 x 1536), 84 GB/s per
+# SM, the per-SM ingest rate the model fits (SM_INGEST_BYTES_PER_S; the 256x128 pick ran 1414 TFLOPS on 64 GB/s). The
+# two-wave own tiles hold one partial set and drain the tensor pipe at every promotion.
 OWN_TILE_MATH_SECONDS_PER_K_BLOCK = {}
 OWN_TILE_EPILOGUE_SECONDS = 0.1e-6
 # Tile heights the own-tile schedule takes (one or two 64-row waves per warpgroup), and by height the widest tile whose
