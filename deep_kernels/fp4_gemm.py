@@ -8,8 +8,8 @@ Layouts:
     b    e2m1 codes [N, K / 2] (grouped: [G, N, K / 2]) as torch.float4_e2m1fn_x2 or uint8, element 2i in the low
          nibble of byte i, rows contiguous (per_token_cast_to_mxfp4's codes); sfb the UE8M0 scales, one per row
          and 32 columns: [N, K / 32] (grouped: [G, N, K / 32]) torch.float8_e8m0fnu or uint8, contiguous
-         (per_token_cast_to_mxfp4's "row_major" scales). The kernel reads both as they are: no weight
-         preparation.
+         (per_token_cast_to_mxfp4's "row_major" scales). The kernels read both as they are; the dense GEMM
+         also takes them prepared once (prepare_fp4_weights, deep_kernels.fp4_weights) for its decode kernel.
     d    [M, N] bf16, or FP32 when accumulating c (dense only; c may be d).
 Constraints: K a positive multiple of 128, N of 16.
 
@@ -29,6 +29,7 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms
+from deep_kernels.fp4_weights import check_prepared, restore_fp4_weights
 from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_output, scale_a
 from deep_kernels.grouped_gemm import _checked, _split_pairs
 from deep_kernels.heuristics import fp8_fp4_gemm as heuristics
@@ -51,10 +52,11 @@ NORMAL, CONTIGUOUS, MASKED = "normal", "m_grouped_contiguous", "m_grouped_masked
 FP8_FP4_SWAP_AB_GEMM = KernelDef(
     swap_ab_heuristics.KERNEL_HEADER, "sm90_fp8_fp4_gemm_swap_ab_impl",
     template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumCTAsPerSM",
-              "kNumChains"),
+              "kNumChains", "kPreparedWeights"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_codes", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb_words", PTR), Param("shape_n", U32), Param("shape_k", U32),
-            Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR)),
+            Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR),
+            Param("prepared_weights", PTR)),
     threads=lambda t: 128 + 128 * int(t["kNumMathWarpgroups"]))
 
 
@@ -182,32 +184,34 @@ def _dense_plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accum
     return kernel, config, grid, split_layout
 
 
-def swap_ab_kernel_spec(config, out_dtype: torch.dtype, accumulate: bool):
-    return FP8_FP4_SWAP_AB_GEMM.spec(*swap_ab_heuristics.template_args(config, out_dtype, accumulate))
+def swap_ab_kernel_spec(config, out_dtype: torch.dtype, accumulate: bool, prepared: bool = False):
+    return FP8_FP4_SWAP_AB_GEMM.spec(*swap_ab_heuristics.template_args(config, out_dtype, accumulate, prepared))
 
 
 def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulate: bool) -> None:
-    """The swapped kernel (m <= 128 tokens, sfa kernel-ready) of config, split-K through the FP8 GEMM's workspace."""
+    """The swapped kernel (m <= 128 tokens, sfa kernel-ready) of config, split-K through the FP8 GEMM's workspace;
+    sfb None: b is prepare_fp4_weights's tensor."""
     if config.block_t < m:
         raise ValueError(f"a swapped config of {config.block_t} tokens cannot take m = {m}")
     if not 1 <= config.num_splits <= k // SCALE_BLOCK:
         raise ValueError(f"num_splits must be in 1..K / 128 = {k // SCALE_BLOCK}, got {config.num_splits}")
-    kernel = get_kernel(swap_ab_kernel_spec(config, d.dtype, accumulate), smem_bytes=config.smem_bytes)
+    prepared = sfb is None
+    kernel = get_kernel(swap_ab_kernel_spec(config, d.dtype, accumulate, prepared), smem_bytes=config.smem_bytes)
     num_tiles = -(-n // config.block_w)
     workspace_ptr = tickets_ptr = 0
     if config.num_splits > 1:
         workspace = _split_workspace(a.get_device(), num_tiles * config.block_w * config.block_t * config.num_splits,
                                      num_tiles * config.num_math_warpgroups)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    codes = b.view(torch.uint8)
+    tmap_a = tensor_map(a, (config.block_t, SCALE_BLOCK), 128)
+    # NOTE: prepared weights come by bulk copies: tmap_codes is not read then (any valid map does).
+    tmap_codes = tmap_a if prepared else tensor_map(b.view(torch.uint8), (config.block_w, SCALE_BLOCK // 2), 64)
     kernel.launch(
-        (num_tiles * config.num_splits, 1, 1), a.get_device(),
-        tmap_a=tensor_map(a, (config.block_t, SCALE_BLOCK), 128),
-        tmap_codes=tensor_map(codes, (config.block_w, SCALE_BLOCK // 2), 64),
+        (num_tiles * config.num_splits, 1, 1), a.get_device(), tmap_a=tmap_a, tmap_codes=tmap_codes,
         tmap_sfa=tensor_map(sfa, (config.block_t, 1), transpose=True),
         tmap_d=tensor_map(d, (config.block_t, 128 // d.element_size()), 128),
-        sfb_words=sfb.data_ptr(), shape_n=n, shape_k=k, num_splits=config.num_splits, split_workspace=workspace_ptr,
-        split_tickets=tickets_ptr)
+        sfb_words=0 if prepared else sfb.data_ptr(), shape_n=n, shape_k=k, num_splits=config.num_splits,
+        split_workspace=workspace_ptr, split_tickets=tickets_ptr, prepared_weights=b.data_ptr() if prepared else 0)
 
 
 def _codes_map(b: torch.Tensor, block_n: int) -> tuple:
@@ -222,7 +226,8 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
     Args:
         a: (a [M, K] float8_e4m3fn, sfa [M, K / 128]) as per_token_cast_to_fp8 returns it.
         b: (codes [N, K / 2] float4_e2m1fn_x2 or uint8, sfb [N, K / 32] float8_e8m0fnu or uint8) as
-            per_token_cast_to_mxfp4(w) returns it (row_major scales).
+            per_token_cast_to_mxfp4(w) returns it (row_major scales); or prepare_fp4_weights(codes, sfb), the
+            same weights prepared once for the decode kernel (deep_kernels.fp4_weights).
         d: [M, N] output, bf16; fp32 when c is given.
         c: optional fp32 [M, N] added to the product; may be d itself.
         config: for measured tuning and tests only: a heuristics.fp8_fp4_gemm config, or a
@@ -243,11 +248,15 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
         numerics: e4m3 with one power-of-two scale per row and 128 columns, exact under the same condition) into a
         persistent per-device workspace, and the FP8 GEMM with per-channel B scales (recipe (1, 1, 128)) multiplies;
         that workspace too is grown outside CUDA-graph capture only. No host synchronisation or allocation with
-        kernel-ready sfa (MN-major FP32).
+        kernel-ready sfa (MN-major FP32). Prepared weights: the same numerics; up to 128 rows the swapped kernel
+        reads them with fewer instructions per weight; from 129 rows on they are restored per call (torch ops over
+        the weights) and the unprepared path runs, so keep the unprepared weights where prefill speed matters.
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.fp8_fp4_gemm_nt(a, b, d, c)
+    if isinstance(b, torch.Tensor):
+        return _fp8_fp4_gemm_nt_prepared(a, b, d, c, config)
     a, sfa, b, sfb = _split_pairs(a, b)
     m, n, k, sfa_ready = _checked(_check_dense_call, (a, sfa, b, sfb, d, c))
     if not sfa_ready:
@@ -287,6 +296,50 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m, grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr,
         split_tickets=tickets_ptr, num_unsplit_tiles=num_unsplit_tiles, tmap_sfb=map_sfa)
+    return d
+
+
+def _check_prepared_call(a, sfa, prepared, d, c) -> tuple:
+    """Full validation with prepared weights (N from d); returns (m, n, k, whether sfa is kernel-ready)."""
+    check_dtype(a, "a", (torch.float8_e4m3fn,))
+    check_rank(a, "a", 2)
+    m, k = a.shape
+    _check_k(k)
+    check_rank(d, "d", 2)
+    n = d.shape[1]
+    if n % 16 != 0 or n == 0:
+        raise ValueError(f"N (d's columns) must be a positive multiple of 16, got {n}")
+    check_prepared(prepared, n, k)
+    check_row_major_rows(a, "a")
+    check_output(d, c, m, n)
+    kernel_sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+    for tensor, name in ((a, "a"), (sfa, "sfa"), (prepared, "b"), (d, "d")) + ((c, "c"),) * (c is not None):
+        check_cuda_device(tensor, name, like=a)
+    return m, n, k, kernel_sfa is sfa
+
+
+def _fp8_fp4_gemm_nt_prepared(a, prepared, d, c, config) -> torch.Tensor:
+    """fp8_fp4_gemm_nt with b = prepare_fp4_weights's tensor: the decode kernel reads it as it is; from 129 rows on,
+    the codes and scales are restored first (restore_fp4_weights, per call) and the unprepared path runs."""
+    if not (isinstance(a, (tuple, list)) and len(a) == 2):
+        raise TypeError("a must be an (a, sfa) pair")
+    a, sfa = a
+    m, n, k, sfa_ready = _checked(_check_prepared_call, (a, sfa, prepared, d, c))
+    if not sfa_ready:
+        sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+    _check_addresses(a, sfa, prepared, prepared, d)
+    if m == 0:
+        return d
+    if config is None and not swap_ab_heuristics.is_preferred(m, n, k, get_num_sms()):
+        return fp8_fp4_gemm_nt((a, sfa), restore_fp4_weights(prepared, n), d, c)
+    if config is not None and not isinstance(config, swap_ab_heuristics.SwapAbConfig):
+        raise ValueError("prepared weights run the swapped kernel only: config must be a heuristics.fp8_fp4_swap_ab "
+                         "one")
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    accumulate = c is not None
+    plan = config or _dense_plan(m, n, k, d.dtype, accumulate, get_num_sms())
+    _launch_swap_ab(plan, a, sfa, prepared, None, d, m, n, k, accumulate)
     return d
 
 
@@ -441,14 +494,16 @@ REPRESENTATIVE_MNK = tuple((m, n, k) for n, k in ((2112, 7168), (24576, 1536), (
 
 @precompiled
 def precompile_specs() -> list:
-    """The dense picks over REPRESENTATIVE_MNK (bf16 D), and the swapped kernel's at its decode sizes."""
+    """The dense picks over REPRESENTATIVE_MNK (bf16 D), and the swapped kernel's at its decode sizes (on
+    unprepared and prepared weights)."""
     specs = {}
     for m, n, k in REPRESENTATIVE_MNK:
         args = tuple(heuristics.template_args(heuristics.get_config(m, n, k, 132), n, k, torch.bfloat16, False))
         specs.setdefault(args, FP8_GEMM.spec(*args))
         if m <= swap_ab_heuristics.MAX_TOKENS:
             config = swap_ab_heuristics.get_config(m, n, k, 132)
-            specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
-                              config.ctas_per_sm, config.num_chains),
-                             swap_ab_kernel_spec(config, torch.bfloat16, False))
+            for prepared in (False, True):
+                specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
+                                  config.ctas_per_sm, config.num_chains, prepared),
+                                 swap_ab_kernel_spec(config, torch.bfloat16, False, prepared))
     return list(specs.values())

@@ -167,9 +167,9 @@ def is_preferred(m: int, n: int, k: int, num_sms: int) -> bool:
     return 0 < m <= MAX_TOKENS
 
 
-def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool) -> list:
+def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prepared: bool = False) -> list:
     """The kernel's C++ template arguments, in declaration order (out_dtype "bfloat16" / "float32" or a torch
-    dtype)."""
+    dtype; prepared: the weights in prepare_fp4_weights's layout)."""
     name = str(out_dtype).removeprefix("torch.")
     cpp_type = {"bfloat16": "__nv_bfloat16", "float32": "float"}.get(name)
     if cpp_type is None:
@@ -177,4 +177,5 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool) -> l
     if with_accumulation != (cpp_type == "float"):
         raise ValueError("FP32 D with accumulation, bf16 D without")
     return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
-            "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains)]
+            "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains),
+            "true" if prepared else "false"]
