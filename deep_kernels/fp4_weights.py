@@ -13,9 +13,18 @@ lane quad position q (0..3): low elements 32s + 4q + i and high ones 32s + 16 + 
     exponent of sub-block s, e_max the largest of the four) plus, in its low two bits, bits 2s and 2s + 1 of e_max.
 Numerics are the unprepared weights' (fp8_fp4_gemm_nt's Notes): the kernel expands a sub-block with the same table
 (shift min(e_max - e_s, 31)) and promotes with the same 2^(e_max - 133).
+
+Prefill (more than 128 rows): the FP8 GEMM multiplies B expanded per call from the chunks
+(kernels/sm90_fp4_prepared_expand.cuh). Preparation checks once whether every 128 x 128 block of B folds exactly
+into e4m3 under one power-of-two scale (every sub-block holding a nonzero code within 2^14 of the block's largest
+scale, no NaN scale); if so B is expanded with 128 x 128 block scales and the block-scaled FP8 GEMM runs, otherwise
+with a scale per row and 128 columns and the per-channel-scaled one (recipe (1, 1, 128)).
 """
 
+from dataclasses import dataclass
+
 import torch
+
 
 TILE_ROWS = 64
 K_BLOCK = 128
@@ -23,6 +32,20 @@ SUB_BLOCK = 32
 CODES_BYTES = TILE_ROWS * K_BLOCK // 2
 CHUNK_BYTES = CODES_BYTES + TILE_ROWS * 4
 MAX_SHIFT = 31
+# The largest shift (sub-block exponent below its block's largest) whose e2m1 values are exact in e4m3.
+MAX_EXACT_SHIFT = 14
+NAN_EXPONENT = 255
+
+@dataclass(frozen=True)
+class PreparedFp4Weights:
+    """MXFP4 weights of N rows and K columns in the decode kernel's layout (data: uint8 [ceil(N / 64), K / 128,
+    4352], the module docstring), and whether every 128 x 128 block folds exactly into e4m3 under one power-of-two
+    scale (prefill then runs the block-scaled FP8 GEMM)."""
+
+    data: torch.Tensor
+    n: int
+    k: int
+    folds_into_blocks: bool
 
 
 def _check_unprepared(codes, scales) -> tuple:
@@ -43,12 +66,31 @@ def _check_unprepared(codes, scales) -> tuple:
     return n, k
 
 
-def prepare_fp4_weights(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def folds_into_blocks(codes: torch.Tensor, scales: torch.Tensor) -> bool:
+    """Whether every 128 x 128 block of the weights is exact in e4m3 under one power-of-two scale: no NaN scale,
+    and every sub-block with a nonzero code within 2^14 of its block's largest scale."""
+    n, k = codes.shape[0], 2 * codes.shape[1]
+    exponents = scales.view(torch.uint8).int()
+    if bool((exponents == NAN_EXPONENT).any()):
+        return False
+    nonzero = (codes.view(torch.uint8) & 0x77).view(n, -1, 16).amax(dim=-1) > 0  # [N, K / 32]
+    pad = -n % K_BLOCK
+    exponents = torch.nn.functional.pad(exponents, (0, 0, 0, pad)).view(-1, K_BLOCK, k // K_BLOCK, 4)
+    nonzero = torch.nn.functional.pad(nonzero, (0, 0, 0, pad)).view(-1, K_BLOCK, k // K_BLOCK, 4)
+    block_max = exponents.amax(dim=(1, 3), keepdim=True)
+    return not bool(((block_max - exponents > MAX_EXACT_SHIFT) & nonzero).any())
+
+
+def prepare_fp4_weights(codes: torch.Tensor, scales: torch.Tensor) -> PreparedFp4Weights:
     """MXFP4 weights (codes [N, K / 2] float4_e2m1fn_x2 or uint8, scales [N, K / 32] float8_e8m0fnu or uint8, as
     per_token_cast_to_mxfp4 returns them) in the layout the FP8 x MXFP4 GEMM's decode kernel reads fastest (the
-    module docstring): uint8 [ceil(N / 64), K / 128, 4352] on the inputs' device. Pass it as b to fp8_fp4_gemm_nt.
-    Torch ops, meant for load time (a few passes over the weights)."""
+    module docstring), on the inputs' device, with the prefill check (folds_into_blocks). Pass it as b to
+    fp8_fp4_gemm_nt. Torch ops, meant for load time (a few passes over the weights)."""
     n, k = _check_unprepared(codes, scales)
+    return PreparedFp4Weights(_prepared_chunks(codes, scales, n, k), n, k, folds_into_blocks(codes, scales))
+
+
+def _prepared_chunks(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int) -> torch.Tensor:
     tiles, k_blocks = -(-n // TILE_ROWS), k // K_BLOCK
     pad = tiles * TILE_ROWS - n
     code_bytes = torch.nn.functional.pad(codes.view(torch.uint8), (0, 0, 0, pad))
@@ -72,34 +114,12 @@ def prepare_fp4_weights(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tens
     return torch.cat([prepared_codes.to(torch.uint8), words], dim=-1).contiguous()
 
 
-def check_prepared(prepared, n: int, k: int) -> None:
-    """prepared is prepare_fp4_weights's tensor for N = n rows and K = k columns."""
-    if not isinstance(prepared, torch.Tensor) or prepared.dtype != torch.uint8:
-        raise TypeError(f"prepared weights must be the uint8 tensor of prepare_fp4_weights, got "
-                        f"{getattr(prepared, 'dtype', type(prepared))}")
+def check_prepared(data, n: int, k: int) -> None:
+    """data is a prepared weights' tensor for N = n rows and K = k columns."""
+    if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8:
+        raise TypeError(f"prepared weights' data must be a uint8 tensor (prepare_fp4_weights), got "
+                        f"{getattr(data, 'dtype', type(data))}")
     shape = (-(-n // TILE_ROWS), k // K_BLOCK, CHUNK_BYTES)
-    if tuple(prepared.shape) != shape or not prepared.is_contiguous():
-        raise ValueError(f"prepared weights for N = {n}, K = {k} must be contiguous of shape {shape} "
-                         f"(prepare_fp4_weights), got shape {tuple(prepared.shape)} strides {tuple(prepared.stride())}")
-
-
-def restore_fp4_weights(prepared: torch.Tensor, n: int) -> tuple:
-    """(codes [N, K / 2] uint8, scales [N, K / 32] uint8) back from prepare_fp4_weights's tensor of N rows: the
-    codes exactly; a scale whose sub-block lay more than 2^31 below its 128-block's largest comes back as exactly
-    2^31 below it (the same e4m3 expansion: zero)."""
-    tiles, k_blocks = prepared.shape[0], prepared.shape[1]
-    # [tile, K block, h, w, g, q, s, byte] -> nibbles [..., s, j]
-    code_bytes = prepared[..., :CODES_BYTES].view(tiles, k_blocks, 2, 4, 8, 4, 4, 4)
-    nibbles = torch.stack([code_bytes & 0xF, code_bytes >> 4], dim=-1).flatten(-2)
-    magnitudes = (nibbles & 7).unflatten(-1, (2, 4))  # [..., half, i]
-    signs = (nibbles >> 3).unflatten(-1, (4, 2)).flip(-1).transpose(-1, -2)  # [..., half, i]
-    original = magnitudes | (signs << 3)
-    # [tile, K block, h, w, g, q, s, half, i] -> [tile, w, h, g, K block, s, half, q, i]
-    original = original.permute(0, 3, 2, 4, 1, 6, 7, 5, 8).reshape(tiles * TILE_ROWS, -1)
-    codes = original[:, 0::2] | (original[:, 1::2] << 4)
-
-    words = prepared[..., CODES_BYTES:].view(tiles, k_blocks, 4, 8, 2, 4).int()  # [tile, K block, w, g, h, s]
-    e_max = sum((words[..., s:s + 1] & 3) << (2 * s) for s in range(4))
-    exponents = e_max - (words >> 3)
-    scales = exponents.permute(0, 2, 4, 3, 1, 5).reshape(tiles * TILE_ROWS, -1)
-    return codes[:n].to(torch.uint8).contiguous(), scales[:n].to(torch.uint8).contiguous()
+    if tuple(data.shape) != shape or not data.is_contiguous():
+        raise ValueError(f"prepared weights' data for N = {n}, K = {k} must be contiguous of shape {shape} "
+                         f"(prepare_fp4_weights), got shape {tuple(data.shape)} strides {tuple(data.stride())}")

@@ -29,7 +29,7 @@ from dataclasses import fields
 
 import torch
 
-from deep_kernels import bf16_gemm, fp4_gemm, gemm, grouped_gemm, k_grouped_bf16_gemm, k_grouped_gemm
+from deep_kernels import bf16_gemm, fp4_gemm, fp4_weights, gemm, grouped_gemm, k_grouped_bf16_gemm, k_grouped_gemm
 from deep_kernels.grouped_gemm import _split_pairs
 from deep_kernels.moe import expand, expert_parallel, gate, layout, routing
 from deep_kernels.moe.expand import _layout_sizes, expanded_scale_geometry
@@ -185,19 +185,21 @@ _define("fp8_fp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) 
         _fp8_fp4_gemm_nt, _writes_only)
 
 
-def _fp8_fp4_gemm_nt_prepared(a, sfa, b, d, c, c_is_d) -> None:
-    fp4_gemm.fp8_fp4_gemm_nt((a, sfa), b, d, d if c_is_d else c)
+def _fp8_fp4_gemm_nt_prepared(a, sfa, b, n, folds_into_blocks, d, c, c_is_d) -> None:
+    prepared = fp4_weights.PreparedFp4Weights(b, n, a.shape[1], folds_into_blocks)
+    fp4_gemm.fp8_fp4_gemm_nt((a, sfa), prepared, d, d if c_is_d else c)
 
 
-_define("fp8_fp4_gemm_nt_prepared(Tensor a, Tensor sfa, Tensor b, Tensor(a!) d, Tensor? c, bool c_is_d) -> ()",
-        _fp8_fp4_gemm_nt_prepared, _writes_only)
+_define("fp8_fp4_gemm_nt_prepared(Tensor a, Tensor sfa, Tensor b, int n, bool folds_into_blocks, Tensor(a!) d, "
+        "Tensor? c, bool c_is_d) -> ()", _fp8_fp4_gemm_nt_prepared, _writes_only)
 
 
 def fp8_fp4_gemm_nt(a, b, d, c):
     c_is_d = c is d
-    if isinstance(b, torch.Tensor):  # prepare_fp4_weights's tensor
-        a, sfa = a
-        _OPS.fp8_fp4_gemm_nt_prepared.default(a, sfa, b, d, None if c_is_d else c, c_is_d)
+    if isinstance(b, fp4_weights.PreparedFp4Weights):
+        if not (isinstance(a, (tuple, list)) and len(a) == 2):
+            raise TypeError("a must be an (a, sfa) pair")
+        _OPS.fp8_fp4_gemm_nt_prepared.default(*a, b.data, b.n, b.folds_into_blocks, d, None if c_is_d else c, c_is_d)
         return d
     a, sfa, b, sfb = _split_pairs(a, b)
     _OPS.fp8_fp4_gemm_nt.default(a, sfa, b, sfb, d, None if c_is_d else c, c_is_d)

@@ -2,25 +2,26 @@
 
 CPU: the prepared layout, decoded here as its docstring states (independently of the module's code: each thread's
 code words and scale word read at their documented offsets, nibbles and sign bits placed back, table shift and
-promotion scale applied), gives the dequantized weights exactly wherever the expansion is exact; restoring gives
-the codes and scales back; bad input raises before any launch.
+promotion scale applied), gives the dequantized weights exactly wherever the expansion is exact; the 128 x 128 block
+check accepts and refuses the cases it should; bad input raises before any launch.
 GPU: the decode kernel on prepared weights against the float64 product of the dequantized operands (outputs
 poisoned, deep_kernels.testing.gemm.assert_gemm_close), bitwise equal to the same kernel on the unprepared weights
-(the same numerics), tiles past N and split-K included; FP32 accumulation in place; determinism; the restored
-path from 129 rows; and planted bugs (one wrong table offset, one code word's nibbles out of order) that the same
-check rejects.
+(the same numerics), tiles past N and split-K included; FP32 accumulation in place; determinism; the prefill
+expansion (block-scaled and per row) exact against the dequantized weights, and the prefill GEMM on it; planted
+bugs (one wrong table offset, one code word's nibbles out of order) that the same checks reject.
 """
 
 import pytest
 import torch
 
 import deep_kernels
-from deep_kernels import fp4_weights
+from deep_kernels import fp4_gemm, fp4_weights
 from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
 from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_
 from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close
+from dataclasses import replace
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -59,15 +60,16 @@ def _decode_prepared(prepared: torch.Tensor) -> torch.Tensor:
 def test_prepared_layout_decodes_to_the_weights(n, k):
     codes, scales = mxfp4_weights(n, k, device="cpu", max_shift=14)
     prepared = deep_kernels.prepare_fp4_weights(codes, scales)
-    assert prepared.shape == (-(-n // 64), k // 128, 4352) and prepared.dtype == torch.uint8
-    decoded = _decode_prepared(prepared)
+    assert prepared.data.shape == (-(-n // 64), k // 128, 4352) and prepared.data.dtype == torch.uint8
+    assert (prepared.n, prepared.k) == (n, k)
+    decoded = _decode_prepared(prepared.data)
     assert torch.equal(decoded[:n], reference.dequantize_mxfp4(codes, scales))
     assert not decoded[n:].any()
 
 
 def test_decoding_catches_a_wrong_layout():
     codes, scales = mxfp4_weights(64, 128, device="cpu", max_shift=14)
-    prepared = deep_kernels.prepare_fp4_weights(codes, scales)
+    prepared = deep_kernels.prepare_fp4_weights(codes, scales).data
     expected = reference.dequantize_mxfp4(codes, scales)
     wrong_shift = prepared.clone()
     wrong_shift[0, 0, 4096 + 5] += 8  # one sub-block's table one shift further
@@ -78,15 +80,30 @@ def test_decoding_catches_a_wrong_layout():
         assert not torch.equal(_decode_prepared(wrong), expected)
 
 
-def test_restore_gives_the_codes_and_scales_back():
-    codes, scales = mxfp4_weights(144, 1024, device="cpu", max_shift=40)
-    restored_codes, restored_scales = fp4_weights.restore_fp4_weights(deep_kernels.prepare_fp4_weights(codes, scales), 144)
-    assert torch.equal(restored_codes, codes.view(torch.uint8))
-    exponents = scales.view(torch.uint8).int().view(144, -1, 4)
-    # sub-blocks more than 2^31 below their block's largest come back at 2^31 below it (the same zero expansion)
-    floor = exponents.amax(dim=-1, keepdim=True) - 31
-    assert (exponents < floor).any()
-    assert torch.equal(restored_scales, torch.maximum(exponents, floor).to(torch.uint8).view(144, -1))
+def _folding_weights(n: int, k: int, spread: int, device="cpu", seed: int = 3) -> tuple:
+    """Uniform random codes; every scale exponent in 127 - spread .. 127, the spread reached in every 128-row
+    block."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    codes = torch.randint(0, 256, (n, k // 2), generator=generator, device=device, dtype=torch.uint8)
+    exponents = torch.randint(127 - spread, 128, (n, k // 32), generator=generator, device=device)
+    exponents[::128, 0], exponents[1::128, 0] = 127, 127 - spread
+    return codes, exponents.to(torch.uint8)
+
+
+def test_block_check_accepts_exact_blocks_only():
+    codes, scales = _folding_weights(200, 512, 14)
+    assert fp4_weights.folds_into_blocks(codes, scales)
+    codes, scales = _folding_weights(200, 512, 15)
+    assert not fp4_weights.folds_into_blocks(codes, scales)
+    # the one sub-block 2^15 below holds only zeros (of either sign): exact again
+    codes, scales = _folding_weights(200, 512, 14)
+    scales[130, 5] = 127 - 15
+    assert not fp4_weights.folds_into_blocks(codes, scales)
+    codes[130, 80:96] = 0x88
+    assert fp4_weights.folds_into_blocks(codes, scales)
+    scales[7, 3] = 255
+    assert not fp4_weights.folds_into_blocks(codes, scales)
+    assert not deep_kernels.prepare_fp4_weights(*mxfp4_weights(256, 512, device="cpu")).folds_into_blocks
 
 
 @pytest.mark.parametrize("codes,scales,error,match", [
@@ -109,10 +126,13 @@ def _cpu_call(m=8, n=256, k=256):
 
 
 @pytest.mark.parametrize("mutate,error,match", [
-    (lambda a, p, d: (a, p[:, :1], d), ValueError, r"N = 256, K = 256 must be contiguous of shape \(4, 2, 4352\)"),
-    (lambda a, p, d: (a, p[:3], d), ValueError, "shape"),
-    (lambda a, p, d: (a, p.view(torch.int8), d), TypeError, "prepared weights must be"),
-    (lambda a, p, d: (a, p, d[:, :200]), ValueError, "multiple of 16"),
+    (lambda a, p, d: (a, replace(p, data=p.data[:, :1]), d), ValueError,
+     r"N = 256, K = 256 must be contiguous of shape \(4, 2, 4352\)"),
+    (lambda a, p, d: (a, replace(p, data=p.data[:3]), d), ValueError, "shape"),
+    (lambda a, p, d: (a, replace(p, data=p.data.view(torch.int8)), d), TypeError, "data must be a uint8"),
+    (lambda a, p, d: (a, replace(p, k=384), d), ValueError, "K = 256 columns but the prepared weights K = 384"),
+    (lambda a, p, d: (a, p, d[:, :128]), ValueError, "d must be a contiguous"),
+    (lambda a, p, d: (a, replace(p, n=200), d[:, :200]), ValueError, "multiple of 16"),
     (lambda a, p, d: (a[0], p, d), TypeError, "pair"),
     (lambda a, p, d: (a, p, d), ValueError, "must be a CUDA tensor"),
 ])
@@ -177,12 +197,37 @@ def test_prepared_accumulates_in_place_and_is_deterministic():
 
 
 @pytest.mark.gpu
-def test_prepared_weights_past_the_decode_sizes():
-    a, b = make_fp4_gemm_inputs(4096, 1024, 1024)
+@pytest.mark.parametrize("spread", [14, None])  # folds into 128 x 128 blocks; does not (per-row scales)
+def test_prefill_expansion_is_exact(spread):
+    n, k = 1040, 1024
+    b = _folding_weights(n, k, spread, "cuda") if spread else mxfp4_weights(n, k, max_shift=14)
     prepared = deep_kernels.prepare_fp4_weights(*b)
-    actual = _run(a, prepared, 1024)
-    assert_gemm_close(actual, _reference(a, b))
-    assert_bitwise_equal(actual, _run(a, b, 1024))
+    assert prepared.folds_into_blocks == (spread is not None)
+    q, scales = fp4_gemm._expanded_prepared_weights(prepared)
+    if prepared.folds_into_blocks:
+        assert scales.shape == (9, 8)
+        per_element = scales.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+    else:
+        per_element = scales.repeat_interleave(128, 1)
+    assert torch.equal(q.double() * per_element.double(), reference.dequantize_mxfp4(*b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spread", [14, None])
+def test_prepared_weights_past_the_decode_sizes(spread):
+    m, n, k = 4096, 1040, 1024
+    a = make_fp4_gemm_inputs(m, 16, k)[0]
+    b = _folding_weights(n, k, spread, "cuda") if spread else mxfp4_weights(n, k)
+    prepared = deep_kernels.prepare_fp4_weights(*b)
+    assert prepared.folds_into_blocks == (spread is not None)
+    expected = _reference(a, b)
+    actual = _run(a, prepared, n)
+    assert_gemm_close(actual, expected)
+    assert_bitwise_equal(_run(a, prepared, n), actual)
+    wrong = prepared.data.clone()
+    wrong[9, 3, 4096 + 4 * 11 + 1] += 8  # one sub-block's table one shift further
+    with pytest.raises(AssertionError, match="calc_diff"):
+        assert_gemm_close(_run(a, replace(prepared, data=wrong), n), expected)
 
 
 @pytest.mark.gpu
@@ -191,15 +236,15 @@ def test_prepared_check_rejects_planted_bugs():
     expected = _reference(a, b)
     prepared = deep_kernels.prepare_fp4_weights(*b)
     assert_gemm_close(_run(a, prepared, 1024), expected)
-    wrong_shift = prepared.clone()
+    wrong_shift = prepared.data.clone()
     wrong_shift[5, :, 4096 + 4 * 37 + 2] += 8  # row 362's third sub-block one shift further, every K block
     with pytest.raises(AssertionError, match="calc_diff"):
-        assert_gemm_close(_run(a, wrong_shift, 1024), expected)
-    swapped = prepared.clone()
+        assert_gemm_close(_run(a, replace(prepared, data=wrong_shift), 1024), expected)
+    swapped = prepared.data.clone()
     word = swapped[9, :, 1000:1004].clone()
     swapped[9, :, 1000:1004] = (word >> 4) | (word << 4)  # one code word's nibbles exchanged in pairs, every K block
     with pytest.raises(AssertionError, match="calc_diff"):
-        assert_gemm_close(_run(a, swapped, 1024), expected)
+        assert_gemm_close(_run(a, replace(prepared, data=swapped), 1024), expected)
 
 
 def test_prepared_smem_bytes_is_the_kernels_carve_up(tmp_path):

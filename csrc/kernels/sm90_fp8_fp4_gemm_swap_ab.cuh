@@ -20,8 +20,7 @@
 //   sfb_words   the UE8M0 scale bytes [N, K / 32] row-major, 4-byte aligned (one 32-bit word per row and K block).
 //   shape_n, shape_k: N and K.
 //   prepared_weights (kPreparedWeights; then tmap_codes and sfb_words are not read): prepare_fp4_weights's bytes
-//               [ceil(N / 64), K / 128, kPreparedChunkBytes], 16-byte aligned (layout: kPreparedChunkBytes,
-//               expand_prepared_fragments).
+//               [ceil(N / 64), K / 128, kPreparedChunkBytes], 16-byte aligned (layout: gemm/fp4_prepared.cuh).
 //   split_workspace / split_tickets (num_splits > 1): FP32 num_tiles * 64 * kNumMathWarpgroups * BLOCK_T *
 //               num_splits floats and num_tiles * kNumMathWarpgroups uint32 tickets, zero before the first launch
 //               and left zero by each (num_tiles = ceil(N / (64 * kNumMathWarpgroups))).
@@ -38,6 +37,7 @@
 #include "common/fp4.cuh"
 #include "common/macros.cuh"
 #include "common/math.cuh"
+#include "gemm/fp4_prepared.cuh"
 #include "gemm/sm90_fp4_expand.cuh"
 #include "gemm/sm90_fp8_mainloop.cuh"
 #include "pipeline.cuh"
@@ -58,18 +58,16 @@ using sm90_fp8_gemm_detail::kNumThreadsPerWarpgroup;
 using sm90_fp8_gemm_detail::kScaleBlock;
 using sm90_fp8_gemm_detail::kWarpgroupBlockM;
 using sm90_fp8_gemm_detail::kWgmmaK;
+using fp4_prepared::expand_prepared_e2m1x8;
+using fp4_prepared::kPreparedChunkBytes;
+using fp4_prepared::kPreparedCodesBytes;
+using fp4_prepared::prepared_promotion_scale;
 
 // Named barriers: the math warpgroups together (before D's staging reuses the stages), and each one alone.
 enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
 
 // Dynamic shared memory of each of two CTAs on one SM (the SM's 228 KB, less 1 KB the system keeps per CTA).
 constexpr uint32_t kMaxSmemBytesOfTwo = (233472 - 2 * 1024) / 2;
-
-// Bytes of one 64-row tile's K block in the prepared layout (prepare_fp4_weights): the codes, 32 bytes a math
-// thread as two 16-byte halves (thread t's at t * 16 and 2048 + t * 16), then the 64 rows' scale words (row 16w +
-// 8h + g at word 2 * (8w + g) + h).
-constexpr uint32_t kPreparedChunkBytes = kWarpgroupBlockM * kScaleBlock / 2 + kWarpgroupBlockM * sizeof(uint32_t);
-constexpr uint32_t kPreparedCodesBytes = kWarpgroupBlockM * kScaleBlock / 2;
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
           bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1, bool kPreparedWeights_ = false>
@@ -184,30 +182,6 @@ DK_DEVICE void expand_fragments(Fragments& frag, const uint8_t* smem_codes, cons
         frag.regs[s][2] = expanded[0][s].y;
         frag.regs[s][3] = expanded[1][s].y;
     }
-}
-
-// Eight codes of the prepared layout as eight e4m3 bytes (low word: register columns 4q .. 4q + 3, high word: 16 +
-// 4q .. 16 + 4q + 3), magnitudes through `table`. Nibble j of `word` holds the magnitude of low element j (j < 4)
-// or of high element j - 4 in its bits 0-2, and in bit 3 a sign: of high element j / 2 for even j, of low element
-// (j - 1) / 2 for odd j, so that each sign sits at its e4m3 byte's bit 7 in `word` or in `word << 4`.
-// NOTE: 7 integer ops for 8 codes (the unprepared order takes 9).
-DK_DEVICE uint2 expand_prepared_e2m1x8(uint32_t word, uint2 table) {
-    constexpr uint32_t kSignBits = 0x80808080u;
-    const uint32_t magnitudes = word & 0x77777777u;
-    const uint32_t lo = sm90_fp8_gemm_detail::byte_perm(table.x, table.y, magnitudes);
-    const uint32_t hi = sm90_fp8_gemm_detail::byte_perm(table.x, table.y, magnitudes >> 16);
-    return make_uint2(lo | (word & kSignBits), hi | ((word << 4) & kSignBits));
-}
-
-// A prepared scale word's promotion scale 2^(e_max - 133), as e8m0_to_float(e_max) * 2^-6 gives it (NaN for e_max =
-// 255, 2^-133 for 0). Bits 2i, 2i + 1 of e_max sit in the low two bits of byte i (each byte's bits 3-7 are its
-// sub-block's table offset, 8 * min(e_max - e_sub, 31)).
-// NOTE: one multiply gathers them into e_max << 23 (FP32's exponent field): byte i's bits land at 23 + 2i, and
-// every other product term lands below bit 23 without overlapping another (no carries) or at bit 31 (masked off).
-DK_DEVICE float prepared_promotion_scale(uint32_t word) {
-    const uint32_t exponent_bits = ((word & 0x03030303u) * 0x00820820u) & 0x7F800000u;
-    const float scale = __uint_as_float(exponent_bits) * 0x1p-6f;
-    return exponent_bits == 0x7F800000u ? __uint_as_float(0x7FFFFFFFu) : exponent_bits == 0 ? 0x1p-133f : scale;
 }
 
 // expand_fragments from the prepared layout: this thread's two 16-byte halves of codes (rows r0, r0 + 8; steps
