@@ -130,15 +130,16 @@ def _check_dense_call(a, sfa, b, sfb, d, c) -> tuple:
 _plans = {}
 
 
-def _dense_plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int):
+def _dense_plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int,
+                prepared: bool = False):
     """The swapped kernel's config where it runs (decode sizes: swap_ab_heuristics.is_preferred), else (kernel,
-    config, grid, split-K layout) of the in-kernel expansion, or None where the heuristics expand B before the GEMM
-    (heuristics.expands_before)."""
-    key = (m, n, k, out_dtype, accumulate, num_sms)
+    config, grid, split-K layout) of the in-kernel expansion, or None where B is expanded before the GEMM
+    (heuristics.expands_before; prepared weights: always)."""
+    key = (m, n, k, out_dtype, accumulate, num_sms, prepared)
     if key not in _plans:
         if swap_ab_heuristics.is_preferred(m, n, k, num_sms):
-            _plans[key] = swap_ab_heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize)
-        elif heuristics.expands_before(m, n, k, num_sms, out_dtype.itemsize, accumulate):
+            _plans[key] = swap_ab_heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize, prepared)
+        elif prepared or heuristics.expands_before(m, n, k, num_sms, out_dtype.itemsize, accumulate):
             _plans[key] = None
         else:
             config = heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize, accumulate)
@@ -385,7 +386,7 @@ def _fp8_fp4_gemm_nt_prepared(a, prepared: PreparedFp4Weights, d, c, config) -> 
     if c is not None and c.data_ptr() != d.data_ptr():
         d.copy_(c)
     accumulate = c is not None
-    plan = config or _dense_plan(m, n, k, d.dtype, accumulate, get_num_sms())
+    plan = config or _dense_plan(m, n, k, d.dtype, accumulate, get_num_sms(), prepared=True)
     _launch_swap_ab(plan, a, sfa, prepared.data, None, d, m, n, k, accumulate)
     return d
 
@@ -548,8 +549,8 @@ def precompile_specs() -> list:
         args = tuple(heuristics.template_args(heuristics.get_config(m, n, k, 132), n, k, torch.bfloat16, False))
         specs.setdefault(args, FP8_GEMM.spec(*args))
         if m <= swap_ab_heuristics.MAX_TOKENS:
-            config = swap_ab_heuristics.get_config(m, n, k, 132)
             for prepared in (False, True):
+                config = swap_ab_heuristics.get_config(m, n, k, 132, prepared=prepared)
                 specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
                                   config.ctas_per_sm, config.num_chains, prepared),
                                  swap_ab_kernel_spec(config, torch.bfloat16, False, prepared))

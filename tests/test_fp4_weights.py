@@ -265,3 +265,12 @@ def test_prepared_smem_bytes_is_the_kernels_carve_up(tmp_path):
     source.write_text(source.read_text().replace(f"== {configs[0].smem_bytes});", f"== {configs[0].smem_bytes + 1});", 1))
     with pytest.raises(RuntimeError, match="static assertion failed"):
         compiler.run_compile(command)
+
+
+def test_prepared_picks_are_legal():
+    for m in (1, 16, 64, 128):
+        for n, k in [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]:
+            config = swap_ab.get_config(m, n, k, 132, prepared=True)
+            assert config.block_t >= m and 1 <= config.num_splits <= k // 128
+            assert config.smem_bytes <= swap_ab.smem_capacity(config.ctas_per_sm)
+            assert swap_ab.estimate_seconds(config, m, n, k, 132, prepared=True) < swap_ab.estimate_seconds(config, m, n, k, 132)
