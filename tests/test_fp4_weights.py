@@ -225,7 +225,7 @@ def test_prepared_weights_past_the_decode_sizes(spread):
     assert_gemm_close(actual, expected)
     assert_bitwise_equal(_run(a, prepared, n), actual)
     wrong = prepared.data.clone()
-    wrong[9, 3, 4096 + 4 * 11 + 1] += 8  # one sub-block's table one shift further
+    wrong[9, :, 4096 + 1::4] += 8  # sub-block 1 of tile 9's rows one shift further, every K block
     with pytest.raises(AssertionError, match="calc_diff"):
         assert_gemm_close(_run(a, replace(prepared, data=wrong), n), expected)
 
