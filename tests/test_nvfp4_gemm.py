@@ -23,7 +23,7 @@ from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close
 
 DEEPSEEK_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 # Forced configs the GPU tests run besides the heuristics' picks: (tokens a tile, math warpgroups, splits, CTAs an SM).
-FORCED = [(16, 2, 3, 1), (32, 1, 1, 1), (64, 2, 2, 1), (128, 1, 4, 1), (16, 1, 2, 2)]
+FORCED = [(16, 2, 3, 1), (32, 1, 1, 1), (64, 2, 2, 1), (128, 1, 4, 1), (16, 1, 2, 2), (32, 2, 2, 1)]
 
 
 def _reference(a, b, c: torch.Tensor = None) -> torch.Tensor:
@@ -121,6 +121,7 @@ def test_heuristics_pick_legal_configs():
             assert config.block_t >= m and 1 <= config.num_splits <= k // 128
             assert heuristics.smem_of(config) <= heuristics.SMEM_CAPACITY_BYTES
             assert config.num_chains <= heuristics.max_chains(config.block_t)
+            assert config.ctas_per_sm == (2 if config.block_t == 16 else 1)
     with pytest.raises(ValueError, match="1 to 128 tokens"):
         heuristics.get_config(129, 4096, 7168, 132)
     with pytest.raises(ValueError, match="accumulator chains"):
@@ -151,7 +152,7 @@ def test_matches_reference_at_decode_sizes(m, n, k):
 @pytest.mark.parametrize("m,n,k,forced", [
     (13, 1040, 1024, FORCED[0]), (20, 176, 512, FORCED[1]), (64, 7168, 2048, FORCED[2]),
     (100, 4096, 7168, FORCED[3]), (128, 2112, 1536, FORCED[3]), (1, 2112, 7168, FORCED[4]),
-    (16, 4096, 7168, FORCED[4]),
+    (16, 4096, 7168, FORCED[4]), (30, 7168, 16384, FORCED[5]),
 ])
 def test_forced_configs(m, n, k, forced):
     a, b = make_nvfp4_gemm_inputs(m, n, k)

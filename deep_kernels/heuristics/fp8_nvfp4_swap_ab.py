@@ -3,7 +3,12 @@ expanded to f16 as wgmma's register operand, the tokens its N (csrc/kernels/sm90
 
 Pure functions of the problem and the device: no GPU calls, no torch. The configs are the MXFP4 swapped kernel's
 (heuristics.fp8_fp4_swap_ab.SwapAbConfig; two CTAs an SM only with one math warpgroup of 16 tokens) with this
-kernel's shared-memory carve-up; the choice uses that kernel's fitted cost model (not refitted for NVFP4).
+kernel's shared-memory carve-up; the split (and, above 16 tokens, the math warpgroups) is chosen by that kernel's
+fitted cost model (not refitted for NVFP4) over the candidates below.
+Measured on the H200 (2026-12-02, e9006d8: 9 configs at 16 tokens and 6 at 64 tokens on the six DeepSeek-V3 decode
+shapes, in turns): at 16 tokens one math warpgroup with two CTAs an SM was the fastest config or within 4% of it
+on every shape (1.03-1.32x the one-CTA picks), so it is the only candidate there; at 64 tokens the model's picks
+were the fastest measured on every shape. Splits above 4 were not measured and are not offered.
 """
 
 from deep_kernels.heuristics import fp8_fp4_swap_ab as mxfp4
@@ -16,7 +21,7 @@ MAX_TOKENS = mxfp4.MAX_TOKENS
 GROUPS_PER_BLOCK = BLOCK_K // 16
 MAX_STAGES = mxfp4.MAX_STAGES
 MIN_STAGES = mxfp4.MIN_STAGES
-SPLITS = mxfp4.SPLITS
+SPLITS = (1, 2, 4)
 
 
 def _align(x: int, a: int) -> int:
@@ -84,6 +89,10 @@ def smem_of(config: SwapAbConfig) -> int:
 
 def candidate_configs(m: int, n: int, k: int):
     block_t = mxfp4.block_t_for(m)
+    if can_share_sm(block_t, 1):
+        for num_splits in (splits for splits in SPLITS if splits <= k // BLOCK_K):
+            yield SwapAbConfig(block_t, 1, max_stages(block_t, 1, 2), num_splits, 2, max_chains(block_t))
+        return
     for num_math_warpgroups in (2, 1):
         stages = max_stages(block_t, num_math_warpgroups)
         if stages < MIN_STAGES or not fits_registers(block_t, num_math_warpgroups):
