@@ -179,10 +179,14 @@ struct Sm90Fp8Mainloop {
             scales = {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
         }
 
-        // NOTE: the stage from a shuffle too where the one-wave K loops hide that it is warp-uniform (the descriptors
-        // would otherwise be built per thread); the two-wave loop keeps it uniform by itself, and the per-column kinds
-        // have no register to spare for it (the k-grouped 128 x 128 pipelined tile spills).
-        constexpr bool kShuffleStage = kNumMWaves == 1 && !Traits::kHasColumnScales;
+        // NOTE: the stage from a shuffle too where the K loop hides that it is warp-uniform (the descriptors would
+        // otherwise be built per thread, four register moves between consecutive wgmma): the one-wave loops and the
+        // M-grouped kinds' two-wave loop, whose tiles come from values loaded from global memory. The dense two-wave
+        // loop keeps it uniform by itself, and the per-column kinds have no register to spare for it (the k-grouped
+        // 128 x 128 pipelined tile spills).
+        constexpr bool kIsMGrouped =
+            Traits::kGemmType == GemmType::MGroupedContiguous || Traits::kGemmType == GemmType::MGroupedMasked;
+        constexpr bool kShuffleStage = (kNumMWaves == 1 || kIsMGrouped) && !Traits::kHasColumnScales;
         const uint32_t stage = kShuffleStage ? __shfl_sync(0xffffffff, k_state.stage, 0) : k_state.stage;
         const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(
             stages.a_stage(stage) + (a_row_offset + wave * kWarpgroupBlockM) * Traits::BLOCK_K);

@@ -652,10 +652,11 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(128, 128, 1, False, 2, overlap_epilogue=True), 32768, 512, "bfloat16", False),
         CandidateKernel(make_config(128, 160, 1, False, 4, overlap_epilogue=True), 7168, 16384, "float32", True),
         CandidateKernel(make_config(128, 192, 2, False, 2, overlap_epilogue=True), 7168, 2048, "bfloat16", False),
-        # The epilogue overlap of 256-row tiles; the M-grouped kinds' 256-row tiles (row-predicated stores of two waves;
-        # with the overlap, which only DK_FP8_GEMM_CONFIG reaches, ptxas gives the contiguous kind a stack frame).
+        # The epilogue overlap of 256-row tiles; the M-grouped kinds' 256-row tiles (row-predicated stores of two waves),
+        # with and without the overlap.
         CandidateKernel(make_config(256, 128, 2, True, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False),
-        CandidateKernel(make_config(256, 128, 2, True, 2), 4096, 7168, "bfloat16", False, "m_grouped_contiguous"),
+        CandidateKernel(make_config(256, 128, 2, True, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False,
+                        "m_grouped_contiguous"),
         CandidateKernel(make_config(256, 112, 1, False, 2), 7168, 2048, "bfloat16", False, "m_grouped_masked"),
         # The ping-pong schedule: with the epilogue overlap, two waves with multicast, split-K with accumulation.
         CandidateKernel(make_config(128, 160, 1, False, 2, overlap_epilogue=True, ping_pong=True), 7168, 2048,
