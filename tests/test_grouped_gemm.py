@@ -522,6 +522,22 @@ def test_256_row_tiles(monkeypatch, multicast, overlap):
 
 
 @pytest.mark.gpu
+def test_256_row_tiles_past_the_odd_half_table(monkeypatch):
+    # The scheduler keeps which odd 128-row halves start a tile for the first 2048 odd halves (rows below 512K) in
+    # shared memory and looks later ones up in global memory: segments starting on odd halves on both sides of that
+    # bound (half 4095, the table's last bit; 4097 and 4101 past it), an even start between and a one-row expert.
+    config = dense_heuristics.make_config(256, 128, 2, True, 2, overlap_epilogue=True)
+    monkeypatch.setattr(grouped_gemm, "_plans", {})
+    monkeypatch.setattr(heuristics, "get_grouped_fp8_gemm_config", lambda *args, **kwargs: config)
+    sizes = [4095 * CONTIGUOUS_ALIGNMENT, 256, 300, 128, 1, 129]
+    a, b, m_indices, _ = make_contiguous_inputs(sizes, 128, 128)
+    starts = [0] + [sum(-(-size // CONTIGUOUS_ALIGNMENT) for size in sizes[:g]) for g in range(1, len(sizes))]
+    assert starts[1:] == [4095, 4097, 4100, 4101, 4102]
+    d, poisoned = _run_contiguous(a, b, m_indices)
+    _check_contiguous(d, _expected_contiguous(a, b, m_indices), m_indices, poisoned)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("block_n,overlap", [(192, True), (160, False)])
 def test_ping_pong_matches_lockstep(monkeypatch, block_n, overlap):
     # The ping-pong schedule on both grouped kinds (padding and masked tails, row-predicated stores; with and without
