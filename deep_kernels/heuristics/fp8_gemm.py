@@ -299,10 +299,20 @@ def grid_size(config: Fp8GemmConfig, m: int, n: int, num_sms: int, num_groups: i
 
 
 def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
-                     with_accumulation: bool = False, num_groups: int = 1, operands: str = "fp8_block_scaled") -> float:
+                     with_accumulation: bool = False, num_groups: int = 1, operands: str = "fp8_block_scaled",
+                     num_m_blocks: float = None) -> float:
     """The model's run-time estimate (see the module docstring); per-channel B scales add BLOCK_N FP32 to every
-    stage and their promotion's shared-memory reads to every K block (CHANNEL_PROMOTION_SECONDS_PER_COLUMN)."""
+    stage and their promotion's shared-memory reads to every K block (CHANNEL_PROMOTION_SECONDS_PER_COLUMN).
+    num_m_blocks: M-blocks per group in place of ceil(m / BLOCK_M), where the rows are not known on the host (masked
+    groups: their expected block count; fractional), no split-K."""
     units = num_work_units(config, m, n, num_sms, num_groups)
+    if num_m_blocks is not None:
+        num_n_blocks = _ceil_div(n, config.block_n)
+        if config.num_tma_multicast == 2 and config.multicast_on_a:
+            num_n_blocks = _ceil_div(num_n_blocks, 2)
+        elif config.num_tma_multicast == 2:
+            num_m_blocks /= 2
+        units = num_groups * num_m_blocks * num_n_blocks
     ctas = grid_size(config, m, n, num_sms, num_groups)
     clusters = ctas // config.num_tma_multicast
     active_ctas = min(ctas, units * config.num_tma_multicast)
