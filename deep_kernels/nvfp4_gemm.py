@@ -36,7 +36,8 @@ CODE_DTYPES = (torch.float4_e2m1fn_x2, torch.uint8)
 
 FP8_NVFP4_SWAP_AB_GEMM = KernelDef(
     heuristics.KERNEL_HEADER, "sm90_fp8_nvfp4_gemm_swap_ab_impl",
-    template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumChains"),
+    template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumChains",
+              "kNumCTAsPerSM"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_codes", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb", PTR), Param("global_scale", PTR), Param("shape_n", U32),
             Param("shape_k", U32), Param("num_splits", U32), Param("split_workspace", PTR),

@@ -22,8 +22,8 @@ from deep_kernels.testing.fp4_gemm import ALL_E4M3_SCALES, make_nvfp4_gemm_input
 from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close
 
 DEEPSEEK_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
-# Forced configs the GPU tests run besides the heuristics' picks: (tokens a tile, math warpgroups, splits).
-FORCED = [(16, 2, 3), (32, 1, 1), (64, 2, 2), (128, 2, 4)]
+# Forced configs the GPU tests run besides the heuristics' picks: (tokens a tile, math warpgroups, splits, CTAs an SM).
+FORCED = [(16, 2, 3, 1), (32, 1, 1, 1), (64, 2, 2, 1), (128, 1, 4, 1), (16, 1, 2, 2), (32, 2, 2, 1)]
 
 
 def _reference(a, b, c: torch.Tensor = None) -> torch.Tensor:
@@ -37,8 +37,8 @@ def _run(a, b, **kwargs) -> torch.Tensor:
                                         **kwargs)
 
 
-def forced_config(block_t: int, warpgroups: int, splits: int):
-    return heuristics.make_config(block_t, warpgroups, num_splits=splits)
+def forced_config(block_t: int, warpgroups: int, splits: int, ctas_per_sm: int = 1):
+    return heuristics.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas_per_sm)
 
 
 # ---- validation, heuristics, carve-up (CPU) ----
@@ -99,8 +99,8 @@ def test_reference_dequantizes_codes_scales_and_global_scale():
 def test_smem_bytes_is_the_kernels_carve_up(tmp_path):
     from deep_kernels.jit import compiler
 
-    configs = [heuristics.make_config(t, w) for t in heuristics.BLOCK_TS for w in (1, 2)]
-    configs += [heuristics.make_config(16, 2, num_stages=3, num_chains=1)]
+    configs = [heuristics.make_config(t, w) for t in heuristics.BLOCK_TS for w in (1, 2) if heuristics.fits_registers(t, w)]
+    configs += [heuristics.make_config(16, 2, num_stages=3, num_chains=1), heuristics.make_config(16, 1, ctas_per_sm=2)]
     checks = [f"static_assert(deep_kernels::sm90_fp8_nvfp4_swap_ab_detail::Sm90Fp8Nvfp4SwapAbTraits<"
               f"{', '.join(heuristics.template_args(c, 'bfloat16', False))}>::kSmemBytes == {heuristics.smem_of(c)});"
               for c in configs]
@@ -121,10 +121,15 @@ def test_heuristics_pick_legal_configs():
             assert config.block_t >= m and 1 <= config.num_splits <= k // 128
             assert heuristics.smem_of(config) <= heuristics.SMEM_CAPACITY_BYTES
             assert config.num_chains <= heuristics.max_chains(config.block_t)
+            assert config.ctas_per_sm == (2 if config.block_t == 16 else 1)
     with pytest.raises(ValueError, match="1 to 128 tokens"):
         heuristics.get_config(129, 4096, 7168, 132)
     with pytest.raises(ValueError, match="accumulator chains"):
         heuristics.make_config(128, 1, num_chains=2)
+    with pytest.raises(ValueError, match="no swapped NVFP4 kernel for 128 tokens and 2 math warpgroups"):
+        heuristics.make_config(128, 2)
+    with pytest.raises(ValueError, match="two need one math warpgroup and 16 tokens"):
+        heuristics.make_config(32, 1, ctas_per_sm=2)
     (a, sfa), (b, sfb, global_scale), d = _cpu_operands(m=17)
     with pytest.raises(ValueError, match="cannot take m = 17"):
         nvfp4_gemm._launch(heuristics.make_config(16), a, sfa, b, sfb, global_scale, d, 17, 256, 256, False)
@@ -144,13 +149,14 @@ def test_matches_reference_at_decode_sizes(m, n, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,block_t,warpgroups,splits", [
-    (13, 1040, 1024, *FORCED[0]), (20, 176, 512, *FORCED[1]), (64, 7168, 2048, *FORCED[2]),
-    (100, 4096, 7168, *FORCED[3]), (128, 2112, 1536, *FORCED[3]),
+@pytest.mark.parametrize("m,n,k,forced", [
+    (13, 1040, 1024, FORCED[0]), (20, 176, 512, FORCED[1]), (64, 7168, 2048, FORCED[2]),
+    (100, 4096, 7168, FORCED[3]), (128, 2112, 1536, FORCED[3]), (1, 2112, 7168, FORCED[4]),
+    (16, 4096, 7168, FORCED[4]), (30, 7168, 16384, FORCED[5]),
 ])
-def test_forced_configs(m, n, k, block_t, warpgroups, splits):
+def test_forced_configs(m, n, k, forced):
     a, b = make_nvfp4_gemm_inputs(m, n, k)
-    assert_gemm_close(_run(a, b, config=forced_config(block_t, warpgroups, splits)), _reference(a, b))
+    assert_gemm_close(_run(a, b, config=forced_config(*forced)), _reference(a, b))
 
 
 @pytest.mark.gpu

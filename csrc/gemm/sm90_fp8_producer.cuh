@@ -11,6 +11,7 @@
 #include "gemm/sm90_fp8_gemm_traits.cuh"
 #include "pipeline.cuh"
 #include "ptx/tma.cuh"
+#include "ptx/tma_cache_hint.cuh"
 #include "scheduler.cuh"
 
 namespace deep_kernels {
@@ -67,6 +68,14 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
     constexpr GemmType kGemmType = Traits::kGemmType;
     // B [G * N, K] per group for the M-grouped kinds; one B [N, sum k] for KGrouped.
     constexpr bool kGroupedB = kGemmType == GemmType::MGroupedContiguous || kGemmType == GemmType::MGroupedMasked;
+    // BF16 weights (Normal kind, K-major B, no multicast): where one M block holds every row (decode), each B box is
+    // read once, so its lines are loaded evict-first: they, not lines other loads or earlier kernels' writes still
+    // hold, make room in L2 for the lines that follow. (Measured on the H200: decode 1.00-1.12x faster; the masked
+    // kind's one-block groups ran 1.05-1.08x slower with it, so they load as before.)
+    constexpr bool kHintedB = Traits::kIsBf16 && Traits::kNumTMAMulticast == 1 && kGemmType == GemmType::Normal;
+    [[maybe_unused]] uint64_t read_once_policy = 0;
+    if constexpr (kHintedB)
+        read_once_policy = ptx::l2_evict_first_policy();
     PipelineState<Traits::kNumStages> state;
     TileInfo tile;
     while (scheduler.get_next_tile(tile)) {
@@ -94,8 +103,15 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
                 ptx::tma_load(smem_b, tmap_b, full_barrier, k, b_row);
             } else {
                 load_box<kGemmType>(smem_a, tmap_a, full_barrier, k, a_row, tile.group_idx);
-                load_shared_box<GemmType::Normal>(smem_b, tmap_b, full_barrier, k, b_row, 0, multicast,
-                                                  scheduler.cta_rank);
+                if constexpr (kHintedB) {
+                    if (scheduler.group_num_m_blocks == 1)
+                        ptx::tma_load_with_policy(smem_b, tmap_b, full_barrier, k, b_row, read_once_policy);
+                    else
+                        ptx::tma_load(smem_b, tmap_b, full_barrier, k, b_row);
+                } else {
+                    load_shared_box<GemmType::Normal>(smem_b, tmap_b, full_barrier, k, b_row, 0, multicast,
+                                                      scheduler.cta_rank);
+                }
             }
             if constexpr (!Traits::kIsBf16)
                 load_box<kGemmType>(stages.sfa_stage(state.stage), tmap_sfa, full_barrier, a_row,

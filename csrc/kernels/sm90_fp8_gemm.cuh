@@ -30,7 +30,8 @@
 // into D first).
 // BF16 operands (kOperands Bf16, gemm/sm90_bf16_mainloop.cuh): A and B bf16, BLOCK_K 64 (128-byte rows, the same
 // swizzle and stage bytes), no scales (tmap_sfa and sfb unused: pass any valid map and nullptr), BLOCK_N up to 256;
-// the K loop keeps one wgmma group in flight across K blocks; no kPipelined, no kOverlapEpilogue. Tensor maps as
+// the K loop keeps one wgmma group in flight across K blocks; no kPipelined, no kOverlapEpilogue. Normal kind with one
+// M block (decode): B's boxes load with an L2 evict-first policy (each is read once). Tensor maps as
 // below with BFLOAT16 A and B and boxes {64, BLOCK_M} / {64, BLOCK_N} (128 bytes a row). kIsMNMajorA / B (BF16,
 // Normal and KGrouped kinds; B: BLOCK_N a multiple of 64): the operand is M- / N-contiguous in global memory, its map has dims
 // {M (or N), K}, strides {row stride of K}, box {64, 64}, SWIZZLE_128B; wgmma reads it transposed.

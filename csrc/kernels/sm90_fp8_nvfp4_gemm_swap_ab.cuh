@@ -55,7 +55,7 @@ using sm90_fp8_gemm_detail::kWarpgroupBlockM;
 constexpr uint32_t kGroupsPerBlock = 8;
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
-          bool kWithAccumulation_, uint32_t kNumChains_>
+          bool kWithAccumulation_, uint32_t kNumChains_, uint32_t kNumCTAsPerSM_ = 1>
 struct Sm90Fp8Nvfp4SwapAbTraits {
     static constexpr uint32_t BLOCK_T = BLOCK_T_;
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
@@ -63,6 +63,9 @@ struct Sm90Fp8Nvfp4SwapAbTraits {
     static constexpr bool kWithAccumulation = kWithAccumulation_;
     // Independent wgmma accumulator chains of a K block.
     static constexpr uint32_t kNumChains = kNumChains_;
+    // CTAs an SM runs at once (the launch bounds' minimum): two with one math warpgroup of 16 tokens, at 128
+    // registers a thread (the math warps of two CTAs hide each other's latency).
+    static constexpr uint32_t kNumCTAsPerSM = kNumCTAsPerSM_;
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
@@ -99,7 +102,11 @@ struct Sm90Fp8Nvfp4SwapAbTraits {
     DK_STATIC_ASSERT((std::is_same_v<OutputType, float> || (std::is_same_v<OutputType, __nv_bfloat16> && !kWithAccumulation)),
                      "bf16 D, or FP32 D (accumulated into with kWithAccumulation)");
     DK_STATIC_ASSERT(kSmemDBytes <= kOffsetBarriers, "D's staging fits before the barriers");
-    DK_STATIC_ASSERT(kSmemBytes <= sm90_fp8_gemm_detail::kMaxSmemBytes, "stages fit in shared memory");
+    DK_STATIC_ASSERT(kNumCTAsPerSM == 1 || (kNumCTAsPerSM == 2 && kNumMathWarpgroups == 1 && BLOCK_T == 16),
+                     "two CTAs an SM: one math warpgroup, 16 tokens (128 registers)");
+    DK_STATIC_ASSERT(kSmemBytes <= (kNumCTAsPerSM == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes
+                                                       : sm90_fp8_fp4_swap_ab_detail::kMaxSmemBytesOfTwo),
+                     "stages fit in shared memory");
 };
 
 // The producer warp: per K block of the CTA's split, once the stage is free, lane 0 loads the activation tile, the
@@ -217,15 +224,15 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
 }  // namespace sm90_fp8_nvfp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumChains>
-__global__ void __launch_bounds__(128 + 128 * kNumMathWarpgroups, 1)
+          uint32_t kNumChains, uint32_t kNumCTAsPerSM>
+__global__ void __launch_bounds__(128 + 128 * kNumMathWarpgroups, kNumCTAsPerSM)
 sm90_fp8_nvfp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_codes,
                                  const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
                                  const uint32_t* sfb, const float* global_scale, uint32_t shape_n, uint32_t shape_k,
                                  uint32_t num_splits, float* split_workspace, uint32_t* split_tickets) {
     using namespace sm90_fp8_nvfp4_swap_ab_detail;
     using Traits = Sm90Fp8Nvfp4SwapAbTraits<BLOCK_T, kNumMathWarpgroups, kNumStages, OutputType, kWithAccumulation,
-                                            kNumChains>;
+                                            kNumChains, kNumCTAsPerSM>;
     constexpr uint32_t kNumMathThreads = Traits::kNumMathThreads;
 
     extern __shared__ __align__(1024) uint8_t smem[];

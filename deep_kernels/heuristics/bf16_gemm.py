@@ -35,6 +35,10 @@ MIN_STAGES = fp8_gemm.MIN_STAGES
 # K loop of one math warpgroup, fp8_gemm.PIPELINED_CONSTANT_SHARE[64]).
 BF16_CONSTANT_SHARE = 0.4
 OPERANDS = "bf16"
+# Masked kind: the rows per group the model averages over, as shares of expected_m. masked_m varies around the hint,
+# and a tile whose wave count steps up just past expected_m ran up to 1.18x slower than the next-best one (H200,
+# bf16_gemm suite's masked shapes, 2026-12-02).
+MASKED_ROW_SHARES = (0.9, 1.0, 1.1)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -205,14 +209,21 @@ def get_bf16_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: in
 def get_grouped_bf16_gemm_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
                                  smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
     """The grouped kinds' config (bf16 D), as heuristics.grouped_fp8_gemm models the groups: m is the total rows
-    (contiguous) or the expected valid rows per group (masked)."""
+    (contiguous) or the expected valid rows per group (masked: ceil(rows / BLOCK_M) blocks per group, the time
+    averaged over MASKED_ROW_SHARES of m)."""
     check_grouped_problem(gemm_type, m, n, k, num_groups, num_sms)
-    rows = modelled_rows(gemm_type, m, num_groups, 0)
+    rows = modelled_rows(gemm_type, m, num_groups, 0, half_block_spread=False)
     candidates = list(candidate_configs(rows, n, num_sms, smem_capacity, grouped=True))
     if not candidates:
         raise ValueError(f"no BF16 GEMM config fits {smem_capacity} bytes of shared memory")
-    return min(candidates, key=lambda config: estimate_seconds(
-        config, modelled_rows(gemm_type, m, num_groups, config.block_m), n, k, num_sms, num_groups=num_groups))
+
+    def modelled_seconds(config) -> float:
+        if gemm_type == "m_grouped_masked":
+            return sum(estimate_seconds(config, max(round(rows * share), 1), n, k, num_sms, num_groups=num_groups)
+                       for share in MASKED_ROW_SHARES)
+        return estimate_seconds(config, rows, n, k, num_sms, num_groups=num_groups)
+
+    return min(candidates, key=modelled_seconds)
 
 
 def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumulation: bool,

@@ -36,8 +36,8 @@ GROUPED_BLOCK_MS = (64, 128)
 
 def modelled_rows(gemm_type: str, m: int, num_groups: int, block_m: int, half_block_spread: bool = True) -> int:
     """The rows per group the model sees for a tile height (see the module docstring): with half_block_spread, masked
-    groups get half a block more for the spread of masked_m (what the BF16 and FP8 x FP4 grouped models, not
-    re-measured, still count); the FP8 model passes False."""
+    groups get half a block more for the spread of masked_m (what the FP8 x FP4 grouped model, not re-measured, still
+    counts); the FP8 and BF16 models pass False."""
     if gemm_type == "m_grouped_masked":
         return max(m, 1) + (block_m // 2 if half_block_spread else 0)
     return max(-(-m // num_groups), 1)
