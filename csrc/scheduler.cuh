@@ -28,7 +28,9 @@
 //                        halves' (rows 256 i + 128 on), an odd half's tile taken only where its group starts
 //                        there (differs from the half before). Such a tile writes only its first 128 rows
 //                        (the rows after are the next even half's tile's); a tile's rows of another group
-//                        are never written (is_valid_row).
+//                        are never written (is_valid_row). Which odd halves start a tile is read once per CTA
+//                        into a shared-memory bit table (build_odd_half_table) for the first kNumOddHalfBits
+//                        odd halves, so that the walk skips the others without a global load each.
 //   MGroupedMasked       A [G, M_max, K] (shape_m = M_max); grouped_layout[g] = valid rows of group g
 //                        (masked_m, read on the device, clamped to [0, M_max]); only the M-blocks holding
 //                        valid rows are walked.
@@ -87,6 +89,10 @@ struct Scheduler {
     static constexpr bool kHalfBlockTiles = kGemmType == GemmType::MGroupedContiguous && BLOCK_M == 256;
     static constexpr uint32_t kMBlockRows = kHalfBlockTiles ? BLOCK_M / 2 : BLOCK_M;
     DK_STATIC_ASSERT(!kHalfBlockTiles || !kPairsShareN, "contiguous 256-row tiles multicast A, not B");
+    // Contiguous 256-row tiles: odd halves 2i + 1 (i < kNumOddHalfBits, M below 512K rows) whose tile start is in the
+    // shared-memory table; later ones are looked up in global memory.
+    static constexpr uint32_t kNumOddHalfWords = kHalfBlockTiles ? 64 : 0;
+    static constexpr uint32_t kNumOddHalfBits = kNumOddHalfWords * 32;
     static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
     static constexpr uint32_t kNumNUnits = kPairsShareM ? ceil_div(kNumNBlocks, 2u) : kNumNBlocks;
     // NOTE: 8 N-units per band: ~16 concurrent M-blocks x 8 N-blocks per 132-SM wave at large M.
@@ -98,6 +104,8 @@ struct Scheduler {
     const uint32_t num_unsplit_tiles;
     const uint32_t cta_rank;
     const uint32_t num_clusters;
+    // Contiguous 256-row tiles: the table build_odd_half_table wrote (shared memory; nullptr otherwise).
+    const uint32_t* const odd_half_table;
     // The next unit (job, with split-K) of this cluster.
     uint32_t next_unit_idx;
 
@@ -109,13 +117,15 @@ struct Scheduler {
     uint32_t group_k_begin = 0;
     uint32_t group_k = 0;
 
-    DK_DEVICE Scheduler(uint32_t shape_m, const int* grouped_layout, uint32_t num_groups, uint32_t num_unsplit_tiles = 0)
+    DK_DEVICE Scheduler(uint32_t shape_m, const int* grouped_layout, uint32_t num_groups, uint32_t num_unsplit_tiles = 0,
+                        const uint32_t* odd_half_table = nullptr)
         : shape_m(shape_m),
           grouped_layout(grouped_layout),
           num_groups(num_groups),
           num_unsplit_tiles(num_unsplit_tiles),
           cta_rank(blockIdx.x % kNumTMAMulticast),
           num_clusters(gridDim.x / kNumTMAMulticast),
+          odd_half_table(odd_half_table),
           next_unit_idx(blockIdx.x / kNumTMAMulticast) {
         if constexpr (kGemmType == GemmType::MGroupedMasked)
             group_num_m_blocks = num_groups > 0 ? masked_num_m_blocks(0) : 0;
@@ -151,6 +161,11 @@ struct Scheduler {
             // Pair member r (r = CTA rank; always 0 without multicast).
             const uint32_t m_block_0 = kHalfBlockTiles ? half_of_m_unit(m_unit) : kPairsShareN ? 2 * m_unit : m_unit;
             const uint32_t n_block_0 = kPairsShareM ? 2 * n_unit : n_unit;
+            // An odd half that starts no tile is skipped before its group is looked up (pairs share it: A multicast).
+            if constexpr (kHalfBlockTiles) {
+                if (m_block_0 % 2 == 1 && !odd_half_starts_tile(m_block_0))
+                    continue;
+            }
             const uint32_t m_block_1 = kPairsShareN ? m_block_0 + 1 : m_block_0;
             const uint32_t n_block_1 = kPairsShareM ? n_block_0 + 1 : n_block_0;
             const int group_0 = block_group(m_block_0);
@@ -220,10 +235,12 @@ private:
     }
 
     // A contiguous row's group; ids outside [0, num_groups) count as padding (-1).
-    DK_DEVICE int contiguous_group(uint32_t row) const {
+    DK_DEVICE static int contiguous_group(const int* grouped_layout, uint32_t num_groups, uint32_t row) {
         const int group = __ldg(grouped_layout + row);
         return static_cast<uint32_t>(group) < num_groups ? group : -1;
     }
+
+    DK_DEVICE int contiguous_group(uint32_t row) const { return contiguous_group(grouped_layout, num_groups, row); }
 
     // A masked_m entry clamped to [0, M_max].
     DK_DEVICE uint32_t clamp_masked_rows(int rows) const {
@@ -288,14 +305,39 @@ private:
     }
 
     DK_DEVICE bool is_valid_block(uint32_t m_block_idx, uint32_t n_block_idx, int group) const {
-        const bool valid = m_block_idx < group_num_m_blocks && n_block_idx < kNumNBlocks && group >= 0;
-        if constexpr (kHalfBlockTiles) {
-            // An odd half starts a tile only where its group starts there.
-            return valid && (m_block_idx % 2 == 0 || contiguous_group((m_block_idx - 1) * kMBlockRows) != group);
-        }
-        return valid;
+        // (Contiguous 256-row tiles: get_next_tile has skipped the odd halves that start no tile.)
+        return m_block_idx < group_num_m_blocks && n_block_idx < kNumNBlocks && group >= 0;
     }
 
+    // Contiguous 256-row tiles: whether odd half `half` (inside M) starts a tile: its group differs from the half
+    // before's (an odd half starting a segment).
+    DK_DEVICE bool odd_half_starts_tile(uint32_t half) const {
+        const uint32_t i = half / 2;
+        if (i < kNumOddHalfBits)
+            return (odd_half_table[i / 32] >> (i % 32)) & 1u;
+        return contiguous_group(half * kMBlockRows) != contiguous_group((half - 1) * kMBlockRows);
+    }
+
+public:
+    // Contiguous 256-row tiles: writes bit i of `table` (kNumOddHalfWords words of shared memory) as whether odd half
+    // 2i + 1 starts a tile, for the odd halves inside M. Every thread of the CTA takes part (one warp per word); the
+    // caller synchronizes the CTA before a scheduler reads the table.
+    DK_DEVICE static void build_odd_half_table(uint32_t* table, uint32_t shape_m, const int* grouped_layout,
+                                               uint32_t num_groups) {
+        const uint32_t num_halves = ceil_div(shape_m, kMBlockRows);
+        const uint32_t num_words = min(ceil_div(num_halves / 2, 32u), kNumOddHalfWords);
+        const uint32_t lane_idx = threadIdx.x % 32;
+        for (uint32_t word = threadIdx.x / 32; word < num_words; word += blockDim.x / 32) {
+            const uint32_t half = 2 * (word * 32 + lane_idx) + 1;
+            const bool starts = half < num_halves && contiguous_group(grouped_layout, num_groups, half * kMBlockRows) !=
+                                                         contiguous_group(grouped_layout, num_groups, (half - 1) * kMBlockRows);
+            const uint32_t bits = __ballot_sync(0xffffffffu, starts);
+            if (lane_idx == 0)
+                table[word] = bits;
+        }
+    }
+
+private:
     // Group of an M-block: the masked cursor's group, the first row's id for contiguous, 0 for Normal.
     DK_DEVICE int block_group(uint32_t m_block_idx) const {
         if constexpr (kGemmType == GemmType::MGroupedContiguous)

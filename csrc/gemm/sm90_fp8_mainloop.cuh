@@ -162,6 +162,26 @@ struct Sm90Fp8Mainloop {
     template <typename Straddles>
     DK_DEVICE PromotionScales issue_k_block(Straddles, const SfbBlocks& sfb_rows, float (&acc)[BLOCK_N / 2],
                                             uint32_t k_block, const State& k_state, uint32_t wave = 0) {
+        // NOTE: the stage from a shuffle too where the K loop hides that it is warp-uniform (the descriptors would
+        // otherwise be built per thread, four register moves between consecutive wgmma): the one-wave loops and the
+        // M-grouped kinds' two-wave loop, whose tiles come from values loaded from global memory. The dense two-wave
+        // loop keeps it uniform by itself, and the per-column kinds have no register to spare for it (the k-grouped
+        // 128 x 128 pipelined tile spills). The M-grouped kinds shuffle and build the descriptors before the wait, so
+        // that they are ready when the stage is (after it, their latency delayed every K block's first wgmma).
+        constexpr bool kIsMGrouped =
+            Traits::kGemmType == GemmType::MGroupedContiguous || Traits::kGemmType == GemmType::MGroupedMasked;
+        constexpr bool kShuffleStage = (kNumMWaves == 1 || kIsMGrouped) && !Traits::kHasColumnScales;
+        constexpr bool kDescriptorsFirst = kShuffleStage && kIsMGrouped;
+        uint64_t desc_a, desc_b;
+        const auto make_descriptors = [&]() {
+            const uint32_t stage = kShuffleStage ? __shfl_sync(0xffffffff, k_state.stage, 0) : k_state.stage;
+            desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(stage) +
+                                                       (a_row_offset + wave * kWarpgroupBlockM) * Traits::BLOCK_K);
+            desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(stage));
+        };
+        if constexpr (kDescriptorsFirst)
+            make_descriptors();
+
         PromotionScales scales;
         if constexpr (Traits::kHasColumnScales) {
             if (wave == 0)
@@ -180,14 +200,8 @@ struct Sm90Fp8Mainloop {
             scales = {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
         }
 
-        // NOTE: the stage from a shuffle too where the one-wave K loops hide that it is warp-uniform (the descriptors
-        // would otherwise be built per thread); the two-wave loop keeps it uniform by itself, and the per-column kinds
-        // have no register to spare for it (the k-grouped 128 x 128 pipelined tile spills).
-        constexpr bool kShuffleStage = kNumMWaves == 1 && !Traits::kHasColumnScales;
-        const uint32_t stage = kShuffleStage ? __shfl_sync(0xffffffff, k_state.stage, 0) : k_state.stage;
-        const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(
-            stages.a_stage(stage) + (a_row_offset + wave * kWarpgroupBlockM) * Traits::BLOCK_K);
-        const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(stage));
+        if constexpr (!kDescriptorsFirst)
+            make_descriptors();
         if constexpr (kPingPong)
             MathTurns(wg_idx()).wait();
         ptx::wgmma_fence();

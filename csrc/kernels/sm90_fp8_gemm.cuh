@@ -117,6 +117,14 @@ struct MainloopOf<Traits, Ring, true> {
     using type = Sm90Bf16Mainloop<Traits, Ring>;
 };
 
+// Shared memory of the contiguous 256-row tiles' odd-half table (Scheduler::build_odd_half_table), allocated only
+// where a kernel calls this.
+template <uint32_t kNumWords>
+DK_DEVICE uint32_t* odd_half_table_storage() {
+    __shared__ uint32_t table[kNumWords];
+    return table;
+}
+
 // Whether a tile has K blocks to issue ahead (KGrouped: an empty group's tiles have none).
 template <typename Traits>
 DK_DEVICE bool has_k_blocks(const TileInfo& tile) {
@@ -283,7 +291,14 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         __syncthreads();
 
     // Scheduler
-    typename Traits::TileScheduler scheduler(shape_m, grouped_layout, num_groups, num_unsplit_tiles);
+    using TileScheduler = typename Traits::TileScheduler;
+    uint32_t* odd_half_table = nullptr;
+    if constexpr (TileScheduler::kHalfBlockTiles) {
+        odd_half_table = odd_half_table_storage<TileScheduler::kNumOddHalfWords>();
+        TileScheduler::build_odd_half_table(odd_half_table, shape_m, grouped_layout, num_groups);
+        __syncthreads();
+    }
+    TileScheduler scheduler(shape_m, grouped_layout, num_groups, num_unsplit_tiles, odd_half_table);
 
     if (role == WarpRole::Producer) {
         // Producer branch: register reconfiguration, then one thread issues every TMA load.

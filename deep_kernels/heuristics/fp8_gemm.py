@@ -342,10 +342,20 @@ def grid_size(config: Fp8GemmConfig, m: int, n: int, num_sms: int, num_groups: i
 
 
 def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
-                     with_accumulation: bool = False, num_groups: int = 1, operands: str = "fp8_block_scaled") -> float:
+                     with_accumulation: bool = False, num_groups: int = 1, operands: str = "fp8_block_scaled",
+                     num_m_blocks: float = None) -> float:
     """The model's run-time estimate (see the module docstring); per-channel B scales add BLOCK_N FP32 to every
-    stage and their promotion's shared-memory reads to every K block (CHANNEL_PROMOTION_SECONDS_PER_COLUMN)."""
+    stage and their promotion's shared-memory reads to every K block (CHANNEL_PROMOTION_SECONDS_PER_COLUMN).
+    num_m_blocks: M-blocks per group in place of ceil(m / BLOCK_M), where the rows are not known on the host (masked
+    groups: their expected block count; fractional), no split-K."""
     units = num_work_units(config, m, n, num_sms, num_groups)
+    if num_m_blocks is not None:
+        num_n_blocks = _ceil_div(n, config.block_n)
+        if config.num_tma_multicast == 2 and config.multicast_on_a:
+            num_n_blocks = _ceil_div(num_n_blocks, 2)
+        elif config.num_tma_multicast == 2:
+            num_m_blocks /= 2
+        units = num_groups * num_m_blocks * num_n_blocks
     ctas = grid_size(config, m, n, num_sms, num_groups)
     clusters = ctas // config.num_tma_multicast
     active_ctas = min(ctas, units * config.num_tma_multicast)
@@ -738,10 +748,11 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(128, 128, 1, False, 2, overlap_epilogue=True), 32768, 512, "bfloat16", False),
         CandidateKernel(make_config(128, 160, 1, False, 4, overlap_epilogue=True), 7168, 16384, "float32", True),
         CandidateKernel(make_config(128, 192, 2, False, 2, overlap_epilogue=True), 7168, 2048, "bfloat16", False),
-        # The epilogue overlap of 256-row tiles; the M-grouped kinds' 256-row tiles (row-predicated stores of two waves;
-        # with the overlap, which only DK_FP8_GEMM_CONFIG reaches, ptxas gives the contiguous kind a stack frame).
+        # The epilogue overlap of 256-row tiles; the M-grouped kinds' 256-row tiles (row-predicated stores of two waves),
+        # with and without the overlap.
         CandidateKernel(make_config(256, 128, 2, True, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False),
-        CandidateKernel(make_config(256, 128, 2, True, 2), 4096, 7168, "bfloat16", False, "m_grouped_contiguous"),
+        CandidateKernel(make_config(256, 128, 2, True, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False,
+                        "m_grouped_contiguous"),
         CandidateKernel(make_config(256, 112, 1, False, 2), 7168, 2048, "bfloat16", False, "m_grouped_masked"),
         # The ping-pong schedule: with the epilogue overlap, two waves with multicast, split-K with accumulation.
         CandidateKernel(make_config(128, 160, 1, False, 2, overlap_epilogue=True, ping_pong=True), 7168, 2048,

@@ -3,12 +3,17 @@
 Pure functions of the problem and the device: no GPU calls, no torch. They reuse the dense model of
 deep_kernels.heuristics.fp8_gemm with the problem cut into groups, which is what the scheduler walks:
 
-* masked: every group holds about expected_m valid rows (the host cannot read masked_m without a sync), so
-  the model sees num_groups GEMMs of expected_m rows: ceil(expected_m / BLOCK_M) M-blocks per group, a partly
-  filled one costing as much as a full one. B is read once per group. (Adding half a block per group for the
-  spread of masked_m, as this model did before, counted a second block where one holds every group: on the H200
-  it steered 16 x 64-row groups to 64-row tiles, 1.20x slower than 128-row ones, and 32 x 32-row groups to
-  128-row tiles, 1.08-1.15x slower than 64-row ones; grouped_gemm suite shapes, 2026-12-02.)
+* masked: the host cannot read masked_m without a sync, so the model sees num_groups GEMMs around the hint
+  expected_m, a partly filled block costing as much as a full one. B is read once per group. Several groups'
+  M-blocks add up near their expected count, with each group's rows spread as the masked targets draw them
+  (MASKED_ROWS_SPREAD: expected_m x U(0.7 / 1.2, 1.3 / 1.2)), so the model counts E[ceil(rows / BLOCK_M)] blocks
+  per group; one group's count is a single draw, and the model plans for the hint's rows, ceil(expected_m /
+  BLOCK_M). (Half a block more per group, as this model once counted, was a second block where one holds every
+  group: on the H200 it steered 16 x 64-row groups to 64-row tiles, 1.20x slower than 128-row ones. The
+  expected count, where ceil(expected_m / BLOCK_M) had counted 5 blocks for 2 groups of about 512 rows and 3 for
+  4 groups of about 256, picks 128 x 144 tiles (1.06-1.07x the 128 x 160 ones) and 128 x 160 (1.07-1.09x 128 x 192)
+  at N = 4096, K = 7168, and 128 x 128 (1.01-1.04x 128 x 192) for 2 groups at N = 7168, K = 2048; grouped_gemm
+  suite draws, two runs, 2026-12-02.)
 * contiguous: the total M is known; the rows are split evenly over the groups (each segment a multiple of
   the alignment), so the tile count is that of the total M while B is read num_groups times.
 
@@ -38,6 +43,20 @@ def modelled_rows(gemm_type: str, m: int, num_groups: int, block_m: int, half_bl
     return max(-(-m // num_groups), 1)
 
 
+# The rows of a masked group as the model spreads them: the masked targets' convention (valid rows per group
+# expected_m x U(0.7, 1.3), the host hint int(1.2 x expected_m)), i.e. uniform over hint x [0.7 / 1.2, 1.3 / 1.2].
+MASKED_ROWS_SPREAD = (0.7 / 1.2, 1.3 / 1.2)
+
+
+def expected_masked_blocks(hint: int, block_m: int) -> float:
+    """E[ceil(rows / block_m)] for a masked group's rows uniform over hint x MASKED_ROWS_SPREAD."""
+    low, high = (max(hint, 1) * share for share in MASKED_ROWS_SPREAD)
+    blocks = 0.0
+    for j in range(int(low // block_m), -(-int(high) // block_m) + 1):
+        blocks += (j + 1) * max(0.0, min(high, (j + 1) * block_m) - max(low, j * block_m))
+    return blocks / (high - low)
+
+
 def check_grouped_problem(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int) -> None:
     """A grouped problem the heuristics take (m: total rows, or expected rows per group when masked), else a clear
     ValueError."""
@@ -57,8 +76,13 @@ def ranked_grouped_configs(gemm_type: str, m: int, n: int, k: int, num_groups: i
     as for get_grouped_fp8_gemm_config."""
     check_grouped_problem(gemm_type, m, n, k, num_groups, num_sms)
     rows = modelled_rows(gemm_type, m, num_groups, 0)
+    # NOTE: several masked groups' blocks add up near their expected count; one group's count is a single draw, planned
+    # for at the hint's rows.
+    spread = gemm_type == "m_grouped_masked" and num_groups > 1
     timed = [(fp8_gemm.estimate_seconds(config, modelled_rows(gemm_type, m, num_groups, config.block_m, False), n, k,
-                                        num_sms, num_groups=num_groups), config)
+                                        num_sms, num_groups=num_groups,
+                                        num_m_blocks=expected_masked_blocks(m, config.block_m) if spread else None),
+              config)
              for config in fp8_gemm.candidate_configs(rows, n, num_sms, smem_capacity, grouped=True,
                                                       block_ms=GROUPED_BLOCK_MS)]
     if not timed:
