@@ -306,10 +306,11 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(!kStreamedStore || kNumMWaves == 1 || kNumTMAMulticast == 2,
                      "256-row tiles with the streamed FP32 store run in 2-CTA clusters");
     DK_STATIC_ASSERT(kMathSchedule == MathSchedule::Lockstep ||
-                         (kNumMathWarpgroups == 2 && !kPipelined && kOperands == GemmOperands::Fp8BlockScaled &&
-                          kGemmType != GemmType::KGrouped),
+                         (kNumMathWarpgroups == 2 && !kPipelined &&
+                          ((kOperands == GemmOperands::Fp8BlockScaled && kGemmType != GemmType::KGrouped) ||
+                           kIsChannelScaled)),
                      "ping-pong: two math warpgroups with the plain K loop (one group in flight each), block-scaled "
-                     "FP8 operands, not k-grouped");
+                     "FP8 operands (not k-grouped) or per-channel scales");
     DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
     DK_STATIC_ASSERT(kSmemBytes <= kMaxSmemBytes, "stages fit in shared memory");
 };

@@ -215,6 +215,8 @@ struct Sm90Fp8Mainloop {
                 preloaded[j] = *reinterpret_cast<const float2*>(thread_sfb + j * 8);
             ptx::wgmma_wait_group<NumPending::value>();
             ptx::fence_operands(acc);
+            if constexpr (kPingPong)
+                MathTurns(wg_idx()).pass();
             promote_per_column_preloaded<BLOCK_N, kNumPreloadedSfb>(acc, final_acc[wave], scales.lo, scales.hi,
                                                                     preloaded, thread_sfb);
             ring.consumer_release(k_state, lane_idx());

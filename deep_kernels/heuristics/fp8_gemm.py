@@ -609,9 +609,10 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits, operands=operands):
         raise ValueError("the epilogue overlap needs num_splits == 1 and block_m 128 (or 256 with block-scaled "
                          "operands)")
-    if ping_pong and (pipelined or not can_ping_pong(block_m, False) or operands != "fp8_block_scaled"):
+    if ping_pong and (pipelined or not can_ping_pong(block_m, False) or
+                      operands not in ("fp8_block_scaled",) + CHANNEL_SCALED_OPERANDS):
         raise ValueError("the ping-pong schedule needs block_m 128 or 256, the plain K loop (pipelined=False) and "
-                         "block-scaled operands")
+                         "block-scaled or per-channel-scaled operands")
     if operands in CHANNEL_SCALED_OPERANDS and not has_streamed_store_registers(block_m, num_tma_multicast,
                                                                               out_dtype_bytes, operands):
         raise ValueError("256-row tiles with per-channel B scales and FP32 D need num_tma_multicast == 2")
@@ -632,7 +633,7 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
     on A and on B, the grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
     partial slot in flight) and with splits not dividing K, the plain K loop of a pipelinable tile and the
     widest pipelined tile of one math warpgroup, the epilogue overlap's K loops and stores, per-channel B scales
-    (dense and k-grouped), and the ping-pong schedule."""
+    (dense and k-grouped), and the ping-pong schedule (block-scaled and per-channel-scaled)."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -677,6 +678,11 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
                         "fp8_channel_scaled"),
         CandidateKernel(make_config(256, 128, 2, False, 4, operands="fp8_channel_scaled"), 7168, 0, "float32", False,
                         "k_grouped", "fp8_channel_scaled"),
+        # The ping-pong schedule with per-channel B scales: dense with the epilogue overlap, k-grouped with two waves.
+        CandidateKernel(make_config(128, 192, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled",
+                                    ping_pong=True), 7168, 16384, "float32", True, operands="fp8_channel_scaled"),
+        CandidateKernel(make_config(256, 128, 2, False, 4, operands="fp8_channel_scaled", ping_pong=True), 7168, 0,
+                        "float32", True, "k_grouped", "fp8_channel_scaled"),
     ]
     for kernel in extras:
         kernels.setdefault(tuple(kernel.template_args()), kernel)
