@@ -28,15 +28,17 @@ NUM_SMS = 132
 DENSE_SHAPES = tuple((m, n, k) for k in (16384, 4096) for m, n in ((2112, 7168), (24576, 1536), (7168, 2048),
                                                                     (4096, 7168)))
 K_GROUPED_SHAPES = ((4, 4096, 7168, 4096), (8, 7168, 2048, 2048))
-# name -> (block_m, block_n, multicast, multicast_on_a, overlap_epilogue, ping_pong); "t": the math warpgroups take
-# turns (ping-pong).
+# name -> (block_m, block_n, multicast, multicast_on_a, overlap_epilogue, ping_pong); "p": pipelined (wider than 128
+# columns: the pipelined halves), "t": the math warpgroups take turns (ping-pong).
 TILINGS = {
     "256x128+a": (256, 128, 2, True, False, False), "256x128+b": (256, 128, 2, False, False, False),
     "128x192o": (128, 192, 1, False, True, False), "128x128po": (128, 128, 1, False, True, False),
     "256x96+a": (256, 96, 2, True, False, False),
     "128x192ot": (128, 192, 1, False, True, True), "128x160ot": (128, 160, 1, False, True, True),
     "256x128t+a": (256, 128, 2, True, False, True), "256x128t+b": (256, 128, 2, False, False, True),
+    "128x192po": (128, 192, 1, False, True, False), "128x160po": (128, 160, 1, False, True, False),
 }
+# (The pipelined halves are the Normal kind's only.)
 K_GROUPED_TILINGS = ("256x128+a", "256x128+b", "128x192o", "128x128po", "128x192ot", "256x128t+b")
 # The tilings to run (main() narrows it from the command line).
 selected = set(TILINGS)
@@ -44,9 +46,10 @@ selected = set(TILINGS)
 
 def _tiling(name: str):
     block_m, block_n, multicast, on_a, overlap, ping_pong = TILINGS[name]
+    pipelined = name.endswith("po") if block_n > heuristics.MAX_PIPELINED_BLOCK_N[128] else None
     return heuristics.make_config(block_m, block_n, multicast, on_a, 4, overlap_epilogue=overlap,
                                   operands=CHANNEL_SCALED, ping_pong=ping_pong,
-                                  pipelined=False if ping_pong else None)
+                                  pipelined=False if ping_pong else pipelined)
 
 
 def dense_configs(m: int, n: int, k: int) -> dict:

@@ -194,6 +194,31 @@ def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast, ov
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_n,overlap,m,n,k", [
+    (192, 1, 2112, 7168, 1024),  # epilogue overlap (the first half issued ahead), several tiles per CTA
+    (160, 1, 777, 2112, 2048),   # tiles straddling 128-column blocks, a partial last N tile
+    (192, 0, 300, 1536, 1040),   # one K block and a partial one per tile (the loop's other exit), no overlap
+])
+def test_pipelined_halves_match_the_plain_k_loop(monkeypatch, block_n, overlap, m, n, k):
+    # Each K block as two wgmma groups of half the columns, one promoted while the other runs: the same products
+    # added in the same order as the plain K loop's, so the same bytes.
+    a, b = make_wgrad_inputs(m, n, k)
+    product = _reference(a, b)
+    c = accumulator_like(product)
+    outputs = []
+    for pipelined in (1, 1, 0):
+        override = {"block_m": 128, "block_n": block_n, "multicast": 1, "splits": 1, "pipelined": pipelined,
+                    "overlap_epilogue": overlap}
+        monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
+        monkeypatch.setattr(gemm, "_plans", {})
+        monkeypatch.setattr(gemm, "_prepared_calls", {})
+        outputs.append(_run(a, b, c=c))
+    _assert_close(outputs[0], product + c.double())
+    assert_bitwise_equal(outputs[1], outputs[0], "d (pipelined halves, second run)")
+    assert_bitwise_equal(outputs[2], outputs[0], "d (plain K loop)")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("plant", [_doubled_channel, _swapped_pairs])
 def test_check_rejects_planted_column_scales(plant):
     a, (b, sfb) = make_wgrad_inputs(777, 2112, 4096)

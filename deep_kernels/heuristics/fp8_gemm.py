@@ -113,6 +113,10 @@ PING_PONG_MATH_FACTOR = {}
 # FP32 D accumulated, six tilings each): the picks are the fastest swept tiling on three shapes, 1.3% behind it on the
 # fourth (4096 x 7168 x 16384: 128 x 160 against 128 x 128 pipelined).
 CHANNEL_PROMOTION_SECONDS_PER_COLUMN = 0.0003e-6
+# Per-channel B scales with the ping-pong schedule (one warpgroup promotes while the other's wgmma group runs): time of
+# a K block over the lockstep plain K loop's of the same tiles (promotion included), by BLOCK_M; the candidates offer
+# the schedule (with the epilogue overlap where the tiling has it) only at the tile heights listed.
+CHANNEL_PING_PONG_MATH_FACTOR = {}
 
 GEMM_TYPES = {
     "normal": "deep_kernels::GemmType::Normal",
@@ -234,6 +238,14 @@ def can_pipeline(block_m: int, block_n: int) -> bool:
     return block_n <= MAX_PIPELINED_BLOCK_N.get(block_m, 0)
 
 
+def can_pipeline_halves(block_m: int, block_n: int, operands: str, num_splits: int = 1) -> bool:
+    """Whether a per-channel-scaled tile too wide for a second accumulator set can run its K loop as pipelined halves
+    (two wgmma groups of BLOCK_N / 2 columns per K block, one promoted while the other runs; the kernel's
+    kPipelinedHalves, Normal kind only): 64 or 128 rows, BLOCK_N a multiple of 32, no split-K."""
+    return (operands in CHANNEL_SCALED_OPERANDS and block_m in MAX_PIPELINED_BLOCK_N and
+            block_n > MAX_PIPELINED_BLOCK_N[block_m] and block_n % 32 == 0 and num_splits == 1)
+
+
 def can_ping_pong(block_m: int, pipelined: bool) -> bool:
     """Whether the kernel takes the ping-pong schedule: two math warpgroups (128 or 256 rows), plain K loop."""
     return block_m in (128, 256) and not pipelined
@@ -310,12 +322,14 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     a, b = MATH_SECONDS_PER_K_BLOCK[config.block_m]
     # NOTE: below N = 64 a wgmma is bound by reading A from shared memory, not by its N.
     math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if config.pipelined else 1.0) + b * max(config.block_n, 64)
-    if config.ping_pong:
+    if config.ping_pong and operands not in CHANNEL_SCALED_OPERANDS:
         math_s *= PING_PONG_MATH_FACTOR[config.block_m]
     if config.block_m == 256 and operands == "fp8_block_scaled":
         math_s *= BLOCK_SCALED_TWO_WAVE_MATH_FACTOR
     if operands in CHANNEL_SCALED_OPERANDS:
         math_s += CHANNEL_PROMOTION_SECONDS_PER_COLUMN * config.block_n * num_m_waves(config.block_m)
+        if config.ping_pong:
+            math_s *= CHANNEL_PING_PONG_MATH_FACTOR[config.block_m]
     a_bytes, b_bytes = config.block_m * BLOCK_K, config.block_n * BLOCK_K
     loaded_bytes = stage_bytes(config.block_m, config.block_n, operands)
     l2_bytes = loaded_bytes
@@ -420,6 +434,9 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                     # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
                     if block_m in PING_PONG_MATH_FACTOR and not grouped and operands == "fp8_block_scaled":
                         yield replace(config, pipelined=False, ping_pong=True, overlap_epilogue=False)
+                    elif (block_m in CHANNEL_PING_PONG_MATH_FACTOR and operands in CHANNEL_SCALED_OPERANDS and
+                          num_splits == 1):
+                        yield replace(config, pipelined=False, ping_pong=True)
 
 
 def check_problem(n: int, k: int, num_sms: int) -> None:
@@ -618,9 +635,10 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
         raise ValueError("256-row tiles with per-channel B scales and FP32 D need num_tma_multicast == 2")
     if pipelined is None:
         pipelined = can_pipeline(block_m, block_n) and not ping_pong
-    elif pipelined and not can_pipeline(block_m, block_n):
+    elif pipelined and not (can_pipeline(block_m, block_n) or
+                            can_pipeline_halves(block_m, block_n, operands, num_splits)):
         raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined (block_m 64 or 128, block_n at most "
-                         f"{MAX_PIPELINED_BLOCK_N[128]})")
+                         f"{MAX_PIPELINED_BLOCK_N[128]}; per-channel B scales: or a multiple of 32 without split-K)")
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, operands=operands)
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
@@ -678,6 +696,12 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
                         "fp8_channel_scaled"),
         CandidateKernel(make_config(256, 128, 2, False, 4, operands="fp8_channel_scaled"), 7168, 0, "float32", False,
                         "k_grouped", "fp8_channel_scaled"),
+        # The pipelined halves (per-channel B scales, dense) with the epilogue overlap, and without it.
+        CandidateKernel(make_config(128, 192, 1, False, 4, pipelined=True, overlap_epilogue=True,
+                                    operands="fp8_channel_scaled"), 7168, 16384, "float32", True,
+                        operands="fp8_channel_scaled"),
+        CandidateKernel(make_config(128, 160, 1, False, 2, pipelined=True, operands="fp8_channel_scaled"), 2048, 4096,
+                        "bfloat16", False, operands="fp8_channel_scaled"),
         # The ping-pong schedule with per-channel B scales: dense with the epilogue overlap, k-grouped with two waves.
         CandidateKernel(make_config(128, 192, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled",
                                     ping_pong=True), 7168, 16384, "float32", True, operands="fp8_channel_scaled"),
