@@ -200,6 +200,23 @@ def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast):
 
 
 @pytest.mark.gpu
+def test_pipelined_halves_match_the_plain_k_loop(monkeypatch):
+    # Each K block as two wgmma groups of half the columns, one promoted while the other runs (128 x 160: the kind's
+    # widest), over empty groups too: the same bytes as the plain K loop's.
+    a, b, ks, ks_tensor = _problem(6, 1000, 2096, 640, empty=2, seed=4)
+    product = _reference(a, b, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    outputs = []
+    for pipelined in (1, 0):
+        override = {"block_m": 128, "block_n": 160, "multicast": 1, "splits": 1, "pipelined": pipelined}
+        monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
+        monkeypatch.setattr(k_grouped_gemm, "_plans", {})
+        outputs.append(_run(a, b, ks, ks_tensor, c=c))
+    _assert_close(outputs[0], product + c.double())
+    assert_bitwise_equal(outputs[1], outputs[0], "d (plain K loop)")
+
+
+@pytest.mark.gpu
 def test_every_group_empty():
     a, b, ks, ks_tensor = _problem(3, 64, 128, 0, empty=0)
     assert ks == [0, 0, 0]

@@ -296,10 +296,12 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT((!kWithAccumulation || std::is_same_v<OutputType, float>), "accumulation into FP32 D");
     DK_STATIC_ASSERT(kNumSplits >= 1 && (kIsKGrouped || kNumSplits <= kNumKBlocks),
                      "every split has at least one K block");
+    // NOTE: the k-grouped kind's pipelined halves spill at 192 columns.
     DK_STATIC_ASSERT(!kPipelined || BLOCK_N <= kMaxPipelinedBlockN[kNumMathWarpgroups - 1] ||
-                         (kPipelinedHalves && BLOCK_N % 32 == 0 && kGemmType == GemmType::Normal && kNumSplits == 1),
-                     "three accumulator sets fit the math warpgroups' registers (per-channel B scales, Normal kind: "
-                     "or two half sets, BLOCK_N a multiple of 32, no split-K; the k-grouped kind's spills)");
+                         (kPipelinedHalves && BLOCK_N % 32 == 0 && kNumSplits == 1 &&
+                          (kGemmType == GemmType::Normal || (kIsKGrouped && BLOCK_N <= 160))),
+                     "three accumulator sets fit the math warpgroups' registers (per-channel B scales: or two half "
+                     "sets, BLOCK_N a multiple of 32, no split-K; k-grouped: at most 160 columns)");
     // NOTE: ptxas serializes every wgmma of a kernel whose group in flight meets a divergent path, as the
     // split-K reduction is, and (C7514) of the one-warpgroup tiles. The grouped kinds' vote and row-predicated
     // store keep the group in flight only where the K loop has at most two sfb offsets to dispatch on (BLOCK_N a

@@ -241,7 +241,7 @@ def can_pipeline(block_m: int, block_n: int) -> bool:
 def can_pipeline_halves(block_m: int, block_n: int, operands: str, num_splits: int = 1) -> bool:
     """Whether a per-channel-scaled tile too wide for a second accumulator set can run its K loop as pipelined halves
     (two wgmma groups of BLOCK_N / 2 columns per K block, one promoted while the other runs; the kernel's
-    kPipelinedHalves, Normal kind only): 64 or 128 rows, BLOCK_N a multiple of 32, no split-K."""
+    kPipelinedHalves; the k-grouped kind's at most 160 columns): 64 or 128 rows, BLOCK_N a multiple of 32, no split-K."""
     return (operands in CHANNEL_SCALED_OPERANDS and block_m in MAX_PIPELINED_BLOCK_N and
             block_n > MAX_PIPELINED_BLOCK_N[block_m] and block_n % 32 == 0 and num_splits == 1)
 
@@ -702,6 +702,8 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
                         operands="fp8_channel_scaled"),
         CandidateKernel(make_config(128, 160, 1, False, 2, pipelined=True, operands="fp8_channel_scaled"), 2048, 4096,
                         "bfloat16", False, operands="fp8_channel_scaled"),
+        CandidateKernel(make_config(128, 160, 1, False, 4, pipelined=True, operands="fp8_channel_scaled"), 7168, 0,
+                        "float32", True, "k_grouped", "fp8_channel_scaled"),
         # The ping-pong schedule with per-channel B scales: dense with the epilogue overlap, k-grouped with two waves.
         CandidateKernel(make_config(128, 192, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled",
                                     ping_pong=True), 7168, 16384, "float32", True, operands="fp8_channel_scaled"),
