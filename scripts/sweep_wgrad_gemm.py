@@ -38,10 +38,11 @@ TILINGS = {
     "128x192ot": (128, 192, 1, False, True, True), "128x160ot": (128, 160, 1, False, True, True),
     "256x128t+a": (256, 128, 2, True, False, True), "256x128t+b": (256, 128, 2, False, False, True),
     "128x192po": (128, 192, 1, False, True, False), "128x160po": (128, 160, 1, False, True, False),
-    "128x160p": (128, 160, 1, False, False, False),
+    "128x160p": (128, 160, 1, False, False, False), "128x192": (128, 192, 1, False, False, False),
 }
 # (The k-grouped kind's pipelined halves: at most 160 columns, and 128 x 160 has no epilogue overlap there.)
-K_GROUPED_TILINGS = ("256x128+a", "256x128+b", "128x192o", "128x128po", "128x192ot", "256x128t+b", "128x160p")
+K_GROUPED_TILINGS = ("256x128+a", "256x128+b", "128x192o", "128x128po", "128x192ot", "256x128t+b", "128x160p",
+                     "128x192")
 # The tilings to run (main() narrows it from the command line).
 selected = set(TILINGS)
 

@@ -309,8 +309,10 @@ private:
         }
         const uint32_t k_block_begin = tile_k_block_begin<Traits>(tile);
         const uint32_t k_block_end = tile_k_block_end<Traits>(tile);
-        // KGrouped: an empty group's tile has no K block (its D is zeros, or C).
-        if constexpr (Traits::kIsKGrouped) {
+        // KGrouped: an empty group's tile has no K block (its D is zeros, or C). A tile whose first K block was issued
+        // ahead has one (the kernel issues ahead only then): no exit test, which would leave its group in flight on a
+        // path of its own, where ptxas waits for every group (C7517, C7518).
+        if constexpr (Traits::kIsKGrouped && !kIssuedAhead) {
             if (k_block_begin == k_block_end)
                 return;
         }

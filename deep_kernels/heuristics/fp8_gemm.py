@@ -689,11 +689,11 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
                         True, operands="fp8_channel_scaled"),
         CandidateKernel(make_config(128, 192, 1, False, 2, overlap_epilogue=True, operands="fp8_channel_scaled"),
                         2048, 4096, "bfloat16", False, operands="fp8_channel_scaled"),
-        # (The k-grouped kind's pipelined K loop, which only DK_FP8_GEMM_CONFIG reaches, has its wgmma serialized by
-        # ptxas since this session's merges; the plain K loop is covered.)
         CandidateKernel(make_config(128, 128, 1, False, 4, pipelined=False, overlap_epilogue=True,
                                     operands="fp8_channel_scaled"), 2048, 0, "float32", True, "k_grouped",
                         "fp8_channel_scaled"),
+        CandidateKernel(make_config(128, 128, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled"),
+                        2048, 0, "float32", True, "k_grouped", "fp8_channel_scaled"),
         CandidateKernel(make_config(256, 128, 2, False, 4, operands="fp8_channel_scaled"), 7168, 0, "float32", False,
                         "k_grouped", "fp8_channel_scaled"),
         # The pipelined halves (per-channel B scales, dense) with the epilogue overlap, and without it.
