@@ -219,6 +219,17 @@ def test_pipelined_halves_match_the_plain_k_loop(monkeypatch, block_n, overlap, 
 
 
 @pytest.mark.gpu
+def test_pipelined_halves_with_bf16_output(monkeypatch):
+    # The halves with the whole-tile bf16 store (the model's 128 x 192 pick for bf16 D too), with the epilogue overlap.
+    monkeypatch.setattr(gemm, "_config_override", lambda: {"block_m": 128, "block_n": 192, "multicast": 1, "splits": 1,
+                                                           "pipelined": 1, "overlap_epilogue": 1})
+    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "_prepared_calls", {})
+    a, b = make_wgrad_inputs(2112, 1536, 1024)
+    _assert_close(_run(a, b, torch.bfloat16), _reference(a, b))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("plant", [_doubled_channel, _swapped_pairs])
 def test_check_rejects_planted_column_scales(plant):
     a, (b, sfb) = make_wgrad_inputs(777, 2112, 4096)

@@ -113,10 +113,13 @@ PING_PONG_MATH_FACTOR = {}
 # FP32 D accumulated, six tilings each): the picks are the fastest swept tiling on three shapes, 1.3% behind it on the
 # fourth (4096 x 7168 x 16384: 128 x 160 against 128 x 128 pipelined).
 CHANNEL_PROMOTION_SECONDS_PER_COLUMN = 0.0003e-6
-# Per-channel B scales with the ping-pong schedule (one warpgroup promotes while the other's wgmma group runs): time of
-# a K block over the lockstep plain K loop's of the same tiles (promotion included), by BLOCK_M; the candidates offer
-# the schedule (with the epilogue overlap where the tiling has it) only at the tile heights listed.
-CHANNEL_PING_PONG_MATH_FACTOR = {}
+# Per-channel B scales: the tile widths whose K loop runs as the pipelined halves (can_pipeline_halves: two wgmma groups
+# of half the columns per K block, one promoted while the other runs), modelled as the plain K loop's time. On the H200
+# (2026-12-02, the eight weight-gradient shapes, timed in turns with the picks) 128 x 192 with the halves ran 0.962-0.984
+# of the plain loop's time at every shape where the model picks 128 x 192 (2112 x 7168 and 24576 x 1536 at 4096 and
+# 16384 tokens), while 128 x 160 ran 1.055 of it (4096 x 7168 x 16384). (A factor below 1 would move 7168 x 2048 to
+# 128 x 192, which ran 5% slower there than its pick, 128 x 128 pipelined.)
+CHANNEL_HALVES_BLOCK_NS = (192,)
 
 GEMM_TYPES = {
     "normal": "deep_kernels::GemmType::Normal",
@@ -320,16 +323,16 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     active_ctas = min(ctas, units * config.num_tma_multicast)
 
     a, b = MATH_SECONDS_PER_K_BLOCK[config.block_m]
+    # NOTE: the pipelined halves (wider tiles) are modelled as the plain K loop (CHANNEL_HALVES_BLOCK_NS).
+    pipelined = config.pipelined and can_pipeline(config.block_m, config.block_n)
     # NOTE: below N = 64 a wgmma is bound by reading A from shared memory, not by its N.
-    math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if config.pipelined else 1.0) + b * max(config.block_n, 64)
-    if config.ping_pong and operands not in CHANNEL_SCALED_OPERANDS:
+    math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if pipelined else 1.0) + b * max(config.block_n, 64)
+    if config.ping_pong:
         math_s *= PING_PONG_MATH_FACTOR[config.block_m]
     if config.block_m == 256 and operands == "fp8_block_scaled":
         math_s *= BLOCK_SCALED_TWO_WAVE_MATH_FACTOR
     if operands in CHANNEL_SCALED_OPERANDS:
         math_s += CHANNEL_PROMOTION_SECONDS_PER_COLUMN * config.block_n * num_m_waves(config.block_m)
-        if config.ping_pong:
-            math_s *= CHANNEL_PING_PONG_MATH_FACTOR[config.block_m]
     a_bytes, b_bytes = config.block_m * BLOCK_K, config.block_n * BLOCK_K
     loaded_bytes = stage_bytes(config.block_m, config.block_n, operands)
     l2_bytes = loaded_bytes
@@ -427,16 +430,17 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands),
                         num_splits=num_splits,
-                        pipelined=can_pipeline(block_m, block_n),
+                        pipelined=can_pipeline(block_m, block_n) or (
+                            block_n in CHANNEL_HALVES_BLOCK_NS and
+                            can_pipeline_halves(block_m, block_n, operands, num_splits)),
                         overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped, operands),
                     )
                     yield config
                     # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
+                    # NOTE: never with per-channel B scales: on the H200 (2026-12-02, the eight weight-gradient shapes
+                    # and two k-grouped ones, timed in turns with the picks) it ran 1-13% slower than lockstep.
                     if block_m in PING_PONG_MATH_FACTOR and not grouped and operands == "fp8_block_scaled":
                         yield replace(config, pipelined=False, ping_pong=True, overlap_epilogue=False)
-                    elif (block_m in CHANNEL_PING_PONG_MATH_FACTOR and operands in CHANNEL_SCALED_OPERANDS and
-                          num_splits == 1):
-                        yield replace(config, pipelined=False, ping_pong=True)
 
 
 def check_problem(n: int, k: int, num_sms: int) -> None:
