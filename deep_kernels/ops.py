@@ -176,18 +176,24 @@ def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m):
     return d
 
 
-def _fp8_fp4_gemm_nt(a, sfa, b, sfb, d, c, c_is_d) -> None:
-    fp4_gemm.fp8_fp4_gemm_nt((a, sfa), (b, sfb), d, d if c_is_d else c)
+def _fp8_fp4_gemm_nt(a, sfa, b, sfb, d, c, c_is_d, global_scale=None) -> None:
+    weights = (b, sfb) if global_scale is None else (b, sfb, global_scale)
+    fp4_gemm.fp8_fp4_gemm_nt((a, sfa), weights, d, d if c_is_d else c)
 
 
-_define("fp8_fp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, Tensor? c, bool c_is_d) -> ()",
-        _fp8_fp4_gemm_nt, _writes_only)
+# global_scale: the NVFP4 form's (b = (codes, sfb, global_scale)); None for MXFP4.
+_define("fp8_fp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, Tensor? c, bool c_is_d, "
+        "Tensor? global_scale=None) -> ()", _fp8_fp4_gemm_nt, _writes_only)
 
 
 def fp8_fp4_gemm_nt(a, b, d, c):
-    a, sfa, b, sfb = _split_pairs(a, b)
     c_is_d = c is d
-    _OPS.fp8_fp4_gemm_nt.default(a, sfa, b, sfb, d, None if c_is_d else c, c_is_d)
+    if isinstance(b, (tuple, list)) and len(b) == 3:  # NVFP4: (codes, sfb, global_scale)
+        (a, sfa), (b, sfb, global_scale) = a, b
+    else:
+        a, sfa, b, sfb = _split_pairs(a, b)
+        global_scale = None
+    _OPS.fp8_fp4_gemm_nt.default(a, sfa, b, sfb, d, None if c_is_d else c, c_is_d, global_scale)
     return d
 
 
