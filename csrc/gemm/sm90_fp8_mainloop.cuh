@@ -107,10 +107,10 @@ struct Sm90Fp8Mainloop {
     // Per-channel B scales, plain K loop of one 64-row wave: the sfb pairs of the promotion's first 8-column groups are
     // loaded before the wgmma group's wait, so that their latency hides behind it; as many as fit in the registers left
     // beside the partial and final accumulators below kPreloadRegisters (by math warpgroups; measured with ptxas: more
-    // spill at 64 x 192 and 128 x 192; the epilogue overlap keeps 16 more live, and 128 x 192 with it took a stack frame
-    // at 16 pairs). Two-wave tiles (whose accumulators leave too few registers) and the pipelined loops preload none.
-    static constexpr uint32_t kPreloadRegisters =
-        (Traits::kNumMathWarpgroups == 1 ? 216 : 224) - (Traits::kOverlapEpilogue ? 16 : 0);
+    // spill at 64 x 192, and 128 x 192 took a stack frame at 16 pairs, with the epilogue overlap or without it, dense,
+    // split-K or k-grouped). Two-wave tiles (whose accumulators leave too few registers) and the pipelined loops preload
+    // none.
+    static constexpr uint32_t kPreloadRegisters = Traits::kNumMathWarpgroups == 1 ? 216 : 208;
     static constexpr uint32_t kAccumulatorRegisters = (kNumMWaves + 1) * BLOCK_N / 2;
     static constexpr uint32_t kNumPreloadedSfb =
         !Traits::kIsChannelScaled || Traits::kPipelined || kNumMWaves > 1 || kAccumulatorRegisters >= kPreloadRegisters
