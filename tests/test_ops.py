@@ -25,7 +25,7 @@ from deep_kernels.testing.wgrad import make_k_grouped_inputs, make_wgrad_inputs
 # Public functions without an op: they launch nothing of their own (torch ops, or host-side values) and trace as
 # they are.
 NEEDS_NO_OP = {"get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor", "get_num_sms",
-               "nvfp4_global_scale", "set_num_sms", "tma_aligned_size",
+               "nvfp4_global_scale", "prepare_fp4_weights", "set_num_sms", "tma_aligned_size",
                # transposed views handed to bf16_gemm_nt, which traces to its op
                "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "k_grouped_bf16_gemm_tn_contiguous"}
 GEMMS = {"fp8_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
@@ -223,7 +223,7 @@ CASES = [
     Case("moe_layout-masked", "moe_layout", lambda: ((_routing()[2], 16), dict(max_tokens=3))),
     Case("gate_with_layout", "topk_gate_with_layout", lambda: ((_routing()[0], 4, "softmax"), {})),
     Case("gate_with_layout-masked", "topk_gate_with_layout",
-         lambda: ((_routing()[0], 4, "sigmoid"), dict(num_groups=4, topk_groups=2, max_tokens=3))),
+         lambda: ((_routing()[0], 4, "sigmoid"), dict(num_groups=4, topk_groups=2, max_tokens=3)), True),
     Case("expand", "moe_expand", lambda: ((_x(5, 256), _routing()[3]), {})),
     Case("expand-masked", "moe_expand", lambda: ((_x(5, 256), _routing()[3]), dict(masked=True)), True),
     Case("expand-fp8-masked", "moe_expand", lambda: _fp8_expand(True, "mn_major")),
@@ -336,9 +336,17 @@ def _call_args(case: Case) -> tuple:
     args, kwargs = case.make()
     expected = None if case.name in GEMMS else _reference(case.name)(*args, **kwargs)
     if case.with_out:
-        outputs = tuple(empty_like_strided(t) for t in _tensors(expected))
-        kwargs = dict(kwargs, out=outputs if isinstance(expected, tuple) else outputs[0])
+        kwargs = dict(kwargs, out=_empty_like_result(expected))
     return args, kwargs, expected
+
+
+def _empty_like_result(result):
+    """Uninitialised tensors in result's structure (tuples and MoeLayouts, None kept)."""
+    if isinstance(result, MoeLayout):
+        return MoeLayout(**{name: _empty_like_result(t) for name, t in _fields(result).items()})
+    if isinstance(result, (tuple, list)):
+        return tuple(_empty_like_result(value) for value in result)
+    return None if result is None else empty_like_strided(result)
 
 
 # ---- CPU ----
