@@ -1,15 +1,19 @@
 """Tuning harness for the weight-gradient FP8 GEMMs (recipe (1, 1, 128)): the dense fp8_gemm_nt and the k-grouped GEMM
 with several tilings side by side, through the modules' own forced-config calls, accumulating into FP32 (c is d).
 
-    python scripts/sweep_wgrad_gemm.py specs           # how many kernels (precompile them: python -c ... precompile)
-    python scripts/sweep_wgrad_gemm.py check OUT.json  # every config's calc_diff against float64 and its determinism
-    python scripts/sweep_wgrad_gemm.py time OUT.json   # every config and torch's BF16 matmul timed in turns
+    python scripts/sweep_wgrad_gemm.py specs [TILINGS]           # how many kernels
+    python scripts/sweep_wgrad_gemm.py precompile [TILINGS]      # build them into the kernel cache
+    python scripts/sweep_wgrad_gemm.py check OUT.json [TILINGS]  # every config's calc_diff against float64, determinism
+    python scripts/sweep_wgrad_gemm.py time OUT.json [TILINGS]   # every config and torch's BF16 matmul timed in turns
+
+TILINGS: a comma-separated subset of the tiling names below (default: all); the pick always runs.
 
 Candidates are not product: the API runs the heuristics' pick; this compares the pick with the alternatives.
 """
 
 import json
 import random
+import re
 import sys
 
 import torch
@@ -21,23 +25,39 @@ from deep_kernels.heuristics import k_grouped_fp8_gemm as k_heuristics
 
 RECIPE = (1, 1, 128)
 NUM_SMS = 132
-DENSE_SHAPES = ((2112, 7168, 16384), (4096, 7168, 16384), (24576, 1536, 4096), (7168, 2048, 4096))
+# The weight-gradient suite's (out, in, tokens).
+DENSE_SHAPES = tuple((m, n, k) for k in (16384, 4096) for m, n in ((2112, 7168), (24576, 1536), (7168, 2048),
+                                                                    (4096, 7168)))
 K_GROUPED_SHAPES = ((4, 4096, 7168, 4096), (8, 7168, 2048, 2048))
-TILINGS = {  # name -> (block_m, block_n, multicast, multicast_on_a, overlap_epilogue)
-    "256x128+a": (256, 128, 2, True, False), "256x128+b": (256, 128, 2, False, False),
-    "128x192o": (128, 192, 1, False, True), "128x128po": (128, 128, 1, False, True), "256x96+a": (256, 96, 2, True, False),
+# name -> (block_m, block_n, multicast, multicast_on_a, overlap_epilogue, ping_pong); "p": pipelined (wider than 128
+# columns: the pipelined halves), "t": the math warpgroups take turns (ping-pong).
+TILINGS = {
+    "256x128+a": (256, 128, 2, True, False, False), "256x128+b": (256, 128, 2, False, False, False),
+    "128x192o": (128, 192, 1, False, True, False), "128x128po": (128, 128, 1, False, True, False),
+    "256x96+a": (256, 96, 2, True, False, False),
+    "128x192ot": (128, 192, 1, False, True, True), "128x160ot": (128, 160, 1, False, True, True),
+    "256x128t+a": (256, 128, 2, True, False, True), "256x128t+b": (256, 128, 2, False, False, True),
+    "128x192po": (128, 192, 1, False, True, False), "128x160po": (128, 160, 1, False, True, False),
+    "128x160p": (128, 160, 1, False, False, False), "128x192": (128, 192, 1, False, False, False),
 }
+# (The k-grouped kind's pipelined halves: at most 160 columns, and 128 x 160 has no epilogue overlap there.)
+K_GROUPED_TILINGS = ("256x128+a", "256x128+b", "128x192o", "128x128po", "128x192ot", "256x128t+b", "128x160p",
+                     "128x192")
+# The tilings to run (main() narrows it from the command line).
+selected = set(TILINGS)
 
 
 def _tiling(name: str):
-    block_m, block_n, multicast, on_a, overlap = TILINGS[name]
+    block_m, block_n, multicast, on_a, overlap, ping_pong = TILINGS[name]
+    pipelined = True if re.match(r"\d+x\d+p", name) else None
     return heuristics.make_config(block_m, block_n, multicast, on_a, 4, overlap_epilogue=overlap,
-                                  operands=CHANNEL_SCALED)
+                                  operands=CHANNEL_SCALED, ping_pong=ping_pong,
+                                  pipelined=False if ping_pong else pipelined)
 
 
 def dense_configs(m: int, n: int, k: int) -> dict:
     configs = {"pick": gemm._choose_config(m, n, k, NUM_SMS, 4, True, CHANNEL_SCALED)}
-    configs.update((name, _tiling(name)) for name in TILINGS)
+    configs.update((name, _tiling(name)) for name in TILINGS if name in selected)
     return configs
 
 
@@ -50,7 +70,7 @@ def k_grouped_ks(g: int, mean: int) -> list:
 def k_grouped_configs(g: int, m: int, n: int, mean: int) -> dict:
     total = sum(k_grouped_ks(g, mean))
     configs = {"pick": k_heuristics.get_k_grouped_fp8_gemm_config(m, n, total, g, NUM_SMS, True)}
-    configs.update((name, _tiling(name)) for name in ("256x128+a", "256x128+b", "128x192o", "128x128po"))
+    configs.update((name, _tiling(name)) for name in K_GROUPED_TILINGS if name in selected)
     return configs
 
 
@@ -157,8 +177,18 @@ def time(path: str) -> None:
 
 if __name__ == "__main__":
     mode = sys.argv[1]
+    names = sys.argv[3 if mode in ("check", "time") else 2:]
+    if names:
+        selected = set(names[0].split(","))
+        unknown = selected - set(TILINGS)
+        if unknown:
+            raise SystemExit(f"unknown tilings {sorted(unknown)}; known: {sorted(TILINGS)}")
     if mode == "specs":
         print(len(specs()))
+    elif mode == "precompile":
+        from deep_kernels.jit.precompile import precompile
+
+        precompile(specs(), progress=False)
     elif mode == "check":
         check(sys.argv[2])
     elif mode == "time":

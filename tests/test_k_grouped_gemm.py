@@ -181,6 +181,42 @@ def test_two_wave_tiles(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_m,block_n,multicast", [(128, 192, 1), (256, 128, 2)])
+def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast):
+    # The math warpgroups take turns (with the epilogue overlap at 128 rows, over empty groups too): the same bytes as
+    # the lockstep schedule's.
+    a, b, ks, ks_tensor = _problem(6, 1000, 2048, 640, empty=2, seed=3)
+    product = _reference(a, b, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    outputs = []
+    for ping_pong in (1, 0):
+        override = {"block_m": block_m, "block_n": block_n, "multicast": multicast, "multicast_on_a": 0, "splits": 1,
+                    "pipelined": 0, "overlap_epilogue": int(block_m == 128), "ping_pong": ping_pong}
+        monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
+        monkeypatch.setattr(k_grouped_gemm, "_plans", {})
+        outputs.append(_run(a, b, ks, ks_tensor, c=c))
+    _assert_close(outputs[0], product + c.double())
+    assert_bitwise_equal(outputs[1], outputs[0], "d (lockstep)")
+
+
+@pytest.mark.gpu
+def test_pipelined_halves_match_the_plain_k_loop(monkeypatch):
+    # Each K block as two wgmma groups of half the columns, one promoted while the other runs (128 x 160: the kind's
+    # widest), over empty groups too: the same bytes as the plain K loop's.
+    a, b, ks, ks_tensor = _problem(6, 1000, 2096, 640, empty=2, seed=4)
+    product = _reference(a, b, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    outputs = []
+    for pipelined in (1, 0):
+        override = {"block_m": 128, "block_n": 160, "multicast": 1, "splits": 1, "pipelined": pipelined}
+        monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
+        monkeypatch.setattr(k_grouped_gemm, "_plans", {})
+        outputs.append(_run(a, b, ks, ks_tensor, c=c))
+    _assert_close(outputs[0], product + c.double())
+    assert_bitwise_equal(outputs[1], outputs[0], "d (plain K loop)")
+
+
+@pytest.mark.gpu
 def test_every_group_empty():
     a, b, ks, ks_tensor = _problem(3, 64, 128, 0, empty=0)
     assert ks == [0, 0, 0]

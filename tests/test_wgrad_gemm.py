@@ -169,6 +169,67 @@ def test_two_wave_tiles_with_multicast(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_m,block_n,multicast,overlap,m,n,k", [
+    (128, 192, 1, 1, 2112, 7168, 1024),  # epilogue overlap, several tiles per CTA, a partial last M tile
+    (128, 160, 1, 1, 777, 2112, 2048),   # tiles straddling 128-column blocks, a partial last N tile
+    (256, 128, 2, 0, 1000, 1536, 640),   # two waves per warpgroup, 2-CTA cluster sharing A
+])
+def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast, overlap, m, n, k):
+    # Taking turns changes when each warpgroup runs its wgmma groups, not what it promotes in which order: D is the
+    # same bytes as the lockstep schedule's, and the same again on a second run.
+    a, b = make_wgrad_inputs(m, n, k)
+    product = _reference(a, b)
+    c = accumulator_like(product)
+    outputs = []
+    for ping_pong in (1, 1, 0):
+        override = {"block_m": block_m, "block_n": block_n, "multicast": multicast, "multicast_on_a": 1,
+                    "splits": 1, "pipelined": 0, "overlap_epilogue": overlap, "ping_pong": ping_pong}
+        monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
+        monkeypatch.setattr(gemm, "_plans", {})
+        monkeypatch.setattr(gemm, "_prepared_calls", {})
+        outputs.append(_run(a, b, c=c))
+    _assert_close(outputs[0], product + c.double())
+    assert_bitwise_equal(outputs[1], outputs[0], "d (ping-pong, second run)")
+    assert_bitwise_equal(outputs[2], outputs[0], "d (lockstep)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_n,overlap,m,n,k", [
+    (192, 1, 2112, 7168, 1024),  # epilogue overlap (the first half issued ahead), several tiles per CTA
+    (160, 1, 777, 2112, 2048),   # tiles straddling 128-column blocks, a partial last N tile
+    (192, 0, 300, 1536, 1040),   # one K block and a partial one per tile (the loop's other exit), no overlap
+])
+def test_pipelined_halves_match_the_plain_k_loop(monkeypatch, block_n, overlap, m, n, k):
+    # Each K block as two wgmma groups of half the columns, one promoted while the other runs: the same products
+    # added in the same order as the plain K loop's, so the same bytes.
+    a, b = make_wgrad_inputs(m, n, k)
+    product = _reference(a, b)
+    c = accumulator_like(product)
+    outputs = []
+    for pipelined in (1, 1, 0):
+        override = {"block_m": 128, "block_n": block_n, "multicast": 1, "splits": 1, "pipelined": pipelined,
+                    "overlap_epilogue": overlap}
+        monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
+        monkeypatch.setattr(gemm, "_plans", {})
+        monkeypatch.setattr(gemm, "_prepared_calls", {})
+        outputs.append(_run(a, b, c=c))
+    _assert_close(outputs[0], product + c.double())
+    assert_bitwise_equal(outputs[1], outputs[0], "d (pipelined halves, second run)")
+    assert_bitwise_equal(outputs[2], outputs[0], "d (plain K loop)")
+
+
+@pytest.mark.gpu
+def test_pipelined_halves_with_bf16_output(monkeypatch):
+    # The halves with the whole-tile bf16 store (the model's 128 x 192 pick for bf16 D too), with the epilogue overlap.
+    monkeypatch.setattr(gemm, "_config_override", lambda: {"block_m": 128, "block_n": 192, "multicast": 1, "splits": 1,
+                                                           "pipelined": 1, "overlap_epilogue": 1})
+    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "_prepared_calls", {})
+    a, b = make_wgrad_inputs(2112, 1536, 1024)
+    _assert_close(_run(a, b, torch.bfloat16), _reference(a, b))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("plant", [_doubled_channel, _swapped_pairs])
 def test_check_rejects_planted_column_scales(plant):
     a, (b, sfb) = make_wgrad_inputs(777, 2112, 4096)

@@ -149,6 +149,11 @@ struct Sm90Fp8GemmTraits {
     static constexpr bool kIsFp4B = kOperands == GemmOperands::Fp8Mxfp4;
     // The promotion scales each column by its own factor from the stage's sfb (loaded, or the FP4 expanders').
     static constexpr bool kHasColumnScales = kIsChannelScaled || kIsFp4B;
+    // Per-channel B scales, pipelined tiles wider than a second full accumulator set allows: each K block runs as two
+    // wgmma groups of BLOCK_N / 2 columns, each into a partial set of its own, so that one half is promoted while the
+    // other half's group runs (the mainloop's pipelined halves).
+    static constexpr bool kPipelinedHalves =
+        kIsChannelScaled && kPipelined && BLOCK_N > kMaxPipelinedBlockN[math_warpgroups_of(BLOCK_M) - 1];
 
     // Derived sizes (KGrouped: K is the groups' on the device, SHAPE_K is 0)
     static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
@@ -297,8 +302,12 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT((!kWithAccumulation || std::is_same_v<OutputType, float>), "accumulation into FP32 D");
     DK_STATIC_ASSERT(kNumSplits >= 1 && (kIsKGrouped || kNumSplits <= kNumKBlocks),
                      "every split has at least one K block");
-    DK_STATIC_ASSERT(!kPipelined || BLOCK_N <= kMaxPipelinedBlockN[kNumMathWarpgroups - 1],
-                     "three accumulator sets fit the math warpgroups' registers");
+    // NOTE: the k-grouped kind's pipelined halves spill at 192 columns.
+    DK_STATIC_ASSERT(!kPipelined || BLOCK_N <= kMaxPipelinedBlockN[kNumMathWarpgroups - 1] ||
+                         (kPipelinedHalves && BLOCK_N % 32 == 0 && kNumSplits == 1 &&
+                          (kGemmType == GemmType::Normal || (kIsKGrouped && BLOCK_N <= 160))),
+                     "three accumulator sets fit the math warpgroups' registers (per-channel B scales: or two half "
+                     "sets, BLOCK_N a multiple of 32, no split-K; k-grouped: at most 160 columns)");
     // NOTE: ptxas serializes every wgmma of a kernel whose group in flight meets a divergent path, as the
     // split-K reduction is, and (C7514) of the one-warpgroup tiles. The grouped kinds' vote and row-predicated
     // store keep the group in flight only where the K loop has at most two sfb offsets to dispatch on (BLOCK_N a
@@ -312,10 +321,11 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(!kStreamedStore || kNumMWaves == 1 || kNumTMAMulticast == 2,
                      "256-row tiles with the streamed FP32 store run in 2-CTA clusters");
     DK_STATIC_ASSERT(kMathSchedule != MathSchedule::PingPong ||
-                         (kNumMathWarpgroups == 2 && !kPipelined && kOperands == GemmOperands::Fp8BlockScaled &&
-                          kGemmType != GemmType::KGrouped),
+                         (kNumMathWarpgroups == 2 && !kPipelined &&
+                          ((kOperands == GemmOperands::Fp8BlockScaled && kGemmType != GemmType::KGrouped) ||
+                           kIsChannelScaled)),
                      "ping-pong: two math warpgroups with the plain K loop (one group in flight each), block-scaled "
-                     "FP8 operands, not k-grouped");
+                     "FP8 operands (not k-grouped) or per-channel scales");
     DK_STATIC_ASSERT(!kOwnTiles || ((BLOCK_M == 64 || BLOCK_M == 128) && kGemmType == GemmType::Normal &&
                                     kOperands == GemmOperands::Fp8BlockScaled && kNumSplits == 1 && !kOverlapEpilogue),
                      "own-tile ping-pong: 64- or 128-row tiles per math warpgroup, the Normal kind with block-scaled FP8 "

@@ -108,10 +108,10 @@ struct Sm90Fp8Mainloop {
     // Per-channel B scales, plain K loop of one 64-row wave: the sfb pairs of the promotion's first 8-column groups are
     // loaded before the wgmma group's wait, so that their latency hides behind it; as many as fit in the registers left
     // beside the partial and final accumulators below kPreloadRegisters (by math warpgroups; measured with ptxas: more
-    // spill at 64 x 192 and 128 x 192; the epilogue overlap keeps 16 more live, and 128 x 192 with it took a stack frame
-    // at 16 pairs). Two-wave tiles (whose accumulators leave too few registers) and the pipelined loops preload none.
-    static constexpr uint32_t kPreloadRegisters =
-        (Traits::kNumMathWarpgroups == 1 ? 216 : 224) - (Traits::kOverlapEpilogue ? 16 : 0);
+    // spill at 64 x 192, and 128 x 192 took a stack frame at 16 pairs, with the epilogue overlap or without it, dense,
+    // split-K or k-grouped). Two-wave tiles (whose accumulators leave too few registers) and the pipelined loops preload
+    // none.
+    static constexpr uint32_t kPreloadRegisters = Traits::kNumMathWarpgroups == 1 ? 216 : 208;
     static constexpr uint32_t kAccumulatorRegisters = (kNumMWaves + 1) * BLOCK_N / 2;
     static constexpr uint32_t kNumPreloadedSfb =
         !Traits::kIsChannelScaled || Traits::kPipelined || kNumMWaves > 1 || kAccumulatorRegisters >= kPreloadRegisters
@@ -131,6 +131,9 @@ struct Sm90Fp8Mainloop {
     float partial[BLOCK_N / 2];
     // Only the pipelined K loop uses it (the compiler drops it otherwise).
     float partial_next[BLOCK_N / 2];
+    // Only the pipelined halves use them: the partial sums of a K block's first and second BLOCK_N / 2 columns.
+    float partial_half0[BLOCK_N / 4];
+    float partial_half1[BLOCK_N / 4];
     float final_acc[kNumMWaves][BLOCK_N / 2];
 
     DK_DEVICE Sm90Fp8Mainloop(const typename Traits::Stages& stages, const Ring& ring, const float* sfb)
@@ -230,6 +233,8 @@ struct Sm90Fp8Mainloop {
                 preloaded[j] = *reinterpret_cast<const float2*>(thread_sfb + j * 8);
             ptx::wgmma_wait_group<NumPending::value>();
             ptx::fence_operands(acc);
+            if constexpr (kPingPong)
+                MathTurns(wg_idx()).pass();
             promote_per_column_preloaded<BLOCK_N, kNumPreloadedSfb>(acc, final_acc[wave], scales.lo, scales.hi,
                                                                     preloaded, thread_sfb);
             ring.consumer_release(k_state, lane_idx());
@@ -256,7 +261,11 @@ struct Sm90Fp8Mainloop {
     DK_DEVICE IssuedKBlock<Traits::kNumStages> issue_ahead(const TileInfo& next) {
         IssuedKBlock<Traits::kNumStages> first;
         first.state = state;
-        first.scales = issue_k_block(std::true_type{}, sfb_blocks(next), partial, tile_k_block_begin<Traits>(next), state);
+        if constexpr (Traits::kPipelinedHalves)
+            first.scales = issue_first_half(state);
+        else
+            first.scales = issue_k_block(std::true_type{}, sfb_blocks(next), partial, tile_k_block_begin<Traits>(next),
+                                         state);
         state.advance();
         return first;
     }
@@ -322,12 +331,16 @@ private:
                     MathTurns(wg_idx()).pass();
             }
         };
-        // KGrouped: an empty group's tile has no K block (its D is zeros, or C).
-        if constexpr (Traits::kIsKGrouped) {
+        // KGrouped: an empty group's tile has no K block (its D is zeros, or C). A tile whose first K block was issued
+        // ahead has one (the kernel issues ahead only then): no exit test, which would leave its group in flight on a
+        // path of its own, where ptxas waits for every group (C7517, C7518).
+        if constexpr (Traits::kIsKGrouped && !kIssuedAhead) {
             if (k_block_begin == k_block_end)
                 return;
         }
-        if constexpr (!Traits::kPipelined) {
+        if constexpr (Traits::kPipelinedHalves) {
+            accumulate_halves(k_block_begin, k_block_end, first);
+        } else if constexpr (!Traits::kPipelined) {
             uint32_t k_block = k_block_begin;
             if constexpr (kIssuedAhead) {
                 retire(kNoneInFlight, partial, first.scales, first.state);
@@ -385,6 +398,107 @@ private:
                 retiring = state;
                 state.advance();
             }
+        }
+    }
+
+    // The pipelined halves (per-channel B scales, Traits::kPipelinedHalves): half h of a K block is the wgmma group of
+    // its columns [h * BLOCK_N / 2, (h + 1) * BLOCK_N / 2) into partial_half<h>. The groups run in the order (k, 0),
+    // (k, 1), (k + 1, 0), ...; each half is promoted while the next group runs (one group in flight), so the tensor
+    // cores keep working through the per-column promotion.
+    template <uint32_t kHalf>
+    DK_DEVICE float (&half_acc())[BLOCK_N / 4] {
+        if constexpr (kHalf == 0)
+            return partial_half0;
+        else
+            return partial_half1;
+    }
+
+    template <uint32_t kHalf>
+    DK_DEVICE void issue_half(uint32_t stage) {
+        constexpr uint32_t kHalfN = BLOCK_N / 2;
+        const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(stages.a_stage(stage) + a_row_offset * Traits::BLOCK_K);
+        const uint64_t desc_b = ptx::make_smem_desc_k_major_sw128(stages.b_stage(stage) + kHalf * kHalfN * Traits::BLOCK_K);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (uint32_t k = 0; k < Traits::BLOCK_K / kWgmmaK; ++k) {
+            const uint64_t k_offset = k * kWgmmaK / 16;
+            ptx::Fp8Wgmma<kHalfN>::mma(desc_a + k_offset, desc_b + k_offset, half_acc<kHalf>(), k > 0 ? 1u : 0u);
+        }
+        ptx::wgmma_commit_group();
+    }
+
+    // Waits for the K block's stage and issues its first half; returns its sfa (lo, hi).
+    DK_DEVICE PromotionScales issue_first_half(const State& k_state) {
+        ring.consumer_wait(k_state);
+        const float* smem_sfa = stages.sfa_stage(k_state.stage);
+        const PromotionScales scales = {smem_sfa[row_lo()], smem_sfa[row_lo() + 8], 0.0f, 0.0f};
+        issue_half<0>(k_state.stage);
+        return scales;
+    }
+
+    // Once at most kNumPending later groups are in flight, half kHalf of the K block is done: adds it into its columns
+    // of the final accumulators (the same products, in the same order, as promote_per_column).
+    template <uint32_t kHalf, int kNumPending>
+    DK_DEVICE void retire_half(const PromotionScales& scales, uint32_t stage) {
+        const float* thread_sfb = stages.sfb_stage(stage) + kHalf * (BLOCK_N / 2) + lane_idx() % 4 * 2;
+        ptx::wgmma_wait_group<kNumPending>();
+        float(&acc)[BLOCK_N / 4] = half_acc<kHalf>();
+        ptx::fence_operands(acc);
+#pragma unroll
+        for (uint32_t j = 0; j < BLOCK_N / 16; ++j) {
+            constexpr uint32_t kOut = kHalf * (BLOCK_N / 4);
+            const float2 sfb = *reinterpret_cast<const float2*>(thread_sfb + j * 8);
+            final_acc[0][kOut + j * 4 + 0] += scales.lo * sfb.x * acc[j * 4 + 0];
+            final_acc[0][kOut + j * 4 + 1] += scales.lo * sfb.y * acc[j * 4 + 1];
+            final_acc[0][kOut + j * 4 + 2] += scales.hi * sfb.x * acc[j * 4 + 2];
+            final_acc[0][kOut + j * 4 + 3] += scales.hi * sfb.y * acc[j * 4 + 3];
+        }
+    }
+
+    // The tile's K loop (kPipelinedHalves); `first` as for accumulate (its first half issued ahead).
+    template <typename First>
+    DK_DEVICE void accumulate_halves(uint32_t k_block_begin, uint32_t k_block_end, First first) {
+        State retiring = state;
+        PromotionScales scales;
+        if constexpr (!std::is_same_v<First, std::false_type>) {
+            retiring = first.state;
+            scales = first.scales;
+        } else {
+            scales = issue_first_half(state);
+            state.advance();
+        }
+        // The last K block: its second half issued, both halves promoted, its stage freed.
+        auto finish = [&]() {
+            issue_half<1>(retiring.stage);
+            retire_half<0, 1>(scales, retiring.stage);
+            retire_half<1, 0>(scales, retiring.stage);
+            ring.consumer_release(retiring, lane_idx());
+        };
+        // A K block with a next one: its second half issued, its first half promoted, the next block's first half
+        // issued, its second half promoted, its stage freed.
+        auto step = [&]() {
+            issue_half<1>(retiring.stage);
+            retire_half<0, 1>(scales, retiring.stage);
+            const PromotionScales next_scales = issue_first_half(state);
+            retire_half<1, 1>(scales, retiring.stage);
+            ring.consumer_release(retiring, lane_idx());
+            retiring = state;
+            scales = next_scales;
+            state.advance();
+        };
+        // NOTE: unrolled by two K blocks, each step after its own exit test: in the shapes that issue the second half
+        // right at the loop's head, or exit only once, ptxas serializes every wgmma (C7514) or spills.
+        for (uint32_t k_block = k_block_begin + 1;; k_block += 2) {
+            if (k_block == k_block_end) {
+                finish();
+                break;
+            }
+            step();
+            if (k_block + 1 == k_block_end) {
+                finish();
+                break;
+            }
+            step();
         }
     }
 };

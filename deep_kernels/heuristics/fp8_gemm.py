@@ -131,6 +131,13 @@ MAX_OWN_TILE_PIPELINED_BLOCK_N = {64: 128}
 # FP32 D accumulated, six tilings each): the picks are the fastest swept tiling on three shapes, 1.3% behind it on the
 # fourth (4096 x 7168 x 16384: 128 x 160 against 128 x 128 pipelined).
 CHANNEL_PROMOTION_SECONDS_PER_COLUMN = 0.0003e-6
+# Per-channel B scales: the tile widths whose K loop runs as the pipelined halves (can_pipeline_halves: two wgmma groups
+# of half the columns per K block, one promoted while the other runs), modelled as the plain K loop's time. On the H200
+# (2026-12-02, the eight weight-gradient shapes, timed in turns with the picks) 128 x 192 with the halves ran 0.962-0.984
+# of the plain loop's time at every shape where the model picks 128 x 192 (2112 x 7168 and 24576 x 1536 at 4096 and
+# 16384 tokens), while 128 x 160 ran 1.055 of it (4096 x 7168 x 16384). (A factor below 1 would move 7168 x 2048 to
+# 128 x 192, which ran 5% slower there than its pick, 128 x 128 pipelined.)
+CHANNEL_HALVES_BLOCK_NS = (192,)
 
 GEMM_TYPES = {
     "normal": "deep_kernels::GemmType::Normal",
@@ -257,6 +264,14 @@ def can_pipeline(block_m: int, block_n: int) -> bool:
     return block_n <= MAX_PIPELINED_BLOCK_N.get(block_m, 0)
 
 
+def can_pipeline_halves(block_m: int, block_n: int, operands: str, num_splits: int = 1) -> bool:
+    """Whether a per-channel-scaled tile too wide for a second accumulator set can run its K loop as pipelined halves
+    (two wgmma groups of BLOCK_N / 2 columns per K block, one promoted while the other runs; the kernel's
+    kPipelinedHalves; the k-grouped kind's at most 160 columns): 64 or 128 rows, BLOCK_N a multiple of 32, no split-K."""
+    return (operands in CHANNEL_SCALED_OPERANDS and block_m in MAX_PIPELINED_BLOCK_N and
+            block_n > MAX_PIPELINED_BLOCK_N[block_m] and block_n % 32 == 0 and num_splits == 1)
+
+
 def can_ping_pong(block_m: int, pipelined: bool) -> bool:
     """Whether the kernel takes the ping-pong schedule: two math warpgroups (128 or 256 rows), plain K loop."""
     return block_m in (128, 256) and not pipelined
@@ -361,8 +376,11 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     active_ctas = min(ctas, units * config.num_tma_multicast)
 
     a, b = MATH_SECONDS_PER_K_BLOCK[config.block_m]
+    # NOTE: the pipelined halves (wider tiles) are modelled as the plain K loop (CHANNEL_HALVES_BLOCK_NS).
+    pipelined = config.pipelined and not (operands in CHANNEL_SCALED_OPERANDS and
+                                          not can_pipeline(config.block_m, config.block_n))
     # NOTE: below N = 64 a wgmma is bound by reading A from shared memory, not by its N.
-    math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if config.pipelined else 1.0) + b * max(config.block_n, 64)
+    math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if pipelined else 1.0) + b * max(config.block_n, 64)
     epilogue_s = EPILOGUE_SECONDS[config.block_m]
     if config.own_tiles:
         if config.block_m in OWN_TILE_MATH_SECONDS_PER_K_BLOCK:
@@ -475,11 +493,15 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands),
                         num_splits=num_splits,
-                        pipelined=can_pipeline(block_m, block_n),
+                        pipelined=can_pipeline(block_m, block_n) or (
+                            block_n in CHANNEL_HALVES_BLOCK_NS and
+                            can_pipeline_halves(block_m, block_n, operands, num_splits)),
                         overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped, operands),
                     )
                     yield config
                     # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
+                    # NOTE: never with per-channel B scales: on the H200 (2026-12-02, the eight weight-gradient shapes
+                    # and two k-grouped ones, timed in turns with the picks) it ran 1-13% slower than lockstep.
                     if block_m in PING_PONG_MATH_FACTOR and not grouped and operands == "fp8_block_scaled":
                         yield replace(config, pipelined=False, ping_pong=True, overlap_epilogue=False)
                     if (block_m in OWN_TILE_MATH_SECONDS_PER_K_BLOCK and
@@ -683,17 +705,19 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits, operands=operands):
         raise ValueError("the epilogue overlap needs num_splits == 1 and block_m 128 (or 256 with block-scaled "
                          "operands)")
-    if ping_pong and (pipelined or not can_ping_pong(block_m, False) or operands != "fp8_block_scaled"):
+    if ping_pong and (pipelined or not can_ping_pong(block_m, False) or
+                      operands not in ("fp8_block_scaled",) + CHANNEL_SCALED_OPERANDS):
         raise ValueError("the ping-pong schedule needs block_m 128 or 256, the plain K loop (pipelined=False) and "
-                         "block-scaled operands")
+                         "block-scaled or per-channel-scaled operands")
     if operands in CHANNEL_SCALED_OPERANDS and not has_streamed_store_registers(block_m, num_tma_multicast,
                                                                               out_dtype_bytes, operands):
         raise ValueError("256-row tiles with per-channel B scales and FP32 D need num_tma_multicast == 2")
     if pipelined is None:
         pipelined = can_pipeline(block_m, block_n) and not ping_pong
-    elif pipelined and not can_pipeline(block_m, block_n):
+    elif pipelined and not (can_pipeline(block_m, block_n) or
+                            can_pipeline_halves(block_m, block_n, operands, num_splits)):
         raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined (block_m 64 or 128, block_n at most "
-                         f"{MAX_PIPELINED_BLOCK_N[128]})")
+                         f"{MAX_PIPELINED_BLOCK_N[128]}; per-channel B scales: or a multiple of 32 without split-K)")
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, operands=operands)
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
@@ -728,7 +752,8 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
     on A and on B, the grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
     partial slot in flight) and with splits not dividing K, the plain K loop of a pipelinable tile and the
     widest pipelined tile of one math warpgroup, the epilogue overlap's K loops and stores, per-channel B scales
-    (dense and k-grouped), and the ping-pong schedules (shared and own tiles)."""
+    (dense and k-grouped; their pipelined halves), and the ping-pong schedules (shared tiles, block-scaled and
+    per-channel-scaled; own tiles)."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -772,13 +797,26 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
                         True, operands="fp8_channel_scaled"),
         CandidateKernel(make_config(128, 192, 1, False, 2, overlap_epilogue=True, operands="fp8_channel_scaled"),
                         2048, 4096, "bfloat16", False, operands="fp8_channel_scaled"),
-        # (The k-grouped kind's pipelined K loop, which only DK_FP8_GEMM_CONFIG reaches, has its wgmma serialized by
-        # ptxas since this session's merges; the plain K loop is covered.)
         CandidateKernel(make_config(128, 128, 1, False, 4, pipelined=False, overlap_epilogue=True,
                                     operands="fp8_channel_scaled"), 2048, 0, "float32", True, "k_grouped",
                         "fp8_channel_scaled"),
+        CandidateKernel(make_config(128, 128, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled"),
+                        2048, 0, "float32", True, "k_grouped", "fp8_channel_scaled"),
         CandidateKernel(make_config(256, 128, 2, False, 4, operands="fp8_channel_scaled"), 7168, 0, "float32", False,
                         "k_grouped", "fp8_channel_scaled"),
+        # The pipelined halves (per-channel B scales, dense) with the epilogue overlap, and without it.
+        CandidateKernel(make_config(128, 192, 1, False, 4, pipelined=True, overlap_epilogue=True,
+                                    operands="fp8_channel_scaled"), 7168, 16384, "float32", True,
+                        operands="fp8_channel_scaled"),
+        CandidateKernel(make_config(128, 160, 1, False, 2, pipelined=True, operands="fp8_channel_scaled"), 2048, 4096,
+                        "bfloat16", False, operands="fp8_channel_scaled"),
+        CandidateKernel(make_config(128, 160, 1, False, 4, pipelined=True, operands="fp8_channel_scaled"), 7168, 0,
+                        "float32", True, "k_grouped", "fp8_channel_scaled"),
+        # The ping-pong schedule with per-channel B scales: dense with the epilogue overlap, k-grouped with two waves.
+        CandidateKernel(make_config(128, 192, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled",
+                                    ping_pong=True), 7168, 16384, "float32", True, operands="fp8_channel_scaled"),
+        CandidateKernel(make_config(256, 128, 2, False, 4, operands="fp8_channel_scaled", ping_pong=True), 7168, 0,
+                        "float32", True, "k_grouped", "fp8_channel_scaled"),
     ]
     for kernel in extras:
         kernels.setdefault(tuple(kernel.template_args()), kernel)

@@ -21,9 +21,15 @@ OUT_DTYPE_BYTES = 4
 BLOCK_K = fp8_gemm.BLOCK_K
 
 
+# Widest tile of the kind's pipelined halves (wider ones spill).
+MAX_HALVES_BLOCK_N = 160
+
+
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES):
     """The kind's legal configs, in the dense enumeration order (ties keep the first)."""
     for config in fp8_gemm.candidate_configs(m, n, num_sms, smem_capacity, OUT_DTYPE_BYTES, operands=OPERANDS):
+        if config.pipelined and config.block_n > MAX_HALVES_BLOCK_N:
+            config = dataclasses.replace(config, pipelined=False)
         yield with_kind_overlap(config)
 
 
