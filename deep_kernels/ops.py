@@ -554,11 +554,25 @@ _define(f"topk_gate_with_layout({_GATE_SCHEMA}, int? max_tokens) -> Tensor[]", _
         _topk_gate_with_layout_fake)
 
 
+# NOTE: defined apart from _define's .out overloads: the masked layout's tensors are written only with max_tokens.
+_LIBRARY.define(f"topk_gate_with_layout.out({_GATE_SCHEMA}, int? max_tokens, Tensor(a!) weights, Tensor(b!) indices, "
+                "Tensor(c!) counts, Tensor(d!) num_rows, Tensor(e!) m_indices, Tensor(f!) row_to_slot, "
+                "Tensor(g!) slot_to_row, Tensor(h!)? masked_slots, Tensor(i!)? masked_m) -> ()")
+_register("topk_gate_with_layout.out",
+          lambda *arguments: routing.topk_gate_with_layout(
+              *arguments[:-9], out=(arguments[-9], arguments[-8], MoeLayout(*arguments[-7:]))),
+          _writes_only)
+
+
 def topk_gate_with_layout(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor,
-                          max_tokens):
-    weights, indices, *layout_tensors = _OPS.topk_gate_with_layout.default(
-        logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor, max_tokens)
-    return weights, indices, MoeLayout(*layout_tensors)
+                          max_tokens, out=None):
+    arguments = (logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor, max_tokens)
+    if out is None:
+        weights, indices, *layout_tensors = _OPS.topk_gate_with_layout.default(*arguments)
+        return weights, indices, MoeLayout(*layout_tensors)
+    routing.check_out_form(out)
+    _OPS.topk_gate_with_layout.out(*arguments, out[0], out[1], *(getattr(out[2], name) for name in _LAYOUT_FIELDS))
+    return tuple(out)
 
 
 def _layout_arguments(moe_layout, masked: bool) -> tuple:

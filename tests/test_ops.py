@@ -223,7 +223,7 @@ CASES = [
     Case("moe_layout-masked", "moe_layout", lambda: ((_routing()[2], 16), dict(max_tokens=3))),
     Case("gate_with_layout", "topk_gate_with_layout", lambda: ((_routing()[0], 4, "softmax"), {})),
     Case("gate_with_layout-masked", "topk_gate_with_layout",
-         lambda: ((_routing()[0], 4, "sigmoid"), dict(num_groups=4, topk_groups=2, max_tokens=3))),
+         lambda: ((_routing()[0], 4, "sigmoid"), dict(num_groups=4, topk_groups=2, max_tokens=3)), True),
     Case("expand", "moe_expand", lambda: ((_x(5, 256), _routing()[3]), {})),
     Case("expand-masked", "moe_expand", lambda: ((_x(5, 256), _routing()[3]), dict(masked=True)), True),
     Case("expand-fp8-masked", "moe_expand", lambda: _fp8_expand(True, "mn_major")),
@@ -336,9 +336,17 @@ def _call_args(case: Case) -> tuple:
     args, kwargs = case.make()
     expected = None if case.name in GEMMS else _reference(case.name)(*args, **kwargs)
     if case.with_out:
-        outputs = tuple(empty_like_strided(t) for t in _tensors(expected))
-        kwargs = dict(kwargs, out=outputs if isinstance(expected, tuple) else outputs[0])
+        kwargs = dict(kwargs, out=_empty_like_result(expected))
     return args, kwargs, expected
+
+
+def _empty_like_result(result):
+    """Uninitialised tensors in result's structure (tuples and MoeLayouts, None kept)."""
+    if isinstance(result, MoeLayout):
+        return MoeLayout(**{name: _empty_like_result(t) for name, t in _fields(result).items()})
+    if isinstance(result, (tuple, list)):
+        return tuple(_empty_like_result(value) for value in result)
+    return None if result is None else empty_like_strided(result)
 
 
 # ---- CPU ----
