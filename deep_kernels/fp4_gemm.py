@@ -61,7 +61,9 @@ FP8_FP4_SWAP_AB_GEMM = KernelDef(
             Param("prepared_weights", PTR)),
     threads=lambda t: 128 + 128 * int(t["kNumMathWarpgroups"]))
 
-# B expanded from prepared weights at prefill sizes (deep_kernels.fp4_weights).
+# B expanded from prepared weights at prefill sizes (deep_kernels.fp4_weights): a CTA per 128 rows and
+# PREPARED_EXPAND_K_BLOCKS K blocks (the kernel's kKBlocksPerCta).
+PREPARED_EXPAND_K_BLOCKS = 4
 FP4_PREPARED_EXPAND = KernelDef(
     "kernels/sm90_fp4_prepared_expand.cuh", "sm90_fp4_prepared_expand_impl", template=("kBlockScaled",),
     params=(Param("prepared", PTR), Param("q", PTR), Param("scales", PTR), Param("shape_n", U32), Param("shape_k", U32),
@@ -198,7 +200,8 @@ def expand_prepared(data: torch.Tensor, n: int, k: int, block_scaled: bool, q: t
     [ceil(N / 128), K / 128] contiguous; else MN-major, element (row, K block) at K block * scale_stride + row); the
     kernel's numerics in kernels/sm90_fp4_prepared_expand.cuh."""
     kernel = get_kernel(FP4_PREPARED_EXPAND.spec(kBlockScaled="true" if block_scaled else "false"))
-    kernel.launch((k // SCALE_BLOCK, -(-n // (2 * PREPARED_TILE_ROWS)), 1), data.get_device(), prepared=data.data_ptr(),
+    grid = (-(-(k // SCALE_BLOCK) // PREPARED_EXPAND_K_BLOCKS), -(-n // (2 * PREPARED_TILE_ROWS)), 1)
+    kernel.launch(grid, data.get_device(), prepared=data.data_ptr(),
                   q=q.data_ptr(), scales=scales.data_ptr(), shape_n=n, shape_k=k, scale_stride=scale_stride)
 
 

@@ -258,8 +258,11 @@ def test_prepared_smem_bytes_is_the_kernels_carve_up(tmp_path):
               f"{c.smem_bytes});" for c in configs]
     checks.append(f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::kPreparedChunkBytes == "
                   f"{fp4_weights.CHUNK_BYTES});")
+    checks.append(f"static_assert(deep_kernels::sm90_fp4_prepared_expand_detail::kKBlocksPerCta == "
+                  f"{fp4_gemm.PREPARED_EXPAND_K_BLOCKS});")
     source = tmp_path / "prepared_smem_check.cu"
-    source.write_text('#include "kernels/sm90_fp8_fp4_gemm_swap_ab.cuh"\n' + "\n".join(checks) + "\n")
+    source.write_text('#include "kernels/sm90_fp8_fp4_gemm_swap_ab.cuh"\n#include "kernels/sm90_fp4_prepared_expand.cuh"\n' +
+                      "\n".join(checks) + "\n")
     command = compiler.compile_command(source, tmp_path / "prepared_smem_check.cubin", "90a")
     compiler.run_compile(command)
     source.write_text(source.read_text().replace(f"== {configs[0].smem_bytes});", f"== {configs[0].smem_bytes + 1});", 1))
