@@ -156,6 +156,10 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kNumMathWarpgroups = math_warpgroups_of(BLOCK_M);
     static constexpr uint32_t kNumMWaves = m_waves_of(BLOCK_M);
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
+    // Block-scaled dense tiles of the decode schedules (one math warpgroup, split-K or the pipelined K loop; no epilogue
+    // overlap) load each K block's sfb one K block ahead (gemm/sm90_fp8_mainloop.cuh).
+    static constexpr bool kSfbAhead = kOperands == GemmOperands::Fp8BlockScaled && kGemmType == GemmType::Normal &&
+                                      !kOverlapEpilogue && (kNumMathWarpgroups == 1 || kNumSplits > 1 || kPipelined);
     // FP4 weights with one math warpgroup: a second producer-side warpgroup of expanders (gemm/sm90_fp4_expand.cuh).
     static constexpr uint32_t kNumTMAThreads =
         (kOperands_ == GemmOperands::Fp8Mxfp4 && kNumMathWarpgroups == 1 ? 2 : 1) * kNumThreadsPerWarpgroup;
@@ -310,6 +314,7 @@ struct Sm90Fp8GemmTraits {
                           kGemmType != GemmType::KGrouped),
                      "ping-pong: two math warpgroups with the plain K loop (one group in flight each), block-scaled "
                      "FP8 operands, not k-grouped");
+    DK_STATIC_ASSERT(!kSfbAhead || kNumMWaves == 1, "sfb loaded ahead: one issue per K block");
     DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
     DK_STATIC_ASSERT(kSmemBytes <= kMaxSmemBytes, "stages fit in shared memory");
 };
