@@ -4,11 +4,13 @@ Usage (on the GPU machine):
   python scripts/sweep_decode_fp8_gemm.py --check            compile every config, check each against float64
   python scripts/sweep_decode_fp8_gemm.py --time --out x.json time them (kernels already compiled by --check)
 Per shape: the model's pick, its next TOP ranked configs, every unicast config whose jobs fill at least
-FILL of the SMs in one wave, and the pick with fewer stages. Every output is poisoned before the check.
+FILL of the SMs in one wave, the pick with fewer stages, and each split config with its splits in a cluster.
+Every output is poisoned before the check.
 """
 
 import argparse
 import json
+from dataclasses import replace
 
 import torch
 
@@ -27,6 +29,7 @@ SHAPES = ((128, 2112, 7168), (64, 24576, 1536), (128, 24576, 1536), (128, 32768,
 TOP = 8
 FILL = 0.85
 FEWER_STAGES = (4, 6, 8)
+MAX_CLUSTER_SPLITS = 8  # the portable cluster size
 
 
 def configs_for(m: int, n: int, k: int, num_sms: int, only_pick: bool = False) -> list:
@@ -44,6 +47,10 @@ def configs_for(m: int, n: int, k: int, num_sms: int, only_pick: bool = False) -
                                       num_splits=pick.num_splits, pipelined=pick.pipelined,
                                       overlap_epilogue=pick.overlap_epilogue)
                for s in FEWER_STAGES if s < pick.num_stages and pick.num_tma_multicast == 1]
+    # Each split config also with its splits in a cluster, where every CTA gets one job.
+    chosen += [replace(config, splits_in_cluster=True) for config in chosen
+               if 1 < config.num_splits <= MAX_CLUSTER_SPLITS and not config.splits_in_cluster and
+               heuristics.has_splits_in_cluster(replace(config, splits_in_cluster=True), m, n, num_sms)]
     return list(dict.fromkeys(chosen))
 
 

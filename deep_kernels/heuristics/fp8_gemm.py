@@ -157,6 +157,10 @@ class Fp8GemmConfig:
     # The two math warpgroups take turns issuing their wgmma groups (the kernel's MathSchedule::PingPong; two math
     # warpgroups, plain K loop): one warpgroup's group runs on the tensor cores while the other promotes.
     ping_pong: bool = False
+    # Split-K with each tile's num_splits jobs as one cluster (the kernel's kSplitsInCluster): the leader sums the other
+    # splits' partial sums from their shared memory instead of a global workspace; every tile split, one job per CTA
+    # (tiles x num_splits <= SMs: has_splits_in_cluster).
+    splits_in_cluster: bool = False
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -251,6 +255,11 @@ def is_legal_multicast(block_m: int, num_tma_multicast: int, multicast_on_a: boo
     return not (grouped and block_m == 256 and num_tma_multicast == 2 and not multicast_on_a)
 
 
+def has_splits_in_cluster(config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> bool:
+    """Whether a splits-in-cluster config can run the problem: every CTA one job, so tiles x splits fit the SMs."""
+    return config.splits_in_cluster and num_tiles(config, m, n) * config.num_splits <= num_sms
+
+
 def num_tiles(config: Fp8GemmConfig, m: int, n: int) -> int:
     """Output tiles of a Normal GEMM (what split-K's workspace and tickets are sized by)."""
     return _ceil_div(m, config.block_m) * _ceil_div(n, config.block_n)
@@ -266,7 +275,7 @@ def num_unsplit_tiles(config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> in
 
 def split_workspace_sizes(config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> tuple:
     """(FP32 workspace floats, uint32 tickets) a split-K launch needs; (0, 0) without split-K."""
-    if config.num_splits == 1:
+    if config.num_splits == 1 or config.splits_in_cluster:
         return 0, 0
     split_tiles = num_tiles(config, m, n) - num_unsplit_tiles(config, m, n, num_sms)
     return (split_tiles * config.num_splits * config.block_m * config.block_n,
@@ -294,6 +303,8 @@ def grid_size(config: Fp8GemmConfig, m: int, n: int, num_sms: int, num_groups: i
     For contiguous grouped GEMMs pass m = total rows; for masked ones the work depends on device data, so
     launch num_sms rounded down to the cluster size.
     """
+    if config.splits_in_cluster:
+        return max(1, num_tiles(config, m, n)) * config.num_splits
     clusters = min(num_sms // config.num_tma_multicast, max(1, num_work_units(config, m, n, num_sms, num_groups)))
     return clusters * config.num_tma_multicast
 
@@ -477,9 +488,10 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
 
 def config_label(config: Fp8GemmConfig) -> str:
     """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), t (ping-pong: the math warpgroups
-    take turns issuing), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 256x128/1+a, 256x128/1t+a."""
+    take turns issuing), c (splits in a cluster), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 64x64/2pc,
+    256x128/1+a, 256x128/1t+a."""
     flags = (("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "") +
-             ("t" if config.ping_pong else ""))
+             ("t" if config.ping_pong else "") + ("c" if config.splits_in_cluster else ""))
     multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
     return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
 
@@ -489,7 +501,8 @@ def config_fields(config: Fp8GemmConfig) -> dict:
     return {"block_m": config.block_m, "block_n": config.block_n, "num_tma_multicast": config.num_tma_multicast,
             "multicast_on_a": config.multicast_on_a, "num_stages": config.num_stages,
             "num_splits": config.num_splits, "pipelined": config.pipelined,
-            "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong}
+            "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong,
+            "splits_in_cluster": config.splits_in_cluster}
 
 
 def _output_type(out_dtype) -> tuple:
@@ -536,6 +549,7 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         "true" if mn_major_a else "false",
         "true" if mn_major_b else "false",
         MATH_SCHEDULES[config.ping_pong],
+        "true" if config.splits_in_cluster else "false",
     ]
 
 
@@ -597,7 +611,8 @@ def wgrad_candidate_kernels(num_sms: int = 132, smem_capacity: int = SMEM_CAPACI
 def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
                 pipelined: bool = None, overlap_epilogue: bool = False,
-                operands: str = "fp8_block_scaled", ping_pong: bool = False) -> Fp8GemmConfig:
+                operands: str = "fp8_block_scaled", ping_pong: bool = False,
+                splits_in_cluster: bool = False) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
     allows (and the schedule is not ping-pong) unless pipelined says otherwise, for overrides and tests (operands:
     what a stage holds)."""
@@ -609,6 +624,10 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits, operands=operands):
         raise ValueError("the epilogue overlap needs num_splits == 1 and block_m 128 (or 256 with block-scaled "
                          "operands)")
+    if splits_in_cluster and not (2 <= num_splits <= 8 and num_tma_multicast == 1 and block_m <= 128 and
+                                  operands == "fp8_block_scaled"):
+        raise ValueError("splits in a cluster need 2..8 splits, num_tma_multicast == 1, block_m <= 128 and "
+                         "block-scaled operands")
     if ping_pong and (pipelined or not can_ping_pong(block_m, False) or operands != "fp8_block_scaled"):
         raise ValueError("the ping-pong schedule needs block_m 128 or 256, the plain K loop (pipelined=False) and "
                          "block-scaled operands")
@@ -624,7 +643,8 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands), num_splits=num_splits,
-                         pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong)
+                         pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong,
+                         splits_in_cluster=splits_in_cluster)
 
 
 def compile_coverage_kernels(num_sms: int = 132) -> list:
@@ -632,7 +652,7 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
     on A and on B, the grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
     partial slot in flight) and with splits not dividing K, the plain K loop of a pipelinable tile and the
     widest pipelined tile of one math warpgroup, the epilogue overlap's K loops and stores, per-channel B scales
-    (dense and k-grouped), and the ping-pong schedule."""
+    (dense and k-grouped), the ping-pong schedule and split-K with the splits in a cluster."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -662,6 +682,11 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
                         "bfloat16", False),
         CandidateKernel(make_config(256, 128, 2, True, 2, ping_pong=True), 4096, 7168, "bfloat16", False),
         CandidateKernel(make_config(128, 112, 1, False, 4, num_splits=2, ping_pong=True), 576, 640, "float32", True),
+        # Splits in a cluster: one math warpgroup, and two with FP32 D accumulated.
+        CandidateKernel(make_config(64, 64, 1, False, 2, num_splits=2, splits_in_cluster=True), 4096, 7168, "bfloat16",
+                        False),
+        CandidateKernel(make_config(128, 64, 1, False, 4, num_splits=4, splits_in_cluster=True), 2112, 7168, "float32",
+                        True),
         # Per-channel B scales (the weight gradient's): pipelined with the overlap, two waves with multicast, the
         # widest tile's plain K loop; the k-grouped kind (K from the device: SHAPE_K 0), pipelined and two waves.
         CandidateKernel(make_config(128, 128, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled"),
