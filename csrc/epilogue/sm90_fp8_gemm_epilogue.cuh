@@ -226,6 +226,7 @@ DK_DEVICE bool reduce_splits_in_cluster(float (&total)[Traits::BLOCK_N / 2], flo
                 make_float4(total[j * 4 + 0], total[j * 4 + 1], total[j * 4 + 2], total[j * 4 + 3]);
         }
     }
+    __syncwarp();
     ptx::cluster_sync();
     if (split_idx != 0)
         return false;
