@@ -32,7 +32,7 @@ FEWER_STAGES = (4, 6, 8)
 MAX_CLUSTER_SPLITS = 8  # the portable cluster size
 
 
-def configs_for(m: int, n: int, k: int, num_sms: int, only_pick: bool = False) -> list:
+def configs_for(m: int, n: int, k: int, num_sms: int, only_pick: bool = False, cluster: bool = True) -> list:
     ranked = [config for _, config in heuristics.ranked_configs(m, n, k, num_sms, allow_split_k=True)
               if config.block_m <= max(m, 64)]
     if only_pick:
@@ -49,7 +49,7 @@ def configs_for(m: int, n: int, k: int, num_sms: int, only_pick: bool = False) -
                for s in FEWER_STAGES if s < pick.num_stages and pick.num_tma_multicast == 1]
     # Each split config also with its splits in a cluster, where every CTA gets one job.
     chosen += [replace(config, splits_in_cluster=True) for config in chosen
-               if 1 < config.num_splits <= MAX_CLUSTER_SPLITS and not config.splits_in_cluster and
+               if cluster and 1 < config.num_splits <= MAX_CLUSTER_SPLITS and not config.splits_in_cluster and
                heuristics.has_splits_in_cluster(replace(config, splits_in_cluster=True), m, n, num_sms)]
     return list(dict.fromkeys(chosen))
 
@@ -65,11 +65,12 @@ def main() -> None:
     parser.add_argument("--shapes", type=int, default=len(SHAPES), help="the first this many of SHAPES")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--only-pick", action="store_true", help="the model's pick alone (with cuBLAS)")
+    parser.add_argument("--no-cluster", action="store_true", help="leave out the splits-in-a-cluster variants")
     parser.add_argument("--out", default="sweep_decode.json")
     args = parser.parse_args()
     num_sms = get_num_sms()
     shapes = SHAPES[:args.shapes]
-    problems = {shape: configs_for(*shape, num_sms, args.only_pick) for shape in shapes}
+    problems = {shape: configs_for(*shape, num_sms, args.only_pick, not args.no_cluster) for shape in shapes}
     print("configs:", sum(len(c) for c in problems.values()), flush=True)
     if args.check:
         precompile([gemm.kernel_spec(config, n, k, torch.bfloat16, False)
