@@ -1,7 +1,11 @@
-"""Split-K with a tile's splits as one cluster (Fp8GemmConfig.splits_in_cluster, the kernel's kSplitsInCluster): the
+"""The decode schedules' options of the dense FP8 GEMM.
+
+Split-K with a tile's splits as one cluster (Fp8GemmConfig.splits_in_cluster, the kernel's kSplitsInCluster): the
 leader CTA sums the other splits' partial sums from their shared memory, in split order, so D is bitwise the
 workspace split-K's of the same tiles; checked against float64 of the dequantized inputs with outputs poisoned, run to
-run, and with a planted bug (one split's partial sums dropped) that the same check rejects."""
+run, and with a planted bug (one split's partial sums dropped) that the same check rejects.
+sfb loaded one K block ahead (Fp8GemmConfig.sfb_ahead, kSfbAhead): bitwise the per-block load's D, and the float64
+check."""
 
 import pytest
 import torch
@@ -103,3 +107,23 @@ def test_check_rejects_a_dropped_split():
     assert torch.isfinite(planted).all()
     with pytest.raises(AssertionError):
         assert_gemm_close(planted, expected)
+
+
+# ---- sfb loaded one K block ahead (Fp8GemmConfig.sfb_ahead) ----
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,block_m,block_n,splits,pipelined,in_cluster", [
+    (64, 2112, 7168, 64, 96, 3, True, False),     # straddling tiles, uneven splits, pipelined
+    (17, 7168, 2048, 64, 112, 1, False, False),   # plain K loop, straddling tiles
+    (128, 4096, 7040, 128, 64, 2, True, True),    # two math warpgroups, splits in a cluster, K % 128 != 0
+    (128, 32768, 512, 128, 128, 1, True, False),  # several tiles per CTA (the next tile's first pair loaded anew)
+])
+def test_sfb_ahead_matches_reference_bitwise(m, n, k, block_m, block_n, splits, pipelined, in_cluster):
+    # The same products in the same order as with sfb loaded per K block: the same bits, and the float64 check.
+    configs = [heuristics.make_config(block_m, block_n, 1, False, 2, num_splits=splits, pipelined=pipelined,
+                                      splits_in_cluster=in_cluster, sfb_ahead=ahead) for ahead in (True, False)]
+    a, b = make_gemm_inputs(m, n, k)
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
+    ahead, per_block = (_product(config, a, b, m, n) for config in configs)
+    assert_gemm_close(ahead, expected)
+    assert_bitwise_equal(ahead, per_block, "d with sfb loaded ahead against per K block")
