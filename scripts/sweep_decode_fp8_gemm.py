@@ -3,6 +3,7 @@
 Usage (on the GPU machine):
   python scripts/sweep_decode_fp8_gemm.py --check            compile every config, check each against float64
   python scripts/sweep_decode_fp8_gemm.py --time --out x.json time them (kernels already compiled by --check)
+  --final: the model's pick against the previous pick (PREVIOUS_PICKS) only.
 Per shape: the model's pick, its next TOP ranked configs, every unicast config whose jobs fill at least
 FILL of the SMs in one wave, the pick with fewer stages, and each split config with its splits in a cluster.
 Every output is poisoned before the check.
@@ -54,30 +55,14 @@ def configs_for(m: int, n: int, k: int, num_sms: int, only_pick: bool = False, c
     return list(dict.fromkeys(chosen))
 
 
-# The picks of the model before the decode changes (max stages, workspace split-K, sfb loaded per K block), and
-# tilings worth timing beside the model's next candidates, per shape (labels as label() spells them).
+# The picks of the model before the decode changes (all stages that fit, workspace split-K, the epilogue overlap),
+# labels as label() spells them.
 PREVIOUS_PICKS = {
     (128, 2112, 7168): "128x64/4ps8", (64, 24576, 1536): "64x96/1ps10", (128, 24576, 1536): "128x192/1os4",
     (128, 32768, 512): "128x128/1pos5", (64, 7168, 16384): "64x112/2ps9", (128, 7168, 16384): "128x112/2ps6",
     (64, 4096, 7168): "64x96/3ps10", (128, 4096, 7168): "128x64/2ps8", (64, 2112, 7168): "64x64/4ps13",
     (64, 32768, 512): "64x128/1ps8", (64, 7168, 2048): "64x64/1ps13", (128, 7168, 2048): "128x64/1pos8",
 }
-EXTRAS = {
-    (128, 2112, 7168): ["64x64/2pcfs13", "128x32/2pcfs10"],
-    (64, 7168, 16384): ["64x80/1pfs8", "64x80/1ps11", "64x112/2pcfs9", "64x112/2pcfs6"],
-    (64, 4096, 7168): ["64x64/2pcfs13", "64x64/2pcfs6", "64x96/2pcfs8", "64x32/1pfs8"],
-    (128, 4096, 7168): ["64x64/1pfs8", "64x64/1pfs13", "64x64/1fs8", "128x64/2cfs8", "64x128/2pcfs8"],
-    (64, 2112, 7168): ["64x32/2pcfs8", "64x32/2pcfs18", "64x64/4pfs6"],
-    (64, 32768, 512): ["64x128/1pfs6", "64x128/1pfs8"],
-    (64, 24576, 1536): ["64x96/1pfs6", "64x96/1fs8"],
-    (128, 24576, 1536): ["128x192/1s4", "128x192/1fs4", "128x96/1pfs7"],
-    (128, 32768, 512): ["128x128/1pfs5", "128x128/1pfs4"],
-    (128, 7168, 16384): ["128x112/2pcs6", "128x128/2pcfs5"],
-    (64, 7168, 2048): ["64x64/1pfs6", "64x112/2pcfs8"],
-    (128, 7168, 2048): ["128x112/2pcfs6", "64x128/1pfs8"],
-}
-
-
 def parse_label(text: str):
     """The config a label() spells (no multicast)."""
     tile, rest = text.split("/")
@@ -87,24 +72,13 @@ def parse_label(text: str):
     letters = flags[len(digits):]
     return heuristics.make_config(block_m, block_n, 1, False, 2, num_stages=int(stages), num_splits=int(digits),
                                   pipelined="p" in letters, overlap_epilogue="o" in letters,
-                                  splits_in_cluster="c" in letters, sfb_ahead="f" in letters)
+                                  splits_in_cluster="c" in letters)
 
 
-def planned_configs(m: int, n: int, k: int, num_sms: int) -> list:
-    """The model's pick; it with sfb loaded per K block or ahead (the other way) and, 64-row, with all stages that
-    fit; the previous pick; the model's next 4; EXTRAS."""
-    ranked = [config for _, config in heuristics.ranked_configs(m, n, k, num_sms, allow_split_k=True)]
-    pick = ranked[0]
-    chosen = [pick]
-    if heuristics.can_load_sfb_ahead(pick.block_m, pick.overlap_epilogue):
-        chosen.append(replace(pick, sfb_ahead=not pick.sfb_ahead))
-    fitting = heuristics.max_stages(pick.block_m, pick.block_n, 2)
-    if fitting != pick.num_stages:
-        chosen.append(heuristics.with_stages(pick, fitting, 2))
-    chosen.append(parse_label(PREVIOUS_PICKS[(m, n, k)]))
-    chosen += ranked[1:5]
-    chosen += [parse_label(text) for text in EXTRAS.get((m, n, k), [])]
-    return list(dict.fromkeys(chosen))
+def final_configs(m: int, n: int, k: int, num_sms: int) -> list:
+    """The model's pick and the previous pick (PREVIOUS_PICKS)."""
+    pick = heuristics.ranked_configs(m, n, k, num_sms, allow_split_k=True)[0][1]
+    return list(dict.fromkeys([pick, parse_label(PREVIOUS_PICKS[(m, n, k)])]))
 
 
 def label(config) -> str:
@@ -119,12 +93,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--only-pick", action="store_true", help="the model's pick alone (with cuBLAS)")
     parser.add_argument("--no-cluster", action="store_true", help="leave out the splits-in-a-cluster variants")
-    parser.add_argument("--planned", action="store_true", help="planned_configs instead of configs_for")
+    parser.add_argument("--final", action="store_true", help="final_configs (the pick and the previous pick)")
     parser.add_argument("--out", default="sweep_decode.json")
     args = parser.parse_args()
     num_sms = get_num_sms()
     shapes = SHAPES[:args.shapes]
-    problems = {shape: (planned_configs(*shape, num_sms) if args.planned else
+    problems = {shape: (final_configs(*shape, num_sms) if args.final else
                           configs_for(*shape, num_sms, args.only_pick, not args.no_cluster)) for shape in shapes}
     print("configs:", sum(len(c) for c in problems.values()), flush=True)
     if args.check:

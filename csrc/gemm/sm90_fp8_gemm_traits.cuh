@@ -122,7 +122,7 @@ template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOC
           uint32_t kNumStages_, uint32_t kNumTMAMulticast_, bool kIsMulticastOnA_, GemmType kGemmType_,
           typename OutputType_, bool kWithAccumulation_, uint32_t kNumSplits_, bool kPipelined_,
           bool kOverlapEpilogue_, GemmOperands kOperands_, bool kIsMNMajorA_ = false, bool kIsMNMajorB_ = false,
-          MathSchedule kMathSchedule_ = MathSchedule::Lockstep, bool kSplitsInCluster_ = false, bool kSfbAhead_ = false>
+          MathSchedule kMathSchedule_ = MathSchedule::Lockstep, bool kSplitsInCluster_ = false>
 struct Sm90Fp8GemmTraits {
     // Problem, tile, pipeline, cluster, kind and schedule
     static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_;
@@ -160,9 +160,6 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kNumMathWarpgroups = math_warpgroups_of(BLOCK_M);
     static constexpr uint32_t kNumMWaves = m_waves_of(BLOCK_M);
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
-    // Each K block's sfb loaded one K block ahead, so that its wgmma group's issue does not wait for it
-    // (gemm/sm90_fp8_mainloop.cuh).
-    static constexpr bool kSfbAhead = kSfbAhead_;
     // FP4 weights with one math warpgroup: a second producer-side warpgroup of expanders (gemm/sm90_fp4_expand.cuh).
     static constexpr uint32_t kNumTMAThreads =
         (kOperands_ == GemmOperands::Fp8Mxfp4 && kNumMathWarpgroups == 1 ? 2 : 1) * kNumThreadsPerWarpgroup;
@@ -318,10 +315,6 @@ struct Sm90Fp8GemmTraits {
                           kGemmType != GemmType::KGrouped),
                      "ping-pong: two math warpgroups with the plain K loop (one group in flight each), block-scaled "
                      "FP8 operands, not k-grouped");
-    DK_STATIC_ASSERT(!kSfbAhead || (kOperands == GemmOperands::Fp8BlockScaled && kGemmType == GemmType::Normal &&
-                                    kNumMWaves == 1 && !kOverlapEpilogue),
-                     "sfb loaded ahead: block scales, the Normal kind, one issue per K block (up to 128 rows, no "
-                     "epilogue overlap)");
     // NOTE: a job's partial sums wait in its stage buffers (A's and B's, contiguous), free once its K loop is done.
     DK_STATIC_ASSERT(!kSplitsInCluster ||
                          (kNumSplits >= 2 && kNumSplits <= 8 && kNumTMAMulticast == 1 && kGemmType == GemmType::Normal &&

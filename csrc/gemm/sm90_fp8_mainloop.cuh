@@ -127,8 +127,6 @@ struct Sm90Fp8Mainloop {
     const uint32_t a_row_offset;
 
     State state;
-    // kSfbAhead: the sfb pair of the K block issued next, loaded while the previous one's group ran.
-    float sfb_ahead_first, sfb_ahead_second;
     float partial[BLOCK_N / 2];
     // Only the pipelined K loop uses it (the compiler drops it otherwise).
     float partial_next[BLOCK_N / 2];
@@ -157,21 +155,12 @@ struct Sm90Fp8Mainloop {
         return {first, first + (n_first / kScaleBlock + 1 < Traits::kNumSfbRows ? kNumKBlocks : 0)};
     }
 
-    // kSfbAhead: loads K block k_block's sfb pair for its issue_k_block.
-    template <typename Straddles>
-    DK_DEVICE void load_sfb_ahead(Straddles, const SfbBlocks& sfb_rows, uint32_t k_block) {
-        sfb_ahead_first = __ldg(sfb_rows.first + k_block);
-        sfb_ahead_second = Straddles::value ? __ldg(sfb_rows.second + k_block) : sfb_ahead_first;
-    }
-
     // Waits for the K block's stage (the first wave; the others follow it), issues its wgmma group for the
     // warpgroup's 64-row wave `wave` into `acc` and returns its promotion scales (the second sfb block's only where
-    // the tile straddles two; per-channel B scales: sfa alone, as lo and hi, sfb is read at the promotion). kSfbAhead:
-    // the pair was loaded ahead (load_sfb_ahead), and the one of K block k_block_ahead is loaded for the next issue.
+    // the tile straddles two; per-channel B scales: sfa alone, as lo and hi, sfb is read at the promotion).
     template <typename Straddles>
     DK_DEVICE PromotionScales issue_k_block(Straddles, const SfbBlocks& sfb_rows, float (&acc)[BLOCK_N / 2],
-                                            uint32_t k_block, const State& k_state, uint32_t wave = 0,
-                                            uint32_t k_block_ahead = 0) {
+                                            uint32_t k_block, const State& k_state, uint32_t wave = 0) {
         PromotionScales scales;
         if constexpr (Traits::kHasColumnScales) {
             if (wave == 0)
@@ -179,17 +168,9 @@ struct Sm90Fp8Mainloop {
             const float* smem_sfa = stages.sfa_stage(k_state.stage) + wave * kWarpgroupBlockM;
             scales = {smem_sfa[row_lo()], smem_sfa[row_lo() + 8], 0.0f, 0.0f};
         } else {
-            // NOTE: sfb comes from global memory; its latency hides behind the wgmma group (kSfbAhead: behind the
-            // previous K block's, so that this block's issue does not wait for it).
-            float sfb_0, sfb_1;
-            if constexpr (Traits::kSfbAhead) {
-                sfb_0 = sfb_ahead_first;
-                sfb_1 = sfb_ahead_second;
-                load_sfb_ahead(Straddles{}, sfb_rows, k_block_ahead);
-            } else {
-                sfb_0 = __ldg(sfb_rows.first + k_block);
-                sfb_1 = Straddles::value ? __ldg(sfb_rows.second + k_block) : sfb_0;
-            }
+            // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
+            const float sfb_0 = __ldg(sfb_rows.first + k_block);
+            const float sfb_1 = Straddles::value ? __ldg(sfb_rows.second + k_block) : sfb_0;
             if (wave == 0)
                 ring.consumer_wait(k_state);
             const float* smem_sfa = stages.sfa_stage(k_state.stage) + wave * kWarpgroupBlockM;
@@ -303,12 +284,8 @@ private:
         constexpr std::integral_constant<int, 0> kNoneInFlight;
         constexpr std::integral_constant<int, 1> kOneInFlight;
         const SfbBlocks sfb_rows = sfb_blocks(tile);
-        const uint32_t k_block_begin = tile_k_block_begin<Traits>(tile);
-        const uint32_t k_block_end = tile_k_block_end<Traits>(tile);
-        // kSfbAhead: the K block whose sfb the issue of k_block loads ahead (the last block's own again).
-        auto ahead_of = [&](uint32_t k_block) { return k_block + 1 < k_block_end ? k_block + 1 : k_block; };
         auto issue = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block) {
-            return issue_k_block(kStraddles, sfb_rows, acc, k_block, state, 0, ahead_of(k_block));
+            return issue_k_block(kStraddles, sfb_rows, acc, k_block, state);
         };
         auto retire = [&](auto num_pending, float(&acc)[BLOCK_N / 2], const PromotionScales& scales,
                           const State& k_state, uint32_t wave = 0) {
@@ -321,13 +298,13 @@ private:
             for (uint32_t i = 0; i < BLOCK_N / 2; ++i)
                 final_acc[wave][i] = 0.0f;
         }
+        const uint32_t k_block_begin = tile_k_block_begin<Traits>(tile);
+        const uint32_t k_block_end = tile_k_block_end<Traits>(tile);
         // KGrouped: an empty group's tile has no K block (its D is zeros, or C).
         if constexpr (Traits::kIsKGrouped) {
             if (k_block_begin == k_block_end)
                 return;
         }
-        if constexpr (Traits::kSfbAhead)
-            load_sfb_ahead(kStraddles, sfb_rows, k_block_begin);
         if constexpr (!Traits::kPipelined) {
             uint32_t k_block = k_block_begin;
             if constexpr (kIssuedAhead) {
@@ -345,8 +322,7 @@ private:
                 // NOTE: the waves share the stage's B; each wave's promotion overlaps the other warpgroup's wgmma.
 #pragma unroll
                 for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
-                    const PromotionScales scales =
-                        issue_k_block(kStraddles, sfb_rows, partial, k_block, state, wave, ahead_of(k_block));
+                    const PromotionScales scales = issue_k_block(kStraddles, sfb_rows, partial, k_block, state, wave);
                     retire(kNoneInFlight, partial, scales, state, wave);
                 }
                 state.advance();

@@ -110,11 +110,17 @@ MAX_TAIL_SPLITS = 8
 # (0.53-0.74x), so the candidates offer 2 splits only.
 CLUSTER_SPLIT_SECONDS = 0.6e-6
 MAX_CLUSTER_SPLITS = 2
-# Most stages of a one-math-warpgroup (64-row) dense tile (dense_stages_64_rows: also no more than a job's K blocks): on
-# the H200 (same sweep) 6 or 8 stages ran 1-8% faster than the 10-13 that fit (64x64 at 64x7168x2048 8.46 -> 7.87 us,
-# 64x96 at 64x24576x1536 16.38 -> 16.02 us; 64x128 at 64x32768x512, 4 K blocks a tile, 9.20 us with 8, 8.90 with 4),
-# while 128-row tiles ran fastest with all that fit.
+# Most stages of a one-math-warpgroup (64-row) dense tile at least 64 columns wide when M is one such tile
+# (dense_stages_64_rows: also no more than a job's K blocks): on the H200 (same sweeps, timed in turns) 8 stages ran
+# 3-7% faster than the 10-13 that fit at M = 64 (64x64 at 64x7168x2048 8.08 -> 7.82 us, 64x96 at 64x24576x1536
+# 16.74 -> 16.02 us, 64x64/2c at 64x4096x7168 14.96 -> 14.27 us; 64x128 at 64x32768x512, 4 K blocks a tile, 9.10 us
+# with 8, 8.99 with 4), while with two M blocks (M = 128) 64x64 tiles ran 4-6% faster with all 13 (10.99 against
+# 11.49 us at 128x2112x7168, 16.67 against 17.71 at 128x4096x7168), as did 64x32 tiles (18 stages) and 128-row tiles.
 MAX_DENSE_STAGES_64_ROWS = 8
+# Dense tiles take the epilogue overlap only when a CTA runs at least this many tiles: at decode sizes, with one or two
+# tiles per CTA, the same tiles without it ran 3.5-3.8% faster on the H200 (128x192 at 128x24576x1536 17.71 -> 17.06
+# us, 128x128 at 128x32768x512 10.66 -> 10.29 us).
+MIN_TILES_PER_CTA_FOR_OVERLAP = 3
 # Time of a K block's math with the ping-pong schedule (the two math warpgroups take turns running their wgmma
 # groups, csrc/gemm/sm90_math_schedule.cuh) over the same tiles' lockstep plain K loop, by BLOCK_M; the candidates
 # offer the schedule only at the tile heights listed (where it was measured to win). None: on the H200 (2026-12-02,
@@ -174,9 +180,6 @@ class Fp8GemmConfig:
     # splits' partial sums from their shared memory instead of a global workspace; every tile split, one job per CTA
     # (tiles x num_splits <= SMs: has_splits_in_cluster).
     splits_in_cluster: bool = False
-    # Each K block's sfb loaded one K block ahead (the kernel's kSfbAhead; can_load_sfb_ahead), so that the wgmma group's
-    # issue does not wait for the global load.
-    sfb_ahead: bool = False
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -269,12 +272,6 @@ def is_legal_multicast(block_m: int, num_tma_multicast: int, multicast_on_a: boo
     """Whether the kernel takes the cluster: the M-grouped kinds' 256-row tiles multicast A only (a contiguous
     256-row tile may start on an odd 128-row half, so M-block pairs do not line up with the segments)."""
     return not (grouped and block_m == 256 and num_tma_multicast == 2 and not multicast_on_a)
-
-
-def can_load_sfb_ahead(block_m: int, overlap_epilogue: bool, grouped: bool = False,
-                       operands: str = "fp8_block_scaled") -> bool:
-    """Whether the kernel takes kSfbAhead: block scales, the Normal kind, up to 128 rows, no epilogue overlap."""
-    return operands == "fp8_block_scaled" and not grouped and block_m <= 128 and not overlap_epilogue
 
 
 def has_splits_in_cluster(config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> bool:
@@ -434,7 +431,7 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
             stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, operands)
             if stages < MIN_STAGES:
                 continue
-            # Dense block-scaled tiles (k given): sfb loaded ahead where the tiling allows.
+            # Dense block-scaled tiles (k given): the decode rules on stages and the epilogue overlap.
             dense = k is not None and operands == "fp8_block_scaled"
             for num_tma_multicast, multicast_on_a in _multicast_options(m, n, block_m, block_n, num_sms):
                 if not (has_streamed_store_registers(block_m, num_tma_multicast, out_dtype_bytes, operands) and
@@ -442,7 +439,9 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                     continue
                 splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
                 for num_splits in splits:
-                    overlap = has_epilogue_overlap(block_m, block_n, num_splits, grouped, operands)
+                    overlap = has_epilogue_overlap(block_m, block_n, num_splits, grouped, operands) and not (
+                        dense and _ceil_div(_ceil_div(m, block_m) * _ceil_div(n, block_n), num_sms) <
+                        MIN_TILES_PER_CTA_FOR_OVERLAP)
                     config = Fp8GemmConfig(
                         block_m=block_m,
                         block_n=block_n,
@@ -454,9 +453,8 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         num_splits=num_splits,
                         pipelined=can_pipeline(block_m, block_n),
                         overlap_epilogue=overlap,
-                        sfb_ahead=dense and can_load_sfb_ahead(block_m, overlap, grouped, operands),
                     )
-                    if dense and block_m == 64:
+                    if dense and block_m == 64 and m <= 64 and block_n >= 64:
                         config = with_stages(config, dense_stages_64_rows(stages, k, num_splits), out_dtype_bytes)
                     yield config
                     # NOTE: after the workspace split of the same tiles (a tie keeps it).
@@ -469,8 +467,8 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
 
 
 def dense_stages_64_rows(stages: int, k: int, num_splits: int) -> int:
-    """Stages of a dense block-scaled 64-row tile: at most MAX_DENSE_STAGES_64_ROWS, and no more than a job's K blocks
-    (at least MIN_STAGES), of the `stages` that fit."""
+    """Stages of a dense block-scaled 64-row tile at least 64 columns wide where M is one tile: at most
+    MAX_DENSE_STAGES_64_ROWS, and no more than a job's K blocks (at least MIN_STAGES), of the `stages` that fit."""
     job_k_blocks = _ceil_div(_ceil_div(k, BLOCK_K), num_splits)
     return min(stages, MAX_DENSE_STAGES_64_ROWS, max(MIN_STAGES, job_k_blocks))
 
@@ -537,12 +535,10 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
 
 def config_label(config: Fp8GemmConfig) -> str:
     """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), t (ping-pong: the math warpgroups
-    take turns issuing), c (splits in a cluster), f (sfb loaded ahead), +a / +b (multicast of A / B): 128x192/1o,
-    64x64/4p, 64x64/2pcf,
+    take turns issuing), c (splits in a cluster), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 64x64/2pc,
     256x128/1+a, 256x128/1t+a."""
     flags = (("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "") +
-             ("t" if config.ping_pong else "") + ("c" if config.splits_in_cluster else "") +
-             ("f" if config.sfb_ahead else ""))
+             ("t" if config.ping_pong else "") + ("c" if config.splits_in_cluster else ""))
     multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
     return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
 
@@ -553,7 +549,7 @@ def config_fields(config: Fp8GemmConfig) -> dict:
             "multicast_on_a": config.multicast_on_a, "num_stages": config.num_stages,
             "num_splits": config.num_splits, "pipelined": config.pipelined,
             "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong,
-            "splits_in_cluster": config.splits_in_cluster, "sfb_ahead": config.sfb_ahead}
+            "splits_in_cluster": config.splits_in_cluster}
 
 
 def _output_type(out_dtype) -> tuple:
@@ -601,7 +597,6 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         "true" if mn_major_b else "false",
         MATH_SCHEDULES[config.ping_pong],
         "true" if config.splits_in_cluster else "false",
-        "true" if config.sfb_ahead else "false",
     ]
 
 
@@ -664,7 +659,7 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
                 pipelined: bool = None, overlap_epilogue: bool = False,
                 operands: str = "fp8_block_scaled", ping_pong: bool = False,
-                splits_in_cluster: bool = False, sfb_ahead: bool = False) -> Fp8GemmConfig:
+                splits_in_cluster: bool = False) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
     allows (and the schedule is not ping-pong) unless pipelined says otherwise, for overrides and tests (operands:
     what a stage holds)."""
@@ -680,8 +675,6 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                                   operands == "fp8_block_scaled"):
         raise ValueError("splits in a cluster need 2..8 splits, num_tma_multicast == 1, block_m <= 128 and "
                          "block-scaled operands")
-    if sfb_ahead and not can_load_sfb_ahead(block_m, overlap_epilogue, operands=operands):
-        raise ValueError("sfb loaded ahead needs block scales, block_m <= 128 and no epilogue overlap")
     if ping_pong and (pipelined or not can_ping_pong(block_m, False) or operands != "fp8_block_scaled"):
         raise ValueError("the ping-pong schedule needs block_m 128 or 256, the plain K loop (pipelined=False) and "
                          "block-scaled operands")
@@ -698,7 +691,7 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands), num_splits=num_splits,
                          pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong,
-                         splits_in_cluster=splits_in_cluster, sfb_ahead=sfb_ahead)
+                         splits_in_cluster=splits_in_cluster)
 
 
 def compile_coverage_kernels(num_sms: int = 132) -> list:

@@ -1,11 +1,7 @@
-"""The decode schedules' options of the dense FP8 GEMM.
-
-Split-K with a tile's splits as one cluster (Fp8GemmConfig.splits_in_cluster, the kernel's kSplitsInCluster): the
+"""Split-K with a tile's splits as one cluster (Fp8GemmConfig.splits_in_cluster, the kernel's kSplitsInCluster): the
 leader CTA sums the other splits' partial sums from their shared memory, in split order, so D is bitwise the
 workspace split-K's of the same tiles; checked against float64 of the dequantized inputs with outputs poisoned, run to
-run, and with a planted bug (one split's partial sums dropped) that the same check rejects.
-sfb loaded one K block ahead (Fp8GemmConfig.sfb_ahead, kSfbAhead): bitwise the per-block load's D, and the float64
-check."""
+run, and with a planted bug (one split's partial sums dropped) that the same check rejects."""
 
 import pytest
 import torch
@@ -47,6 +43,27 @@ def test_rejects_illegal_configs():
         heuristics.make_config(64, 64, 2, True, 2, num_splits=2, splits_in_cluster=True)
     with pytest.raises(ValueError, match="splits in a cluster"):
         heuristics.make_config(64, 64, 1, False, 2, num_splits=9, splits_in_cluster=True)
+
+
+def test_candidates_offer_two_splits_in_a_cluster_where_they_fit():
+    for m, n, k in ((64, 4096, 7168), (128, 2112, 7168), (128, 7168, 16384)):
+        clustered = [c for c in heuristics.candidate_configs(m, n, NUM_SMS, k=k) if c.splits_in_cluster]
+        assert clustered
+        for config in clustered:
+            assert config.num_splits == 2 and config.num_tma_multicast == 1
+            assert heuristics.has_splits_in_cluster(config, m, n, NUM_SMS)
+    # Not for the grouped kinds (no k), nor without split-K.
+    assert not any(c.splits_in_cluster for c in heuristics.candidate_configs(64, 4096, NUM_SMS))
+
+
+def test_decode_rules_leave_large_m_alone():
+    # The epilogue overlap only with at least MIN_TILES_PER_CTA_FOR_OVERLAP tiles per CTA; 64-row tiles of one M block
+    # take at most MAX_DENSE_STAGES_64_ROWS stages.
+    assert not heuristics.get_fp8_gemm_config(128, 24576, 1536, NUM_SMS, allow_split_k=True).overlap_epilogue
+    assert heuristics.get_fp8_gemm_config(4096, 24576, 1536, NUM_SMS, allow_split_k=True).overlap_epilogue
+    small = heuristics.get_fp8_gemm_config(64, 7168, 2048, NUM_SMS, allow_split_k=True)
+    assert small.block_m == 64 and small.num_stages == heuristics.MAX_DENSE_STAGES_64_ROWS
+    assert heuristics.dense_stages_64_rows(13, 512, 1) == 4  # no more than a job's K blocks
 
 
 # ---- the kernel (GPU) ----
@@ -108,22 +125,3 @@ def test_check_rejects_a_dropped_split():
     with pytest.raises(AssertionError):
         assert_gemm_close(planted, expected)
 
-
-# ---- sfb loaded one K block ahead (Fp8GemmConfig.sfb_ahead) ----
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,block_m,block_n,splits,pipelined,in_cluster", [
-    (64, 2112, 7168, 64, 96, 3, True, False),     # straddling tiles, uneven splits, pipelined
-    (17, 7168, 2048, 64, 112, 1, False, False),   # plain K loop, straddling tiles
-    (128, 4096, 7040, 128, 64, 2, True, True),    # two math warpgroups, splits in a cluster, K % 128 != 0
-    (128, 32768, 512, 128, 128, 1, True, False),  # several tiles per CTA (the next tile's first pair loaded anew)
-])
-def test_sfb_ahead_matches_reference_bitwise(m, n, k, block_m, block_n, splits, pipelined, in_cluster):
-    # The same products in the same order as with sfb loaded per K block: the same bits, and the float64 check.
-    configs = [heuristics.make_config(block_m, block_n, 1, False, 2, num_splits=splits, pipelined=pipelined,
-                                      splits_in_cluster=in_cluster, sfb_ahead=ahead) for ahead in (True, False)]
-    a, b = make_gemm_inputs(m, n, k)
-    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
-    ahead, per_block = (_product(config, a, b, m, n) for config in configs)
-    assert_gemm_close(ahead, expected)
-    assert_bitwise_equal(ahead, per_block, "d with sfb loaded ahead against per K block")
