@@ -22,12 +22,14 @@ columns. Deterministic (fixed reduction order, split-K included). At decode size
 runs a kernel with A and B swapped (csrc/kernels/sm90_fp8_fp4_gemm_swap_ab.cuh: the weights expanded in registers
 as wgmma's A operand, the same numerics). At prefill sizes the dense GEMM expands B first (mxfp4_requant_to_fp8,
 the same numerics) and runs the FP8 GEMM with per-channel scales (fp8_fp4_gemm_nt's Notes).
-NVFP4 weights are not supported (their E4M3 scales do not fold into e4m3 exactly).
+NVFP4 weights (E4M3 1x16 scales and an FP32 global scale: b = (codes, sfb, global_scale)) are supported by the
+dense GEMM only, through deep_kernels.nvfp4_gemm (expanded exactly to f16, f16 tensor cores, the same promotion).
 """
 
 import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
+from deep_kernels import nvfp4_gemm
 from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_output, scale_a
 from deep_kernels.grouped_gemm import _checked, _split_pairs
@@ -216,17 +218,37 @@ def _codes_map(b: torch.Tensor, block_n: int) -> tuple:
     return tensor_map(codes.reshape(-1, codes.shape[-1]), (block_n, SCALE_BLOCK // 2))
 
 
+def _is_nvfp4(b) -> bool:
+    return isinstance(b, (tuple, list)) and len(b) == 3
+
+
+def _split_nvfp4(a, b) -> tuple:
+    if not (isinstance(a, (tuple, list)) and len(a) == 2):
+        raise TypeError("a must be a (tensor, scales) pair")
+    return (*a, *b)
+
+
+def _reject_nvfp4(b) -> None:
+    if _is_nvfp4(b):
+        raise ValueError("NVFP4 weights (codes, sfb, global_scale) are supported by the dense fp8_fp4_gemm_nt only; "
+                         "the grouped GEMMs take MXFP4 weights")
+
+
 def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) -> torch.Tensor:
-    """D = A @ B^T (+ C) with e4m3 activations (1x128 scales) and MXFP4 weights, FP32 accumulation.
+    """D = A @ B^T (+ C) with e4m3 activations (1x128 scales) and MXFP4 or NVFP4 weights, FP32 accumulation.
 
     Args:
         a: (a [M, K] float8_e4m3fn, sfa [M, K / 128]) as per_token_cast_to_fp8 returns it.
-        b: (codes [N, K / 2] float4_e2m1fn_x2 or uint8, sfb [N, K / 32] float8_e8m0fnu or uint8) as
+        b: MXFP4: (codes [N, K / 2] float4_e2m1fn_x2 or uint8, sfb [N, K / 32] float8_e8m0fnu or uint8) as
             per_token_cast_to_mxfp4(w) returns it (row_major scales).
+            NVFP4: (codes, sfb [N, K / 16] float8_e4m3fn, global_scale float32 CUDA tensor of one element): the
+            pair per_token_cast_to_nvfp4(w, global_scale) returns (row_major scales) and the global scale it was
+            given (deep_kernels.nvfp4_gemm has the layouts and numerics).
         d: [M, N] output, bf16; fp32 when c is given.
         c: optional fp32 [M, N] added to the product; may be d itself.
         config: for measured tuning and tests only: a heuristics.fp8_fp4_gemm config, or a
-            heuristics.fp8_fp4_swap_ab one (the swapped kernel, up to 128 tokens), instead of the chosen one.
+            heuristics.fp8_fp4_swap_ab one (the swapped kernel, up to 128 tokens), instead of the chosen one
+            (NVFP4: a heuristics.fp8_nvfp4_swap_ab one).
 
     Returns:
         d.
@@ -248,6 +270,8 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.fp8_fp4_gemm_nt(a, b, d, c)
+    if _is_nvfp4(b):
+        return nvfp4_gemm.fp8_nvfp4_gemm_nt(*_split_nvfp4(a, b), d, c, config)
     a, sfa, b, sfb = _split_pairs(a, b)
     m, n, k, sfa_ready = _checked(_check_dense_call, (a, sfa, b, sfb, d, c))
     if not sfa_ready:
@@ -375,6 +399,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
         Padding rows of d are never written. Numerics as fp8_fp4_gemm_nt; deterministic; no host synchronisation
         (CUDA-graph safe with kernel-ready sfa).
     """
+    _reject_nvfp4(b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices)
@@ -413,6 +438,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tens
         Rows at or past masked_m[g] are never written. One CTA per SM whatever masked_m holds; CUDA-graph safe
         (no host synchronisation). Numerics as fp8_fp4_gemm_nt; deterministic.
     """
+    _reject_nvfp4(b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m)

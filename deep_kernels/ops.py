@@ -176,18 +176,24 @@ def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m):
     return d
 
 
-def _fp8_fp4_gemm_nt(a, sfa, b, sfb, d, c, c_is_d) -> None:
-    fp4_gemm.fp8_fp4_gemm_nt((a, sfa), (b, sfb), d, d if c_is_d else c)
+def _fp8_fp4_gemm_nt(a, sfa, b, sfb, d, c, c_is_d, global_scale=None) -> None:
+    weights = (b, sfb) if global_scale is None else (b, sfb, global_scale)
+    fp4_gemm.fp8_fp4_gemm_nt((a, sfa), weights, d, d if c_is_d else c)
 
 
-_define("fp8_fp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, Tensor? c, bool c_is_d) -> ()",
-        _fp8_fp4_gemm_nt, _writes_only)
+# global_scale: the NVFP4 form's (b = (codes, sfb, global_scale)); None for MXFP4.
+_define("fp8_fp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, Tensor? c, bool c_is_d, "
+        "Tensor? global_scale=None) -> ()", _fp8_fp4_gemm_nt, _writes_only)
 
 
 def fp8_fp4_gemm_nt(a, b, d, c):
-    a, sfa, b, sfb = _split_pairs(a, b)
     c_is_d = c is d
-    _OPS.fp8_fp4_gemm_nt.default(a, sfa, b, sfb, d, None if c_is_d else c, c_is_d)
+    if isinstance(b, (tuple, list)) and len(b) == 3:  # NVFP4: (codes, sfb, global_scale)
+        (a, sfa), (b, sfb, global_scale) = a, b
+    else:
+        a, sfa, b, sfb = _split_pairs(a, b)
+        global_scale = None
+    _OPS.fp8_fp4_gemm_nt.default(a, sfa, b, sfb, d, None if c_is_d else c, c_is_d, global_scale)
     return d
 
 
@@ -533,11 +539,25 @@ _define(f"topk_gate_with_layout({_GATE_SCHEMA}, int? max_tokens) -> Tensor[]", _
         _topk_gate_with_layout_fake)
 
 
+# NOTE: defined apart from _define's .out overloads: the masked layout's tensors are written only with max_tokens.
+_LIBRARY.define(f"topk_gate_with_layout.out({_GATE_SCHEMA}, int? max_tokens, Tensor(a!) weights, Tensor(b!) indices, "
+                "Tensor(c!) counts, Tensor(d!) num_rows, Tensor(e!) m_indices, Tensor(f!) row_to_slot, "
+                "Tensor(g!) slot_to_row, Tensor(h!)? masked_slots, Tensor(i!)? masked_m) -> ()")
+_register("topk_gate_with_layout.out",
+          lambda *arguments: routing.topk_gate_with_layout(
+              *arguments[:-9], out=(arguments[-9], arguments[-8], MoeLayout(*arguments[-7:]))),
+          _writes_only)
+
+
 def topk_gate_with_layout(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor,
-                          max_tokens):
-    weights, indices, *layout_tensors = _OPS.topk_gate_with_layout.default(
-        logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor, max_tokens)
-    return weights, indices, MoeLayout(*layout_tensors)
+                          max_tokens, out=None):
+    arguments = (logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor, max_tokens)
+    if out is None:
+        weights, indices, *layout_tensors = _OPS.topk_gate_with_layout.default(*arguments)
+        return weights, indices, MoeLayout(*layout_tensors)
+    routing.check_out_form(out)
+    _OPS.topk_gate_with_layout.out(*arguments, out[0], out[1], *(getattr(out[2], name) for name in _LAYOUT_FIELDS))
+    return tuple(out)
 
 
 def _layout_arguments(moe_layout, masked: bool) -> tuple:

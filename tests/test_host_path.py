@@ -9,6 +9,7 @@ cache holds) against the reference, eager and in a CUDA graph; topk_gate_with_la
 reference.
 """
 
+import dataclasses
 import struct
 
 import pytest
@@ -255,6 +256,85 @@ def test_gate_with_layout_replans_for_a_new_sm_count(fake_routing, monkeypatch):
     assert plan.num_sms == 1 and len(fake_routing) == 2
 
 
+def _fresh_outputs(num_tokens: int, max_tokens):
+    """Separately allocated outputs of a _GATE call with 16 experts."""
+    k, num_experts = _GATE["k"], 16
+    max_rows = layout.contiguous_max_rows(num_tokens * k, num_experts)
+    ints = lambda *shape: torch.empty(shape, dtype=torch.int32)
+    masked = max_tokens is not None
+    return (torch.empty(num_tokens, k), ints(num_tokens, k),
+            layout.MoeLayout(ints(num_experts), ints(1), ints(max_rows), ints(max_rows), ints(num_tokens, k),
+                             ints(num_experts, max_tokens) if masked else None, ints(num_experts) if masked else None))
+
+
+@pytest.mark.parametrize("max_tokens", [None, 3])
+def test_gate_with_layout_writes_out(fake_routing, max_tokens):
+    logits = torch.randn(8, 16)
+    out = _fresh_outputs(8, max_tokens)
+    for _ in range(2):
+        result = routing.topk_gate_with_layout(logits, **_GATE, max_tokens=max_tokens, out=out)
+        assert result[0] is out[0] and result[1] is out[1] and result[2] is out[2]
+    assert len(fake_routing) == 2
+    params = fake_routing[-1]
+    assert params["weights"] == out[0].data_ptr() and params["indices"] == out[1].data_ptr()
+    for name in ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row", "masked_slots", "masked_m"):
+        tensor = getattr(out[2], name)
+        assert params[name] == (0 if tensor is None else tensor.data_ptr()), name
+    # The allocating form of the same call lays its outputs out as out's.
+    allocated = routing.topk_gate_with_layout(logits, **_GATE, max_tokens=max_tokens)
+    for given, made in zip(_output_tensors(out), _output_tensors(allocated)):
+        assert (given is None) == (made is None)
+        if given is not None:
+            assert (given.dtype, given.shape, given.stride()) == (made.dtype, made.shape, made.stride())
+
+
+def _output_tensors(result) -> list:
+    weights, indices, routed = result
+    return [weights, indices] + [getattr(routed, name) for name in layout.MoeLayout.__dataclass_fields__]
+
+
+def _replaced(out, name: str, value):
+    weights, indices, routed = out
+    if name == "weights":
+        return value, indices, routed
+    if name == "indices":
+        return weights, value, routed
+    return weights, indices, dataclasses.replace(routed, **{name: value})
+
+
+@pytest.mark.parametrize("name,value,error,match", [
+    ("weights", torch.empty(8, 4, dtype=torch.float64), ValueError, "out's weights must be a contiguous torch.float32"),
+    ("indices", torch.empty(4, 8, dtype=torch.int32), ValueError, "out's indices must be .* shape \\(8, 4\\)"),
+    ("slot_to_row", torch.empty(4, 8, dtype=torch.int32).t(), ValueError, "out's slot_to_row must be a contiguous"),
+    ("m_indices", torch.empty(3, dtype=torch.int32), ValueError, "out's m_indices must be"),
+    ("masked_m", torch.empty(16, dtype=torch.int32), ValueError, "out's masked_m must be None without max_tokens"),
+    ("counts", "counts", TypeError, "out's counts must be a torch.Tensor"),
+    ("layout", None, TypeError, "out must be \\(weights, indices, layout\\)"),
+])
+def test_gate_with_layout_rejects_bad_out(fake_routing, name, value, error, match):
+    logits = torch.randn(8, 16)
+    out = _fresh_outputs(8, None)
+    routing.topk_gate_with_layout(logits, **_GATE, out=out)
+    bad = (out[0], out[1], value) if name == "layout" else _replaced(out, name, value)
+    with pytest.raises(error, match=match):
+        routing.topk_gate_with_layout(logits, **_GATE, out=bad)
+    assert len(fake_routing) == 1
+
+
+def test_gate_with_layout_rejects_overlapping_or_misaligned_out(fake_routing):
+    logits = torch.randn(8, 16)
+    out = _fresh_outputs(8, None)
+    with pytest.raises(ValueError, match="must not overlap each other or the inputs: indices and slot_to_row"):
+        routing.topk_gate_with_layout(logits, **_GATE, out=_replaced(out, "slot_to_row", out[1]))
+    with pytest.raises(ValueError, match="must not overlap"):
+        routing.topk_gate_with_layout(logits, **_GATE, out=_replaced(out, "weights", logits.view(-1)[:32].view(8, 4)))
+    max_rows = out[2].m_indices.numel()
+    shifted = torch.empty(max_rows + 1, dtype=torch.int32)[1:]
+    with pytest.raises(ValueError, match="out's m_indices must start at a 16-byte aligned address"):
+        routing.topk_gate_with_layout(logits, **_GATE, out=_replaced(out, "m_indices", shifted))
+    assert not fake_routing
+
+
 @pytest.fixture
 def fake_gate(monkeypatch):
     kernel = _RecordingKernel()
@@ -319,20 +399,22 @@ def test_layout_checks_fire_after_valid_calls(fake_layout, changes, error, match
 @pytest.mark.parametrize("num_tokens,k,num_experts,max_tokens", [(128, 8, 256, 128), (7, 3, 5, None), (7, 3, 5, 3),
                                                                  (1, 1, 1, 1)])
 def test_layout_tensors_are_disjoint_aligned_views_of_one_allocation(num_tokens, k, num_experts, max_tokens):
-    ints_layout = layout.LayoutInts(num_tokens, k, num_experts, max_tokens, with_indices=True)
+    ints_layout = layout.LayoutInts(num_tokens, k, num_experts, max_tokens, with_gate=True)
     ints = torch.zeros(ints_layout.numel, dtype=torch.int32)
-    indices, routed = ints_layout.carve(ints)
+    weights, indices, routed = ints_layout.carve(ints)
     expected = reference_moe.moe_layout(torch.zeros(num_tokens, k, dtype=torch.int32), num_experts, max_tokens)
     pointers = ints_layout.pointers(ints.data_ptr())
-    tensors = {"indices": indices}
+    tensors = {"weights": weights, "indices": indices}
     tensors.update({name: getattr(routed, name) for name in layout.MoeLayout.__dataclass_fields__})
     for value, (name, tensor) in enumerate(tensors.items(), start=1):
-        wanted = indices if name == "indices" else getattr(expected, name)
+        wanted = tensors[name] if name in ("weights", "indices") else getattr(expected, name)
         assert (tensor is None) == (wanted is None), name
         if tensor is None:
             continue
-        assert tensor.shape == wanted.shape and tensor.stride() == wanted.stride(), name
-        assert tensor.dtype == torch.int32 and tensor.data_ptr() == pointers[name], name
+        assert tensor.shape == (wanted.shape if name != "weights" else (num_tokens, k)), name
+        assert tensor.is_contiguous() and tensor.stride() == wanted.stride(), name
+        dtype = torch.float32 if name == "weights" else torch.int32
+        assert tensor.dtype == dtype and tensor.data_ptr() == pointers[name], name
         assert tensor.data_ptr() % 16 == 0, name
         tensor.fill_(value)
     # Each tensor kept its own value: none overlaps another.
@@ -416,6 +498,58 @@ def test_fp8_gemm_cached_call_in_a_cuda_graph():
     poison_(d)
     graph.replay()
     assert_gemm_close(d, reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_tokens", [None, 128])
+def test_gate_with_layout_out_matches_reference_eager_and_in_a_graph(max_tokens):
+    gate = dict(k=8, scoring="sigmoid", num_groups=8, topk_groups=4, routed_scaling_factor=2.5, max_tokens=max_tokens)
+    bias = torch.randn(256, device="cuda") * 0.01
+    logits = torch.randn(128, 256, device="cuda")
+    out = deep_kernels.topk_gate_with_layout(logits, **gate, bias=bias)
+    out = tuple(t.clone() for t in out[:2]) + (dataclasses.replace(out[2], **{
+        name: t.clone() for name, t in _layout_items(out[2])}),)  # separate allocations
+
+    def check():
+        expected = reference_moe.topk_gate_with_layout(logits, **gate, bias=bias)
+        for actual, wanted, name in zip(_output_tensors(out), _output_tensors(expected), _OUTPUT_NAMES):
+            assert (actual is None) == (wanted is None), name
+            if actual is not None:
+                assert_bitwise_equal(actual, wanted, name)
+
+    for seed in range(2):
+        torch.manual_seed(seed)
+        logits.copy_(torch.randn(128, 256, device="cuda"))
+        _poison_outputs(out)
+        result = deep_kernels.topk_gate_with_layout(logits, **gate, bias=bias, out=out)
+        assert all(r is o for r, o in zip(result, out))
+        check()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deep_kernels.topk_gate_with_layout(logits, **gate, bias=bias, out=out)
+    for seed in range(2, 4):
+        torch.manual_seed(seed)
+        logits.copy_(torch.randn(128, 256, device="cuda"))
+        _poison_outputs(out)
+        graph.replay()
+        check()
+
+
+_OUTPUT_NAMES = ("weights", "indices") + tuple(layout.MoeLayout.__dataclass_fields__)
+
+
+def _poison_outputs(out) -> None:
+    """NaN weights, and int32 outputs of a value no layout holds (-1, the kernel's fill, would hide a missed one)."""
+    for t in _output_tensors(out):
+        if t is not None and t.is_floating_point():
+            poison_(t)
+        elif t is not None:
+            t.fill_(123456789)
+
+
+def _layout_items(routed) -> list:
+    return [(name, getattr(routed, name)) for name in layout.MoeLayout.__dataclass_fields__
+            if getattr(routed, name) is not None]
 
 
 @pytest.mark.gpu

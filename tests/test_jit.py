@@ -390,7 +390,7 @@ def test_elf_info_parses_parameters_and_launch_bounds():
 
 def test_registry_holds_every_family_and_kernel():
     assert set(registry.families()) == {"quant", "gemm", "grouped_gemm", "moe", "fp4_gemm", "k_grouped_gemm", "bf16_gemm",
-                                         "k_grouped_bf16_gemm"}
+                                         "k_grouped_bf16_gemm", "nvfp4_gemm"}
     specs = registry.precompile_specs()
     assert all(spec.definition is registry._definitions[spec.entry] for spec in specs)
     assert {d.entry for d in registry.definitions()} == {spec.entry for spec in specs}  # each one precompiled

@@ -613,9 +613,12 @@ def test_fused_plan_fits_one_block_per_sm_and_one_chunk_per_block(num_sms, monke
                 # the fewest tokens per block: fewer would need more blocks than SMs
                 assert tokens_per_block == routing._FUSED_MIN_BLOCK_TOKENS or \
                     math.ceil(num_tokens / (tokens_per_block - 1)) > num_sms
-            # at most two tokens a warp in the few-token tile's blocks, else the other tile
+            # at most two tokens a warp in the few-token tile's blocks, else the other tile; a warp holding more
+            # than one token gates two at once
             few = routing._FUSED_FEW_TOKENS_TILE
-            assert (tile == few) == (math.ceil(num_tokens / num_sms) <= 2 * few.warps)
+            per_block = math.ceil(num_tokens / num_sms)
+            assert (tile.warps == few.warps) == (per_block <= 2 * few.warps)
+            assert tile.tokens_per_warp == (2 if per_block > few.warps else 1)
 
 
 @pytest.mark.gpu

@@ -17,7 +17,7 @@ from deep_kernels.reference import gemm as reference_gemm
 from deep_kernels.reference import moe as reference_moe
 from deep_kernels.reference import quant as reference_quant
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, random_activations
-from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, mxfp4_weights
+from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import make_gemm_inputs
 from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs, make_weights
 from deep_kernels.testing.wgrad import make_k_grouped_inputs, make_wgrad_inputs
@@ -148,6 +148,12 @@ def _fp4_masked_gemm() -> tuple:
             masked_m, 2), {}
 
 
+def _accumulating_nvfp4_gemm() -> tuple:
+    """(args, kwargs) of the NVFP4 GEMM accumulating into d in place (c is d)."""
+    d = torch.rand(5, 64)
+    return (*make_nvfp4_gemm_inputs(5, 64, 256, device="cpu"), d), dict(c=d)
+
+
 class Case(NamedTuple):
     id: str
     name: str  # the public function
@@ -217,7 +223,7 @@ CASES = [
     Case("moe_layout-masked", "moe_layout", lambda: ((_routing()[2], 16), dict(max_tokens=3))),
     Case("gate_with_layout", "topk_gate_with_layout", lambda: ((_routing()[0], 4, "softmax"), {})),
     Case("gate_with_layout-masked", "topk_gate_with_layout",
-         lambda: ((_routing()[0], 4, "sigmoid"), dict(num_groups=4, topk_groups=2, max_tokens=3))),
+         lambda: ((_routing()[0], 4, "sigmoid"), dict(num_groups=4, topk_groups=2, max_tokens=3)), True),
     Case("expand", "moe_expand", lambda: ((_x(5, 256), _routing()[3]), {})),
     Case("expand-masked", "moe_expand", lambda: ((_x(5, 256), _routing()[3]), dict(masked=True)), True),
     Case("expand-fp8-masked", "moe_expand", lambda: _fp8_expand(True, "mn_major")),
@@ -243,6 +249,9 @@ CASES = [
                                                  torch.empty(5, 64, dtype=torch.bfloat16)), {})),
     Case("fp4_gemm-c", "fp8_fp4_gemm_nt", lambda: ((*make_fp4_gemm_inputs(5, 64, 256, device="cpu"),
                                                    torch.empty(5, 64)), dict(c=torch.rand(5, 64)))),
+    Case("nvfp4_gemm", "fp8_fp4_gemm_nt", lambda: ((*make_nvfp4_gemm_inputs(5, 64, 256, device="cpu"),
+                                                   torch.empty(5, 64, dtype=torch.bfloat16)), {})),
+    Case("nvfp4_gemm-c-is-d", "fp8_fp4_gemm_nt", _accumulating_nvfp4_gemm),
     Case("fp4_grouped_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous", _fp4_contiguous_gemm),
     Case("fp4_grouped_masked", "m_grouped_fp8_fp4_gemm_nt_masked", _fp4_masked_gemm),
     Case("bf16_gemm", "bf16_gemm_nt", lambda: _bf16_gemm(False)),
@@ -327,9 +336,17 @@ def _call_args(case: Case) -> tuple:
     args, kwargs = case.make()
     expected = None if case.name in GEMMS else _reference(case.name)(*args, **kwargs)
     if case.with_out:
-        outputs = tuple(empty_like_strided(t) for t in _tensors(expected))
-        kwargs = dict(kwargs, out=outputs if isinstance(expected, tuple) else outputs[0])
+        kwargs = dict(kwargs, out=_empty_like_result(expected))
     return args, kwargs, expected
+
+
+def _empty_like_result(result):
+    """Uninitialised tensors in result's structure (tuples and MoeLayouts, None kept)."""
+    if isinstance(result, MoeLayout):
+        return MoeLayout(**{name: _empty_like_result(t) for name, t in _fields(result).items()})
+    if isinstance(result, (tuple, list)):
+        return tuple(_empty_like_result(value) for value in result)
+    return None if result is None else empty_like_strided(result)
 
 
 # ---- CPU ----

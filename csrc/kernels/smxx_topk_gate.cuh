@@ -90,19 +90,23 @@ DK_DEVICE float elementwise_score(float logit) {
     }
 }
 
-// The fp32 scores of one token's logits row, slot i of lane l holding expert l + 32 i (-inf past the
-// experts; softmax's max and sum in the fixed order the reference mirrors).
-template <typename InT, int NUM_EXPERTS, GateScoring kScoring>
-DK_DEVICE void warp_gate_scores(const InT* row, int lane, float (&score)[ceil_div(NUM_EXPERTS, 32)]) {
+// One token's logits row as fp32, slot i of lane l holding expert l + 32 i (-inf past the experts).
+template <typename InT, int NUM_EXPERTS>
+DK_DEVICE void warp_load_logits(const InT* row, int lane, float (&logit)[ceil_div(NUM_EXPERTS, 32)]) {
     constexpr int kSlots = ceil_div(NUM_EXPERTS, 32);
     DK_STATIC_ASSERT(NUM_EXPERTS >= 1 && kSlots <= 32, "one bit per slot in a 32-bit mask");
-    const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || lane + 32 * slot < NUM_EXPERTS; };
     #pragma unroll
     for (int i = 0; i < kSlots; ++i)
-        score[i] = is_expert(i) ? static_cast<float>(row[lane + 32 * i]) : -CUDART_INF_F;
-    // NOTE: every load is issued before the first score is computed: the compiler would otherwise sink each
-    // load below the previous score's division, whose slow path is a call, and wait for them one by one.
-    asm volatile("" ::: "memory");
+        logit[i] = NUM_EXPERTS % 32 == 0 || lane + 32 * i < NUM_EXPERTS ? static_cast<float>(row[lane + 32 * i])
+                                                                         : -CUDART_INF_F;
+}
+
+// warp_load_logits' values become the fp32 scores in place (softmax's max and sum in the fixed order the reference
+// mirrors).
+template <int NUM_EXPERTS, GateScoring kScoring>
+DK_DEVICE void warp_scores_from_logits(int lane, float (&score)[ceil_div(NUM_EXPERTS, 32)]) {
+    constexpr int kSlots = ceil_div(NUM_EXPERTS, 32);
+    const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || lane + 32 * slot < NUM_EXPERTS; };
     if constexpr (kScoring == GateScoring::Softmax) {
         float row_max = -CUDART_INF_F;
         #pragma unroll
@@ -128,16 +132,30 @@ DK_DEVICE void warp_gate_scores(const InT* row, int lane, float (&score)[ceil_di
     }
 }
 
+// The fp32 scores of one token's logits row, slot i of lane l holding expert l + 32 i (-inf past the
+// experts).
+template <typename InT, int NUM_EXPERTS, GateScoring kScoring>
+DK_DEVICE void warp_gate_scores(const InT* row, int lane, float (&score)[ceil_div(NUM_EXPERTS, 32)]) {
+    warp_load_logits<InT, NUM_EXPERTS>(row, lane, score);
+    // NOTE: every load is issued before the first score is computed: the compiler would otherwise sink each
+    // load below the previous score's division, whose slow path is a call, and wait for them one by one.
+    asm volatile("" ::: "memory");
+    warp_scores_from_logits<NUM_EXPERTS, kScoring>(lane, score);
+}
+
 // One lane's share of a token's choice: lane j < k holds the j-th chosen expert and its weight.
 struct GateChoice {
     float weight;
     int expert;
 };
 
-// The whole gate of one token by one warp (every lane takes part; the caller stores lanes < k).
-template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring>
-DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t top_k, uint32_t topk_groups,
-                                    uint32_t renormalize, float scaling_factor) {
+// The whole gate of kTokens tokens by one warp (every lane takes part; the caller stores lanes < k of each). The
+// tokens' computations are independent and interleaved, so that one token's warp-wide reductions wait while the
+// other's run: a warp gating several tokens keeps the same latency as a warp gating one.
+template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kTokens>
+DK_DEVICE void warp_topk_gates(const InT* const (&rows)[kTokens], const float* bias, uint32_t top_k,
+                               uint32_t topk_groups, uint32_t renormalize, float scaling_factor,
+                               GateChoice (&choices)[kTokens]) {
     // Static checks and the slot mapping: slot i of lane l is expert l + 32 i
     constexpr int kSlots = ceil_div(NUM_EXPERTS, 32);
     constexpr int GROUP_SIZE = NUM_GROUPS > 0 ? NUM_EXPERTS / NUM_GROUPS : NUM_EXPERTS;
@@ -159,88 +177,130 @@ DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t 
     #pragma unroll
     for (int i = 0; i < kSlots; ++i)
         bias_value[i] = has_bias && is_expert(i) ? bias[expert_of(i)] : 0.0f;
-    float score[kSlots];
-    warp_gate_scores<InT, NUM_EXPERTS, kScoring>(row, lane, score);
+    float score[kTokens][kSlots];
+    #pragma unroll
+    for (int t = 0; t < kTokens; ++t)
+        warp_load_logits<InT, NUM_EXPERTS>(rows[t], lane, score[t]);
+    // NOTE: every load is issued before the first score is computed: the compiler would otherwise sink each
+    // load below the previous score's division, whose slow path is a call, and wait for them one by one.
+    asm volatile("" ::: "memory");
+    #pragma unroll
+    for (int t = 0; t < kTokens; ++t)
+        warp_scores_from_logits<NUM_EXPERTS, kScoring>(lane, score[t]);
 
     // Selection keys as order bits (key_order_bits); 0 marks a slot out of the race (no expert, a group left
     // out, or chosen already): every key, -inf included, has larger ones, so integer maxima rank the rest
-    uint32_t order[kSlots];
+    uint32_t order[kTokens][kSlots];
     #pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
-        const float key = nan_to_lowest(has_bias && is_expert(i) ? __fadd_rn(score[i], bias_value[i]) : score[i]);
-        order[i] = is_expert(i) ? key_order_bits(key) : 0u;
+    for (int t = 0; t < kTokens; ++t) {
+        #pragma unroll
+        for (int i = 0; i < kSlots; ++i) {
+            const float key =
+                nan_to_lowest(has_bias && is_expert(i) ? __fadd_rn(score[t][i], bias_value[i]) : score[t][i]);
+            order[t][i] = is_expert(i) ? key_order_bits(key) : 0u;
+        }
     }
 
     // Group limit: rank the groups by the sum of their top-2 keys, keep the best topk_groups
     if constexpr (NUM_GROUPS > 0) {
-        float group_key[NUM_GROUPS], lane_group_key = 0.0f;
+        float group_key[kTokens][NUM_GROUPS], lane_group_key[kTokens];
+        #pragma unroll
+        for (int t = 0; t < kTokens; ++t)
+            lane_group_key[t] = 0.0f;
         #pragma unroll
         for (int g = 0; g < NUM_GROUPS; ++g) {
-            uint32_t lane_first = 0, lane_second = 0;
             #pragma unroll
-            for (int i = 0; i < kSlots; ++i) {
-                if (is_expert(i) && group_of(i) == g) {
-                    lane_second = max(lane_second, min(lane_first, order[i]));
-                    lane_first = max(lane_first, order[i]);
+            for (int t = 0; t < kTokens; ++t) {
+                uint32_t lane_first = 0, lane_second = 0;
+                #pragma unroll
+                for (int i = 0; i < kSlots; ++i) {
+                    if (is_expert(i) && group_of(i) == g) {
+                        lane_second = max(lane_second, min(lane_first, order[t][i]));
+                        lane_first = max(lane_first, order[t][i]);
+                    }
                 }
+                float first, second;
+                warp_top2(lane_first, lane_second, first, second);
+                group_key[t][g] = nan_to_lowest(__fadd_rn(first, second));
+                lane_group_key[t] = select_opaque(lane == g, group_key[t][g], lane_group_key[t]);
             }
-            float first, second;
-            warp_top2(lane_first, lane_second, first, second);
-            group_key[g] = nan_to_lowest(__fadd_rn(first, second));
-            lane_group_key = select_opaque(lane == g, group_key[g], lane_group_key);
         }
         // Lane g ranks group g
-        uint32_t rank = 0;
         #pragma unroll
-        for (int h = 0; h < NUM_GROUPS; ++h)
-            rank += ranks_before(group_key[h], h, lane_group_key, lane);
-        const uint32_t selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
-        #pragma unroll
-        for (int i = 0; i < kSlots; ++i)
-            order[i] = ((selected_groups >> group_of(i)) & 1u) != 0 ? order[i] : 0u;
+        for (int t = 0; t < kTokens; ++t) {
+            uint32_t rank = 0;
+            #pragma unroll
+            for (int h = 0; h < NUM_GROUPS; ++h)
+                rank += ranks_before(group_key[t][h], h, lane_group_key[t], lane);
+            const uint32_t selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
+            #pragma unroll
+            for (int i = 0; i < kSlots; ++i)
+                order[t][i] = ((selected_groups >> group_of(i)) & 1u) != 0 ? order[t][i] : 0u;
+        }
     }
 
     // Iterative argmax: k rounds of (lane-local best, warp argmax); lane j keeps round j's choice
     // NOTE: the host guarantees k <= the number of eligible experts, so every round finds one.
-    int chosen_expert = 0;
+    int chosen_expert[kTokens];
+    #pragma unroll
+    for (int t = 0; t < kTokens; ++t)
+        chosen_expert[t] = 0;
     for (uint32_t round = 0; round < top_k; ++round) {
-        // A lane's slots ascend in expert index: only strictly larger keys replace the best
-        uint32_t best_order = 0;
-        int best_slot = 0;
+        #pragma unroll
+        for (int t = 0; t < kTokens; ++t) {
+            // A lane's slots ascend in expert index: only strictly larger keys replace the best
+            uint32_t best_order = 0;
+            int best_slot = 0;
+            #pragma unroll
+            for (int i = 0; i < kSlots; ++i) {
+                const bool better = order[t][i] > best_order;
+                best_order = better ? order[t][i] : best_order;
+                best_slot = better ? i : best_slot;
+            }
+            const uint32_t warp_best = __reduce_max_sync(kFullWarpMask, best_order);
+            const int best_expert =
+                __reduce_min_sync(kFullWarpMask, best_order == warp_best ? lane + 32 * best_slot : kNoExpert);
+            const int cleared_slot =
+                lane == static_cast<int>(static_cast<uint32_t>(best_expert) % 32) ? best_slot : -1;
+            #pragma unroll
+            for (int i = 0; i < kSlots; ++i)
+                order[t][i] = i == cleared_slot ? 0u : order[t][i];
+            chosen_expert[t] = static_cast<uint32_t>(lane) == round ? best_expert : chosen_expert[t];
+        }
+    }
+
+    #pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+        // The chosen scores (lane j fetches round j's from the lane holding it), summed in round order
+        const uint32_t owner_lane = static_cast<uint32_t>(chosen_expert[t]) % 32;
+        const int owner_slot = static_cast<int>(static_cast<uint32_t>(chosen_expert[t]) / 32);
+        float chosen_score = 0.0f;
         #pragma unroll
         for (int i = 0; i < kSlots; ++i) {
-            const bool better = order[i] > best_order;
-            best_order = better ? order[i] : best_order;
-            best_slot = better ? i : best_slot;
+            const float slot_score = __shfl_sync(kFullWarpMask, score[t][i], owner_lane);
+            chosen_score = owner_slot == i ? slot_score : chosen_score;
         }
-        const uint32_t warp_best = __reduce_max_sync(kFullWarpMask, best_order);
-        const int best_expert =
-            __reduce_min_sync(kFullWarpMask, best_order == warp_best ? lane + 32 * best_slot : kNoExpert);
-        const int cleared_slot = lane == static_cast<int>(static_cast<uint32_t>(best_expert) % 32) ? best_slot : -1;
-        #pragma unroll
-        for (int i = 0; i < kSlots; ++i)
-            order[i] = i == cleared_slot ? 0u : order[i];
-        chosen_expert = static_cast<uint32_t>(lane) == round ? best_expert : chosen_expert;
-    }
+        float score_sum = 0.0f;
+        for (uint32_t j = 0; j < top_k; ++j)
+            score_sum = __fadd_rn(score_sum, __shfl_sync(kFullWarpMask, chosen_score, j));
 
-    // The chosen scores (lane j fetches round j's from the lane holding it), summed in round order
-    const uint32_t owner_lane = static_cast<uint32_t>(chosen_expert) % 32;
-    const int owner_slot = static_cast<int>(static_cast<uint32_t>(chosen_expert) / 32);
-    float chosen_score = 0.0f;
-    #pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
-        const float slot_score = __shfl_sync(kFullWarpMask, score[i], owner_lane);
-        chosen_score = owner_slot == i ? slot_score : chosen_score;
+        // Weights
+        // NOTE: dividing on every lane, outside any branch, keeps predicates from living across the division's
+        // slow-path call (which would spill them to a stack frame).
+        const float renormalized = __fdiv_rn(chosen_score, __fadd_rn(score_sum, kRenormalizeEpsilon));
+        choices[t] = {__fmul_rn(renormalize ? renormalized : chosen_score, scaling_factor), chosen_expert[t]};
     }
-    float score_sum = 0.0f;
-    for (uint32_t j = 0; j < top_k; ++j)
-        score_sum = __fadd_rn(score_sum, __shfl_sync(kFullWarpMask, chosen_score, j));
+}
 
-    // Weights
-    // NOTE: dividing on every lane, outside any branch, keeps predicates from living across the division's
-    // slow-path call (which would spill them to a stack frame).
-    const float renormalized = __fdiv_rn(chosen_score, __fadd_rn(score_sum, kRenormalizeEpsilon));
-    return {__fmul_rn(renormalize ? renormalized : chosen_score, scaling_factor), chosen_expert};
+// The whole gate of one token by one warp (every lane takes part; the caller stores lanes < k).
+template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring>
+DK_DEVICE GateChoice warp_topk_gate(const InT* row, const float* bias, uint32_t top_k, uint32_t topk_groups,
+                                    uint32_t renormalize, float scaling_factor) {
+    const InT* const rows[1] = {row};
+    GateChoice choices[1];
+    warp_topk_gates<InT, NUM_EXPERTS, NUM_GROUPS, kScoring, 1>(rows, bias, top_k, topk_groups, renormalize,
+                                                                 scaling_factor, choices);
+    return choices[0];
 }
 
 template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps>

@@ -25,7 +25,7 @@
 namespace deep_kernels {
 
 template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps, int kSlotsPerThread,
-          int kAlignment>
+          int kAlignment, int kTokensPerWarp>
 __global__ void __launch_bounds__(kNumWarps * 32, 1)
 smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
                            int* __restrict__ indices, int* __restrict__ counts, int* __restrict__ num_rows,
@@ -89,19 +89,30 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     for (uint32_t e = lane; e < NUM_EXPERTS; e += 32)
         smem_warp_base[warp][e] = 0;
 
-    // Gate: one token per warp at a time
+    // Gate: kTokensPerWarp tokens per warp at a time (warp w: tokens w, w + kNumWarps, ... of the block's)
     // NOTE: warps past the last token gate it again and store nothing: a branch around the gate would make
     // the compiler give its warp-wide reductions a divergent fallback that spills to a stack frame.
-    for (uint32_t token_in_block = warp; token_in_block < tokens_per_block; token_in_block += kNumWarps) {
-        const uint32_t token = first_token + token_in_block;
-        const GateChoice choice = warp_topk_gate<InT, NUM_EXPERTS, NUM_GROUPS, kScoring>(
-            logits + static_cast<uint64_t>(min(token, num_tokens - 1)) * logits_row_stride, bias, top_k,
-            topk_groups, renormalize, scaling_factor);
-        if (token < num_tokens && lane < top_k) {
-            const uint64_t offset = static_cast<uint64_t>(token) * top_k + lane;
-            weights[offset] = choice.weight;
-            indices[offset] = choice.expert;
-            smem_experts[token_in_block * top_k + lane] = choice.expert;
+    for (uint32_t first_in_block = warp; first_in_block < tokens_per_block;
+         first_in_block += kNumWarps * kTokensPerWarp) {
+        const InT* rows[kTokensPerWarp];
+        #pragma unroll
+        for (int t = 0; t < kTokensPerWarp; ++t) {
+            const uint32_t token = first_token + first_in_block + t * kNumWarps;
+            rows[t] = logits + static_cast<uint64_t>(min(token, num_tokens - 1)) * logits_row_stride;
+        }
+        GateChoice choices[kTokensPerWarp];
+        warp_topk_gates<InT, NUM_EXPERTS, NUM_GROUPS, kScoring, kTokensPerWarp>(
+            rows, bias, top_k, topk_groups, renormalize, scaling_factor, choices);
+        #pragma unroll
+        for (int t = 0; t < kTokensPerWarp; ++t) {
+            const uint32_t token_in_block = first_in_block + t * kNumWarps;
+            const uint32_t token = first_token + token_in_block;
+            if (token_in_block < tokens_per_block && token < num_tokens && lane < top_k) {
+                const uint64_t offset = static_cast<uint64_t>(token) * top_k + lane;
+                weights[offset] = choices[t].weight;
+                indices[offset] = choices[t].expert;
+                smem_experts[token_in_block * top_k + lane] = choices[t].expert;
+            }
         }
     }
     __syncthreads();

@@ -66,6 +66,41 @@ DK_DEFINE_FP8_WGMMA_REGISTER_A(96, 6, "%51, %52, %53")
 DK_DEFINE_FP8_WGMMA_REGISTER_A(112, 7, "%59, %60, %61")
 DK_DEFINE_FP8_WGMMA_REGISTER_A(128, 8, "%67, %68, %69")
 
+// F16WgmmaRegisterA<N>::mma(a, desc_b, d, accumulate): the FP16 twin, wgmma m64nNk16 f32.f16.f16 with A (64 x 16 f16)
+// in four registers per thread: register 0 holds row 16w + g, columns 2q and 2q + 1 (the lower column in the low
+// half), register 1 row 16w + g + 8 of the same columns, registers 2 and 3 the same rows at columns 8 + 2q and
+// 9 + 2q; B (N x 16 f16) K-major in shared memory.
+template <uint32_t N>
+struct F16WgmmaRegisterA;
+
+#define DK_DEFINE_F16_WGMMA_REGISTER_A(N, CHUNKS, A_REST)                                              \
+    template <>                                                                                       \
+    struct F16WgmmaRegisterA<N> {                                                                     \
+        DK_DEVICE static void mma(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[(N) / 2],       \
+                                  uint32_t accumulate) {                                              \
+            uint32_t a0 = a[0];                                                                       \
+            asm volatile(                                                                             \
+                "{\n"                                                                                 \
+                ".reg .pred scale_d;\n"                                                               \
+                "setp.ne.b32 scale_d, %1, 0;\n"                                                       \
+                "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.f16.f16 "                             \
+                "{" DK_RA_ACC_PLACEHOLDERS_##CHUNKS "}, {%2, " A_REST "}, %0, scale_d, 1, 1, 0;\n"  \
+                "}"                                                                                   \
+                : "+l"(desc_b), "+r"(accumulate), "+r"(a0), DK_RA_ACC_OPERANDS_##CHUNKS(d)         \
+                : "r"(a[1]), "r"(a[2]), "r"(a[3]));                                                   \
+        }                                                                                             \
+    };
+
+DK_DEFINE_F16_WGMMA_REGISTER_A(16, 1, "%11, %12, %13")
+DK_DEFINE_F16_WGMMA_REGISTER_A(32, 2, "%19, %20, %21")
+DK_DEFINE_F16_WGMMA_REGISTER_A(48, 3, "%27, %28, %29")
+DK_DEFINE_F16_WGMMA_REGISTER_A(64, 4, "%35, %36, %37")
+DK_DEFINE_F16_WGMMA_REGISTER_A(80, 5, "%43, %44, %45")
+DK_DEFINE_F16_WGMMA_REGISTER_A(96, 6, "%51, %52, %53")
+DK_DEFINE_F16_WGMMA_REGISTER_A(112, 7, "%59, %60, %61")
+DK_DEFINE_F16_WGMMA_REGISTER_A(128, 8, "%67, %68, %69")
+
+#undef DK_DEFINE_F16_WGMMA_REGISTER_A
 #undef DK_DEFINE_FP8_WGMMA_REGISTER_A
 #undef DK_RA_ACC_CHUNK
 #undef DK_RA_ACC_PLACEHOLDERS_1

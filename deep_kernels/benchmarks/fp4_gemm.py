@@ -3,7 +3,10 @@
   - our FP8 GEMM on the same shape (e4m3 weights with 128 x 128 scales): `speedup_vs_fp8`, and
   - the user-side alternative with MXFP4 weights: our MXFP4 -> FP8 requantization (mxfp4_requant_to_fp8, 1 x 128
     weight scales) followed by cuBLAS's blockwise FP8 GEMM (torch._scaled_mm): `speedup` (the peer).
-Bytes count B at 4.25 bits a weight (the code and its share of the UE8M0 scale per 32)."""
+Bytes count B at 4.25 bits a weight (the code and its share of the UE8M0 scale per 32).
+NVFP4 rows (op `fp8_fp4_gemm_nt[nvfp4]`, decode sizes M = 1, 16, 64, 128): the same call with NVFP4 weights
+(E4M3 scales per 16 and a global scale; B at 4.5 bits a weight), timed in turns with our FP8 GEMM on the same
+shape (`speedup_vs_fp8`) and with the MXFP4 form of the call on the same shape (`speedup_vs_mxfp4`)."""
 
 import torch
 
@@ -17,7 +20,7 @@ from deep_kernels.heuristics.fp8_gemm import config_label
 from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.testing import calc_diff
 from deep_kernels.testing.bench import time_kernels_us
-from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs
+from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
 
 MS = (1, 16, 64, 128, 4096)
 NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
@@ -99,5 +102,44 @@ def rows(ctx: BenchContext, shapes) -> list:
     return out
 
 
+NVFP4_MS = (1, 16, 64, 128)
+
+
+def nvfp4_rows(ctx: BenchContext, shapes) -> list:
+    from deep_kernels import nvfp4_gemm
+
+    out = []
+    for m, n, k in shapes:
+        a, weights = make_nvfp4_gemm_inputs(m, n, k)
+        d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+        deep_kernels.fp8_fp4_gemm_nt(a, weights, d)
+        expected = reference.fp8_fp4_gemm_nt(a, weights, torch.empty((m, n), device="cuda", dtype=torch.float64))
+        diff = calc_diff(d, expected)
+        ours = lambda: deep_kernels.fp8_fp4_gemm_nt(a, weights, d)
+        b8, sfb8 = deep_kernels.per_block_cast_to_fp8(reference.dequantize_nvfp4(*weights).float())
+        d8 = torch.empty_like(d)
+        fp8 = lambda: deep_kernels.fp8_gemm_nt(a, (b8, sfb8), d8)
+        mx_weights = mxfp4_weights(n, k)
+        d4 = torch.empty_like(d)
+        mxfp4 = lambda: deep_kernels.fp8_fp4_gemm_nt(a, mx_weights, d4)
+        us, fp8_us, mxfp4_us = time_kernels_us([ours, fp8, mxfp4], ctx.flusher)
+        config = nvfp4_gemm._config(m, n, k, torch.bfloat16)
+        flops = 2 * m * n * k
+        num_bytes = m * k + n * k * 4.5 / 8 + 2 * m * n + 4 * m * k // 128
+        memory_us = num_bytes / ctx.copy_gbps / 1e3
+        out.append({
+            "op": "fp8_fp4_gemm_nt[nvfp4]", "shape": {"m": m, "n": n, "k": k},
+            "config": (f"A and B swapped, f16 wgmma: {config.block_w} weight rows x {config.block_t} tokens, "
+                       f"{config.num_stages} stages, split-K {config.num_splits}, {config.num_chains} chain(s)"),
+            "us": round(us, 2), "tflops": round(flops / us / 1e6, 1), "gbps": round(num_bytes / us / 1e3, 1),
+            "memory_roofline_fraction": round(memory_us / us, 3),
+            "fp8_us": round(fp8_us, 2), "speedup_vs_fp8": round(fp8_us / us, 3),
+            "mxfp4_us": round(mxfp4_us, 2), "speedup_vs_mxfp4": round(mxfp4_us / us, 3),
+            "check": f"calc_diff={diff:.1e}",
+        })
+    return out
+
+
 def run(ctx: BenchContext) -> list:
-    return rows(ctx, [(m, n, k) for n, k in NKS for m in MS])
+    return (rows(ctx, [(m, n, k) for n, k in NKS for m in MS]) +
+            nvfp4_rows(ctx, [(m, n, k) for n, k in NKS for m in NVFP4_MS]))

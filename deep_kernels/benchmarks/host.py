@@ -12,9 +12,9 @@ Rows: fp8_gemm_nt at the issue's 64 x 4096 x 7168 (split-K) and a decode 1 x 211
 as the previous path made it (Kernel.launch encoding its 4 tensor maps on every call) and two parts of its cached
 call (the signature look-up's metadata reads, the prepared launch alone); topk_gate and
 topk_gate_with_layout at DeepSeek-V3's routing (256 experts, 8 groups, top 8) for 128 tokens, with and without the
-masked layout, and once more with the GPU not held (the fused gate is a cooperative launch, which may wait for the
-GPU); moe_layout of those indices and per_token_cast_to_fp8 of a decode activation; and, for the record, torch.empty
-of a small CUDA tensor (what each output allocation costs).
+masked layout, allocating and into out=, and once more with the GPU not held (the fused gate is a cooperative
+launch, which may wait for the GPU); moe_layout of those indices and per_token_cast_to_fp8 of a decode activation;
+and, for the record, torch.empty of a small CUDA tensor (what each output allocation costs).
 `speedup` is add_'s time over ours: the issue's targets are speedup >= 1 / 1.3 for fp8_gemm_nt and >= 1 / 1.5 for
 topk_gate_with_layout.
 """
@@ -107,6 +107,8 @@ def run(ctx: BenchContext) -> list:
     bias = torch.randn(256, device="cuda", dtype=torch.float32) * 0.01
     gate = dict(k=8, scoring="sigmoid", bias=bias, num_groups=8, topk_groups=4, routed_scaling_factor=2.5)
     _, indices = deep_kernels.topk_gate(logits, **gate)
+    gated = deep_kernels.topk_gate_with_layout(logits, **gate)
+    gated_masked = deep_kernels.topk_gate_with_layout(logits, **gate, max_tokens=128)
     activations = torch.randn(64, 7168, device="cuda", dtype=torch.bfloat16)
     cases = [
         ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "cached call: 4 tensor maps encoded once per address set",
@@ -121,10 +123,16 @@ def run(ctx: BenchContext) -> list:
         ("fp8_gemm_nt", {"m": 1, "n": 2112, "k": 7168}, "cached call", _gemm_call(1, 2112, 7168)),
         ("topk_gate", {"t": 128, "e": 256, "k": 8}, "allocates weights and indices",
          lambda: deep_kernels.topk_gate(logits, **gate)),
-        ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8}, "contiguous layout; 7 tensors, 2 allocations",
+        ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8}, "contiguous layout; 7 tensors, 1 allocation",
          lambda: deep_kernels.topk_gate_with_layout(logits, **gate)),
+        ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8},
+         "contiguous layout into out= (a previous call's outputs)",
+         lambda: deep_kernels.topk_gate_with_layout(logits, **gate, out=gated)),
         ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8, "max_tokens": 128},
-         "contiguous and masked layouts; 9 tensors, 2 allocations",
+         "contiguous and masked layouts into out= (a previous call's outputs)",
+         lambda: deep_kernels.topk_gate_with_layout(logits, **gate, max_tokens=128, out=gated_masked)),
+        ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8, "max_tokens": 128},
+         "contiguous and masked layouts; 9 tensors, 1 allocation",
          lambda: deep_kernels.topk_gate_with_layout(logits, **gate, max_tokens=128)),
         ("moe_layout", {"t": 128, "e": 256, "k": 8, "max_tokens": 128}, "contiguous and masked layouts; 7 tensors",
          lambda: deep_kernels.moe_layout(indices, 256, max_tokens=128)),

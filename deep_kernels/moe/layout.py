@@ -102,17 +102,18 @@ def new_layout(like: torch.Tensor, num_tokens: int, k: int, num_experts: int, ma
 
 
 class LayoutInts:
-    """Where a layout's int32 tensors (and topk_gate's indices, with_indices) lie in one int32 allocation: one
-    allocation and a few views cost the host less than a tensor each. Every tensor starts 16-byte aligned (the
-    kernels fill m_indices, row_to_slot and masked_slots with 16-byte stores) and none overlaps another."""
+    """Where a layout's int32 tensors (and, with_gate, topk_gate's weights and indices) lie in one 4-byte-element
+    allocation: one allocation and a few views cost the host less than a tensor each. Every tensor starts 16-byte
+    aligned (the kernels fill m_indices, row_to_slot and masked_slots with 16-byte stores) and none overlaps
+    another."""
 
-    def __init__(self, num_tokens: int, k: int, num_experts: int, max_tokens, with_indices: bool = False):
+    def __init__(self, num_tokens: int, k: int, num_experts: int, max_tokens, with_gate: bool = False):
         max_rows = contiguous_max_rows(num_tokens * k, num_experts)
         self.token_shape = (num_tokens, k)
         self.masked_shape = None if max_tokens is None else (num_experts, max_tokens)
         pieces = [("m_indices", max_rows), ("row_to_slot", max_rows)]
         pieces += [("masked_slots", num_experts * max_tokens)] if self.masked_shape else []
-        pieces += [("indices", num_tokens * k)] if with_indices else []
+        pieces += [("weights", num_tokens * k), ("indices", num_tokens * k)] if with_gate else []
         pieces += [("slot_to_row", num_tokens * k), ("counts", num_experts)]
         pieces += [("masked_m", num_experts)] if self.masked_shape else []
         pieces += [("num_rows", 1)]
@@ -124,14 +125,16 @@ class LayoutInts:
             padding = -size % 4 if name != "num_rows" else 0
             self.split_sizes += [size, padding] if padding else [size]
         self.numel = sum(self.split_sizes)
-        self.with_indices = with_indices
+        self.with_gate = with_gate
 
     def pointers(self, address: int) -> dict:
-        """The address of each tensor (by its MoeLayout field name, and indices) in an allocation at address."""
+        """The address of each tensor (by its MoeLayout field name, weights and indices) in an allocation at
+        address."""
         return {name: address + 4 * offset for name, offset in self.offsets.items()}
 
     def carve(self, ints: torch.Tensor):
-        """The tensors, as views of ints ([numel] int32): the MoeLayout, or (indices, MoeLayout) with_indices."""
+        """The tensors, as views of ints ([numel] int32): the MoeLayout, or (weights, indices, MoeLayout)
+        with_gate (weights reinterpreted as float32)."""
         parts = ints.split_with_sizes(self.split_sizes)
         part = self._part
         masked = self.masked_shape is not None
@@ -140,7 +143,10 @@ class LayoutInts:
             parts[part["slot_to_row"]].view(self.token_shape),
             parts[part["masked_slots"]].view(self.masked_shape) if masked else None,
             parts[part["masked_m"]] if masked else None)
-        return (parts[part["indices"]].view(self.token_shape), layout) if self.with_indices else layout
+        if not self.with_gate:
+            return layout
+        weights = parts[part["weights"]].view(torch.float32).view(self.token_shape)
+        return weights, parts[part["indices"]].view(self.token_shape), layout
 
 
 MOE_LAYOUT = KernelDef(

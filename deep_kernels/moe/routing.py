@@ -20,8 +20,8 @@ from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_la
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.moe.gate import check_gate_args, gate_signature, kernel_groups, scoring_cpp, topk_gate
 from deep_kernels.moe.layout import (
-    CONTIGUOUS_ALIGNMENT, LayoutInts, block_counts_offset, block_counts_row_ints, check_layout_args, fill_blocks,
-    moe_layout,
+    CONTIGUOUS_ALIGNMENT, LayoutInts, MoeLayout, block_counts_offset, block_counts_row_ints, check_layout_args,
+    fill_blocks, moe_layout,
 )
 from deep_kernels.moe.layout import layout_workspace as _workspace
 from deep_kernels.validation import ceil_div, check_cuda_device
@@ -31,10 +31,12 @@ FUSED_MAX_SLOTS = 65536
 
 
 class FusedTile(NamedTuple):
-    """The fused kernel's block: `warps` warps, each gating a token at a time, at most one block per SM; a block
-    ranks at most one chunk of warps * 32 * slots_per_thread slots (csrc/kernels/smxx_topk_gate_layout.cuh)."""
+    """The fused kernel's block: `warps` warps, each gating tokens_per_warp tokens at a time (interleaved), at most
+    one block per SM; a block ranks at most one chunk of warps * 32 * slots_per_thread slots
+    (csrc/kernels/smxx_topk_gate_layout.cuh)."""
     warps: int
     slots_per_thread: int
+    tokens_per_warp: int = 1
 
     @property
     def block_slots(self) -> int:
@@ -42,9 +44,11 @@ class FusedTile(NamedTuple):
 
 
 # Up to two tokens per warp of 8-warp blocks: the fewest warps in the count and scan steps (H200: 7.6 against
-# 9.1 us at T = 128, 9.3 against 11.7 at 512, 15.4 against 16.5 at 2048 for 16 warps). Beyond, 16-warp blocks.
+# 9.1 us at T = 128, 9.3 against 11.7 at 512, 15.4 against 16.5 at 2048 for 16 warps). Beyond, 16-warp blocks. A warp
+# with two or more tokens gates two at once (H200, T = 2048 / 4096 / 8192: 14.7 / 20.8 / 30.4 us against 15.6 / 21.2
+# / 31.1 one at a time; at T = 1024, one token per warp, 14.3 against 12.1).
 _FUSED_FEW_TOKENS_TILE = FusedTile(8, 1)
-_FUSED_TILE = FusedTile(16, 2)
+_FUSED_TILE = FusedTile(16, 2, 2)
 _FUSED_FEW_TOKENS_PER_WARP = 2
 # A block gates at least this many tokens, spread over the SMs above that.
 _FUSED_MIN_BLOCK_TOKENS = 8
@@ -53,12 +57,16 @@ _FUSED_MIN_BLOCK_TOKENS = 8
 def _fused_tile(num_tokens: int) -> FusedTile:
     """The fused kernel's block for num_tokens tokens."""
     few = _FUSED_FEW_TOKENS_TILE
-    return few if ceil_div(num_tokens, get_num_sms()) <= _FUSED_FEW_TOKENS_PER_WARP * few.warps else _FUSED_TILE
+    tokens_per_block = ceil_div(num_tokens, get_num_sms())
+    if tokens_per_block > _FUSED_FEW_TOKENS_PER_WARP * few.warps:
+        return _FUSED_TILE
+    return few._replace(tokens_per_warp=2) if tokens_per_block > few.warps else few
 
 
 TOPK_GATE_LAYOUT = KernelDef(
     "kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
-    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment"),
+    template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment",
+              "kTokensPerWarp"),
     params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
             Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
             Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR), Param("block_counts", PTR),
@@ -71,7 +79,8 @@ TOPK_GATE_LAYOUT = KernelDef(
 def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str, tile: FusedTile) -> KernelSpec:
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
                                  kScoring=scoring_cpp(scoring), kNumWarps=tile.warps,
-                                 kSlotsPerThread=tile.slots_per_thread, kAlignment=CONTIGUOUS_ALIGNMENT)
+                                 kSlotsPerThread=tile.slots_per_thread, kAlignment=CONTIGUOUS_ALIGNMENT,
+                                 kTokensPerWarp=tile.tokens_per_warp)
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,28 +100,35 @@ def _fused_tokens_per_block(num_tokens: int, k: int):
 
 def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torch.Tensor = None,
                           num_groups: int = 0, topk_groups: int = 0, renormalize: bool = True,
-                          routed_scaling_factor: float = 1.0, max_tokens: int = None):
+                          routed_scaling_factor: float = 1.0, max_tokens: int = None, out: tuple = None):
     """topk_gate, then moe_layout of its indices over the same experts.
 
     Args:
         logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor: as topk_gate.
         max_tokens: as moe_layout (with a value, also the masked layout).
+        out: optional (weights, indices, layout) to write instead of allocating, shaped, typed and laid out as
+            this call returns them (a previous call's outputs serve), on logits' device; the tensors must not
+            overlap each other or the inputs, and m_indices, row_to_slot and masked_slots must start 16-byte
+            aligned.
 
     Returns:
-        (weights, indices, layout): topk_gate's outputs and moe_layout(indices, E, max_tokens).
+        (weights, indices, layout): topk_gate's outputs and moe_layout(indices, E, max_tokens) (out's tensors
+        when given).
 
     Notes:
         Bit-exact with deep_kernels.reference.moe.topk_gate_with_layout, deterministic, no host
         synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots it is one cooperative launch (at
         most one block per SM) whose workspace (a grid-barrier counter and per-block counts) is kept per
         (device, stream) (a captured graph zeroes its own in a memset node), so calls may overlap only on
-        different streams. indices and the layout's tensors are views of one int32 allocation (none overlaps
-        another, each starts 16-byte aligned).
+        different streams. Without out, weights, indices and the layout's tensors are views of one 4-byte-element
+        allocation (none overlaps another, each starts 16-byte aligned): the call's host time is mostly its
+        allocation and views, which out= saves (a decode loop passes the previous step's outputs). Above
+        FUSED_MAX_SLOTS the two-stage path copies its results into out.
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.topk_gate_with_layout(logits, k, scoring, bias, num_groups, topk_groups, renormalize,
-                                         routed_scaling_factor, max_tokens)
+                                         routed_scaling_factor, max_tokens, out)
     try:
         signature = gate_signature(logits, k, scoring, bias, num_groups, topk_groups, renormalize,
                                    routed_scaling_factor) + (max_tokens, type(max_tokens))
@@ -128,45 +144,153 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
     if plan.kernel is None:
         gate_args = (k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
         weights, indices = topk_gate(logits, *gate_args)
-        return weights, indices, moe_layout(indices, logits.shape[1], max_tokens)
-    weights = torch.empty(plan.weights_shape, dtype=torch.float32, device=plan.device)
-    ints = torch.empty(plan.ints.numel, dtype=torch.int32, device=plan.device)
-    indices, layout = plan.ints.carve(ints)
+        results = (weights, indices, moe_layout(indices, logits.shape[1], max_tokens))
+        if out is None:
+            return results
+        for written, result in zip(_written_outputs(plan, out), (*results[:2], *_layout_fields(results[2]))):
+            if written is not None:
+                written.copy_(result)
+        return tuple(out)
     device_index = plan.device.index
     stream = current_raw_stream(device_index)
     workspace = _workspace(device_index, plan.token_blocks * block_counts_row_ints(plan.num_experts), stream)
-    key = (logits.data_ptr(), 0 if bias is None else bias.data_ptr(), weights.data_ptr(), ints.data_ptr(),
-           workspace.data_ptr())
-    launch = plan.launches.get(key)
+    bias_address = 0 if bias is None else bias.data_ptr()
+    if out is None:
+        ints = torch.empty(plan.ints.numel, dtype=torch.int32, device=plan.device)
+        key = (logits.data_ptr(), bias_address, ints.data_ptr(), workspace.data_ptr())
+        launch = plan.launches.get(key)
+        if launch is None:
+            launch = _prepare_launch(plan, key, plan.ints.pointers(key[2]), key[3], logits, k, topk_groups,
+                                     renormalize, routed_scaling_factor, max_tokens)
+        launch.launch(stream)
+        return plan.ints.carve(ints)
+    # A launch prepared for out's addresses and metadata was prepared after every check of them.
+    try:
+        key = (logits.data_ptr(), bias_address, workspace.data_ptr(), _out_key(out))
+        launch = plan.launches.get(key)
+    except (AttributeError, TypeError, ValueError):  # not the form out takes: the checks below say how
+        launch = None
     if launch is None:
-        launch = _prepare_launch(plan, key, logits, k, topk_groups, renormalize, routed_scaling_factor, max_tokens)
+        outputs = _written_outputs(plan, out)
+        _check_written_addresses(outputs, logits, bias)
+        key = (logits.data_ptr(), bias_address, workspace.data_ptr(), _out_key(out))
+        pointers = dict(zip(_OUTPUT_NAMES, (0 if t is None else t.data_ptr() for t in outputs)))
+        launch = _prepare_launch(plan, key, pointers, key[2], logits, k, topk_groups, renormalize,
+                                 routed_scaling_factor, max_tokens)
     launch.launch(stream)
-    return weights, indices, layout
+    return tuple(out)
 
 
-def _prepare_launch(plan, key: tuple, logits, k, topk_groups, renormalize, routed_scaling_factor, max_tokens):
-    """The fused kernel's launch at the addresses of key (topk_gate_with_layout's), cached in the plan."""
-    logits_ptr, bias_ptr, weights_ptr, ints_ptr, workspace_ptr = key
-    pointers = plan.ints.pointers(ints_ptr)
+def _out_key(out) -> tuple:
+    """The addresses and metadata of out's tensors (a prepared launch's key; an address also fixes the device, the
+    address space being unified)."""
+    weights, indices, routed = out
+    counts, num_rows, m_indices = routed.counts, routed.num_rows, routed.m_indices
+    row_to_slot, slot_to_row, masked_slots, masked_m = (routed.row_to_slot, routed.slot_to_row, routed.masked_slots,
+                                                        routed.masked_m)
+    # NOTE: written out rather than looped: this is most of the call's host time.
+    return (weights.data_ptr(), weights.dtype, weights.shape, weights.stride(),
+            indices.data_ptr(), indices.dtype, indices.shape, indices.stride(),
+            counts.data_ptr(), counts.dtype, counts.shape, counts.stride(),
+            num_rows.data_ptr(), num_rows.dtype, num_rows.shape, num_rows.stride(),
+            m_indices.data_ptr(), m_indices.dtype, m_indices.shape, m_indices.stride(),
+            row_to_slot.data_ptr(), row_to_slot.dtype, row_to_slot.shape, row_to_slot.stride(),
+            slot_to_row.data_ptr(), slot_to_row.dtype, slot_to_row.shape, slot_to_row.stride(),
+            None if masked_slots is None else (masked_slots.data_ptr(), masked_slots.dtype, masked_slots.shape,
+                                               masked_slots.stride()),
+            None if masked_m is None else (masked_m.data_ptr(), masked_m.dtype, masked_m.shape, masked_m.stride()))
+
+
+# out's tensors in order: weights, indices, then the MoeLayout's fields.
+_OUTPUT_NAMES = ("weights", "indices", "counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row", "masked_slots",
+                 "masked_m")
+# Outputs the kernel stores with 16-byte vectors (its -1 fill).
+_VECTOR_STORED = ("m_indices", "row_to_slot", "masked_slots")
+
+
+def _layout_fields(layout: MoeLayout) -> tuple:
+    return (layout.counts, layout.num_rows, layout.m_indices, layout.row_to_slot, layout.slot_to_row,
+            layout.masked_slots, layout.masked_m)
+
+
+def _output_signature(tensors: tuple) -> tuple:
+    return tuple(None if t is None else (t.dtype, t.shape, t.stride(), t.get_device()) for t in tensors)
+
+
+def check_out_form(out) -> None:
+    """out is (weights, indices, MoeLayout)."""
+    if not isinstance(out, (tuple, list)) or len(out) != 3 or not isinstance(out[2], MoeLayout):
+        raise TypeError("out must be (weights, indices, layout) as topk_gate_with_layout returns them")
+
+
+def _written_outputs(plan, out) -> tuple:
+    """out's tensors in _OUTPUT_NAMES order, after checking them against the outputs a call of plan returns."""
+    check_out_form(out)
+    outputs = (out[0], out[1], *_layout_fields(out[2]))
+    try:
+        matches = _output_signature(outputs) == plan.out_signature
+    except AttributeError:  # not tensors: the check below says which
+        matches = False
+    if not matches:
+        for name, tensor, wanted in zip(_OUTPUT_NAMES, outputs, plan.out_signature):
+            if wanted is None and tensor is not None:
+                raise ValueError(f"out's {name} must be None without max_tokens")
+            if wanted is None:
+                continue
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"out's {name} must be a torch.Tensor, got {type(tensor).__name__}")
+            dtype, shape, stride, device = wanted
+            if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape) or tensor.stride() != stride:
+                raise ValueError(f"out's {name} must be a contiguous {dtype} tensor of shape {tuple(shape)}, got "
+                                 f"{tensor.dtype} of shape {tuple(tensor.shape)} strides {tuple(tensor.stride())}")
+            if tensor.get_device() != device:
+                raise ValueError(f"out's {name} must be on logits' device cuda:{device}, got {tensor.device}")
+    return outputs
+
+
+def _check_written_addresses(outputs: tuple, logits, bias) -> None:
+    """out's vector-stored tensors are 16-byte aligned, and no two of out's tensors and the inputs overlap."""
+    for name, tensor in zip(_OUTPUT_NAMES, outputs):
+        if name in _VECTOR_STORED and tensor is not None and tensor.data_ptr() % 16 != 0:
+            raise ValueError(f"out's {name} must start at a 16-byte aligned address")
+    named = [(name, t) for name, t in zip(_OUTPUT_NAMES, outputs) if t is not None and t.numel() > 0]
+    named += [("logits", logits)] + ([("bias", bias)] if bias is not None else [])
+    spans = sorted((t.data_ptr(), t.data_ptr() + _extent_bytes(t), name) for name, t in named if t.numel() > 0)
+    for (_, end, name), (start, _, other) in zip(spans, spans[1:]):
+        if start < end:
+            raise ValueError(f"out's tensors must not overlap each other or the inputs: {name} and {other} do")
+
+
+def _extent_bytes(t: torch.Tensor) -> int:
+    """Bytes from t's first element to just past its last."""
+    return (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _prepare_launch(plan, key: tuple, pointers: dict, workspace: int, logits, k, topk_groups, renormalize,
+                    routed_scaling_factor, max_tokens):
+    """The fused kernel's launch writing the outputs at pointers (by _OUTPUT_NAMES) with the workspace at address
+    workspace, cached in the plan by key (the call's addresses)."""
     masked = max_tokens is not None
     encoded = plan.kernel.encode(
-        logits=logits_ptr, bias=bias_ptr, weights=weights_ptr, indices=pointers["indices"], counts=pointers["counts"],
-        num_rows=pointers["num_rows"], m_indices=pointers["m_indices"], row_to_slot=pointers["row_to_slot"],
-        slot_to_row=pointers["slot_to_row"], masked_slots=pointers["masked_slots"] if masked else 0,
-        masked_m=pointers["masked_m"] if masked else 0, block_counts=workspace_ptr + block_counts_offset(),
-        barrier=workspace_ptr, num_tokens=logits.shape[0], tokens_per_block=plan.tokens_per_block,
-        logits_row_stride=logits.stride(0), top_k=k, topk_groups=topk_groups, renormalize=int(renormalize),
-        scaling_factor=float(routed_scaling_factor), max_rows=plan.max_rows, max_tokens=max_tokens if masked else 0)
+        logits=logits.data_ptr(), bias=key[1], weights=pointers["weights"], indices=pointers["indices"],
+        counts=pointers["counts"], num_rows=pointers["num_rows"], m_indices=pointers["m_indices"],
+        row_to_slot=pointers["row_to_slot"], slot_to_row=pointers["slot_to_row"],
+        masked_slots=pointers["masked_slots"] if masked else 0, masked_m=pointers["masked_m"] if masked else 0,
+        block_counts=workspace + block_counts_offset(), barrier=workspace,
+        num_tokens=logits.shape[0], tokens_per_block=plan.tokens_per_block, logits_row_stride=logits.stride(0),
+        top_k=k, topk_groups=topk_groups, renormalize=int(renormalize), scaling_factor=float(routed_scaling_factor),
+        max_rows=plan.max_rows, max_tokens=max_tokens if masked else 0)
     return remember_launch(plan.launches, key, plan.kernel.prepare((plan.num_blocks, 1, 1), plan.device.index,
                                                                    encoded))
 
 
 class _Plan(NamedTuple):
-    """What a valid call's signature fixes: the fused kernel and its grid (kernel None: the two-stage path, or no
-    tokens), the workspace's blocks, the outputs' shapes and where the int32 ones lie in one allocation, and the
-    prepared launches by the call's addresses."""
+    """What a valid call's signature fixes: the outputs' signature (_output_signature of what the call returns), the
+    fused kernel and its grid (kernel None: the two-stage path, or no tokens), the workspace's blocks, where the
+    outputs lie in one allocation, and the prepared launches by the call's addresses."""
 
     num_sms: int  # the SM count it was planned for
+    out_signature: tuple
     kernel: object = None
     tokens_per_block: int = 0
     token_blocks: int = 0
@@ -174,7 +298,6 @@ class _Plan(NamedTuple):
     max_rows: int = 0
     device: torch.device = None
     num_experts: int = 0
-    weights_shape: tuple = ()
     ints: LayoutInts = None
     launches: dict = None
 
@@ -193,17 +316,28 @@ def _plan(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed
     if bias is not None:
         check_cuda_device(bias, "bias", like=logits)
     num_sms = get_num_sms()
+    device = logits.get_device()
+    slots = (torch.Size((num_tokens, k)), (k, 1), device)
+    rows = (torch.Size((max_rows,)), (1,), device)
+    experts = (torch.Size((num_experts,)), (1,), device)
+    masked = max_tokens is not None
+    out_signature = (
+        (torch.float32, *slots), (torch.int32, *slots), (torch.int32, *experts),
+        (torch.int32, torch.Size((1,)), (1,), device), (torch.int32, *rows), (torch.int32, *rows),
+        (torch.int32, *slots),
+        (torch.int32, torch.Size((num_experts, max_tokens)), (max_tokens, 1), device) if masked else None,
+        (torch.int32, *experts) if masked else None)
     tokens_per_block = _fused_tokens_per_block(num_tokens, k)
     if tokens_per_block is None or num_tokens == 0:  # the two-stage path (no launch without tokens)
-        return _Plan(num_sms)
+        return _Plan(num_sms, out_signature)
     num_masked = num_experts * max_tokens if max_tokens is not None else 0
     # NOTE: both terms are at most the SM count, so one block per SM makes the whole grid resident. Only the
     # blocks holding tokens keep per-block counts.
     token_blocks = ceil_div(num_tokens, tokens_per_block)
     num_blocks = max(token_blocks, fill_blocks(2 * max_rows + num_masked))
     kernel = _fused_kernel(logits.dtype, num_experts, kernel_groups(num_groups), scoring, _fused_tile(num_tokens))
-    return _Plan(num_sms, kernel, tokens_per_block, token_blocks, num_blocks, max_rows, logits.device, num_experts,
-                 (num_tokens, k), LayoutInts(num_tokens, k, num_experts, max_tokens, with_indices=True), {})
+    return _Plan(num_sms, out_signature, kernel, tokens_per_block, token_blocks, num_blocks, max_rows, logits.device,
+                 num_experts, LayoutInts(num_tokens, k, num_experts, max_tokens, with_gate=True), {})
 
 
 @precompiled
@@ -217,5 +351,5 @@ def precompile_specs() -> list:
             (torch.float32, 512, 8, "softmax"),        # the largest
             (torch.bfloat16, 72, 0, "sqrtsoftplus"),   # experts not a multiple of 32
         )
-        for tile in (_FUSED_FEW_TOKENS_TILE, _FUSED_TILE)
+        for tile in (_FUSED_FEW_TOKENS_TILE, _FUSED_FEW_TOKENS_TILE._replace(tokens_per_warp=2), _FUSED_TILE)
     ]
