@@ -26,6 +26,13 @@ struct PipelineState {
             phase ^= 1;
         }
     }
+
+    // Past n uses at once (the stages of a tile another consumer takes).
+    DK_DEVICE void advance_by(uint32_t n) {
+        stage += n;
+        phase ^= (stage / kNumStages) & 1;
+        stage %= kNumStages;
+    }
 };
 
 template <uint32_t kNumStages, uint32_t kNumConsumerWarps, uint32_t kNumClusterCTAs>

@@ -13,6 +13,7 @@ from deep_kernels.device import get_num_sms, set_num_sms
 from deep_kernels.fp4_gemm import (
     fp8_fp4_gemm_nt, m_grouped_fp8_fp4_gemm_nt_contiguous, m_grouped_fp8_fp4_gemm_nt_masked,
 )
+from deep_kernels.fp4_weights import prepare_fp4_weights
 from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
 from deep_kernels.grouped_gemm import (
     get_m_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
@@ -43,7 +44,7 @@ __all__ = [
     # GEMMs
     "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked", "fp8_fp4_gemm_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous",
-    "m_grouped_fp8_fp4_gemm_nt_masked", "fp8_gemm_nt", "get_m_alignment_for_contiguous_layout",
+    "m_grouped_fp8_fp4_gemm_nt_masked", "prepare_fp4_weights", "fp8_gemm_nt", "get_m_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor", "k_grouped_bf16_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "tma_aligned_size",

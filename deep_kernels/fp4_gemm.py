@@ -8,8 +8,8 @@ Layouts:
     b    e2m1 codes [N, K / 2] (grouped: [G, N, K / 2]) as torch.float4_e2m1fn_x2 or uint8, element 2i in the low
          nibble of byte i, rows contiguous (per_token_cast_to_mxfp4's codes); sfb the UE8M0 scales, one per row
          and 32 columns: [N, K / 32] (grouped: [G, N, K / 32]) torch.float8_e8m0fnu or uint8, contiguous
-         (per_token_cast_to_mxfp4's "row_major" scales). The kernel reads both as they are: no weight
-         preparation.
+         (per_token_cast_to_mxfp4's "row_major" scales). The kernels read both as they are; the dense GEMM
+         also takes them prepared once (prepare_fp4_weights, deep_kernels.fp4_weights) for its decode kernel.
     d    [M, N] bf16, or FP32 when accumulating c (dense only; c may be d).
 Constraints: K a positive multiple of 128, N of 16.
 
@@ -31,6 +31,7 @@ from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import nvfp4_gemm
 from deep_kernels.device import get_num_sms
+from deep_kernels.fp4_weights import TILE_ROWS as PREPARED_TILE_ROWS, PreparedFp4Weights, check_prepared
 from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_output, scale_a
 from deep_kernels.grouped_gemm import _checked, _split_pairs
 from deep_kernels.heuristics import fp8_fp4_gemm as heuristics
@@ -53,11 +54,19 @@ NORMAL, CONTIGUOUS, MASKED = "normal", "m_grouped_contiguous", "m_grouped_masked
 FP8_FP4_SWAP_AB_GEMM = KernelDef(
     swap_ab_heuristics.KERNEL_HEADER, "sm90_fp8_fp4_gemm_swap_ab_impl",
     template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumCTAsPerSM",
-              "kNumChains"),
+              "kNumChains", "kPreparedWeights"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_codes", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb_words", PTR), Param("shape_n", U32), Param("shape_k", U32),
-            Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR)),
+            Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR),
+            Param("prepared_weights", PTR)),
     threads=lambda t: 128 + 128 * int(t["kNumMathWarpgroups"]))
+
+# B expanded from prepared weights at prefill sizes (deep_kernels.fp4_weights).
+FP4_PREPARED_EXPAND = KernelDef(
+    "kernels/sm90_fp4_prepared_expand.cuh", "sm90_fp4_prepared_expand_impl", template=("kBlockScaled",),
+    params=(Param("prepared", PTR), Param("q", PTR), Param("scales", PTR), Param("shape_n", U32), Param("shape_k", U32),
+            Param("scale_stride", U32)),
+    threads=lambda t: 256)
 
 
 def kernel_spec(config, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, gemm_type: str = NORMAL):
@@ -123,15 +132,16 @@ def _check_dense_call(a, sfa, b, sfb, d, c) -> tuple:
 _plans = {}
 
 
-def _dense_plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int):
+def _dense_plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int,
+                prepared: bool = False):
     """The swapped kernel's config where it runs (decode sizes: swap_ab_heuristics.is_preferred), else (kernel,
-    config, grid, split-K layout) of the in-kernel expansion, or None where the heuristics expand B before the GEMM
-    (heuristics.expands_before)."""
-    key = (m, n, k, out_dtype, accumulate, num_sms)
+    config, grid, split-K layout) of the in-kernel expansion, or None where B is expanded before the GEMM
+    (heuristics.expands_before; prepared weights: always)."""
+    key = (m, n, k, out_dtype, accumulate, num_sms, prepared)
     if key not in _plans:
         if swap_ab_heuristics.is_preferred(m, n, k, num_sms):
-            _plans[key] = swap_ab_heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize)
-        elif heuristics.expands_before(m, n, k, num_sms, out_dtype.itemsize, accumulate):
+            _plans[key] = swap_ab_heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize, prepared)
+        elif prepared or heuristics.expands_before(m, n, k, num_sms, out_dtype.itemsize, accumulate):
             _plans[key] = None
         else:
             config = heuristics.get_config(m, n, k, num_sms, out_dtype.itemsize, accumulate)
@@ -155,25 +165,58 @@ _retired_expansion_workspaces = []
 
 def _expanded_weights(b: torch.Tensor, sfb: torch.Tensor, n: int, k: int) -> tuple:
     """(e4m3 [N, K], FP32 scales [N, K / 128] MN-major) of B, by mxfp4_requant_to_fp8 into the device's persistent
-    workspace (grown, never shrunk; kept alive once replaced, for CUDA graphs captured before; refused during
-    capture: run the shape once before capturing it)."""
+    expansion workspace (_expansion_buffers)."""
     from deep_kernels.quant.fp4 import mxfp4_requant_to_fp8
 
     k_blocks, aligned_n = k // SCALE_BLOCK, tma_aligned_size(n, 4)
-    device_index = b.get_device()
+    codes, scales = _expansion_buffers(b.get_device(), n * k, aligned_n * k_blocks)
+    q = codes.view(torch.float8_e4m3fn).view(n, k)
+    scales = scales.as_strided((n, k_blocks), (1, aligned_n))
+    return mxfp4_requant_to_fp8(b, sfb.view(torch.float8_e8m0fnu), scale_layout="mn_major", out=(q, scales))
+
+
+def _expanded_prepared_weights(prepared: PreparedFp4Weights) -> tuple:
+    """(e4m3 [N, K], FP32 scales) of prepared weights in the device's expansion workspace: 128 x 128 block scales
+    [ceil(N / 128), K / 128] where the weights fold into blocks, else per row and 128 columns, MN-major."""
+    n, k = prepared.n, prepared.k
+    k_blocks, aligned_n = k // SCALE_BLOCK, tma_aligned_size(n, 4)
+    num_scales = -(-n // SCALE_BLOCK) * k_blocks if prepared.folds_into_blocks else aligned_n * k_blocks
+    codes, scales = _expansion_buffers(prepared.data.get_device(), n * k, num_scales)
+    q = codes.view(torch.float8_e4m3fn).view(n, k)
+    if prepared.folds_into_blocks:
+        scales = scales.view(-1, k_blocks)
+        expand_prepared(prepared.data, n, k, True, q, scales)
+    else:
+        scales = scales.as_strided((n, k_blocks), (1, aligned_n))
+        expand_prepared(prepared.data, n, k, False, q, scales, aligned_n)
+    return q, scales
+
+
+def expand_prepared(data: torch.Tensor, n: int, k: int, block_scaled: bool, q: torch.Tensor, scales: torch.Tensor,
+                    scale_stride: int = 0) -> None:
+    """B expanded from a prepared weights' CUDA tensor into q (e4m3 [N, K], contiguous) and scales (FP32: block_scaled,
+    [ceil(N / 128), K / 128] contiguous; else MN-major, element (row, K block) at K block * scale_stride + row); the
+    kernel's numerics in kernels/sm90_fp4_prepared_expand.cuh."""
+    kernel = get_kernel(FP4_PREPARED_EXPAND.spec(kBlockScaled="true" if block_scaled else "false"))
+    kernel.launch((k // SCALE_BLOCK, -(-n // (2 * PREPARED_TILE_ROWS)), 1), data.get_device(), prepared=data.data_ptr(),
+                  q=q.data_ptr(), scales=scales.data_ptr(), shape_n=n, shape_k=k, scale_stride=scale_stride)
+
+
+def _expansion_buffers(device_index: int, num_codes: int, num_scales: int) -> tuple:
+    """The first num_codes bytes and num_scales FP32 of the device's persistent expansion workspace (grown, never
+    shrunk; kept alive once replaced, for CUDA graphs captured before; refused during capture: run the shape once
+    before capturing it)."""
     workspace = _expansion_workspaces.get(device_index)
-    if workspace is None or workspace.codes.numel() < n * k or workspace.scales.numel() < aligned_n * k_blocks:
+    if workspace is None or workspace.codes.numel() < num_codes or workspace.scales.numel() < num_scales:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("fp8_fp4_gemm_nt: this prefill shape needs a larger expansion workspace, which cannot "
                                "be allocated during CUDA-graph capture; run the same call once before capturing")
         if workspace is not None:
             _retired_expansion_workspaces.append(workspace)
         workspace = _expansion_workspaces[device_index] = _ExpansionWorkspace(
-            device_index, max(n * k, 2 * (workspace.codes.numel() if workspace else 0)),
-            max(aligned_n * k_blocks, 2 * (workspace.scales.numel() if workspace else 0)))
-    q = workspace.codes[:n * k].view(torch.float8_e4m3fn).view(n, k)
-    scales = workspace.scales[:aligned_n * k_blocks].as_strided((n, k_blocks), (1, aligned_n))
-    return mxfp4_requant_to_fp8(b, sfb.view(torch.float8_e8m0fnu), scale_layout="mn_major", out=(q, scales))
+            device_index, max(num_codes, 2 * (workspace.codes.numel() if workspace else 0)),
+            max(num_scales, 2 * (workspace.scales.numel() if workspace else 0)))
+    return workspace.codes[:num_codes], workspace.scales[:num_scales]
 
 
 def _dense_plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int):
@@ -184,32 +227,34 @@ def _dense_plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accum
     return kernel, config, grid, split_layout
 
 
-def swap_ab_kernel_spec(config, out_dtype: torch.dtype, accumulate: bool):
-    return FP8_FP4_SWAP_AB_GEMM.spec(*swap_ab_heuristics.template_args(config, out_dtype, accumulate))
+def swap_ab_kernel_spec(config, out_dtype: torch.dtype, accumulate: bool, prepared: bool = False):
+    return FP8_FP4_SWAP_AB_GEMM.spec(*swap_ab_heuristics.template_args(config, out_dtype, accumulate, prepared))
 
 
 def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulate: bool) -> None:
-    """The swapped kernel (m <= 128 tokens, sfa kernel-ready) of config, split-K through the FP8 GEMM's workspace."""
+    """The swapped kernel (m <= 128 tokens, sfa kernel-ready) of config, split-K through the FP8 GEMM's workspace;
+    sfb None: b is prepare_fp4_weights's tensor."""
     if config.block_t < m:
         raise ValueError(f"a swapped config of {config.block_t} tokens cannot take m = {m}")
     if not 1 <= config.num_splits <= k // SCALE_BLOCK:
         raise ValueError(f"num_splits must be in 1..K / 128 = {k // SCALE_BLOCK}, got {config.num_splits}")
-    kernel = get_kernel(swap_ab_kernel_spec(config, d.dtype, accumulate), smem_bytes=config.smem_bytes)
+    prepared = sfb is None
+    kernel = get_kernel(swap_ab_kernel_spec(config, d.dtype, accumulate, prepared), smem_bytes=config.smem_bytes)
     num_tiles = -(-n // config.block_w)
     workspace_ptr = tickets_ptr = 0
     if config.num_splits > 1:
         workspace = _split_workspace(a.get_device(), num_tiles * config.block_w * config.block_t * config.num_splits,
                                      num_tiles * config.num_math_warpgroups)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    codes = b.view(torch.uint8)
+    tmap_a = tensor_map(a, (config.block_t, SCALE_BLOCK), 128)
+    # NOTE: prepared weights come by bulk copies: tmap_codes is not read then (any valid map does).
+    tmap_codes = tmap_a if prepared else tensor_map(b.view(torch.uint8), (config.block_w, SCALE_BLOCK // 2), 64)
     kernel.launch(
-        (num_tiles * config.num_splits, 1, 1), a.get_device(),
-        tmap_a=tensor_map(a, (config.block_t, SCALE_BLOCK), 128),
-        tmap_codes=tensor_map(codes, (config.block_w, SCALE_BLOCK // 2), 64),
+        (num_tiles * config.num_splits, 1, 1), a.get_device(), tmap_a=tmap_a, tmap_codes=tmap_codes,
         tmap_sfa=tensor_map(sfa, (config.block_t, 1), transpose=True),
         tmap_d=tensor_map(d, (config.block_t, 128 // d.element_size()), 128),
-        sfb_words=sfb.data_ptr(), shape_n=n, shape_k=k, num_splits=config.num_splits, split_workspace=workspace_ptr,
-        split_tickets=tickets_ptr)
+        sfb_words=0 if prepared else sfb.data_ptr(), shape_n=n, shape_k=k, num_splits=config.num_splits,
+        split_workspace=workspace_ptr, split_tickets=tickets_ptr, prepared_weights=b.data_ptr() if prepared else 0)
 
 
 def _codes_map(b: torch.Tensor, block_n: int) -> tuple:
@@ -240,7 +285,8 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
     Args:
         a: (a [M, K] float8_e4m3fn, sfa [M, K / 128]) as per_token_cast_to_fp8 returns it.
         b: MXFP4: (codes [N, K / 2] float4_e2m1fn_x2 or uint8, sfb [N, K / 32] float8_e8m0fnu or uint8) as
-            per_token_cast_to_mxfp4(w) returns it (row_major scales).
+            per_token_cast_to_mxfp4(w) returns it (row_major scales); or prepare_fp4_weights(codes, sfb), the
+            same weights prepared once for the decode kernel (deep_kernels.fp4_weights).
             NVFP4: (codes, sfb [N, K / 16] float8_e4m3fn, global_scale float32 CUDA tensor of one element): the
             pair per_token_cast_to_nvfp4(w, global_scale) returns (row_major scales) and the global scale it was
             given (deep_kernels.nvfp4_gemm has the layouts and numerics).
@@ -265,11 +311,17 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
         numerics: e4m3 with one power-of-two scale per row and 128 columns, exact under the same condition) into a
         persistent per-device workspace, and the FP8 GEMM with per-channel B scales (recipe (1, 1, 128)) multiplies;
         that workspace too is grown outside CUDA-graph capture only. No host synchronisation or allocation with
-        kernel-ready sfa (MN-major FP32).
+        kernel-ready sfa (MN-major FP32). Prepared weights: up to 128 rows the swapped kernel reads them with fewer
+        instructions per weight, the same numerics; from 129 rows on B is expanded per call from them into the same
+        persistent workspace, with one power-of-two scale per 128 x 128 block where preparation found every block
+        exact in e4m3 (then the block-scaled FP8 GEMM multiplies: the values are the same, the promotion scale
+        sfa * 2^(E - 133) per block), else per row and 128 columns as above (deep_kernels.fp4_weights).
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.fp8_fp4_gemm_nt(a, b, d, c)
+    if isinstance(b, PreparedFp4Weights):
+        return _fp8_fp4_gemm_nt_prepared(a, b, d, c, config)
     if _is_nvfp4(b):
         return nvfp4_gemm.fp8_nvfp4_gemm_nt(*_split_nvfp4(a, b), d, c, config)
     a, sfa, b, sfb = _split_pairs(a, b)
@@ -311,6 +363,55 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m, grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr,
         split_tickets=tickets_ptr, num_unsplit_tiles=num_unsplit_tiles, tmap_sfb=map_sfa)
+    return d
+
+
+def _check_prepared_call(a, sfa, data, d, c, n: int, k_prepared: int) -> tuple:
+    """Full validation with prepared weights of n rows and k_prepared columns; returns (m, k, whether sfa is
+    kernel-ready)."""
+    check_dtype(a, "a", (torch.float8_e4m3fn,))
+    check_rank(a, "a", 2)
+    m, k = a.shape
+    _check_k(k)
+    if k != k_prepared:
+        raise ValueError(f"a has K = {k} columns but the prepared weights K = {k_prepared}")
+    if n % 16 != 0:
+        raise ValueError(f"N must be a positive multiple of 16, got prepared weights of {n} rows")
+    check_prepared(data, n, k)
+    check_row_major_rows(a, "a")
+    check_output(d, c, m, n)
+    kernel_sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+    for tensor, name in ((a, "a"), (sfa, "sfa"), (data, "b"), (d, "d")) + ((c, "c"),) * (c is not None):
+        check_cuda_device(tensor, name, like=a)
+    return m, k, kernel_sfa is sfa
+
+
+def _fp8_fp4_gemm_nt_prepared(a, prepared: PreparedFp4Weights, d, c, config) -> torch.Tensor:
+    """fp8_fp4_gemm_nt with prepared weights: up to 128 rows the swapped kernel reads them as they are; from 129
+    rows on, B is expanded per call (block-scaled where the weights fold into 128 x 128 blocks, else per row) and
+    the FP8 GEMM of that recipe multiplies."""
+    if not (isinstance(a, (tuple, list)) and len(a) == 2):
+        raise TypeError("a must be an (a, sfa) pair")
+    a, sfa = a
+    n = prepared.n
+    m, k, sfa_ready = _checked(_check_prepared_call, (a, sfa, prepared.data, d, c), n, prepared.k)
+    if not sfa_ready:
+        sfa = scale_a(sfa, m, k // SCALE_BLOCK)
+    _check_addresses(a, sfa, prepared.data, prepared.data, d)
+    if config is not None and not isinstance(config, swap_ab_heuristics.SwapAbConfig):
+        raise ValueError("prepared weights run the swapped kernel only: config must be a heuristics.fp8_fp4_swap_ab "
+                         "one")
+    if m == 0:
+        return d
+    if config is None and not swap_ab_heuristics.is_preferred(m, n, k, get_num_sms()):
+        from deep_kernels.gemm import fp8_gemm_nt
+        recipe = None if prepared.folds_into_blocks else (1, 1, 128)
+        return fp8_gemm_nt((a, sfa), _expanded_prepared_weights(prepared), d, c, recipe=recipe)
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    accumulate = c is not None
+    plan = config or _dense_plan(m, n, k, d.dtype, accumulate, get_num_sms(), prepared=True)
+    _launch_swap_ab(plan, a, sfa, prepared.data, None, d, m, n, k, accumulate)
     return d
 
 
@@ -467,14 +568,16 @@ REPRESENTATIVE_MNK = tuple((m, n, k) for n, k in ((2112, 7168), (24576, 1536), (
 
 @precompiled
 def precompile_specs() -> list:
-    """The dense picks over REPRESENTATIVE_MNK (bf16 D), and the swapped kernel's at its decode sizes."""
+    """The dense picks over REPRESENTATIVE_MNK (bf16 D), the swapped kernel's at its decode sizes (on unprepared
+    and prepared weights), and the prefill expansion of prepared weights."""
     specs = {}
     for m, n, k in REPRESENTATIVE_MNK:
         args = tuple(heuristics.template_args(heuristics.get_config(m, n, k, 132), n, k, torch.bfloat16, False))
         specs.setdefault(args, FP8_GEMM.spec(*args))
         if m <= swap_ab_heuristics.MAX_TOKENS:
-            config = swap_ab_heuristics.get_config(m, n, k, 132)
-            specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
-                              config.ctas_per_sm, config.num_chains),
-                             swap_ab_kernel_spec(config, torch.bfloat16, False))
-    return list(specs.values())
+            for prepared in (False, True):
+                config = swap_ab_heuristics.get_config(m, n, k, 132, prepared=prepared)
+                specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
+                                  config.ctas_per_sm, config.num_chains, prepared),
+                                 swap_ab_kernel_spec(config, torch.bfloat16, False, prepared))
+    return list(specs.values()) + [FP4_PREPARED_EXPAND.spec(kBlockScaled=flag) for flag in ("true", "false")]

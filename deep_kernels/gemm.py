@@ -145,7 +145,7 @@ def get_gemm_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: 
 # DK_FP8_GEMM_CONFIG's fields and the make_config argument each sets.
 OVERRIDE_FIELDS = {"block_m": "block_m", "block_n": "block_n", "stages": "num_stages", "multicast": "num_tma_multicast",
                    "multicast_on_a": "multicast_on_a", "splits": "num_splits", "pipelined": "pipelined",
-                   "overlap_epilogue": "overlap_epilogue", "ping_pong": "ping_pong",
+                   "overlap_epilogue": "overlap_epilogue", "ping_pong": "ping_pong", "own_tiles": "own_tiles",
                    "splits_in_cluster": "splits_in_cluster"}
 # The op's name in the measured-tuning store (deep_kernels/tuning.py, `python -m deep_kernels tune`).
 TUNING_OP = "fp8_gemm_nt"
@@ -153,7 +153,7 @@ TUNING_OP = "fp8_gemm_nt"
 
 def parse_config_override(text: str) -> dict:
     """"block_m=128,block_n=112,stages=5,multicast=2,multicast_on_a=1" (or ...,splits=4, ...,pipelined=0,
-    ...,overlap_epilogue=1, ...,ping_pong=1) as {field: int}; an unknown field or a value that is not an integer raises."""
+    ...,overlap_epilogue=1, ...,ping_pong=1, ...,own_tiles=1) as {field: int}; an unknown field or a value that is not an integer raises."""
     fields = {}
     for item in text.split(","):
         key, sep, value = (part.strip() for part in item.partition("="))
@@ -178,7 +178,8 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
     """`config` with the override's fields replaced. The config's epilogue overlap carries over only to a tiling
     that has one (128 rows, or 256 with block scales; no split-K; grouped: BLOCK_N a multiple of 64), its ping-pong
     schedule only to one that takes it (128 or 256 rows, the plain K loop, block scales); ping_pong=1 alone selects
-    the plain K loop."""
+    the plain K loop. Its own-tile ping-pong carries over to a tiling that takes it (64 or 128 rows per math warpgroup,
+    block scales, no split-K); with own tiles the epilogue overlap and the shared-tile ping-pong are off unless given."""
     fields = heuristics.config_fields(config)
     fields.pop("num_stages")  # as many as fit, unless given
     fields.pop("pipelined")  # wherever the tile allows, unless given
@@ -189,10 +190,17 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
     if "overlap_epilogue" not in override:
         fields["overlap_epilogue"] = config.overlap_epilogue and heuristics.has_epilogue_overlap(
             fields["block_m"], fields["block_n"], fields["num_splits"], grouped, operands)
+    if "own_tiles" not in override:
+        fields["own_tiles"] = config.own_tiles and heuristics.can_own_tiles(
+            fields["block_m"], fields["block_n"], fields["num_splits"], grouped, operands)
+    if fields["own_tiles"]:
+        for flag in ("overlap_epilogue", "ping_pong"):
+            if flag not in override:
+                fields[flag] = False
     if "splits_in_cluster" not in override:
         # NOTE: only onto the same tiles and splits (other tiles or splits may not fit the SMs as clusters).
         fields["splits_in_cluster"] = config.splits_in_cluster and not {"block_m", "block_n", "splits"} & set(override)
-    for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong", "splits_in_cluster"):
+    for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong", "own_tiles", "splits_in_cluster"):
         if flag in fields:
             fields[flag] = bool(fields[flag])
     if grouped and (fields["num_splits"] != 1 or

@@ -3,7 +3,8 @@ torch.export trace code that calls them without a graph break, and the compiled 
 
 The public functions stay the entry point and keep their eager path: only while dynamo or torch.export traces them
 does a public function call its namesake here instead, which passes its tensors to the op (the (tensor, scales)
-pairs of the GEMMs and a MoeLayout's fields as separate arguments; the layout is rebuilt from the op's outputs).
+pairs of the GEMMs and a MoeLayout's fields as separate arguments; the layout is rebuilt from the op's outputs;
+fp8_fp4_gemm_nt with prepared weights calls fp8_fp4_gemm_nt_prepared).
 Eager calls pay one flag read for it, torch.compiler.is_compiling(); that flag alone would not do, since torch holds
 it for a whole compile session, during which an op may also run for real (inductor's constant folding, a backend
 running the graph), and its implementation must then take the eager path. An op's implementation calls the eager
@@ -18,9 +19,9 @@ write d (declared mutated); c is d (accumulating in place) is the flag c_is_d, s
 the d it writes. Written tensors are read-write for torch: what the kernels leave unwritten (padding rows, masked
 rows, skipped rows) keeps its contents as in eager calls.
 
-Not ops (they launch nothing of their own, and trace as they are): get_mn_major_tma_aligned_tensor and
-nvfp4_global_scale (torch ops), tma_aligned_size, get_m_alignment_for_contiguous_layout, get_num_sms, set_num_sms,
-bf16_gemm_nn / tn / tt and k_grouped_bf16_gemm_tn_contiguous (transposed views handed to the nt function, which
+Not ops (they launch nothing of their own, and trace as they are): get_mn_major_tma_aligned_tensor,
+nvfp4_global_scale and prepare_fp4_weights (torch ops), tma_aligned_size, get_m_alignment_for_contiguous_layout,
+get_num_sms, set_num_sms, bf16_gemm_nn / tn / tt and k_grouped_bf16_gemm_tn_contiguous (transposed views handed to the nt function, which
 traces to its op).
 """
 
@@ -28,7 +29,7 @@ from dataclasses import fields
 
 import torch
 
-from deep_kernels import bf16_gemm, fp4_gemm, gemm, grouped_gemm, k_grouped_bf16_gemm, k_grouped_gemm
+from deep_kernels import bf16_gemm, fp4_gemm, fp4_weights, gemm, grouped_gemm, k_grouped_bf16_gemm, k_grouped_gemm
 from deep_kernels.grouped_gemm import _split_pairs
 from deep_kernels.moe import expand, expert_parallel, gate, layout, routing
 from deep_kernels.moe.expand import _layout_sizes, expanded_scale_geometry
@@ -186,8 +187,22 @@ _define("fp8_fp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) 
         "Tensor? global_scale=None) -> ()", _fp8_fp4_gemm_nt, _writes_only)
 
 
+def _fp8_fp4_gemm_nt_prepared(a, sfa, b, n, folds_into_blocks, d, c, c_is_d) -> None:
+    prepared = fp4_weights.PreparedFp4Weights(b, n, a.shape[1], folds_into_blocks)
+    fp4_gemm.fp8_fp4_gemm_nt((a, sfa), prepared, d, d if c_is_d else c)
+
+
+_define("fp8_fp4_gemm_nt_prepared(Tensor a, Tensor sfa, Tensor b, int n, bool folds_into_blocks, Tensor(a!) d, "
+        "Tensor? c, bool c_is_d) -> ()", _fp8_fp4_gemm_nt_prepared, _writes_only)
+
+
 def fp8_fp4_gemm_nt(a, b, d, c):
     c_is_d = c is d
+    if isinstance(b, fp4_weights.PreparedFp4Weights):
+        if not (isinstance(a, (tuple, list)) and len(a) == 2):
+            raise TypeError("a must be an (a, sfa) pair")
+        _OPS.fp8_fp4_gemm_nt_prepared.default(*a, b.data, b.n, b.folds_into_blocks, d, None if c_is_d else c, c_is_d)
+        return d
     if isinstance(b, (tuple, list)) and len(b) == 3:  # NVFP4: (codes, sfb, global_scale)
         (a, sfa), (b, sfb, global_scale) = a, b
     else:

@@ -7,7 +7,9 @@ with the model's estimates, and
 with --both-k-loops each pipelinable config also with the plain (unpipelined) K loop, with --overlap-epilogue
 each 128-row unsplit config also with the epilogue overlap (the next tile's first K block issued before a
 tile's store), with --ping-pong each 128- and 256-row config also with the ping-pong schedule (the math warpgroups
-take turns issuing; plain K loop; with --overlap-epilogue 256-row tiles too take the overlap then).
+take turns issuing; plain K loop; with --overlap-epilogue 256-row tiles too take the overlap then), with --own-tiles
+each unsplit 64- and 128-row config also with the own-tile ping-pong (each math warpgroup owns the tile; 128-row own
+tiles up to 128 columns).
 """
 
 import argparse
@@ -32,7 +34,7 @@ MULTICASTS = {"none": (1, False), "a": (2, True), "b": (2, False)}
 
 
 def configs_for(m: int, n: int, k: int, block_ms, block_ns, splits, both_k_loops: bool, multicasts,
-                overlap_epilogue: bool = False, ping_pong: bool = False):
+                overlap_epilogue: bool = False, ping_pong: bool = False, own_tiles: bool = False):
     for block_m in block_ms:
         if block_m > 64 and m <= 64:
             continue
@@ -55,6 +57,9 @@ def configs_for(m: int, n: int, k: int, block_ms, block_ns, splits, both_k_loops
                             yield heuristics.make_config(block_m, block_n, num_tma_multicast, on_a, 2,
                                                          num_splits=num_splits, pipelined=pipelined,
                                                          overlap_epilogue=overlap)
+                    if own_tiles and heuristics.can_own_tiles(block_m, block_n, num_splits) and \
+                            heuristics.max_stages(block_m, block_n, 2, own_tiles=True) >= heuristics.MIN_STAGES:
+                        yield heuristics.make_config(block_m, block_n, num_tma_multicast, on_a, 2, own_tiles=True)
                     if ping_pong and heuristics.can_ping_pong(block_m, False):
                         pp_overlaps = (False, True) if overlap_epilogue and heuristics.has_epilogue_overlap(
                             block_m, block_n, num_splits, ping_pong=True) else (False,)
@@ -67,7 +72,7 @@ def configs_for(m: int, n: int, k: int, block_ms, block_ns, splits, both_k_loops
 def _row(m: int, n: int, k: int, config, us: float, num_sms: int, diff: float) -> dict:
     return {"calc_diff": diff, "m": m, "n": n, "k": k, "label": heuristics.config_label(config), "block_m": config.block_m, "block_n": config.block_n,
             "splits": config.num_splits, "pipelined": config.pipelined, "overlap": config.overlap_epilogue,
-            "ping_pong": config.ping_pong,
+            "ping_pong": config.ping_pong, "own_tiles": config.own_tiles,
             "multicast": config.num_tma_multicast, "multicast_on_a": config.multicast_on_a, "us": round(us, 2),
             "tflops": round(2 * m * n * k / us / 1e6, 1),
             "model_us": round(heuristics.estimate_seconds(config, m, n, k, num_sms) * 1e6, 2)}
@@ -82,6 +87,7 @@ def main() -> None:
     parser.add_argument("--both-k-loops", action="store_true")
     parser.add_argument("--overlap-epilogue", action="store_true")
     parser.add_argument("--ping-pong", action="store_true")
+    parser.add_argument("--own-tiles", action="store_true")
     parser.add_argument("--multicast", nargs="+", choices=sorted(MULTICASTS), default=["none"])
     parser.add_argument("--nk", nargs="+", default=[f"{n}x{k}" for n, k in NKS], help="N x K shapes, e.g. 32768x512")
     parser.add_argument("--out", default="sweep.json")
@@ -91,7 +97,7 @@ def main() -> None:
     nks = [tuple(int(v) for v in nk.split("x")) for nk in args.nk]
     problems = [(m, n, k, config) for m in args.m for n, k in nks
                 for config in configs_for(m, n, k, args.block_m, args.block_n, args.splits, args.both_k_loops,
-                                          args.multicast, args.overlap_epilogue, args.ping_pong)]
+                                          args.multicast, args.overlap_epilogue, args.ping_pong, args.own_tiles)]
     precompile([gemm.kernel_spec(config, n, k, torch.bfloat16, False) for _, n, k, config in problems])
 
     flusher = L2Flusher(torch.cuda.get_device_properties(0).L2_cache_size)

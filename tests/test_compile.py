@@ -84,8 +84,24 @@ def test_ping_pong_takes_turns_around_each_wgmma_group(compiled):
     # Each warpgroup waits for its turn (bar.sync on a 256-thread barrier) right before its wgmma group and hands the
     # turn over (bar.arrive) right after the wait for the group: every QGMMA sits in such a turn.
     ping_pong = [(spec, entry) for spec, entry in compiled if spec.name == "sm90_fp8_gemm" and
-                 gemm.FP8_GEMM.template_arguments(spec)["kMathSchedule"].endswith("PingPong")]
+                 gemm.FP8_GEMM.template_arguments(spec)["kMathSchedule"].endswith("::PingPong")]
     assert ping_pong
     for spec, entry in ping_pong:
         groups, num_qgmma = turn_taking_groups(sass.sass(entry / cache.BINARY_NAME))
         assert groups > 0 and groups * 4 == num_qgmma, spec
+
+
+def test_own_tiles_pass_the_turn_with_the_last_group_in_flight(compiled):
+    # Own tiles: the warpgroup hands the mainloop over (bar.arrive on the other's 256-thread turn barrier) right after
+    # issuing its tile's last wgmma group, before waiting for it, so that its promotion tail and store overlap the
+    # other warpgroup's groups; and it waits for its turn (bar.sync) before it issues any group.
+    own = [(spec, entry) for spec, entry in compiled if spec.name == "sm90_fp8_gemm" and
+           gemm.FP8_GEMM.template_arguments(spec)["kMathSchedule"].endswith("::OwnTilePingPong")]
+    assert own
+    for spec, entry in own:
+        events = re.findall(r"\b(QGMMA|WARPGROUP\.DEPBAR|BAR\.SYNC|BAR\.ARV)\S*( \S+ 0x100)?",
+                            sass.sass(entry / cache.BINARY_NAME))
+        tokens = [name if name in ("QGMMA", "WARPGROUP.DEPBAR") or count else "other" for name, count in events]
+        assert any(a == "QGMMA" and b == "BAR.ARV" and c == "WARPGROUP.DEPBAR"
+                   for a, b, c in zip(tokens, tokens[1:], tokens[2:])), spec
+        assert "BAR.SYNC" in tokens and tokens.index("BAR.SYNC") < tokens.index("QGMMA"), spec

@@ -25,7 +25,7 @@ from deep_kernels.testing.wgrad import make_k_grouped_inputs, make_wgrad_inputs
 # Public functions without an op: they launch nothing of their own (torch ops, or host-side values) and trace as
 # they are.
 NEEDS_NO_OP = {"get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor", "get_num_sms",
-               "nvfp4_global_scale", "set_num_sms", "tma_aligned_size",
+               "nvfp4_global_scale", "prepare_fp4_weights", "set_num_sms", "tma_aligned_size",
                # transposed views handed to bf16_gemm_nt, which traces to its op
                "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "k_grouped_bf16_gemm_tn_contiguous"}
 GEMMS = {"fp8_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",

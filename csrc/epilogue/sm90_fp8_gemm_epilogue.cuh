@@ -97,7 +97,7 @@ DK_DEVICE void store_tile_streamed(const float (&final_acc)[kNumMWaves][Traits::
             const uint32_t col = tile.n_block_idx * BLOCK_N + c * Store::kChunkCols;
             if (thread_in_wg == 0 && col < SHAPE_N) {
                 const int32_t row =
-                    static_cast<int32_t>(Traits::TileScheduler::first_row(tile) + (wg_idx * kNumMWaves + wave) * kWarpgroupBlockM);
+                    static_cast<int32_t>(Traits::TileScheduler::first_row(tile) + (wg_idx * Traits::kWarpgroupRowWaves + wave) * kWarpgroupBlockM);
                 store_chunk<Traits>(tmap_d, buffer, static_cast<int32_t>(col), row, static_cast<int32_t>(tile.group_idx));
             }
             if (thread_in_wg == 0)
@@ -106,7 +106,8 @@ DK_DEVICE void store_tile_streamed(const float (&final_acc)[kNumMWaves][Traits::
     }
 }
 
-// The warpgroup's TMA store of its kNumMWaves x 64 tile rows, from row wg_idx * kNumMWaves * 64 of the tile.
+// The warpgroup's TMA store of its kNumMWaves x 64 tile rows, from row wg_idx * kNumMWaves * 64 of the tile (row 0 with
+// own tiles).
 template <typename Traits, uint32_t kNumMWaves>
 DK_DEVICE void store_tile(const float (&final_acc)[kNumMWaves][Traits::BLOCK_N / 2], uint8_t* smem_d_wg,
                           const CUtensorMap* tmap_d, const TileInfo& tile, uint32_t wg_idx) {
@@ -128,7 +129,7 @@ DK_DEVICE void store_tile(const float (&final_acc)[kNumMWaves][Traits::BLOCK_N /
 #pragma unroll
         for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
             const int32_t row =
-                static_cast<int32_t>(Traits::TileScheduler::first_row(tile) + (wg_idx * kNumMWaves + wave) * kWarpgroupBlockM);
+                static_cast<int32_t>(Traits::TileScheduler::first_row(tile) + (wg_idx * Traits::kWarpgroupRowWaves + wave) * kWarpgroupBlockM);
 #pragma unroll
             for (uint32_t c = 0; c < Store::kNumChunks; ++c) {
                 const uint32_t col = tile.n_block_idx * BLOCK_N + c * Store::kChunkCols;
@@ -274,7 +275,7 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::kNumMWaves][Trai
     DK_STATIC_ASSERT(Traits::kGemmType != GemmType::Normal, "Normal tiles are clipped by the TMA store");
     DK_STATIC_ASSERT(kNumMWaves == 1 || kNumMWaves == 2, "one or two 64-row waves per warpgroup");
     stage_tile<typename Traits::Store, Traits::BLOCK_N, kNumMWaves>(final_acc, smem_d_wg, wg_idx);
-    const uint32_t first_row = Traits::TileScheduler::first_row(tile) + wg_idx * kNumMWaves * kWarpgroupBlockM;
+    const uint32_t first_row = Traits::TileScheduler::first_row(tile) + wg_idx * Traits::kWarpgroupRowWaves * kWarpgroupBlockM;
     store_wave_rows<Traits>(smem_d_wg, d, tile, first_row, scheduler);
     if constexpr (kNumMWaves == 2)
         store_wave_rows<Traits>(smem_d_wg + Traits::Store::kBytes, d, tile, first_row + kWarpgroupBlockM, scheduler);
@@ -307,7 +308,7 @@ struct Sm90Fp8Epilogue {
     // Grouped kinds: the first of the lane's two rows (2 * lane, 2 * lane + 1 of the wave's 64) whose keys it
     // loads and checks for the store's vote.
     DK_DEVICE uint32_t vote_row(const TileInfo& tile, uint32_t wave) const {
-        return Traits::TileScheduler::first_row(tile) + (wg_idx() * Traits::kNumMWaves + wave) * kWarpgroupBlockM +
+        return Traits::TileScheduler::first_row(tile) + (wg_idx() * Traits::kWarpgroupRowWaves + wave) * kWarpgroupBlockM +
                2 * (threadIdx.x % 32);
     }
 

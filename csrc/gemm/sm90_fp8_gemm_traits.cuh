@@ -157,8 +157,14 @@ struct Sm90Fp8GemmTraits {
     // Derived sizes (KGrouped: K is the groups' on the device, SHAPE_K is 0)
     static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
     static constexpr uint32_t kNumSfbRows = ceil_div(SHAPE_N, kScaleBlock);
-    static constexpr uint32_t kNumMathWarpgroups = math_warpgroups_of(BLOCK_M);
-    static constexpr uint32_t kNumMWaves = m_waves_of(BLOCK_M);
+    // Own tiles (MathSchedule::OwnTilePingPong): two math warpgroups, each owning whole BLOCK_M-row tiles in turn.
+    static constexpr bool kOwnTiles = kMathSchedule == MathSchedule::OwnTilePingPong;
+    static constexpr uint32_t kNumMathWarpgroups = kOwnTiles ? 2 : math_warpgroups_of(BLOCK_M);
+    static constexpr uint32_t kNumMWaves = kOwnTiles ? BLOCK_M / kWarpgroupBlockM : m_waves_of(BLOCK_M);
+    // Warps that read a stage and release it: one warpgroup's with own tiles, every math warp's otherwise.
+    static constexpr uint32_t kNumStageConsumerWarps = (kOwnTiles ? 1 : kNumMathWarpgroups) * kNumThreadsPerWarpgroup / 32;
+    // Tile rows above a math warpgroup's first (its index times this many 64-row waves): none with own tiles.
+    static constexpr uint32_t kWarpgroupRowWaves = kOwnTiles ? 0 : kNumMWaves;
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
     // FP4 weights with one math warpgroup: a second producer-side warpgroup of expanders (gemm/sm90_fp4_expand.cuh).
     static constexpr uint32_t kNumTMAThreads =
@@ -310,7 +316,7 @@ struct Sm90Fp8GemmTraits {
     // NOTE: ptxas gives the streamed store of two 64-row waves a 1 KB stack frame unless the CTA is in a cluster.
     DK_STATIC_ASSERT(!kStreamedStore || kNumMWaves == 1 || kNumTMAMulticast == 2,
                      "256-row tiles with the streamed FP32 store run in 2-CTA clusters");
-    DK_STATIC_ASSERT(kMathSchedule == MathSchedule::Lockstep ||
+    DK_STATIC_ASSERT(kMathSchedule != MathSchedule::PingPong ||
                          (kNumMathWarpgroups == 2 && !kPipelined && kOperands == GemmOperands::Fp8BlockScaled &&
                           kGemmType != GemmType::KGrouped),
                      "ping-pong: two math warpgroups with the plain K loop (one group in flight each), block-scaled "
@@ -322,6 +328,10 @@ struct Sm90Fp8GemmTraits {
                           BLOCK_M * BLOCK_N * sizeof(float) <= kNumStages * (kStageABytes + kStageBBytes)),
                      "splits in a cluster: 2..8 splits, no multicast, the Normal kind with block scales, up to 128 "
                      "rows, the partial sums fit in the stage buffers");
+    DK_STATIC_ASSERT(!kOwnTiles || ((BLOCK_M == 64 || BLOCK_M == 128) && kGemmType == GemmType::Normal &&
+                                    kOperands == GemmOperands::Fp8BlockScaled && kNumSplits == 1 && !kOverlapEpilogue),
+                     "own-tile ping-pong: 64- or 128-row tiles per math warpgroup, the Normal kind with block-scaled FP8 "
+                     "operands, no split-K, no epilogue overlap (the other warpgroup's turn overlaps the epilogue)");
     DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
     DK_STATIC_ASSERT(kSmemBytes <= kMaxSmemBytes, "stages fit in shared memory");
 };

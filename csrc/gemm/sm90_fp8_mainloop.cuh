@@ -104,6 +104,7 @@ struct Sm90Fp8Mainloop {
     static constexpr uint32_t kNumKBlocks = Traits::kNumKBlocks;
     static constexpr uint32_t kNumMWaves = Traits::kNumMWaves;
     static constexpr bool kPingPong = Traits::kMathSchedule == MathSchedule::PingPong;
+    static constexpr bool kOwnTiles = Traits::kOwnTiles;
     // Per-channel B scales, plain K loop of one 64-row wave: the sfb pairs of the promotion's first 8-column groups are
     // loaded before the wgmma group's wait, so that their latency hides behind it; as many as fit in the registers left
     // beside the partial and final accumulators below kPreloadRegisters (by math warpgroups; measured with ptxas: more
@@ -134,13 +135,13 @@ struct Sm90Fp8Mainloop {
 
     DK_DEVICE Sm90Fp8Mainloop(const typename Traits::Stages& stages, const Ring& ring, const float* sfb)
         : stages(stages), ring(ring), sfb(sfb),
-          a_row_offset(__shfl_sync(0xffffffff, wg_idx(), 0) * kNumMWaves * kWarpgroupBlockM) {}
+          a_row_offset(__shfl_sync(0xffffffff, wg_idx(), 0) * Traits::kWarpgroupRowWaves * kWarpgroupBlockM) {}
 
     DK_DEVICE static uint32_t wg_idx() { return threadIdx.x / kNumThreadsPerWarpgroup; }
     DK_DEVICE static uint32_t lane_idx() { return threadIdx.x % 32; }
     // This thread's accumulator rows inside the tile in its first wave: row_lo and row_lo + 8 (64 more per wave).
     DK_DEVICE static uint32_t row_lo() {
-        return wg_idx() * kNumMWaves * kWarpgroupBlockM + (threadIdx.x / 32 % 4) * 16 + lane_idx() / 4;
+        return wg_idx() * Traits::kWarpgroupRowWaves * kWarpgroupBlockM + (threadIdx.x / 32 % 4) * 16 + lane_idx() / 4;
     }
 
     // The tile's first sfb block and the next one (the first again past the last block: a straddling tile past
@@ -300,6 +301,13 @@ private:
         }
         const uint32_t k_block_begin = tile_k_block_begin<Traits>(tile);
         const uint32_t k_block_end = tile_k_block_end<Traits>(tile);
+        // Own tiles: the turn passes to the other warpgroup once the tile's last wgmma group is issued.
+        auto pass_turn_after = [&](uint32_t issued_k_block) {
+            if constexpr (kOwnTiles) {
+                if (issued_k_block + 1 == k_block_end)
+                    MathTurns(wg_idx()).pass();
+            }
+        };
         // KGrouped: an empty group's tile has no K block (its D is zeros, or C).
         if constexpr (Traits::kIsKGrouped) {
             if (k_block_begin == k_block_end)
@@ -323,6 +331,8 @@ private:
 #pragma unroll
                 for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
                     const PromotionScales scales = issue_k_block(kStraddles, sfb_rows, partial, k_block, state, wave);
+                    if (wave == kNumMWaves - 1)
+                        pass_turn_after(k_block);
                     retire(kNoneInFlight, partial, scales, state, wave);
                 }
                 state.advance();
@@ -338,6 +348,7 @@ private:
                 scales = first.scales;
             } else {
                 scales = issue(partial, k_block_begin);
+                pass_turn_after(k_block_begin);
                 state.advance();
             }
             for (uint32_t k_block = k_block_begin + 1;; k_block += 2) {
@@ -346,6 +357,7 @@ private:
                     break;
                 }
                 const PromotionScales next_scales = issue(partial_next, k_block);
+                pass_turn_after(k_block);
                 retire(kOneInFlight, partial, scales, retiring);
                 retiring = state;
                 state.advance();
@@ -354,6 +366,7 @@ private:
                     break;
                 }
                 scales = issue(partial, k_block + 1);
+                pass_turn_after(k_block + 1);
                 retire(kOneInFlight, partial_next, next_scales, retiring);
                 retiring = state;
                 state.advance();

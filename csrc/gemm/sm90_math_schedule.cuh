@@ -9,6 +9,12 @@
 // other's once its group is done, before it promotes. (Handing over at the issue lets the tensor cores interleave
 // both groups as in lockstep: measured on the H200, no faster.) Both warpgroups run the same groups (they share
 // every tile), so the turns stay balanced.
+// OwnTilePingPong: each math warpgroup owns its own tile (BLOCK_M rows: one or two 64-row waves), consecutive tiles
+// of the CTA's schedule alternating between warpgroups 0 and 1, and the producer fills the stages in tile order. The
+// turn is a whole tile's mainloop: a warpgroup waits for it before its tile's first wgmma group and passes it right
+// after issuing the tile's last group, so that its promotion tail and its epilogue (staging and TMA store) run while
+// the other warpgroup's wgmma groups run. Within a turn only one warpgroup feeds the tensor cores, so its K loop keeps
+// a group in flight across K blocks (the pipelined loop).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +27,7 @@ namespace deep_kernels {
 enum class MathSchedule : uint32_t {
     Lockstep = 0,
     PingPong = 1,
+    OwnTilePingPong = 2,
 };
 
 namespace sm90_fp8_gemm_detail {
@@ -46,6 +53,13 @@ public:
     DK_DEVICE void wait() const { ptx::named_barrier_sync(own_barrier, kNumThreads); }
 
     DK_DEVICE void pass() const { ptx::named_barrier_arrive(other_barrier, kNumThreads); }
+
+    // Own tiles, after the CTA's last tile: the warpgroup whose turn comes next (that of tile num_tiles) takes the turn
+    // the other's last pass gave it, so that no barrier is left half-arrived when the CTA exits.
+    DK_DEVICE void finish_tiles(uint32_t num_tiles) const {
+        if (own_barrier == kFirstBarrier + num_tiles % 2)
+            ptx::named_barrier_sync(own_barrier, kNumThreads);
+    }
 
     // After the last turn: warpgroup 0 takes the turn that warpgroup 1's last pass gave it, so that no barrier is
     // left half-arrived when the CTA exits.

@@ -19,6 +19,8 @@
 //   tmap_d      D's type, dims {N, M}, box {128 / sizeof(D), BLOCK_T}, SWIZZLE_128B.
 //   sfb_words   the UE8M0 scale bytes [N, K / 32] row-major, 4-byte aligned (one 32-bit word per row and K block).
 //   shape_n, shape_k: N and K.
+//   prepared_weights (kPreparedWeights; then tmap_codes and sfb_words are not read): prepare_fp4_weights's bytes
+//               [ceil(N / 64), K / 128, kPreparedChunkBytes], 16-byte aligned (layout: gemm/fp4_prepared.cuh).
 //   split_workspace / split_tickets (num_splits > 1): FP32 num_tiles * 64 * kNumMathWarpgroups * BLOCK_T *
 //               num_splits floats and num_tiles * kNumMathWarpgroups uint32 tickets, zero before the first launch
 //               and left zero by each (num_tiles = ceil(N / (64 * kNumMathWarpgroups))).
@@ -35,6 +37,7 @@
 #include "common/fp4.cuh"
 #include "common/macros.cuh"
 #include "common/math.cuh"
+#include "gemm/fp4_prepared.cuh"
 #include "gemm/sm90_fp4_expand.cuh"
 #include "gemm/sm90_fp8_mainloop.cuh"
 #include "pipeline.cuh"
@@ -55,6 +58,10 @@ using sm90_fp8_gemm_detail::kNumThreadsPerWarpgroup;
 using sm90_fp8_gemm_detail::kScaleBlock;
 using sm90_fp8_gemm_detail::kWarpgroupBlockM;
 using sm90_fp8_gemm_detail::kWgmmaK;
+using fp4_prepared::expand_prepared_e2m1x8;
+using fp4_prepared::kPreparedChunkBytes;
+using fp4_prepared::kPreparedCodesBytes;
+using fp4_prepared::prepared_promotion_scale;
 
 // Named barriers: the math warpgroups together (before D's staging reuses the stages), and each one alone.
 enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
@@ -63,7 +70,7 @@ enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
 constexpr uint32_t kMaxSmemBytesOfTwo = (233472 - 2 * 1024) / 2;
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
-          bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1>
+          bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1, bool kPreparedWeights_ = false>
 struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t BLOCK_T = BLOCK_T_;
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
@@ -73,6 +80,8 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t kNumCTAsPerSM = kNumCTAsPerSM_;
     // Independent wgmma accumulator chains of a K block (run_k_loop).
     static constexpr uint32_t kNumChains = kNumChains_;
+    // The weights in the prepared layout (one bulk copy a warpgroup and K block, codes and scale words together).
+    static constexpr bool kPreparedWeights = kPreparedWeights_;
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
@@ -83,13 +92,14 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t kNumProducerRegisters = 40, kNumMathRegisters = 232;
 
     // Shared memory, per stage: the activation tile (BLOCK_T x 128 e4m3, 128-byte swizzle), the codes (BLOCK_W x 64
-    // bytes, 64-byte swizzle), sfa (BLOCK_T FP32, padded to 128 bytes), the rows' scale words; then the expansion
-    // tables and the full and empty barriers. D's staging (BLOCK_T rows of BLOCK_W, as boxes of 128-byte rows)
-    // reuses the stages once every K block is done.
+    // bytes, 64-byte swizzle; prepared: a chunk per warpgroup, scale words included), sfa (BLOCK_T FP32, padded to
+    // 128 bytes), the rows' scale words (unprepared); then the expansion tables and the full and empty barriers.
+    // D's staging (BLOCK_T rows of BLOCK_W, as boxes of 128-byte rows) reuses the stages once every K block is done.
     static constexpr uint32_t kStageABytes = BLOCK_T * kScaleBlock;
-    static constexpr uint32_t kStageCodesBytes = BLOCK_W * kScaleBlock / 2;
+    static constexpr uint32_t kStageCodesBytes =
+        kPreparedWeights ? kNumMathWarpgroups * kPreparedChunkBytes : BLOCK_W * kScaleBlock / 2;
     static constexpr uint32_t kStageSfaBytes = align_up<uint32_t>(BLOCK_T * sizeof(float), 128);
-    static constexpr uint32_t kStageWordsBytes = BLOCK_W * sizeof(uint32_t);
+    static constexpr uint32_t kStageWordsBytes = kPreparedWeights ? 0 : BLOCK_W * sizeof(uint32_t);
     static constexpr uint32_t kOffsetA = 0;
     static constexpr uint32_t kOffsetCodes = kOffsetA + kNumStages * kStageABytes;
     static constexpr uint32_t kOffsetSfa = kOffsetCodes + kNumStages * kStageCodesBytes;
@@ -97,8 +107,10 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t kOffsetTables = kOffsetWords + kNumStages * kStageWordsBytes;
     static constexpr uint32_t kOffsetBarriers = kOffsetTables + kFp4ExpandTableBytes;
     static constexpr uint32_t kSmemBytes = kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
-    // TMA-loaded bytes of a stage (the scale words come by cp.async).
+    // TMA-loaded bytes of a stage (unprepared, the scale words come by cp.async).
     static constexpr uint32_t kStageTxBytes = kStageABytes + kStageCodesBytes + BLOCK_T * sizeof(float);
+    // Arrivals on a stage's full barrier: the TMA thread's, and the 32 lanes' cp.async ones (unprepared).
+    static constexpr uint32_t kFullArrivals = kPreparedWeights ? 1 : 1 + 32;
 
     // D's staging: boxes of kBoxCols weight rows (128 bytes of D) by BLOCK_T tokens.
     static constexpr uint32_t kBoxCols = 128 / sizeof(OutputType);
@@ -172,6 +184,34 @@ DK_DEVICE void expand_fragments(Fragments& frag, const uint8_t* smem_codes, cons
     }
 }
 
+// expand_fragments from the prepared layout: this thread's two 16-byte halves of codes (rows r0, r0 + 8; steps
+// 0..3 each, from `codes`) and its rows' scale words (`words`), one shared-memory load each.
+DK_DEVICE void expand_prepared_fragments(Fragments& frag, const uint8_t* codes_ptr, const uint8_t* words_ptr,
+                                         const uint8_t* tables) {
+    const uint4 codes_lo = *reinterpret_cast<const uint4*>(codes_ptr);
+    const uint4 codes_hi = *reinterpret_cast<const uint4*>(codes_ptr + kPreparedCodesBytes / 2);
+    const uint2 words = *reinterpret_cast<const uint2*>(words_ptr);
+    const uint32_t codes[2][4] = {{codes_lo.x, codes_lo.y, codes_lo.z, codes_lo.w},
+                                  {codes_hi.x, codes_hi.y, codes_hi.z, codes_hi.w}};
+    const uint32_t scale_words[2] = {words.x, words.y};
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+        const float scale = prepared_promotion_scale(scale_words[h]);
+        if (h == 0)
+            frag.scale_lo = scale;
+        else
+            frag.scale_hi = scale;
+        const uint32_t offsets = scale_words[h] & 0xF8F8F8F8u;
+#pragma unroll
+        for (uint32_t s = 0; s < 4; ++s) {
+            const uint32_t offset = sm90_fp8_gemm_detail::byte_perm(offsets, 0, 0x4440u + s);
+            const uint2 expanded = expand_prepared_e2m1x8(codes[h][s], *reinterpret_cast<const uint2*>(tables + offset));
+            frag.regs[s][h] = expanded.x;
+            frag.regs[s][2 + h] = expanded.y;
+        }
+    }
+}
+
 // D^T's element (weight row `row` of the tile, token `token`) in the staging: box row / kBoxCols, a 128-byte row per
 // token, 16-byte chunks swizzled by token % 8 (TMA's 128-byte swizzle).
 template <typename Traits>
@@ -185,12 +225,39 @@ DK_DEVICE typename Traits::OutputType* staged_element(uint8_t* smem_d, uint32_t 
 // The producer warp: per K block of the CTA's split, once the stage is free, lane 0 loads the activation tile, the
 // codes and sfa by TMA and the 32 lanes copy the rows' scale words by cp.async; all complete on the stage's full
 // barrier (1 + 32 arrivals). Rows past N copy zeros.
+// Prepared weights: lane 0 alone, one bulk copy of each warpgroup's chunk (tiles past the prepared ones are not
+// loaded: their rows lie past N, never stored).
 template <typename Traits, typename Ring>
 DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* tmap_a, const CUtensorMap* tmap_codes,
                             const CUtensorMap* tmap_sfa, const uint32_t* sfb_words, uint32_t shape_n,
-                            uint32_t num_k_blocks, uint32_t w_first, uint32_t k_block_begin, uint32_t k_block_end) {
+                            uint32_t num_k_blocks, uint32_t w_first, uint32_t k_block_begin, uint32_t k_block_end,
+                            const uint8_t* prepared_weights) {
     const uint32_t lane_idx = threadIdx.x % 32;
     PipelineState<Traits::kNumStages> state;
+    if constexpr (Traits::kPreparedWeights) {
+        if (lane_idx != 0)
+            return;
+        const uint32_t first_chunk_tile = w_first / kWarpgroupBlockM;
+        const uint32_t num_prepared_tiles = (shape_n + kWarpgroupBlockM - 1) / kWarpgroupBlockM;
+        const uint32_t num_chunks = min(Traits::kNumMathWarpgroups, num_prepared_tiles - first_chunk_tile);
+        const uint32_t tx_bytes = Traits::kStageTxBytes - (Traits::kNumMathWarpgroups - num_chunks) * kPreparedChunkBytes;
+        for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
+            ring.producer_acquire(state);
+            uint64_t* full_barrier = ring.full_barriers + state.stage;
+            ptx::mbarrier_arrive_expect_tx(full_barrier, tx_bytes);
+            ptx::tma_load(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes, tmap_a, full_barrier,
+                          static_cast<int32_t>(k_block * kScaleBlock), 0);
+            ptx::tma_load(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes, tmap_sfa, full_barrier, 0,
+                          static_cast<int32_t>(k_block));
+            for (uint32_t c = 0; c < num_chunks; ++c)
+                ptx::bulk_load(smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes + c * kPreparedChunkBytes,
+                               prepared_weights + (static_cast<uint64_t>(first_chunk_tile + c) * num_k_blocks + k_block) *
+                                                      kPreparedChunkBytes,
+                               kPreparedChunkBytes, full_barrier);
+            state.advance();
+        }
+        return;
+    }
     for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
         ring.producer_acquire(state);
         uint64_t* full_barrier = ring.full_barriers + state.stage;
@@ -229,11 +296,26 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
     const uint32_t q = lane_idx % 4;
     const auto* tables = reinterpret_cast<const uint2*>(smem + Traits::kOffsetTables);
 
+    // Prepared weights: this thread's codes and scale words in its warpgroup's chunk of a stage.
+    // NOTE: through an empty asm, so that the compiler keeps them rather than recomputing them from the thread index
+    // in every K block.
+    uint32_t thread_codes = Traits::kOffsetCodes + wg_idx * kPreparedChunkBytes + threadIdx.x % kNumThreadsPerWarpgroup * 16;
+    uint32_t thread_words = Traits::kOffsetCodes + wg_idx * kPreparedChunkBytes + kPreparedCodesBytes +
+                            (threadIdx.x / 32 % 4 * 8 + lane_idx / 4) * 8;
+    if constexpr (Traits::kPreparedWeights)
+        asm volatile("" : "+r"(thread_codes), "+r"(thread_words));
+
     auto expand = [&](Fragments& frag, const State& state) {
         ring.consumer_wait(state);
-        expand_fragments(frag, smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes,
-                         reinterpret_cast<const uint32_t*>(smem + Traits::kOffsetWords + state.stage * Traits::kStageWordsBytes),
-                         tables, r0, q);
+        const uint8_t* codes = smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes;
+        if constexpr (Traits::kPreparedWeights)
+            expand_prepared_fragments(frag, smem + state.stage * Traits::kStageCodesBytes + thread_codes,
+                                      smem + state.stage * Traits::kStageCodesBytes + thread_words,
+                                      smem + Traits::kOffsetTables);
+        else
+            expand_fragments(frag, codes,
+                             reinterpret_cast<const uint32_t*>(smem + Traits::kOffsetWords + state.stage * Traits::kStageWordsBytes),
+                             tables, r0, q);
     };
 
 #pragma unroll
@@ -359,16 +441,16 @@ DK_DEVICE void store_tile(const float (&final_acc)[Traits::BLOCK_T / 2], uint8_t
 }  // namespace sm90_fp8_fp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumCTAsPerSM, uint32_t kNumChains>
+          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights>
 __global__ void __launch_bounds__(128 + 128 * kNumMathWarpgroups, kNumCTAsPerSM)
 sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_codes,
                                const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
                                const uint32_t* sfb_words, uint32_t shape_n, uint32_t shape_k, uint32_t num_splits,
                                float* split_workspace,
-                               uint32_t* split_tickets) {
+                               uint32_t* split_tickets, const uint8_t* prepared_weights) {
     using namespace sm90_fp8_fp4_swap_ab_detail;
     using Traits = Sm90Fp8Fp4SwapAbTraits<BLOCK_T, kNumMathWarpgroups, kNumStages, OutputType, kWithAccumulation,
-                                          kNumCTAsPerSM, kNumChains>;
+                                          kNumCTAsPerSM, kNumChains, kPreparedWeights>;
     constexpr uint32_t kNumMathThreads = Traits::kNumMathThreads;
 
     // Shared memory and barriers
@@ -380,13 +462,14 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
     const bool is_producer = warp_idx == kNumMathThreads / 32;
     if (is_producer && threadIdx.x % 32 == 0) {
         ptx::tma_prefetch_descriptor(&tmap_a);
-        ptx::tma_prefetch_descriptor(&tmap_codes);
+        if constexpr (!kPreparedWeights)
+            ptx::tma_prefetch_descriptor(&tmap_codes);
         ptx::tma_prefetch_descriptor(&tmap_sfa);
         ptx::tma_prefetch_descriptor(&tmap_d);
 #pragma unroll
         for (uint32_t s = 0; s < kNumStages; ++s) {
-            // The TMA thread's arrival and the 32 lanes' cp.async arrivals; one per math warp to free it.
-            ptx::mbarrier_init(ring.full_barriers + s, 1 + 32);
+            // The TMA thread's arrival (and unprepared, the 32 lanes' cp.async arrivals); one per math warp to free it.
+            ptx::mbarrier_init(ring.full_barriers + s, Traits::kFullArrivals);
             ptx::mbarrier_init(ring.empty_barriers + s, kNumMathThreads / 32);
         }
         ptx::fence_mbarrier_init();
@@ -411,7 +494,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
         if (!is_producer)
             return;
         run_producer<Traits>(ring, smem, &tmap_a, &tmap_codes, &tmap_sfa, sfb_words, shape_n, num_k_blocks,
-                             w_first, k_block_begin, k_block_end);
+                             w_first, k_block_begin, k_block_end, prepared_weights);
         return;
     }
     if constexpr (kNumMathWarpgroups == 2)

@@ -23,7 +23,11 @@
 // K block's wgmma group (its first wave's) is issued before a tile's store, so the tensor cores work while the store
 // converts and stages.
 // kMathSchedule (gemm/sm90_math_schedule.cuh): Lockstep, or PingPong (two math warpgroups, plain K loop): the
-// warpgroups take turns running their wgmma groups, so one's group runs while the other promotes or stores.
+// warpgroups take turns running their wgmma groups, so one's group runs while the other promotes or stores; or
+// OwnTilePingPong (Normal kind, block scales, no split-K, no kOverlapEpilogue): two math warpgroups, each owning whole
+// BLOCK_M x BLOCK_N tiles (BLOCK_M 64 or 128 rows per warpgroup, consecutive tiles alternating, one staging buffer and
+// a stage ring position per warpgroup), take turns tile by tile, so one's promotion tail and store run while the
+// other's wgmma groups run.
 // K is any multiple of 16: past the last multiple of 128, TMA zero-fills the last K block, whose scale group
 // covers the remaining columns. Unsupported: N % 16 != 0, BLOCK_N > 192, C distinct from D (the host copies C
 // into D first).
@@ -126,6 +130,34 @@ DK_DEVICE bool has_k_blocks(const TileInfo& tile) {
         return true;
 }
 
+// Own-tile ping-pong (gemm/sm90_math_schedule.cuh): the warpgroup takes every other tile of the CTA's schedule (the
+// other's stages it steps over) and runs each in its turn; the mainloop passes the turn on at the tile's last issue.
+template <typename Traits, typename Mainloop, typename Epilogue>
+DK_DEVICE void run_own_tiles(Mainloop& mainloop, const Epilogue& epilogue, typename Traits::TileScheduler& scheduler) {
+    const uint32_t wg_idx = __shfl_sync(0xffffffff, threadIdx.x / kNumThreadsPerWarpgroup, 0);
+    const MathTurns turns(wg_idx);
+    turns.start();
+    uint32_t num_tiles = 0;
+    TileInfo tile;
+    while (scheduler.get_next_tile(tile)) {
+        if (num_tiles++ % 2 != wg_idx) {
+            mainloop.state.advance_by(Traits::kNumKBlocks);
+            continue;
+        }
+        turns.wait();
+        if (!tile.is_valid) {
+            mainloop.skip_tile(tile);
+            turns.pass();
+            continue;
+        }
+        mainloop.accumulate(tile, std::false_type{});
+        epilogue.store(tile, epilogue.row_keys_of(tile), mainloop.final_acc);
+    }
+    turns.finish_tiles(num_tiles);
+    if (threadIdx.x % kNumThreadsPerWarpgroup == 0)
+        ptx::tma_store_wait_read<0>();
+}
+
 // One math warpgroup's walk over the scheduler's tiles: the mainloop accumulates each tile, the epilogue stores it.
 template <typename Traits, typename Ring>
 DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const Ring& ring,
@@ -135,6 +167,10 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
     typename MainloopOf<Traits, Ring>::type mainloop(stages, ring, sfb);
     const Sm90Fp8Epilogue<Traits> epilogue{scheduler, smem_d_wg, tmap_d, d, split_workspace, split_tickets,
                                            reinterpret_cast<float*>(stages.a_stage(0))};
+    if constexpr (Traits::kOwnTiles) {
+        run_own_tiles<Traits>(mainloop, epilogue, scheduler);
+        return;
+    }
     constexpr bool kPingPong = Traits::kMathSchedule == MathSchedule::PingPong;
     if constexpr (kPingPong)
         MathTurns(threadIdx.x / kNumThreadsPerWarpgroup).start();
@@ -219,7 +255,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     extern __shared__ __align__(1024) uint8_t smem[];
     const typename Traits::Stages stages = Traits::stages_of(smem);
     auto* barriers = reinterpret_cast<uint64_t*>(smem + Traits::kOffsetBarriers);
-    const StageRing<kNumStages, kNumMathThreads / 32, kNumTMAMulticast> ring{barriers, barriers + kNumStages};
+    const StageRing<kNumStages, Traits::kNumStageConsumerWarps, kNumTMAMulticast> ring{barriers, barriers + kNumStages};
 
     // Barrier init
     const uint32_t warp_idx = __shfl_sync(0xffffffff, threadIdx.x / 32, 0);

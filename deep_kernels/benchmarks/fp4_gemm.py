@@ -1,9 +1,13 @@
 """Suite `fp4_gemm`: the FP8 x MXFP4 GEMM on the DeepSeek-V3 projection shapes at decode sizes (M = 1, 16, 64,
-128; the swapped kernel, weights as wgmma's register operand) and at M = 4096, timed in turns in the same run with
+128; the swapped kernel, weights as wgmma's register operand) and at M = 4096, on weights prepared once
+(prepare_fp4_weights: `us`), timed in turns in the same run with
+  - the same GEMM on the unprepared weights: `speedup_vs_unprepared`,
   - our FP8 GEMM on the same shape (e4m3 weights with 128 x 128 scales): `speedup_vs_fp8`, and
   - the user-side alternative with MXFP4 weights: our MXFP4 -> FP8 requantization (mxfp4_requant_to_fp8, 1 x 128
     weight scales) followed by cuBLAS's blockwise FP8 GEMM (torch._scaled_mm): `speedup` (the peer).
-Bytes count B at 4.25 bits a weight (the code and its share of the UE8M0 scale per 32).
+The weights are per_token_cast_to_mxfp4 of a random Gaussian matrix (deep_kernels.testing.gemm.gemm_weights), whose
+128 x 128 blocks fold into e4m3 (the prefill path then runs the block-scaled FP8 GEMM). Bytes count B at 4.25 bits
+a weight (the code and its share of the UE8M0 scale per 32).
 NVFP4 rows (op `fp8_fp4_gemm_nt[nvfp4]`, decode sizes M = 1, 16, 64, 128): the same call with NVFP4 weights
 (E4M3 scales per 16 and a global scale; B at 4.5 bits a weight), timed in turns with our FP8 GEMM on the same
 shape (`speedup_vs_fp8`) and with the MXFP4 form of the call on the same shape (`speedup_vs_mxfp4`)."""
@@ -21,6 +25,7 @@ from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.testing import calc_diff
 from deep_kernels.testing.bench import time_kernels_us
 from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
+from deep_kernels.testing.gemm import gemm_weights
 
 MS = (1, 16, 64, 128, 4096)
 NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
@@ -57,30 +62,38 @@ def _requant_then_cublas(a, sfa, codes, scales, expected):
 def rows(ctx: BenchContext, shapes) -> list:
     out = []
     for m, n, k in shapes:
-        (a, sfa), (codes, scales) = make_fp4_gemm_inputs(m, n, k)
+        a, sfa = make_fp4_gemm_inputs(m, 16, k)[0]
+        codes, scales = deep_kernels.per_token_cast_to_mxfp4(gemm_weights(n, k))
+        prepared = deep_kernels.prepare_fp4_weights(codes, scales)
         d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-        deep_kernels.fp8_fp4_gemm_nt((a, sfa), (codes, scales), d)
+        deep_kernels.fp8_fp4_gemm_nt((a, sfa), prepared, d)
         # NOTE: the check covers the first CHECK_ROWS rows (the float64 product of every row of the prefill shapes
         # would take most of the suite's time).
         rows_checked = min(m, CHECK_ROWS)
         expected = reference.fp8_fp4_gemm_nt((a[:rows_checked], sfa[:rows_checked]), (codes, scales),
                                              torch.empty((rows_checked, n), device="cuda", dtype=torch.float64))
         diff = calc_diff(d[:rows_checked], expected)
-        ours = lambda: deep_kernels.fp8_fp4_gemm_nt((a, sfa), (codes, scales), d)
+        d_unprepared = torch.empty_like(d)
+        deep_kernels.fp8_fp4_gemm_nt((a, sfa), (codes, scales), d_unprepared)
+        unprepared_diff = calc_diff(d_unprepared[:rows_checked], expected)
+        ours = lambda: deep_kernels.fp8_fp4_gemm_nt((a, sfa), prepared, d)
+        unprepared = lambda: deep_kernels.fp8_fp4_gemm_nt((a, sfa), (codes, scales), d_unprepared)
         b8, sfb8 = deep_kernels.per_block_cast_to_fp8(deep_kernels.mxfp4_cast_back(codes, scales))
         d8 = torch.empty_like(d)
         fp8 = lambda: deep_kernels.fp8_gemm_nt((a, sfa), (b8, sfb8), d8)
         peer, peer_diff = _requant_then_cublas(a, sfa, codes, scales, expected)
-        fns = [ours, fp8] + ([peer] if peer else [])
+        fns = [ours, unprepared, fp8] + ([peer] if peer else [])
         times = time_kernels_us(fns, ctx.flusher)
-        us, fp8_us = times[:2]
-        peer_us = times[2] if peer else None
+        us, unprepared_us, fp8_us = times[:3]
+        peer_us = times[3] if peer else None
 
-        plan = fp4_gemm._dense_plan(m, n, k, torch.bfloat16, False, get_num_sms())
+        plan = fp4_gemm._dense_plan(m, n, k, torch.bfloat16, False, get_num_sms(), prepared=True)
         if plan is None:
-            config_text = "B expanded first (mxfp4_requant_to_fp8), then fp8_gemm_nt recipe (1, 1, 128)"
+            config_text = ("B expanded first from the prepared weights (" +
+                           ("128 x 128 block scales), then fp8_gemm_nt" if prepared.folds_into_blocks else
+                            "per-row scales), then fp8_gemm_nt recipe (1, 1, 128)"))
         elif isinstance(plan, SwapAbConfig):
-            config_text = (f"A and B swapped: {plan.block_w} weight rows x {plan.block_t} tokens, {plan.num_stages} "
+            config_text = (f"prepared weights, A and B swapped: {plan.block_w} weight rows x {plan.block_t} tokens, {plan.num_stages} "
                            f"stages, split-K {plan.num_splits}, {plan.ctas_per_sm} CTA(s) an SM")
         else:
             config_text = (f"{config_label(plan[1])}, {plan[1].num_stages} math stages, "
@@ -96,8 +109,10 @@ def rows(ctx: BenchContext, shapes) -> list:
             "roofline_fraction": round(bound_us / us, 3), "memory_roofline_fraction": round(memory_us / us, 3),
             "peer": PEER, "peer_us": round(peer_us, 2) if peer_us else None,
             "speedup": round(peer_us / us, 3) if peer_us else None,
+            "unprepared_us": round(unprepared_us, 2), "speedup_vs_unprepared": round(unprepared_us / us, 3),
             "fp8_us": round(fp8_us, 2), "speedup_vs_fp8": round(fp8_us / us, 3),
-            "check": f"calc_diff={diff:.1e}" + (f", peer {peer_diff:.1e}" if peer_diff is not None else ""),
+            "check": f"calc_diff={diff:.1e}, unprepared {unprepared_diff:.1e}" +
+                     (f", peer {peer_diff:.1e}" if peer_diff is not None else ""),
         })
     return out
 

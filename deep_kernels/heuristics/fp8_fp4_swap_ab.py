@@ -30,6 +30,11 @@ SPLITS = (1, 2, 4, 8)
 # (twice the codes a stage) costs twice: those two factors were chosen on the same timings, where they bring the
 # model's picks to 2% (geometric mean; at most 9%) of the fastest measured config, from 5% (34%).
 ROW_BLOCK_SECONDS = {1: (0.205e-6, 0.00291e-6), 2: (0.222e-6, 0.00174e-6)}  # (constant, per token)
+# On prepared weights (prepare_fp4_weights) the row block's cost alone, refitted (the other costs kept) on the H200
+# (2026-12-02, b0c4870) to 253 timings over the 24 decode shapes (1 to 8 splits, one or two math warpgroups, one or
+# two CTAs an SM; RMS log error 0.20): the picks are within 1.8% of the fastest measured config (geometric mean;
+# at most 14%, at 64 tokens).
+PREPARED_ROW_BLOCK_SECONDS = {1: (0.115e-6, 0.003e-6), 2: (0.095e-6, 0.002e-6)}
 LONE_WARPGROUP_FACTOR = 1.1
 WAVE_SECONDS = {1: 1.47e-6, 2: 2.94e-6}  # by math warpgroups
 SPLIT_SECONDS = 2.16e-6
@@ -125,7 +130,8 @@ def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = No
     return SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains)
 
 
-def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -> float:
+def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
+                     prepared: bool = False) -> float:
     """The model's run-time estimate (ROW_BLOCK_SECONDS and the costs after it): the busiest SM's 64-row K blocks,
     the waves of CTAs, the splits, at least B's bytes at DRAM speed."""
     tiles = -(-n // config.block_w)
@@ -133,7 +139,7 @@ def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int,
     k_blocks = -(-(k // BLOCK_K) // config.num_splits)
     busiest_row_blocks = -(-units // num_sms) * config.num_math_warpgroups * k_blocks
     waves = -(-units // (num_sms * config.ctas_per_sm))
-    constant, per_token = ROW_BLOCK_SECONDS[config.num_math_warpgroups]
+    constant, per_token = (PREPARED_ROW_BLOCK_SECONDS if prepared else ROW_BLOCK_SECONDS)[config.num_math_warpgroups]
     row_block_s = constant + per_token * config.block_t
     if config.num_math_warpgroups == 1 and units <= num_sms:
         row_block_s *= LONE_WARPGROUP_FACTOR
@@ -154,12 +160,13 @@ def candidate_configs(m: int, n: int, k: int, num_sms: int):
             yield SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains)
 
 
-def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2) -> SwapAbConfig:
-    """The swapped kernel's config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T."""
+def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2, prepared: bool = False) -> SwapAbConfig:
+    """The swapped kernel's config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T (prepared: the
+    weights in prepare_fp4_weights's layout)."""
     if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0:
         raise ValueError(f"k must be a positive multiple of 128 and n of 16, got k = {k}, n = {n}")
     return min(candidate_configs(m, n, k, num_sms),
-               key=lambda config: estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes))
+               key=lambda config: estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, prepared))
 
 
 def is_preferred(m: int, n: int, k: int, num_sms: int) -> bool:
@@ -167,9 +174,9 @@ def is_preferred(m: int, n: int, k: int, num_sms: int) -> bool:
     return 0 < m <= MAX_TOKENS
 
 
-def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool) -> list:
+def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prepared: bool = False) -> list:
     """The kernel's C++ template arguments, in declaration order (out_dtype "bfloat16" / "float32" or a torch
-    dtype)."""
+    dtype; prepared: the weights in prepare_fp4_weights's layout)."""
     name = str(out_dtype).removeprefix("torch.")
     cpp_type = {"bfloat16": "__nv_bfloat16", "float32": "float"}.get(name)
     if cpp_type is None:
@@ -177,4 +184,5 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool) -> l
     if with_accumulation != (cpp_type == "float"):
         raise ValueError("FP32 D with accumulation, bf16 D without")
     return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
-            "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains)]
+            "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains),
+            "true" if prepared else "false"]

@@ -127,6 +127,24 @@ MIN_TILES_PER_CTA_FOR_OVERLAP = 3
 # M = 4096, the six benchmark N x K, timed in turns with the lockstep kernel of the same tiles) it ran 1.04-1.10x
 # the lockstep time at 128 and 256 rows (with the turn handed over at the issue instead: 1.01-1.03x).
 PING_PONG_MATH_FACTOR = {}
+# Own-tile ping-pong (MathSchedule::OwnTilePingPong: each of the two math warpgroups owns whole BLOCK_M-row tiles, which
+# take turns at the tensor cores tile by tile): a + b * BLOCK_N seconds per K block of one tile, by BLOCK_M (the
+# warpgroup's tile); the tiles' epilogues overlap the other warpgroup's turn (OWN_TILE_EPILOGUE_SECONDS). The candidates
+# offer the schedule only at the tile heights listed (where it was measured to win). None: on the H200 (2026-12-02, the
+# six benchmark N x K at M = 4096, timed in turns) 64x128 pipelined own tiles ran at 0.62-0.80x the model's picks and
+# 0.72-0.92x their lockstep twin (128x128 pipelined: the same arithmetic per warpgroup); 128x128 own tiles (two waves,
+# plain K loop) at 0.58-0.82x the picks and 0.64-0.87x their twin (256x128, the same cluster). In its turn one
+# warpgroup feeds the tensor cores alone, so its K loop must keep a group in flight while it promotes: a second
+# partial set, which 232 registers allow only up to 64 x 128 (MAX_OWN_TILE_PIPELINED_BLOCK_N); such a tile loads 24.8 KB
+# per 64 x 128 x 128 K block, 1.5x the bytes per MAC of 128 x 128, and peaked at 942 TFLOPS (24576 x 1536), 84 GB/s per
+# SM, the per-SM ingest rate the model fits (SM_INGEST_BYTES_PER_S; the 256x128 pick ran 1414 TFLOPS on 64 GB/s). The
+# two-wave own tiles hold one partial set and drain the tensor pipe at every promotion.
+OWN_TILE_MATH_SECONDS_PER_K_BLOCK = {}
+OWN_TILE_EPILOGUE_SECONDS = 0.1e-6
+# Tile heights the own-tile schedule takes (one or two 64-row waves per warpgroup), and by height the widest tile whose
+# K loop it pipelines (one wave: two partial sets and the final one in registers; two waves hold no second partial set).
+OWN_TILE_BLOCK_MS = (64, 128)
+MAX_OWN_TILE_PIPELINED_BLOCK_N = {64: 128}
 # Per-channel B scales: the promotion reads one float2 of sfb per 8 columns from shared memory and multiplies per
 # column. Fitted on the H200 (2026-12-02) to the sweep of scripts/sweep_wgrad_gemm.py (four weight-gradient shapes,
 # FP32 D accumulated, six tilings each): the picks are the fastest swept tiling on three shapes, 1.3% behind it on the
@@ -149,8 +167,9 @@ GEMM_OPERANDS = {
 # Operands whose B scales are 1 x 128 per row (loaded per stage next to sfa: BLOCK_N FP32 more per stage).
 CHANNEL_SCALED_OPERANDS = ("fp8_channel_scaled",)
 OUTPUT_TYPES = {"bfloat16": ("__nv_bfloat16", 2), "float32": ("float", 4)}
-# How the two math warpgroups share the tensor cores (csrc/gemm/sm90_math_schedule.cuh), by Fp8GemmConfig.ping_pong.
-MATH_SCHEDULES = {False: "deep_kernels::MathSchedule::Lockstep", True: "deep_kernels::MathSchedule::PingPong"}
+# How the two math warpgroups share the tensor cores (csrc/gemm/sm90_math_schedule.cuh); math_schedule picks one.
+MATH_SCHEDULES = {"lockstep": "deep_kernels::MathSchedule::Lockstep", "ping_pong": "deep_kernels::MathSchedule::PingPong",
+                  "own_tiles": "deep_kernels::MathSchedule::OwnTilePingPong"}
 
 KERNEL_HEADER = "kernels/sm90_fp8_gemm.cuh"
 
@@ -176,6 +195,10 @@ class Fp8GemmConfig:
     # The two math warpgroups take turns issuing their wgmma groups (the kernel's MathSchedule::PingPong; two math
     # warpgroups, plain K loop): one warpgroup's group runs on the tensor cores while the other promotes.
     ping_pong: bool = False
+    # Each of the two math warpgroups owns whole block_m-row tiles (64 or 128), consecutive tiles alternating, and the
+    # warpgroups take turns at the tensor cores tile by tile (the kernel's MathSchedule::OwnTilePingPong): one's
+    # promotion tail and store run while the other's wgmma groups run.
+    own_tiles: bool = False
     # Split-K with each tile's num_splits jobs as one cluster (the kernel's kSplitsInCluster): the leader sums the other
     # splits' partial sums from their shared memory instead of a global workspace; every tile split, one job per CTA
     # (tiles x num_splits <= SMs: has_splits_in_cluster).
@@ -183,7 +206,7 @@ class Fp8GemmConfig:
 
     @property
     def num_math_warpgroups(self) -> int:
-        return num_math_warpgroups(self.block_m)
+        return 2 if self.own_tiles else num_math_warpgroups(self.block_m)
 
     @property
     def num_math_threads(self) -> int:
@@ -233,21 +256,21 @@ def stage_bytes(block_m: int, block_n: int, operands: str = "fp8_block_scaled") 
 
 
 def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int,
-               operands: str = "fp8_block_scaled") -> int:
+               operands: str = "fp8_block_scaled", own_tiles: bool = False) -> int:
     """Dynamic shared memory of the kernel's carve-up: D staging, then per stage A, B, sfa (and sfb with per-channel
-    B scales), then barriers. D staging: the whole tile, or with per-channel B scales and FP32 D two chunks of 64 rows
-    per math warpgroup (the kernel's streamed store)."""
+    B scales), then barriers. D staging: the whole tile (with own tiles, each math warpgroup's), or with per-channel B
+    scales and FP32 D two chunks of 64 rows per math warpgroup (the kernel's streamed store)."""
     if operands in CHANNEL_SCALED_OPERANDS and out_dtype_bytes == 4:
         d_bytes = _align(num_math_warpgroups(block_m) * 2 * 64 * swizzle_d_bytes(block_n, 4), 1024)
     else:
-        d_bytes = _align(block_m * block_n * out_dtype_bytes, 1024)
+        d_bytes = _align((2 if own_tiles else 1) * block_m * block_n * out_dtype_bytes, 1024)
     return d_bytes + num_stages * stage_bytes(block_m, block_n, operands) + 2 * num_stages * 8
 
 
 def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
-               operands: str = "fp8_block_scaled") -> int:
-    fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes, operands)
-    per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes, operands) - fixed
+               operands: str = "fp8_block_scaled", own_tiles: bool = False) -> int:
+    fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes, operands, own_tiles)
+    per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes, operands, own_tiles) - fixed
     return min(MAX_STAGES, (smem_capacity - fixed) // per_stage)
 
 
@@ -260,6 +283,26 @@ def can_pipeline(block_m: int, block_n: int) -> bool:
 def can_ping_pong(block_m: int, pipelined: bool) -> bool:
     """Whether the kernel takes the ping-pong schedule: two math warpgroups (128 or 256 rows), plain K loop."""
     return block_m in (128, 256) and not pipelined
+
+
+def can_own_tiles(block_m: int, block_n: int, num_splits: int = 1, grouped: bool = False,
+                  operands: str = "fp8_block_scaled") -> bool:
+    """Whether the kernel takes the own-tile ping-pong: 64- or 128-row tiles per math warpgroup (128 rows: two waves,
+    at most MAX_TWO_WAVE_BLOCK_N columns), the Normal kind with block-scaled operands, no split-K."""
+    return (block_m in OWN_TILE_BLOCK_MS and (block_m == 64 or block_n <= MAX_TWO_WAVE_BLOCK_N) and num_splits == 1 and
+            not grouped and operands == "fp8_block_scaled")
+
+
+def can_pipeline_own_tile(block_m: int, block_n: int) -> bool:
+    """Whether an own tile's K loop can keep a group in flight across K blocks (MAX_OWN_TILE_PIPELINED_BLOCK_N)."""
+    return block_n <= MAX_OWN_TILE_PIPELINED_BLOCK_N.get(block_m, 0)
+
+
+def math_schedule(config) -> str:
+    """The kernel's MathSchedule for the config (MATH_SCHEDULES)."""
+    if config.own_tiles:
+        return MATH_SCHEDULES["own_tiles"]
+    return MATH_SCHEDULES["ping_pong" if config.ping_pong else "lockstep"]
 
 
 def is_legal_tile(block_m: int, block_n: int, grouped: bool = False, operands: str = "fp8_block_scaled") -> bool:
@@ -340,6 +383,15 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     a, b = MATH_SECONDS_PER_K_BLOCK[config.block_m]
     # NOTE: below N = 64 a wgmma is bound by reading A from shared memory, not by its N.
     math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if config.pipelined else 1.0) + b * max(config.block_n, 64)
+    epilogue_s = EPILOGUE_SECONDS[config.block_m]
+    if config.own_tiles:
+        if config.block_m in OWN_TILE_MATH_SECONDS_PER_K_BLOCK:
+            a, b = OWN_TILE_MATH_SECONDS_PER_K_BLOCK[config.block_m]
+        else:
+            # Unmeasured (forced configs only): half the K block of the lockstep tile of twice the rows, whose two
+            # warpgroups each run this tile's work.
+            a, b = (term / 2 for term in MATH_SECONDS_PER_K_BLOCK[2 * config.block_m])
+        math_s, epilogue_s = a + b * max(config.block_n, 64), OWN_TILE_EPILOGUE_SECONDS
     if config.ping_pong:
         math_s *= PING_PONG_MATH_FACTOR[config.block_m]
     if config.block_m == 256 and operands == "fp8_block_scaled":
@@ -353,7 +405,7 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
         l2_bytes -= (a_bytes if config.multicast_on_a else b_bytes) / 2
     load_s = max(loaded_bytes / SM_INGEST_BYTES_PER_S, l2_bytes * active_ctas / AGGREGATE_INGEST_BYTES_PER_S)
     k_block_s = max(math_s, load_s)
-    busiest_cta_s = _ceil_div(units, clusters) * (_ceil_div(k, BLOCK_K) * k_block_s + EPILOGUE_SECONDS[config.block_m])
+    busiest_cta_s = _ceil_div(units, clusters) * (_ceil_div(k, BLOCK_K) * k_block_s + epilogue_s)
     if config.num_splits > 1:
         # Whole waves of unsplit tiles (none at decode sizes), then one or more waves of split jobs.
         unsplit = num_unsplit_tiles(config, m, n, num_sms)
@@ -464,6 +516,14 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                     # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
                     if block_m in PING_PONG_MATH_FACTOR and not grouped and operands == "fp8_block_scaled":
                         yield replace(config, pipelined=False, ping_pong=True, overlap_epilogue=False)
+                    if (block_m in OWN_TILE_MATH_SECONDS_PER_K_BLOCK and
+                            can_own_tiles(block_m, block_n, num_splits, grouped, operands)):
+                        own_stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, operands, True)
+                        if own_stages >= MIN_STAGES:
+                            yield replace(config, num_stages=own_stages, smem_bytes=smem_bytes(
+                                block_m, block_n, own_stages, out_dtype_bytes, operands, True),
+                                pipelined=can_pipeline_own_tile(block_m, block_n), overlap_epilogue=False,
+                                own_tiles=True)
 
 
 def dense_stages_64_rows(stages: int, k: int, num_splits: int) -> int:
@@ -535,10 +595,11 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
 
 def config_label(config: Fp8GemmConfig) -> str:
     """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), t (ping-pong: the math warpgroups
-    take turns issuing), c (splits in a cluster), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 64x64/2pc,
-    256x128/1+a, 256x128/1t+a."""
+    take turns issuing), w (own-tile ping-pong: each math warpgroup owns BLOCK_M x BLOCK_N tiles), c (splits in a
+    cluster), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 64x64/2pc, 256x128/1+a, 256x128/1t+a, 64x128/1pw+b."""
     flags = (("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "") +
-             ("t" if config.ping_pong else "") + ("c" if config.splits_in_cluster else ""))
+             ("t" if config.ping_pong else "") + ("w" if config.own_tiles else "") +
+             ("c" if config.splits_in_cluster else ""))
     multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
     return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
 
@@ -548,7 +609,7 @@ def config_fields(config: Fp8GemmConfig) -> dict:
     return {"block_m": config.block_m, "block_n": config.block_n, "num_tma_multicast": config.num_tma_multicast,
             "multicast_on_a": config.multicast_on_a, "num_stages": config.num_stages,
             "num_splits": config.num_splits, "pipelined": config.pipelined,
-            "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong,
+            "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong, "own_tiles": config.own_tiles,
             "splits_in_cluster": config.splits_in_cluster}
 
 
@@ -595,7 +656,7 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         GEMM_OPERANDS[operands],
         "true" if mn_major_a else "false",
         "true" if mn_major_b else "false",
-        MATH_SCHEDULES[config.ping_pong],
+        math_schedule(config),
         "true" if config.splits_in_cluster else "false",
     ]
 
@@ -658,11 +719,14 @@ def wgrad_candidate_kernels(num_sms: int = 132, smem_capacity: int = SMEM_CAPACI
 def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
                 pipelined: bool = None, overlap_epilogue: bool = False,
-                operands: str = "fp8_block_scaled", ping_pong: bool = False,
+                operands: str = "fp8_block_scaled", ping_pong: bool = False, own_tiles: bool = False,
                 splits_in_cluster: bool = False) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
     allows (and the schedule is not ping-pong) unless pipelined says otherwise, for overrides and tests (operands:
-    what a stage holds)."""
+    what a stage holds; own_tiles: the own-tile ping-pong, block_m rows per math warpgroup)."""
+    if own_tiles:
+        return _make_own_tile_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes, num_stages,
+                                     num_splits, pipelined, overlap_epilogue, operands, ping_pong)
     if block_m not in BLOCK_MS or block_n not in BLOCK_NS or not is_legal_tile(block_m, block_n):
         raise ValueError(f"no kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n in {BLOCK_NS} "
                          f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
@@ -694,12 +758,34 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                          splits_in_cluster=splits_in_cluster)
 
 
+def _make_own_tile_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
+                          out_dtype_bytes: int, num_stages: int, num_splits: int, pipelined: bool,
+                          overlap_epilogue: bool, operands: str, ping_pong: bool) -> Fp8GemmConfig:
+    """make_config for the own-tile ping-pong (pipelined wherever the tile allows unless pipelined says otherwise)."""
+    if block_n not in BLOCK_NS or not can_own_tiles(block_m, block_n, num_splits, operands=operands):
+        raise ValueError(f"the own-tile ping-pong needs block_m in {OWN_TILE_BLOCK_MS} (128 rows: block_n at most "
+                         f"{MAX_TWO_WAVE_BLOCK_N}), block-scaled operands and no split-K; got {block_m}x{block_n}, "
+                         f"{num_splits} splits, {operands}")
+    if overlap_epilogue or ping_pong:
+        raise ValueError("the own-tile ping-pong takes neither the epilogue overlap nor the shared-tile ping-pong")
+    if pipelined is None:
+        pipelined = can_pipeline_own_tile(block_m, block_n)
+    elif pipelined and not can_pipeline_own_tile(block_m, block_n):
+        raise ValueError(f"an own {block_m}x{block_n} tile cannot be pipelined (block_n at most "
+                         f"{MAX_OWN_TILE_PIPELINED_BLOCK_N} by block_m)")
+    stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, operands=operands, own_tiles=True)
+    return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
+                         multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
+                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands, True),
+                         pipelined=pipelined, own_tiles=True)
+
+
 def compile_coverage_kernels(num_sms: int = 132) -> list:
     """all_candidate_configs() plus kernels for the code paths those picks leave out on the H200: multicast
     on A and on B, the grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
     partial slot in flight) and with splits not dividing K, the plain K loop of a pipelinable tile and the
     widest pipelined tile of one math warpgroup, the epilogue overlap's K loops and stores, per-channel B scales
-    (dense and k-grouped), the ping-pong schedule and split-K with the splits in a cluster."""
+    (dense and k-grouped), the ping-pong schedules (shared and own tiles) and split-K with the splits in a cluster."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -734,6 +820,11 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
                         False),
         CandidateKernel(make_config(128, 64, 1, False, 4, num_splits=4, splits_in_cluster=True), 2112, 7168, "float32",
                         True),
+        # The own-tile ping-pong: the pipelined one-wave loop with multicast, the plain loop with accumulation, two
+        # waves with multicast.
+        CandidateKernel(make_config(64, 128, 2, False, 2, own_tiles=True), 7168, 2048, "bfloat16", False),
+        CandidateKernel(make_config(64, 192, 1, False, 4, own_tiles=True), 2112, 7168, "float32", True),
+        CandidateKernel(make_config(128, 128, 2, True, 2, own_tiles=True), 4096, 7168, "bfloat16", False),
         # Per-channel B scales (the weight gradient's): pipelined with the overlap, two waves with multicast, the
         # widest tile's plain K loop; the k-grouped kind (K from the device: SHAPE_K 0), pipelined and two waves.
         CandidateKernel(make_config(128, 128, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled"),
