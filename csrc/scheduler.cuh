@@ -12,6 +12,8 @@
 // [0, num_unsplit_tiles) first, then split tile t's jobs side by side), so the splits of a tile run in the
 // same wave and the last one to finish reduces soon after the others. The host splits every tile at decode
 // sizes (num_unsplit_tiles = 0) and only the last, partial wave's tiles when there are more tiles than SMs.
+// kSplitsInCluster: every tile is split and its kNumSplits jobs are one cluster of kNumSplits CTAs (cluster c runs
+// tile c, its CTA of rank r split r); the grid is tiles x kNumSplits CTAs, one job each.
 //
 // Rasterisation: units are walked in bands of kNumNUnitsPerBand N-units; inside a band the N-unit varies
 // fastest, so the CTAs running at the same time touch a compact block of A rows and B rows in L2.
@@ -77,12 +79,14 @@ struct TileInfo {
 };
 
 template <GemmType kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumTMAMulticast,
-          bool kIsMulticastOnA, uint32_t kNumSplits = 1, uint32_t kKBlock = 128>
+          bool kIsMulticastOnA, uint32_t kNumSplits = 1, uint32_t kKBlock = 128, bool kSplitsInCluster = false>
 struct Scheduler {
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
     DK_STATIC_ASSERT(kNumSplits >= 1 && (kNumSplits == 1 || (kGemmType == GemmType::Normal && kNumTMAMulticast == 1)),
                      "split-K only for the Normal kind without multicast");
 
+    DK_STATIC_ASSERT(!kSplitsInCluster || (kNumSplits > 1 && kNumTMAMulticast == 1), "splits in a cluster: split-K");
+    static constexpr uint32_t kClusterSize = kSplitsInCluster ? kNumSplits : kNumTMAMulticast;
     static constexpr bool kPairsShareM = kNumTMAMulticast == 2 && kIsMulticastOnA;
     static constexpr bool kPairsShareN = kNumTMAMulticast == 2 && !kIsMulticastOnA;
     // Contiguous 256-row tiles start on 128-row halves (the segment alignment); m_block_idx counts halves.
@@ -124,9 +128,9 @@ struct Scheduler {
           num_groups(num_groups),
           num_unsplit_tiles(num_unsplit_tiles),
           cta_rank(blockIdx.x % kNumTMAMulticast),
-          num_clusters(gridDim.x / kNumTMAMulticast),
+          num_clusters(gridDim.x / kClusterSize),
           odd_half_table(odd_half_table),
-          next_unit_idx(blockIdx.x / kNumTMAMulticast) {
+          next_unit_idx(blockIdx.x / kClusterSize) {
         if constexpr (kGemmType == GemmType::MGroupedMasked)
             group_num_m_blocks = num_groups > 0 ? masked_num_m_blocks(0) : 0;
         else if constexpr (kHalfBlockTiles)
@@ -146,7 +150,11 @@ struct Scheduler {
             tile.split_idx = 0;
             tile.num_splits = 1;
             tile.split_tile_idx = 0;
-            if (kNumSplits > 1 && job_idx >= num_unsplit_tiles) {
+            if constexpr (kSplitsInCluster) {
+                tile.split_tile_idx = job_idx;
+                tile.split_idx = blockIdx.x % kNumSplits;
+                tile.num_splits = kNumSplits;
+            } else if (kNumSplits > 1 && job_idx >= num_unsplit_tiles) {
                 const uint32_t split_job_idx = job_idx - num_unsplit_tiles;
                 tile.split_tile_idx = split_job_idx / kNumSplits;
                 tile.split_idx = split_job_idx - tile.split_tile_idx * kNumSplits;

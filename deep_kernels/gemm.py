@@ -44,13 +44,13 @@ FP8_GEMM = KernelDef(
     template=("SHAPE_N", "SHAPE_K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "kNumStages", "kNumTMAThreads", "kNumMathThreads",
               "kNumTMAMulticast", "kIsMulticastOnA", "kGemmType", "OutputType", "kWithAccumulation", "kNumSplits",
               "kPipelined", "kOverlapEpilogue", "kOperands", "kIsMNMajorA", "kIsMNMajorB",
-              "kMathSchedule"),
+              "kMathSchedule", "kSplitsInCluster"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_b", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb", PTR), Param("shape_m", U32), Param("grouped_layout", PTR),
             Param("num_groups", U32), Param("d", PTR), Param("split_workspace", PTR), Param("split_tickets", PTR),
             Param("num_unsplit_tiles", U32), Param("tmap_sfb", TENSOR_MAP)),
     threads=lambda t: int(t["kNumTMAThreads"]) + int(t["kNumMathThreads"]),
-    cluster=lambda t: int(t["kNumTMAMulticast"]))
+    cluster=lambda t: int(t["kNumSplits"]) if t["kSplitsInCluster"] == "true" else int(t["kNumTMAMulticast"]))
 
 
 def get_mn_major_tma_aligned_tensor(scales: torch.Tensor) -> torch.Tensor:
@@ -145,7 +145,8 @@ def get_gemm_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: 
 # DK_FP8_GEMM_CONFIG's fields and the make_config argument each sets.
 OVERRIDE_FIELDS = {"block_m": "block_m", "block_n": "block_n", "stages": "num_stages", "multicast": "num_tma_multicast",
                    "multicast_on_a": "multicast_on_a", "splits": "num_splits", "pipelined": "pipelined",
-                   "overlap_epilogue": "overlap_epilogue", "ping_pong": "ping_pong", "own_tiles": "own_tiles"}
+                   "overlap_epilogue": "overlap_epilogue", "ping_pong": "ping_pong", "own_tiles": "own_tiles",
+                   "splits_in_cluster": "splits_in_cluster"}
 # The op's name in the measured-tuning store (deep_kernels/tuning.py, `python -m deep_kernels tune`).
 TUNING_OP = "fp8_gemm_nt"
 
@@ -196,7 +197,10 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
         for flag in ("overlap_epilogue", "ping_pong"):
             if flag not in override:
                 fields[flag] = False
-    for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong", "own_tiles"):
+    if "splits_in_cluster" not in override:
+        # NOTE: only onto the same tiles and splits (other tiles or splits may not fit the SMs as clusters).
+        fields["splits_in_cluster"] = config.splits_in_cluster and not {"block_m", "block_n", "splits"} & set(override)
+    for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong", "own_tiles", "splits_in_cluster"):
         if flag in fields:
             fields[flag] = bool(fields[flag])
     if grouped and (fields["num_splits"] != 1 or
@@ -293,6 +297,9 @@ def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_
 
 def _plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_sms: int,
              operands: str = BLOCK_SCALED) -> tuple:
+    if config.splits_in_cluster and not heuristics.has_splits_in_cluster(config, m, n, num_sms):
+        raise ValueError(f"splits in a cluster need tiles x splits <= SMs: {heuristics.num_tiles(config, m, n)} tiles x "
+                         f"{config.num_splits} splits > {num_sms} SMs")
     kernel = get_gemm_kernel(config, n, k, out_dtype, accumulate, operands=operands)
     grid = (heuristics.grid_size(config, m, n, num_sms), 1, 1)
     split_layout = (heuristics.num_unsplit_tiles(config, m, n, num_sms),

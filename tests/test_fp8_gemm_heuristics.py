@@ -48,9 +48,16 @@ def test_config_is_legal(m, n, k, out_bytes, accumulate):
     assert heur.MIN_STAGES <= config.num_stages <= heur.MAX_STAGES
     assert config.smem_bytes == heur.smem_bytes(config.block_m, config.block_n, config.num_stages, out_bytes)
     assert config.smem_bytes <= heur.SMEM_CAPACITY_BYTES
-    # As many stages as fit: one more would not.
-    assert (config.num_stages == heur.MAX_STAGES or
-            heur.smem_bytes(config.block_m, config.block_n, config.num_stages + 1, out_bytes) > heur.SMEM_CAPACITY_BYTES)
+    # As many stages as fit (one more would not), but for 64-row tiles those of dense_stages_64_rows.
+    fitting = heur.max_stages(config.block_m, config.block_n, out_bytes)
+    if config.block_m == 64 and m <= 64 and config.block_n >= 64:
+        assert config.num_stages == heur.dense_stages_64_rows(fitting, k, config.num_splits)
+        assert config.num_stages <= heur.MAX_DENSE_STAGES_64_ROWS
+    else:
+        assert config.num_stages == fitting
+        assert (config.num_stages == heur.MAX_STAGES or
+                heur.smem_bytes(config.block_m, config.block_n, config.num_stages + 1, out_bytes) >
+                heur.SMEM_CAPACITY_BYTES)
     assert (config.block_n * out_bytes) % config.swizzle_d_bytes == 0
 
 
@@ -173,15 +180,18 @@ def test_template_args_order():
     assert heur.template_args(config, 7168, 2048, "bfloat16", False) == [
         "7168", "2048", "128", "112", "128", "6", "128", "256", "2", "true",
         "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1", "false", "false",
-        "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false", "deep_kernels::MathSchedule::Lockstep"]
+        "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false", "deep_kernels::MathSchedule::Lockstep",
+        "false"]
     args = heur.template_args(config, 7168, 2048, "torch.float32", True, "m_grouped_masked")
-    assert args[-10:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
+    assert args[-11:] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
                           "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false",
-                          "deep_kernels::MathSchedule::Lockstep"]
+                          "deep_kernels::MathSchedule::Lockstep", "false"]
+    clustered = heur.make_config(64, 64, 1, False, 2, num_splits=2, splits_in_cluster=True)
+    assert heur.template_args(clustered, 4096, 7168, "bfloat16", False)[-1] == "true"
     with pytest.raises(ValueError, match="operands"):
         heur.template_args(config, 7168, 2048, "bfloat16", False, operands="fp4")
     assert heur.template_args(heur.make_config(64, 64, 1, False, 2, num_splits=4), 2112, 7168, "bfloat16",
-                              False)[-7:-4] == ["4", "true", "false"]
+                              False)[-8:-5] == ["4", "true", "false"]
     with pytest.raises(ValueError, match="float32"):
         heur.template_args(config, 7168, 2048, "bfloat16", True)
     with pytest.raises(ValueError, match="gemm_type"):
@@ -339,7 +349,7 @@ def test_ping_pong_configs():
     # selects by default; the label shows it.
     config = heur.make_config(256, 128, 2, True, 2, ping_pong=True)
     assert (config.ping_pong, config.pipelined) == (True, False)
-    assert heur.template_args(config, 4096, 7168, "bfloat16", False)[-1] == "deep_kernels::MathSchedule::PingPong"
+    assert heur.template_args(config, 4096, 7168, "bfloat16", False)[-2] == "deep_kernels::MathSchedule::PingPong"
     assert heur.config_label(config) == "256x128/1t+a"
     assert heur.make_config(128, 128, 1, False, 2, ping_pong=True).pipelined is False
     assert heur.make_config(128, 128, 1, False, 2).pipelined is True

@@ -12,6 +12,7 @@
 #include "epilogue/sm90_accumulator_store.cuh"
 #include "epilogue/sm90_row_predicated_store.cuh"
 #include "gemm/sm90_fp8_gemm_traits.cuh"
+#include "ptx/dsmem.cuh"
 #include "ptx/global_memory.cuh"
 #include "ptx/special_registers.cuh"
 #include "ptx/sync.cuh"
@@ -23,7 +24,7 @@ namespace deep_kernels {
 namespace sm90_fp8_gemm_detail {
 
 // Barrier 0 is __syncthreads; each math warpgroup owns one barrier for its epilogue.
-enum class NamedBarrier : uint32_t { EpilogueWarpgroup0 = 1 };
+enum class NamedBarrier : uint32_t { EpilogueWarpgroup0 = 1, AllMathWarpgroups = 3 };
 
 // Writes the warpgroup's accumulators (kNumMWaves sets of 64 rows) into its staging buffers, one
 // Store::kBytes buffer per set, visible to the whole warpgroup and to TMA.
@@ -206,6 +207,46 @@ DK_DEVICE bool reduce_splits(const float (&partial_sums)[BLOCK_N / 2], float (&t
     return true;
 }
 
+// Split-K with the splits in one cluster (kSplitsInCluster; one job per CTA): the other splits write their warpgroup's
+// FP32 partial sums into their own stage buffers (`exchange`, free once every math warpgroup's K loop is done), a
+// cluster barrier publishes them, and the leader (split 0) adds splits 1 .. kNumSplits - 1 in that order to its own,
+// read from their shared memory, and returns true. The same order as reduce_splits: the same bits. The kernel's
+// closing cluster barrier keeps the other CTAs alive until the leader has read them.
+template <typename Traits>
+DK_DEVICE bool reduce_splits_in_cluster(float (&total)[Traits::BLOCK_N / 2], float* exchange, uint32_t split_idx) {
+    constexpr uint32_t BLOCK_N = Traits::BLOCK_N;
+    const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
+    // The layout of reduce_splits' slots: float4 j of thread t at float (j * 128 + t) * 4 of the warpgroup's part.
+    float* own = exchange + threadIdx.x / kNumThreadsPerWarpgroup * kWarpgroupBlockM * BLOCK_N + thread_in_wg * 4;
+    if (split_idx != 0) {
+        // Every math warpgroup's wgmma have read their last stage before it holds partial sums.
+        ptx::named_barrier_sync(static_cast<uint32_t>(NamedBarrier::AllMathWarpgroups), Traits::kNumMathThreads);
+#pragma unroll
+        for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
+            *reinterpret_cast<float4*>(own + j * kNumThreadsPerWarpgroup * 4) =
+                make_float4(total[j * 4 + 0], total[j * 4 + 1], total[j * 4 + 2], total[j * 4 + 3]);
+        }
+    }
+    __syncwarp();
+    ptx::cluster_sync();
+    if (split_idx != 0)
+        return false;
+#pragma unroll 1
+    for (uint32_t split = 1; split < Traits::kNumSplits; ++split) {
+        const uint32_t remote = ptx::cluster_shared_address(own, split);
+#pragma unroll
+        for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
+            float x, y, z, w;
+            ptx::ld_shared_cluster(remote + j * kNumThreadsPerWarpgroup * 4 * sizeof(float), x, y, z, w);
+            total[j * 4 + 0] += x;
+            total[j * 4 + 1] += y;
+            total[j * 4 + 2] += z;
+            total[j * 4 + 3] += w;
+        }
+    }
+    return true;
+}
+
 // One 64-row wave of the grouped kinds' row-predicated store (store_tile_rows), from its staging buffer.
 template <typename Traits>
 DK_DEVICE void store_wave_rows(const uint8_t* smem_d_wave, typename Traits::OutputType* d, const TileInfo& tile,
@@ -259,6 +300,8 @@ struct Sm90Fp8Epilogue {
     typename Traits::OutputType* d;
     float* split_workspace;
     uint32_t* split_tickets;
+    // kSplitsInCluster: the CTA's stage buffers, where its partial sums wait for the leader.
+    float* split_exchange;
 
     DK_DEVICE static uint32_t wg_idx() { return threadIdx.x / kNumThreadsPerWarpgroup; }
 
@@ -289,6 +332,11 @@ struct Sm90Fp8Epilogue {
                          float (&final_acc)[Traits::kNumMWaves][Traits::BLOCK_N / 2]) const {
         if constexpr (Traits::kNumSplits > 1) {
             if (tile.num_splits > 1) {
+                if constexpr (Traits::kSplitsInCluster) {
+                    if (reduce_splits_in_cluster<Traits>(final_acc[0], split_exchange, tile.split_idx))
+                        store_tile<Traits>(final_acc, smem_d_wg, tmap_d, tile, wg_idx());
+                    return;
+                }
                 constexpr uint32_t kSlotsPerWarpgroup = Traits::kNumSplits * kWarpgroupBlockM * Traits::BLOCK_N;
                 const uint32_t wg_slot = tile.split_tile_idx * Traits::kNumMathWarpgroups + wg_idx();
                 float* slots = split_workspace + static_cast<size_t>(wg_slot) * kSlotsPerWarpgroup;

@@ -122,7 +122,7 @@ template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOC
           uint32_t kNumStages_, uint32_t kNumTMAMulticast_, bool kIsMulticastOnA_, GemmType kGemmType_,
           typename OutputType_, bool kWithAccumulation_, uint32_t kNumSplits_, bool kPipelined_,
           bool kOverlapEpilogue_, GemmOperands kOperands_, bool kIsMNMajorA_ = false, bool kIsMNMajorB_ = false,
-          MathSchedule kMathSchedule_ = MathSchedule::Lockstep>
+          MathSchedule kMathSchedule_ = MathSchedule::Lockstep, bool kSplitsInCluster_ = false>
 struct Sm90Fp8GemmTraits {
     // Problem, tile, pipeline, cluster, kind and schedule
     static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_;
@@ -142,6 +142,10 @@ struct Sm90Fp8GemmTraits {
     // the operand as 64-column (128-byte) boxes along M / N, each BLOCK_K rows of K, which wgmma reads transposed.
     static constexpr bool kIsMNMajorA = kIsMNMajorA_, kIsMNMajorB = kIsMNMajorB_;
     static constexpr MathSchedule kMathSchedule = kMathSchedule_;
+    // Split-K with a tile's kNumSplits jobs as one cluster of kNumSplits CTAs, one job each: the leader (split 0) sums
+    // the others' partial sums from their shared memory (epilogue/sm90_fp8_gemm_epilogue.cuh), no global workspace.
+    static constexpr bool kSplitsInCluster = kSplitsInCluster_;
+    static constexpr uint32_t kClusterSize = kSplitsInCluster ? kNumSplits_ : kNumTMAMulticast_;
 
     // Kind
     static constexpr bool kIsChannelScaled = kOperands == GemmOperands::Fp8ChannelScaled;
@@ -255,7 +259,8 @@ struct Sm90Fp8GemmTraits {
                     reinterpret_cast<float*>(smem + kOffsetSfb)};
     }
     using TileScheduler =
-        Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits, BLOCK_K>;
+        Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits, BLOCK_K,
+                  kSplitsInCluster>;
 
     // Static checks
     DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled || kOperands == GemmOperands::Fp8ChannelScaled ||
@@ -326,6 +331,13 @@ struct Sm90Fp8GemmTraits {
                            kIsChannelScaled)),
                      "ping-pong: two math warpgroups with the plain K loop (one group in flight each), block-scaled "
                      "FP8 operands (not k-grouped) or per-channel scales");
+    // NOTE: a job's partial sums wait in its stage buffers (A's and B's, contiguous), free once its K loop is done.
+    DK_STATIC_ASSERT(!kSplitsInCluster ||
+                         (kNumSplits >= 2 && kNumSplits <= 8 && kNumTMAMulticast == 1 && kGemmType == GemmType::Normal &&
+                          kNumMWaves == 1 && kOperands == GemmOperands::Fp8BlockScaled &&
+                          BLOCK_M * BLOCK_N * sizeof(float) <= kNumStages * (kStageABytes + kStageBBytes)),
+                     "splits in a cluster: 2..8 splits, no multicast, the Normal kind with block scales, up to 128 "
+                     "rows, the partial sums fit in the stage buffers");
     DK_STATIC_ASSERT(!kOwnTiles || ((BLOCK_M == 64 || BLOCK_M == 128) && kGemmType == GemmType::Normal &&
                                     kOperands == GemmOperands::Fp8BlockScaled && kNumSplits == 1 && !kOverlapEpilogue),
                      "own-tile ping-pong: 64- or 128-row tiles per math warpgroup, the Normal kind with block-scaled FP8 "

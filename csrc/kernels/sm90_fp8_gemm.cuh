@@ -13,6 +13,9 @@
 // kNumSplits jobs each, each over an even share of the K blocks; each math warpgroup stores its FP32 partial
 // sums to a workspace slot, and the last job of the tile to arrive (per-warpgroup ticket) sums slots
 // 0 .. kNumSplits - 1 in that fixed order and stores D (deterministic).
+// kSplitsInCluster (every tile split, one job per CTA): a tile's kNumSplits jobs are one cluster; the others leave
+// their partial sums in their stage buffers and the leader (split 0) adds them, in split order, through distributed
+// shared memory (no workspace, no tickets; the same D bits).
 // kPipelined (tiles narrow enough for a second accumulator set, kMaxPipelinedBlockN): each warpgroup issues
 // K block i + 1's wgmma group before it waits for and promotes block i, so the promotion, the barrier waits
 // and the wgmma latency overlap the tensor cores' work instead of draining them every K block.
@@ -80,6 +83,8 @@
 //   the launch (C may be D): the kernel adds the product with TMA reduce-add (read-add-write on that path).
 // Launch: grid = a multiple of kNumTMAMulticast, at most the SM count; block kNumTMAThreads +
 // kNumMathThreads; cluster {kNumTMAMulticast, 1, 1}; dynamic shared memory = heuristics' smem_bytes.
+// kSplitsInCluster: grid = tiles x kNumSplits (at most the SM count), cluster {kNumSplits, 1, 1}, num_unsplit_tiles 0;
+// split_workspace and split_tickets unused.
 #pragma once
 
 #include <cuda.h>
@@ -169,7 +174,8 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
                                   const CUtensorMap* tmap_d, const float* sfb, typename Traits::OutputType* d,
                                   float* split_workspace, uint32_t* split_tickets) {
     typename MainloopOf<Traits, Ring>::type mainloop(stages, ring, sfb);
-    const Sm90Fp8Epilogue<Traits> epilogue{scheduler, smem_d_wg, tmap_d, d, split_workspace, split_tickets};
+    const Sm90Fp8Epilogue<Traits> epilogue{scheduler, smem_d_wg, tmap_d, d, split_workspace, split_tickets,
+                                           reinterpret_cast<float*>(stages.a_stage(0))};
     if constexpr (Traits::kOwnTiles) {
         run_own_tiles<Traits>(mainloop, epilogue, scheduler);
         return;
@@ -237,7 +243,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
           uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue, GemmOperands kOperands, bool kIsMNMajorA,
           bool kIsMNMajorB,
-          MathSchedule kMathSchedule>
+          MathSchedule kMathSchedule, bool kSplitsInCluster>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -248,7 +254,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     using Traits = Sm90Fp8GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
                                      kIsMulticastOnA, kGemmType, OutputType, kWithAccumulation, kNumSplits,
                                      kPipelined, kOverlapEpilogue, kOperands, kIsMNMajorA, kIsMNMajorB,
-                                     kMathSchedule>;
+                                     kMathSchedule, kSplitsInCluster>;
 
     // Static checks (the traits hold the rest)
     DK_STATIC_ASSERT(kNumTMAThreads == Traits::kNumTMAThreads && kNumMathThreads == Traits::kNumMathThreads,
@@ -313,6 +319,11 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         } else if (is_tma_thread) {
             run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa, &tmap_sfb);
         }
+        // The math warpgroups' cluster barrier that publishes the splits' partial sums counts these threads too.
+        if constexpr (Traits::kSplitsInCluster) {
+            __syncwarp();
+            ptx::cluster_sync();
+        }
     } else {
         // Consumer branch: register reconfiguration, then MMA, promotion and epilogue per tile.
         ptx::setmaxnreg_inc<Traits::kNumConsumerRegisters>();
@@ -322,8 +333,9 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     }
 
     // Teardown
-    // NOTE: a peer CTA may still arrive on this CTA's empty barriers until it finishes its last stage.
-    if constexpr (kNumTMAMulticast > 1) {
+    // NOTE: a peer CTA may still arrive on this CTA's empty barriers until it finishes its last stage (multicast), or
+    // read this CTA's partial sums (splits in a cluster).
+    if constexpr (Traits::kClusterSize > 1) {
         __syncwarp();
         ptx::cluster_sync();
     }

@@ -102,6 +102,25 @@ OVERLAP_EPILOGUE_FACTOR = 0.955
 TWO_WAVE_OVERLAP_EPILOGUE_FACTOR = 0.976
 # Most splits of a tail split (the last job of a tile reads the partials back one after another).
 MAX_TAIL_SPLITS = 8
+# Split-K with a tile's splits in one cluster (Fp8GemmConfig.splits_in_cluster): the leader reads the other splits'
+# partial sums from their shared memory after a cluster barrier, in place of SPLIT_SECONDS' workspace store, fence and
+# ticket. Fitted on the H200 (2026-12-02, the decode sweep of scripts/sweep_decode_fp8_gemm.py, timed in turns with
+# the workspace split of the same tiles): with 2 splits 0.6 to 2.7 us faster on every one of 14 tilings. With 3 and more
+# splits the clusters of 3 or 4 CTAs did not all fit on the GPCs at once where the tiles x splits neared the SM count
+# (0.53-0.74x), so the candidates offer 2 splits only.
+CLUSTER_SPLIT_SECONDS = 0.6e-6
+MAX_CLUSTER_SPLITS = 2
+# Most stages of a one-math-warpgroup (64-row) dense tile at least 64 columns wide when M is one such tile
+# (dense_stages_64_rows: also no more than a job's K blocks): on the H200 (same sweeps, timed in turns) 8 stages ran
+# 3-7% faster than the 10-13 that fit at M = 64 (64x64 at 64x7168x2048 8.08 -> 7.82 us, 64x96 at 64x24576x1536
+# 16.74 -> 16.02 us, 64x64/2c at 64x4096x7168 14.96 -> 14.27 us; 64x128 at 64x32768x512, 4 K blocks a tile, 9.10 us
+# with 8, 8.99 with 4), while with two M blocks (M = 128) 64x64 tiles ran 4-6% faster with all 13 (10.99 against
+# 11.49 us at 128x2112x7168, 16.67 against 17.71 at 128x4096x7168), as did 64x32 tiles (18 stages) and 128-row tiles.
+MAX_DENSE_STAGES_64_ROWS = 8
+# Dense tiles take the epilogue overlap only when a CTA runs at least this many tiles: at decode sizes, with one or two
+# tiles per CTA, the same tiles without it ran 3.5-3.8% faster on the H200 (128x192 at 128x24576x1536 17.71 -> 17.06
+# us, 128x128 at 128x32768x512 10.66 -> 10.29 us).
+MIN_TILES_PER_CTA_FOR_OVERLAP = 3
 # Time of a K block's math with the ping-pong schedule (the two math warpgroups take turns running their wgmma
 # groups, csrc/gemm/sm90_math_schedule.cuh) over the same tiles' lockstep plain K loop, by BLOCK_M; the candidates
 # offer the schedule only at the tile heights listed (where it was measured to win). None: on the H200 (2026-12-02,
@@ -187,6 +206,10 @@ class Fp8GemmConfig:
     # warpgroups take turns at the tensor cores tile by tile (the kernel's MathSchedule::OwnTilePingPong): one's
     # promotion tail and store run while the other's wgmma groups run.
     own_tiles: bool = False
+    # Split-K with each tile's num_splits jobs as one cluster (the kernel's kSplitsInCluster): the leader sums the other
+    # splits' partial sums from their shared memory instead of a global workspace; every tile split, one job per CTA
+    # (tiles x num_splits <= SMs: has_splits_in_cluster).
+    splits_in_cluster: bool = False
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -309,6 +332,11 @@ def is_legal_multicast(block_m: int, num_tma_multicast: int, multicast_on_a: boo
     return not (grouped and block_m == 256 and num_tma_multicast == 2 and not multicast_on_a)
 
 
+def has_splits_in_cluster(config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> bool:
+    """Whether a splits-in-cluster config can run the problem: every CTA one job, so tiles x splits fit the SMs."""
+    return config.splits_in_cluster and num_tiles(config, m, n) * config.num_splits <= num_sms
+
+
 def num_tiles(config: Fp8GemmConfig, m: int, n: int) -> int:
     """Output tiles of a Normal GEMM (what split-K's workspace and tickets are sized by)."""
     return _ceil_div(m, config.block_m) * _ceil_div(n, config.block_n)
@@ -324,7 +352,7 @@ def num_unsplit_tiles(config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> in
 
 def split_workspace_sizes(config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> tuple:
     """(FP32 workspace floats, uint32 tickets) a split-K launch needs; (0, 0) without split-K."""
-    if config.num_splits == 1:
+    if config.num_splits == 1 or config.splits_in_cluster:
         return 0, 0
     split_tiles = num_tiles(config, m, n) - num_unsplit_tiles(config, m, n, num_sms)
     return (split_tiles * config.num_splits * config.block_m * config.block_n,
@@ -352,6 +380,8 @@ def grid_size(config: Fp8GemmConfig, m: int, n: int, num_sms: int, num_groups: i
     For contiguous grouped GEMMs pass m = total rows; for masked ones the work depends on device data, so
     launch num_sms rounded down to the cluster size.
     """
+    if config.splits_in_cluster:
+        return max(1, num_tiles(config, m, n)) * config.num_splits
     clusters = min(num_sms // config.num_tma_multicast, max(1, num_work_units(config, m, n, num_sms, num_groups)))
     return clusters * config.num_tma_multicast
 
@@ -408,8 +438,11 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
         # Whole waves of unsplit tiles (none at decode sizes), then one or more waves of split jobs.
         unsplit = num_unsplit_tiles(config, m, n, num_sms)
         partial_bytes = config.block_m * config.block_n * 4
-        job_s = (_ceil_div(_ceil_div(k, BLOCK_K), config.num_splits) * k_block_s + EPILOGUE_SECONDS[config.block_m] + SPLIT_SECONDS +
-                 config.num_splits * partial_bytes / SM_INGEST_BYTES_PER_S)
+        # Splits in a cluster: the leader reads the other splits' partial sums, no workspace round trip.
+        split_s, partials_read = ((CLUSTER_SPLIT_SECONDS, config.num_splits - 1) if config.splits_in_cluster
+                                  else (SPLIT_SECONDS, config.num_splits))
+        job_s = (_ceil_div(_ceil_div(k, BLOCK_K), config.num_splits) * k_block_s + EPILOGUE_SECONDS[config.block_m] +
+                 split_s + partials_read * partial_bytes / SM_INGEST_BYTES_PER_S)
         busiest_cta_s = (unsplit // clusters * (_ceil_div(k, BLOCK_K) * k_block_s + EPILOGUE_SECONDS[config.block_m]) +
                          _ceil_div(units - unsplit, clusters) * job_s)
 
@@ -478,12 +511,17 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
             stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, operands)
             if stages < MIN_STAGES:
                 continue
+            # Dense block-scaled tiles (k given): the decode rules on stages and the epilogue overlap.
+            dense = k is not None and operands == "fp8_block_scaled"
             for num_tma_multicast, multicast_on_a in _multicast_options(m, n, block_m, block_n, num_sms):
                 if not (has_streamed_store_registers(block_m, num_tma_multicast, out_dtype_bytes, operands) and
                         is_legal_multicast(block_m, num_tma_multicast, multicast_on_a, grouped)):
                     continue
                 splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
                 for num_splits in splits:
+                    overlap = has_epilogue_overlap(block_m, block_n, num_splits, grouped, operands) and not (
+                        dense and _ceil_div(_ceil_div(m, block_m) * _ceil_div(n, block_n), num_sms) <
+                        MIN_TILES_PER_CTA_FOR_OVERLAP)
                     config = Fp8GemmConfig(
                         block_m=block_m,
                         block_n=block_n,
@@ -496,9 +534,15 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         pipelined=can_pipeline(block_m, block_n) or (
                             block_n in CHANNEL_HALVES_BLOCK_NS and
                             can_pipeline_halves(block_m, block_n, operands, num_splits)),
-                        overlap_epilogue=has_epilogue_overlap(block_m, block_n, num_splits, grouped, operands),
+                        overlap_epilogue=overlap,
                     )
+                    if dense and block_m == 64 and m <= 64 and block_n >= 64:
+                        config = with_stages(config, dense_stages_64_rows(stages, k, num_splits), out_dtype_bytes)
                     yield config
+                    # NOTE: after the workspace split of the same tiles (a tie keeps it).
+                    if (k is not None and 1 < num_splits <= MAX_CLUSTER_SPLITS and operands == "fp8_block_scaled" and
+                            _ceil_div(m, block_m) * _ceil_div(n, block_n) * num_splits <= num_sms):
+                        yield replace(config, splits_in_cluster=True)
                     # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
                     # NOTE: never with per-channel B scales: on the H200 (2026-12-02, the eight weight-gradient shapes
                     # and two k-grouped ones, timed in turns with the picks) it ran 1-13% slower than lockstep.
@@ -512,6 +556,20 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                                 block_m, block_n, own_stages, out_dtype_bytes, operands, True),
                                 pipelined=can_pipeline_own_tile(block_m, block_n), overlap_epilogue=False,
                                 own_tiles=True)
+
+
+def dense_stages_64_rows(stages: int, k: int, num_splits: int) -> int:
+    """Stages of a dense block-scaled 64-row tile at least 64 columns wide where M is one tile: at most
+    MAX_DENSE_STAGES_64_ROWS, and no more than a job's K blocks (at least MIN_STAGES), of the `stages` that fit."""
+    job_k_blocks = _ceil_div(_ceil_div(k, BLOCK_K), num_splits)
+    return min(stages, MAX_DENSE_STAGES_64_ROWS, max(MIN_STAGES, job_k_blocks))
+
+
+def with_stages(config: Fp8GemmConfig, num_stages: int, out_dtype_bytes: int,
+                operands: str = "fp8_block_scaled") -> Fp8GemmConfig:
+    """`config` with num_stages stages (and its shared memory)."""
+    return replace(config, num_stages=num_stages,
+                   smem_bytes=smem_bytes(config.block_m, config.block_n, num_stages, out_dtype_bytes, operands))
 
 
 def check_problem(n: int, k: int, num_sms: int) -> None:
@@ -569,10 +627,11 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
 
 def config_label(config: Fp8GemmConfig) -> str:
     """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), t (ping-pong: the math warpgroups
-    take turns issuing), w (own-tile ping-pong: each math warpgroup owns BLOCK_M x BLOCK_N tiles), +a / +b (multicast
-    of A / B): 128x192/1o, 64x64/4p, 256x128/1+a, 256x128/1t+a, 64x128/1pw+b."""
+    take turns issuing), w (own-tile ping-pong: each math warpgroup owns BLOCK_M x BLOCK_N tiles), c (splits in a
+    cluster), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 64x64/2pc, 256x128/1+a, 256x128/1t+a, 64x128/1pw+b."""
     flags = (("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "") +
-             ("t" if config.ping_pong else "") + ("w" if config.own_tiles else ""))
+             ("t" if config.ping_pong else "") + ("w" if config.own_tiles else "") +
+             ("c" if config.splits_in_cluster else ""))
     multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
     return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
 
@@ -582,7 +641,8 @@ def config_fields(config: Fp8GemmConfig) -> dict:
     return {"block_m": config.block_m, "block_n": config.block_n, "num_tma_multicast": config.num_tma_multicast,
             "multicast_on_a": config.multicast_on_a, "num_stages": config.num_stages,
             "num_splits": config.num_splits, "pipelined": config.pipelined,
-            "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong, "own_tiles": config.own_tiles}
+            "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong, "own_tiles": config.own_tiles,
+            "splits_in_cluster": config.splits_in_cluster}
 
 
 def _output_type(out_dtype) -> tuple:
@@ -629,6 +689,7 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         "true" if mn_major_a else "false",
         "true" if mn_major_b else "false",
         math_schedule(config),
+        "true" if config.splits_in_cluster else "false",
     ]
 
 
@@ -690,7 +751,8 @@ def wgrad_candidate_kernels(num_sms: int = 132, smem_capacity: int = SMEM_CAPACI
 def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
                 pipelined: bool = None, overlap_epilogue: bool = False,
-                operands: str = "fp8_block_scaled", ping_pong: bool = False, own_tiles: bool = False) -> Fp8GemmConfig:
+                operands: str = "fp8_block_scaled", ping_pong: bool = False, own_tiles: bool = False,
+                splits_in_cluster: bool = False) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
     allows (and the schedule is not ping-pong) unless pipelined says otherwise, for overrides and tests (operands:
     what a stage holds; own_tiles: the own-tile ping-pong, block_m rows per math warpgroup)."""
@@ -705,6 +767,10 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits, operands=operands):
         raise ValueError("the epilogue overlap needs num_splits == 1 and block_m 128 (or 256 with block-scaled "
                          "operands)")
+    if splits_in_cluster and not (2 <= num_splits <= 8 and num_tma_multicast == 1 and block_m <= 128 and
+                                  operands == "fp8_block_scaled"):
+        raise ValueError("splits in a cluster need 2..8 splits, num_tma_multicast == 1, block_m <= 128 and "
+                         "block-scaled operands")
     if ping_pong and (pipelined or not can_ping_pong(block_m, False) or
                       operands not in ("fp8_block_scaled",) + CHANNEL_SCALED_OPERANDS):
         raise ValueError("the ping-pong schedule needs block_m 128 or 256, the plain K loop (pipelined=False) and "
@@ -722,7 +788,8 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands), num_splits=num_splits,
-                         pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong)
+                         pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong,
+                         splits_in_cluster=splits_in_cluster)
 
 
 def _make_own_tile_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
@@ -752,8 +819,8 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
     on A and on B, the grouped kinds, each D swizzle width, the widest tile, split-K at the widest tile (one
     partial slot in flight) and with splits not dividing K, the plain K loop of a pipelinable tile and the
     widest pipelined tile of one math warpgroup, the epilogue overlap's K loops and stores, per-channel B scales
-    (dense and k-grouped; their pipelined halves), and the ping-pong schedules (shared tiles, block-scaled and
-    per-channel-scaled; own tiles)."""
+    (dense and k-grouped; their pipelined halves), the ping-pong schedules (shared tiles, block-scaled and
+    per-channel-scaled; own tiles) and split-K with the splits in a cluster."""
     kernels = {tuple(c.template_args()): c for c in all_candidate_configs(num_sms)}
     extras = [
         CandidateKernel(make_config(128, 128, 2, True, 2), 7168, 2048, "bfloat16", False),
@@ -784,6 +851,11 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
                         "bfloat16", False),
         CandidateKernel(make_config(256, 128, 2, True, 2, ping_pong=True), 4096, 7168, "bfloat16", False),
         CandidateKernel(make_config(128, 112, 1, False, 4, num_splits=2, ping_pong=True), 576, 640, "float32", True),
+        # Splits in a cluster: one math warpgroup, and two with FP32 D accumulated.
+        CandidateKernel(make_config(64, 64, 1, False, 2, num_splits=2, splits_in_cluster=True), 4096, 7168, "bfloat16",
+                        False),
+        CandidateKernel(make_config(128, 64, 1, False, 4, num_splits=4, splits_in_cluster=True), 2112, 7168, "float32",
+                        True),
         # The own-tile ping-pong: the pipelined one-wave loop with multicast, the plain loop with accumulation, two
         # waves with multicast.
         CandidateKernel(make_config(64, 128, 2, False, 2, own_tiles=True), 7168, 2048, "bfloat16", False),
