@@ -60,6 +60,13 @@ def case_specs() -> list:
 
 # ---- heuristics (CPU) ----
 
+def _schedule(config) -> str:
+    """The MathSchedule template argument of config's kernel."""
+    (schedule,) = [argument for argument in heuristics.template_args(config, 4096, 7168, "bfloat16", False)
+                   if argument.startswith("deep_kernels::MathSchedule::")]
+    return schedule
+
+
 def test_own_tile_configs():
     config = heuristics.make_config(64, 128, 2, False, 2, own_tiles=True)
     # Two math warpgroups on 64-row tiles, pipelined where one wave's three accumulator sets fit, two staging tiles.
@@ -69,16 +76,14 @@ def test_own_tile_configs():
     assert config.smem_bytes <= heuristics.SMEM_CAPACITY_BYTES < heuristics.smem_bytes(
         64, 128, config.num_stages + 1, 2, own_tiles=True)
     assert heuristics.config_label(config) == "64x128/1pw+b"
-    assert heuristics.template_args(config, 4096, 7168, "bfloat16", False)[-1] == \
-        "deep_kernels::MathSchedule::OwnTilePingPong"
+    assert _schedule(config) == "deep_kernels::MathSchedule::OwnTilePingPong"
     assert heuristics.template_args(config, 4096, 7168, "bfloat16", False)[7] == "256"
     assert heuristics.make_config(out_dtype_bytes=2, **heuristics.config_fields(config)) == config
     # Wider or two-wave own tiles run the plain K loop.
     assert not heuristics.make_config(64, 192, 1, False, 2, own_tiles=True).pipelined
     assert not heuristics.make_config(128, 128, 2, True, 2, own_tiles=True).pipelined
     # Lockstep configs keep their schedule.
-    assert heuristics.template_args(heuristics.make_config(128, 128, 1, False, 2), 4096, 7168, "bfloat16",
-                                    False)[-1] == "deep_kernels::MathSchedule::Lockstep"
+    assert _schedule(heuristics.make_config(128, 128, 1, False, 2)) == "deep_kernels::MathSchedule::Lockstep"
 
 
 @pytest.mark.parametrize("kwargs,match", [
