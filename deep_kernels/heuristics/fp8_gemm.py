@@ -545,7 +545,7 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                         yield replace(config, splits_in_cluster=True)
                     # NOTE: after its lockstep twin, so that a tie keeps the lockstep schedule.
                     # NOTE: never with per-channel B scales: on the H200 (2026-12-02, the eight weight-gradient shapes
-                    # and two k-grouped ones, timed in turns with the picks) it ran 1-13% slower than lockstep.
+                    # and two k-grouped ones, timed in turns) it ran 1.3-2.9% slower than lockstep on the same tiles.
                     if block_m in PING_PONG_MATH_FACTOR and not grouped and operands == "fp8_block_scaled":
                         yield replace(config, pipelined=False, ping_pong=True, overlap_epilogue=False)
                     if (block_m in OWN_TILE_MATH_SECONDS_PER_K_BLOCK and
