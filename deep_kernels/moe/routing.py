@@ -7,6 +7,7 @@ sums those counts and writes its own slots' rows, positions from counts and scan
 Larger inputs take the two-stage path (two launches: topk_gate, then moe_layout).
 """
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -202,19 +203,13 @@ def _out_key(out) -> tuple:
 
 
 # out's tensors in order: weights, indices, then the MoeLayout's fields.
-_OUTPUT_NAMES = ("weights", "indices", "counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row", "masked_slots",
-                 "masked_m")
+_OUTPUT_NAMES = ("weights", "indices") + tuple(field.name for field in dataclasses.fields(MoeLayout))
 # Outputs the kernel stores with 16-byte vectors (its -1 fill).
 _VECTOR_STORED = ("m_indices", "row_to_slot", "masked_slots")
 
 
 def _layout_fields(layout: MoeLayout) -> tuple:
-    return (layout.counts, layout.num_rows, layout.m_indices, layout.row_to_slot, layout.slot_to_row,
-            layout.masked_slots, layout.masked_m)
-
-
-def _output_signature(tensors: tuple) -> tuple:
-    return tuple(None if t is None else (t.dtype, t.shape, t.stride(), t.get_device()) for t in tensors)
+    return tuple(getattr(layout, name) for name in _OUTPUT_NAMES[2:])
 
 
 def check_out_form(out) -> None:
@@ -227,24 +222,19 @@ def _written_outputs(plan, out) -> tuple:
     """out's tensors in _OUTPUT_NAMES order, after checking them against the outputs a call of plan returns."""
     check_out_form(out)
     outputs = (out[0], out[1], *_layout_fields(out[2]))
-    try:
-        matches = _output_signature(outputs) == plan.out_signature
-    except AttributeError:  # not tensors: the check below says which
-        matches = False
-    if not matches:
-        for name, tensor, wanted in zip(_OUTPUT_NAMES, outputs, plan.out_signature):
-            if wanted is None and tensor is not None:
-                raise ValueError(f"out's {name} must be None without max_tokens")
-            if wanted is None:
-                continue
-            if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"out's {name} must be a torch.Tensor, got {type(tensor).__name__}")
-            dtype, shape, stride, device = wanted
-            if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape) or tensor.stride() != stride:
-                raise ValueError(f"out's {name} must be a contiguous {dtype} tensor of shape {tuple(shape)}, got "
-                                 f"{tensor.dtype} of shape {tuple(tensor.shape)} strides {tuple(tensor.stride())}")
-            if tensor.get_device() != device:
-                raise ValueError(f"out's {name} must be on logits' device cuda:{device}, got {tensor.device}")
+    for name, tensor, wanted in zip(_OUTPUT_NAMES, outputs, plan.out_signature):
+        if wanted is None and tensor is not None:
+            raise ValueError(f"out's {name} must be None without max_tokens")
+        if wanted is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"out's {name} must be a torch.Tensor, got {type(tensor).__name__}")
+        dtype, shape, stride, device = wanted
+        if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape) or tensor.stride() != stride:
+            raise ValueError(f"out's {name} must be a contiguous {dtype} tensor of shape {tuple(shape)}, got "
+                             f"{tensor.dtype} of shape {tuple(tensor.shape)} strides {tuple(tensor.stride())}")
+        if tensor.get_device() != device:
+            raise ValueError(f"out's {name} must be on logits' device cuda:{device}, got {tensor.device}")
     return outputs
 
 
@@ -253,7 +243,7 @@ def _check_written_addresses(outputs: tuple, logits, bias) -> None:
     for name, tensor in zip(_OUTPUT_NAMES, outputs):
         if name in _VECTOR_STORED and tensor is not None and tensor.data_ptr() % 16 != 0:
             raise ValueError(f"out's {name} must start at a 16-byte aligned address")
-    named = [(name, t) for name, t in zip(_OUTPUT_NAMES, outputs) if t is not None and t.numel() > 0]
+    named = [(name, t) for name, t in zip(_OUTPUT_NAMES, outputs) if t is not None]
     named += [("logits", logits)] + ([("bias", bias)] if bias is not None else [])
     spans = sorted((t.data_ptr(), t.data_ptr() + _extent_bytes(t), name) for name, t in named if t.numel() > 0)
     for (_, end, name), (start, _, other) in zip(spans, spans[1:]):
@@ -285,7 +275,7 @@ def _prepare_launch(plan, key: tuple, pointers: dict, workspace: int, logits, k,
 
 
 class _Plan(NamedTuple):
-    """What a valid call's signature fixes: the outputs' signature (_output_signature of what the call returns), the
+    """What a valid call's signature fixes: the outputs' (dtype, shape, strides, device) as the call returns them (None where absent), the
     fused kernel and its grid (kernel None: the two-stage path, or no tokens), the workspace's blocks, where the
     outputs lie in one allocation, and the prepared launches by the call's addresses."""
 
