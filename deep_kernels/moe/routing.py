@@ -275,9 +275,9 @@ def _prepare_launch(plan, key: tuple, pointers: dict, workspace: int, logits, k,
 
 
 class _Plan(NamedTuple):
-    """What a valid call's signature fixes: the outputs' (dtype, shape, strides, device) as the call returns them (None where absent), the
-    fused kernel and its grid (kernel None: the two-stage path, or no tokens), the workspace's blocks, where the
-    outputs lie in one allocation, and the prepared launches by the call's addresses."""
+    """What a valid call's signature fixes: the outputs' (dtype, shape, strides, device) as the call returns them
+    (None where absent), the fused kernel and its grid (kernel None: the two-stage path, or no tokens), the
+    workspace's blocks, where the outputs lie in one allocation, and the prepared launches by the call's addresses."""
 
     num_sms: int  # the SM count it was planned for
     out_signature: tuple
