@@ -4,6 +4,7 @@ Usage (on the GPU machine):
   python scripts/sweep_decode_fp8_gemm.py --check            compile every config, check each against float64
   python scripts/sweep_decode_fp8_gemm.py --time --out x.json time them (kernels already compiled by --check)
   --final: the model's pick against the previous pick (PREVIOUS_PICKS) only.
+  --planned: the model's pick, the configs of PLANNED, and each of them also with evict-first B loads.
 Per shape: the model's pick, its next TOP ranked configs, every unicast config whose jobs fill at least
 FILL of the SMs in one wave, the pick with fewer stages, and each split config with its splits in a cluster.
 Every output is poisoned before the check.
@@ -72,7 +73,26 @@ def parse_label(text: str):
     letters = flags[len(digits):]
     return heuristics.make_config(block_m, block_n, 1, False, 2, num_stages=int(stages), num_splits=int(digits),
                                   pipelined="p" in letters, overlap_epilogue="o" in letters,
-                                  splits_in_cluster="c" in letters)
+                                  splits_in_cluster="c" in letters, evict_first_b="e" in letters)
+
+
+# Configs timed against the pick by --planned (labels as label() spells them): one-math-warpgroup 64 x 64 tiles with a
+# deep pipeline and no split where M has two such tiles (plain and pipelined K loop), unsplit 64 x 64 at the long-K
+# 64-row shape, narrower tiles (two a CTA) at the short-K 128-row shape.
+PLANNED = {
+    (128, 4096, 7168): ("64x64/1ps13", "64x64/1s13", "64x64/1ps8"),
+    (64, 7168, 16384): ("64x64/1ps8",),
+    (128, 24576, 1536): ("128x96/1ps7",),
+}
+
+
+def planned_configs(m: int, n: int, k: int, num_sms: int) -> list:
+    """The model's pick and PLANNED's configs, each also with evict-first B (unicast configs only)."""
+    pick = heuristics.ranked_configs(m, n, k, num_sms, allow_split_k=True)[0][1]
+    configs = [pick] + [parse_label(text) for text in PLANNED.get((m, n, k), ())]
+    configs += [replace(config, evict_first_b=True) for config in configs
+                if config.num_tma_multicast == 1 and not config.evict_first_b]
+    return list(dict.fromkeys(configs))
 
 
 def final_configs(m: int, n: int, k: int, num_sms: int) -> list:
@@ -94,12 +114,14 @@ def main() -> None:
     parser.add_argument("--only-pick", action="store_true", help="the model's pick alone (with cuBLAS)")
     parser.add_argument("--no-cluster", action="store_true", help="leave out the splits-in-a-cluster variants")
     parser.add_argument("--final", action="store_true", help="final_configs (the pick and the previous pick)")
+    parser.add_argument("--planned", action="store_true", help="planned_configs (the pick, PLANNED, evict-first B)")
     parser.add_argument("--out", default="sweep_decode.json")
     args = parser.parse_args()
     num_sms = get_num_sms()
     shapes = SHAPES[:args.shapes]
     problems = {shape: (final_configs(*shape, num_sms) if args.final else
-                          configs_for(*shape, num_sms, args.only_pick, not args.no_cluster)) for shape in shapes}
+                        planned_configs(*shape, num_sms) if args.planned else
+                        configs_for(*shape, num_sms, args.only_pick, not args.no_cluster)) for shape in shapes}
     print("configs:", sum(len(c) for c in problems.values()), flush=True)
     if args.check:
         precompile([gemm.kernel_spec(config, n, k, torch.bfloat16, False)

@@ -122,7 +122,8 @@ template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOC
           uint32_t kNumStages_, uint32_t kNumTMAMulticast_, bool kIsMulticastOnA_, GemmType kGemmType_,
           typename OutputType_, bool kWithAccumulation_, uint32_t kNumSplits_, bool kPipelined_,
           bool kOverlapEpilogue_, GemmOperands kOperands_, bool kIsMNMajorA_ = false, bool kIsMNMajorB_ = false,
-          MathSchedule kMathSchedule_ = MathSchedule::Lockstep, bool kSplitsInCluster_ = false>
+          MathSchedule kMathSchedule_ = MathSchedule::Lockstep, bool kSplitsInCluster_ = false,
+          bool kEvictFirstB_ = false>
 struct Sm90Fp8GemmTraits {
     // Problem, tile, pipeline, cluster, kind and schedule
     static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_;
@@ -146,6 +147,9 @@ struct Sm90Fp8GemmTraits {
     // the others' partial sums from their shared memory (epilogue/sm90_fp8_gemm_epilogue.cuh), no global workspace.
     static constexpr bool kSplitsInCluster = kSplitsInCluster_;
     static constexpr uint32_t kClusterSize = kSplitsInCluster ? kNumSplits_ : kNumTMAMulticast_;
+    // B's boxes load with an L2 evict-first policy (a decode GEMM whose B is read once: one M block), so that B's lines,
+    // not lines other data still needs, make room in L2 for the lines that follow.
+    static constexpr bool kEvictFirstB = kEvictFirstB_;
 
     // Kind
     static constexpr bool kIsChannelScaled = kOperands == GemmOperands::Fp8ChannelScaled;

@@ -85,6 +85,8 @@
 // kNumMathThreads; cluster {kNumTMAMulticast, 1, 1}; dynamic shared memory = heuristics' smem_bytes.
 // kSplitsInCluster: grid = tiles x kNumSplits (at most the SM count), cluster {kNumSplits, 1, 1}, num_unsplit_tiles 0;
 // split_workspace and split_tickets unused.
+// kEvictFirstB (Fp8BlockScaled, Normal kind, no multicast): B's boxes load with an L2 evict-first policy (decode: one M
+// block reads each B line once).
 #pragma once
 
 #include <cuda.h>
@@ -243,7 +245,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
           uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue, GemmOperands kOperands, bool kIsMNMajorA,
           bool kIsMNMajorB,
-          MathSchedule kMathSchedule, bool kSplitsInCluster>
+          MathSchedule kMathSchedule, bool kSplitsInCluster, bool kEvictFirstB>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -254,7 +256,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     using Traits = Sm90Fp8GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
                                      kIsMulticastOnA, kGemmType, OutputType, kWithAccumulation, kNumSplits,
                                      kPipelined, kOverlapEpilogue, kOperands, kIsMNMajorA, kIsMNMajorB,
-                                     kMathSchedule, kSplitsInCluster>;
+                                     kMathSchedule, kSplitsInCluster, kEvictFirstB>;
 
     // Static checks (the traits hold the rest)
     DK_STATIC_ASSERT(kNumTMAThreads == Traits::kNumTMAThreads && kNumMathThreads == Traits::kNumMathThreads,
