@@ -4,7 +4,7 @@ Usage (on the GPU machine):
   python scripts/sweep_decode_fp8_gemm.py --check            compile every config, check each against float64
   python scripts/sweep_decode_fp8_gemm.py --time --out x.json time them (kernels already compiled by --check)
   --final: the model's pick against the previous pick (PREVIOUS_PICKS) only.
-  --planned: the model's pick, the configs of PLANNED, and each of them also with evict-first B loads.
+  --planned: the model's pick, its twin with evict-first B toggled, and the configs of PLANNED.
 Per shape: the model's pick, its next TOP ranked configs, every unicast config whose jobs fill at least
 FILL of the SMs in one wave, the pick with fewer stages, and each split config with its splits in a cluster.
 Every output is poisoned before the check.
@@ -76,29 +76,26 @@ def parse_label(text: str):
                                   splits_in_cluster="c" in letters, evict_first_b="e" in letters)
 
 
-# Configs timed against the pick by --planned (labels as label() spells them): one-math-warpgroup 64 x 64 tiles with a
-# deep pipeline and no split where M has two such tiles (plain and pipelined K loop), unsplit 64 x 64 at the long-K
-# 64-row shape, narrower tiles (two a CTA) at the short-K 128-row shape.
+# Configs timed against the pick by --planned (labels as label() spells them): the close runners-up with evict-first B
+# at the two 128-row shapes short of their targets, unsplit 64 x 64 at the long-K 64-row shape, and the widest tiles
+# at the short-K 64-row shape.
 PLANNED = {
-    (128, 4096, 7168): ("64x64/1ps13", "64x64/1s13", "64x64/1ps8"),
-    (64, 7168, 16384): ("64x64/1ps8",),
-    (128, 24576, 1536): ("128x96/1ps7",),
+    (128, 4096, 7168): ("128x80/2pces7", "64x128/2pces8", "128x64/2pes8", "128x96/3pes7", "64x64/1pes13"),
+    (128, 32768, 512): ("128x144/1es5", "128x160/1es5", "128x96/1poes7", "128x192/1es4", "128x128/1poes5",
+                        "64x128/1pes4"),
+    (64, 7168, 16384): ("64x64/1pes8",),
+    (64, 24576, 1536): ("64x192/1es6", "128x192/1es4"),
 }
 
 
 def planned_configs(m: int, n: int, k: int, num_sms: int) -> list:
-    """The model's pick and PLANNED's configs, each also with evict-first B (unicast configs only)."""
+    """The model's pick, its twin with evict-first B toggled, and PLANNED's configs."""
     pick = heuristics.ranked_configs(m, n, k, num_sms, allow_split_k=True)[0][1]
-    configs = [pick] + [parse_label(text) for text in PLANNED.get((m, n, k), ())]
-    configs += [replace(config, evict_first_b=True) for config in configs
-                if config.num_tma_multicast == 1 and not config.evict_first_b]
+    configs = [pick]
+    if pick.num_tma_multicast == 1:
+        configs.append(replace(pick, evict_first_b=not pick.evict_first_b))
+    configs += [parse_label(text) for text in PLANNED.get((m, n, k), ())]
     return list(dict.fromkeys(configs))
-
-
-def final_configs(m: int, n: int, k: int, num_sms: int) -> list:
-    """The model's pick and the previous pick (PREVIOUS_PICKS)."""
-    pick = heuristics.ranked_configs(m, n, k, num_sms, allow_split_k=True)[0][1]
-    return list(dict.fromkeys([pick, parse_label(PREVIOUS_PICKS[(m, n, k)])]))
 
 
 def label(config) -> str:
@@ -114,7 +111,7 @@ def main() -> None:
     parser.add_argument("--only-pick", action="store_true", help="the model's pick alone (with cuBLAS)")
     parser.add_argument("--no-cluster", action="store_true", help="leave out the splits-in-a-cluster variants")
     parser.add_argument("--final", action="store_true", help="final_configs (the pick and the previous pick)")
-    parser.add_argument("--planned", action="store_true", help="planned_configs (the pick, PLANNED, evict-first B)")
+    parser.add_argument("--planned", action="store_true", help="planned_configs (the pick, its evict-first twin, PLANNED)")
     parser.add_argument("--out", default="sweep_decode.json")
     args = parser.parse_args()
     num_sms = get_num_sms()

@@ -95,3 +95,21 @@ def test_check_rejects_a_wrong_tile():
     assert torch.isfinite(planted).all()
     with pytest.raises(AssertionError):
         assert_gemm_close(planted, expected)
+
+
+def test_model_takes_it_at_decode_only():
+    # Decode picks of one M block (or two with every job in one wave) load B evict-first; M = 4096 picks and multicast
+    # configs never do.
+    for m, n, k in ((64, 24576, 1536), (128, 24576, 1536), (64, 7168, 16384), (128, 4096, 7168), (128, 2112, 7168)):
+        assert heuristics.get_fp8_gemm_config(m, n, k, NUM_SMS, allow_split_k=True).evict_first_b
+    for n, k in ((2112, 7168), (24576, 1536), (7168, 16384)):
+        assert not heuristics.get_fp8_gemm_config(4096, n, k, NUM_SMS, allow_split_k=True).evict_first_b
+    assert not any(c.evict_first_b for c in heuristics.candidate_configs(128, 4096, NUM_SMS, k=7168)
+                   if c.num_tma_multicast == 2)
+    # Two M blocks: only where every job runs in the first wave (the two readers of a B line at once).
+    one_wave = heuristics.make_config(64, 64, 1, False, 2)
+    assert heuristics.takes_evict_first_b(one_wave, 128, 4096, NUM_SMS)
+    assert not heuristics.takes_evict_first_b(one_wave, 128, 32768, NUM_SMS)
+    assert not heuristics.takes_evict_first_b(one_wave, 192, 4096, NUM_SMS)
+    # Not for the grouped kinds (no k given).
+    assert not any(c.evict_first_b for c in heuristics.candidate_configs(64, 4096, NUM_SMS))
