@@ -201,7 +201,8 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
         # NOTE: only onto the same tiles and splits (other tiles or splits may not fit the SMs as clusters).
         fields["splits_in_cluster"] = config.splits_in_cluster and not {"block_m", "block_n", "splits"} & set(override)
     if "evict_first_b" not in override:
-        fields["evict_first_b"] = config.evict_first_b and fields["num_tma_multicast"] == 1 and not grouped
+        fields["evict_first_b"] = config.evict_first_b and not grouped and (
+            fields["num_tma_multicast"] == 1 or not fields["multicast_on_a"])
     for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong", "own_tiles", "splits_in_cluster",
                  "evict_first_b"):
         if flag in fields:

@@ -65,22 +65,26 @@ PREVIOUS_PICKS = {
     (64, 32768, 512): "64x128/1ps8", (64, 7168, 2048): "64x64/1ps13", (128, 7168, 2048): "128x64/1pos8",
 }
 def parse_label(text: str):
-    """The config a label() spells (no multicast)."""
+    """The config a label() spells."""
+    multicast = next((side for side in ("+a", "+b") if side in text), None)
+    text = text.replace(multicast, "") if multicast else text
     tile, rest = text.split("/")
     block_m, block_n = (int(v) for v in tile.split("x"))
     flags, stages = rest.split("s")
     digits = "".join(c for c in flags if c.isdigit())
     letters = flags[len(digits):]
-    return heuristics.make_config(block_m, block_n, 1, False, 2, num_stages=int(stages), num_splits=int(digits),
+    return heuristics.make_config(block_m, block_n, 2 if multicast else 1, multicast == "+a", 2, num_stages=int(stages),
+                                  num_splits=int(digits),
                                   pipelined="p" in letters, overlap_epilogue="o" in letters,
                                   splits_in_cluster="c" in letters, evict_first_b="e" in letters)
 
 
 # Configs timed against the pick by --planned (labels as label() spells them): the close runners-up with evict-first B
-# at the two 128-row shapes short of their targets, unsplit 64 x 64 at the long-K 64-row shape, and the widest tiles
+# at the two 128-row shapes short of their targets (and 64 x 64 tiles in pairs multicasting B), unsplit 64 x 64 at the long-K 64-row shape, and the widest tiles
 # at the short-K 64-row shape.
 PLANNED = {
-    (128, 4096, 7168): ("128x80/2pces7", "64x128/2pces8", "128x64/2pes8", "128x96/3pes7", "64x64/1pes13"),
+    (128, 4096, 7168): ("128x80/2pces7", "64x128/2pces8", "128x64/2pes8", "128x96/3pes7", "64x64/1pes13",
+                        "64x64/1pe+bs13", "64x64/1p+bs13"),
     (128, 32768, 512): ("128x144/1es5", "128x160/1es5", "128x96/1poes7", "128x192/1es4", "128x128/1poes5",
                         "64x128/1pes4"),
     (64, 7168, 16384): ("64x64/1pes8",),

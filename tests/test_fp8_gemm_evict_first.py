@@ -32,6 +32,7 @@ def test_config_label_and_template_argument():
 def test_rejects_illegal_configs():
     with pytest.raises(ValueError, match="evict-first B"):
         heuristics.make_config(128, 128, 2, True, 2, evict_first_b=True)
+    assert heuristics.make_config(64, 64, 2, False, 2, evict_first_b=True).evict_first_b  # multicast on B
     with pytest.raises(ValueError, match="evict-first B"):
         heuristics.make_config(128, 128, 1, False, 4, evict_first_b=True, operands="fp8_channel_scaled")
 
@@ -40,7 +41,9 @@ def test_override_sets_it_and_multicast_drops_it():
     pick = heuristics.make_config(64, 64, 1, False, 2, evict_first_b=True)
     assert gemm.apply_config_override(pick, {"block_n": 96}, 2, 7168).evict_first_b
     assert not gemm.apply_config_override(pick, {"evict_first_b": 0}, 2, 7168).evict_first_b
-    assert not gemm.apply_config_override(pick, {"block_m": 128, "multicast": 2}, 2, 7168).evict_first_b
+    assert not gemm.apply_config_override(pick, {"block_m": 128, "multicast": 2, "multicast_on_a": 1}, 2,
+                                          7168).evict_first_b
+    assert gemm.apply_config_override(pick, {"multicast": 2}, 2, 7168).evict_first_b  # on B
     plain = heuristics.make_config(64, 64, 1, False, 2)
     assert gemm.apply_config_override(plain, gemm.parse_config_override("evict_first_b=1"), 2, 7168).evict_first_b
 
@@ -64,12 +67,16 @@ def _product(config, a, b, m: int, n: int, c: torch.Tensor = None) -> torch.Tens
     (17, 7168, 16384, 64, 112, 2, True, True),      # partial M tile, splits in a cluster, FP32 D accumulated
     (128, 4096, 7168, 64, 64, 1, False, False),     # two M blocks read every B line
     (64, 2112, 7040, 64, 64, 4, False, False),      # workspace split-K, the last K block zero-filled
+    (128, 4096, 7168, 64, 64, 1, False, "multicast"),  # pairs of M blocks multicasting B
+    (192, 4096, 7168, 64, 64, 1, False, "multicast"),  # an odd M block: its tiles load B alone
 ])
 def test_matches_reference_and_twin(m, n, k, block_m, block_n, splits, in_cluster, accumulate):
+    multicast = 2 if accumulate == "multicast" else 1
+    accumulate = accumulate is True
     out_bytes = 4 if accumulate else 2
-    twin = heuristics.make_config(block_m, block_n, 1, False, out_bytes, num_splits=splits,
+    twin = heuristics.make_config(block_m, block_n, multicast, False, out_bytes, num_splits=splits,
                                   splits_in_cluster=in_cluster)
-    config = heuristics.make_config(block_m, block_n, 1, False, out_bytes, num_splits=splits,
+    config = heuristics.make_config(block_m, block_n, multicast, False, out_bytes, num_splits=splits,
                                     splits_in_cluster=in_cluster, evict_first_b=True)
     a, b = make_gemm_inputs(m, n, k)
     expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))

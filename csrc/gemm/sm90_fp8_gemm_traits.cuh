@@ -147,8 +147,9 @@ struct Sm90Fp8GemmTraits {
     // the others' partial sums from their shared memory (epilogue/sm90_fp8_gemm_epilogue.cuh), no global workspace.
     static constexpr bool kSplitsInCluster = kSplitsInCluster_;
     static constexpr uint32_t kClusterSize = kSplitsInCluster ? kNumSplits_ : kNumTMAMulticast_;
-    // B's boxes load with an L2 evict-first policy (a decode GEMM whose B is read once: one M block), so that B's lines,
-    // not lines other data still needs, make room in L2 for the lines that follow.
+    // B's boxes load with an L2 evict-first policy (a decode GEMM whose B is read once: one M block, or a pair of M
+    // blocks multicasting it), so that B's lines, not lines other data still needs, make room in L2 for the lines that
+    // follow.
     static constexpr bool kEvictFirstB = kEvictFirstB_;
 
     // Kind
@@ -348,6 +349,9 @@ struct Sm90Fp8GemmTraits {
                      "operands, no split-K, no epilogue overlap (the other warpgroup's turn overlaps the epilogue)");
     DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
     DK_STATIC_ASSERT(kSmemBytes <= kMaxSmemBytes, "stages fit in shared memory");
+    DK_STATIC_ASSERT(!kEvictFirstB || (kOperands == GemmOperands::Fp8BlockScaled && kGemmType == GemmType::Normal &&
+                                       (kNumTMAMulticast == 1 || !kIsMulticastOnA)),
+                     "evict-first B: the Normal kind with block-scaled FP8 operands, no multicast or multicast on B");
 };
 
 }  // namespace sm90_fp8_gemm_detail

@@ -105,7 +105,13 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
             } else {
                 load_box<kGemmType>(smem_a, tmap_a, full_barrier, k, a_row, tile.group_idx);
                 if constexpr (Traits::kEvictFirstB) {
-                    ptx::tma_load_with_policy(smem_b, tmap_b, full_barrier, k, b_row, read_once_policy);
+                    // NOTE: with multicast on B the leader's one load feeds both CTAs of the pair.
+                    constexpr uint16_t kBothCTAs = 0b11;
+                    if (!multicast)
+                        ptx::tma_load_with_policy(smem_b, tmap_b, full_barrier, k, b_row, read_once_policy);
+                    else if (scheduler.cta_rank == 0)
+                        ptx::tma_load_multicast_with_policy(smem_b, tmap_b, full_barrier, kBothCTAs, k, b_row,
+                                                            read_once_policy);
                 } else if constexpr (kHintedB) {
                     if (scheduler.group_num_m_blocks == 1)
                         ptx::tma_load_with_policy(smem_b, tmap_b, full_barrier, k, b_row, read_once_policy);

@@ -85,8 +85,8 @@
 // kNumMathThreads; cluster {kNumTMAMulticast, 1, 1}; dynamic shared memory = heuristics' smem_bytes.
 // kSplitsInCluster: grid = tiles x kNumSplits (at most the SM count), cluster {kNumSplits, 1, 1}, num_unsplit_tiles 0;
 // split_workspace and split_tickets unused.
-// kEvictFirstB (Fp8BlockScaled, Normal kind, no multicast): B's boxes load with an L2 evict-first policy (decode: one M
-// block reads each B line once).
+// kEvictFirstB (Fp8BlockScaled, Normal kind, no multicast or multicast on B): B's boxes load with an L2 evict-first
+// policy (decode: one M block, or one pair multicasting B, reads each B line once).
 #pragma once
 
 #include <cuda.h>

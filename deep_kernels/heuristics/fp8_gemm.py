@@ -220,8 +220,9 @@ class Fp8GemmConfig:
     # splits' partial sums from their shared memory instead of a global workspace; every tile split, one job per CTA
     # (tiles x num_splits <= SMs: has_splits_in_cluster).
     splits_in_cluster: bool = False
-    # B's boxes load with an L2 evict-first policy (the kernel's kEvictFirstB; dense block-scaled, no multicast): where
-    # one M block reads every line of B once (decode), B's lines make room for the lines that follow.
+    # B's boxes load with an L2 evict-first policy (the kernel's kEvictFirstB; dense block-scaled, no multicast or
+    # multicast on B): where one M block (or one pair multicasting B) reads every line of B once (decode), B's lines make
+    # room for the lines that follow.
     evict_first_b: bool = False
 
     @property
@@ -798,8 +799,8 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                                   operands == "fp8_block_scaled"):
         raise ValueError("splits in a cluster need 2..8 splits, num_tma_multicast == 1, block_m <= 128 and "
                          "block-scaled operands")
-    if evict_first_b and not (num_tma_multicast == 1 and operands == "fp8_block_scaled"):
-        raise ValueError("evict-first B needs num_tma_multicast == 1 and block-scaled operands")
+    if evict_first_b and not ((num_tma_multicast == 1 or not multicast_on_a) and operands == "fp8_block_scaled"):
+        raise ValueError("evict-first B needs no multicast (or multicast on B) and block-scaled operands")
     if ping_pong and (pipelined or not can_ping_pong(block_m, False) or
                       operands not in ("fp8_block_scaled",) + CHANNEL_SCALED_OPERANDS):
         raise ValueError("the ping-pong schedule needs block_m 128 or 256, the plain K loop (pipelined=False) and "
