@@ -115,8 +115,14 @@ def test_model_takes_it_at_decode_only():
                    if c.num_tma_multicast == 2)
     # Two M blocks: only where every job runs in the first wave (the two readers of a B line at once).
     one_wave = heuristics.make_config(64, 64, 1, False, 2)
-    assert heuristics.takes_evict_first_b(one_wave, 128, 4096, NUM_SMS)
-    assert not heuristics.takes_evict_first_b(one_wave, 128, 32768, NUM_SMS)
-    assert not heuristics.takes_evict_first_b(one_wave, 192, 4096, NUM_SMS)
+    assert heuristics.takes_evict_first_b(one_wave, 128, 4096, 7168, NUM_SMS)
+    assert not heuristics.takes_evict_first_b(one_wave, 128, 32768, 7168, NUM_SMS)
+    assert not heuristics.takes_evict_first_b(one_wave, 192, 4096, 7168, NUM_SMS)
+    # B at least EVICT_FIRST_MIN_B_OVER_D times D: not at 128x32768x512 (B twice D), nor with FP32 D accumulated at
+    # 64x32768x512 (D read and written: B twice D).
+    assert not heuristics.get_fp8_gemm_config(128, 32768, 512, NUM_SMS, allow_split_k=True).evict_first_b
+    assert heuristics.get_fp8_gemm_config(64, 32768, 512, NUM_SMS, allow_split_k=True).evict_first_b
+    assert not heuristics.get_fp8_gemm_config(64, 32768, 512, NUM_SMS, out_dtype_bytes=4, with_accumulation=True,
+                                              allow_split_k=True).evict_first_b
     # Not for the grouped kinds (no k given).
     assert not any(c.evict_first_b for c in heuristics.candidate_configs(64, 4096, NUM_SMS))

@@ -122,14 +122,16 @@ MAX_DENSE_STAGES_64_ROWS = 8
 # us, 128x128 at 128x32768x512 10.66 -> 10.29 us).
 MIN_TILES_PER_CTA_FOR_OVERLAP = 3
 # Dense block-scaled unicast tiles of decode GEMMs (M at most EVICT_FIRST_MAX_M, the rows measured) load B evict-first
-# (Fp8GemmConfig.evict_first_b) where each B line's readers run at once: one M block, or at most
-# EVICT_FIRST_MAX_M_BLOCKS with every tile in one wave. On the H200 (2026-12-02, the
-# 12 decode shapes, L2 flushed before each run, timed in turns with the same configs without it) it ran 1.004-1.122x
-# faster on every one of 17 configs (median 1.04; 64x64 tiles at 128x4096x7168, two M blocks: 1.07), as B's lines,
-# rather than the dirty lines that other work left in L2, make room for the lines that follow. The estimate of such a
-# config is scaled by EVICT_FIRST_B_FACTOR.
+# (Fp8GemmConfig.evict_first_b) where each B line's readers run at once (one M block, or at most
+# EVICT_FIRST_MAX_M_BLOCKS with every tile in one wave) and B's bytes are at least EVICT_FIRST_MIN_B_OVER_D times D's
+# (D read and written with accumulation). On the H200 (2026-12-02, the 12 decode shapes, L2 flushed before each run,
+# timed in turns with the same configs without it, two runs) it ran 1.004-1.122x faster on every config of 11 shapes
+# (median 1.04; 64x64 tiles at 128x4096x7168, two M blocks: 1.07), as B's lines, rather than the dirty lines that other
+# work left in L2, make room for the lines that follow; at 128x32768x512 (B twice D) 1.006x and 0.989x. The estimate
+# of such a config is scaled by EVICT_FIRST_B_FACTOR.
 EVICT_FIRST_MAX_M = 128
 EVICT_FIRST_MAX_M_BLOCKS = 2
+EVICT_FIRST_MIN_B_OVER_D = 4
 EVICT_FIRST_B_FACTOR = 0.96
 # Time of a K block's math with the ping-pong schedule (the two math warpgroups take turns running their wgmma
 # groups, csrc/gemm/sm90_math_schedule.cuh) over the same tiles' lockstep plain K loop, by BLOCK_M; the candidates
@@ -554,7 +556,7 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                     )
                     if dense and block_m == 64 and m <= 64 and block_n >= 64:
                         config = with_stages(config, dense_stages_64_rows(stages, k, num_splits), out_dtype_bytes)
-                    if dense and takes_evict_first_b(config, m, n, num_sms):
+                    if dense and takes_evict_first_b(config, m, n, k, num_sms, out_dtype_bytes):
                         config = replace(config, evict_first_b=True)
                     yield config
                     # NOTE: after the workspace split of the same tiles (a tie keeps it).
@@ -576,12 +578,15 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                                 own_tiles=True)
 
 
-def takes_evict_first_b(config: Fp8GemmConfig, m: int, n: int, num_sms: int) -> bool:
-    """Whether a dense block-scaled config loads B evict-first (EVICT_FIRST_MAX_M, EVICT_FIRST_MAX_M_BLOCKS): unicast at
-    decode sizes, and one M block, or a few with every tile (job) in one wave, so that the M blocks sharing a B line read
-    it at about the same time."""
+def takes_evict_first_b(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int,
+                        out_dtype_bytes: int = 2) -> bool:
+    """Whether a dense block-scaled config loads B evict-first (EVICT_FIRST_MAX_M, EVICT_FIRST_MAX_M_BLOCKS,
+    EVICT_FIRST_MIN_B_OVER_D): unicast at decode sizes, B's bytes at least EVICT_FIRST_MIN_B_OVER_D times D's (FP32 D is
+    accumulated: read and written), and one M block, or a few with every tile (job) in one wave, so that the M blocks
+    sharing a B line read it at about the same time."""
     m_blocks = _ceil_div(m, config.block_m)
-    return config.num_tma_multicast == 1 and m <= EVICT_FIRST_MAX_M and (
+    d_bytes = m * (2 * out_dtype_bytes if out_dtype_bytes == 4 else out_dtype_bytes)
+    return config.num_tma_multicast == 1 and m <= EVICT_FIRST_MAX_M and k >= EVICT_FIRST_MIN_B_OVER_D * d_bytes and (
         m_blocks == 1 or (m_blocks <= EVICT_FIRST_MAX_M_BLOCKS and num_work_units(config, m, n, num_sms) <= num_sms))
 
 
