@@ -32,8 +32,9 @@ from deep_kernels.testing import calc_diff
 from deep_kernels.testing.bench import L2Flusher, time_kernels_us
 from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs, masked_problem
 
-# --dense: time the dense GEMM alongside (set in main).
+# --dense: time the dense GEMM alongside; --cached-only (set in main).
 DENSE_ALONGSIDE = False
+CACHED_ONLY = False
 CONFIG_PATTERN = re.compile(r"^(\d+)x(\d+)(?:/(\d+))?(o?)(?:\+([ab]))?$")
 
 
@@ -81,10 +82,15 @@ def is_cached(spec, identity) -> bool:
     return cache.read_entry(cache.entry_dir(spec.name, cache.cache_key(spec.render(), identity))) is not None
 
 
-def dense_takes(config) -> bool:
+def dense_spec(config, n: int, k: int):
+    return kernel_spec(config, n, k, torch.bfloat16, False)
+
+
+def dense_takes(config, n: int, k: int) -> bool:
     """Whether the contiguous sweep also times the dense GEMM with this config (the 256-row tiles: grouped against
-    dense on identical tiles)."""
-    return DENSE_ALONGSIDE and config.block_m == 256
+    dense on identical tiles; --cached-only: if its kernel is in the cache)."""
+    return DENSE_ALONGSIDE and config.block_m == 256 and (
+        not CACHED_ONLY or is_cached(dense_spec(config, n, k), compiler.compiler_identity(target_arch())))
 
 
 def benchmark_draws() -> dict:
@@ -125,7 +131,7 @@ def run_shape(kind, g, m, n, k, configs, flusher, draws):
             pick_diff = max(pick_diff, calc_diff(outputs[0][first:first + 256], rows_d))
     # Contiguous: the dense GEMM of the same rows (expert 0's weights) with each config that it takes, alongside.
     dense = [(config, gemm.forced_config_call(config, (a, sfa), (b[0], sfb[0]), d)) for config in configs
-             if kind == CONTIGUOUS and dense_takes(config)]
+             if kind == CONTIGUOUS and dense_takes(config, n, k)]
     times = time_kernels_us(calls + [call for _, call in dense], flusher, reps=10, warmup=3)
     flops = 2 * rows * n * k
     print(f"{kind[10:]} G={g} m={m} N={n} K={k} pick check calc_diff={pick_diff:.1e}")
@@ -145,14 +151,14 @@ def main() -> None:
     parser.add_argument("--dense", action="store_true", help="contiguous: also the dense GEMM with the 256-row configs")
     parser.add_argument("--num-sms", type=int, default=None)
     args = parser.parse_args()
-    global DENSE_ALONGSIDE
-    DENSE_ALONGSIDE = args.dense
+    global DENSE_ALONGSIDE, CACHED_ONLY
+    DENSE_ALONGSIDE, CACHED_ONLY = args.dense, args.cached_only
     num_sms = args.num_sms or get_num_sms()
     planned = plan(args.shapes, args.configs, num_sms)
     specs = [kernel_spec(config, n, k, torch.bfloat16, False, kind) for (kind, _, _, n, k), configs in planned
              for config in configs]
-    specs += [kernel_spec(config, n, k, torch.bfloat16, False) for (kind, _, _, n, k), configs in planned
-              for config in configs if kind == CONTIGUOUS and dense_takes(config)]
+    specs += [dense_spec(config, n, k) for (kind, _, _, n, k), configs in planned
+              for config in configs if kind == CONTIGUOUS and dense_takes(config, n, k)]
     if args.precompile_only:
         precompile(specs)
         return
