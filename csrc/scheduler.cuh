@@ -76,6 +76,8 @@ struct TileInfo {
     // KGrouped: the group's K blocks (the other kinds take their K range from the split).
     uint32_t k_block_begin;
     uint32_t num_k_blocks;
+    // MGroupedMasked: the tile's rows below masked_m (at most BLOCK_M; the others are never written).
+    uint32_t num_masked_rows;
 };
 
 template <GemmType kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumTMAMulticast,
@@ -117,6 +119,8 @@ struct Scheduler {
     uint32_t group_idx = 0;
     uint32_t group_first_unit = 0;
     uint32_t group_num_m_blocks = 0;
+    // MGroupedMasked: the current group's valid rows (masked_m clamped to [0, M_max]).
+    uint32_t group_num_rows = 0;
     // KGrouped: the current group's first K column and columns.
     uint32_t group_k_begin = 0;
     uint32_t group_k = 0;
@@ -131,8 +135,10 @@ struct Scheduler {
           num_clusters(gridDim.x / kClusterSize),
           odd_half_table(odd_half_table),
           next_unit_idx(blockIdx.x / kClusterSize) {
-        if constexpr (kGemmType == GemmType::MGroupedMasked)
-            group_num_m_blocks = num_groups > 0 ? masked_num_m_blocks(0) : 0;
+        if constexpr (kGemmType == GemmType::MGroupedMasked) {
+            group_num_rows = num_groups > 0 ? masked_num_rows(0) : 0;
+            group_num_m_blocks = ceil_div(group_num_rows, BLOCK_M);
+        }
         else if constexpr (kHalfBlockTiles)
             group_num_m_blocks = ceil_div(shape_m, kMBlockRows);
         else
@@ -197,6 +203,10 @@ struct Scheduler {
                 tile.k_block_begin = group_k_begin / kKBlock;
                 tile.num_k_blocks = group_k / kKBlock;
             }
+            if constexpr (kGemmType == GemmType::MGroupedMasked) {
+                const uint32_t first = tile.m_block_idx * BLOCK_M;
+                tile.num_masked_rows = group_num_rows > first ? min(group_num_rows - first, BLOCK_M) : 0;
+            }
             return true;
         }
     }
@@ -259,10 +269,6 @@ private:
         return clamp_masked_rows(__ldg(grouped_layout + group));
     }
 
-    DK_DEVICE uint32_t masked_num_m_blocks(uint32_t group) const {
-        return ceil_div(masked_num_rows(group), BLOCK_M);
-    }
-
     // M-units of a group: M-blocks, or pairs of them with multicast on B; contiguous 256-row tiles: one per
     // 128-row half (the halves' tiles that do not start a tile are skipped).
     DK_DEVICE uint32_t num_m_units(uint32_t num_m_blocks) const {
@@ -283,8 +289,10 @@ private:
         if constexpr (kGemmType == GemmType::MGroupedMasked) {
             while (group_idx < num_groups && unit_idx >= group_first_unit + num_units(group_num_m_blocks)) {
                 group_first_unit += num_units(group_num_m_blocks);
-                if (++group_idx < num_groups)
-                    group_num_m_blocks = masked_num_m_blocks(group_idx);
+                if (++group_idx < num_groups) {
+                    group_num_rows = masked_num_rows(group_idx);
+                    group_num_m_blocks = ceil_div(group_num_rows, BLOCK_M);
+                }
             }
             return group_idx < num_groups;
         } else if constexpr (kGemmType == GemmType::KGrouped) {

@@ -8,24 +8,28 @@ is always timed first. Every config's output is compared with the pick's (bitwis
 masked output with the float64 reference; contiguous picks are checked on their first and last 256 rows. --dense:
 the contiguous shapes also time the dense GEMM of the same rows with each 256-row config (identical tiles).
 --precompile-only compiles every kernel the run needs and exits (no GPU needed); --cached-only times only the configs
-whose kernels are already in the kernel cache.
+whose kernels are already in the kernel cache. --baseline DIR: also each config's kernel built from DIR/csrc (a copy of
+the tree at the commit to compare with, whose kernels DIR's own --precompile-only run put into the same kernel cache:
+set DK_JIT_CACHE_DIR for both), timed in the same turns, where that kernel is in the cache.
 """
 
 import argparse
 import random
 import re
+from pathlib import Path
 
 import torch
 
 from deep_kernels.device import get_num_sms
 from deep_kernels.benchmarks.grouped_gemm import MASKED_GROUPS, MASKED_NKS
+from deep_kernels import grouped_gemm
 from deep_kernels.grouped_gemm import CONTIGUOUS, MASKED, forced_config_call
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.heuristics import grouped_fp8_gemm as grouped_heuristics
 from deep_kernels import gemm
 from deep_kernels.gemm import kernel_spec
 from deep_kernels.device import target_arch
-from deep_kernels.jit import cache, compiler
+from deep_kernels.jit import cache, compiler, runtime
 from deep_kernels.jit.precompile import precompile
 from deep_kernels.reference import gemm as reference
 from deep_kernels.testing import calc_diff
@@ -82,6 +86,21 @@ def is_cached(spec, identity) -> bool:
     return cache.read_entry(cache.entry_dir(spec.name, cache.cache_key(spec.render(), identity))) is not None
 
 
+def baseline_call(kind: str, config, root: Path, a, sfa, b, sfb, d, layout, hint_m: int, m_rows: int):
+    """The grouped GEMM with `config` run by the kernel built from root/csrc (found in the kernel cache), or None."""
+    n, k = b.shape[1], b.shape[2]
+    spec = kernel_spec(config, n, k, torch.bfloat16, False, kind)
+    entry = cache.entry_dir(spec.name, cache.cache_key(spec.render(), compiler.compiler_identity(target_arch()),
+                                                      root / "csrc"))
+    binary = cache.read_entry(entry)
+    if binary is None:
+        return None
+    _, _, grid = grouped_gemm.plan_of(kind, config, hint_m, n, k, get_num_sms())
+    plan = (runtime.load_kernel(binary, spec, config.smem_bytes), config, grid)
+    launch = grouped_gemm._launch_contiguous if kind == CONTIGUOUS else grouped_gemm._launch_masked
+    return lambda: launch(plan, a, sfa, b, sfb, d, layout, m_rows, b.shape[0])
+
+
 def dense_spec(config, n: int, k: int):
     return kernel_spec(config, n, k, torch.bfloat16, False)
 
@@ -100,7 +119,7 @@ def benchmark_draws() -> dict:
             for g, expected_m in MASKED_GROUPS}
 
 
-def run_shape(kind, g, m, n, k, configs, flusher, draws):
+def run_shape(kind, g, m, n, k, configs, flusher, draws, baseline_root=None):
     if kind == CONTIGUOUS:
         (a, sfa), (b, sfb), m_indices, _ = make_contiguous_inputs([m] * g, n, k)
         d = torch.empty((g * m, n), device="cuda", dtype=torch.bfloat16)
@@ -111,6 +130,14 @@ def run_shape(kind, g, m, n, k, configs, flusher, draws):
         d = torch.empty((g, m_max, n), device="cuda", dtype=torch.bfloat16)
         rows = sum(masked_m)
     calls = [forced_config_call(kind, config, (a, sfa), (b, sfb), d, layout, hint) for config in configs]
+    labels = [label(config) for config in configs]
+    if baseline_root is not None:
+        hint_m, m_rows = (g * m, g * m) if kind == CONTIGUOUS else (hint, d.shape[1])
+        for config in configs:
+            call = baseline_call(kind, config, baseline_root, a, sfa, b, sfb, d, layout, hint_m, m_rows)
+            if call is not None:
+                calls.append(call)
+                labels.append("base " + label(config))
     outputs = []
     for call in calls:
         d.fill_(float("nan"))
@@ -135,11 +162,11 @@ def run_shape(kind, g, m, n, k, configs, flusher, draws):
     times = time_kernels_us(calls + [call for _, call in dense], flusher, reps=10, warmup=3)
     flops = 2 * rows * n * k
     print(f"{kind[10:]} G={g} m={m} N={n} K={k} pick check calc_diff={pick_diff:.1e}")
-    for config, out, us in zip(configs, outputs, times):
+    for name, out, us in zip(labels, outputs, times):
         same = "bitwise" if torch.equal(out, outputs[0]) else f"calc_diff={calc_diff(out, outputs[0]):.1e}"
-        print(f"  {label(config):22s} {us:9.2f} us {flops / us / 1e6:7.1f} TFLOPS  x{times[0] / us:.3f} of pick  {same}")
+        print(f"  {name:27s} {us:9.2f} us {flops / us / 1e6:7.1f} TFLOPS  x{times[0] / us:.3f} of pick  {same}")
     for (config, _), us in zip(dense, times[len(calls):]):
-        print(f"  dense {label(config):16s} {us:9.2f} us {flops / us / 1e6:7.1f} TFLOPS  x{times[0] / us:.3f} of pick")
+        print(f"  dense {label(config):21s} {us:9.2f} us {flops / us / 1e6:7.1f} TFLOPS  x{times[0] / us:.3f} of pick")
 
 
 def main() -> None:
@@ -149,6 +176,7 @@ def main() -> None:
     parser.add_argument("--precompile-only", action="store_true")
     parser.add_argument("--cached-only", action="store_true")
     parser.add_argument("--dense", action="store_true", help="contiguous: also the dense GEMM with the 256-row configs")
+    parser.add_argument("--baseline", type=Path, default=None, help="a tree whose kernels to time alongside")
     parser.add_argument("--num-sms", type=int, default=None)
     args = parser.parse_args()
     global DENSE_ALONGSIDE, CACHED_ONLY
@@ -171,7 +199,7 @@ def main() -> None:
     flusher = L2Flusher(torch.cuda.get_device_properties(0).L2_cache_size)
     draws = benchmark_draws()
     for (kind, g, m, n, k), configs in planned:
-        run_shape(kind, g, m, n, k, configs, flusher, draws)
+        run_shape(kind, g, m, n, k, configs, flusher, draws, args.baseline)
 
 
 if __name__ == "__main__":
