@@ -265,7 +265,7 @@ struct Sm90Fp8GemmTraits {
     }
     using TileScheduler =
         Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits, BLOCK_K,
-                  kSplitsInCluster>;
+                  kSplitsInCluster, kOperands == GemmOperands::Fp8BlockScaled>;
 
     // Static checks
     DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled || kOperands == GemmOperands::Fp8ChannelScaled ||
