@@ -605,9 +605,12 @@ def test_fused_plan_fits_one_block_per_sm_and_one_chunk_per_block(num_sms, monke
             tile = routing._fused_tile(num_tokens)
             if num_tokens * k > FUSED_MAX_SLOTS:
                 assert tokens_per_block is None
-            elif num_sms >= 114:  # every H100 / H200: all of FUSED_MAX_SLOTS takes the one launch
+            elif num_sms >= 114 and math.ceil(num_tokens / num_sms) <= routing._FUSED_MAX_BLOCK_TOKENS:
+                # every H100 / H200: all of FUSED_MAX_SLOTS takes the one launch, but for k = 1 above 255 tokens
+                # per SM (the blocks exchange one-byte counts)
                 assert tokens_per_block is not None, (num_tokens, k)
             if tokens_per_block is not None:
+                assert tokens_per_block <= routing._FUSED_MAX_BLOCK_TOKENS
                 assert math.ceil(num_tokens / tokens_per_block) <= num_sms
                 assert tokens_per_block * k <= tile.block_slots
                 # the fewest tokens per block: fewer would need more blocks than SMs

@@ -24,8 +24,75 @@
 
 namespace deep_kernels {
 
+// Bytes of one block's row of per-expert slot counts in block_counts: E one-byte counts (a block's count of an
+// expert is at most its tokens, which the host keeps below 256), rounded up to 16-byte vectors.
+template <int NUM_EXPERTS>
+constexpr uint32_t kBlockCountRowBytes = (NUM_EXPERTS + 15) / 16 * 16;
+
+// After the grid barrier, per expert: totals [kMaxMoeExperts] (0 past E) and earlier [E], the slots of blocks
+// before `block`, from the byte rows of block_counts [num_blocks] (written by other blocks during this launch: L2
+// loads). Warp w sums the 16-expert vectors w, w + kNumWarps, ... over the rows, lane l taking rows l, l + 32, ...;
+// each 32-bit word's even and odd bytes add up in 16-bit halves (a total is at most T < 65536), then a butterfly
+// over the lanes.
+template <int NUM_EXPERTS, int kNumWarps>
+DK_DEVICE void sum_block_byte_counts(const uint8_t* block_counts, uint32_t num_blocks, uint32_t block, int* totals,
+                                     int* earlier) {
+    constexpr uint32_t kRowBytes = kBlockCountRowBytes<NUM_EXPERTS>;
+    constexpr uint32_t kVectors = kRowBytes / 16, kBatch = 4;
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (uint32_t e = kRowBytes + threadIdx.x; e < kMaxMoeExperts; e += kNumWarps * 32)
+        totals[e] = 0;
+    for (uint32_t vector = warp; vector < kVectors; vector += kNumWarps) {
+        // [word][even bytes, odd bytes]: experts 4 word + {0, 2} and 4 word + {1, 3} in the low and high halves
+        uint32_t total[4][2] = {}, before[4][2] = {};
+        const auto* rows = reinterpret_cast<const int4*>(block_counts) + vector;
+        for (uint32_t first = lane; first < num_blocks; first += 32 * kBatch) {
+            int4 count[kBatch];
+            #pragma unroll
+            for (uint32_t b = 0; b < kBatch; ++b) {
+                const uint32_t row = first + 32 * b;
+                count[b] = row < num_blocks ? __ldcg(rows + row * kVectors) : make_int4(0, 0, 0, 0);
+            }
+            #pragma unroll
+            for (uint32_t b = 0; b < kBatch; ++b) {
+                const bool is_earlier = first + 32 * b < block;
+                const uint32_t words[4] = {static_cast<uint32_t>(count[b].x), static_cast<uint32_t>(count[b].y),
+                                           static_cast<uint32_t>(count[b].z), static_cast<uint32_t>(count[b].w)};
+                #pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    const uint32_t even = words[w] & 0x00ff00ffu, odd = (words[w] >> 8) & 0x00ff00ffu;
+                    total[w][0] += even, total[w][1] += odd;
+                    before[w][0] += is_earlier ? even : 0u, before[w][1] += is_earlier ? odd : 0u;
+                }
+            }
+        }
+        #pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            #pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                #pragma unroll
+                for (int offset = 16; offset > 0; offset /= 2) {
+                    total[w][half] += __shfl_xor_sync(kFullWarpMask, total[w][half], offset);
+                    before[w][half] += __shfl_xor_sync(kFullWarpMask, before[w][half], offset);
+                }
+            }
+        }
+        if (lane == 0) {
+            #pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                #pragma unroll
+                for (int byte = 0; byte < 4; ++byte) {
+                    const uint32_t expert = vector * 16 + 4 * w + byte, shift = 16 * (byte / 2);
+                    totals[expert] = static_cast<int>((total[w][byte % 2] >> shift) & 0xffffu);
+                    earlier[expert] = static_cast<int>((before[w][byte % 2] >> shift) & 0xffffu);
+                }
+            }
+        }
+    }
+}
+
 template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps, int kSlotsPerThread,
-          int kAlignment, int kTokensPerWarp>
+          int kAlignment, int kTokensPerWarp, int kProbe = 0>
 __global__ void __launch_bounds__(kNumWarps * 32, 1)
 smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
                            int* __restrict__ indices, int* __restrict__ counts, int* __restrict__ num_rows,
@@ -39,10 +106,8 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     constexpr int CHUNK_SLOTS = kNumThreads * kSlotsPerThread;
     DK_STATIC_ASSERT(NUM_EXPERTS <= kMaxMoeExperts, "per-expert tables hold kMaxMoeExperts");
     DK_STATIC_ASSERT(CHUNK_SLOTS <= 65535, "a warp's rank within a chunk fits in 16 bits");
-    DK_STATIC_ASSERT(kNumThreads * 4 >= kMaxMoeExperts, "sum_block_counts: a group of threads spans a row");
     __shared__ int smem_experts[CHUNK_SLOTS];
     __shared__ uint16_t smem_warp_base[kNumWarps][kMaxMoeExperts];
-    __shared__ __align__(16) int smem_partial[2 * 4 * kNumThreads];
     __shared__ __align__(16) int smem_total[kMaxMoeExperts];
     __shared__ __align__(16) int smem_offset[kMaxMoeExperts + 1];
     __shared__ int smem_earlier[kMaxMoeExperts];
@@ -80,9 +145,11 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
 
     // The block's share of the -1 fill: stores issued first complete while the gate computes, so the
     // fence before the grid barrier finds them done. Blocks past the tokens only fill.
+    if constexpr (!(kProbe & 16))
     fill_layout_padding<kNumThreads>(m_indices, row_to_slot, masked_slots, max_rows, NUM_EXPERTS * max_tokens,
                                      blockIdx.x, gridDim.x);
     if (blockIdx.x >= token_blocks) {
+        if constexpr (!(kProbe & 4))
         grid_barrier_arrive(barrier);
         return;
     }
@@ -101,8 +168,14 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
             rows[t] = logits + static_cast<uint64_t>(min(token, num_tokens - 1)) * logits_row_stride;
         }
         GateChoice choices[kTokensPerWarp];
+        if constexpr (kProbe & 1) {
+            #pragma unroll
+            for (int t = 0; t < kTokensPerWarp; ++t)
+                choices[t] = {1.0f, static_cast<int>((first_token + first_in_block + t * kNumWarps) * 7 + lane * 37) % NUM_EXPERTS};
+        } else {
         warp_topk_gates<InT, NUM_EXPERTS, NUM_GROUPS, kScoring, kTokensPerWarp>(
             rows, bias, top_k, topk_groups, renormalize, scaling_factor, choices);
+        }
         #pragma unroll
         for (int t = 0; t < kTokensPerWarp; ++t) {
             const uint32_t token_in_block = first_in_block + t * kNumWarps;
@@ -127,16 +200,35 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     }
     warp_count_tiles(experts, smem_warp_base[warp]);
     __syncthreads();
+    if constexpr (kProbe & 32) {
     constexpr uint32_t kRowStride = (NUM_EXPERTS + 3) / 4 * 4;
     for (uint32_t e = threadIdx.x; e < kRowStride; e += kNumThreads)
         block_counts[blockIdx.x * kRowStride + e] =
             e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0;
+    } else {
+    constexpr uint32_t kRowBytes = kBlockCountRowBytes<NUM_EXPERTS>;
+    auto* count_bytes = reinterpret_cast<uint8_t*>(block_counts);
+    for (uint32_t e = threadIdx.x; e < kRowBytes; e += kNumThreads)
+        count_bytes[blockIdx.x * kRowBytes + e] =
+            e < NUM_EXPERTS ? static_cast<uint8_t>(scan_warp_counts<kNumWarps>(smem_warp_base, e, true)) : 0;
+    }
 
+    if constexpr (!(kProbe & 4))
     grid_barrier_sync(barrier);
+    else __syncthreads();
 
     // Per expert: the total and the slots of earlier blocks; the segment offsets
+    if constexpr (kProbe & 2) {
+        for (uint32_t e = threadIdx.x; e < kMaxMoeExperts; e += kNumThreads)
+            smem_total[e] = 0, smem_earlier[e] = 0;
+    } else if constexpr (kProbe & 32) {
+    __shared__ __align__(16) int smem_partial[2 * 4 * kNumThreads];
     sum_block_counts<kNumThreads>(block_counts, token_blocks, blockIdx.x, NUM_EXPERTS, smem_partial, smem_total,
                                   smem_earlier);
+    } else {
+    sum_block_byte_counts<NUM_EXPERTS, kNumWarps>(reinterpret_cast<const uint8_t*>(block_counts), token_blocks,
+                                                  blockIdx.x, smem_total, smem_earlier);
+    }
     __syncthreads();
     if (warp == 0)
         warp_segment_offsets<kAlignment>(smem_total, smem_offset);
@@ -147,6 +239,7 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     // The rows of the block's slots (the gate routes every slot: none is dropped)
     const uint32_t first_slot = first_token * top_k;
     const auto slot_of = [first_slot](uint32_t position) { return first_slot + position; };
+    if constexpr (!(kProbe & 8))
     warp_scatter_tiles(experts, 0, block_slots, slot_of, smem_warp_base[warp], smem_earlier, smem_offset, m_indices,
                        row_to_slot, slot_to_row, masked_slots, max_tokens);
 }

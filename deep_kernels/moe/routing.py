@@ -53,6 +53,9 @@ _FUSED_TILE = FusedTile(16, 2, 2)
 _FUSED_FEW_TOKENS_PER_WARP = 2
 # A block gates at least this many tokens, spread over the SMs above that.
 _FUSED_MIN_BLOCK_TOKENS = 8
+# The blocks exchange their per-expert counts as bytes, summed in 16-bit halves.
+_FUSED_MAX_BLOCK_TOKENS = 255
+_FUSED_MAX_TOKENS = 65535
 
 
 def _fused_tile(num_tokens: int) -> FusedTile:
@@ -67,7 +70,7 @@ def _fused_tile(num_tokens: int) -> FusedTile:
 TOPK_GATE_LAYOUT = KernelDef(
     "kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
     template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment",
-              "kTokensPerWarp"),
+              "kTokensPerWarp", "kProbe"),
     params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
             Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
             Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR), Param("block_counts", PTR),
@@ -77,11 +80,12 @@ TOPK_GATE_LAYOUT = KernelDef(
     threads=lambda t: t["kNumWarps"] * 32, cooperative=True)
 
 
-def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str, tile: FusedTile) -> KernelSpec:
+def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str, tile: FusedTile,
+                probe: int = 0) -> KernelSpec:
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
                                  kScoring=scoring_cpp(scoring), kNumWarps=tile.warps,
                                  kSlotsPerThread=tile.slots_per_thread, kAlignment=CONTIGUOUS_ALIGNMENT,
-                                 kTokensPerWarp=tile.tokens_per_warp)
+                                 kTokensPerWarp=tile.tokens_per_warp, kProbe=probe)
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,6 +99,8 @@ def _fused_tokens_per_block(num_tokens: int, k: int):
     tile = _fused_tile(num_tokens)
     tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, get_num_sms()))
     if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_block * k > tile.block_slots:
+        return None
+    if tokens_per_block > _FUSED_MAX_BLOCK_TOKENS or num_tokens > _FUSED_MAX_TOKENS:
         return None
     return tokens_per_block
 
