@@ -657,6 +657,30 @@ def test_moe_layout_grid_barrier_across_grid_sizes(num_sms, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_topk_gate_with_layout_full_one_byte_counts(monkeypatch):
+    # Every row the same: each block's count of its k experts is all its 255 tokens, the most the blocks' one-byte
+    # counts hold (one token more per block takes the two-stage path). Outputs poisoned, written through out=.
+    from deep_kernels import device
+    from deep_kernels.moe import routing
+
+    monkeypatch.setattr(device, "_num_sms_override", 3)
+    most = routing._FUSED_MAX_BLOCK_TOKENS
+    assert routing._fused_tokens_per_block(3 * most, 4) == most
+    assert routing._fused_tokens_per_block(3 * most + 3, 4) is None
+    logits = torch.randn((1, 256), device="cuda").expand(3 * most, 256).contiguous()
+    kwargs = dict(scoring="sigmoid", num_groups=8, topk_groups=4, max_tokens=2 * most)
+    out = deep_kernels.topk_gate_with_layout(logits, 4, **kwargs)
+    for t in (out[0], out[1], *(getattr(out[2], name) for name in LAYOUT_FIELDS)):
+        _poison_output(t)
+    deep_kernels.topk_gate_with_layout(logits, 4, out=out, **kwargs)
+    weights_ref, indices_ref, layout_ref = reference.topk_gate_with_layout(logits, 4, **kwargs)
+    assert_bitwise_equal(out[0], weights_ref, "weights")
+    assert_bitwise_equal(out[1], indices_ref, "indices")
+    _check_layouts_equal(out[2], layout_ref)
+    assert sorted(layout_ref.counts.unique().tolist()) == [0, 3 * most]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens", [128, 4001])  # the one-launch and the two-stage path
 def test_topk_gate_with_layout_graph_replays_new_inputs(num_tokens):
     kwargs = dict(scoring="sigmoid", num_groups=8, topk_groups=4, max_tokens=num_tokens // 8)

@@ -91,6 +91,69 @@ DK_DEVICE void sum_block_byte_counts(const uint8_t* block_counts, uint32_t num_b
     }
 }
 
+// The same sums with each thread on one vector: thread t sums vector t % kVectors over rows t / kVectors, t / kVectors
+// + kNumThreads / kVectors, ...; the lanes of a warp on one vector combine by shuffles, the warps in shared memory
+// (partial [kNumWarps][kVectors][16] words).
+template <int NUM_EXPERTS, int kNumWarps>
+DK_DEVICE void sum_block_byte_counts_by_vector(const uint8_t* block_counts, uint32_t num_blocks, uint32_t block,
+                                               uint32_t* partial, int* totals, int* earlier) {
+    constexpr uint32_t kRowBytes = kBlockCountRowBytes<NUM_EXPERTS>;
+    constexpr uint32_t kVectors = kRowBytes / 16, kBatch = 4, kNumThreads = kNumWarps * 32;
+    DK_STATIC_ASSERT(32 % kVectors == 0, "a warp holds whole groups of vectors");
+    constexpr uint32_t kGroups = kNumThreads / kVectors;
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t vector = threadIdx.x % kVectors, group = threadIdx.x / kVectors;
+    uint32_t sums[2][4][2] = {};  // [total, before][word][even, odd bytes]
+    const auto* rows = reinterpret_cast<const int4*>(block_counts) + vector;
+    for (uint32_t first = group; first < num_blocks; first += kGroups * kBatch) {
+        int4 count[kBatch];
+        #pragma unroll
+        for (uint32_t b = 0; b < kBatch; ++b) {
+            const uint32_t row = first + kGroups * b;
+            count[b] = row < num_blocks ? __ldcg(rows + row * kVectors) : make_int4(0, 0, 0, 0);
+        }
+        #pragma unroll
+        for (uint32_t b = 0; b < kBatch; ++b) {
+            const bool is_earlier = first + kGroups * b < block;
+            const uint32_t words[4] = {static_cast<uint32_t>(count[b].x), static_cast<uint32_t>(count[b].y),
+                                       static_cast<uint32_t>(count[b].z), static_cast<uint32_t>(count[b].w)};
+            #pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const uint32_t even = words[w] & 0x00ff00ffu, odd = (words[w] >> 8) & 0x00ff00ffu;
+                sums[0][w][0] += even, sums[0][w][1] += odd;
+                sums[1][w][0] += is_earlier ? even : 0u, sums[1][w][1] += is_earlier ? odd : 0u;
+            }
+        }
+    }
+    #pragma unroll
+    for (uint32_t offset = kVectors; offset < 32; offset *= 2) {
+        #pragma unroll
+        for (int i = 0; i < 16; ++i)
+            (&sums[0][0][0])[i] += __shfl_xor_sync(kFullWarpMask, (&sums[0][0][0])[i], offset);
+    }
+    if (lane < kVectors) {
+        #pragma unroll
+        for (int i = 0; i < 16; ++i)
+            partial[(warp * kVectors + vector) * 16 + i] = (&sums[0][0][0])[i];
+    }
+    __syncthreads();
+    for (uint32_t e = threadIdx.x; e < kMaxMoeExperts; e += kNumThreads) {
+        if (e >= kRowBytes) {
+            totals[e] = 0;
+            continue;
+        }
+        const uint32_t v = e / 16, w = e % 16 / 4, half = e % 2, shift = 16 * (e % 4 / 2);
+        uint32_t total = 0, before = 0;
+        #pragma unroll
+        for (int u = 0; u < kNumWarps; ++u) {
+            total += partial[(u * kVectors + v) * 16 + w * 2 + half];
+            before += partial[(u * kVectors + v) * 16 + 8 + w * 2 + half];
+        }
+        totals[e] = static_cast<int>((total >> shift) & 0xffffu);
+        earlier[e] = static_cast<int>((before >> shift) & 0xffffu);
+    }
+}
+
 template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps, int kSlotsPerThread,
           int kAlignment, int kTokensPerWarp, int kProbe = 0>
 __global__ void __launch_bounds__(kNumWarps * 32, 1)
@@ -122,7 +185,7 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     // (the gate's scores had waited 3 us for their loads).
     const uint32_t first_token = blockIdx.x * tokens_per_block;
     const uint32_t token_blocks = (num_tokens + tokens_per_block - 1) / tokens_per_block;
-    {
+    if constexpr (!(kProbe & 64)) {
         constexpr uint32_t kLineBytes = 128, kPrefetchLanes = 16;
         const auto* row = reinterpret_cast<const uint8_t*>(
             logits + static_cast<uint64_t>(min(first_token + warp, num_tokens - 1)) * logits_row_stride);
@@ -182,8 +245,10 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
             const uint32_t token = first_token + token_in_block;
             if (token_in_block < tokens_per_block && token < num_tokens && lane < top_k) {
                 const uint64_t offset = static_cast<uint64_t>(token) * top_k + lane;
+                if constexpr (!(kProbe & 128)) {
                 weights[offset] = choices[t].weight;
                 indices[offset] = choices[t].expert;
+                }
                 smem_experts[token_in_block * top_k + lane] = choices[t].expert;
             }
         }
@@ -225,6 +290,11 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     __shared__ __align__(16) int smem_partial[2 * 4 * kNumThreads];
     sum_block_counts<kNumThreads>(block_counts, token_blocks, blockIdx.x, NUM_EXPERTS, smem_partial, smem_total,
                                   smem_earlier);
+    } else if constexpr (kProbe & 256) {
+    __shared__ uint32_t smem_vector_partial[kNumWarps * kBlockCountRowBytes<NUM_EXPERTS> / 16 * 16];
+    sum_block_byte_counts_by_vector<NUM_EXPERTS, kNumWarps>(reinterpret_cast<const uint8_t*>(block_counts),
+                                                            token_blocks, blockIdx.x, smem_vector_partial, smem_total,
+                                                            smem_earlier);
     } else {
     sum_block_byte_counts<NUM_EXPERTS, kNumWarps>(reinterpret_cast<const uint8_t*>(block_counts), token_blocks,
                                                   blockIdx.x, smem_total, smem_earlier);
