@@ -154,6 +154,19 @@ DK_DEVICE void sum_block_byte_counts_by_vector(const uint8_t* block_counts, uint
     }
 }
 
+// grid_barrier_arrive with one gpu-scope fence, by thread 0 after the CTA barrier (the CTA barrier orders the other
+// threads' writes before it).
+DK_DEVICE uint32_t grid_barrier_arrive_one_fence(uint32_t* counter) {
+    constexpr uint32_t kFlipBit = 0x80000000u;
+    __syncthreads();
+    uint32_t before = 0;
+    if (threadIdx.x == 0) {
+        ptx::fence_acq_rel_gpu();
+        before = ptx::atomic_add_acq_rel_gpu(counter, blockIdx.x == 0 ? kFlipBit - (gridDim.x - 1) : 1u);
+    }
+    return before;
+}
+
 template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps, int kSlotsPerThread,
           int kAlignment, int kTokensPerWarp, int kProbe = 0>
 __global__ void __launch_bounds__(kNumWarps * 32, 1)
@@ -212,7 +225,9 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     fill_layout_padding<kNumThreads>(m_indices, row_to_slot, masked_slots, max_rows, NUM_EXPERTS * max_tokens,
                                      blockIdx.x, gridDim.x);
     if (blockIdx.x >= token_blocks) {
-        if constexpr (!(kProbe & 4))
+        if constexpr (kProbe & 512)
+        grid_barrier_arrive_one_fence(barrier);
+        else if constexpr (!(kProbe & 4))
         grid_barrier_arrive(barrier);
         return;
     }
@@ -278,7 +293,9 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
             e < NUM_EXPERTS ? static_cast<uint8_t>(scan_warp_counts<kNumWarps>(smem_warp_base, e, true)) : 0;
     }
 
-    if constexpr (!(kProbe & 4))
+    if constexpr (kProbe & 512)
+    grid_barrier_wait(barrier, grid_barrier_arrive_one_fence(barrier));
+    else if constexpr (!(kProbe & 4))
     grid_barrier_sync(barrier);
     else __syncthreads();
 
