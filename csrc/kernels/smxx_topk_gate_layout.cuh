@@ -167,6 +167,12 @@ DK_DEVICE uint32_t grid_barrier_arrive_one_fence(uint32_t* counter) {
     return before;
 }
 
+DK_DEVICE uint64_t probe_globaltimer() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
 template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps, int kSlotsPerThread,
           int kAlignment, int kTokensPerWarp, int kProbe = 0>
 __global__ void __launch_bounds__(kNumWarps * 32, 1)
@@ -188,6 +194,16 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     __shared__ __align__(16) int smem_offset[kMaxMoeExperts + 1];
     __shared__ int smem_earlier[kMaxMoeExperts];
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    long long stamp[8] = {};
+    uint64_t start_ns = 0;
+    const auto stamp_at = [&](int i) {
+        if constexpr ((kProbe & 1024) != 0) {
+            if (i == 0)
+                start_ns = probe_globaltimer();
+            stamp[i] = clock64();
+        }
+    };
+    stamp_at(0);
 
     // NOTE: the counter's line is in L2 by the time the grid barrier's atomic takes it (after an L2 flush
     // the atomic would otherwise wait for a DRAM read on the critical path).
@@ -233,6 +249,7 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     }
     for (uint32_t e = lane; e < NUM_EXPERTS; e += 32)
         smem_warp_base[warp][e] = 0;
+    stamp_at(1);
 
     // Gate: kTokensPerWarp tokens per warp at a time (warp w: tokens w, w + kNumWarps, ... of the block's)
     // NOTE: warps past the last token gate it again and store nothing: a branch around the gate would make
@@ -269,6 +286,7 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
         }
     }
     __syncthreads();
+    stamp_at(2);
 
     // Count the block's slots per warp, then per expert an exclusive scan over the warps
     const uint32_t block_slots = min(tokens_per_block, num_tokens - first_token) * top_k;
@@ -293,12 +311,14 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
             e < NUM_EXPERTS ? static_cast<uint8_t>(scan_warp_counts<kNumWarps>(smem_warp_base, e, true)) : 0;
     }
 
+    stamp_at(3);
     if constexpr (kProbe & 512)
     grid_barrier_wait(barrier, grid_barrier_arrive_one_fence(barrier));
     else if constexpr (!(kProbe & 4))
     grid_barrier_sync(barrier);
     else __syncthreads();
 
+    stamp_at(4);
     // Per expert: the total and the slots of earlier blocks; the segment offsets
     if constexpr (kProbe & 2) {
         for (uint32_t e = threadIdx.x; e < kMaxMoeExperts; e += kNumThreads)
@@ -317,9 +337,11 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
                                                   blockIdx.x, smem_total, smem_earlier);
     }
     __syncthreads();
+    stamp_at(5);
     if (warp == 0)
         warp_segment_offsets<kAlignment>(smem_total, smem_offset);
     __syncthreads();
+    stamp_at(6);
     if (blockIdx.x == 0)
         write_expert_counts<kNumThreads>(smem_total, smem_offset, counts, num_rows, masked_m, NUM_EXPERTS, max_tokens);
 
@@ -329,6 +351,18 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     if constexpr (!(kProbe & 8))
     warp_scatter_tiles(experts, 0, block_slots, slot_of, smem_warp_base[warp], smem_earlier, smem_offset, m_indices,
                        row_to_slot, slot_to_row, masked_slots, max_tokens);
+    if constexpr (kProbe & 1024) {
+        __syncthreads();
+        stamp[7] = clock64();
+        const uint64_t end_ns = probe_globaltimer();
+        if (threadIdx.x == 0) {
+            auto* out = reinterpret_cast<uint32_t*>(weights) + blockIdx.x * 16;
+            for (int i = 1; i < 8; ++i)
+                out[i - 1] = static_cast<uint32_t>(stamp[i] - stamp[0]);
+            out[7] = static_cast<uint32_t>(start_ns), out[8] = static_cast<uint32_t>(end_ns);
+            out[9] = static_cast<uint32_t>(start_ns >> 32);
+        }
+    }
 }
 
 }  // namespace deep_kernels
