@@ -70,7 +70,7 @@ def _fused_tile(num_tokens: int) -> FusedTile:
 TOPK_GATE_LAYOUT = KernelDef(
     "kernels/smxx_topk_gate_layout.cuh", "smxx_topk_gate_layout_impl",
     template=("InT", "NUM_EXPERTS", "NUM_GROUPS", "kScoring", "kNumWarps", "kSlotsPerThread", "kAlignment",
-              "kTokensPerWarp", "kProbe"),
+              "kTokensPerWarp"),
     params=(Param("logits", PTR), Param("bias", PTR), Param("weights", PTR), Param("indices", PTR),
             Param("counts", PTR), Param("num_rows", PTR), Param("m_indices", PTR), Param("row_to_slot", PTR),
             Param("slot_to_row", PTR), Param("masked_slots", PTR), Param("masked_m", PTR), Param("block_counts", PTR),
@@ -80,12 +80,11 @@ TOPK_GATE_LAYOUT = KernelDef(
     threads=lambda t: t["kNumWarps"] * 32, cooperative=True)
 
 
-def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str, tile: FusedTile,
-                probe: int = 0) -> KernelSpec:
+def _fused_spec(dtype: torch.dtype, num_experts: int, num_groups: int, scoring: str, tile: FusedTile) -> KernelSpec:
     return TOPK_GATE_LAYOUT.spec(InT=dtype, NUM_EXPERTS=num_experts, NUM_GROUPS=num_groups,
                                  kScoring=scoring_cpp(scoring), kNumWarps=tile.warps,
                                  kSlotsPerThread=tile.slots_per_thread, kAlignment=CONTIGUOUS_ALIGNMENT,
-                                 kTokensPerWarp=tile.tokens_per_warp, kProbe=probe)
+                                 kTokensPerWarp=tile.tokens_per_warp)
 
 
 @functools.lru_cache(maxsize=None)
