@@ -5,8 +5,9 @@ with several tilings side by side, through the modules' own forced-config calls,
     python scripts/sweep_wgrad_gemm.py precompile [TILINGS]      # build them into the kernel cache
     python scripts/sweep_wgrad_gemm.py check OUT.json [TILINGS]  # every config's calc_diff against float64, determinism
     python scripts/sweep_wgrad_gemm.py time OUT.json [TILINGS [SHAPES]]  # every config and torch's BF16 matmul timed in turns
+    python scripts/sweep_wgrad_gemm.py run [TILINGS [SHAPES]]  # every config called three times (for a profiler)
 
-TILINGS: a comma-separated subset of the tiling names below (default: all); the pick always runs.
+TILINGS: a comma-separated subset of the tiling names below (default: all; "pick": none); the pick always runs.
 SHAPES: a comma-separated subset of the shapes, MxNxK (dense) or GxMxNxMEAN (k-grouped) (default: all).
 
 Candidates are not product: the API runs the heuristics' pick; this compares the pick with the alternatives.
@@ -191,11 +192,21 @@ def time(path: str) -> None:
     json.dump(rows, open(path, "w"), indent=1)
 
 
+def run() -> None:
+    for _, make, _ in _problems():
+        calls, _, _ = make()
+        for name, (call, _, label) in calls.items():
+            for _ in range(3):
+                call()
+            torch.cuda.synchronize()
+            print(name, label, flush=True)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     names = sys.argv[3 if mode in ("check", "time") else 2:]
     if names:
-        selected = set(names[0].split(","))
+        selected = set(names[0].split(",")) - {"pick"}
         unknown = selected - set(TILINGS)
         if unknown:
             raise SystemExit(f"unknown tilings {sorted(unknown)}; known: {sorted(TILINGS)}")
@@ -211,5 +222,7 @@ if __name__ == "__main__":
         check(sys.argv[2])
     elif mode == "time":
         time(sys.argv[2])
+    elif mode == "run":
+        run()
     else:
         raise SystemExit(__doc__)
