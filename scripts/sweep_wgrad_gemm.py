@@ -34,7 +34,8 @@ K_GROUPED_SHAPES = ((4, 4096, 7168, 4096), (8, 7168, 2048, 2048))
 # The shapes to run (main() narrows it from the command line): "x".join of a DENSE_SHAPES or K_GROUPED_SHAPES entry.
 selected_shapes = None
 # name -> (block_m, block_n, multicast, multicast_on_a, overlap_epilogue, ping_pong); "p": pipelined (wider than 128
-# columns: the pipelined halves), "t": the math warpgroups take turns (ping-pong).
+# columns: the pipelined halves), "t": the math warpgroups take turns (ping-pong); "/S": S stages (else as many as fit;
+# with fewer stages the whole FP32 tile may fit its staging, which the kernel then stores whole).
 TILINGS = {
     "256x128+a": (256, 128, 2, True, False, False), "256x128+b": (256, 128, 2, False, False, False),
     "128x192o": (128, 192, 1, False, True, False), "128x128po": (128, 128, 1, False, True, False),
@@ -45,10 +46,14 @@ TILINGS = {
     "128x160p": (128, 160, 1, False, False, False), "128x192": (128, 192, 1, False, False, False),
     "128x192po+a": (128, 192, 2, True, True, False), "128x160o+b": (128, 160, 2, False, True, False),
     "128x128po+a": (128, 128, 2, True, True, False), "128x192po+b": (128, 192, 2, False, True, False),
+    "128x192po/3": (128, 192, 1, False, True, False), "128x160o/3": (128, 160, 1, False, True, False),
+    "128x128po/4": (128, 128, 1, False, True, False), "128x192o/3": (128, 192, 1, False, True, False),
 }
 # (The k-grouped kind's pipelined halves: at most 160 columns, and 128 x 160 has no epilogue overlap there.)
 K_GROUPED_TILINGS = ("256x128+a", "256x128+b", "128x192o", "128x128po", "128x192ot", "256x128t+b", "128x160p",
-                     "128x192")
+                     "128x192", "128x192o/3")
+# Tilings the dense shapes skip.
+K_GROUPED_ONLY_TILINGS = ("128x192o/3",)
 # The tilings to run (main() narrows it from the command line).
 selected = set(TILINGS)
 
@@ -56,8 +61,9 @@ selected = set(TILINGS)
 def _tiling(name: str):
     block_m, block_n, multicast, on_a, overlap, ping_pong = TILINGS[name]
     pipelined = True if re.match(r"\d+x\d+p", name) else None
-    return heuristics.make_config(block_m, block_n, multicast, on_a, 4, overlap_epilogue=overlap,
-                                  operands=CHANNEL_SCALED, ping_pong=ping_pong,
+    stages = re.search(r"/(\d+)$", name)
+    return heuristics.make_config(block_m, block_n, multicast, on_a, 4, num_stages=int(stages[1]) if stages else None,
+                                  overlap_epilogue=overlap, operands=CHANNEL_SCALED, ping_pong=ping_pong,
                                   pipelined=False if ping_pong else pipelined)
 
 
@@ -68,9 +74,18 @@ def _fits(name: str, m: int, n: int) -> bool:
     return (multicast, on_a) in heuristics._multicast_options(m, n, block_m, block_n, NUM_SMS)
 
 
+def _is_stage_variant_of(name: str, pick) -> bool:
+    """Whether the tiling names a stage count (it then runs only as a variant of a pick of the same tile)."""
+    config = _tiling(name)
+    return "/" not in name or (config.block_m, config.block_n, config.num_tma_multicast, config.pipelined) == (
+        pick.block_m, pick.block_n, pick.num_tma_multicast, pick.pipelined)
+
+
 def dense_configs(m: int, n: int, k: int) -> dict:
     configs = {"pick": gemm._choose_config(m, n, k, NUM_SMS, 4, True, CHANNEL_SCALED)}
-    configs.update((name, _tiling(name)) for name in TILINGS if name in selected and _fits(name, m, n))
+    configs.update((name, _tiling(name)) for name in TILINGS
+                   if name in selected and name not in K_GROUPED_ONLY_TILINGS and _fits(name, m, n) and
+                   _is_stage_variant_of(name, configs["pick"]))
     return configs
 
 
@@ -83,7 +98,8 @@ def k_grouped_ks(g: int, mean: int) -> list:
 def k_grouped_configs(g: int, m: int, n: int, mean: int) -> dict:
     total = sum(k_grouped_ks(g, mean))
     configs = {"pick": k_heuristics.get_k_grouped_fp8_gemm_config(m, n, total, g, NUM_SMS, True)}
-    configs.update((name, _tiling(name)) for name in K_GROUPED_TILINGS if name in selected)
+    configs.update((name, _tiling(name)) for name in K_GROUPED_TILINGS
+                   if name in selected and _is_stage_variant_of(name, configs["pick"]))
     return configs
 
 
