@@ -7,7 +7,8 @@ with several tilings side by side, through the modules' own forced-config calls,
     python scripts/sweep_wgrad_gemm.py time OUT.json [TILINGS [SHAPES]]  # every config and torch's BF16 matmul timed in turns
     python scripts/sweep_wgrad_gemm.py run [TILINGS [SHAPES]]  # every config called three times (for a profiler)
 
-TILINGS: a comma-separated subset of the tiling names below (default: all; "pick": none); the pick always runs.
+TILINGS: a comma-separated subset of the tiling names below (default: all; "pick": none); the pick always runs. With
+a leading "~", each shape runs only those of the pick's tile (other stages or clusters of it).
 SHAPES: a comma-separated subset of the shapes, MxNxK (dense) or GxMxNxMEAN (k-grouped) (default: all).
 
 Candidates are not product: the API runs the heuristics' pick; this compares the pick with the alternatives.
@@ -34,8 +35,7 @@ K_GROUPED_SHAPES = ((4, 4096, 7168, 4096), (8, 7168, 2048, 2048))
 # The shapes to run (main() narrows it from the command line): "x".join of a DENSE_SHAPES or K_GROUPED_SHAPES entry.
 selected_shapes = None
 # name -> (block_m, block_n, multicast, multicast_on_a, overlap_epilogue, ping_pong); "p": pipelined (wider than 128
-# columns: the pipelined halves), "t": the math warpgroups take turns (ping-pong); "/S": S stages (else as many as fit;
-# with fewer stages the whole FP32 tile may fit its staging, which the kernel then stores whole).
+# columns: the pipelined halves), "t": the math warpgroups take turns (ping-pong); "/S": S stages (else as many as fit).
 TILINGS = {
     "256x128+a": (256, 128, 2, True, False, False), "256x128+b": (256, 128, 2, False, False, False),
     "128x192o": (128, 192, 1, False, True, False), "128x128po": (128, 128, 1, False, True, False),
@@ -48,12 +48,15 @@ TILINGS = {
     "128x128po+a": (128, 128, 2, True, True, False), "128x192po+b": (128, 192, 2, False, True, False),
     "128x192po/3": (128, 192, 1, False, True, False), "128x160o/3": (128, 160, 1, False, True, False),
     "128x128po/4": (128, 128, 1, False, True, False), "128x192o/3": (128, 192, 1, False, True, False),
+    "128x128po+b": (128, 128, 2, False, True, False), "128x192o+b": (128, 192, 2, False, True, False),
 }
 # (The k-grouped kind's pipelined halves: at most 160 columns, and 128 x 160 has no epilogue overlap there.)
 K_GROUPED_TILINGS = ("256x128+a", "256x128+b", "128x192o", "128x128po", "128x192ot", "256x128t+b", "128x160p",
-                     "128x192", "128x192o/3")
+                     "128x192", "128x192o/3", "128x192o+b")
 # Tilings the dense shapes skip.
-K_GROUPED_ONLY_TILINGS = ("128x192o/3",)
+K_GROUPED_ONLY_TILINGS = ("128x192o/3", "128x192o+b")
+# Whether only the selected tilings of the pick's tile run (main() sets it: TILINGS starting with "~").
+same_tile_only = False
 # The tilings to run (main() narrows it from the command line).
 selected = set(TILINGS)
 
@@ -75,10 +78,13 @@ def _fits(name: str, m: int, n: int) -> bool:
 
 
 def _is_stage_variant_of(name: str, pick) -> bool:
-    """Whether the tiling names a stage count (it then runs only as a variant of a pick of the same tile)."""
+    """Whether the tiling runs beside the pick: a tiling with a stage count only as a variant of a pick of the same
+    tile (and cluster), and with same_tile_only every tiling only as a variant of a pick of the same tile."""
     config = _tiling(name)
-    return "/" not in name or (config.block_m, config.block_n, config.num_tma_multicast, config.pipelined) == (
-        pick.block_m, pick.block_n, pick.num_tma_multicast, pick.pipelined)
+    same_tile = (config.block_m, config.block_n, config.pipelined) == (pick.block_m, pick.block_n, pick.pipelined)
+    if same_tile_only:
+        return same_tile
+    return "/" not in name or (same_tile and config.num_tma_multicast == pick.num_tma_multicast)
 
 
 def dense_configs(m: int, n: int, k: int) -> dict:
@@ -222,7 +228,8 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     names = sys.argv[3 if mode in ("check", "time") else 2:]
     if names:
-        selected = set(names[0].split(",")) - {"pick"}
+        same_tile_only = names[0].startswith("~")
+        selected = set(names[0].lstrip("~").split(",")) - {"pick"}
         unknown = selected - set(TILINGS)
         if unknown:
             raise SystemExit(f"unknown tilings {sorted(unknown)}; known: {sorted(TILINGS)}")

@@ -217,27 +217,6 @@ def test_pipelined_halves_match_the_plain_k_loop(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("c_kind", ["separate", "none"])
-def test_whole_staged_store_matches_the_streamed_one(monkeypatch, c_kind):
-    # 128 x 192 with three stages stages the whole FP32 tile (with the epilogue overlap, over empty groups, whose tiles
-    # store zeros or add nothing): the same bytes as the streamed store's (as many stages as fit).
-    a, b, ks, ks_tensor = _problem(6, 1000, 2096, 640, empty=2, seed=5)
-    product = _reference(a, b, ks)
-    c = None if c_kind == "none" else accumulator_like(product.flatten(0, 1)).view(product.shape)
-    outputs = []
-    for stages in (3, None):
-        override = {"block_m": 128, "block_n": 192, "multicast": 1, "splits": 1, "pipelined": 0,
-                    "overlap_epilogue": 1}
-        if stages:
-            override["stages"] = stages
-        monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
-        monkeypatch.setattr(k_grouped_gemm, "_plans", {})
-        outputs.append(_run(a, b, ks, ks_tensor, c=c))
-    _assert_close(outputs[0], product if c is None else product + c.double())
-    assert_bitwise_equal(outputs[1], outputs[0], "d (streamed store)")
-
-
-@pytest.mark.gpu
 def test_every_group_empty():
     a, b, ks, ks_tensor = _problem(3, 64, 128, 0, empty=0)
     assert ks == [0, 0, 0]

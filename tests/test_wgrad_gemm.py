@@ -219,35 +219,6 @@ def test_pipelined_halves_match_the_plain_k_loop(monkeypatch, block_n, overlap, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_n,pipelined,stages,m,n,k", [
-    (192, 1, 3, 2112, 7168, 1024),  # the halves with the overlap, several tiles per CTA, a partial last M tile
-    (160, 0, 3, 777, 2112, 2048),   # tiles straddling 128-column blocks, a partial last N tile
-    (128, 1, 4, 300, 1536, 1040),   # the pipelined loop, a partial K block
-])
-def test_whole_staged_fp32_store_matches_the_streamed_one(monkeypatch, block_n, pipelined, stages, m, n, k):
-    # With fewer stages the whole FP32 tile fits its staging and is stored whole (reduce-added into C): the same
-    # accumulators, so the same bytes as the streamed store's (as many stages as fit).
-    assert heuristics.smem_bytes(128, block_n, stages, 4, gemm.CHANNEL_SCALED) - stages * (
-        heuristics.stage_bytes(128, block_n, gemm.CHANNEL_SCALED) + 16) == 128 * block_n * 4
-    a, b = make_wgrad_inputs(m, n, k)
-    product = _reference(a, b)
-    c = accumulator_like(product)
-    outputs = []
-    for num_stages in (stages, stages, None):
-        override = {"block_m": 128, "block_n": block_n, "multicast": 1, "splits": 1, "pipelined": pipelined,
-                    "overlap_epilogue": 1}
-        if num_stages:
-            override["stages"] = num_stages
-        monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
-        monkeypatch.setattr(gemm, "_plans", {})
-        monkeypatch.setattr(gemm, "_prepared_calls", {})
-        outputs.append(_run(a, b, c=c))
-    _assert_close(outputs[0], product + c.double())
-    assert_bitwise_equal(outputs[1], outputs[0], "d (whole-staged store, second run)")
-    assert_bitwise_equal(outputs[2], outputs[0], "d (streamed store)")
-
-
-@pytest.mark.gpu
 def test_pipelined_halves_with_bf16_output(monkeypatch):
     # The halves with the whole-tile bf16 store (the model's 128 x 192 pick for bf16 D too), with the epilogue overlap.
     monkeypatch.setattr(gemm, "_config_override", lambda: {"block_m": 128, "block_n": 192, "multicast": 1, "splits": 1,

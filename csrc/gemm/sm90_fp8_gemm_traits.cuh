@@ -186,6 +186,14 @@ struct Sm90Fp8GemmTraits {
     // 64-row buffer per warpgroup and wave), then per stage A, B, sfa (and sfb, per-channel B scales), then the
     // full and empty barriers.
     using Store = AccumulatorStore<OutputType, BLOCK_N>;
+    // Per-channel kinds and k-grouped BF16 with FP32 D stream the store: each warpgroup stages its tile one chunk of
+    // columns at a time through two chunk buffers in turn (the epilogue's store_tile_streamed), which leaves the stages
+    // the rest of the shared memory (FP32 tiles are twice bf16's: staged whole, 128 x 192 left three stages and
+    // 256 x 128 none).
+    static constexpr bool kStreamedStore =
+        (kIsChannelScaled || (kIsBf16 && kIsKGrouped)) && std::is_same_v<OutputType, float>;
+    static constexpr uint32_t kSmemDBytesPerWarpgroup = kStreamedStore ? 2 * Store::kChunkBytes : kNumMWaves * Store::kBytes;
+    static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kSmemDBytesPerWarpgroup, 1024);
     // Bytes of one operand element (e4m3 or bf16); BF16 stages hold no sfa.
     static constexpr uint32_t kOperandBytes = kIsBf16 ? sizeof(__nv_bfloat16) : 1;
     static constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K * kOperandBytes;
@@ -195,19 +203,6 @@ struct Sm90Fp8GemmTraits {
     // to it; the FP4 expanders' sfb stages are not.
     static constexpr uint32_t kSfbBoxBytes = kHasColumnScales ? BLOCK_N * sizeof(float) : 0;
     static constexpr uint32_t kStageSfbBytes = kIsChannelScaled ? align_up<uint32_t>(kSfbBoxBytes, 128) : kSfbBoxBytes;
-    // Per-channel kinds and k-grouped BF16 with FP32 D stream the store: each warpgroup stages its tile one chunk of
-    // columns at a time through two chunk buffers in turn (the epilogue's store_tile_streamed), which leaves the stages
-    // the rest of the shared memory (FP32 tiles are twice bf16's: staged whole, 128 x 192 left three stages and
-    // 256 x 128 none). Per-channel tiles whose stages leave room for the whole tile stage it whole instead: its TMA
-    // store then drains while the next tile's K loop runs (the streamed store waits for its chunks' reads).
-    static constexpr uint32_t kWholeDBytes = align_up<uint32_t>(kNumMathWarpgroups * kNumMWaves * Store::kBytes, 1024);
-    static constexpr bool kFitsWholeD =
-        kWholeDBytes + kNumStages * (kStageABytes + kStageBBytes + kStageSfaBytes + kStageSfbBytes + 2 * sizeof(uint64_t)) <=
-        kMaxSmemBytes;
-    static constexpr bool kStreamedStore =
-        ((kIsChannelScaled && !kFitsWholeD) || (kIsBf16 && kIsKGrouped)) && std::is_same_v<OutputType, float>;
-    static constexpr uint32_t kSmemDBytesPerWarpgroup = kStreamedStore ? 2 * Store::kChunkBytes : kNumMWaves * Store::kBytes;
-    static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kSmemDBytesPerWarpgroup, 1024);
     static constexpr uint32_t kOffsetA = kSmemDBytes;
     static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr uint32_t kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;

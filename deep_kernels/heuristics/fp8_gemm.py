@@ -266,29 +266,18 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int
                operands: str = "fp8_block_scaled", own_tiles: bool = False) -> int:
     """Dynamic shared memory of the kernel's carve-up: D staging, then per stage A, B, sfa (and sfb with per-channel
     B scales), then barriers. D staging: the whole tile (with own tiles, each math warpgroup's), or with per-channel B
-    scales and FP32 D where the whole tile does not fit beside the stages, two chunks of 64 rows per math warpgroup
-    (the kernel's streamed store)."""
-    stages_bytes = num_stages * (stage_bytes(block_m, block_n, operands) + 2 * 8)
-    d_bytes = _align((2 if own_tiles else 1) * block_m * block_n * out_dtype_bytes, 1024)
-    if (operands in CHANNEL_SCALED_OPERANDS and out_dtype_bytes == 4 and
-            d_bytes + stages_bytes > SMEM_CAPACITY_BYTES):
-        d_bytes = _streamed_d_bytes(block_m, block_n)
-    return d_bytes + stages_bytes
-
-
-def _streamed_d_bytes(block_m: int, block_n: int) -> int:
-    """D staging of the streamed FP32 store: two chunks of 64 rows per math warpgroup."""
-    return _align(num_math_warpgroups(block_m) * 2 * 64 * swizzle_d_bytes(block_n, 4), 1024)
+    scales and FP32 D two chunks of 64 rows per math warpgroup (the kernel's streamed store)."""
+    if operands in CHANNEL_SCALED_OPERANDS and out_dtype_bytes == 4:
+        d_bytes = _align(num_math_warpgroups(block_m) * 2 * 64 * swizzle_d_bytes(block_n, 4), 1024)
+    else:
+        d_bytes = _align((2 if own_tiles else 1) * block_m * block_n * out_dtype_bytes, 1024)
+    return d_bytes + num_stages * stage_bytes(block_m, block_n, operands) + 2 * num_stages * 8
 
 
 def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
                operands: str = "fp8_block_scaled", own_tiles: bool = False) -> int:
-    """The most stages that fit (per-channel B scales with FP32 D: beside the streamed store's two chunks)."""
-    per_stage = stage_bytes(block_m, block_n, operands) + 2 * 8
-    if operands in CHANNEL_SCALED_OPERANDS and out_dtype_bytes == 4:
-        fixed = _streamed_d_bytes(block_m, block_n)
-    else:
-        fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes, operands, own_tiles)
+    fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes, operands, own_tiles)
+    per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes, operands, own_tiles) - fixed
     return min(MAX_STAGES, (smem_capacity - fixed) // per_stage)
 
 
