@@ -393,16 +393,6 @@ class _PreparedCall:
     launches: dict = field(default_factory=dict, compare=False)
 
 
-def permuted_b_map(b: torch.Tensor, block_n: int) -> tuple:
-    """The per-channel kinds' map of B [N, K] (K-major, N a multiple of 16): 5D {K, 2, 4, 2, N / 16}, the rows
-    16 p + 4 q + 2 s + t as (t, q, s, p), so that a box of block_n rows lands in shared memory with row 16 p + 8 s +
-    2 q + t holding B row 16 p + 4 q + 2 s + t (the kernel's kPermutedBRows)."""
-    n, k = b.shape
-    row = b.stride(0)
-    view = b.as_strided((n // 16, 2, 4, 2, k), (16 * row, 2 * row, 4 * row, row, 1))
-    return tensor_map(view, (block_n // 16, 2, 4, 2, SCALE_BLOCK), 128)
-
-
 def _prepare_call(a, sfa, b, sfb, d, c, config=None, operands: str = BLOCK_SCALED) -> _PreparedCall:
     """The call's _PreparedCall with the chosen config, or with `config` when given."""
     m, n, k, scales_ready = _check_call(a, sfa, b, sfb, d, c, operands)
@@ -418,8 +408,7 @@ def _prepare_call(a, sfa, b, sfb, d, c, config=None, operands: str = BLOCK_SCALE
     return _PreparedCall(
         m, n, k, scales_ready, operands, num_sms, a.get_device(), kernel, grid, split_layout,
         map_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128)[1:],
-        map_b=(permuted_b_map(b, config.block_n) if operands == CHANNEL_SCALED
-               else tensor_map(b, (config.block_n, SCALE_BLOCK), 128))[1:],
+        map_b=tensor_map(b, (config.block_n, SCALE_BLOCK), 128)[1:],
         map_sfa=map_sfa,
         map_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes)[1:],
         map_sfb=(tensor_map(kernel_sfb, (config.block_n, 1), transpose=True)[1:] if operands == CHANNEL_SCALED

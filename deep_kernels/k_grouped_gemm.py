@@ -27,7 +27,7 @@ from deep_kernels import gemm
 from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import (
     CHANNEL_SCALED, SCALE_BLOCK, apply_config_override, call_signature, get_gemm_kernel, kernel_spec,
-    operands_of_recipe, permuted_b_map, scale_a, scale_b_channels,
+    operands_of_recipe, scale_a, scale_b_channels,
 )
 from deep_kernels.heuristics import k_grouped_fp8_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
@@ -214,7 +214,7 @@ def _launch(plan: tuple, a, sfa, b, sfb, d, ks_tensor, m: int, num_groups: int) 
     tmap_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
     kernel.launch(
         grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
-        tmap_b=permuted_b_map(b, config.block_n), tmap_sfa=tmap_sfa,
+        tmap_b=tensor_map(b, (config.block_n, SCALE_BLOCK), 128), tmap_sfa=tmap_sfa,
         tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=0, shape_m=m, grouped_layout=ks_tensor.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0,

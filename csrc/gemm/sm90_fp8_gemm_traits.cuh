@@ -153,11 +153,6 @@ struct Sm90Fp8GemmTraits {
     static constexpr bool kIsFp4B = kOperands == GemmOperands::Fp8Mxfp4;
     // The promotion scales each column by its own factor from the stage's sfb (loaded, or the FP4 expanders').
     static constexpr bool kHasColumnScales = kIsChannelScaled || kIsFp4B;
-    // Per-channel B scales: B's rows load permuted within each 16-row block (the host's 5D map of B), so that within
-    // each 16-column block of the tile accumulator column 8 s + 2 q + t (q = lane % 4) is column 4 q + 2 s + t: a
-    // thread's sfb of two 8-column groups are four consecutive floats of the stage (one 16-byte load instead of two
-    // 8-byte ones), and its D values of a row are four consecutive columns (AccumulatorStore's kPermutedColumns).
-    static constexpr bool kPermutedBRows = kIsChannelScaled;
     // Per-channel B scales, pipelined tiles wider than a second full accumulator set allows: each K block runs as two
     // wgmma groups of BLOCK_N / 2 columns, each into a partial set of its own, so that one half is promoted while the
     // other half's group runs (the mainloop's pipelined halves).
@@ -190,7 +185,7 @@ struct Sm90Fp8GemmTraits {
     // Shared-memory carve-up (deep_kernels/heuristics/fp8_gemm.py: smem_bytes mirrors it): D staging (one
     // 64-row buffer per warpgroup and wave), then per stage A, B, sfa (and sfb, per-channel B scales), then the
     // full and empty barriers.
-    using Store = AccumulatorStore<OutputType, BLOCK_N, kPermutedBRows>;
+    using Store = AccumulatorStore<OutputType, BLOCK_N>;
     // Per-channel kinds and k-grouped BF16 with FP32 D stream the store: each warpgroup stages its tile one chunk of
     // columns at a time through two chunk buffers in turn (the epilogue's store_tile_streamed), which leaves the stages
     // the rest of the shared memory (FP32 tiles are twice bf16's: staged whole, 128 x 192 left three stages and

@@ -16,7 +16,6 @@
 #include "common/macros.cuh"
 #include "gemm/sm90_fp8_gemm_traits.cuh"
 #include "pipeline.cuh"
-#include "ptx/smem_store.cuh"
 #include "ptx/wgmma.cuh"
 #include "scheduler.cuh"
 
@@ -46,38 +45,15 @@ DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[B
     }
 }
 
-// The sfb pairs of a thread's 8-column groups (its two columns' scales): with permuted B rows (kPermuted: the
-// per-channel kinds' Traits::kPermutedBRows) one float4 per 16-column block holds those of groups 2 p and 2 p + 1, at
-// float 16 p + 4 (lane % 4) of the stage's sfb; else one float2 per group j at float 8 j + 2 (lane % 4).
-template <bool kPermuted>
-DK_DEVICE const float* thread_sfb_of(const float* smem_sfb, uint32_t lane_idx) {
-    return smem_sfb + lane_idx % 4 * (kPermuted ? 4 : 2);
-}
-
-// Group j's pair from thread_sfb_of's pointer (kPermuted: the two groups of a block read the same float4, which the
-// compiler loads once; kInOrder: each pair loaded where it is used, which the compiler may not hoist).
-template <bool kPermuted, bool kInOrder = false>
-DK_DEVICE float2 sfb_pair(const float* thread_sfb, uint32_t j) {
-    if constexpr (kPermuted && kInOrder) {
-        return ptx::ld_shared_in_order(thread_sfb + j / 2 * 16 + j % 2 * 2);
-    } else if constexpr (kPermuted) {
-        const float4 block = *reinterpret_cast<const float4*>(thread_sfb + j / 2 * 16);
-        return j % 2 == 0 ? make_float2(block.x, block.y) : make_float2(block.z, block.w);
-    } else {
-        return *reinterpret_cast<const float2*>(thread_sfb + j * 8);
-    }
-}
-
-// final += partial * sfa[row] * sfb[column] (per-channel B scales): the thread's two columns of each 8-column group j
-// (with permuted B rows, columns 16 (j / 2) + 4 (lane % 4) + 2 (j % 2) + {0, 1} of D; else 8 j + 2 (lane % 4) + {0, 1}),
-// their scales read from the stage's sfb (sfb_pair).
-template <uint32_t BLOCK_N, bool kPermuted = false, bool kInOrder = false>
+// final += partial * sfa[row] * sfb[column] (per-channel B scales): the thread's columns 8j + 2 (lane % 4) + {0, 1}
+// of each 8-column group j, their scales read from the stage's sfb as one float2 per group.
+template <uint32_t BLOCK_N>
 DK_DEVICE void promote_per_column(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2], float sfa_lo,
                                   float sfa_hi, const float* smem_sfb, uint32_t lane_idx) {
-    const float* thread_sfb = thread_sfb_of<kPermuted>(smem_sfb, lane_idx);
+    const float* thread_sfb = smem_sfb + lane_idx % 4 * 2;
 #pragma unroll
     for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
-        const float2 sfb = sfb_pair<kPermuted, kInOrder>(thread_sfb, j);
+        const float2 sfb = *reinterpret_cast<const float2*>(thread_sfb + j * 8);
         final_acc[j * 4 + 0] += sfa_lo * sfb.x * partial[j * 4 + 0];
         final_acc[j * 4 + 1] += sfa_lo * sfb.y * partial[j * 4 + 1];
         final_acc[j * 4 + 2] += sfa_hi * sfb.x * partial[j * 4 + 2];
@@ -87,13 +63,14 @@ DK_DEVICE void promote_per_column(const float (&partial)[BLOCK_N / 2], float (&f
 
 // promote_per_column with the sfb pairs of the first kNumPreloaded 8-column groups already in registers (loaded before
 // the wgmma group's wait, so that their latency hides behind it).
-template <uint32_t BLOCK_N, uint32_t kNumPreloaded, bool kPermuted>
+template <uint32_t BLOCK_N, uint32_t kNumPreloaded>
 DK_DEVICE void promote_per_column_preloaded(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2],
                                             float sfa_lo, float sfa_hi, const float2 (&preloaded)[kNumPreloaded],
                                             const float* thread_sfb) {
 #pragma unroll
     for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
-        const float2 sfb = j < kNumPreloaded ? preloaded[j < kNumPreloaded ? j : 0] : sfb_pair<kPermuted>(thread_sfb, j);
+        const float2 sfb = j < kNumPreloaded ? preloaded[j < kNumPreloaded ? j : 0]
+                                             : *reinterpret_cast<const float2*>(thread_sfb + j * 8);
         final_acc[j * 4 + 0] += sfa_lo * sfb.x * partial[j * 4 + 0];
         final_acc[j * 4 + 1] += sfa_lo * sfb.y * partial[j * 4 + 1];
         final_acc[j * 4 + 2] += sfa_hi * sfb.x * partial[j * 4 + 2];
@@ -141,9 +118,6 @@ struct Sm90Fp8Mainloop {
             ? 0
             : ((kPreloadRegisters - kAccumulatorRegisters) / 2 < BLOCK_N / 8 ? (kPreloadRegisters - kAccumulatorRegisters) / 2
                                                                               : BLOCK_N / 8);
-    // NOTE: the k-grouped pipelined loop (two full partial sets) loads the sfb pairs in program order: with the loads
-    // hoisted ptxas spills at 128 x 128.
-    static constexpr bool kSfbLoadsInOrder = Traits::kIsKGrouped && Traits::kPipelined && !Traits::kPipelinedHalves;
     using State = PipelineState<Traits::kNumStages>;
 
     const typename Traits::Stages& stages;
@@ -252,17 +226,17 @@ struct Sm90Fp8Mainloop {
         if constexpr (kNumPreloadedSfb > 0) {
             // The first groups' sfb pairs are loaded before the wait, so that the promotion starts without waiting for
             // shared memory.
-            const float* thread_sfb = thread_sfb_of<Traits::kPermutedBRows>(stages.sfb_stage(k_state.stage), lane_idx());
+            const float* thread_sfb = stages.sfb_stage(k_state.stage) + lane_idx() % 4 * 2;
             float2 preloaded[kNumPreloadedSfb];
 #pragma unroll
             for (uint32_t j = 0; j < kNumPreloadedSfb; ++j)
-                preloaded[j] = sfb_pair<Traits::kPermutedBRows>(thread_sfb, j);
+                preloaded[j] = *reinterpret_cast<const float2*>(thread_sfb + j * 8);
             ptx::wgmma_wait_group<NumPending::value>();
             ptx::fence_operands(acc);
             if constexpr (kPingPong)
                 MathTurns(wg_idx()).pass();
-            promote_per_column_preloaded<BLOCK_N, kNumPreloadedSfb, Traits::kPermutedBRows>(
-                acc, final_acc[wave], scales.lo, scales.hi, preloaded, thread_sfb);
+            promote_per_column_preloaded<BLOCK_N, kNumPreloadedSfb>(acc, final_acc[wave], scales.lo, scales.hi,
+                                                                    preloaded, thread_sfb);
             ring.consumer_release(k_state, lane_idx());
             return;
         }
@@ -272,8 +246,8 @@ struct Sm90Fp8Mainloop {
             MathTurns(wg_idx()).pass();
         if constexpr (Traits::kHasColumnScales) {
             // The promotion reads the stage's sfb, so the stage is freed after it.
-            promote_per_column<BLOCK_N, Traits::kPermutedBRows, kSfbLoadsInOrder>(
-                acc, final_acc[wave], scales.lo, scales.hi, stages.sfb_stage(k_state.stage), lane_idx());
+            promote_per_column<BLOCK_N>(acc, final_acc[wave], scales.lo, scales.hi, stages.sfb_stage(k_state.stage),
+                                        lane_idx());
             if (wave == kNumMWaves - 1)
                 ring.consumer_release(k_state, lane_idx());
         } else {
@@ -466,16 +440,14 @@ private:
     // of the final accumulators (the same products, in the same order, as promote_per_column).
     template <uint32_t kHalf, int kNumPending>
     DK_DEVICE void retire_half(const PromotionScales& scales, uint32_t stage) {
-        // NOTE: BLOCK_N / 2 is a multiple of 16: a half is whole 16-column blocks (permuted B rows).
-        const float* thread_sfb =
-            thread_sfb_of<Traits::kPermutedBRows>(stages.sfb_stage(stage) + kHalf * (BLOCK_N / 2), lane_idx());
+        const float* thread_sfb = stages.sfb_stage(stage) + kHalf * (BLOCK_N / 2) + lane_idx() % 4 * 2;
         ptx::wgmma_wait_group<kNumPending>();
         float(&acc)[BLOCK_N / 4] = half_acc<kHalf>();
         ptx::fence_operands(acc);
 #pragma unroll
         for (uint32_t j = 0; j < BLOCK_N / 16; ++j) {
             constexpr uint32_t kOut = kHalf * (BLOCK_N / 4);
-            const float2 sfb = sfb_pair<Traits::kPermutedBRows>(thread_sfb, j);
+            const float2 sfb = *reinterpret_cast<const float2*>(thread_sfb + j * 8);
             final_acc[0][kOut + j * 4 + 0] += scales.lo * sfb.x * acc[j * 4 + 0];
             final_acc[0][kOut + j * 4 + 1] += scales.lo * sfb.y * acc[j * 4 + 1];
             final_acc[0][kOut + j * 4 + 2] += scales.hi * sfb.x * acc[j * 4 + 2];

@@ -11,7 +11,6 @@
 #include "gemm/sm90_fp8_gemm_traits.cuh"
 #include "pipeline.cuh"
 #include "ptx/tma.cuh"
-#include "ptx/tma_5d.cuh"
 #include "ptx/tma_cache_hint.cuh"
 #include "scheduler.cuh"
 
@@ -42,26 +41,6 @@ DK_DEVICE void load_shared_box(void* smem_dst, const CUtensorMap* tmap, uint64_t
                                     static_cast<int32_t>(group_idx));
         else
             ptx::tma_load_multicast(smem_dst, tmap, full_barrier, kBothCTAs, inner, outer);
-    }
-}
-
-// B's tile of a stage (kShared: the multicast operand, through the leader); with permuted B rows (per-channel B scales)
-// through B's 5D map {K, 2, 4, 2, N / 16} (rows t, q, s, p of 16 p + 4 q + 2 s + t), so that stage row 16 p + 8 s + 2 q +
-// t holds B row 16 p + 4 q + 2 s + t of the tile.
-template <typename Traits, bool kShared>
-DK_DEVICE void load_b_tile(uint8_t* smem_b, const CUtensorMap* tmap_b, uint64_t* full_barrier, int32_t k, int32_t b_row,
-                           bool multicast, uint32_t cta_rank) {
-    if constexpr (Traits::kPermutedBRows) {
-        constexpr uint16_t kBothCTAs = 0b11;
-        const int32_t block = b_row / 16;
-        if (!kShared || !multicast)
-            ptx::tma_load(smem_b, tmap_b, full_barrier, k, 0, 0, 0, block);
-        else if (cta_rank == 0)
-            ptx::tma_load_multicast(smem_b, tmap_b, full_barrier, kBothCTAs, k, 0, 0, 0, block);
-    } else if constexpr (kShared) {
-        load_shared_box<GemmType::Normal>(smem_b, tmap_b, full_barrier, k, b_row, 0, multicast, cta_rank);
-    } else {
-        ptx::tma_load(smem_b, tmap_b, full_barrier, k, b_row);
     }
 }
 
@@ -121,7 +100,7 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
             } else if constexpr (Traits::kIsMulticastOnA) {
                 load_shared_box<kGemmType>(smem_a, tmap_a, full_barrier, k, a_row, tile.group_idx, multicast,
                                            scheduler.cta_rank);
-                load_b_tile<Traits, false>(smem_b, tmap_b, full_barrier, k, b_row, multicast, scheduler.cta_rank);
+                ptx::tma_load(smem_b, tmap_b, full_barrier, k, b_row);
             } else {
                 load_box<kGemmType>(smem_a, tmap_a, full_barrier, k, a_row, tile.group_idx);
                 if constexpr (kHintedB) {
@@ -130,7 +109,8 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
                     else
                         ptx::tma_load(smem_b, tmap_b, full_barrier, k, b_row);
                 } else {
-                    load_b_tile<Traits, true>(smem_b, tmap_b, full_barrier, k, b_row, multicast, scheduler.cta_rank);
+                    load_shared_box<GemmType::Normal>(smem_b, tmap_b, full_barrier, k, b_row, 0, multicast,
+                                                      scheduler.cta_rank);
                 }
             }
             if constexpr (!Traits::kIsBf16)

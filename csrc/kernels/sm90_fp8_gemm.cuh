@@ -45,8 +45,6 @@
 //   tmap_a    UINT8 (e4m3 bytes). Normal / contiguous: dims {K, M}, strides {K} bytes, box {128, BLOCK_M}.
 //             Masked: dims {K, M_max, G}, strides {K, M_max * K}, box {128, BLOCK_M, 1}. SWIZZLE_128B.
 //   tmap_b    UINT8. dims {K, G * N} (G = 1 for Normal), strides {K}, box {128, BLOCK_N}, SWIZZLE_128B.
-//             Fp8ChannelScaled (rows permuted within 16-row blocks, Traits::kPermutedBRows): 5D dims
-//             {K, 2, 4, 2, N / 16}, strides {K, 4 K, 2 K, 16 K}, box {128, 2, 4, 2, BLOCK_N / 16}, SWIZZLE_128B.
 //   tmap_sfa  FLOAT32, M-major with rows padded to align_up(M, 4) (element (m, kb) at kb * align_up(M, 4) + m).
 //             Normal / contiguous: dims {align_up(M, 4), ceil(K / 128)}, strides {align_up(M, 4) * 4}, box {BLOCK_M, 1}.
 //             Masked: dims {align_up(M_max, 4), ceil(K / 128), G}, strides {align_up(M_max, 4) * 4,

@@ -1,5 +1,4 @@
-// Shared-memory stores of accumulator fragments: stmatrix for 16-bit outputs, vector stores for FP32; a float2 load that
-// stays in program order.
+// Shared-memory stores of accumulator fragments: stmatrix for 16-bit outputs, vector stores for FP32.
 #pragma once
 
 #include <cstdint>
@@ -19,22 +18,6 @@ DK_DEVICE void stmatrix_x4(void* smem_row, uint32_t r0, uint32_t r1, uint32_t r2
 
 DK_DEVICE void st_shared(void* smem_ptr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(smem_address(smem_ptr)), "f"(x), "f"(y) : "memory");
-}
-
-DK_DEVICE void st_shared(void* smem_ptr, float x, float y, float z, float w) {
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(smem_address(smem_ptr)), "f"(x), "f"(y), "f"(z),
-                 "f"(w)
-                 : "memory");
-}
-
-DK_DEVICE void st_shared(void* smem_ptr, uint32_t x, uint32_t y) {
-    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(smem_address(smem_ptr)), "r"(x), "r"(y) : "memory");
-}
-
-DK_DEVICE float2 ld_shared_in_order(const void* smem_ptr) {
-    float2 value;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(value.x), "=f"(value.y) : "r"(smem_address(smem_ptr)));
-    return value;
 }
 
 }  // namespace deep_kernels::ptx
