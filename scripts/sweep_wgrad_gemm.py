@@ -31,7 +31,9 @@ NUM_SMS = 132
 # The weight-gradient suite's (out, in, tokens).
 DENSE_SHAPES = tuple((m, n, k) for k in (16384, 4096) for m, n in ((2112, 7168), (24576, 1536), (7168, 2048),
                                                                     (4096, 7168)))
-K_GROUPED_SHAPES = ((4, 4096, 7168, 4096), (8, 7168, 2048, 2048))
+# (G, out, in, mean tokens): the k_grouped_gemm suite's FP8 rows.
+K_GROUPED_SHAPES = tuple((g, m, n, mean) for m, n in ((4096, 7168), (7168, 2048)) for g in (4, 8, 16)
+                         for mean in (2048, 4096, 8192))
 # The shapes to run (main() narrows it from the command line): "x".join of a DENSE_SHAPES or K_GROUPED_SHAPES entry.
 selected_shapes = None
 # name -> (block_m, block_n, multicast, multicast_on_a, overlap_epilogue, ping_pong); "p": pipelined (wider than 128
