@@ -225,19 +225,33 @@ def test_make_config_rejects_illegal_tiles():
 
 
 def test_cluster_splits_are_offered_where_every_job_gets_a_cta():
-    # Two splits only, each tile's pair of jobs one cluster: tiles x 2 fit the SMs; never for the grouped kinds.
+    # Two splits only, each tile's pair of jobs one cluster: tiles x 2 fit the SMs, one M block, long K; never for the
+    # grouped kinds.
     for m, n, k in ((64, 2112, 7168), (128, 4096, 7168), (64, 7168, 16384)):
         clustered = [c for c in heuristics.candidate_configs(m, n, NUM_SMS, k=k) if c.splits_in_cluster]
         assert clustered
         for config in clustered:
-            assert config.num_splits == 2 and config.num_tma_multicast == 1 and config.block_m <= 128
+            assert config.num_splits == 2 and config.num_tma_multicast == 1 and m <= config.block_m <= 128
             assert fp8_heuristics.has_splits_in_cluster(config, m, n, NUM_SMS)
             assert config.block_m * config.block_n * 4 <= config.num_stages * (config.block_m + config.block_n) * 128
             twin = heuristics.make_config(config.block_m, config.block_n, num_splits=2)
             assert (heuristics.estimate_seconds(config, m, n, k, NUM_SMS) <
                     heuristics.estimate_seconds(twin, m, n, k, NUM_SMS))
     assert not any(c.splits_in_cluster for c in heuristics.candidate_configs(4096, 7168, NUM_SMS, k=2048))
+    assert not any(c.splits_in_cluster for c in heuristics.candidate_configs(64, 7168, NUM_SMS, k=2048))
     assert not any(c.splits_in_cluster for c in heuristics.candidate_configs(64, 7168, NUM_SMS, grouped=True))
+
+
+def test_one_block_64_row_dense_tiles_take_at_most_8_stages():
+    for m, n, k in ((64, 7168, 2048), (64, 2112, 7168), (1, 4096, 7168)):
+        for config in heuristics.candidate_configs(m, n, NUM_SMS, k=k):
+            if config.block_m == 64 and config.block_n >= 64 and not config.splits_in_cluster:
+                assert config.num_stages <= heuristics.MAX_DENSE_STAGES_64_ROWS
+                assert config.smem_bytes == heuristics.smem_bytes(64, config.block_n, config.num_stages, 2)
+    # Two M blocks of 64 rows (M = 128) keep every stage that fits.
+    for config in heuristics.candidate_configs(128, 2112, NUM_SMS, k=7168):
+        if config.block_m == 64:
+            assert config.num_stages == heuristics.max_stages(64, config.block_n, 2)
 
 
 def test_template_args_name_the_bf16_kind():
