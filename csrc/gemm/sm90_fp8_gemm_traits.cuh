@@ -36,6 +36,9 @@ constexpr uint32_t kMaxFp4SplitBlockN = 96;
 constexpr uint32_t kMaxPipelinedBlockN[2] = {128, 128};
 // Widest tile of 256 rows: each math warpgroup keeps two 64-row sets of final accumulators plus one partial set.
 constexpr uint32_t kMaxTwoWaveBlockN = 128;
+// Widest pipelined tile of 256 rows: two sets of final and two of partial accumulators (2 x BLOCK_N) fit the 232
+// registers.
+constexpr uint32_t kMaxPipelinedTwoWaveBlockN = 96;
 // BF16 operands: a stage holds 64 columns (128 bytes a row, the FP8 stage's bytes and swizzle); with no
 // partial accumulator sets a 64-row wave's tile may be as wide as one wgmma (256 columns).
 constexpr uint32_t kBf16BlockK = 64;
@@ -170,6 +173,9 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kNumStageConsumerWarps = (kOwnTiles ? 1 : kNumMathWarpgroups) * kNumThreadsPerWarpgroup / 32;
     // Tile rows above a math warpgroup's first (its index times this many 64-row waves): none with own tiles.
     static constexpr uint32_t kWarpgroupRowWaves = kOwnTiles ? 0 : kNumMWaves;
+    // Pipelined 256-row tiles: each wave's wgmma group runs while the other wave's is promoted (the mainloop's
+    // pipelined waves).
+    static constexpr bool kPipelinedWaves = kPipelined && kNumMWaves == 2 && !kOwnTiles;
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
     // FP4 weights with one math warpgroup: a second producer-side warpgroup of expanders (gemm/sm90_fp4_expand.cuh).
     static constexpr uint32_t kNumTMAThreads =
@@ -293,12 +299,17 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,
                      "BLOCK_M 64 (one math warpgroup), 128 or 256 (two, each owning half the rows)");
-    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN && kNumSplits == 1 && !kPipelined &&
+    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN && kNumSplits == 1 &&
+                                         (!kPipelined ||
+                                          (kPipelinedWaves && BLOCK_N <= kMaxPipelinedTwoWaveBlockN &&
+                                           kGemmType == GemmType::Normal && kOperands == GemmOperands::Fp8BlockScaled &&
+                                           kMathSchedule == MathSchedule::Lockstep)) &&
                                          (kGemmType == GemmType::Normal || kGemmType == GemmType::KGrouped ||
                                           kOperands == GemmOperands::Fp8BlockScaled) &&
                                          (!kOverlapEpilogue || (kGemmType != GemmType::KGrouped && !kHasColumnScales))),
-                     "256-row tiles: BLOCK_N <= 128, no split-K or pipelining, the M-grouped kinds with block-scaled "
-                     "FP8 operands; the epilogue overlap with block scales, not k-grouped");
+                     "256-row tiles: BLOCK_N <= 128, no split-K, the M-grouped kinds with block-scaled FP8 operands; "
+                     "the epilogue overlap with block scales, not k-grouped; pipelined: BLOCK_N <= 96, the Normal kind "
+                     "with block scales, lockstep");
     DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= (kIsBf16 ? kMaxBf16BlockN : 192),
                      "BLOCK_N in 16..192 (BF16: 16..256), a multiple of 16");
     DK_STATIC_ASSERT(kIsBf16 || BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N),
@@ -322,6 +333,10 @@ struct Sm90Fp8GemmTraits {
                                            (kGemmType == GemmType::Normal || BLOCK_N % 64 == 0)),
                      "the epilogue overlap is for 128- and 256-row tiles without split-K (grouped: BLOCK_N a multiple "
                      "of 64)");
+    // NOTE: with more than two sfb offsets to dispatch on, ptxas serializes every wgmma of the pipelined two-wave loop
+    // that retires the group issued ahead (C7514).
+    DK_STATIC_ASSERT(!kPipelinedWaves || !kOverlapEpilogue || BLOCK_N % 64 == 0,
+                     "pipelined 256-row tiles take the epilogue overlap with BLOCK_N a multiple of 64");
     // NOTE: ptxas gives the streamed store of two 64-row waves a 1 KB stack frame unless the CTA is in a cluster.
     DK_STATIC_ASSERT(!kStreamedStore || kNumMWaves == 1 || kNumTMAMulticast == 2,
                      "256-row tiles with the streamed FP32 store run in 2-CTA clusters");

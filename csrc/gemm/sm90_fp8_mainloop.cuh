@@ -340,6 +340,8 @@ private:
         }
         if constexpr (Traits::kPipelinedHalves) {
             accumulate_halves(k_block_begin, k_block_end, first);
+        } else if constexpr (Traits::kPipelinedWaves) {
+            accumulate_waves<kSecondGroup>(kStraddles, sfb_rows, k_block_begin, k_block_end, first);
         } else if constexpr (!Traits::kPipelined) {
             uint32_t k_block = k_block_begin;
             if constexpr (kIssuedAhead) {
@@ -398,6 +400,59 @@ private:
                 retiring = state;
                 state.advance();
             }
+        }
+    }
+
+    // The pipelined two-wave K loop (Traits::kPipelinedWaves, 256-row tiles): the warpgroup's groups run in the order
+    // (k, wave 0), (k, wave 1), (k + 1, wave 0), ..., wave 0's into `partial` and wave 1's into `partial_next`; each
+    // is promoted while the next one runs (one group in flight), so the tensor cores keep working through the
+    // promotion. Each wave's promotions are those of the plain loop, in the same order.
+    template <uint32_t kSecondGroup, typename Straddles, typename First>
+    DK_DEVICE void accumulate_waves(Straddles, const SfbBlocks& sfb_rows, uint32_t k_block_begin, uint32_t k_block_end,
+                                    First first) {
+        constexpr std::integral_constant<int, 0> kNoneInFlight;
+        constexpr std::integral_constant<int, 1> kOneInFlight;
+        // The K block being retired: its stage and its wave 0's promotion scales (its wave 0 group in flight).
+        uint32_t k_block = k_block_begin;
+        State retiring = state;
+        PromotionScales scales;
+        if constexpr (!std::is_same_v<First, std::false_type>) {
+            retiring = first.state;
+            scales = first.scales;
+        } else {
+            scales = issue_k_block(Straddles{}, sfb_rows, partial, k_block, state);
+            state.advance();
+        }
+        // The last K block: its wave 1 issued, both waves promoted, its stage freed.
+        auto finish = [&]() {
+            const PromotionScales wave1_scales = issue_k_block(Straddles{}, sfb_rows, partial_next, k_block, retiring, 1);
+            retire_k_block<kSecondGroup>(kOneInFlight, partial, scales, retiring, 0);
+            retire_k_block<kSecondGroup>(kNoneInFlight, partial_next, wave1_scales, retiring, 1);
+        };
+        // A K block with a next one: its wave 1 issued, its wave 0 promoted, the next block's wave 0 issued, its
+        // wave 1 promoted and its stage freed.
+        auto step = [&]() {
+            const PromotionScales wave1_scales = issue_k_block(Straddles{}, sfb_rows, partial_next, k_block, retiring, 1);
+            retire_k_block<kSecondGroup>(kOneInFlight, partial, scales, retiring, 0);
+            scales = issue_k_block(Straddles{}, sfb_rows, partial, k_block + 1, state);
+            retire_k_block<kSecondGroup>(kOneInFlight, partial_next, wave1_scales, retiring, 1);
+            retiring = state;
+            state.advance();
+            ++k_block;
+        };
+        // NOTE: unrolled by two K blocks, each step after its own exit test, as the pipelined halves (one exit, or
+        // an issue at the loop's head, lets ptxas serialize every wgmma).
+        for (uint32_t next = k_block_begin + 1;; next += 2) {
+            if (next == k_block_end) {
+                finish();
+                break;
+            }
+            step();
+            if (next + 1 == k_block_end) {
+                finish();
+                break;
+            }
+            step();
         }
     }
 

@@ -60,6 +60,9 @@ MAX_TWO_WAVE_BLOCK_N = 128
 # Widest tile whose K loop can be pipelined (two partial accumulator sets and the final one in registers), by
 # math warpgroup count; the kernel's kMaxPipelinedBlockN.
 MAX_PIPELINED_BLOCK_N = {64: 128, 128: 128}
+# Widest 256-row tile whose K loop can be pipelined across its two waves (two final and two partial accumulator sets,
+# 2 x BLOCK_N registers); block-scaled operands, the Normal kind. The kernel's kMaxPipelinedTwoWaveBlockN.
+MAX_PIPELINED_TWO_WAVE_BLOCK_N = 96
 
 # Model constants (seconds, bytes/s), fitted on an H200 (2026-11-30): about 9% mean
 # error on 160 measured (shape, config) points; picks within 2% of the best measured config.
@@ -285,6 +288,22 @@ def can_pipeline(block_m: int, block_n: int) -> bool:
     """Whether the tile's K loop can keep two wgmma groups in flight (registers for three accumulator sets; not
     at 256 rows, whose registers hold two waves of final accumulators)."""
     return block_n <= MAX_PIPELINED_BLOCK_N.get(block_m, 0)
+
+
+def can_pipeline_waves(block_m: int, block_n: int, operands: str = "fp8_block_scaled", num_splits: int = 1,
+                       ping_pong: bool = False) -> bool:
+    """Whether a 256-row tile can pipeline its K loop across its two waves (each wave's wgmma group runs while the
+    other wave's is promoted; the kernel's kPipelinedWaves): block-scaled operands, BLOCK_N at most
+    MAX_PIPELINED_TWO_WAVE_BLOCK_N, no split-K, lockstep (the Normal kind: the grouped kinds refuse it)."""
+    return (block_m == 256 and block_n <= MAX_PIPELINED_TWO_WAVE_BLOCK_N and operands == "fp8_block_scaled" and
+            num_splits == 1 and not ping_pong)
+
+
+def has_pipelined_waves_overlap(block_n: int) -> bool:
+    """Whether a pipelined 256-row tile takes the epilogue overlap: BLOCK_N a multiple of 64 (at most two sfb offsets
+    for the K loop to dispatch on; with more, ptxas serializes every wgmma of the loop that retires the group issued
+    ahead, C7514)."""
+    return block_n % 64 == 0
 
 
 def can_pipeline_halves(block_m: int, block_n: int, operands: str, num_splits: int = 1) -> bool:
@@ -781,9 +800,13 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     if pipelined is None:
         pipelined = can_pipeline(block_m, block_n) and not ping_pong
     elif pipelined and not (can_pipeline(block_m, block_n) or
-                            can_pipeline_halves(block_m, block_n, operands, num_splits)):
+                            can_pipeline_halves(block_m, block_n, operands, num_splits) or
+                            can_pipeline_waves(block_m, block_n, operands, num_splits, ping_pong)):
         raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined (block_m 64 or 128, block_n at most "
-                         f"{MAX_PIPELINED_BLOCK_N[128]}; per-channel B scales: or a multiple of 32 without split-K)")
+                         f"{MAX_PIPELINED_BLOCK_N[128]}; per-channel B scales: or a multiple of 32 without split-K; "
+                         f"block_m 256: block-scaled, block_n at most {MAX_PIPELINED_TWO_WAVE_BLOCK_N})")
+    if pipelined and block_m == 256 and overlap_epilogue and not has_pipelined_waves_overlap(block_n):
+        raise ValueError("a pipelined 256-row tile takes the epilogue overlap only with block_n a multiple of 64")
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, operands=operands)
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),

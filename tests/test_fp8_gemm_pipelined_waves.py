@@ -1,0 +1,135 @@
+"""The FP8 GEMM's pipelined 256-row tiles (the kernel's kPipelinedWaves): each math warpgroup runs its two 64-row waves'
+wgmma groups in turn, one promoted while the other runs (block-scaled operands, the Normal kind, BLOCK_N at most 96).
+
+CPU: the heuristics' side (legality, what make_config and the config override take, no candidate until measured).
+GPU: the kernel against the float64 reference with poisoned outputs (deep_kernels.testing.gemm.assert_gemm_close),
+bitwise against its plain twin (the same tile without the pipelining: each wave's promotions are the same, in the same
+order) and against a second run, and a planted bug the check must reject. The cases cover one, three (a 32-column
+tail) and many K blocks, partial M and N tiles, tiles straddling sfb blocks, both multicast operands, the epilogue
+overlap (64 columns) and accumulation into FP32 D.
+"""
+
+import pytest
+import torch
+
+from deep_kernels import gemm
+from deep_kernels.heuristics import fp8_gemm as heuristics
+from deep_kernels.reference import gemm as reference
+from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_
+from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_gemm_inputs
+
+# (block_n, multicast, multicast_on_a, overlap, accumulate, m, n, k)
+PIPELINED_WAVE_CASES = [
+    (96, 2, 1, False, False, 4001, 2112, 7168),  # multicast of A; partial last M tile; 56 K blocks
+    (96, 2, 0, False, False, 1000, 7168, 2048),  # multicast of B; partial last N tile; straddling tiles
+    (96, 1, 0, False, True, 300, 1040, 128),     # one K block; accumulation
+    (96, 1, 0, False, True, 777, 1040, 288),     # three K blocks, the last of 32 columns; accumulation
+    (64, 2, 1, True, False, 4001, 24576, 1536),  # the epilogue overlap (the next tile's wave 0 issued ahead)
+]
+
+
+def pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes=2, pipelined=True):
+    return heuristics.make_config(256, block_n, multicast, bool(multicast_on_a), out_bytes, pipelined=pipelined,
+                                  overlap_epilogue=overlap)
+
+
+def case_specs() -> list:
+    """The kernel specs the GPU tests below launch (for a parallel precompile before them)."""
+    specs = []
+    for block_n, multicast, on_a, overlap, accumulate, m, n, k in PIPELINED_WAVE_CASES:
+        out_dtype, out_bytes = (torch.float32, 4) if accumulate else (torch.bfloat16, 2)
+        for pipelined in (True, False):
+            config = pipelined_config(block_n, multicast, on_a, overlap, out_bytes, pipelined)
+            specs.append(gemm.kernel_spec(config, n, k, out_dtype, accumulate))
+    return specs
+
+
+# ---- heuristics (CPU) ----
+
+def test_pipelined_wave_configs():
+    config = pipelined_config(96, 2, 1, False)
+    assert (config.pipelined, config.num_math_warpgroups, config.num_stages) == (True, 2, 3)
+    assert heuristics.config_label(config) == "256x96/1p+a"
+    assert heuristics.template_args(config, 4096, 7168, "bfloat16", False)[14] == "true"
+    assert heuristics.make_config(out_dtype_bytes=2, **heuristics.config_fields(config)) == config
+    # 256-row tiles stay unpipelined unless asked.
+    assert not heuristics.make_config(256, 96, 2, True, 2).pipelined
+    assert pipelined_config(64, 2, 1, True).overlap_epilogue
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"block_n": 112, "pipelined": True}, "cannot be pipelined"),
+    ({"block_n": 96, "pipelined": True, "operands": "fp8_channel_scaled"}, "cannot be pipelined"),
+    ({"block_n": 96, "pipelined": True, "overlap_epilogue": True}, "multiple of 64"),
+])
+def test_pipelined_wave_configs_reject_what_the_kernel_does_not_take(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        heuristics.make_config(256, num_tma_multicast=1, multicast_on_a=False, out_dtype_bytes=2, **kwargs)
+
+
+def test_pipelined_waves_are_not_candidates_until_measured():
+    for n, k in ((2112, 7168), (4096, 7168), (7168, 2048)):
+        assert not any(c.block_m == 256 and c.pipelined for c in heuristics.candidate_configs(4096, n, 132, k=k))
+
+
+def test_config_override_pipelines_256_rows_and_drops_an_overlap_it_cannot_take():
+    pick = heuristics.make_config(256, 128, 2, True, 2, overlap_epilogue=True)
+    forced = gemm.apply_config_override(pick, {"block_n": 96, "pipelined": 1}, 2, 7168)
+    assert (forced.block_m, forced.block_n, forced.pipelined, forced.overlap_epilogue) == (256, 96, True, False)
+    forced = gemm.apply_config_override(pick, {"block_n": 64, "pipelined": 1}, 2, 7168)
+    assert (forced.pipelined, forced.overlap_epilogue) == (True, True)
+    assert not gemm.apply_config_override(pick, {"block_n": 96}, 2, 7168).pipelined
+
+
+# ---- the kernel (GPU) ----
+
+def _reference(a, b) -> torch.Tensor:
+    m, n = a[0].shape[0], b[0].shape[0]
+    return reference.fp8_gemm_nt(a, b, torch.empty((m, n), device=a[0].device, dtype=torch.float64))
+
+
+def _call(config, a, b, m, n, c=None, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """fp8_gemm_nt with `config` into a poisoned d (or into a copy of c, accumulating)."""
+    d = c.clone() if c is not None else poison_(torch.empty((m, n), device="cuda", dtype=out_dtype))
+    gemm.forced_config_call(config, a, b, d, c=d if c is not None else None)()
+    return d
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_n,multicast,multicast_on_a,overlap,accumulate,m,n,k", PIPELINED_WAVE_CASES)
+def test_pipelined_waves_match_reference_and_plain_twin(block_n, multicast, multicast_on_a, overlap, accumulate, m, n,
+                                                        k):
+    out_dtype, out_bytes = (torch.float32, 4) if accumulate else (torch.bfloat16, 2)
+    config = pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes)
+    twin = pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes, pipelined=False)
+    a, b = make_gemm_inputs(m, n, k)
+    expected = _reference(a, b)
+    c = None
+    if accumulate:
+        c = accumulator_like(expected)
+        expected += c.double()
+    d = _call(config, a, b, m, n, c, out_dtype)
+    assert_gemm_close(d, expected)
+    assert calc_diff(d, expected) <= 2e-6
+    assert_bitwise_equal(_call(config, a, b, m, n, c, out_dtype), d, "d (pipelined waves, second run)")
+    assert_bitwise_equal(_call(twin, a, b, m, n, c, out_dtype), d, "d (plain twin)")
+
+
+@pytest.mark.gpu
+def test_check_rejects_swapped_waves_or_an_unwritten_wave():
+    # The planted bugs the pipelined waves could make: a wave's rows promoted into the other wave's accumulators (rows
+    # 64 apart swapped) and a wave left unwritten (still poisoned). The check that passes the kernel's D rejects both.
+    m, n, k = 4001, 2112, 7168
+    config = pipelined_config(96, 2, 1, False)
+    a, b = make_gemm_inputs(m, n, k)
+    expected = _reference(a, b)
+    d = _call(config, a, b, m, n)
+    assert_gemm_close(d, expected)
+    swapped = d.clone()
+    swapped[0:64, :96], swapped[64:128, :96] = d[64:128, :96], d[0:64, :96]
+    with pytest.raises(AssertionError):
+        assert_gemm_close(swapped, expected)
+    unwritten = d.clone()
+    poison_(unwritten[320:384, 96:192])
+    with pytest.raises(AssertionError):
+        assert_gemm_close(unwritten, expected)
