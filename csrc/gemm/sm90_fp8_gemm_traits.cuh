@@ -185,8 +185,10 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kNumTileOffsets = kScaleBlock / kTileOffsetStep;
 
     // Register budgets: 128 x 40 + 256 x 232 = 64,512 of 65,536 with two math warpgroups.
-    static constexpr uint32_t kNumTMARegisters = 40;
-    static constexpr uint32_t kNumMathRegisters = kNumMathWarpgroups == 1 ? 240 : 232;
+    // Pipelined 256-row tiles (four accumulator sets): the producer's 24 leave the math warpgroups 240
+    // (128 x 24 + 256 x 240 = 64,512).
+    static constexpr uint32_t kNumTMARegisters = kPipelinedWaves ? 24 : 40;
+    static constexpr uint32_t kNumMathRegisters = kNumMathWarpgroups == 1 || kPipelinedWaves ? 240 : 232;
 
     // Shared-memory carve-up (deep_kernels/heuristics/fp8_gemm.py: smem_bytes mirrors it): D staging (one
     // 64-row buffer per warpgroup and wave), then per stage A, B, sfa (and sfb, per-channel B scales), then the
