@@ -189,9 +189,7 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
             fields["block_m"], bool(fields.get("pipelined")))
     if "overlap_epilogue" not in override:
         fields["overlap_epilogue"] = config.overlap_epilogue and heuristics.has_epilogue_overlap(
-            fields["block_m"], fields["block_n"], fields["num_splits"], grouped, operands) and not (
-            fields["block_m"] == 256 and fields.get("pipelined") and
-            not heuristics.has_pipelined_waves_overlap(fields["block_n"]))
+            fields["block_m"], fields["block_n"], fields["num_splits"], grouped, operands)
     if "own_tiles" not in override:
         fields["own_tiles"] = config.own_tiles and heuristics.can_own_tiles(
             fields["block_m"], fields["block_n"], fields["num_splits"], grouped, operands)

@@ -6,7 +6,7 @@ GPU: the kernel against the float64 reference with poisoned outputs (deep_kernel
 bitwise against its plain twin (the same tile without the pipelining: each wave's promotions are the same, in the same
 order) and against a second run, and a planted bug the check must reject. The cases cover one, three (a 32-column
 tail) and many K blocks, partial M and N tiles, tiles straddling sfb blocks, both multicast operands, the epilogue
-overlap (64 columns) and accumulation into FP32 D.
+overlap (the next tile's two groups issued before the store) and accumulation into FP32 D.
 """
 
 import pytest
@@ -20,11 +20,11 @@ from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_
 
 # (block_n, multicast, multicast_on_a, overlap, accumulate, m, n, k)
 PIPELINED_WAVE_CASES = [
-    (96, 2, 1, False, False, 4001, 2112, 7168),  # multicast of A; partial last M tile; 56 K blocks
-    (96, 2, 0, False, False, 1000, 7168, 2048),  # multicast of B; partial last N tile; straddling tiles
+    (96, 2, 1, True, False, 4001, 2112, 7168),   # multicast of A; partial last M tile; 56 K blocks; the overlap
+    (96, 2, 0, True, False, 1000, 7168, 2048),   # multicast of B; partial last N tile; straddling tiles; the overlap
     (96, 1, 0, False, True, 300, 1040, 128),     # one K block; accumulation
     (96, 1, 0, False, True, 777, 1040, 288),     # three K blocks, the last of 32 columns; accumulation
-    (64, 2, 1, True, False, 4001, 24576, 1536),  # the epilogue overlap (the next tile's wave 0 issued ahead)
+    (64, 2, 1, True, False, 4001, 24576, 1536),  # 64 columns (two sfb offsets) with the overlap
 ]
 
 
@@ -60,7 +60,6 @@ def test_pipelined_wave_configs():
 @pytest.mark.parametrize("kwargs,match", [
     ({"block_n": 112, "pipelined": True}, "cannot be pipelined"),
     ({"block_n": 96, "pipelined": True, "operands": "fp8_channel_scaled"}, "cannot be pipelined"),
-    ({"block_n": 96, "pipelined": True, "overlap_epilogue": True}, "multiple of 64"),
 ])
 def test_pipelined_wave_configs_reject_what_the_kernel_does_not_take(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -72,13 +71,13 @@ def test_pipelined_waves_are_not_candidates_until_measured():
         assert not any(c.block_m == 256 and c.pipelined for c in heuristics.candidate_configs(4096, n, 132, k=k))
 
 
-def test_config_override_pipelines_256_rows_and_drops_an_overlap_it_cannot_take():
+def test_config_override_pipelines_256_rows():
     pick = heuristics.make_config(256, 128, 2, True, 2, overlap_epilogue=True)
     forced = gemm.apply_config_override(pick, {"block_n": 96, "pipelined": 1}, 2, 7168)
-    assert (forced.block_m, forced.block_n, forced.pipelined, forced.overlap_epilogue) == (256, 96, True, False)
-    forced = gemm.apply_config_override(pick, {"block_n": 64, "pipelined": 1}, 2, 7168)
-    assert (forced.pipelined, forced.overlap_epilogue) == (True, True)
+    assert (forced.block_m, forced.block_n, forced.pipelined, forced.overlap_epilogue) == (256, 96, True, True)
     assert not gemm.apply_config_override(pick, {"block_n": 96}, 2, 7168).pipelined
+    with pytest.raises(ValueError, match="cannot be pipelined"):
+        gemm.apply_config_override(pick, {"pipelined": 1}, 2, 7168)
 
 
 # ---- the kernel (GPU) ----

@@ -335,10 +335,6 @@ struct Sm90Fp8GemmTraits {
                                            (kGemmType == GemmType::Normal || BLOCK_N % 64 == 0)),
                      "the epilogue overlap is for 128- and 256-row tiles without split-K (grouped: BLOCK_N a multiple "
                      "of 64)");
-    // NOTE: with more than two sfb offsets to dispatch on, ptxas serializes every wgmma of the pipelined two-wave loop
-    // that retires the group issued ahead (C7514).
-    DK_STATIC_ASSERT(!kPipelinedWaves || !kOverlapEpilogue || BLOCK_N % 64 == 0,
-                     "pipelined 256-row tiles take the epilogue overlap with BLOCK_N a multiple of 64");
     // NOTE: ptxas gives the streamed store of two 64-row waves a 1 KB stack frame unless the CTA is in a cluster.
     DK_STATIC_ASSERT(!kStreamedStore || kNumMWaves == 1 || kNumTMAMulticast == 2,
                      "256-row tiles with the streamed FP32 store run in 2-CTA clusters");

@@ -299,13 +299,6 @@ def can_pipeline_waves(block_m: int, block_n: int, operands: str = "fp8_block_sc
             num_splits == 1 and not ping_pong)
 
 
-def has_pipelined_waves_overlap(block_n: int) -> bool:
-    """Whether a pipelined 256-row tile takes the epilogue overlap: BLOCK_N a multiple of 64 (at most two sfb offsets
-    for the K loop to dispatch on; with more, ptxas serializes every wgmma of the loop that retires the group issued
-    ahead, C7514)."""
-    return block_n % 64 == 0
-
-
 def can_pipeline_halves(block_m: int, block_n: int, operands: str, num_splits: int = 1) -> bool:
     """Whether a per-channel-scaled tile too wide for a second accumulator set can run its K loop as pipelined halves
     (two wgmma groups of BLOCK_N / 2 columns per K block, one promoted while the other runs; the kernel's
@@ -805,8 +798,6 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
         raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined (block_m 64 or 128, block_n at most "
                          f"{MAX_PIPELINED_BLOCK_N[128]}; per-channel B scales: or a multiple of 32 without split-K; "
                          f"block_m 256: block-scaled, block_n at most {MAX_PIPELINED_TWO_WAVE_BLOCK_N})")
-    if pipelined and block_m == 256 and overlap_epilogue and not has_pipelined_waves_overlap(block_n):
-        raise ValueError("a pipelined 256-row tile takes the epilogue overlap only with block_n a multiple of 64")
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, operands=operands)
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
