@@ -80,6 +80,13 @@ def test_config_override_pipelines_256_rows():
         gemm.apply_config_override(pick, {"pipelined": 1}, 2, 7168)
 
 
+def test_compile_coverage_builds_pipelined_waves():
+    kernels = [kernel for kernel in heuristics.compile_coverage_kernels()
+               if kernel.config.block_m == 256 and kernel.config.pipelined]
+    assert {(kernel.config.block_n, kernel.config.overlap_epilogue, kernel.with_accumulation) for kernel in kernels} == {
+        (96, True, False), (80, False, True)}
+
+
 # ---- the kernel (GPU) ----
 
 def _reference(a, b) -> torch.Tensor:
@@ -132,3 +139,4 @@ def test_check_rejects_swapped_waves_or_an_unwritten_wave():
     poison_(unwritten[320:384, 96:192])
     with pytest.raises(AssertionError):
         assert_gemm_close(unwritten, expected)
+

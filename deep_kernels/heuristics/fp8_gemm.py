@@ -860,6 +860,10 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(256, 128, 2, True, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False,
                         "m_grouped_contiguous"),
         CandidateKernel(make_config(256, 112, 1, False, 2), 7168, 2048, "bfloat16", False, "m_grouped_masked"),
+        # Pipelined 256-row tiles: 96 columns (four sfb offsets) with the overlap and multicast, 80 with accumulation.
+        CandidateKernel(make_config(256, 96, 2, True, 2, pipelined=True, overlap_epilogue=True), 4096, 7168, "bfloat16",
+                        False),
+        CandidateKernel(make_config(256, 80, 1, False, 4, pipelined=True), 7168, 2048, "float32", True),
         # The ping-pong schedule: with the epilogue overlap, two waves with multicast, split-K with accumulation.
         CandidateKernel(make_config(128, 160, 1, False, 2, overlap_epilogue=True, ping_pong=True), 7168, 2048,
                         "bfloat16", False),
