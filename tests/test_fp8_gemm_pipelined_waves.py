@@ -26,20 +26,23 @@ PIPELINED_WAVE_CASES = [
     (96, 1, 0, False, True, 777, 1040, 288),     # three K blocks, the last of 32 columns; accumulation
     (64, 2, 1, True, False, 4001, 24576, 1536),  # 64 columns (two sfb offsets) with the overlap
 ]
+# Stages of the cases (None: as many as fit, which stages D one 64-row wave at a time at 96 columns; 3: the whole tile
+# staged), by case index.
+CASE_STAGES = {1: 3}
 
 
-def pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes=2, pipelined=True):
+def pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes=2, pipelined=True, num_stages=None):
     return heuristics.make_config(256, block_n, multicast, bool(multicast_on_a), out_bytes, pipelined=pipelined,
-                                  overlap_epilogue=overlap)
+                                  overlap_epilogue=overlap, num_stages=num_stages)
 
 
 def case_specs() -> list:
     """The kernel specs the GPU tests below launch (for a parallel precompile before them)."""
     specs = []
-    for block_n, multicast, on_a, overlap, accumulate, m, n, k in PIPELINED_WAVE_CASES:
+    for i, (block_n, multicast, on_a, overlap, accumulate, m, n, k) in enumerate(PIPELINED_WAVE_CASES):
         out_dtype, out_bytes = (torch.float32, 4) if accumulate else (torch.bfloat16, 2)
         for pipelined in (True, False):
-            config = pipelined_config(block_n, multicast, on_a, overlap, out_bytes, pipelined)
+            config = pipelined_config(block_n, multicast, on_a, overlap, out_bytes, pipelined, CASE_STAGES.get(i))
             specs.append(gemm.kernel_spec(config, n, k, out_dtype, accumulate))
     return specs
 
@@ -48,8 +51,15 @@ def case_specs() -> list:
 
 def test_pipelined_wave_configs():
     config = pipelined_config(96, 2, 1, False)
-    assert (config.pipelined, config.num_math_warpgroups, config.num_stages) == (True, 2, 3)
+    assert (config.pipelined, config.num_math_warpgroups, config.num_stages) == (True, 2, 4)
     assert heuristics.config_label(config) == "256x96/1p+a"
+    # Four stages leave room for one 64-row wave of D staging per math warpgroup; three for the whole tile's.
+    assert config.smem_bytes == 2 * 64 * 96 * 2 + 4 * (heuristics.stage_bytes(256, 96) + 16) <= \
+        heuristics.SMEM_CAPACITY_BYTES
+    assert pipelined_config(96, 2, 1, False).smem_bytes < heuristics.smem_bytes(256, 96, 4, 2)
+    three = heuristics.make_config(256, 96, 2, True, 2, num_stages=3, pipelined=True)
+    assert three.smem_bytes == heuristics.smem_bytes(256, 96, 3, 2) == 256 * 96 * 2 + 3 * (
+        heuristics.stage_bytes(256, 96) + 16)
     assert heuristics.template_args(config, 4096, 7168, "bfloat16", False)[14] == "true"
     assert heuristics.make_config(out_dtype_bytes=2, **heuristics.config_fields(config)) == config
     # 256-row tiles stay unpipelined unless asked.
@@ -102,12 +112,13 @@ def _call(config, a, b, m, n, c=None, out_dtype=torch.bfloat16) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_n,multicast,multicast_on_a,overlap,accumulate,m,n,k", PIPELINED_WAVE_CASES)
-def test_pipelined_waves_match_reference_and_plain_twin(block_n, multicast, multicast_on_a, overlap, accumulate, m, n,
-                                                        k):
+@pytest.mark.parametrize("case", range(len(PIPELINED_WAVE_CASES)))
+def test_pipelined_waves_match_reference_and_plain_twin(case):
+    block_n, multicast, multicast_on_a, overlap, accumulate, m, n, k = PIPELINED_WAVE_CASES[case]
     out_dtype, out_bytes = (torch.float32, 4) if accumulate else (torch.bfloat16, 2)
-    config = pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes)
-    twin = pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes, pipelined=False)
+    stages = CASE_STAGES.get(case)
+    config = pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes, num_stages=stages)
+    twin = pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes, pipelined=False, num_stages=stages)
     a, b = make_gemm_inputs(m, n, k)
     expected = _reference(a, b)
     c = None

@@ -200,8 +200,6 @@ struct Sm90Fp8GemmTraits {
     // 256 x 128 none).
     static constexpr bool kStreamedStore =
         (kIsChannelScaled || (kIsBf16 && kIsKGrouped)) && std::is_same_v<OutputType, float>;
-    static constexpr uint32_t kSmemDBytesPerWarpgroup = kStreamedStore ? 2 * Store::kChunkBytes : kNumMWaves * Store::kBytes;
-    static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kSmemDBytesPerWarpgroup, 1024);
     // Bytes of one operand element (e4m3 or bf16); BF16 stages hold no sfa.
     static constexpr uint32_t kOperandBytes = kIsBf16 ? sizeof(__nv_bfloat16) : 1;
     static constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K * kOperandBytes;
@@ -211,6 +209,15 @@ struct Sm90Fp8GemmTraits {
     // to it; the FP4 expanders' sfb stages are not.
     static constexpr uint32_t kSfbBoxBytes = kHasColumnScales ? BLOCK_N * sizeof(float) : 0;
     static constexpr uint32_t kStageSfbBytes = kIsChannelScaled ? align_up<uint32_t>(kSfbBoxBytes, 128) : kSfbBoxBytes;
+    // Pipelined 256-row tiles with more stages than fit beside the whole tile's staging: each warpgroup stages and
+    // stores its two waves one after the other through one 64-row buffer (the epilogue's store_tile_wave_by_wave).
+    static constexpr bool kStoreWaveByWave =
+        kPipelinedWaves && align_up<uint32_t>(kNumMathWarpgroups * kNumMWaves * Store::kBytes, 1024) +
+                                   kNumStages * (kStageABytes + kStageBBytes + kStageSfaBytes + kStageSfbBytes) +
+                                   2 * kNumStages * sizeof(uint64_t) > kMaxSmemBytes;
+    static constexpr uint32_t kSmemDBytesPerWarpgroup =
+        kStreamedStore ? 2 * Store::kChunkBytes : (kStoreWaveByWave ? 1 : kNumMWaves) * Store::kBytes;
+    static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kSmemDBytesPerWarpgroup, 1024);
     static constexpr uint32_t kOffsetA = kSmemDBytes;
     static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr uint32_t kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
