@@ -1,5 +1,7 @@
 """The FP8 GEMM's pipelined 256-row tiles (the kernel's kPipelinedWaves): each math warpgroup runs its two 64-row waves'
-wgmma groups in turn, one promoted while the other runs (block-scaled operands, the Normal kind, BLOCK_N at most 96).
+wgmma groups in turn, one promoted while the other runs (block-scaled operands, the Normal kind, BLOCK_N at most 96);
+and 256-row tiles with more stages than fit beside the whole tile's D staging, which stage D in parts (one 64-row wave
+or one chunk of it per math warpgroup at a time: the kernel's kStagedPartBytes).
 
 CPU: the heuristics' side (legality, what make_config and the config override take, no candidate until measured).
 GPU: the kernel against the float64 reference with poisoned outputs (deep_kernels.testing.gemm.assert_gemm_close),
@@ -44,7 +46,27 @@ def case_specs() -> list:
         for pipelined in (True, False):
             config = pipelined_config(block_n, multicast, on_a, overlap, out_bytes, pipelined, CASE_STAGES.get(i))
             specs.append(gemm.kernel_spec(config, n, k, out_dtype, accumulate))
-    return specs
+    return specs + staged_in_parts_specs()
+
+
+# 256-row tiles with D staged in parts (plain K loop): (block_n, stages, multicast, multicast_on_a, m, n, k), each against
+# the same tiles with the whole tile staged (3 stages).
+STAGED_IN_PARTS_CASES = [
+    (128, 4, 2, 1, 4001, 7168, 2048),  # one chunk (64 columns) per warpgroup at a time; partial last M tile
+    (112, 4, 2, 0, 1000, 2112, 640),   # one wave per warpgroup at a time; partial last N tile; straddling tiles
+]
+
+
+def staged_in_parts_configs(block_n, stages, multicast, multicast_on_a):
+    """The config staging D in parts and its twin staging the whole tile (3 stages)."""
+    return tuple(heuristics.make_config(256, block_n, multicast, bool(multicast_on_a), 2, num_stages=num_stages,
+                                        overlap_epilogue=True) for num_stages in (stages, 3))
+
+
+def staged_in_parts_specs() -> list:
+    return [gemm.kernel_spec(config, n, k, torch.bfloat16, False)
+            for block_n, stages, multicast, on_a, m, n, k in STAGED_IN_PARTS_CASES
+            for config in staged_in_parts_configs(block_n, stages, multicast, on_a)]
 
 
 # ---- heuristics (CPU) ----
@@ -65,6 +87,20 @@ def test_pipelined_wave_configs():
     # 256-row tiles stay unpipelined unless asked.
     assert not heuristics.make_config(256, 96, 2, True, 2).pipelined
     assert pipelined_config(64, 2, 1, True).overlap_epilogue
+
+
+def test_d_staged_in_parts_where_the_stages_leave_too_little():
+    # Plain 256-row tiles keep the stages that fit beside the whole tile's staging unless asked for more; then one wave,
+    # or where that does not fit either one 64-column chunk, per math warpgroup.
+    assert heuristics.make_config(256, 128, 2, True, 2).num_stages == 3
+    four = heuristics.make_config(256, 128, 2, True, 2, num_stages=4)
+    assert four.smem_bytes == 2 * 64 * 128 + 4 * (heuristics.stage_bytes(256, 128) + 16) <= heuristics.SMEM_CAPACITY_BYTES
+    assert heuristics.make_config(256, 112, 2, True, 2, num_stages=4).smem_bytes == 2 * 64 * 112 * 2 + 4 * (
+        heuristics.stage_bytes(256, 112) + 16)
+    assert not heuristics.may_stage_d_in_parts(256, grouped=True)
+    assert not heuristics.may_stage_d_in_parts(256, "fp8_channel_scaled")
+    with pytest.raises(ValueError, match="at most 3 stages"):
+        gemm.apply_config_override(four, {"stages": 4}, 2, 7168, grouped=True)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -151,3 +187,14 @@ def test_check_rejects_swapped_waves_or_an_unwritten_wave():
     with pytest.raises(AssertionError):
         assert_gemm_close(unwritten, expected)
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_n,stages,multicast,multicast_on_a,m,n,k", STAGED_IN_PARTS_CASES)
+def test_d_staged_in_parts_matches_reference_and_whole_tile_staging(block_n, stages, multicast, multicast_on_a, m, n,
+                                                                    k):
+    config, twin = staged_in_parts_configs(block_n, stages, multicast, multicast_on_a)
+    a, b = make_gemm_inputs(m, n, k)
+    expected = _reference(a, b)
+    d = _call(config, a, b, m, n)
+    assert_gemm_close(d, expected)
+    assert_bitwise_equal(_call(twin, a, b, m, n), d, "d (the whole tile staged)")

@@ -209,14 +209,24 @@ struct Sm90Fp8GemmTraits {
     // to it; the FP4 expanders' sfb stages are not.
     static constexpr uint32_t kSfbBoxBytes = kHasColumnScales ? BLOCK_N * sizeof(float) : 0;
     static constexpr uint32_t kStageSfbBytes = kIsChannelScaled ? align_up<uint32_t>(kSfbBoxBytes, 128) : kSfbBoxBytes;
-    // Pipelined 256-row tiles with more stages than fit beside the whole tile's staging: each warpgroup stages and
-    // stores its two waves one after the other through one 64-row buffer (the epilogue's store_tile_wave_by_wave).
-    static constexpr bool kStoreWaveByWave =
-        kPipelinedWaves && align_up<uint32_t>(kNumMathWarpgroups * kNumMWaves * Store::kBytes, 1024) +
-                                   kNumStages * (kStageABytes + kStageBBytes + kStageSfaBytes + kStageSfbBytes) +
-                                   2 * kNumStages * sizeof(uint64_t) > kMaxSmemBytes;
+    // 256-row tiles (the Normal kind with block scales, lockstep) with more stages than fit beside the whole tile's D
+    // staging: each warpgroup stages and stores its tile in parts, one after the other, through one buffer of a
+    // 64-row wave (Store::kBytes) or, where that does not fit either, of one chunk (Store::kChunkBytes: kChunkCols
+    // columns of 64 rows); the epilogue's store_tile_in_parts. 0: the whole tile is staged at once.
+    static constexpr bool kMayStageDInParts = kNumMWaves == 2 && !kOwnTiles && !kStreamedStore &&
+                                              kGemmType == GemmType::Normal && kOperands == GemmOperands::Fp8BlockScaled &&
+                                              kMathSchedule == MathSchedule::Lockstep;
+    static constexpr uint32_t kAllStagesBytes =
+        kNumStages * (kStageABytes + kStageBBytes + kStageSfaBytes + kStageSfbBytes) + 2 * kNumStages * sizeof(uint64_t);
+    static constexpr uint32_t kStagedPartBytes =
+        !kMayStageDInParts ||
+                align_up<uint32_t>(kNumMathWarpgroups * kNumMWaves * Store::kBytes, 1024) + kAllStagesBytes <= kMaxSmemBytes
+            ? 0
+            : (align_up<uint32_t>(kNumMathWarpgroups * Store::kBytes, 1024) + kAllStagesBytes <= kMaxSmemBytes
+                   ? Store::kBytes
+                   : Store::kChunkBytes);
     static constexpr uint32_t kSmemDBytesPerWarpgroup =
-        kStreamedStore ? 2 * Store::kChunkBytes : (kStoreWaveByWave ? 1 : kNumMWaves) * Store::kBytes;
+        kStreamedStore ? 2 * Store::kChunkBytes : (kStagedPartBytes > 0 ? kStagedPartBytes : kNumMWaves * Store::kBytes);
     static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kSmemDBytesPerWarpgroup, 1024);
     static constexpr uint32_t kOffsetA = kSmemDBytes;
     static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;

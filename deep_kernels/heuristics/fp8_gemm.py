@@ -266,27 +266,38 @@ def stage_bytes(block_m: int, block_n: int, operands: str = "fp8_block_scaled") 
 
 
 def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int,
-               operands: str = "fp8_block_scaled", own_tiles: bool = False, pipelined_waves: bool = False) -> int:
+               operands: str = "fp8_block_scaled", own_tiles: bool = False, d_in_parts: bool = False) -> int:
     """Dynamic shared memory of the kernel's carve-up: D staging, then per stage A, B, sfa (and sfb with per-channel
     B scales), then barriers. D staging: the whole tile (with own tiles, each math warpgroup's), or with per-channel B
-    scales and FP32 D two chunks of 64 rows per math warpgroup (the kernel's streamed store), or for a pipelined
-    256-row tile (pipelined_waves) whose stages leave no room for the whole tile's, one 64-row wave per math
-    warpgroup (the kernel's kStoreWaveByWave)."""
+    scales and FP32 D two chunks of 64 rows per math warpgroup (the kernel's streamed store), or for a 256-row tile
+    that may stage D in parts (d_in_parts: may_stage_d_in_parts) whose stages leave no room for the whole tile's, one
+    64-row wave per math warpgroup, or where that does not fit either one chunk of a wave (the kernel's
+    kStagedPartBytes)."""
     stages_bytes = num_stages * stage_bytes(block_m, block_n, operands) + 2 * num_stages * 8
     if operands in CHANNEL_SCALED_OPERANDS and out_dtype_bytes == 4:
         d_bytes = _align(num_math_warpgroups(block_m) * 2 * 64 * swizzle_d_bytes(block_n, 4), 1024)
     else:
         d_bytes = _align((2 if own_tiles else 1) * block_m * block_n * out_dtype_bytes, 1024)
-        if pipelined_waves and d_bytes + stages_bytes > SMEM_CAPACITY_BYTES:
+        if d_in_parts and d_bytes + stages_bytes > SMEM_CAPACITY_BYTES:
             d_bytes = _align(num_math_warpgroups(block_m) * 64 * block_n * out_dtype_bytes, 1024)
+            if d_bytes + stages_bytes > SMEM_CAPACITY_BYTES:
+                d_bytes = _align(num_math_warpgroups(block_m) * 64 * swizzle_d_bytes(block_n, out_dtype_bytes), 1024)
     return d_bytes + stages_bytes
 
 
+def may_stage_d_in_parts(block_m: int, operands: str = "fp8_block_scaled", ping_pong: bool = False,
+                         grouped: bool = False) -> bool:
+    """Whether the kernel stages a tile's D in parts where its stages leave no room for the whole tile's (the kernel's
+    kStagedPartBytes): 256-row tiles of the Normal kind with block-scaled operands, lockstep."""
+    return block_m == 256 and operands == "fp8_block_scaled" and not ping_pong and not grouped
+
+
 def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
-               operands: str = "fp8_block_scaled", own_tiles: bool = False, pipelined_waves: bool = False) -> int:
-    if pipelined_waves:
+               operands: str = "fp8_block_scaled", own_tiles: bool = False, d_in_parts: bool = False) -> int:
+    """The most stages that fit (d_in_parts: with D staged in parts where the whole tile's staging leaves too few)."""
+    if d_in_parts:
         return max((s for s in range(1, MAX_STAGES + 1) if smem_bytes(block_m, block_n, s, out_dtype_bytes, operands,
-                                                                       pipelined_waves=True) <= smem_capacity),
+                                                                       d_in_parts=True) <= smem_capacity),
                    default=0)
     fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes, operands, own_tiles)
     per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes, operands, own_tiles) - fixed
@@ -565,9 +576,9 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                     if (block_m in PIPELINED_CONSTANT_SHARE and not grouped and
                             can_pipeline_waves(block_m, block_n, operands, num_splits)):
                         waves_stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, operands,
-                                                  pipelined_waves=True)
+                                                  d_in_parts=True)
                         yield replace(config, pipelined=True, num_stages=waves_stages, smem_bytes=smem_bytes(
-                            block_m, block_n, waves_stages, out_dtype_bytes, operands, pipelined_waves=True))
+                            block_m, block_n, waves_stages, out_dtype_bytes, operands, d_in_parts=True))
                     # NOTE: after the workspace split of the same tiles (a tie keeps it).
                     if (k is not None and 1 < num_splits <= MAX_CLUSTER_SPLITS and operands == "fp8_block_scaled" and
                             _ceil_div(m, block_m) * _ceil_div(n, block_n) * num_splits <= num_sms):
@@ -815,13 +826,14 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
         raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined (block_m 64 or 128, block_n at most "
                          f"{MAX_PIPELINED_BLOCK_N[128]}; per-channel B scales: or a multiple of 32 without split-K; "
                          f"block_m 256: block-scaled, block_n at most {MAX_PIPELINED_TWO_WAVE_BLOCK_N})")
-    pipelined_waves = pipelined and block_m == 256
+    # NOTE: D staged in parts only where asked for more stages than fit beside the whole tile's staging (or pipelined).
+    d_in_parts = may_stage_d_in_parts(block_m, operands, ping_pong)
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, operands=operands,
-                                      pipelined_waves=pipelined_waves)
+                                      d_in_parts=d_in_parts and pipelined)
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands,
-                                               pipelined_waves=pipelined_waves), num_splits=num_splits,
+                                               d_in_parts=d_in_parts), num_splits=num_splits,
                          pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong,
                          splits_in_cluster=splits_in_cluster)
 
