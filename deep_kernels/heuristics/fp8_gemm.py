@@ -90,6 +90,10 @@ MULTICAST_FACTOR = {64: 1.05, 128: 1.05, 256: 0.97}
 # and from 1.030x to 1.078x at 4096x7168x16384, and beat 128x160 at 4096x7168x2048 (1.078x against 1.040x), while
 # 128x192 kept 4096x24576x1536 (1.114x against 1.088x) and 4096x32768x512 (1.229x against 1.210x).
 BLOCK_SCALED_TWO_WAVE_MATH_FACTOR = 0.97
+# Time of a K block of a 256-row tile with D staged in parts (may_stage_d_in_parts: more stages than fit beside the
+# whole tile's staging) over the same tile's K block with the stages that fit beside it; the candidates offer such
+# configs only once it is measured (None: not offered).
+STAGED_IN_PARTS_K_BLOCK_FACTOR = None
 OVERLAP_LOSS = 0.25  # share of the smaller of the two bounds that the larger does not hide
 # A partial-tile store, a gpu-scope ticket and the barriers around it: fitted on the H200 (2026-11-30) to
 # the split-K configs of the 12 decode shapes (measured within 0.4 us where split, e.g. 11.8 us at
@@ -292,6 +296,12 @@ def may_stage_d_in_parts(block_m: int, operands: str = "fp8_block_scaled", ping_
     return block_m == 256 and operands == "fp8_block_scaled" and not ping_pong and not grouped
 
 
+def stages_d_in_parts(config, out_dtype_bytes: int = 2, operands: str = "fp8_block_scaled") -> bool:
+    """Whether the config's kernel stages D in parts (more stages than fit beside the whole tile's staging)."""
+    return (may_stage_d_in_parts(config.block_m, operands, config.ping_pong) and
+            config.num_stages > max_stages(config.block_m, config.block_n, out_dtype_bytes, operands=operands))
+
+
 def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
                operands: str = "fp8_block_scaled", own_tiles: bool = False, d_in_parts: bool = False) -> int:
     """The most stages that fit (d_in_parts: with D staged in parts where the whole tile's staging leaves too few)."""
@@ -465,6 +475,9 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
         l2_bytes -= (a_bytes if config.multicast_on_a else b_bytes) / 2
     load_s = max(loaded_bytes / SM_INGEST_BYTES_PER_S, l2_bytes * active_ctas / AGGREGATE_INGEST_BYTES_PER_S)
     k_block_s = max(math_s, load_s)
+    if not config.pipelined and stages_d_in_parts(config, out_dtype_bytes, operands):
+        # NOTE: unmeasured (forced configs only): as the same tiles with the stages that fit beside the whole tile.
+        k_block_s *= STAGED_IN_PARTS_K_BLOCK_FACTOR or 1.0
     busiest_cta_s = _ceil_div(units, clusters) * (_ceil_div(k, BLOCK_K) * k_block_s + epilogue_s)
     if config.num_splits > 1:
         # Whole waves of unsplit tiles (none at decode sizes), then one or more waves of split jobs.
@@ -571,6 +584,14 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                     if dense and block_m == 64 and m <= 64 and block_n >= 64:
                         config = with_stages(config, dense_stages_64_rows(stages, k, num_splits), out_dtype_bytes)
                     yield config
+                    # NOTE: after the same tiles with the whole tile staged, so that a tie keeps them.
+                    if (STAGED_IN_PARTS_K_BLOCK_FACTOR is not None and not grouped and not config.pipelined and
+                            may_stage_d_in_parts(block_m, operands)):
+                        parts_stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, operands,
+                                                  d_in_parts=True)
+                        if parts_stages > stages:
+                            yield replace(config, num_stages=parts_stages, smem_bytes=smem_bytes(
+                                block_m, block_n, parts_stages, out_dtype_bytes, operands, d_in_parts=True))
                     # NOTE: after its plain twin, so that a tie keeps the plain K loop; offered once its share of the
                     # constant term is measured (PIPELINED_CONSTANT_SHARE[256]).
                     if (block_m in PIPELINED_CONSTANT_SHARE and not grouped and
