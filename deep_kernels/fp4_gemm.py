@@ -54,11 +54,12 @@ NORMAL, CONTIGUOUS, MASKED = "normal", "m_grouped_contiguous", "m_grouped_masked
 FP8_FP4_SWAP_AB_GEMM = KernelDef(
     swap_ab_heuristics.KERNEL_HEADER, "sm90_fp8_fp4_gemm_swap_ab_impl",
     template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumCTAsPerSM",
-              "kNumChains", "kPreparedWeights"),
+              "kNumChains", "kPreparedWeights", "kMasked"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_codes", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb_words", PTR), Param("shape_n", U32), Param("shape_k", U32),
             Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR),
-            Param("prepared_weights", PTR)),
+            Param("prepared_weights", PTR), Param("masked_m", PTR), Param("shape_m", U32), Param("num_groups", U32),
+            Param("d", PTR)),
     threads=lambda t: 128 + 128 * int(t["kNumMathWarpgroups"]))
 
 # B expanded from prepared weights at prefill sizes (deep_kernels.fp4_weights): a CTA per 128 rows and
@@ -230,8 +231,8 @@ def _dense_plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accum
     return kernel, config, grid, split_layout
 
 
-def swap_ab_kernel_spec(config, out_dtype: torch.dtype, accumulate: bool, prepared: bool = False):
-    return FP8_FP4_SWAP_AB_GEMM.spec(*swap_ab_heuristics.template_args(config, out_dtype, accumulate, prepared))
+def swap_ab_kernel_spec(config, out_dtype: torch.dtype, accumulate: bool, prepared: bool = False, masked: bool = False):
+    return FP8_FP4_SWAP_AB_GEMM.spec(*swap_ab_heuristics.template_args(config, out_dtype, accumulate, prepared, masked))
 
 
 def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulate: bool) -> None:
@@ -257,7 +258,8 @@ def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulat
         tmap_sfa=tensor_map(sfa, (config.block_t, 1), transpose=True),
         tmap_d=tensor_map(d, (config.block_t, 128 // d.element_size()), 128),
         sfb_words=0 if prepared else sfb.data_ptr(), shape_n=n, shape_k=k, num_splits=config.num_splits,
-        split_workspace=workspace_ptr, split_tickets=tickets_ptr, prepared_weights=b.data_ptr() if prepared else 0)
+        split_workspace=workspace_ptr, split_tickets=tickets_ptr, prepared_weights=b.data_ptr() if prepared else 0,
+        masked_m=0, shape_m=0, num_groups=0, d=0)
 
 
 def _codes_map(b: torch.Tensor, block_n: int) -> tuple:
@@ -525,27 +527,41 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
     return d
 
 
-def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
+def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
+                                     config=None) -> torch.Tensor:
     """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T for every expert g (masked layout), MXFP4 weights.
 
     Args:
         a: (a [G, M_max, K] float8_e4m3fn, sfa [G, M_max, K / 128]) as for m_grouped_fp8_gemm_nt_masked.
-        b: (codes [G, N, K / 2] float4_e2m1fn_x2 or uint8, sfb [G, N, K / 32] float8_e8m0fnu or uint8).
+        b: (codes [G, N, K / 2] float4_e2m1fn_x2 or uint8, sfb [G, N, K / 32] float8_e8m0fnu or uint8); or
+            prepare_fp4_weights(codes, sfb) of those [G, ...] tensors, the experts' weights prepared once for the
+            decode kernel (deep_kernels.fp4_weights).
         d: [G, M_max, N] bf16 output.
         masked_m: [G] int32 CUDA tensor, valid rows per expert, read on the device (clamped to [0, M_max]).
         expected_m: host-side estimate of the valid rows per expert in [1, max(M_max, 1)]; steers the tiling only.
+        config: for measured tuning and tests only (prepared weights): a heuristics.fp8_fp4_swap_ab config without
+            split-K instead of the chosen one (heuristics.fp8_fp4_swap_ab.get_masked_config).
 
     Returns:
         d.
 
     Notes:
-        Rows at or past masked_m[g] are never written. One CTA per SM whatever masked_m holds; CUDA-graph safe
-        (no host synchronisation). Numerics as fp8_fp4_gemm_nt; deterministic.
+        Rows at or past masked_m[g] are never written. A fixed grid whatever masked_m holds; CUDA-graph safe
+        (no host synchronisation). Numerics as fp8_fp4_gemm_nt; deterministic. Prepared weights run the decode
+        kernel with A and B swapped (the weights expanded into wgmma's register operand, tokens its N) as
+        persistent CTAs over the work items (expert, BLOCK_T tokens of its masked_m rows, 64 or 128 weight rows),
+        each over the whole K: an expert with masked_m = 0 has no work items; D rows are stored from the
+        accumulators, below masked_m only. Unprepared weights run the FP8 engine's masked kind with the codes
+        expanded into shared memory.
     """
     _reject_nvfp4(b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m)
+    if isinstance(b, PreparedFp4Weights):
+        return _masked_prepared(a, b, d, masked_m, expected_m, config)
+    if config is not None:
+        raise ValueError("config is taken with prepared weights only")
     a, sfa, b, sfb = _split_pairs(a, b)
     m_max, n, k, num_groups, sfa_ready = _checked(_check_masked_call, (a, sfa, b, sfb, d, masked_m), expected_m)
     if not sfa_ready:
@@ -561,6 +577,67 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tens
         tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m_max, grouped_layout=masked_m.data_ptr(), num_groups=num_groups,
         d=d.data_ptr(), split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_sfa)
+    return d
+
+
+def _check_masked_prepared_call(a, sfa, prepared: PreparedFp4Weights, d, masked_m, expected_m) -> tuple:
+    """Full validation with grouped prepared weights; returns (M_max, k, G, whether sfa is kernel-ready)."""
+    check_dtype(a, "a", (torch.float8_e4m3fn,))
+    check_rank(a, "a", 3)
+    num_groups, m_max, k = a.shape
+    _check_k(k)
+    if prepared.num_groups is None:
+        raise ValueError("the masked GEMM takes grouped prepared weights: prepare_fp4_weights of codes [G, N, K / 2] "
+                         "and scales [G, N, K / 32]")
+    if prepared.num_groups != num_groups:
+        raise ValueError(f"a has G = {num_groups} groups but the prepared weights {prepared.num_groups}")
+    if k != prepared.k:
+        raise ValueError(f"a has K = {k} columns but the prepared weights K = {prepared.k}")
+    n = prepared.n
+    if n % 16 != 0 or n == 0:
+        raise ValueError(f"N must be a positive multiple of 16, got prepared weights of {n} rows")
+    check_prepared(prepared.data, n, k, num_groups)
+    check_row_major_rows(a, "a")
+    if (num_groups > 1 and a.stride(0) < m_max * a.stride(1)) or a.stride(0) % 16 != 0:
+        raise ValueError(f"a's groups must not overlap and start 16-byte aligned, got strides {tuple(a.stride())}")
+    _check_layout_tensor(masked_m, "masked_m", num_groups)
+    _check_bf16_d(d, (num_groups, m_max, n))
+    check_int_range(expected_m, "expected_m", 1, max(m_max, 1))
+    kernel_sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
+    for tensor, name in ((a, "a"), (sfa, "sfa"), (prepared.data, "b"), (d, "d"), (masked_m, "masked_m")):
+        check_cuda_device(tensor, name, like=a)
+    return m_max, k, num_groups, kernel_sfa is sfa
+
+
+def _masked_prepared(a, prepared: PreparedFp4Weights, d, masked_m, expected_m: int, config) -> torch.Tensor:
+    """m_grouped_fp8_fp4_gemm_nt_masked on grouped prepared weights: the swapped kernel's masked layout."""
+    if not (isinstance(a, (tuple, list)) and len(a) == 2):
+        raise TypeError("a must be an (a, sfa) pair")
+    if config is not None and not (isinstance(config, swap_ab_heuristics.SwapAbConfig) and config.num_splits == 1):
+        raise ValueError("config must be a heuristics.fp8_fp4_swap_ab config without split-K")
+    a, sfa = a
+    n = prepared.n
+    m_max, k, num_groups, sfa_ready = _checked(_check_masked_prepared_call, (a, sfa, prepared, d, masked_m),
+                                               expected_m)
+    if not sfa_ready:
+        sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
+    _check_addresses(a, sfa, prepared.data, prepared.data, d)
+    if m_max == 0 or num_groups == 0:
+        return d
+    num_sms = get_num_sms()
+    if config is None:
+        key = ("masked_swap_ab", expected_m, n, k, num_groups, num_sms)
+        config = _plans.get(key)
+        if config is None:
+            config = _plans[key] = swap_ab_heuristics.get_masked_config(expected_m, n, k, num_groups, num_sms)
+    kernel = get_kernel(swap_ab_kernel_spec(config, d.dtype, False, True, True), smem_bytes=config.smem_bytes)
+    tmap_a = tensor_map(a, (1, config.block_t, SCALE_BLOCK), 128)
+    # NOTE: the masked layout reads neither tmap_codes nor tmap_d (bulk copies in, direct row stores out).
+    kernel.launch(
+        (num_sms * config.ctas_per_sm, 1, 1), a.get_device(), tmap_a=tmap_a, tmap_codes=tmap_a,
+        tmap_sfa=tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_t)), tmap_d=tmap_a, sfb_words=0, shape_n=n,
+        shape_k=k, num_splits=1, split_workspace=0, split_tickets=0, prepared_weights=prepared.data.data_ptr(),
+        masked_m=masked_m.data_ptr(), shape_m=m_max, num_groups=num_groups, d=d.data_ptr())
     return d
 
 

@@ -14,6 +14,9 @@ lane quad position q (0..3): low elements 32s + 4q + i and high ones 32s + 16 + 
 Numerics are the unprepared weights' (fp8_fp4_gemm_nt's Notes): the kernel expands a sub-block with the same table
 (shift min(e_max - e_s, 31)) and promotes with the same 2^(e_max - 133).
 
+Grouped (per-expert weights for m_grouped_fp8_fp4_gemm_nt_masked): codes [G, N, K / 2] and scales [G, N, K / 32]
+give uint8 [G, ceil(N / 64), K / 128, 4352], each expert's chunks as above, back to back.
+
 Prefill (more than 128 rows): the FP8 GEMM multiplies B expanded per call from the chunks
 (kernels/sm90_fp4_prepared_expand.cuh). Preparation checks once whether every 128 x 128 block of B folds exactly
 into e4m3 under one power-of-two scale (every sub-block holding a nonzero code within 2^14 of the block's largest
@@ -39,13 +42,18 @@ NAN_EXPONENT = 255
 @dataclass(frozen=True)
 class PreparedFp4Weights:
     """MXFP4 weights of N rows and K columns in the decode kernel's layout (data: uint8 [ceil(N / 64), K / 128,
-    4352], the module docstring), and whether every 128 x 128 block folds exactly into e4m3 under one power-of-two
-    scale (prefill then runs the block-scaled FP8 GEMM)."""
+    4352], or [G, ...] for G experts' weights, the module docstring), and whether every 128 x 128 block folds
+    exactly into e4m3 under one power-of-two scale (prefill then runs the block-scaled FP8 GEMM)."""
 
     data: torch.Tensor
     n: int
     k: int
     folds_into_blocks: bool
+
+    @property
+    def num_groups(self):
+        """The experts of grouped weights, None for one matrix."""
+        return self.data.shape[0] if self.data.dim() == 4 else None
 
 
 def _check_unprepared(codes, scales) -> tuple:
@@ -54,13 +62,13 @@ def _check_unprepared(codes, scales) -> tuple:
     if not isinstance(scales, torch.Tensor) or scales.dtype not in (torch.float8_e8m0fnu, torch.uint8):
         raise TypeError(f"scales must be a float8_e8m0fnu or uint8 tensor, got "
                         f"{getattr(scales, 'dtype', type(scales))}")
-    if codes.dim() != 2 or codes.shape[0] == 0 or codes.shape[1] == 0 or codes.shape[1] % (K_BLOCK // 2):
-        raise ValueError(f"codes must be [N, K / 2] with K a positive multiple of {K_BLOCK}, got shape "
-                         f"{tuple(codes.shape)}")
-    n, k = codes.shape[0], 2 * codes.shape[1]
-    if tuple(scales.shape) != (n, k // SUB_BLOCK):
-        raise ValueError(f"scales must be [N, K / 32] = {(n, k // SUB_BLOCK)} (one UE8M0 scale per row and 32 "
-                         f"columns), got shape {tuple(scales.shape)}")
+    if codes.dim() not in (2, 3) or 0 in codes.shape or codes.shape[-1] % (K_BLOCK // 2):
+        raise ValueError(f"codes must be [N, K / 2] (or [G, N, K / 2]) with K a positive multiple of {K_BLOCK}, got "
+                         f"shape {tuple(codes.shape)}")
+    n, k = codes.shape[-2], 2 * codes.shape[-1]
+    if tuple(scales.shape) != (*codes.shape[:-2], n, k // SUB_BLOCK):
+        raise ValueError(f"scales must be [N, K / 32] (or [G, N, K / 32]) = {(*codes.shape[:-2], n, k // SUB_BLOCK)} "
+                         f"(one UE8M0 scale per row and 32 columns), got shape {tuple(scales.shape)}")
     if scales.device != codes.device:
         raise ValueError(f"codes and scales must be on one device, got {codes.device} and {scales.device}")
     return n, k
@@ -85,8 +93,13 @@ def prepare_fp4_weights(codes: torch.Tensor, scales: torch.Tensor) -> PreparedFp
     """MXFP4 weights (codes [N, K / 2] float4_e2m1fn_x2 or uint8, scales [N, K / 32] float8_e8m0fnu or uint8, as
     per_token_cast_to_mxfp4 returns them) in the layout the FP8 x MXFP4 GEMM's decode kernel reads fastest (the
     module docstring), on the inputs' device, with the prefill check (folds_into_blocks). Pass it as b to
-    fp8_fp4_gemm_nt. Torch ops, meant for load time (a few passes over the weights)."""
+    fp8_fp4_gemm_nt. G experts' weights (codes [G, N, K / 2], scales [G, N, K / 32]) give grouped prepared
+    weights, b of m_grouped_fp8_fp4_gemm_nt_masked. Torch ops, meant for load time (a few passes over the
+    weights)."""
     n, k = _check_unprepared(codes, scales)
+    if codes.dim() == 3:
+        data = torch.stack([_prepared_chunks(c, s, n, k) for c, s in zip(codes, scales)])
+        return PreparedFp4Weights(data, n, k, all(folds_into_blocks(c, s) for c, s in zip(codes, scales)))
     return PreparedFp4Weights(_prepared_chunks(codes, scales, n, k), n, k, folds_into_blocks(codes, scales))
 
 
@@ -114,12 +127,12 @@ def _prepared_chunks(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int) 
     return torch.cat([prepared_codes.to(torch.uint8), words], dim=-1).contiguous()
 
 
-def check_prepared(data, n: int, k: int) -> None:
-    """data is a prepared weights' tensor for N = n rows and K = k columns."""
+def check_prepared(data, n: int, k: int, num_groups: int = None) -> None:
+    """data is a prepared weights' tensor for N = n rows and K = k columns (of num_groups experts, if given)."""
     if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8:
         raise TypeError(f"prepared weights' data must be a uint8 tensor (prepare_fp4_weights), got "
                         f"{getattr(data, 'dtype', type(data))}")
-    shape = (-(-n // TILE_ROWS), k // K_BLOCK, CHUNK_BYTES)
+    shape = (() if num_groups is None else (num_groups,)) + (-(-n // TILE_ROWS), k // K_BLOCK, CHUNK_BYTES)
     if tuple(data.shape) != shape or not data.is_contiguous():
         raise ValueError(f"prepared weights' data for N = {n}, K = {k} must be contiguous of shape {shape} "
                          f"(prepare_fp4_weights), got shape {tuple(data.shape)} strides {tuple(data.stride())}")

@@ -4,7 +4,7 @@ torch.export trace code that calls them without a graph break, and the compiled 
 The public functions stay the entry point and keep their eager path: only while dynamo or torch.export traces them
 does a public function call its namesake here instead, which passes its tensors to the op (the (tensor, scales)
 pairs of the GEMMs and a MoeLayout's fields as separate arguments; the layout is rebuilt from the op's outputs;
-fp8_fp4_gemm_nt with prepared weights calls fp8_fp4_gemm_nt_prepared).
+fp8_fp4_gemm_nt and m_grouped_fp8_fp4_gemm_nt_masked with prepared weights call their _prepared twins).
 Eager calls pay one flag read for it, torch.compiler.is_compiling(); that flag alone would not do, since torch holds
 it for a whole compile session, during which an op may also run for real (inductor's constant folding, a backend
 running the graph), and its implementation must then take the eager path. An op's implementation calls the eager
@@ -233,7 +233,23 @@ _define("m_grouped_fp8_fp4_gemm_nt_masked(Tensor a, Tensor sfa, Tensor b, Tensor
         "Tensor masked_m, int expected_m) -> ()", _m_grouped_fp8_fp4_gemm_nt_masked, _writes_only)
 
 
+def _m_grouped_fp8_fp4_gemm_nt_masked_prepared(a, sfa, b, n, folds_into_blocks, d, masked_m, expected_m) -> None:
+    prepared = fp4_weights.PreparedFp4Weights(b, n, a.shape[-1], folds_into_blocks)
+    fp4_gemm.m_grouped_fp8_fp4_gemm_nt_masked((a, sfa), prepared, d, masked_m, expected_m)
+
+
+_define("m_grouped_fp8_fp4_gemm_nt_masked_prepared(Tensor a, Tensor sfa, Tensor b, int n, bool folds_into_blocks, "
+        "Tensor(a!) d, Tensor masked_m, int expected_m) -> ()", _m_grouped_fp8_fp4_gemm_nt_masked_prepared,
+        _writes_only)
+
+
 def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m):
+    if isinstance(b, fp4_weights.PreparedFp4Weights):
+        if not (isinstance(a, (tuple, list)) and len(a) == 2):
+            raise TypeError("a must be an (a, sfa) pair")
+        _OPS.m_grouped_fp8_fp4_gemm_nt_masked_prepared.default(*a, b.data, b.n, b.folds_into_blocks, d, masked_m,
+                                                               expected_m)
+        return d
     _OPS.m_grouped_fp8_fp4_gemm_nt_masked.default(*_split_pairs(a, b), d, masked_m, expected_m)
     return d
 

@@ -10,7 +10,11 @@
 // of the sub-block scales and per-row promotion scale 2^(e_max - 133) times sfa). Split-K (num_splits > 1): each
 // warpgroup stores its FP32 partial sums to a workspace slot and the last split of its rows to arrive (ticket)
 // sums slots 0 .. num_splits - 1 in that order and stores (deterministic).
-// N (a multiple of 16) and K (of 128) are launch parameters. Unsupported: M > BLOCK_T, grouped kinds.
+// N (a multiple of 16) and K (of 128) are launch parameters. Unsupported: M > BLOCK_T (dense), the contiguous layout.
+// Masked grouped layout (kMasked; prepared weights, bf16 D, no split-K): A [G, M_max, K], per-expert weights, D
+// [G, M_max, N]; a persistent CTA walks the (expert, token block of BLOCK_T, weight tile) work items of the experts'
+// valid rows (masked_m read on the device: an expert without rows costs one load of its count), each item the full
+// K loop, and stores D rows below masked_m straight from the accumulators (rows past it are never written).
 //
 // Host contract (tensor maps as sm90_fp8_gemm.cuh's, dims innermost first):
 //   tmap_a      UINT8 dims {K, M}, box {128, BLOCK_T}, SWIZZLE_128B.
@@ -21,6 +25,10 @@
 //   shape_n, shape_k: N and K.
 //   prepared_weights (kPreparedWeights; then tmap_codes and sfb_words are not read): prepare_fp4_weights's bytes
 //               [ceil(N / 64), K / 128, kPreparedChunkBytes], 16-byte aligned (layout: gemm/fp4_prepared.cuh).
+//   Masked (kMasked): tmap_a dims {K, M_max, G} box {128, BLOCK_T, 1}; tmap_sfa dims {M_max, K / 128, G} (FP32,
+//               M_max innermost, group stride TMA-aligned) box {BLOCK_T, 1, 1}; tmap_d not read; prepared_weights
+//               G experts' tensors back to back; masked_m int32 [G]; shape_m M_max; d [G, M_max, N] contiguous.
+//               Grid: any number of CTAs (one per SM and kNumCTAsPerSM).
 //   split_workspace / split_tickets (num_splits > 1): FP32 num_tiles * 64 * kNumMathWarpgroups * BLOCK_T *
 //               num_splits floats and num_tiles * kNumMathWarpgroups uint32 tickets, zero before the first launch
 //               and left zero by each (num_tiles = ceil(N / (64 * kNumMathWarpgroups))).
@@ -70,7 +78,8 @@ enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
 constexpr uint32_t kMaxSmemBytesOfTwo = (233472 - 2 * 1024) / 2;
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
-          bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1, bool kPreparedWeights_ = false>
+          bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1, bool kPreparedWeights_ = false,
+          bool kMasked_ = false>
 struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t BLOCK_T = BLOCK_T_;
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
@@ -82,6 +91,8 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t kNumChains = kNumChains_;
     // The weights in the prepared layout (one bulk copy a warpgroup and K block, codes and scale words together).
     static constexpr bool kPreparedWeights = kPreparedWeights_;
+    // The masked grouped layout: a persistent CTA walks the (expert, token block, weight tile) work items.
+    static constexpr bool kMasked = kMasked_;
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
@@ -126,6 +137,8 @@ struct Sm90Fp8Fp4SwapAbTraits {
     DK_STATIC_ASSERT((std::is_same_v<OutputType, float> || (std::is_same_v<OutputType, __nv_bfloat16> && !kWithAccumulation)),
                      "bf16 D, or FP32 D (accumulated into with kWithAccumulation)");
     DK_STATIC_ASSERT(kSmemDBytes <= kOffsetTables, "D's staging fits in the stages");
+    DK_STATIC_ASSERT(!kMasked || (kPreparedWeights && std::is_same_v<OutputType, __nv_bfloat16>),
+                     "the masked layout: prepared weights, bf16 D");
     DK_STATIC_ASSERT(kSmemBytes <= (kNumCTAsPerSM == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes : kMaxSmemBytesOfTwo),
                      "stages fit in shared memory");
 };
@@ -227,13 +240,15 @@ DK_DEVICE typename Traits::OutputType* staged_element(uint8_t* smem_d, uint32_t 
 // barrier (1 + 32 arrivals). Rows past N copy zeros.
 // Prepared weights: lane 0 alone, one bulk copy of each warpgroup's chunk (tiles past the prepared ones are not
 // loaded: their rows lie past N, never stored).
+// Masked layout: the tiles of expert `group` from token t0 (A and sfa by 3-D maps, tokens past M_max zero-filled);
+// prepared_weights is the expert's.
 template <typename Traits, typename Ring>
 DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* tmap_a, const CUtensorMap* tmap_codes,
                             const CUtensorMap* tmap_sfa, const uint32_t* sfb_words, uint32_t shape_n,
                             uint32_t num_k_blocks, uint32_t w_first, uint32_t k_block_begin, uint32_t k_block_end,
-                            const uint8_t* prepared_weights) {
+                            const uint8_t* prepared_weights, PipelineState<Traits::kNumStages>& state,
+                            uint32_t group = 0, uint32_t t0 = 0) {
     const uint32_t lane_idx = threadIdx.x % 32;
-    PipelineState<Traits::kNumStages> state;
     if constexpr (Traits::kPreparedWeights) {
         if (lane_idx != 0)
             return;
@@ -245,10 +260,18 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
             ring.producer_acquire(state);
             uint64_t* full_barrier = ring.full_barriers + state.stage;
             ptx::mbarrier_arrive_expect_tx(full_barrier, tx_bytes);
-            ptx::tma_load(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes, tmap_a, full_barrier,
-                          static_cast<int32_t>(k_block * kScaleBlock), 0);
-            ptx::tma_load(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes, tmap_sfa, full_barrier, 0,
-                          static_cast<int32_t>(k_block));
+            if constexpr (Traits::kMasked) {
+                ptx::tma_load(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes, tmap_a, full_barrier,
+                              static_cast<int32_t>(k_block * kScaleBlock), static_cast<int32_t>(t0),
+                              static_cast<int32_t>(group));
+                ptx::tma_load(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes, tmap_sfa, full_barrier,
+                              static_cast<int32_t>(t0), static_cast<int32_t>(k_block), static_cast<int32_t>(group));
+            } else {
+                ptx::tma_load(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes, tmap_a, full_barrier,
+                              static_cast<int32_t>(k_block * kScaleBlock), 0);
+                ptx::tma_load(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes, tmap_sfa, full_barrier,
+                              0, static_cast<int32_t>(k_block));
+            }
             for (uint32_t c = 0; c < num_chunks; ++c)
                 ptx::bulk_load(smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes + c * kPreparedChunkBytes,
                                prepared_weights + (static_cast<uint64_t>(first_chunk_tile + c) * num_k_blocks + k_block) *
@@ -285,9 +308,10 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
 // One math warpgroup: the K loop of its 64 rows over the split's K blocks into final_acc.
 // NOTE: K block i + 1's fragments are expanded (into the other register set) while block i's wgmma group runs; the
 // loop is unrolled by two so that each set is named at compile time.
+// `state` is the ring's position at the first block, and after the last one on return.
 template <typename Traits, typename Ring>
 DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2], uint32_t k_block_begin,
-                          uint32_t k_block_end) {
+                          uint32_t k_block_end, PipelineState<Traits::kNumStages>& state) {
     constexpr uint32_t BLOCK_T = Traits::BLOCK_T;
     using State = PipelineState<Traits::kNumStages>;
     const uint32_t wg_idx = threadIdx.x / kNumThreadsPerWarpgroup;
@@ -327,7 +351,6 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
     constexpr uint32_t kNumChains = Traits::kNumChains;
     float partial[kNumChains][BLOCK_T / 2];
     Fragments frags[2];
-    State state;
     expand(frags[0], state);
     // Issues the block's wgmma group from `current`, expands the next block into `next` meanwhile, then promotes the
     // block and frees its stage. Returns whether the split has another block.
@@ -438,19 +461,73 @@ DK_DEVICE void store_tile(const float (&final_acc)[Traits::BLOCK_T / 2], uint8_t
     }
 }
 
+// The masked layout's work items in order: for each expert g, ceil(rows_g / BLOCK_T) token blocks (rows_g =
+// masked_m[g] clamped to [0, M_max]) of num_tiles weight tiles each; experts without rows have none. Every thread
+// of a CTA walks the same items (item indices only grow, so the expert cursor only moves forward).
+template <uint32_t BLOCK_T>
+struct MaskedSchedule {
+    const int32_t* masked_m;
+    uint32_t shape_m, num_groups, num_tiles;
+    uint32_t group = 0, items_before = 0;
+
+    DK_DEVICE uint32_t rows_of(uint32_t g) const {
+        return static_cast<uint32_t>(min(max(__ldg(masked_m + g), 0), static_cast<int32_t>(shape_m)));
+    }
+
+    // Whether `item` exists; if so its expert, first token, tile and valid tokens (1 .. BLOCK_T).
+    DK_DEVICE bool get(uint32_t item, uint32_t& g, uint32_t& t0, uint32_t& tile, uint32_t& num_tokens) {
+        while (group < num_groups) {
+            const uint32_t rows = rows_of(group);
+            const uint32_t items = (rows + BLOCK_T - 1) / BLOCK_T * num_tiles;
+            if (item < items_before + items) {
+                const uint32_t local = item - items_before;
+                g = group;
+                t0 = local / num_tiles * BLOCK_T;
+                tile = local % num_tiles;
+                num_tokens = min(rows - t0, BLOCK_T);
+                return true;
+            }
+            items_before += items;
+            ++group;
+        }
+        return false;
+    }
+};
+
+// The warpgroup's 64 rows of D^T stored straight from the accumulators as D[first_row + token, w_first + row] for
+// tokens below num_tokens and columns below N (the masked layout: rows past masked_m are never written).
+template <typename Traits>
+DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::BLOCK_T / 2], __nv_bfloat16* d, uint32_t shape_n,
+                               uint64_t first_row, uint32_t num_tokens, uint32_t w_first) {
+    const uint32_t lane_idx = threadIdx.x % 32;
+    const uint32_t col = w_first + threadIdx.x / kNumThreadsPerWarpgroup * kWarpgroupBlockM +
+                         threadIdx.x / 32 % 4 * 16 + lane_idx / 4;
+#pragma unroll
+    for (uint32_t j = 0; j < Traits::BLOCK_T / 8; ++j) {
+#pragma unroll
+        for (uint32_t e = 0; e < 4; ++e) {
+            const uint32_t token = j * 8 + lane_idx % 4 * 2 + e % 2;
+            const uint32_t c = col + e / 2 * 8;
+            if (token < num_tokens && c < shape_n)
+                d[(first_row + token) * shape_n + c] = __float2bfloat16_rn(final_acc[j * 4 + e]);
+        }
+    }
+}
+
 }  // namespace sm90_fp8_fp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights>
+          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked>
 __global__ void __launch_bounds__(128 + 128 * kNumMathWarpgroups, kNumCTAsPerSM)
 sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_codes,
                                const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
                                const uint32_t* sfb_words, uint32_t shape_n, uint32_t shape_k, uint32_t num_splits,
                                float* split_workspace,
-                               uint32_t* split_tickets, const uint8_t* prepared_weights) {
+                               uint32_t* split_tickets, const uint8_t* prepared_weights, const int32_t* masked_m,
+                               uint32_t shape_m, uint32_t num_groups, OutputType* d) {
     using namespace sm90_fp8_fp4_swap_ab_detail;
     using Traits = Sm90Fp8Fp4SwapAbTraits<BLOCK_T, kNumMathWarpgroups, kNumStages, OutputType, kWithAccumulation,
-                                          kNumCTAsPerSM, kNumChains, kPreparedWeights>;
+                                          kNumCTAsPerSM, kNumChains, kPreparedWeights, kMasked>;
     constexpr uint32_t kNumMathThreads = Traits::kNumMathThreads;
 
     // Shared memory and barriers
@@ -482,6 +559,34 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
     // The CTA's rows and split
     const uint32_t num_tiles = (shape_n + Traits::BLOCK_W - 1) / Traits::BLOCK_W;
     const uint32_t num_k_blocks = shape_k / kScaleBlock;
+    if constexpr (kMasked) {
+        // Persistent: the CTA takes every gridDim.x-th work item (MaskedSchedule), the ring's position carried over.
+        const uint64_t group_bytes = static_cast<uint64_t>((shape_n + kWarpgroupBlockM - 1) / kWarpgroupBlockM) *
+                                     num_k_blocks * kPreparedChunkBytes;
+        MaskedSchedule<BLOCK_T> schedule{masked_m, shape_m, num_groups, num_tiles};
+        PipelineState<kNumStages> state;
+        uint32_t group, t0, tile, num_tokens;
+        if (is_producer_warpgroup) {
+            if constexpr (kNumMathWarpgroups == 2)
+                ptx::setmaxnreg_dec<Traits::kNumProducerRegisters>();
+            if (!is_producer || threadIdx.x % 32 != 0)
+                return;
+            for (uint32_t item = blockIdx.x; schedule.get(item, group, t0, tile, num_tokens); item += gridDim.x)
+                run_producer<Traits>(ring, smem, &tmap_a, &tmap_codes, &tmap_sfa, sfb_words, shape_n, num_k_blocks,
+                                     tile * Traits::BLOCK_W, 0, num_k_blocks, prepared_weights + group * group_bytes,
+                                     state, group, t0);
+            return;
+        }
+        if constexpr (kNumMathWarpgroups == 2)
+            ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
+        float final_acc[BLOCK_T / 2];
+        for (uint32_t item = blockIdx.x; schedule.get(item, group, t0, tile, num_tokens); item += gridDim.x) {
+            run_k_loop<Traits>(ring, smem, final_acc, 0, num_k_blocks, state);
+            store_tile_rows<Traits>(final_acc, d, shape_n, static_cast<uint64_t>(group) * shape_m + t0, num_tokens,
+                                    tile * Traits::BLOCK_W);
+        }
+        return;
+    }
     const uint32_t tile_idx = blockIdx.x % num_tiles;
     const uint32_t split_idx = blockIdx.x / num_tiles;
     const uint32_t w_first = tile_idx * Traits::BLOCK_W;
@@ -493,14 +598,16 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
             ptx::setmaxnreg_dec<Traits::kNumProducerRegisters>();
         if (!is_producer)
             return;
+        PipelineState<kNumStages> state;
         run_producer<Traits>(ring, smem, &tmap_a, &tmap_codes, &tmap_sfa, sfb_words, shape_n, num_k_blocks,
-                             w_first, k_block_begin, k_block_end, prepared_weights);
+                             w_first, k_block_begin, k_block_end, prepared_weights, state);
         return;
     }
     if constexpr (kNumMathWarpgroups == 2)
         ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
     float final_acc[BLOCK_T / 2];
-    run_k_loop<Traits>(ring, smem, final_acc, k_block_begin, k_block_end);
+    PipelineState<kNumStages> state;
+    run_k_loop<Traits>(ring, smem, final_acc, k_block_begin, k_block_end, state);
     // NOTE: D's staging reuses the stages, which the other math warpgroup reads until its K loop ends (every stage's
     // loads have landed by then: the math waited for each).
     ptx::named_barrier_sync(static_cast<uint32_t>(SwapAbBarrier::AllMath), kNumMathThreads);

@@ -10,7 +10,15 @@ The weights are per_token_cast_to_mxfp4 of a random Gaussian matrix (deep_kernel
 a weight (the code and its share of the UE8M0 scale per 32).
 NVFP4 rows (op `fp8_fp4_gemm_nt[nvfp4]`, decode sizes M = 1, 16, 64, 128): the same call with NVFP4 weights
 (E4M3 scales per 16 and a global scale; B at 4.5 bits a weight), timed in turns with our FP8 GEMM on the same
-shape (`speedup_vs_fp8`) and with the MXFP4 form of the call on the same shape (`speedup_vs_mxfp4`)."""
+shape (`speedup_vs_fp8`) and with the MXFP4 form of the call on the same shape (`speedup_vs_mxfp4`).
+Masked grouped rows (op `m_grouped_fp8_fp4_gemm_nt_masked`, the decode MoE GEMM: G in 16, 64, 256 experts at
+expected_m 16, 32, 64 valid rows each, N x K in 4096 x 7168 and 7168 x 2048; masked_m, M_max and the expected_m hint
+as the grouped_gemm suite draws them, testing.grouped.masked_problem): the call on grouped prepared weights,
+timed in turns with our FP8 masked GEMM (m_grouped_fp8_gemm_nt_masked) on the same activations and the same
+weights' values in e4m3 with 128 x 128 scales (`speedup_vs_fp8`). Bytes count the weights of the experts with valid
+rows (4.25 bits a weight), their valid activation rows and outputs; calc_diff on the first two experts' rows."""
+
+import random
 
 import torch
 
@@ -26,6 +34,7 @@ from deep_kernels.testing import calc_diff
 from deep_kernels.testing.bench import time_kernels_us
 from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import gemm_weights
+from deep_kernels.testing.grouped import make_masked_inputs, masked_problem
 
 MS = (1, 16, 64, 128, 4096)
 NKS = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
@@ -155,6 +164,94 @@ def nvfp4_rows(ctx: BenchContext, shapes) -> list:
     return out
 
 
+MASKED_NKS = ((4096, 7168), (7168, 2048))
+MASKED_GROUPS = (16, 64, 256)
+MASKED_EXPECTED_MS = (16, 32, 64)
+MASKED_CHECK_GROUPS = 2
+
+
+def _fp8_weights_of(codes, scales) -> tuple:
+    """Our FP8 GEMM's weights with the MXFP4 weights' values: e4m3 [G, N, K] and FP32 128 x 128 scales, one expert
+    at a time."""
+    casts = [deep_kernels.per_block_cast_to_fp8(deep_kernels.mxfp4_cast_back(codes[g], scales[g]))
+             for g in range(codes.shape[0])]
+    return torch.stack([q for q, _ in casts]), torch.stack([sf for _, sf in casts])
+
+
+def masked_problems(nks=MASKED_NKS, groups=MASKED_GROUPS, expected_ms=MASKED_EXPECTED_MS) -> list:
+    """(G, expected_m, N, K, masked_m, M_max, hint) of the masked rows, drawn as the grouped_gemm suite draws them."""
+    rng = random.Random(0)
+    return [(g, expected_m, n, k, *masked_problem(g, expected_m, rng))
+            for n, k in nks for g in groups for expected_m in expected_ms]
+
+
+def masked_specs(problems, num_sms: int) -> list:
+    """The kernels the masked rows run (ours and our FP8 masked GEMM's picks), to compile them ahead."""
+    from deep_kernels import grouped_gemm
+    from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
+    from deep_kernels.heuristics.grouped_fp8_gemm import get_grouped_fp8_gemm_config
+
+    specs = {}
+    for g, _, n, k, _, _, hint in problems:
+        config = swap_ab.get_masked_config(hint, n, k, g, num_sms)
+        spec = fp4_gemm.swap_ab_kernel_spec(config, torch.bfloat16, False, True, True)
+        specs.setdefault(spec.render(), spec)
+        fp8_config = get_grouped_fp8_gemm_config(fp4_gemm.MASKED, hint, n, k, g, num_sms)
+        spec = grouped_gemm.kernel_spec(fp8_config, n, k, torch.bfloat16, False, fp4_gemm.MASKED)
+        specs.setdefault(spec.render(), spec)
+    return list(specs.values())
+
+
+def masked_rows(ctx: BenchContext, problems) -> list:
+    from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
+
+    out = []
+    weights = {}
+    for g, expected_m, n, k, masked_m, m_max, hint in problems:
+        if (g, n, k) not in weights:
+            weights.clear()
+            torch.cuda.empty_cache()
+            codes, scales = mxfp4_weights(n, k, num_groups=g)
+            weights[(g, n, k)] = (codes, scales, deep_kernels.prepare_fp4_weights(codes, scales),
+                                  _fp8_weights_of(codes, scales))
+        codes, scales, prepared, (b8, sfb8) = weights[(g, n, k)]
+        a, _, masked = make_masked_inputs(masked_m, m_max, 16, k)
+        d = torch.empty((g, m_max, n), device="cuda", dtype=torch.bfloat16)
+        d8 = torch.empty_like(d)
+        ours = lambda: deep_kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, prepared, d, masked, hint)
+        fp8 = lambda: deep_kernels.m_grouped_fp8_gemm_nt_masked(a, (b8, sfb8), d8, masked, hint)
+        ours()
+        fp8()
+        checked = MASKED_CHECK_GROUPS
+        expected = reference.m_grouped_fp8_fp4_gemm_nt_masked(
+            (a[0][:checked], a[1][:checked]), (codes[:checked], scales[:checked]),
+            torch.zeros((checked, m_max, n), device="cuda", dtype=torch.float64), masked[:checked], hint)
+        valid = torch.arange(m_max, device="cuda")[None, :] < masked[:checked, None]
+        diff = calc_diff(d[:checked][valid], expected[valid])
+        fp8_diff = calc_diff(d8[:checked][valid], expected[valid])
+        del expected
+        us, fp8_us = time_kernels_us([ours, fp8], ctx.flusher)
+        config = swap_ab.get_masked_config(hint, n, k, g, get_num_sms())
+        total = sum(masked_m)
+        experts = sum(1 for rows_g in masked_m if rows_g)
+        flops = 2 * total * n * k
+        num_bytes = experts * n * k * 4.25 / 8 + total * (k + 4 * k // 128 + 2 * n)
+        memory_us = num_bytes / ctx.copy_gbps / 1e3
+        out.append({
+            "op": "m_grouped_fp8_fp4_gemm_nt_masked",
+            "shape": {"g": g, "m": m_max, "expected_m": expected_m, "n": n, "k": k, "expected_m_hint": hint},
+            "config": (f"prepared weights, A and B swapped, persistent over (expert, token block, weight tile): "
+                       f"{config.block_w} weight rows x {config.block_t} tokens, {config.num_stages} stages, "
+                       f"{config.ctas_per_sm} CTA(s) an SM, {config.num_chains} chain(s)"),
+            "us": round(us, 2), "tflops": round(flops / us / 1e6, 1), "gbps": round(num_bytes / us / 1e3, 1),
+            "memory_roofline_fraction": round(memory_us / us, 3),
+            "fp8_us": round(fp8_us, 2), "speedup_vs_fp8": round(fp8_us / us, 3),
+            "check": f"calc_diff={diff:.1e} (fp8 {fp8_diff:.1e}), first {checked} experts",
+        })
+    return out
+
+
 def run(ctx: BenchContext) -> list:
     return (rows(ctx, [(m, n, k) for n, k in NKS for m in MS]) +
-            nvfp4_rows(ctx, [(m, n, k) for n, k in NKS for m in NVFP4_MS]))
+            nvfp4_rows(ctx, [(m, n, k) for n, k in NKS for m in NVFP4_MS]) +
+            masked_rows(ctx, masked_problems()))

@@ -174,15 +174,40 @@ def is_preferred(m: int, n: int, k: int, num_sms: int) -> bool:
     return 0 < m <= MAX_TOKENS
 
 
-def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prepared: bool = False) -> list:
+def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prepared: bool = False,
+                  masked: bool = False) -> list:
     """The kernel's C++ template arguments, in declaration order (out_dtype "bfloat16" / "float32" or a torch
-    dtype; prepared: the weights in prepare_fp4_weights's layout)."""
+    dtype; prepared: the weights in prepare_fp4_weights's layout; masked: the masked grouped layout, prepared bf16
+    only)."""
     name = str(out_dtype).removeprefix("torch.")
     cpp_type = {"bfloat16": "__nv_bfloat16", "float32": "float"}.get(name)
     if cpp_type is None:
         raise ValueError(f"out_dtype must be bfloat16 or float32, got {out_dtype!r}")
     if with_accumulation != (cpp_type == "float"):
         raise ValueError("FP32 D with accumulation, bf16 D without")
+    if masked and (not prepared or cpp_type != "__nv_bfloat16" or config.num_splits != 1):
+        raise ValueError("the masked layout takes prepared weights, bf16 D and no split-K")
     return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
             "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains),
-            "true" if prepared else "false"]
+            "true" if prepared else "false", "true" if masked else "false"]
+
+
+def masked_candidate_configs(expected_m: int):
+    """The masked layout's configs (no split-K) for experts of about expected_m valid rows."""
+    block_t = block_t_for(min(max(expected_m, 1), MAX_TOKENS))
+    for num_math_warpgroups, ctas_per_sm in ((2, 1), (1, 1), (1, 2)):
+        if ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups):
+            continue
+        yield SwapAbConfig(block_t, num_math_warpgroups, max_stages(block_t, num_math_warpgroups, ctas_per_sm), 1,
+                           ctas_per_sm, max_chains(block_t, num_math_warpgroups, ctas_per_sm))
+
+
+def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms: int) -> SwapAbConfig:
+    """The masked layout's config with the lowest modelled time: the dense model over the experts' weight tiles
+    together (every expert with expected_m rows, one token block each; the persistent CTAs take the work items
+    in turn, as waves of the dense grid)."""
+    if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0 or num_groups <= 0:
+        raise ValueError(f"k must be a positive multiple of 128, n of 16 and num_groups positive, got k = {k}, "
+                         f"n = {n}, num_groups = {num_groups}")
+    return min(masked_candidate_configs(expected_m),
+               key=lambda config: estimate_seconds(config, expected_m, n * num_groups, k, num_sms, 2, True))
