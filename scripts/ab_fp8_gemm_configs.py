@@ -3,6 +3,7 @@
 Usage (on the GPU machine):
     python scripts/ab_fp8_gemm_configs.py --m 4096 --config block_m=256,block_n=96,pipelined=1,multicast=2 ...
     python scripts/ab_fp8_gemm_configs.py ... --compile-only   # build the kernels (parallel) and stop
+    ncu --kernel-name regex:sm90_fp8_gemm ... python scripts/ab_fp8_gemm_configs.py ... --no-timing   # one call each
 
 Each --config is a DK_FP8_GEMM_CONFIG text applied over the pick (gemm.apply_config_override); a 2-CTA multicast
 whose operand's block count is odd for the shape moves to the other operand, or is dropped. Every output is checked
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--config", nargs="*", default=[], help="DK_FP8_GEMM_CONFIG texts to time against the pick")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--no-timing", action="store_true", help="run and check each config once (for a profiler)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--max-diff", type=float, default=1e-5)
     args = parser.parse_args()
@@ -96,6 +98,12 @@ def main() -> None:
             call()
             diffs.append(calc_diff(d, expected))
         del expected
+        if args.no_timing:
+            for config, diff in zip(configs, diffs):
+                print(f"{m}x{n}x{k} {heuristics.config_label(config):>14} {config.num_stages}st diff {diff:.1e}")
+                if not diff <= args.max_diff:
+                    wrong.append({"m": m, "n": n, "k": k, "label": heuristics.config_label(config), "calc_diff": diff})
+            continue
         peers = [_cublas(a, b)]
         try:
             peers[0]()
