@@ -74,6 +74,10 @@ MATH_SECONDS_PER_K_BLOCK = {64: (0.15e-6, 0.0022e-6), 128: (0.12e-6, 0.00266e-6)
 # wgmma group). Fitted on the H200 (2026-11-30) to a sweep of both K loops over the 18 benchmark shapes
 # (plain / pipelined time at equal tiles: 1.00-1.04 at M = 4096, mean 1.04 at M = 64 and 128); with it the
 # model's pick is within 5% of the fastest swept config on every shape (geomean 0.6%).
+# No 256-row entry (pipelined 256-row tiles are not offered, can_pipeline_waves): on the H200 (2026-12-02, the six
+# benchmark N x K at M = 4096, timed in turns) 256x96 pipelined with 4 stages ran 1.006-1.041x its plain twin on five
+# shapes (0.979 at 32768 x 512) but 0.81-0.94x the picks in two runs (smaller tiles, and at N = 4096 and 7168 a last
+# partial wave of tiles); with 3 stages (two held by the loop) 0.64-0.87x, and 256x64 pipelined 0.64-0.76x.
 PIPELINED_CONSTANT_SHARE = {64: 0.4, 128: 0.9}
 SM_INGEST_BYTES_PER_S = 90e9
 AGGREGATE_INGEST_BYTES_PER_S = 14e12
@@ -92,7 +96,9 @@ MULTICAST_FACTOR = {64: 1.05, 128: 1.05, 256: 0.97}
 BLOCK_SCALED_TWO_WAVE_MATH_FACTOR = 0.97
 # Time of a K block of a 256-row tile with D staged in parts (may_stage_d_in_parts: more stages than fit beside the
 # whole tile's staging) over the same tile's K block with the stages that fit beside it; the candidates offer such
-# configs only once it is measured (None: not offered).
+# configs only once it is measured to gain (None: not offered). On the H200 (2026-12-02, M = 4096, timed in turns)
+# 256x128 with 4 stages (D in 64-column chunks) ran 1.000, 1.009 and 1.002x the same tiles with 3 stages at 7168 x 16384,
+# 4096 x 7168 and 7168 x 2048, and 256x112 with 4 stages 0.80-0.95x the picks.
 STAGED_IN_PARTS_K_BLOCK_FACTOR = None
 OVERLAP_LOSS = 0.25  # share of the smaller of the two bounds that the larger does not hide
 # A partial-tile store, a gpu-scope ticket and the barriers around it: fitted on the H200 (2026-11-30) to
