@@ -214,6 +214,10 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
         raise ValueError("DK_FP8_GEMM_CONFIG: the grouped GEMMs take no split-K, and 256-row tiles only with block "
                          "scales, at most 128 columns and multicast on A if any")
     config = heuristics.make_config(out_dtype_bytes=out_bytes, operands=operands, **fields)
+    if grouped and config.num_stages > heuristics.max_stages(config.block_m, config.block_n, out_bytes,
+                                                             operands=operands):
+        raise ValueError(f"DK_FP8_GEMM_CONFIG: the grouped GEMMs' {config.block_m}x{config.block_n} tiles take at most "
+                         f"{heuristics.max_stages(config.block_m, config.block_n, out_bytes, operands=operands)} stages")
     if not 1 <= config.num_splits <= ceil_div(k, SCALE_BLOCK):
         raise ValueError(f"DK_FP8_GEMM_CONFIG: splits must be in 1..ceil(K / 128) = {ceil_div(k, SCALE_BLOCK)}, "
                          f"got {config.num_splits}")

@@ -61,19 +61,32 @@ struct AccumulatorStore {
         }
     }
 
-    // FP32 D only: writes chunk `chunk` of the accumulators (columns chunk * kChunkCols onwards) into a buffer of
-    // one chunk (kChunkBytes), laid out as chunk 0 of write()'s. Call it with a compile-time chunk (an unrolled
-    // loop), so that the registers stay statically indexed.
+    // Writes chunk `chunk` of the accumulators (columns chunk * kChunkCols onwards) into a buffer of one chunk
+    // (kChunkBytes), laid out as chunk 0 of write()'s. Call it with a compile-time chunk (an unrolled loop), so that
+    // the registers stay statically indexed.
     DK_DEVICE static void write_chunk(const float (&acc)[BLOCK_N / 2], uint8_t* smem_chunk, uint32_t warp_in_wg,
                                       uint32_t lane_idx, uint32_t chunk) {
-        DK_STATIC_ASSERT((std::is_same_v<OutputType, float>), "chunk by chunk staging of FP32 D");
-        const uint32_t row = warp_in_wg * 16 + lane_idx / 4;
+        if constexpr (std::is_same_v<OutputType, __nv_bfloat16>) {
+            // As write(): one stmatrix.x4 per 16 columns of the chunk.
+            const uint32_t row = warp_in_wg * 16 + lane_idx % 8 + (lane_idx / 8 % 2) * 8;
+            const uint32_t col_in_pair = lane_idx / 16 * 8;
 #pragma unroll
-        for (uint32_t g = 0; g < kChunkCols / 8; ++g) {
-            const uint32_t j = chunk * (kChunkCols / 8) + g;
-            const uint32_t byte_col = (g * 8 + lane_idx % 4 * 2) * sizeof(float);
-            ptx::st_shared(smem_chunk + offset(row, byte_col), acc[j * 4 + 0], acc[j * 4 + 1]);
-            ptx::st_shared(smem_chunk + offset(row + 8, byte_col), acc[j * 4 + 2], acc[j * 4 + 3]);
+            for (uint32_t g = 0; g < kChunkCols / 16; ++g) {
+                const uint32_t p = chunk * (kChunkCols / 16) + g;
+                const uint32_t byte_col = (g * 16 + col_in_pair) * sizeof(OutputType);
+                ptx::stmatrix_x4(smem_chunk + offset(row, byte_col), pack_bf16(acc[p * 8 + 0], acc[p * 8 + 1]),
+                                 pack_bf16(acc[p * 8 + 2], acc[p * 8 + 3]), pack_bf16(acc[p * 8 + 4], acc[p * 8 + 5]),
+                                 pack_bf16(acc[p * 8 + 6], acc[p * 8 + 7]));
+            }
+        } else {
+            const uint32_t row = warp_in_wg * 16 + lane_idx / 4;
+#pragma unroll
+            for (uint32_t g = 0; g < kChunkCols / 8; ++g) {
+                const uint32_t j = chunk * (kChunkCols / 8) + g;
+                const uint32_t byte_col = (g * 8 + lane_idx % 4 * 2) * sizeof(float);
+                ptx::st_shared(smem_chunk + offset(row, byte_col), acc[j * 4 + 0], acc[j * 4 + 1]);
+                ptx::st_shared(smem_chunk + offset(row + 8, byte_col), acc[j * 4 + 2], acc[j * 4 + 3]);
+            }
         }
     }
 

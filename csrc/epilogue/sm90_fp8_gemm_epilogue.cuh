@@ -106,6 +106,49 @@ DK_DEVICE void store_tile_streamed(const float (&final_acc)[kNumMWaves][Traits::
     }
 }
 
+// 256-row tiles staged in parts (Traits::kStagedPartBytes: one 64-row wave, or one chunk of it, per warpgroup): each
+// part is staged once the buffer's previous store has read it, then stored by TMA.
+template <typename Traits, uint32_t kNumMWaves>
+DK_DEVICE void store_tile_in_parts(const float (&final_acc)[kNumMWaves][Traits::BLOCK_N / 2], uint8_t* smem_d_wg,
+                                   const CUtensorMap* tmap_d, const TileInfo& tile, uint32_t wg_idx) {
+    constexpr uint32_t SHAPE_N = Traits::SHAPE_N, BLOCK_N = Traits::BLOCK_N;
+    using Store = typename Traits::Store;
+    constexpr uint32_t kChunksPerPart = Traits::kStagedPartBytes / Store::kChunkBytes;
+    constexpr uint32_t kPartsPerWave = Store::kNumChunks / kChunksPerPart;
+    const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
+    const uint32_t barrier_id = static_cast<uint32_t>(NamedBarrier::EpilogueWarpgroup0) + wg_idx;
+#pragma unroll
+    for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
+#pragma unroll
+        for (uint32_t part = 0; part < kPartsPerWave; ++part) {
+            if (thread_in_wg == 0)
+                ptx::tma_store_wait_read<0>();
+            ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
+            // NOTE: the thread's row and column are recomputed here rather than kept live through the K loop.
+            const uint32_t tid = ptx::thread_idx_x_here();
+            if constexpr (kPartsPerWave == 1)
+                Store::write(final_acc[wave], smem_d_wg, tid % kNumThreadsPerWarpgroup / 32, tid % 32);
+            else
+                Store::write_chunk(final_acc[wave], smem_d_wg, tid % kNumThreadsPerWarpgroup / 32, tid % 32, part);
+            ptx::fence_proxy_async_shared();
+            ptx::named_barrier_sync(barrier_id, kNumThreadsPerWarpgroup);
+            if (thread_in_wg == 0) {
+                const int32_t row = static_cast<int32_t>(Traits::TileScheduler::first_row(tile) +
+                                                         (wg_idx * Traits::kWarpgroupRowWaves + wave) * kWarpgroupBlockM);
+#pragma unroll
+                for (uint32_t c = 0; c < kChunksPerPart; ++c) {
+                    const uint32_t col = tile.n_block_idx * BLOCK_N + (part * kChunksPerPart + c) * Store::kChunkCols;
+                    if (col >= SHAPE_N)
+                        break;
+                    store_chunk<Traits>(tmap_d, smem_d_wg + c * Store::kChunkBytes, static_cast<int32_t>(col), row,
+                                        static_cast<int32_t>(tile.group_idx));
+                }
+                ptx::tma_store_commit();
+            }
+        }
+    }
+}
+
 // The warpgroup's TMA store of its kNumMWaves x 64 tile rows, from row wg_idx * kNumMWaves * 64 of the tile (row 0 with
 // own tiles).
 template <typename Traits, uint32_t kNumMWaves>
@@ -113,6 +156,10 @@ DK_DEVICE void store_tile(const float (&final_acc)[kNumMWaves][Traits::BLOCK_N /
                           const CUtensorMap* tmap_d, const TileInfo& tile, uint32_t wg_idx) {
     if constexpr (Traits::kStreamedStore) {
         store_tile_streamed<Traits, kNumMWaves>(final_acc, smem_d_wg, tmap_d, tile, wg_idx);
+        return;
+    }
+    if constexpr (Traits::kStagedPartBytes > 0) {
+        store_tile_in_parts<Traits, kNumMWaves>(final_acc, smem_d_wg, tmap_d, tile, wg_idx);
         return;
     }
     constexpr uint32_t SHAPE_N = Traits::SHAPE_N, BLOCK_N = Traits::BLOCK_N;

@@ -36,6 +36,9 @@ constexpr uint32_t kMaxFp4SplitBlockN = 96;
 constexpr uint32_t kMaxPipelinedBlockN[2] = {128, 128};
 // Widest tile of 256 rows: each math warpgroup keeps two 64-row sets of final accumulators plus one partial set.
 constexpr uint32_t kMaxTwoWaveBlockN = 128;
+// Widest pipelined tile of 256 rows: two sets of final and two of partial accumulators (2 x BLOCK_N) fit the 232
+// registers.
+constexpr uint32_t kMaxPipelinedTwoWaveBlockN = 96;
 // BF16 operands: a stage holds 64 columns (128 bytes a row, the FP8 stage's bytes and swizzle); with no
 // partial accumulator sets a 64-row wave's tile may be as wide as one wgmma (256 columns).
 constexpr uint32_t kBf16BlockK = 64;
@@ -175,6 +178,9 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kNumStageConsumerWarps = (kOwnTiles ? 1 : kNumMathWarpgroups) * kNumThreadsPerWarpgroup / 32;
     // Tile rows above a math warpgroup's first (its index times this many 64-row waves): none with own tiles.
     static constexpr uint32_t kWarpgroupRowWaves = kOwnTiles ? 0 : kNumMWaves;
+    // Pipelined 256-row tiles: each wave's wgmma group runs while the other wave's is promoted (the mainloop's
+    // pipelined waves).
+    static constexpr bool kPipelinedWaves = kPipelined && kNumMWaves == 2 && !kOwnTiles;
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
     // FP4 weights with one math warpgroup: a second producer-side warpgroup of expanders (gemm/sm90_fp4_expand.cuh).
     static constexpr uint32_t kNumTMAThreads =
@@ -184,8 +190,10 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kNumTileOffsets = kScaleBlock / kTileOffsetStep;
 
     // Register budgets: 128 x 40 + 256 x 232 = 64,512 of 65,536 with two math warpgroups.
-    static constexpr uint32_t kNumTMARegisters = 40;
-    static constexpr uint32_t kNumMathRegisters = kNumMathWarpgroups == 1 ? 240 : 232;
+    // Pipelined 256-row tiles (four accumulator sets): the producer's 24 leave the math warpgroups 240
+    // (128 x 24 + 256 x 240 = 64,512).
+    static constexpr uint32_t kNumTMARegisters = kPipelinedWaves ? 24 : 40;
+    static constexpr uint32_t kNumMathRegisters = kNumMathWarpgroups == 1 || kPipelinedWaves ? 240 : 232;
 
     // Shared-memory carve-up (deep_kernels/heuristics/fp8_gemm.py: smem_bytes mirrors it): D staging (one
     // 64-row buffer per warpgroup and wave), then per stage A, B, sfa (and sfb, per-channel B scales), then the
@@ -197,8 +205,6 @@ struct Sm90Fp8GemmTraits {
     // 256 x 128 none).
     static constexpr bool kStreamedStore =
         (kIsChannelScaled || (kIsBf16 && kIsKGrouped)) && std::is_same_v<OutputType, float>;
-    static constexpr uint32_t kSmemDBytesPerWarpgroup = kStreamedStore ? 2 * Store::kChunkBytes : kNumMWaves * Store::kBytes;
-    static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kSmemDBytesPerWarpgroup, 1024);
     // Bytes of one operand element (e4m3 or bf16); BF16 stages hold no sfa.
     static constexpr uint32_t kOperandBytes = kIsBf16 ? sizeof(__nv_bfloat16) : 1;
     static constexpr uint32_t kStageABytes = BLOCK_M * BLOCK_K * kOperandBytes;
@@ -208,6 +214,25 @@ struct Sm90Fp8GemmTraits {
     // to it; the FP4 expanders' sfb stages are not.
     static constexpr uint32_t kSfbBoxBytes = kHasColumnScales ? BLOCK_N * sizeof(float) : 0;
     static constexpr uint32_t kStageSfbBytes = kIsChannelScaled ? align_up<uint32_t>(kSfbBoxBytes, 128) : kSfbBoxBytes;
+    // 256-row tiles (the Normal kind with block scales, lockstep) with more stages than fit beside the whole tile's D
+    // staging: each warpgroup stages and stores its tile in parts, one after the other, through one buffer of a
+    // 64-row wave (Store::kBytes) or, where that does not fit either, of one chunk (Store::kChunkBytes: kChunkCols
+    // columns of 64 rows); the epilogue's store_tile_in_parts. 0: the whole tile is staged at once.
+    static constexpr bool kMayStageDInParts = kNumMWaves == 2 && !kOwnTiles && !kStreamedStore &&
+                                              kGemmType == GemmType::Normal && kOperands == GemmOperands::Fp8BlockScaled &&
+                                              kMathSchedule == MathSchedule::Lockstep;
+    static constexpr uint32_t kAllStagesBytes =
+        kNumStages * (kStageABytes + kStageBBytes + kStageSfaBytes + kStageSfbBytes) + 2 * kNumStages * sizeof(uint64_t);
+    static constexpr uint32_t kStagedPartBytes =
+        !kMayStageDInParts ||
+                align_up<uint32_t>(kNumMathWarpgroups * kNumMWaves * Store::kBytes, 1024) + kAllStagesBytes <= kMaxSmemBytes
+            ? 0
+            : (align_up<uint32_t>(kNumMathWarpgroups * Store::kBytes, 1024) + kAllStagesBytes <= kMaxSmemBytes
+                   ? Store::kBytes
+                   : Store::kChunkBytes);
+    static constexpr uint32_t kSmemDBytesPerWarpgroup =
+        kStreamedStore ? 2 * Store::kChunkBytes : (kStagedPartBytes > 0 ? kStagedPartBytes : kNumMWaves * Store::kBytes);
+    static constexpr uint32_t kSmemDBytes = align_up<uint32_t>(kNumMathWarpgroups * kSmemDBytesPerWarpgroup, 1024);
     static constexpr uint32_t kOffsetA = kSmemDBytes;
     static constexpr uint32_t kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr uint32_t kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
@@ -298,12 +323,17 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(SHAPE_N % 16 == 0 && SHAPE_N > 0, "N is a positive multiple of 16");
     DK_STATIC_ASSERT(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256,
                      "BLOCK_M 64 (one math warpgroup), 128 or 256 (two, each owning half the rows)");
-    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN && kNumSplits == 1 && !kPipelined &&
+    DK_STATIC_ASSERT(kNumMWaves == 1 || (BLOCK_N <= kMaxTwoWaveBlockN && kNumSplits == 1 &&
+                                         (!kPipelined ||
+                                          (kPipelinedWaves && BLOCK_N <= kMaxPipelinedTwoWaveBlockN &&
+                                           kGemmType == GemmType::Normal && kOperands == GemmOperands::Fp8BlockScaled &&
+                                           kMathSchedule == MathSchedule::Lockstep)) &&
                                          (kGemmType == GemmType::Normal || kGemmType == GemmType::KGrouped ||
                                           kOperands == GemmOperands::Fp8BlockScaled) &&
                                          (!kOverlapEpilogue || (kGemmType != GemmType::KGrouped && !kHasColumnScales))),
-                     "256-row tiles: BLOCK_N <= 128, no split-K or pipelining, the M-grouped kinds with block-scaled "
-                     "FP8 operands; the epilogue overlap with block scales, not k-grouped");
+                     "256-row tiles: BLOCK_N <= 128, no split-K, the M-grouped kinds with block-scaled FP8 operands; "
+                     "the epilogue overlap with block scales, not k-grouped; pipelined: BLOCK_N <= 96, the Normal kind "
+                     "with block scales, lockstep");
     DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= (kIsBf16 ? kMaxBf16BlockN : 192),
                      "BLOCK_N in 16..192 (BF16: 16..256), a multiple of 16");
     DK_STATIC_ASSERT(kIsBf16 || BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N),

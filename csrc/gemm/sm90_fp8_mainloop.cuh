@@ -84,6 +84,20 @@ DK_DEVICE void dispatch_index(uint32_t i, F&& f, std::integer_sequence<uint32_t,
     ((i == Is ? (f(std::integral_constant<uint32_t, Is>{}), 0) : 0), ...);
 }
 
+// Calls f(std::integral_constant<uint32_t, i>) for the runtime index i < kCount, the last index taken for any i past
+// the others (no path calls none).
+template <uint32_t kIndex, uint32_t kCount, typename F>
+DK_DEVICE void dispatch_index_exhaustive(uint32_t i, F&& f) {
+    if constexpr (kIndex + 1 == kCount) {
+        f(std::integral_constant<uint32_t, kIndex>{});
+    } else {
+        if (i == kIndex)
+            f(std::integral_constant<uint32_t, kIndex>{});
+        else
+            dispatch_index_exhaustive<kIndex + 1, kCount>(i, f);
+    }
+}
+
 // The rows of sfb (one per K block) of a tile's first 128-wide block of columns and of the next one.
 struct SfbBlocks {
     const float* first;
@@ -96,6 +110,8 @@ template <uint32_t kNumStages>
 struct IssuedKBlock {
     PromotionScales scales;
     PipelineState<kNumStages> state;
+    // Pipelined 256-row tiles: both waves' groups are issued ahead; the second wave's scales.
+    PromotionScales second_wave_scales;
 };
 
 template <typename Traits, typename Ring>
@@ -270,11 +286,15 @@ struct Sm90Fp8Mainloop {
     DK_DEVICE IssuedKBlock<Traits::kNumStages> issue_ahead(const TileInfo& next) {
         IssuedKBlock<Traits::kNumStages> first;
         first.state = state;
-        if constexpr (Traits::kPipelinedHalves)
+        if constexpr (Traits::kPipelinedHalves) {
             first.scales = issue_first_half(state);
-        else
+        } else {
             first.scales = issue_k_block(std::true_type{}, sfb_blocks(next), partial, tile_k_block_begin<Traits>(next),
                                          state);
+            if constexpr (Traits::kPipelinedWaves)
+                first.second_wave_scales = issue_k_block(std::true_type{}, sfb_blocks(next), partial_next,
+                                                         tile_k_block_begin<Traits>(next), state, 1);
+        }
         state.advance();
         return first;
     }
@@ -290,6 +310,14 @@ struct Sm90Fp8Mainloop {
             return;
         }
         const uint32_t tile_offset_idx = tile.n_block_idx * BLOCK_N % kScaleBlock / Traits::kTileOffsetStep;
+        // NOTE: pipelined 256-row tiles take the last offset's K loop for any index past the others: with a path that
+        // runs no K loop (the plain dispatch's), ptxas serializes every wgmma of the K loops that retire the groups
+        // issued ahead (C7514) wherever there are more than two offsets.
+        if constexpr (Traits::kPipelinedWaves) {
+            dispatch_index_exhaustive<0, Traits::kNumTileOffsets>(
+                tile_offset_idx, [&](auto offset_idx) { accumulate_tile(tile, offset_idx, first); });
+            return;
+        }
         dispatch_index(
             tile_offset_idx, [&](auto offset_idx) { accumulate_tile(tile, offset_idx, first); },
             std::make_integer_sequence<uint32_t, Traits::kNumTileOffsets>{});
@@ -364,6 +392,8 @@ private:
         }
         if constexpr (Traits::kPipelinedHalves) {
             accumulate_halves(k_block_begin, k_block_end, first);
+        } else if constexpr (Traits::kPipelinedWaves) {
+            accumulate_waves<kSecondGroup>(kStraddles, sfb_rows, k_block_begin, k_block_end, first);
         } else if constexpr (!Traits::kPipelined) {
             uint32_t k_block = k_block_begin;
             if constexpr (kIssuedAhead) {
@@ -423,6 +453,61 @@ private:
                 retiring = state;
                 state.advance();
             }
+        }
+    }
+
+    // The pipelined two-wave K loop (Traits::kPipelinedWaves, 256-row tiles): the warpgroup's groups run in the order
+    // (k, wave 0), (k, wave 1), (k + 1, wave 0), ..., wave 0's into `partial` and wave 1's into `partial_next`; each
+    // is promoted while the next one runs, so the tensor cores keep working through the promotion. Each wave's
+    // promotions are those of the plain loop, in the same order. A K block's two groups are issued together (the
+    // first block's ahead of the loop, or during the previous tile's store), then wave 0's is promoted under wave 1's,
+    // and each wave's next group is issued as soon as its partial sums are promoted.
+    template <uint32_t kSecondGroup, typename Straddles, typename First>
+    DK_DEVICE void accumulate_waves(Straddles, const SfbBlocks& sfb_rows, uint32_t k_block_begin, uint32_t k_block_end,
+                                    First first) {
+        constexpr std::integral_constant<int, 0> kNoneInFlight;
+        constexpr std::integral_constant<int, 1> kOneInFlight;
+        // The K block being retired: its stage and its waves' promotion scales (both its groups in flight).
+        uint32_t k_block = k_block_begin;
+        State retiring = state;
+        PromotionScales scales, wave1_scales;
+        if constexpr (!std::is_same_v<First, std::false_type>) {
+            retiring = first.state;
+            scales = first.scales;
+            wave1_scales = first.second_wave_scales;
+        } else {
+            scales = issue_k_block(Straddles{}, sfb_rows, partial, k_block, state);
+            wave1_scales = issue_k_block(Straddles{}, sfb_rows, partial_next, k_block, state, 1);
+            state.advance();
+        }
+        // The last K block: both waves promoted, its stage freed.
+        auto finish = [&]() {
+            retire_k_block<kSecondGroup>(kOneInFlight, partial, scales, retiring, 0);
+            retire_k_block<kSecondGroup>(kNoneInFlight, partial_next, wave1_scales, retiring, 1);
+        };
+        // A K block with a next one: each wave promoted, then its group of the next block issued; the stage freed.
+        auto step = [&]() {
+            retire_k_block<kSecondGroup>(kOneInFlight, partial, scales, retiring, 0);
+            scales = issue_k_block(Straddles{}, sfb_rows, partial, k_block + 1, state);
+            retire_k_block<kSecondGroup>(kOneInFlight, partial_next, wave1_scales, retiring, 1);
+            wave1_scales = issue_k_block(Straddles{}, sfb_rows, partial_next, k_block + 1, state, 1);
+            retiring = state;
+            state.advance();
+            ++k_block;
+        };
+        // NOTE: unrolled by two K blocks, each step after its own exit test, as the pipelined halves (one exit, or
+        // an issue at the loop's head, lets ptxas serialize every wgmma).
+        for (uint32_t next = k_block_begin + 1;; next += 2) {
+            if (next == k_block_end) {
+                finish();
+                break;
+            }
+            step();
+            if (next + 1 == k_block_end) {
+                finish();
+                break;
+            }
+            step();
         }
     }
 

@@ -18,7 +18,9 @@
 // shared memory (no workspace, no tickets; the same D bits).
 // kPipelined (tiles narrow enough for a second accumulator set, kMaxPipelinedBlockN): each warpgroup issues
 // K block i + 1's wgmma group before it waits for and promotes block i, so the promotion, the barrier waits
-// and the wgmma latency overlap the tensor cores' work instead of draining them every K block.
+// and the wgmma latency overlap the tensor cores' work instead of draining them every K block. 256-row tiles
+// (block scales, Normal kind, BLOCK_N <= kMaxPipelinedTwoWaveBlockN): each wave is promoted while the other wave's
+// group runs (the mainloop's pipelined waves).
 // kOverlapEpilogue (BLOCK_M 128 or 256, no split-K; grouped kinds: BLOCK_N a multiple of 64): the next tile's first
 // K block's wgmma group (its first wave's) is issued before a tile's store, so the tensor cores work while the store
 // converts and stages.

@@ -60,6 +60,9 @@ MAX_TWO_WAVE_BLOCK_N = 128
 # Widest tile whose K loop can be pipelined (two partial accumulator sets and the final one in registers), by
 # math warpgroup count; the kernel's kMaxPipelinedBlockN.
 MAX_PIPELINED_BLOCK_N = {64: 128, 128: 128}
+# Widest 256-row tile whose K loop can be pipelined across its two waves (two final and two partial accumulator sets,
+# 2 x BLOCK_N registers); block-scaled operands, the Normal kind. The kernel's kMaxPipelinedTwoWaveBlockN.
+MAX_PIPELINED_TWO_WAVE_BLOCK_N = 96
 
 # Model constants (seconds, bytes/s), fitted on an H200 (2026-11-30): about 9% mean
 # error on 160 measured (shape, config) points; picks within 2% of the best measured config.
@@ -71,6 +74,10 @@ MATH_SECONDS_PER_K_BLOCK = {64: (0.15e-6, 0.0022e-6), 128: (0.12e-6, 0.00266e-6)
 # wgmma group). Fitted on the H200 (2026-11-30) to a sweep of both K loops over the 18 benchmark shapes
 # (plain / pipelined time at equal tiles: 1.00-1.04 at M = 4096, mean 1.04 at M = 64 and 128); with it the
 # model's pick is within 5% of the fastest swept config on every shape (geomean 0.6%).
+# No 256-row entry (pipelined 256-row tiles are not offered, can_pipeline_waves): on the H200 (2026-12-02, the six
+# benchmark N x K at M = 4096, timed in turns) 256x96 pipelined with 4 stages ran 1.006-1.041x its plain twin on five
+# shapes (0.979 at 32768 x 512) but 0.81-0.94x the picks in two runs (smaller tiles, and at N = 4096 and 7168 a last
+# partial wave of tiles); with 3 stages (two held by the loop) 0.64-0.87x, and 256x64 pipelined 0.64-0.76x.
 PIPELINED_CONSTANT_SHARE = {64: 0.4, 128: 0.9}
 SM_INGEST_BYTES_PER_S = 90e9
 AGGREGATE_INGEST_BYTES_PER_S = 14e12
@@ -87,6 +94,12 @@ MULTICAST_FACTOR = {64: 1.05, 128: 1.05, 256: 0.97}
 # and from 1.030x to 1.078x at 4096x7168x16384, and beat 128x160 at 4096x7168x2048 (1.078x against 1.040x), while
 # 128x192 kept 4096x24576x1536 (1.114x against 1.088x) and 4096x32768x512 (1.229x against 1.210x).
 BLOCK_SCALED_TWO_WAVE_MATH_FACTOR = 0.97
+# Time of a K block of a 256-row tile with D staged in parts (may_stage_d_in_parts: more stages than fit beside the
+# whole tile's staging) over the same tile's K block with the stages that fit beside it; the candidates offer such
+# configs only once it is measured to gain (None: not offered). On the H200 (2026-12-02, M = 4096, timed in turns)
+# 256x128 with 4 stages (D in 64-column chunks) ran 1.000, 1.009 and 1.002x the same tiles with 3 stages at 7168 x 16384,
+# 4096 x 7168 and 7168 x 2048, and 256x112 with 4 stages 0.80-0.95x the picks.
+STAGED_IN_PARTS_K_BLOCK_FACTOR = None
 OVERLAP_LOSS = 0.25  # share of the smaller of the two bounds that the larger does not hide
 # A partial-tile store, a gpu-scope ticket and the barriers around it: fitted on the H200 (2026-11-30) to
 # the split-K configs of the 12 decode shapes (measured within 0.4 us where split, e.g. 11.8 us at
@@ -279,19 +292,45 @@ def stage_bytes(block_m: int, block_n: int, operands: str = "fp8_block_scaled") 
 
 
 def smem_bytes(block_m: int, block_n: int, num_stages: int, out_dtype_bytes: int,
-               operands: str = "fp8_block_scaled", own_tiles: bool = False) -> int:
+               operands: str = "fp8_block_scaled", own_tiles: bool = False, d_in_parts: bool = False) -> int:
     """Dynamic shared memory of the kernel's carve-up: D staging, then per stage A, B, sfa (and sfb with per-channel
     B scales), then barriers. D staging: the whole tile (with own tiles, each math warpgroup's), or with per-channel B
-    scales and FP32 D two chunks of 64 rows per math warpgroup (the kernel's streamed store)."""
+    scales and FP32 D two chunks of 64 rows per math warpgroup (the kernel's streamed store), or for a 256-row tile
+    that may stage D in parts (d_in_parts: may_stage_d_in_parts) whose stages leave no room for the whole tile's, one
+    64-row wave per math warpgroup, or where that does not fit either one chunk of a wave (the kernel's
+    kStagedPartBytes)."""
+    stages_bytes = num_stages * stage_bytes(block_m, block_n, operands) + 2 * num_stages * 8
     if operands in CHANNEL_SCALED_OPERANDS and out_dtype_bytes == 4:
         d_bytes = _align(num_math_warpgroups(block_m) * 2 * 64 * swizzle_d_bytes(block_n, 4), 1024)
     else:
         d_bytes = _align((2 if own_tiles else 1) * block_m * block_n * out_dtype_bytes, 1024)
-    return d_bytes + num_stages * stage_bytes(block_m, block_n, operands) + 2 * num_stages * 8
+        if d_in_parts and d_bytes + stages_bytes > SMEM_CAPACITY_BYTES:
+            d_bytes = _align(num_math_warpgroups(block_m) * 64 * block_n * out_dtype_bytes, 1024)
+            if d_bytes + stages_bytes > SMEM_CAPACITY_BYTES:
+                d_bytes = _align(num_math_warpgroups(block_m) * 64 * swizzle_d_bytes(block_n, out_dtype_bytes), 1024)
+    return d_bytes + stages_bytes
+
+
+def may_stage_d_in_parts(block_m: int, operands: str = "fp8_block_scaled", ping_pong: bool = False,
+                         grouped: bool = False) -> bool:
+    """Whether the kernel stages a tile's D in parts where its stages leave no room for the whole tile's (the kernel's
+    kStagedPartBytes): 256-row tiles of the Normal kind with block-scaled operands, lockstep."""
+    return block_m == 256 and operands == "fp8_block_scaled" and not ping_pong and not grouped
+
+
+def stages_d_in_parts(config, out_dtype_bytes: int = 2, operands: str = "fp8_block_scaled") -> bool:
+    """Whether the config's kernel stages D in parts (more stages than fit beside the whole tile's staging)."""
+    return (may_stage_d_in_parts(config.block_m, operands, config.ping_pong) and
+            config.num_stages > max_stages(config.block_m, config.block_n, out_dtype_bytes, operands=operands))
 
 
 def max_stages(block_m: int, block_n: int, out_dtype_bytes: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
-               operands: str = "fp8_block_scaled", own_tiles: bool = False) -> int:
+               operands: str = "fp8_block_scaled", own_tiles: bool = False, d_in_parts: bool = False) -> int:
+    """The most stages that fit (d_in_parts: with D staged in parts where the whole tile's staging leaves too few)."""
+    if d_in_parts:
+        return max((s for s in range(1, MAX_STAGES + 1) if smem_bytes(block_m, block_n, s, out_dtype_bytes, operands,
+                                                                       d_in_parts=True) <= smem_capacity),
+                   default=0)
     fixed = smem_bytes(block_m, block_n, 0, out_dtype_bytes, operands, own_tiles)
     per_stage = smem_bytes(block_m, block_n, 1, out_dtype_bytes, operands, own_tiles) - fixed
     return min(MAX_STAGES, (smem_capacity - fixed) // per_stage)
@@ -301,6 +340,15 @@ def can_pipeline(block_m: int, block_n: int) -> bool:
     """Whether the tile's K loop can keep two wgmma groups in flight (registers for three accumulator sets; not
     at 256 rows, whose registers hold two waves of final accumulators)."""
     return block_n <= MAX_PIPELINED_BLOCK_N.get(block_m, 0)
+
+
+def can_pipeline_waves(block_m: int, block_n: int, operands: str = "fp8_block_scaled", num_splits: int = 1,
+                       ping_pong: bool = False) -> bool:
+    """Whether a 256-row tile can pipeline its K loop across its two waves (each wave's wgmma group runs while the
+    other wave's is promoted; the kernel's kPipelinedWaves): block-scaled operands, BLOCK_N at most
+    MAX_PIPELINED_TWO_WAVE_BLOCK_N, no split-K, lockstep (the Normal kind: the grouped kinds refuse it)."""
+    return (block_m == 256 and block_n <= MAX_PIPELINED_TWO_WAVE_BLOCK_N and operands == "fp8_block_scaled" and
+            num_splits == 1 and not ping_pong)
 
 
 def can_pipeline_halves(block_m: int, block_n: int, operands: str, num_splits: int = 1) -> bool:
@@ -449,6 +497,9 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
         l2_bytes -= (a_bytes if config.multicast_on_a else b_bytes) / 2
     load_s = max(loaded_bytes / SM_INGEST_BYTES_PER_S, l2_bytes * active_ctas / AGGREGATE_INGEST_BYTES_PER_S)
     k_block_s = max(math_s, load_s)
+    if not config.pipelined and stages_d_in_parts(config, out_dtype_bytes, operands):
+        # NOTE: unmeasured (forced configs only): as the same tiles with the stages that fit beside the whole tile.
+        k_block_s *= STAGED_IN_PARTS_K_BLOCK_FACTOR or 1.0
     busiest_cta_s = _ceil_div(units, clusters) * (_ceil_div(k, BLOCK_K) * k_block_s + epilogue_s)
     if config.num_splits > 1:
         # Whole waves of unsplit tiles (none at decode sizes), then one or more waves of split jobs.
@@ -559,6 +610,22 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CA
                     if dense and takes_evict_first_b(config, m, n, k, num_sms, out_dtype_bytes):
                         config = replace(config, evict_first_b=True)
                     yield config
+                    # NOTE: after the same tiles with the whole tile staged, so that a tie keeps them.
+                    if (STAGED_IN_PARTS_K_BLOCK_FACTOR is not None and not grouped and not config.pipelined and
+                            may_stage_d_in_parts(block_m, operands)):
+                        parts_stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, operands,
+                                                  d_in_parts=True)
+                        if parts_stages > stages:
+                            yield replace(config, num_stages=parts_stages, smem_bytes=smem_bytes(
+                                block_m, block_n, parts_stages, out_dtype_bytes, operands, d_in_parts=True))
+                    # NOTE: after its plain twin, so that a tie keeps the plain K loop; offered once its share of the
+                    # constant term is measured (PIPELINED_CONSTANT_SHARE[256]).
+                    if (block_m in PIPELINED_CONSTANT_SHARE and not grouped and
+                            can_pipeline_waves(block_m, block_n, operands, num_splits)):
+                        waves_stages = max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, operands,
+                                                  d_in_parts=True)
+                        yield replace(config, pipelined=True, num_stages=waves_stages, smem_bytes=smem_bytes(
+                            block_m, block_n, waves_stages, out_dtype_bytes, operands, d_in_parts=True))
                     # NOTE: after the workspace split of the same tiles (a tie keeps it).
                     if (k is not None and 1 < num_splits <= MAX_CLUSTER_SPLITS and operands == "fp8_block_scaled" and
                             _ceil_div(m, block_m) * _ceil_div(n, block_n) * num_splits <= num_sms):
@@ -816,13 +883,19 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     if pipelined is None:
         pipelined = can_pipeline(block_m, block_n) and not ping_pong
     elif pipelined and not (can_pipeline(block_m, block_n) or
-                            can_pipeline_halves(block_m, block_n, operands, num_splits)):
+                            can_pipeline_halves(block_m, block_n, operands, num_splits) or
+                            can_pipeline_waves(block_m, block_n, operands, num_splits, ping_pong)):
         raise ValueError(f"a {block_m}x{block_n} tile cannot be pipelined (block_m 64 or 128, block_n at most "
-                         f"{MAX_PIPELINED_BLOCK_N[128]}; per-channel B scales: or a multiple of 32 without split-K)")
-    stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, operands=operands)
+                         f"{MAX_PIPELINED_BLOCK_N[128]}; per-channel B scales: or a multiple of 32 without split-K; "
+                         f"block_m 256: block-scaled, block_n at most {MAX_PIPELINED_TWO_WAVE_BLOCK_N})")
+    # NOTE: D staged in parts only where asked for more stages than fit beside the whole tile's staging (or pipelined).
+    d_in_parts = may_stage_d_in_parts(block_m, operands, ping_pong)
+    stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, operands=operands,
+                                      d_in_parts=d_in_parts and pipelined)
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a, swizzle_d_bytes=swizzle_d_bytes(block_n, out_dtype_bytes),
-                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands), num_splits=num_splits,
+                         smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands,
+                                               d_in_parts=d_in_parts), num_splits=num_splits,
                          pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong,
                          splits_in_cluster=splits_in_cluster, evict_first_b=evict_first_b)
 
@@ -881,6 +954,10 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(256, 128, 2, True, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False,
                         "m_grouped_contiguous"),
         CandidateKernel(make_config(256, 112, 1, False, 2), 7168, 2048, "bfloat16", False, "m_grouped_masked"),
+        # Pipelined 256-row tiles: 96 columns (four sfb offsets) with the overlap and multicast, 80 with accumulation.
+        CandidateKernel(make_config(256, 96, 2, True, 2, pipelined=True, overlap_epilogue=True), 4096, 7168, "bfloat16",
+                        False),
+        CandidateKernel(make_config(256, 80, 1, False, 4, pipelined=True), 7168, 2048, "float32", True),
         # The ping-pong schedule: with the epilogue overlap, two waves with multicast, split-K with accumulation.
         CandidateKernel(make_config(128, 160, 1, False, 2, overlap_epilogue=True, ping_pong=True), 7168, 2048,
                         "bfloat16", False),
