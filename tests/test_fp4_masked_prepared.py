@@ -45,6 +45,10 @@ def test_masked_configs_are_legal():
                 assert config.num_splits == 1 and config.block_t >= min(expected_m, 128)
                 assert config.smem_bytes <= swap_ab.smem_capacity(config.ctas_per_sm)
                 swap_ab.template_args(config, "bfloat16", False, prepared=True, masked=True)
+    with pytest.raises(ValueError, match="CTAs an SM"):
+        swap_ab.make_config(64, 1, ctas_per_sm=4)
+    assert swap_ab.make_config(32, 1, ctas_per_sm=3).num_threads == 160
+    assert swap_ab.make_config(32, 1, ctas_per_sm=2).num_threads == 256
     with pytest.raises(ValueError, match="masked layout"):
         swap_ab.template_args(swap_ab.make_config(16), "bfloat16", False, prepared=False, masked=True)
     with pytest.raises(ValueError, match="masked layout"):
@@ -124,6 +128,9 @@ def _check(actual, expected, masked_m):
     ([40, 64, 0, 2], 64, 1040, 1024, 64, (64, 1, 1)),
     ([33, 0, 31, 70], 96, 2112, 768, 32, (32, 1, 2)),
     ([0, 0, 0], 32, 1024, 256, 8, None),
+    ([20, 3, 0, 32, 11], 40, 2048, 1024, 16, (32, 1, 3)),
+    ([16, 9, 16, 0], 16, 1040, 512, 16, (16, 1, 4)),
+    ([64, 50, 1], 64, 1024, 768, 64, (64, 1, 3)),
 ])
 def test_masked_matches_reference_and_keeps_rows_past_masked_m(masked_m, m_max, n, k, expected_m, config):
     a, b, masked = _inputs(masked_m, m_max, n, k)

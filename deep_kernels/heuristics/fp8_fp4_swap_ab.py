@@ -58,7 +58,7 @@ class SwapAbConfig:
 
     @property
     def num_threads(self) -> int:
-        return 128 + 128 * self.num_math_warpgroups
+        return num_threads(self.num_math_warpgroups, self.ctas_per_sm)
 
     @property
     def smem_bytes(self) -> int:
@@ -67,15 +67,25 @@ class SwapAbConfig:
 
 # Dynamic shared memory of each of two CTAs on one SM (the kernel's kMaxSmemBytesOfTwo).
 SMEM_BYTES_OF_TWO = (233472 - 2 * 1024) // 2
+# The most CTAs an SM runs at once (one math warpgroup each; from three on the producer is one warp).
+MAX_CTAS_PER_SM = 4
+
+
+def num_threads(num_math_warpgroups: int, ctas_per_sm: int) -> int:
+    """A CTA's threads (the kernel's swap_ab_num_threads): the math warpgroups and a producer warpgroup, or a
+    producer warp with three or more CTAs an SM."""
+    return 128 * num_math_warpgroups + (32 if num_math_warpgroups == 1 and ctas_per_sm >= 3 else 128)
 
 
 def smem_capacity(ctas_per_sm: int) -> int:
-    return SMEM_CAPACITY_BYTES if ctas_per_sm == 1 else SMEM_BYTES_OF_TWO
+    """Dynamic shared memory of each of ctas_per_sm CTAs on one SM (the kernel's max_smem_bytes_per_cta)."""
+    return SMEM_CAPACITY_BYTES if ctas_per_sm == 1 else (233472 - ctas_per_sm * 1024) // ctas_per_sm
 
 
-def can_share_sm(block_t: int, num_math_warpgroups: int) -> bool:
-    """Whether two CTAs fit an SM (128 registers a thread): one math warpgroup, up to 64 tokens."""
-    return num_math_warpgroups == 1 and block_t <= 64
+def can_share_sm(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 2) -> bool:
+    """Whether ctas_per_sm (two or more) CTAs fit an SM without spilling (128 registers a thread with two, 136 with
+    three, 102 with four): one math warpgroup, up to 64 tokens (32 with four)."""
+    return num_math_warpgroups == 1 and block_t <= (32 if ctas_per_sm >= 4 else 64)
 
 
 def _align(x: int, a: int) -> int:
@@ -100,8 +110,8 @@ def max_stages(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> 
 
 def max_chains(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> int:
     """The most independent wgmma accumulator chains of a K block whose accumulators (BLOCK_T / 2 registers a set)
-    fit: up to 64 registers of sets (32 with two CTAs an SM)."""
-    budget = 32 if ctas_per_sm == 2 else 64
+    fit: up to 64 registers of sets (32 with two or three CTAs an SM, 16 with four)."""
+    budget = {1: 64, 2: 32, 3: 32}.get(ctas_per_sm, 16)
     return max(c for c in (1, 2, 4) if c == 1 or c * block_t // 2 <= budget)
 
 
@@ -117,8 +127,10 @@ def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = No
     """A config of the given tiling (as many stages as fit unless given), for overrides and tests."""
     if block_t not in BLOCK_TS or num_math_warpgroups not in (1, 2):
         raise ValueError(f"no swapped FP4 kernel for {block_t} tokens and {num_math_warpgroups} math warpgroups")
-    if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups)):
-        raise ValueError(f"{ctas_per_sm} CTAs an SM: two need one math warpgroup and at most 64 tokens")
+    if not 1 <= ctas_per_sm <= MAX_CTAS_PER_SM or (
+            ctas_per_sm > 1 and not can_share_sm(block_t, num_math_warpgroups, ctas_per_sm)):
+        raise ValueError(f"{ctas_per_sm} CTAs an SM: one to {MAX_CTAS_PER_SM}; two or more need one math warpgroup "
+                         f"and at most 64 tokens (32 with four)")
     stages = num_stages or max_stages(block_t, num_math_warpgroups, ctas_per_sm)
     if not MIN_STAGES <= stages or smem_bytes(block_t, num_math_warpgroups, stages) > smem_capacity(ctas_per_sm):
         raise ValueError(f"{stages} stages of {block_t} tokens do not fit")
@@ -192,22 +204,16 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prep
             "true" if prepared else "false", "true" if masked else "false"]
 
 
-def masked_candidate_configs(expected_m: int):
-    """The masked layout's configs (no split-K) for experts of about expected_m valid rows."""
-    block_t = block_t_for(min(max(expected_m, 1), MAX_TOKENS))
-    for num_math_warpgroups, ctas_per_sm in ((2, 1), (1, 1), (1, 2)):
-        if ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups):
-            continue
-        yield SwapAbConfig(block_t, num_math_warpgroups, max_stages(block_t, num_math_warpgroups, ctas_per_sm), 1,
-                           ctas_per_sm, max_chains(block_t, num_math_warpgroups, ctas_per_sm))
-
-
 def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms: int) -> SwapAbConfig:
-    """The masked layout's config with the lowest modelled time: the dense model over the experts' weight tiles
-    together (every expert with expected_m rows, one token block each; the persistent CTAs take the work items
-    in turn, as waves of the dense grid)."""
+    """The masked layout's config for experts of about expected_m valid rows: the smallest token tile holding them;
+    one-warpgroup CTAs, two an SM, where they fit (up to 64 tokens), else two math warpgroups. Measured on the H200
+    (2026-12-02, eb2e101: 18 decode problems, 16 to 256 experts of 16 to 64 expected rows, N x K 4096 x 7168 and
+    7168 x 2048): two one-warpgroup CTAs an SM were the fastest config offered in all 12 problems at 32 and 64
+    tokens (1.10-1.13x the two-warpgroup CTA the dense model prefers), two warpgroups at 128 tokens."""
     if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0 or num_groups <= 0:
         raise ValueError(f"k must be a positive multiple of 128, n of 16 and num_groups positive, got k = {k}, "
                          f"n = {n}, num_groups = {num_groups}")
-    return min(masked_candidate_configs(expected_m),
-               key=lambda config: estimate_seconds(config, expected_m, n * num_groups, k, num_sms, 2, True))
+    block_t = block_t_for(min(max(expected_m, 1), MAX_TOKENS))
+    if can_share_sm(block_t, 1, 2):
+        return make_config(block_t, 1, ctas_per_sm=2)
+    return make_config(block_t, 2)
