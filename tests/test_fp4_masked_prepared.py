@@ -38,7 +38,7 @@ def test_grouped_preparation_stacks_each_experts():
 
 
 def test_masked_configs_are_legal():
-    for expected_m in (1, 16, 32, 64, 100):
+    for expected_m in (1, 16, 19, 32, 38, 64, 76, 100):
         for num_groups in (16, 64, 256):
             for n, k in ((4096, 7168), (7168, 2048)):
                 config = swap_ab.get_masked_config(expected_m, n, k, num_groups, 132)
@@ -131,6 +131,10 @@ def _check(actual, expected, masked_m):
     ([20, 3, 0, 32, 11], 40, 2048, 1024, 16, (32, 1, 3)),
     ([16, 9, 16, 0], 16, 1040, 512, 16, (16, 1, 4)),
     ([64, 50, 1], 64, 1024, 768, 64, (64, 1, 3)),
+    ([45, 0, 48, 7, 30], 64, 2048, 1024, 40, None),
+    ([80, 77, 0, 160], 160, 1024, 512, 76, None),
+    ([96, 5, 95], 96, 1040, 512, 96, (96, 2, 1)),
+    ([112, 60], 112, 1024, 512, 112, (112, 1, 1)),
 ])
 def test_masked_matches_reference_and_keeps_rows_past_masked_m(masked_m, m_max, n, k, expected_m, config):
     a, b, masked = _inputs(masked_m, m_max, n, k)

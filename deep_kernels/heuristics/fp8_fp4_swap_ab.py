@@ -15,6 +15,8 @@ KERNEL_HEADER = "kernels/sm90_fp8_fp4_gemm_swap_ab.cuh"
 # Token tiles (wgmma's N) and the most tokens the kernel takes.
 BLOCK_TS = (16, 32, 64, 128)
 MAX_TOKENS = BLOCK_TS[-1]
+# The token tiles the kernel takes (wgmma's N in steps of 16); the masked layout picks from all of them.
+ALL_BLOCK_TS = tuple(range(16, MAX_TOKENS + 1, 16))
 B_BITS_PER_WEIGHT = 4.25
 EXPAND_TABLE_BYTES = 256
 MAX_STAGES = 12
@@ -125,7 +127,7 @@ def block_t_for(m: int) -> int:
 def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = None, num_splits: int = 1,
                 ctas_per_sm: int = 1, num_chains: int = None) -> SwapAbConfig:
     """A config of the given tiling (as many stages as fit unless given), for overrides and tests."""
-    if block_t not in BLOCK_TS or num_math_warpgroups not in (1, 2):
+    if block_t not in ALL_BLOCK_TS or num_math_warpgroups not in (1, 2):
         raise ValueError(f"no swapped FP4 kernel for {block_t} tokens and {num_math_warpgroups} math warpgroups")
     if not 1 <= ctas_per_sm <= MAX_CTAS_PER_SM or (
             ctas_per_sm > 1 and not can_share_sm(block_t, num_math_warpgroups, ctas_per_sm)):
@@ -161,10 +163,18 @@ def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int,
     return FIXED_SECONDS + max(compute_s, dram_s)
 
 
-def candidate_configs(m: int, n: int, k: int, num_sms: int):
+# One-warpgroup CTAs three and four an SM, offered on prepared weights: measured on the H200 (2026-12-02, 52463a5,
+# 18 decode shapes against the picks of the model without them), the model picks them at five shapes (N x K 24576 x
+# 1536 and 32768 x 512, one wave of CTAs instead of two), each measured 1.16-1.40x faster than the previous pick;
+# the other 13 picks are unchanged.
+PREPARED_SHARED_SM_CTAS = (2, 3, 4)
+
+
+def candidate_configs(m: int, n: int, k: int, num_sms: int, prepared: bool = False):
     block_t = block_t_for(m)
-    for num_math_warpgroups, ctas_per_sm in ((2, 1), (1, 1), (1, 2)):
-        if ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups):
+    shared = PREPARED_SHARED_SM_CTAS if prepared else (2,)
+    for num_math_warpgroups, ctas_per_sm in ((2, 1), (1, 1)) + tuple((1, c) for c in shared):
+        if ctas_per_sm > 1 and not can_share_sm(block_t, num_math_warpgroups, ctas_per_sm):
             continue
         stages = max_stages(block_t, num_math_warpgroups, ctas_per_sm)
         chains = max_chains(block_t, num_math_warpgroups, ctas_per_sm)
@@ -177,7 +187,7 @@ def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2, p
     weights in prepare_fp4_weights's layout)."""
     if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0:
         raise ValueError(f"k must be a positive multiple of 128 and n of 16, got k = {k}, n = {n}")
-    return min(candidate_configs(m, n, k, num_sms),
+    return min(candidate_configs(m, n, k, num_sms, prepared),
                key=lambda config: estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, prepared))
 
 
@@ -205,15 +215,16 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prep
 
 
 def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms: int) -> SwapAbConfig:
-    """The masked layout's config for experts of about expected_m valid rows: the smallest token tile holding them;
-    one-warpgroup CTAs, two an SM, where they fit (up to 64 tokens), else two math warpgroups. Measured on the H200
-    (2026-12-02, eb2e101: 18 decode problems, 16 to 256 experts of 16 to 64 expected rows, N x K 4096 x 7168 and
-    7168 x 2048): two one-warpgroup CTAs an SM were the fastest config offered in all 12 problems at 32 and 64
-    tokens (1.10-1.13x the two-warpgroup CTA the dense model prefers), two warpgroups at 128 tokens."""
+    """The masked layout's config for experts of about expected_m valid rows: the smallest token tile holding them
+    (a multiple of 16); one-warpgroup CTAs, four an SM up to 32 tokens, two up to 64, else two math warpgroups.
+    Measured on the H200 (2026-12-02; 16 to 256 experts of 16 to 64 expected rows, N x K 4096 x 7168 and 7168 x
+    2048): at 32 tokens four CTAs an SM were 1.05-1.12x faster than two (52463a5, 4 problems), at 32 and 64 tokens
+    two one-warpgroup CTAs 1.10-1.13x faster than one two-warpgroup CTA (eb2e101, 12 problems)."""
     if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0 or num_groups <= 0:
         raise ValueError(f"k must be a positive multiple of 128, n of 16 and num_groups positive, got k = {k}, "
                          f"n = {n}, num_groups = {num_groups}")
-    block_t = block_t_for(min(max(expected_m, 1), MAX_TOKENS))
-    if can_share_sm(block_t, 1, 2):
-        return make_config(block_t, 1, ctas_per_sm=2)
+    block_t = next(t for t in ALL_BLOCK_TS if t >= min(max(expected_m, 1), MAX_TOKENS))
+    for ctas_per_sm in (4, 2):
+        if can_share_sm(block_t, 1, ctas_per_sm):
+            return make_config(block_t, 1, ctas_per_sm=ctas_per_sm)
     return make_config(block_t, 2)
