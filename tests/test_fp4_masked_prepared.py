@@ -49,6 +49,9 @@ def test_masked_configs_are_legal():
         swap_ab.make_config(64, 1, ctas_per_sm=4)
     assert swap_ab.make_config(32, 1, ctas_per_sm=3).num_threads == 160
     assert swap_ab.make_config(32, 1, ctas_per_sm=2).num_threads == 256
+    assert swap_ab.make_config(96, 1, ctas_per_sm=2).num_threads == 160
+    with pytest.raises(ValueError, match="CTAs an SM"):
+        swap_ab.make_config(112, 1, ctas_per_sm=2)
     with pytest.raises(ValueError, match="masked layout"):
         swap_ab.template_args(swap_ab.make_config(16), "bfloat16", False, prepared=False, masked=True)
     with pytest.raises(ValueError, match="masked layout"):
@@ -135,6 +138,8 @@ def _check(actual, expected, masked_m):
     ([80, 77, 0, 160], 160, 1024, 512, 76, None),
     ([96, 5, 95], 96, 1040, 512, 96, (96, 2, 1)),
     ([112, 60], 112, 1024, 512, 112, (112, 1, 1)),
+    ([80, 0, 71, 33], 80, 2048, 1024, 80, (80, 1, 2)),
+    ([96, 90, 2], 100, 1040, 768, 96, (96, 1, 2)),
 ])
 def test_masked_matches_reference_and_keeps_rows_past_masked_m(masked_m, m_max, n, k, expected_m, config):
     a, b, masked = _inputs(masked_m, m_max, n, k)

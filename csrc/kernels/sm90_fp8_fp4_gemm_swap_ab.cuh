@@ -79,9 +79,11 @@ constexpr uint32_t max_smem_bytes_per_cta(uint32_t n) { return (233472 - n * 102
 constexpr uint32_t kMaxSmemBytesOfTwo = max_smem_bytes_per_cta(2);
 
 // Threads of a CTA: the math warpgroups and the producer, a whole warpgroup (setmaxnreg's unit) except with three or
-// more one-warpgroup CTAs an SM, where it is one warp (so that their registers fit: 160 threads at 136).
-constexpr uint32_t swap_ab_num_threads(uint32_t num_math_warpgroups, uint32_t num_ctas_per_sm) {
-    return 128 * num_math_warpgroups + (num_math_warpgroups == 1 && num_ctas_per_sm >= 3 ? 32 : 128);
+// more one-warpgroup CTAs an SM, or two of more than 64 tokens, where it is one warp (so that their registers fit:
+// 160 threads at 136 with three, at 168 with two).
+constexpr uint32_t swap_ab_num_threads(uint32_t num_math_warpgroups, uint32_t num_ctas_per_sm, uint32_t block_t) {
+    return 128 * num_math_warpgroups +
+           (num_math_warpgroups == 1 && (num_ctas_per_sm >= 3 || (num_ctas_per_sm == 2 && block_t > 64)) ? 32 : 128);
 }
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
@@ -92,8 +94,9 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
     using OutputType = OutputType_;
     static constexpr bool kWithAccumulation = kWithAccumulation_;
-    // CTAs an SM runs at once (the launch bounds' minimum): two with one math warpgroup, at 128 registers a thread;
-    // three or four with one math warpgroup and a one-warp producer (136 / 102 registers).
+    // CTAs an SM runs at once (the launch bounds' minimum): two with one math warpgroup, at 128 registers a thread
+    // (above 64 tokens with a one-warp producer, 168); three or four with one math warpgroup and a one-warp
+    // producer (136 / 102 registers).
     static constexpr uint32_t kNumCTAsPerSM = kNumCTAsPerSM_;
     // Independent wgmma accumulator chains of a K block (run_k_loop).
     static constexpr uint32_t kNumChains = kNumChains_;
@@ -104,7 +107,7 @@ struct Sm90Fp8Fp4SwapAbTraits {
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
-    static constexpr uint32_t kNumThreads = swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM);
+    static constexpr uint32_t kNumThreads = swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM, BLOCK_T);
     // NOTE: registers are allocated per SM sub-partition, so the producer is a whole warpgroup (its first warp
     // loads, the others exit) that gives its registers to the math warpgroups: 128 x 40 + 256 x 232 = 64,512 with
     // two; one math warpgroup keeps what the launch gives (255).
@@ -141,8 +144,9 @@ struct Sm90Fp8Fp4SwapAbTraits {
     DK_STATIC_ASSERT(kNumStages >= 2, "at least two stages");
     DK_STATIC_ASSERT(kNumChains == 1 || kNumChains == 2 || kNumChains == 4, "1, 2 or 4 accumulator chains");
     DK_STATIC_ASSERT(kNumCTAsPerSM == 1 ||
-                     (kNumCTAsPerSM <= 4 && kNumMathWarpgroups == 1 && BLOCK_T <= (kNumCTAsPerSM == 4 ? 32 : 64)),
-                     "two to four CTAs an SM: one math warpgroup, up to 64 tokens (32 with four: registers)");
+                     (kNumCTAsPerSM <= 4 && kNumMathWarpgroups == 1 &&
+                      BLOCK_T <= (kNumCTAsPerSM == 4 ? 32 : kNumCTAsPerSM == 3 ? 64 : 96)),
+                     "two to four CTAs an SM: one math warpgroup, up to 96 / 64 / 32 tokens (registers)");
     DK_STATIC_ASSERT((std::is_same_v<OutputType, float> || (std::is_same_v<OutputType, __nv_bfloat16> && !kWithAccumulation)),
                      "bf16 D, or FP32 D (accumulated into with kWithAccumulation)");
     DK_STATIC_ASSERT(kSmemDBytes <= kOffsetTables, "D's staging fits in the stages");
@@ -528,7 +532,8 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::BLOCK_T / 2], __
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
           uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked>
-__global__ void __launch_bounds__(sm90_fp8_fp4_swap_ab_detail::swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM),
+__global__ void __launch_bounds__(sm90_fp8_fp4_swap_ab_detail::swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM,
+                                                                                   BLOCK_T),
                                   kNumCTAsPerSM)
 sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_codes,
                                const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,

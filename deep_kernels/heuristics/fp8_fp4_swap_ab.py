@@ -60,7 +60,7 @@ class SwapAbConfig:
 
     @property
     def num_threads(self) -> int:
-        return num_threads(self.num_math_warpgroups, self.ctas_per_sm)
+        return num_threads(self.num_math_warpgroups, self.ctas_per_sm, self.block_t)
 
     @property
     def smem_bytes(self) -> int:
@@ -73,10 +73,11 @@ SMEM_BYTES_OF_TWO = (233472 - 2 * 1024) // 2
 MAX_CTAS_PER_SM = 4
 
 
-def num_threads(num_math_warpgroups: int, ctas_per_sm: int) -> int:
+def num_threads(num_math_warpgroups: int, ctas_per_sm: int, block_t: int) -> int:
     """A CTA's threads (the kernel's swap_ab_num_threads): the math warpgroups and a producer warpgroup, or a
-    producer warp with three or more CTAs an SM."""
-    return 128 * num_math_warpgroups + (32 if num_math_warpgroups == 1 and ctas_per_sm >= 3 else 128)
+    producer warp with three or more CTAs an SM, or two of more than 64 tokens."""
+    one_warp = num_math_warpgroups == 1 and (ctas_per_sm >= 3 or (ctas_per_sm == 2 and block_t > 64))
+    return 128 * num_math_warpgroups + (32 if one_warp else 128)
 
 
 def smem_capacity(ctas_per_sm: int) -> int:
@@ -84,10 +85,12 @@ def smem_capacity(ctas_per_sm: int) -> int:
     return SMEM_CAPACITY_BYTES if ctas_per_sm == 1 else (233472 - ctas_per_sm * 1024) // ctas_per_sm
 
 
-def can_share_sm(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 2) -> bool:
+def can_share_sm(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 2, wide: bool = False) -> bool:
     """Whether ctas_per_sm (two or more) CTAs fit an SM without spilling (128 registers a thread with two, 136 with
-    three, 102 with four): one math warpgroup, up to 64 tokens (32 with four)."""
-    return num_math_warpgroups == 1 and block_t <= (32 if ctas_per_sm >= 4 else 64)
+    three, 102 with four): one math warpgroup, up to 64 tokens (32 with four); wide: also two CTAs of 80 or 96
+    tokens (a one-warp producer, 168 registers)."""
+    limit = {2: 96 if wide else 64, 3: 64}.get(ctas_per_sm, 32)
+    return num_math_warpgroups == 1 and block_t <= limit
 
 
 def _align(x: int, a: int) -> int:
@@ -130,9 +133,9 @@ def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = No
     if block_t not in ALL_BLOCK_TS or num_math_warpgroups not in (1, 2):
         raise ValueError(f"no swapped FP4 kernel for {block_t} tokens and {num_math_warpgroups} math warpgroups")
     if not 1 <= ctas_per_sm <= MAX_CTAS_PER_SM or (
-            ctas_per_sm > 1 and not can_share_sm(block_t, num_math_warpgroups, ctas_per_sm)):
+            ctas_per_sm > 1 and not can_share_sm(block_t, num_math_warpgroups, ctas_per_sm, wide=True)):
         raise ValueError(f"{ctas_per_sm} CTAs an SM: one to {MAX_CTAS_PER_SM}; two or more need one math warpgroup "
-                         f"and at most 64 tokens (32 with four)")
+                         f"and at most 96 tokens with two, 64 with three, 32 with four")
     stages = num_stages or max_stages(block_t, num_math_warpgroups, ctas_per_sm)
     if not MIN_STAGES <= stages or smem_bytes(block_t, num_math_warpgroups, stages) > smem_capacity(ctas_per_sm):
         raise ValueError(f"{stages} stages of {block_t} tokens do not fit")
@@ -216,15 +219,16 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prep
 
 def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms: int) -> SwapAbConfig:
     """The masked layout's config for experts of about expected_m valid rows: the smallest token tile holding them
-    (a multiple of 16); one-warpgroup CTAs, four an SM up to 32 tokens, two up to 64, else two math warpgroups.
-    Measured on the H200 (2026-12-02; 16 to 256 experts of 16 to 64 expected rows, N x K 4096 x 7168 and 7168 x
-    2048): at 32 tokens four CTAs an SM were 1.05-1.12x faster than two (52463a5, 4 problems), at 32 and 64 tokens
-    two one-warpgroup CTAs 1.10-1.13x faster than one two-warpgroup CTA (eb2e101, 12 problems)."""
+    (a multiple of 16); one-warpgroup CTAs, four an SM up to 32 tokens, three up to 64, else two math warpgroups.
+    Measured on the H200 (2026-12-02, 7ca794f; 16 to 256 experts of 16, 32 and 64 expected rows, N x K 4096 x 7168
+    and 7168 x 2048, 6 problems each): at 32 tokens four CTAs an SM were the fastest config offered in 6 of 6
+    problems (1.07-1.12x two), 48 tokens three CTAs in 5 of 6 (1.03-1.08x two; 0.96x at 16 experts of N 4096), 80
+    tokens with two math warpgroups in 5 of 6 (1.08-1.21x the 128-token tile)."""
     if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0 or num_groups <= 0:
         raise ValueError(f"k must be a positive multiple of 128, n of 16 and num_groups positive, got k = {k}, "
                          f"n = {n}, num_groups = {num_groups}")
     block_t = next(t for t in ALL_BLOCK_TS if t >= min(max(expected_m, 1), MAX_TOKENS))
-    for ctas_per_sm in (4, 2):
+    for ctas_per_sm in (4, 3):
         if can_share_sm(block_t, 1, ctas_per_sm):
             return make_config(block_t, 1, ctas_per_sm=ctas_per_sm)
     return make_config(block_t, 2)
