@@ -215,6 +215,7 @@ def fake_routing(monkeypatch):
     """routing with the device checks off, a fixed SM count, a CPU workspace and a recording kernel."""
     kernel = _RecordingKernel()
     monkeypatch.setattr(routing, "_plans", {})
+    monkeypatch.setattr(routing, "_out_calls", {})
     monkeypatch.setattr(routing, "current_raw_stream", lambda device_index: 0)
     monkeypatch.setattr(routing, "check_cuda_device", lambda *args, **kwargs: None)
     monkeypatch.setattr(routing, "get_num_sms", lambda: 132)
@@ -247,6 +248,26 @@ def test_gate_with_layout_checks_fire_after_valid_calls(fake_routing, changes, e
     assert len(fake_routing) == 2
 
 
+@pytest.mark.parametrize("changes,error,match", [
+    (dict(k=4.0), ValueError, "k must be an integer"),
+    (dict(renormalize=1), TypeError, "renormalize must be a bool"),
+    (dict(routed_scaling_factor=float("nan")), ValueError, "routed_scaling_factor"),
+    (dict(bias=torch.zeros(15)), ValueError, "bias must be a contiguous tensor of shape \\(16,\\)"),
+    (dict(logits=torch.zeros(8, 16, dtype=torch.float16)), TypeError, "logits must be"),
+    (dict(max_tokens=3), TypeError, "out's masked_slots must be a torch.Tensor"),
+])
+def test_gate_with_layout_into_out_checks_fire_after_valid_calls(fake_routing, changes, error, match):
+    """A call into out= repeating an earlier one launches without checks: any other argument is checked again."""
+    arguments = dict(_GATE, logits=torch.randn(8, 16), bias=torch.zeros(16), max_tokens=None)
+    out = _fresh_outputs(8, None)
+    for _ in range(2):
+        routing.topk_gate_with_layout(**arguments, out=out)
+    assert len(fake_routing) == 2 and len(routing._out_calls) == 1
+    with pytest.raises(error, match=match):
+        routing.topk_gate_with_layout(**dict(arguments, **changes), out=out)
+    assert len(fake_routing) == 2
+
+
 def test_gate_with_layout_replans_for_a_new_sm_count(fake_routing, monkeypatch):
     logits = torch.randn(8, 16)
     routing.topk_gate_with_layout(logits, **_GATE)
@@ -254,6 +275,22 @@ def test_gate_with_layout_replans_for_a_new_sm_count(fake_routing, monkeypatch):
     routing.topk_gate_with_layout(logits, **_GATE)
     (plan,) = routing._plans.values()
     assert plan.num_sms == 1 and len(fake_routing) == 2
+
+
+def test_gate_with_layout_into_out_launches_with_a_changed_argument(fake_routing):
+    logits, out = torch.randn(8, 16), _fresh_outputs(8, None)
+    for topk_groups in (2, 3, 2):
+        routing.topk_gate_with_layout(logits, **dict(_GATE, topk_groups=topk_groups), out=out)
+    assert [params["topk_groups"] for params in fake_routing] == [2, 3, 2]
+
+
+def test_gate_with_layout_into_out_replans_for_a_new_sm_count(fake_routing, monkeypatch):
+    logits, out = torch.randn(8, 16), _fresh_outputs(8, None)
+    routing.topk_gate_with_layout(logits, **_GATE, out=out)
+    monkeypatch.setattr(routing, "get_num_sms", lambda: 1)
+    routing.topk_gate_with_layout(logits, **_GATE, out=out)
+    (call,) = routing._out_calls.values()
+    assert call.num_sms == 1 and len(fake_routing) == 2
 
 
 def _fresh_outputs(num_tokens: int, max_tokens):

@@ -130,6 +130,20 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         from deep_kernels import ops
         return ops.topk_gate_with_layout(logits, k, scoring, bias, num_groups, topk_groups, renormalize,
                                          routed_scaling_factor, max_tokens, out)
+    if out is not None:
+        # A call into out= repeating an earlier one's metadata and addresses launches what that call prepared.
+        try:
+            out_key = _out_call_key(logits, k, scoring, bias, num_groups, topk_groups, renormalize,
+                                    routed_scaling_factor, max_tokens, out)
+            call = _out_calls.get(out_key)
+        except (AttributeError, TypeError, ValueError):  # not tensors, or not the form out takes: the checks say how
+            out_key = call = None
+        if call is not None and call.num_sms == get_num_sms():
+            stream = current_raw_stream(call.device_index)
+            launch = call.launches.get(_workspace(call.device_index, call.workspace_ints, stream).data_ptr())
+            if launch is not None:
+                launch.launch(stream)
+                return tuple(out)
     try:
         signature = gate_signature(logits, k, scoring, bias, num_groups, topk_groups, renormalize,
                                    routed_scaling_factor) + (max_tokens, type(max_tokens))
@@ -154,32 +168,57 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         return tuple(out)
     device_index = plan.device.index
     stream = current_raw_stream(device_index)
-    workspace = _workspace(device_index, plan.token_blocks * block_counts_row_ints(plan.num_experts), stream)
+    workspace_ints = plan.token_blocks * block_counts_row_ints(plan.num_experts)
+    workspace = _workspace(device_index, workspace_ints, stream)
     bias_address = 0 if bias is None else bias.data_ptr()
     if out is None:
         ints = torch.empty(plan.ints.numel, dtype=torch.int32, device=plan.device)
         key = (logits.data_ptr(), bias_address, ints.data_ptr(), workspace.data_ptr())
         launch = plan.launches.get(key)
         if launch is None:
-            launch = _prepare_launch(plan, key, plan.ints.pointers(key[2]), key[3], logits, k, topk_groups,
-                                     renormalize, routed_scaling_factor, max_tokens)
+            launch = _prepare_launch(plan, plan.launches, key, key[3], plan.ints.pointers(key[2]), logits,
+                                     bias_address, k, topk_groups, renormalize, routed_scaling_factor, max_tokens)
         launch.launch(stream)
         return plan.ints.carve(ints)
-    # A launch prepared for out's addresses and metadata was prepared after every check of them.
-    try:
-        key = (logits.data_ptr(), bias_address, workspace.data_ptr(), _out_key(out))
-        launch = plan.launches.get(key)
-    except (AttributeError, TypeError, ValueError):  # not the form out takes: the checks below say how
-        launch = None
-    if launch is None:
-        outputs = _written_outputs(plan, out)
-        _check_written_addresses(outputs, logits, bias)
-        key = (logits.data_ptr(), bias_address, workspace.data_ptr(), _out_key(out))
-        pointers = dict(zip(_OUTPUT_NAMES, (0 if t is None else t.data_ptr() for t in outputs)))
-        launch = _prepare_launch(plan, key, pointers, key[2], logits, k, topk_groups, renormalize,
-                                 routed_scaling_factor, max_tokens)
+    outputs = _written_outputs(plan, out)
+    _check_written_addresses(outputs, logits, bias)
+    out_key = _out_call_key(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor,
+                            max_tokens, out)
+    call = _out_calls.get(out_key)
+    if call is None or call.num_sms != plan.num_sms:
+        call = remember_launch(_out_calls, out_key, _OutCall(plan.num_sms, device_index, workspace_ints, {}))
+    pointers = dict(zip(_OUTPUT_NAMES, (0 if t is None else t.data_ptr() for t in outputs)))
+    launch = _prepare_launch(plan, call.launches, workspace.data_ptr(), workspace.data_ptr(), pointers, logits,
+                             bias_address, k, topk_groups, renormalize, routed_scaling_factor, max_tokens)
     launch.launch(stream)
     return tuple(out)
+
+
+class _OutCall(NamedTuple):
+    """A valid call into out= (by _out_call_key): what its launch needs, and its prepared launches by the address of
+    their workspace (layout_workspace: one per stream)."""
+
+    num_sms: int  # the SM count it was planned for
+    device_index: int
+    workspace_ints: int
+    launches: dict
+
+
+# Calls into out= (_out_call_key) -> their _OutCall: a repeated call runs no check but this look-up.
+_out_calls = {}
+
+
+def _out_call_key(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor, max_tokens,
+                  out) -> tuple:
+    """What a call into out= depends on: gate_signature's arguments and max_tokens with their types, the inputs'
+    addresses and out's (_out_key). Raises AttributeError for non-tensors, TypeError or ValueError for an out of
+    another form; hashing it raises TypeError for unhashable arguments."""
+    # NOTE: logits' and bias' addresses stand for their devices (the address space is unified).
+    return (logits.data_ptr(), logits.dtype, logits.shape, logits.stride(),
+            None if bias is None else (bias.data_ptr(), bias.dtype, bias.shape, bias.stride()),
+            k, scoring, num_groups, topk_groups, renormalize, routed_scaling_factor, max_tokens,
+            type(k), type(scoring), type(num_groups), type(topk_groups), type(renormalize),
+            type(routed_scaling_factor), type(max_tokens), _out_key(out))
 
 
 def _out_key(out) -> tuple:
@@ -256,13 +295,13 @@ def _extent_bytes(t: torch.Tensor) -> int:
     return (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
 
 
-def _prepare_launch(plan, key: tuple, pointers: dict, workspace: int, logits, k, topk_groups, renormalize,
-                    routed_scaling_factor, max_tokens):
+def _prepare_launch(plan, launches: dict, key, workspace: int, pointers: dict, logits, bias_address: int, k,
+                    topk_groups, renormalize, routed_scaling_factor, max_tokens):
     """The fused kernel's launch writing the outputs at pointers (by _OUTPUT_NAMES) with the workspace at address
-    workspace, cached in the plan by key (the call's addresses)."""
+    workspace, cached in launches by key."""
     masked = max_tokens is not None
     encoded = plan.kernel.encode(
-        logits=logits.data_ptr(), bias=key[1], weights=pointers["weights"], indices=pointers["indices"],
+        logits=logits.data_ptr(), bias=bias_address, weights=pointers["weights"], indices=pointers["indices"],
         counts=pointers["counts"], num_rows=pointers["num_rows"], m_indices=pointers["m_indices"],
         row_to_slot=pointers["row_to_slot"], slot_to_row=pointers["slot_to_row"],
         masked_slots=pointers["masked_slots"] if masked else 0, masked_m=pointers["masked_m"] if masked else 0,
@@ -270,8 +309,7 @@ def _prepare_launch(plan, key: tuple, pointers: dict, workspace: int, logits, k,
         num_tokens=logits.shape[0], tokens_per_block=plan.tokens_per_block, logits_row_stride=logits.stride(0),
         top_k=k, topk_groups=topk_groups, renormalize=int(renormalize), scaling_factor=float(routed_scaling_factor),
         max_rows=plan.max_rows, max_tokens=max_tokens if masked else 0)
-    return remember_launch(plan.launches, key, plan.kernel.prepare((plan.num_blocks, 1, 1), plan.device.index,
-                                                                   encoded))
+    return remember_launch(launches, key, plan.kernel.prepare((plan.num_blocks, 1, 1), plan.device.index, encoded))
 
 
 class _Plan(NamedTuple):
