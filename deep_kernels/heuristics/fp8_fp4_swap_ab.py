@@ -219,16 +219,17 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prep
 
 def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms: int) -> SwapAbConfig:
     """The masked layout's config for experts of about expected_m valid rows: the smallest token tile holding them
-    (a multiple of 16); one-warpgroup CTAs, four an SM up to 32 tokens, three up to 64, else two math warpgroups.
-    Measured on the H200 (2026-12-02, 7ca794f; 16 to 256 experts of 16, 32 and 64 expected rows, N x K 4096 x 7168
-    and 7168 x 2048, 6 problems each): at 32 tokens four CTAs an SM were the fastest config offered in 6 of 6
-    problems (1.07-1.12x two), 48 tokens three CTAs in 5 of 6 (1.03-1.08x two; 0.96x at 16 experts of N 4096), 80
-    tokens with two math warpgroups in 5 of 6 (1.08-1.21x the 128-token tile)."""
+    (a multiple of 16); one-warpgroup CTAs, four an SM up to 32 tokens, three up to 64, two up to 96, else two math
+    warpgroups. Measured on the H200 (2026-12-02; 16 to 256 experts of 16, 32 and 64 expected rows, N x K 4096 x
+    7168 and 7168 x 2048, 6 problems each; tiles by expected_m 16 / 32 / 64: 32, 48 and 80 tokens): at 32 tokens
+    four CTAs an SM were the fastest config offered in 6 of 6 problems (1.07-1.12x two), at 48 tokens three CTAs in 5
+    of 6 (1.03-1.08x two; 0.96x at 16 experts of N 4096; 7ca794f), at 80 tokens two one-warpgroup CTAs in 6 of 6
+    (1.03-1.07x one two-warpgroup CTA, which was 1.08-1.21x the 128-token tile; 2cdd726)."""
     if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0 or num_groups <= 0:
         raise ValueError(f"k must be a positive multiple of 128, n of 16 and num_groups positive, got k = {k}, "
                          f"n = {n}, num_groups = {num_groups}")
     block_t = next(t for t in ALL_BLOCK_TS if t >= min(max(expected_m, 1), MAX_TOKENS))
-    for ctas_per_sm in (4, 3):
-        if can_share_sm(block_t, 1, ctas_per_sm):
+    for ctas_per_sm in (4, 3, 2):
+        if can_share_sm(block_t, 1, ctas_per_sm, wide=True):
             return make_config(block_t, 1, ctas_per_sm=ctas_per_sm)
     return make_config(block_t, 2)
