@@ -2,9 +2,9 @@
 wgmma's register operand, expanded in registers, the tokens its N (csrc/kernels/sm90_fp8_fp4_gemm_swap_ab.cuh).
 
 Pure functions of the problem and the device: no GPU calls, no torch. A CTA computes 64 weight rows per math
-warpgroup (one or two) over one share of K (split-K across CTAs; one or two CTAs an SM); the model prices the
-busiest SM's K blocks (the expansion's integer work bounds an SM), bounded below by B's bytes (4.25 bits a weight) at
-DRAM speed.
+warpgroup (one or two) over one share of K (split-K across CTAs; one CTA an SM, or two to four with one math
+warpgroup); the model prices the busiest SM's K blocks (the expansion's integer work bounds an SM), bounded below by
+B's bytes (4.25 bits a weight) at DRAM speed. The masked grouped layout (get_masked_config) picks by a measured rule.
 """
 
 from dataclasses import dataclass
