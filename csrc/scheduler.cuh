@@ -76,10 +76,15 @@ struct TileInfo {
     // KGrouped: the group's K blocks (the other kinds take their K range from the split).
     uint32_t k_block_begin;
     uint32_t num_k_blocks;
+    // MGroupedMasked: the tile's rows below masked_m (at most BLOCK_M; the others are never written).
+    uint32_t num_masked_rows;
 };
 
+// kLookAhead (the block-scaled FP8 kernel's M-grouped kinds): contiguous tiles' groups are loaded one call ahead, and
+// masked tiles carry their rows below masked_m (TileInfo::num_masked_rows).
 template <GemmType kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumTMAMulticast,
-          bool kIsMulticastOnA, uint32_t kNumSplits = 1, uint32_t kKBlock = 128, bool kSplitsInCluster = false>
+          bool kIsMulticastOnA, uint32_t kNumSplits = 1, uint32_t kKBlock = 128, bool kSplitsInCluster = false,
+          bool kLookAhead = false>
 struct Scheduler {
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
     DK_STATIC_ASSERT(kNumSplits >= 1 && (kNumSplits == 1 || (kGemmType == GemmType::Normal && kNumTMAMulticast == 1)),
@@ -99,6 +104,8 @@ struct Scheduler {
     static constexpr uint32_t kNumOddHalfBits = kNumOddHalfWords * 32;
     static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
     static constexpr uint32_t kNumNUnits = kPairsShareM ? ceil_div(kNumNBlocks, 2u) : kNumNBlocks;
+    static constexpr bool kPrefetchGroups = kLookAhead && kGemmType == GemmType::MGroupedContiguous;
+    static constexpr bool kTracksMaskedRows = kLookAhead && kGemmType == GemmType::MGroupedMasked;
     // NOTE: 8 N-units per band: ~16 concurrent M-blocks x 8 N-blocks per 132-SM wave at large M.
     static constexpr uint32_t kNumNUnitsPerBand = 8;
 
@@ -117,6 +124,14 @@ struct Scheduler {
     uint32_t group_idx = 0;
     uint32_t group_first_unit = 0;
     uint32_t group_num_m_blocks = 0;
+    // MGroupedMasked: the current group's valid rows (masked_m clamped to [0, M_max]).
+    uint32_t group_num_rows = 0;
+    // Contiguous: the unit the walk looks at next and its M-blocks' groups, loaded during the previous call so that
+    // the loads' latency hides behind a tile rather than stalling the math warpgroups between tiles (kNoUnit: none).
+    static constexpr uint32_t kNoUnit = 0xffffffffu;
+    uint32_t prefetched_unit = kNoUnit;
+    int prefetched_group_0 = -1;
+    int prefetched_group_1 = -1;
     // KGrouped: the current group's first K column and columns.
     uint32_t group_k_begin = 0;
     uint32_t group_k = 0;
@@ -131,8 +146,12 @@ struct Scheduler {
           num_clusters(gridDim.x / kClusterSize),
           odd_half_table(odd_half_table),
           next_unit_idx(blockIdx.x / kClusterSize) {
-        if constexpr (kGemmType == GemmType::MGroupedMasked)
+        if constexpr (kTracksMaskedRows) {
+            group_num_rows = num_groups > 0 ? masked_num_rows(0) : 0;
+            group_num_m_blocks = ceil_div(group_num_rows, BLOCK_M);
+        } else if constexpr (kGemmType == GemmType::MGroupedMasked) {
             group_num_m_blocks = num_groups > 0 ? masked_num_m_blocks(0) : 0;
+        }
         else if constexpr (kHalfBlockTiles)
             group_num_m_blocks = ceil_div(shape_m, kMBlockRows);
         else
@@ -167,7 +186,7 @@ struct Scheduler {
             uint32_t m_unit, n_unit;
             rasterize(unit_idx - group_first_unit, m_unit, n_unit);
             // Pair member r (r = CTA rank; always 0 without multicast).
-            const uint32_t m_block_0 = kHalfBlockTiles ? half_of_m_unit(m_unit) : kPairsShareN ? 2 * m_unit : m_unit;
+            const uint32_t m_block_0 = first_m_block(m_unit);
             const uint32_t n_block_0 = kPairsShareM ? 2 * n_unit : n_unit;
             // An odd half that starts no tile is skipped before its group is looked up (pairs share it: A multicast).
             if constexpr (kHalfBlockTiles) {
@@ -176,8 +195,9 @@ struct Scheduler {
             }
             const uint32_t m_block_1 = kPairsShareN ? m_block_0 + 1 : m_block_0;
             const uint32_t n_block_1 = kPairsShareM ? n_block_0 + 1 : n_block_0;
-            const int group_0 = block_group(m_block_0);
-            const int group_1 = kPairsShareN ? block_group(m_block_1) : group_0;
+            const bool prefetched = kPrefetchGroups && job_idx == prefetched_unit;
+            const int group_0 = prefetched ? prefetched_group_0 : block_group(m_block_0);
+            const int group_1 = kPairsShareN ? (prefetched ? prefetched_group_1 : block_group(m_block_1)) : group_0;
             const bool valid_0 = is_valid_block(m_block_0, n_block_0, group_0);
             const bool valid_1 = kNumTMAMulticast == 2 && is_valid_block(m_block_1, n_block_1, group_1);
             if (!valid_0 && !valid_1)
@@ -197,6 +217,12 @@ struct Scheduler {
                 tile.k_block_begin = group_k_begin / kKBlock;
                 tile.num_k_blocks = group_k / kKBlock;
             }
+            if constexpr (kTracksMaskedRows) {
+                const uint32_t first = tile.m_block_idx * BLOCK_M;
+                tile.num_masked_rows = group_num_rows > first ? min(group_num_rows - first, BLOCK_M) : 0;
+            }
+            if constexpr (kPrefetchGroups)
+                prefetch_next_groups();
             return true;
         }
     }
@@ -263,6 +289,15 @@ private:
         return ceil_div(masked_num_rows(group), BLOCK_M);
     }
 
+    DK_DEVICE void enter_masked_group(uint32_t group) {
+        if constexpr (kTracksMaskedRows) {
+            group_num_rows = masked_num_rows(group);
+            group_num_m_blocks = ceil_div(group_num_rows, BLOCK_M);
+        } else {
+            group_num_m_blocks = masked_num_m_blocks(group);
+        }
+    }
+
     // M-units of a group: M-blocks, or pairs of them with multicast on B; contiguous 256-row tiles: one per
     // 128-row half (the halves' tiles that do not start a tile are skipped).
     DK_DEVICE uint32_t num_m_units(uint32_t num_m_blocks) const {
@@ -277,6 +312,32 @@ private:
         return m_unit < num_even ? 2 * m_unit : 2 * (m_unit - num_even) + 1;
     }
 
+    // An M-unit's first M-block (the pair's first with multicast on B; contiguous 256-row tiles: its half).
+    DK_DEVICE uint32_t first_m_block(uint32_t m_unit) const {
+        return kHalfBlockTiles ? half_of_m_unit(m_unit) : kPairsShareN ? 2 * m_unit : m_unit;
+    }
+
+    // Contiguous: moves the walk past the odd halves that start no tile (256-row tiles; their check reads shared memory
+    // only) and loads the groups of the unit it then points at, for the next call.
+    DK_DEVICE void prefetch_next_groups() {
+        const uint32_t units = num_units(group_num_m_blocks);
+        while (next_unit_idx < units) {
+            uint32_t m_unit, n_unit;
+            rasterize(next_unit_idx, m_unit, n_unit);
+            const uint32_t m_block_0 = first_m_block(m_unit);
+            if constexpr (kHalfBlockTiles) {
+                if (m_block_0 % 2 == 1 && !odd_half_starts_tile(m_block_0)) {
+                    next_unit_idx += num_clusters;
+                    continue;
+                }
+            }
+            prefetched_unit = next_unit_idx;
+            prefetched_group_0 = block_group(m_block_0);
+            prefetched_group_1 = kPairsShareN ? block_group(m_block_0 + 1) : prefetched_group_0;
+            return;
+        }
+    }
+
     // Makes [group_first_unit, group_first_unit + num_units) hold unit_idx; false past the last unit.
     // Units only grow per CTA, so the masked group cursor only moves forward.
     DK_DEVICE bool seek_group(uint32_t unit_idx) {
@@ -284,7 +345,7 @@ private:
             while (group_idx < num_groups && unit_idx >= group_first_unit + num_units(group_num_m_blocks)) {
                 group_first_unit += num_units(group_num_m_blocks);
                 if (++group_idx < num_groups)
-                    group_num_m_blocks = masked_num_m_blocks(group_idx);
+                    enter_masked_group(group_idx);
             }
             return group_idx < num_groups;
         } else if constexpr (kGemmType == GemmType::KGrouped) {

@@ -44,7 +44,7 @@ FP8_GEMM = KernelDef(
     template=("SHAPE_N", "SHAPE_K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "kNumStages", "kNumTMAThreads", "kNumMathThreads",
               "kNumTMAMulticast", "kIsMulticastOnA", "kGemmType", "OutputType", "kWithAccumulation", "kNumSplits",
               "kPipelined", "kOverlapEpilogue", "kOperands", "kIsMNMajorA", "kIsMNMajorB",
-              "kMathSchedule", "kSplitsInCluster"),
+              "kMathSchedule", "kSplitsInCluster", "kEvictFirstB"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_b", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb", PTR), Param("shape_m", U32), Param("grouped_layout", PTR),
             Param("num_groups", U32), Param("d", PTR), Param("split_workspace", PTR), Param("split_tickets", PTR),
@@ -146,7 +146,7 @@ def get_gemm_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: 
 OVERRIDE_FIELDS = {"block_m": "block_m", "block_n": "block_n", "stages": "num_stages", "multicast": "num_tma_multicast",
                    "multicast_on_a": "multicast_on_a", "splits": "num_splits", "pipelined": "pipelined",
                    "overlap_epilogue": "overlap_epilogue", "ping_pong": "ping_pong", "own_tiles": "own_tiles",
-                   "splits_in_cluster": "splits_in_cluster"}
+                   "splits_in_cluster": "splits_in_cluster", "evict_first_b": "evict_first_b"}
 # The op's name in the measured-tuning store (deep_kernels/tuning.py, `python -m deep_kernels tune`).
 TUNING_OP = "fp8_gemm_nt"
 
@@ -200,7 +200,11 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
     if "splits_in_cluster" not in override:
         # NOTE: only onto the same tiles and splits (other tiles or splits may not fit the SMs as clusters).
         fields["splits_in_cluster"] = config.splits_in_cluster and not {"block_m", "block_n", "splits"} & set(override)
-    for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong", "own_tiles", "splits_in_cluster"):
+    if "evict_first_b" not in override:
+        fields["evict_first_b"] = config.evict_first_b and not grouped and (
+            fields["num_tma_multicast"] == 1 or not fields["multicast_on_a"])
+    for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong", "own_tiles", "splits_in_cluster",
+                 "evict_first_b"):
         if flag in fields:
             fields[flag] = bool(fields[flag])
     if grouped and (fields["num_splits"] != 1 or

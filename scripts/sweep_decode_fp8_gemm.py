@@ -4,6 +4,7 @@ Usage (on the GPU machine):
   python scripts/sweep_decode_fp8_gemm.py --check            compile every config, check each against float64
   python scripts/sweep_decode_fp8_gemm.py --time --out x.json time them (kernels already compiled by --check)
   --final: the model's pick against the previous pick (PREVIOUS_PICKS) only.
+  --planned: the model's pick, its twin with evict-first B toggled, and the configs of PLANNED.
 Per shape: the model's pick, its next TOP ranked configs, every unicast config whose jobs fill at least
 FILL of the SMs in one wave, the pick with fewer stages, and each split config with its splits in a cluster.
 Every output is poisoned before the check.
@@ -64,21 +65,41 @@ PREVIOUS_PICKS = {
     (64, 32768, 512): "64x128/1ps8", (64, 7168, 2048): "64x64/1ps13", (128, 7168, 2048): "128x64/1pos8",
 }
 def parse_label(text: str):
-    """The config a label() spells (no multicast)."""
+    """The config a label() spells."""
+    multicast = next((side for side in ("+a", "+b") if side in text), None)
+    text = text.replace(multicast, "") if multicast else text
     tile, rest = text.split("/")
     block_m, block_n = (int(v) for v in tile.split("x"))
     flags, stages = rest.split("s")
     digits = "".join(c for c in flags if c.isdigit())
     letters = flags[len(digits):]
-    return heuristics.make_config(block_m, block_n, 1, False, 2, num_stages=int(stages), num_splits=int(digits),
+    return heuristics.make_config(block_m, block_n, 2 if multicast else 1, multicast == "+a", 2, num_stages=int(stages),
+                                  num_splits=int(digits),
                                   pipelined="p" in letters, overlap_epilogue="o" in letters,
-                                  splits_in_cluster="c" in letters)
+                                  splits_in_cluster="c" in letters, evict_first_b="e" in letters)
 
 
-def final_configs(m: int, n: int, k: int, num_sms: int) -> list:
-    """The model's pick and the previous pick (PREVIOUS_PICKS)."""
+# Configs timed against the pick by --planned (labels as label() spells them): the close runners-up with evict-first B
+# at the two 128-row shapes short of their targets (and 64 x 64 tiles in pairs multicasting B), unsplit 64 x 64 at the long-K 64-row shape, and the widest tiles
+# at the short-K 64-row shape.
+PLANNED = {
+    (128, 4096, 7168): ("128x80/2pces7", "64x128/2pces8", "128x64/2pes8", "128x96/3pes7", "64x64/1pes13",
+                        "64x64/1pe+bs13", "64x64/1p+bs13"),
+    (128, 32768, 512): ("128x144/1es5", "128x160/1es5", "128x96/1poes7", "128x192/1es4", "128x128/1poes5",
+                        "64x128/1pes4"),
+    (64, 7168, 16384): ("64x64/1pes8",),
+    (64, 24576, 1536): ("64x192/1es6", "128x192/1es4"),
+}
+
+
+def planned_configs(m: int, n: int, k: int, num_sms: int) -> list:
+    """The model's pick, its twin with evict-first B toggled, and PLANNED's configs."""
     pick = heuristics.ranked_configs(m, n, k, num_sms, allow_split_k=True)[0][1]
-    return list(dict.fromkeys([pick, parse_label(PREVIOUS_PICKS[(m, n, k)])]))
+    configs = [pick]
+    if pick.num_tma_multicast == 1:
+        configs.append(replace(pick, evict_first_b=not pick.evict_first_b))
+    configs += [parse_label(text) for text in PLANNED.get((m, n, k), ())]
+    return list(dict.fromkeys(configs))
 
 
 def label(config) -> str:
@@ -94,12 +115,14 @@ def main() -> None:
     parser.add_argument("--only-pick", action="store_true", help="the model's pick alone (with cuBLAS)")
     parser.add_argument("--no-cluster", action="store_true", help="leave out the splits-in-a-cluster variants")
     parser.add_argument("--final", action="store_true", help="final_configs (the pick and the previous pick)")
+    parser.add_argument("--planned", action="store_true", help="planned_configs (the pick, its evict-first twin, PLANNED)")
     parser.add_argument("--out", default="sweep_decode.json")
     args = parser.parse_args()
     num_sms = get_num_sms()
     shapes = SHAPES[:args.shapes]
     problems = {shape: (final_configs(*shape, num_sms) if args.final else
-                          configs_for(*shape, num_sms, args.only_pick, not args.no_cluster)) for shape in shapes}
+                        planned_configs(*shape, num_sms) if args.planned else
+                        configs_for(*shape, num_sms, args.only_pick, not args.no_cluster)) for shape in shapes}
     print("configs:", sum(len(c) for c in problems.values()), flush=True)
     if args.check:
         precompile([gemm.kernel_spec(config, n, k, torch.bfloat16, False)

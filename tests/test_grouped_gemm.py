@@ -525,6 +525,23 @@ def test_multicast_pairs(monkeypatch, block_m, block_n, multicast_on_a):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_n,overlap,multicast", [(192, True, 1), (160, False, 1), (128, True, 2)])
+def test_masked_tails_in_one_warpgroup(monkeypatch, block_n, overlap, multicast):
+    # 128-row tiles whose rows below masked_m all lie in the first math warpgroup's 64 (a group's last M-block, 1 to
+    # 64 rows into it): the second warpgroup steps over the tile while the first computes and stores it. Tails of 1,
+    # 63, 64 and 65 rows (one in the second warpgroup), full blocks and empty groups in turn, so that the warpgroups
+    # switch between stepping over and computing, also next to a tile issued ahead (the epilogue overlap) and with
+    # A multicast; bitwise equal across runs.
+    config = dense_heuristics.make_config(128, block_n, multicast, True, 2, overlap_epilogue=overlap)
+    monkeypatch.setattr(grouped_gemm, "_plans", {})
+    monkeypatch.setattr(heuristics, "get_grouped_fp8_gemm_config", lambda *args, **kwargs: config)
+    a, b, masked_m = make_masked_inputs([64, 1, 65, 0, 256, 63, 128, 129, 192, 200, 255, 0, 320], 320, N, K)
+    d, poisoned = _run_masked(a, b, masked_m, 150)
+    _check_masked(d, _expected_masked(a, b, masked_m), masked_m, poisoned)
+    assert_bitwise_equal(_run_masked(a, b, masked_m, 150)[0], d, "d (second run)")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("multicast,overlap", [(2, True), (1, False)])
 def test_256_row_tiles(monkeypatch, multicast, overlap):
     # 256-row tiles: contiguous segments starting on odd 128-row halves (that tile writes only its first 128 rows),

@@ -605,9 +605,12 @@ def test_fused_plan_fits_one_block_per_sm_and_one_chunk_per_block(num_sms, monke
             tile = routing._fused_tile(num_tokens)
             if num_tokens * k > FUSED_MAX_SLOTS:
                 assert tokens_per_block is None
-            elif num_sms >= 114:  # every H100 / H200: all of FUSED_MAX_SLOTS takes the one launch
+            elif num_sms >= 114 and math.ceil(num_tokens / num_sms) <= routing._FUSED_MAX_BLOCK_TOKENS:
+                # every H100 / H200: all of FUSED_MAX_SLOTS takes the one launch, but for k = 1 above 255 tokens
+                # per SM (the blocks exchange one-byte counts)
                 assert tokens_per_block is not None, (num_tokens, k)
             if tokens_per_block is not None:
+                assert tokens_per_block <= routing._FUSED_MAX_BLOCK_TOKENS
                 assert math.ceil(num_tokens / tokens_per_block) <= num_sms
                 assert tokens_per_block * k <= tile.block_slots
                 # the fewest tokens per block: fewer would need more blocks than SMs
@@ -651,6 +654,30 @@ def test_moe_layout_grid_barrier_across_grid_sizes(num_sms, monkeypatch):
             _check_layout(topk_idx, num_experts, max_tokens=max(1, num_tokens * k // num_experts))
         counter = layout.layout_workspace(topk_idx.get_device(), 0)[0].item()
         assert counter & 0x7FFFFFFF == 0, hex(counter)
+
+
+@pytest.mark.gpu
+def test_topk_gate_with_layout_full_one_byte_counts(monkeypatch):
+    # Every row the same: each block's count of its k experts is all its 255 tokens, the most the blocks' one-byte
+    # counts hold (one token more per block takes the two-stage path). Outputs poisoned, written through out=.
+    from deep_kernels import device
+    from deep_kernels.moe import routing
+
+    monkeypatch.setattr(device, "_num_sms_override", 3)
+    most = routing._FUSED_MAX_BLOCK_TOKENS
+    assert routing._fused_tokens_per_block(3 * most, 4) == most
+    assert routing._fused_tokens_per_block(3 * most + 3, 4) is None
+    logits = torch.randn((1, 256), device="cuda").expand(3 * most, 256).contiguous()
+    kwargs = dict(scoring="sigmoid", num_groups=8, topk_groups=4, max_tokens=2 * most)
+    out = deep_kernels.topk_gate_with_layout(logits, 4, **kwargs)
+    for t in (out[0], out[1], *(getattr(out[2], name) for name in LAYOUT_FIELDS)):
+        _poison_output(t)
+    deep_kernels.topk_gate_with_layout(logits, 4, out=out, **kwargs)
+    weights_ref, indices_ref, layout_ref = reference.topk_gate_with_layout(logits, 4, **kwargs)
+    assert_bitwise_equal(out[0], weights_ref, "weights")
+    assert_bitwise_equal(out[1], indices_ref, "indices")
+    _check_layouts_equal(out[2], layout_ref)
+    assert sorted(layout_ref.counts.unique().tolist()) == [0, 3 * most]
 
 
 @pytest.mark.gpu

@@ -122,7 +122,8 @@ template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOC
           uint32_t kNumStages_, uint32_t kNumTMAMulticast_, bool kIsMulticastOnA_, GemmType kGemmType_,
           typename OutputType_, bool kWithAccumulation_, uint32_t kNumSplits_, bool kPipelined_,
           bool kOverlapEpilogue_, GemmOperands kOperands_, bool kIsMNMajorA_ = false, bool kIsMNMajorB_ = false,
-          MathSchedule kMathSchedule_ = MathSchedule::Lockstep, bool kSplitsInCluster_ = false>
+          MathSchedule kMathSchedule_ = MathSchedule::Lockstep, bool kSplitsInCluster_ = false,
+          bool kEvictFirstB_ = false>
 struct Sm90Fp8GemmTraits {
     // Problem, tile, pipeline, cluster, kind and schedule
     static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_;
@@ -146,6 +147,10 @@ struct Sm90Fp8GemmTraits {
     // the others' partial sums from their shared memory (epilogue/sm90_fp8_gemm_epilogue.cuh), no global workspace.
     static constexpr bool kSplitsInCluster = kSplitsInCluster_;
     static constexpr uint32_t kClusterSize = kSplitsInCluster ? kNumSplits_ : kNumTMAMulticast_;
+    // B's boxes load with an L2 evict-first policy (a decode GEMM whose B is read once: one M block, or a pair of M
+    // blocks multicasting it), so that B's lines, not lines other data still needs, make room in L2 for the lines that
+    // follow.
+    static constexpr bool kEvictFirstB = kEvictFirstB_;
 
     // Kind
     static constexpr bool kIsChannelScaled = kOperands == GemmOperands::Fp8ChannelScaled;
@@ -260,7 +265,7 @@ struct Sm90Fp8GemmTraits {
     }
     using TileScheduler =
         Scheduler<kGemmType, SHAPE_N, BLOCK_M, BLOCK_N, kNumTMAMulticast, kIsMulticastOnA, kNumSplits, BLOCK_K,
-                  kSplitsInCluster>;
+                  kSplitsInCluster, kOperands == GemmOperands::Fp8BlockScaled>;
 
     // Static checks
     DK_STATIC_ASSERT(kOperands == GemmOperands::Fp8BlockScaled || kOperands == GemmOperands::Fp8ChannelScaled ||
@@ -334,16 +339,19 @@ struct Sm90Fp8GemmTraits {
     // NOTE: a job's partial sums wait in its stage buffers (A's and B's, contiguous), free once its K loop is done.
     DK_STATIC_ASSERT(!kSplitsInCluster ||
                          (kNumSplits >= 2 && kNumSplits <= 8 && kNumTMAMulticast == 1 && kGemmType == GemmType::Normal &&
-                          kNumMWaves == 1 && kOperands == GemmOperands::Fp8BlockScaled &&
+                          kNumMWaves == 1 && (kOperands == GemmOperands::Fp8BlockScaled || kIsBf16) &&
                           BLOCK_M * BLOCK_N * sizeof(float) <= kNumStages * (kStageABytes + kStageBBytes)),
-                     "splits in a cluster: 2..8 splits, no multicast, the Normal kind with block scales, up to 128 "
-                     "rows, the partial sums fit in the stage buffers");
+                     "splits in a cluster: 2..8 splits, no multicast, the Normal kind with block scales or bf16 "
+                     "operands, up to 128 rows, the partial sums fit in the stage buffers");
     DK_STATIC_ASSERT(!kOwnTiles || ((BLOCK_M == 64 || BLOCK_M == 128) && kGemmType == GemmType::Normal &&
                                     kOperands == GemmOperands::Fp8BlockScaled && kNumSplits == 1 && !kOverlapEpilogue),
                      "own-tile ping-pong: 64- or 128-row tiles per math warpgroup, the Normal kind with block-scaled FP8 "
                      "operands, no split-K, no epilogue overlap (the other warpgroup's turn overlaps the epilogue)");
     DK_STATIC_ASSERT(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
     DK_STATIC_ASSERT(kSmemBytes <= kMaxSmemBytes, "stages fit in shared memory");
+    DK_STATIC_ASSERT(!kEvictFirstB || (kOperands == GemmOperands::Fp8BlockScaled && kGemmType == GemmType::Normal &&
+                                       (kNumTMAMulticast == 1 || !kIsMulticastOnA)),
+                     "evict-first B: the Normal kind with block-scaled FP8 operands, no multicast or multicast on B");
 };
 
 }  // namespace sm90_fp8_gemm_detail

@@ -119,6 +119,14 @@ struct Sm90Fp8Mainloop {
             : ((kPreloadRegisters - kAccumulatorRegisters) / 2 < BLOCK_N / 8 ? (kPreloadRegisters - kAccumulatorRegisters) / 2
                                                                               : BLOCK_N / 8);
     using State = PipelineState<Traits::kNumStages>;
+    static constexpr bool kIsMGrouped =
+        Traits::kGemmType == GemmType::MGroupedContiguous || Traits::kGemmType == GemmType::MGroupedMasked;
+    // M-grouped two-wave tiles with block scales: where a tile's first K block was issued ahead (the epilogue overlap's
+    // steady state), the pipeline state is taken from lane 0 once per tile, so that ptxas sees the K loop's stages as
+    // warp-uniform (the walk over tiles, fed by global loads, hides it) and builds the wgmma descriptors in uniform
+    // registers without a shuffle every K block (on the other path the shuffle gave the shorter loop).
+    static constexpr bool kUniformTileState =
+        kIsMGrouped && kNumMWaves == 2 && Traits::kOperands == GemmOperands::Fp8BlockScaled;
 
     const typename Traits::Stages& stages;
     const Ring& ring;
@@ -162,18 +170,19 @@ struct Sm90Fp8Mainloop {
     // Waits for the K block's stage (the first wave; the others follow it), issues its wgmma group for the
     // warpgroup's 64-row wave `wave` into `acc` and returns its promotion scales (the second sfb block's only where
     // the tile straddles two; per-channel B scales: sfa alone, as lo and hi, sfb is read at the promotion).
-    template <typename Straddles>
+    template <typename Straddles, bool kStateUniform = false>
     DK_DEVICE PromotionScales issue_k_block(Straddles, const SfbBlocks& sfb_rows, float (&acc)[BLOCK_N / 2],
-                                            uint32_t k_block, const State& k_state, uint32_t wave = 0) {
+                                            uint32_t k_block, const State& k_state, uint32_t wave = 0,
+                                            std::bool_constant<kStateUniform> = {}) {
         // NOTE: the stage from a shuffle too where the K loop hides that it is warp-uniform (the descriptors would
         // otherwise be built per thread, four register moves between consecutive wgmma): the one-wave loops and the
         // M-grouped kinds' two-wave loop, whose tiles come from values loaded from global memory. The dense two-wave
         // loop keeps it uniform by itself, and the per-column kinds have no register to spare for it (the k-grouped
         // 128 x 128 pipelined tile spills). The M-grouped kinds shuffle and build the descriptors before the wait, so
-        // that they are ready when the stage is (after it, their latency delayed every K block's first wgmma).
-        constexpr bool kIsMGrouped =
-            Traits::kGemmType == GemmType::MGroupedContiguous || Traits::kGemmType == GemmType::MGroupedMasked;
-        constexpr bool kShuffleStage = (kNumMWaves == 1 || kIsMGrouped) && !Traits::kHasColumnScales;
+        // that they are ready when the stage is (after it, their latency delayed every K block's first wgmma); not
+        // where the caller made the state uniform once per tile (kStateUniform).
+        constexpr bool kShuffleStage = (kNumMWaves == 1 || (kIsMGrouped && !kStateUniform)) &&
+                                       !Traits::kHasColumnScales;
         constexpr bool kDescriptorsFirst = kShuffleStage && kIsMGrouped;
         uint64_t desc_a, desc_b;
         const auto make_descriptors = [&]() {
@@ -298,6 +307,15 @@ struct Sm90Fp8Mainloop {
     }
 
 private:
+    // Lane 0's pipeline state in every lane (kUniformTileState), else the state.
+    DK_DEVICE static State warp_uniform(State s) {
+        if constexpr (kUniformTileState) {
+            s.stage = __shfl_sync(0xffffffffu, s.stage, 0);
+            s.phase = __shfl_sync(0xffffffffu, s.phase, 0);
+        }
+        return s;
+    }
+
     // The K loop of one tile whose first column sits kTileOffset columns into its sfb block.
     template <typename TileOffsetIdx, typename First>
     DK_DEVICE void accumulate_tile(const TileInfo& tile, TileOffsetIdx, First first) {
@@ -308,8 +326,14 @@ private:
         constexpr std::integral_constant<int, 0> kNoneInFlight;
         constexpr std::integral_constant<int, 1> kOneInFlight;
         const SfbBlocks sfb_rows = sfb_blocks(tile);
+        // A tile whose first K block was issued ahead: the pipeline state from lane 0 (kUniformTileState).
+        constexpr std::bool_constant<kIssuedAhead && kUniformTileState> kStateUniform;
+        if constexpr (kStateUniform) {
+            state = warp_uniform(state);
+            first.state = warp_uniform(first.state);
+        }
         auto issue = [&](float(&acc)[BLOCK_N / 2], uint32_t k_block) {
-            return issue_k_block(kStraddles, sfb_rows, acc, k_block, state);
+            return issue_k_block(kStraddles, sfb_rows, acc, k_block, state, 0, kStateUniform);
         };
         auto retire = [&](auto num_pending, float(&acc)[BLOCK_N / 2], const PromotionScales& scales,
                           const State& k_state, uint32_t wave = 0) {
@@ -348,7 +372,7 @@ private:
 #pragma unroll
                 for (uint32_t wave = 1; wave < kNumMWaves; ++wave) {
                     const PromotionScales scales =
-                        issue_k_block(kStraddles, sfb_rows, partial, k_block, first.state, wave);
+                        issue_k_block(kStraddles, sfb_rows, partial, k_block, first.state, wave, kStateUniform);
                     retire(kNoneInFlight, partial, scales, first.state, wave);
                 }
                 ++k_block;
@@ -357,7 +381,8 @@ private:
                 // NOTE: the waves share the stage's B; each wave's promotion overlaps the other warpgroup's wgmma.
 #pragma unroll
                 for (uint32_t wave = 0; wave < kNumMWaves; ++wave) {
-                    const PromotionScales scales = issue_k_block(kStraddles, sfb_rows, partial, k_block, state, wave);
+                    const PromotionScales scales =
+                        issue_k_block(kStraddles, sfb_rows, partial, k_block, state, wave, kStateUniform);
                     if (wave == kNumMWaves - 1)
                         pass_turn_after(k_block);
                     retire(kNoneInFlight, partial, scales, state, wave);

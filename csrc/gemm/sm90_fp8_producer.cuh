@@ -71,10 +71,11 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
     // BF16 weights (Normal kind, K-major B, no multicast): where one M block holds every row (decode), each B box is
     // read once, so its lines are loaded evict-first: they, not lines other loads or earlier kernels' writes still
     // hold, make room in L2 for the lines that follow. (Measured on the H200: decode 1.00-1.12x faster; the masked
-    // kind's one-block groups ran 1.05-1.08x slower with it, so they load as before.)
+    // kind's one-block groups ran 1.05-1.08x slower with it, so they load as before.) FP8 block-scaled decode tiles take
+    // it where the config says (Traits::kEvictFirstB).
     constexpr bool kHintedB = Traits::kIsBf16 && Traits::kNumTMAMulticast == 1 && kGemmType == GemmType::Normal;
     [[maybe_unused]] uint64_t read_once_policy = 0;
-    if constexpr (kHintedB)
+    if constexpr (kHintedB || Traits::kEvictFirstB)
         read_once_policy = ptx::l2_evict_first_policy();
     PipelineState<Traits::kNumStages> state;
     TileInfo tile;
@@ -103,7 +104,15 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
                 ptx::tma_load(smem_b, tmap_b, full_barrier, k, b_row);
             } else {
                 load_box<kGemmType>(smem_a, tmap_a, full_barrier, k, a_row, tile.group_idx);
-                if constexpr (kHintedB) {
+                if constexpr (Traits::kEvictFirstB) {
+                    // NOTE: with multicast on B the leader's one load feeds both CTAs of the pair.
+                    constexpr uint16_t kBothCTAs = 0b11;
+                    if (!multicast)
+                        ptx::tma_load_with_policy(smem_b, tmap_b, full_barrier, k, b_row, read_once_policy);
+                    else if (scheduler.cta_rank == 0)
+                        ptx::tma_load_multicast_with_policy(smem_b, tmap_b, full_barrier, kBothCTAs, k, b_row,
+                                                            read_once_policy);
+                } else if constexpr (kHintedB) {
                     if (scheduler.group_num_m_blocks == 1)
                         ptx::tma_load_with_policy(smem_b, tmap_b, full_barrier, k, b_row, read_once_policy);
                     else

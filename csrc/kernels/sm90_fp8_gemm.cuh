@@ -85,6 +85,8 @@
 // kNumMathThreads; cluster {kNumTMAMulticast, 1, 1}; dynamic shared memory = heuristics' smem_bytes.
 // kSplitsInCluster: grid = tiles x kNumSplits (at most the SM count), cluster {kNumSplits, 1, 1}, num_unsplit_tiles 0;
 // split_workspace and split_tickets unused.
+// kEvictFirstB (Fp8BlockScaled, Normal kind, no multicast or multicast on B): B's boxes load with an L2 evict-first
+// policy (decode: one M block, or one pair multicasting B, reads each B line once).
 #pragma once
 
 #include <cuda.h>
@@ -139,6 +141,18 @@ DK_DEVICE bool has_k_blocks(const TileInfo& tile) {
         return true;
 }
 
+// Whether the math warpgroup has rows of the tile to compute: not where every row of its part lies at or past masked_m
+// (a masked group's last M-block; block-scaled FP8, lockstep schedule). Such a warpgroup only steps through the tile's
+// stages, while the other computes and stores the tile's valid rows alone.
+template <typename Traits, typename Mainloop>
+DK_DEVICE bool has_warpgroup_rows(const TileInfo& tile, const Mainloop& mainloop) {
+    if constexpr (Traits::kGemmType == GemmType::MGroupedMasked && Traits::kOperands == GemmOperands::Fp8BlockScaled &&
+                  Traits::kNumMathWarpgroups == 2 && Traits::kMathSchedule == MathSchedule::Lockstep)
+        return tile.num_masked_rows > mainloop.a_row_offset;
+    else
+        return true;
+}
+
 // Own-tile ping-pong (gemm/sm90_math_schedule.cuh): the warpgroup takes every other tile of the CTA's schedule (the
 // other's stages it steps over) and runs each in its turn; the mainloop passes the turn on at the tile's last issue.
 template <typename Traits, typename Mainloop, typename Epilogue>
@@ -186,7 +200,7 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
     TileInfo tile;
     if constexpr (!Traits::kOverlapEpilogue) {
         while (scheduler.get_next_tile(tile)) {
-            if (!tile.is_valid) {
+            if (!tile.is_valid || !has_warpgroup_rows<Traits>(tile, mainloop)) {
                 mainloop.skip_tile(tile);
                 continue;
             }
@@ -201,7 +215,7 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
         // definition of `partial`, ptxas would wait for it right away.
         bool has_tile = scheduler.get_next_tile(tile);
         while (has_tile) {
-            if (!tile.is_valid) {
+            if (!tile.is_valid || !has_warpgroup_rows<Traits>(tile, mainloop)) {
                 mainloop.skip_tile(tile);
                 has_tile = scheduler.get_next_tile(tile);
                 continue;
@@ -211,7 +225,8 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
             // NOTE: zeroed, so that the copy into `tile` after the last tile copies defined values.
             TileInfo next{};
             has_tile = scheduler.get_next_tile(next);
-            while (has_tile && next.is_valid && has_k_blocks<Traits>(next)) {
+            while (has_tile && next.is_valid && has_k_blocks<Traits>(next) &&
+                   has_warpgroup_rows<Traits>(next, mainloop)) {
                 const auto first = mainloop.issue_ahead(next);
                 epilogue.store(tile, row_keys, mainloop.final_acc);
                 tile = next;
@@ -243,7 +258,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
           uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue, GemmOperands kOperands, bool kIsMNMajorA,
           bool kIsMNMajorB,
-          MathSchedule kMathSchedule, bool kSplitsInCluster>
+          MathSchedule kMathSchedule, bool kSplitsInCluster, bool kEvictFirstB>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -254,7 +269,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     using Traits = Sm90Fp8GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
                                      kIsMulticastOnA, kGemmType, OutputType, kWithAccumulation, kNumSplits,
                                      kPipelined, kOverlapEpilogue, kOperands, kIsMNMajorA, kIsMNMajorB,
-                                     kMathSchedule, kSplitsInCluster>;
+                                     kMathSchedule, kSplitsInCluster, kEvictFirstB>;
 
     // Static checks (the traits hold the rest)
     DK_STATIC_ASSERT(kNumTMAThreads == Traits::kNumTMAThreads && kNumMathThreads == Traits::kNumMathThreads,

@@ -3,13 +3,15 @@
 //   every block: fills its share of the worst-case-sized m_indices, row_to_slot and masked_slots with -1;
 //     the blocks holding tokens gate them (warp w: tokens w, w + kNumWarps, ... of the block's
 //     tokens_per_block), keep their experts in shared memory, count them per warp and per expert and
-//     publish the block's counts in block_counts [token blocks, 4 * ceil(E / 4)]
+//     publish the block's counts as bytes in block_counts [token blocks, 16 * ceil(E / 16) bytes] (a block's
+//     count of an expert is at most its tokens, which the host keeps below 256)
 //   a grid barrier (co-residency is the cooperative launch's guarantee; fill-only blocks arrive and leave)
 //   every token block: each expert's total and slots in earlier blocks, the segment offsets, then the rows
 //     of its own slots over the fill (block 0 also the per-expert counts)
 // Blocks hold consecutive tokens, so a slot's rank = (its expert's slots in earlier blocks) + (in earlier
 // warps of its block) + (in earlier lanes of its tile): positions come from counts and scans only.
-// Unsupported: more than one chunk (kNumWarps * 32 * kSlotsPerThread slots) per block (the host checks).
+// Unsupported: more than one chunk (kNumWarps * 32 * kSlotsPerThread slots) or 255 tokens per block, 65536 tokens
+// (the host checks).
 // NOTE: the barrier counter serves one stream at a time (the host keeps one per stream); each launch
 // flips its bit 31 and leaves the lower bits at zero.
 #pragma once
@@ -23,6 +25,86 @@
 #include "ptx/global_memory.cuh"
 
 namespace deep_kernels {
+
+// Bytes of one block's row of per-expert slot counts in block_counts: one byte per expert, whole 16-byte vectors.
+template <int NUM_EXPERTS>
+constexpr uint32_t kBlockCountRowBytes = (NUM_EXPERTS + 15) / 16 * 16;
+
+// After the grid barrier, per expert: totals [kMaxMoeExperts] (0 past E) and earlier [E], the slots of blocks
+// before `block`, from the byte rows of block_counts [num_blocks] (written by other blocks during this launch: L2
+// loads). Thread t sums the 16-byte vector t % kVectorLanes over the rows t / kVectorLanes, + kGroups, ...: each
+// 32-bit word's even and odd bytes add up in 16-bit halves (a total is at most T < 65536); the lanes of a warp on
+// one vector combine by shuffles, then the warps through partial [kNumWarps * kVectors * 8] in shared memory, the
+// totals first, then the earlier slots.
+template <int NUM_EXPERTS, int kNumWarps>
+DK_DEVICE void sum_block_byte_counts(const uint8_t* block_counts, uint32_t num_blocks, uint32_t block,
+                                     uint32_t* partial, int* totals, int* earlier) {
+    constexpr uint32_t kRowBytes = kBlockCountRowBytes<NUM_EXPERTS>, kVectors = kRowBytes / 16;
+    constexpr uint32_t kVectorLanes = kVectors <= 1 ? 1 : kVectors <= 2 ? 2 : kVectors <= 4 ? 4
+                                    : kVectors <= 8 ? 8 : kVectors <= 16 ? 16 : 32;
+    constexpr uint32_t kNumThreads = kNumWarps * 32, kGroups = kNumThreads / kVectorLanes, kBatch = 4;
+    DK_STATIC_ASSERT(kVectors <= 32, "a warp spans a row");
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t vector = lane % kVectorLanes, group = threadIdx.x / kVectorLanes;
+    // [totals, earlier][word][even bytes, odd bytes]: experts 4 word + {0, 2} and 4 word + {1, 3} of the vector in
+    // the low and high halves
+    uint32_t sums[2][4][2] = {};
+    const auto* rows = reinterpret_cast<const int4*>(block_counts) + vector;
+    for (uint32_t first = group; vector < kVectors && first < num_blocks; first += kGroups * kBatch) {
+        int4 count[kBatch];
+        #pragma unroll
+        for (uint32_t b = 0; b < kBatch; ++b) {
+            const uint32_t row = first + kGroups * b;
+            count[b] = row < num_blocks ? __ldcg(rows + row * kVectors) : make_int4(0, 0, 0, 0);
+        }
+        #pragma unroll
+        for (uint32_t b = 0; b < kBatch; ++b) {
+            const bool is_earlier = first + kGroups * b < block;
+            const uint32_t words[4] = {static_cast<uint32_t>(count[b].x), static_cast<uint32_t>(count[b].y),
+                                       static_cast<uint32_t>(count[b].z), static_cast<uint32_t>(count[b].w)};
+            #pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const uint32_t even = words[w] & 0x00ff00ffu, odd = (words[w] >> 8) & 0x00ff00ffu;
+                sums[0][w][0] += even, sums[0][w][1] += odd;
+                sums[1][w][0] += is_earlier ? even : 0u, sums[1][w][1] += is_earlier ? odd : 0u;
+            }
+        }
+    }
+    #pragma unroll
+    for (uint32_t offset = kVectorLanes; offset < 32; offset *= 2) {
+        #pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            #pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                sums[0][w][half] += __shfl_xor_sync(kFullWarpMask, sums[0][w][half], offset);
+                sums[1][w][half] += __shfl_xor_sync(kFullWarpMask, sums[1][w][half], offset);
+            }
+        }
+    }
+    for (uint32_t e = kRowBytes + threadIdx.x; e < kMaxMoeExperts; e += kNumThreads)
+        totals[e] = 0;
+    #pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+        if (lane < kVectors) {
+            #pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                partial[(warp * kVectors + lane) * 8 + 2 * w] = sums[pass][w][0];
+                partial[(warp * kVectors + lane) * 8 + 2 * w + 1] = sums[pass][w][1];
+            }
+        }
+        __syncthreads();
+        for (uint32_t e = threadIdx.x; e < kRowBytes; e += kNumThreads) {
+            // Expert e: vector e / 16, word e % 16 / 4, byte e % 4 (odd bytes in the odd words, bytes 2-3 high)
+            const uint32_t word = e / 16 * 8 + e % 16 / 4 * 2 + e % 2;
+            uint32_t sum = 0;
+            #pragma unroll
+            for (int u = 0; u < kNumWarps; ++u)
+                sum += partial[u * kVectors * 8 + word];
+            (pass == 0 ? totals : earlier)[e] = static_cast<int>((sum >> (16 * (e % 4 / 2))) & 0xffffu);
+        }
+        __syncthreads();
+    }
+}
 
 template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kNumWarps, int kSlotsPerThread,
           int kAlignment, int kTokensPerWarp>
@@ -39,10 +121,9 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     constexpr int CHUNK_SLOTS = kNumThreads * kSlotsPerThread;
     DK_STATIC_ASSERT(NUM_EXPERTS <= kMaxMoeExperts, "per-expert tables hold kMaxMoeExperts");
     DK_STATIC_ASSERT(CHUNK_SLOTS <= 65535, "a warp's rank within a chunk fits in 16 bits");
-    DK_STATIC_ASSERT(kNumThreads * 4 >= kMaxMoeExperts, "sum_block_counts: a group of threads spans a row");
     __shared__ int smem_experts[CHUNK_SLOTS];
     __shared__ uint16_t smem_warp_base[kNumWarps][kMaxMoeExperts];
-    __shared__ __align__(16) int smem_partial[2 * 4 * kNumThreads];
+    __shared__ uint32_t smem_partial[kNumWarps * kBlockCountRowBytes<NUM_EXPERTS> / 2];
     __shared__ __align__(16) int smem_total[kMaxMoeExperts];
     __shared__ __align__(16) int smem_offset[kMaxMoeExperts + 1];
     __shared__ int smem_earlier[kMaxMoeExperts];
@@ -52,31 +133,10 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     // the atomic would otherwise wait for a DRAM read on the critical path).
     if (threadIdx.x == 0)
         ptx::prefetch_l2(barrier);
-    // The warp's first token row (lanes 0-15) and the bias (lanes 16-31) head for L2 before the fill's stores
-    // are issued, so the gate's first loads find them on the way: 10.1 -> 8.5 us at T = 128 after an L2 flush
-    // (the gate's scores had waited 3 us for their loads).
+    // NOTE: no L2 prefetch of the logits rows and the bias ahead of the gate's loads: it slowed the gate (H200, L2
+    // flushed: 20.8 us with it against 15.3 without at T = 4096, 9.2 against 8.3 at T = 512, the same at T = 128).
     const uint32_t first_token = blockIdx.x * tokens_per_block;
     const uint32_t token_blocks = (num_tokens + tokens_per_block - 1) / tokens_per_block;
-    {
-        constexpr uint32_t kLineBytes = 128, kPrefetchLanes = 16;
-        const auto* row = reinterpret_cast<const uint8_t*>(
-            logits + static_cast<uint64_t>(min(first_token + warp, num_tokens - 1)) * logits_row_stride);
-        // One more line than the row holds covers a row that does not start on a line.
-        if (lane <= NUM_EXPERTS * sizeof(InT) / kLineBytes && lane < kPrefetchLanes)
-            ptx::prefetch_l2(row + lane * kLineBytes);
-        const uint32_t bias_line = lane - kPrefetchLanes;
-        if (bias != nullptr && lane >= kPrefetchLanes && bias_line <= NUM_EXPERTS * sizeof(float) / kLineBytes)
-            ptx::prefetch_l2(reinterpret_cast<const uint8_t*>(bias) + bias_line * kLineBytes);
-        // Then the rows of the warp's later tokens, so that each token after the first finds its row in L2
-        constexpr uint32_t kRowLines = NUM_EXPERTS * sizeof(InT) / kLineBytes + 1;
-        const uint32_t later_tokens = tokens_per_block > warp ? (tokens_per_block - warp - 1) / kNumWarps : 0;
-        for (uint32_t line = lane; line < later_tokens * kRowLines; line += 32) {
-            const uint32_t token = first_token + (1 + line / kRowLines) * kNumWarps + warp;
-            const InT* token_row = logits + static_cast<uint64_t>(token) * logits_row_stride;
-            if (token < num_tokens)
-                ptx::prefetch_l2(reinterpret_cast<const uint8_t*>(token_row) + (line % kRowLines) * kLineBytes);
-        }
-    }
 
     // The block's share of the -1 fill: stores issued first complete while the gate computes, so the
     // fence before the grid barrier finds them done. Blocks past the tokens only fill.
@@ -127,17 +187,17 @@ smxx_topk_gate_layout_impl(const InT* __restrict__ logits, const float* __restri
     }
     warp_count_tiles(experts, smem_warp_base[warp]);
     __syncthreads();
-    constexpr uint32_t kRowStride = (NUM_EXPERTS + 3) / 4 * 4;
-    for (uint32_t e = threadIdx.x; e < kRowStride; e += kNumThreads)
-        block_counts[blockIdx.x * kRowStride + e] =
-            e < NUM_EXPERTS ? scan_warp_counts<kNumWarps>(smem_warp_base, e, true) : 0;
+    constexpr uint32_t kRowBytes = kBlockCountRowBytes<NUM_EXPERTS>;
+    auto* count_bytes = reinterpret_cast<uint8_t*>(block_counts);
+    for (uint32_t e = threadIdx.x; e < kRowBytes; e += kNumThreads)
+        count_bytes[blockIdx.x * kRowBytes + e] =
+            e < NUM_EXPERTS ? static_cast<uint8_t>(scan_warp_counts<kNumWarps>(smem_warp_base, e, true)) : 0;
 
     grid_barrier_sync(barrier);
 
     // Per expert: the total and the slots of earlier blocks; the segment offsets
-    sum_block_counts<kNumThreads>(block_counts, token_blocks, blockIdx.x, NUM_EXPERTS, smem_partial, smem_total,
-                                  smem_earlier);
-    __syncthreads();
+    sum_block_byte_counts<NUM_EXPERTS, kNumWarps>(count_bytes, token_blocks, blockIdx.x, smem_partial, smem_total,
+                                                  smem_earlier);
     if (warp == 0)
         warp_segment_offsets<kAlignment>(smem_total, smem_offset);
     __syncthreads();

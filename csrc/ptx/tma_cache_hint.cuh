@@ -27,4 +27,15 @@ DK_DEVICE void tma_load_with_policy(void* smem_dst, const CUtensorMap* tmap, uin
         : "memory");
 }
 
+// As tma_load_multicast (ptx/tma.cuh), with the L2 cache policy `policy` for the lines the box reads.
+DK_DEVICE void tma_load_multicast_with_policy(void* smem_dst, const CUtensorMap* tmap, uint64_t* barrier,
+                                              uint16_t cta_mask, int32_t c0, int32_t c1, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint "
+        "[%0], [%1, {%4, %5}], [%2], %3, %6;" ::"r"(smem_address(smem_dst)),
+        "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_address(barrier)), "h"(cta_mask), "r"(c0), "r"(c1),
+        "l"(policy)
+        : "memory");
+}
+
 }  // namespace deep_kernels::ptx

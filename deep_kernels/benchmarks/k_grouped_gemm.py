@@ -1,7 +1,7 @@
 """Suite `k_grouped_gemm`: the k-grouped FP8 GEMM of MoE weight gradients (k_grouped_fp8_gemm_nt_contiguous,
 accumulating into the FP32 gradients, c is d) for 4, 8 and 16 experts on DeepSeek-V3's expert shapes (out x in =
-4096 x 7168 and 7168 x 2048) at 2048, 4096 and 8192 tokens per expert on average (uneven, 0.7-1.3x, each rounded up
-to 128, the total kept at G x the average), against (a) a loop of torch BF16 matmuls over the experts (dY_g^T X_g,
+4096 x 7168 and 7168 x 2048) at 2048, 4096 and 8192 tokens per expert on average (uneven: each expert 0.7-1.3x the
+average, rounded up to 128, the total G x the average), against (a) a loop of torch BF16 matmuls over the experts (dY_g^T X_g,
 cuBLAS) and (b) this library's dense weight-gradient GEMM (fp8_gemm_nt, recipe (1, 1, 128)) on the same total
 work (K = all the tokens), all timed in turns in the same process.
 
@@ -40,9 +40,20 @@ ALIGNMENT = 128
 
 
 def expert_tokens(num_groups: int, mean: int, rng: random.Random) -> list:
-    """Tokens per expert: mean x [0.7, 1.3] each, rounded up to 128, the last one making the total G x mean."""
-    ks = [-(-int(mean * rng.uniform(0.7, 1.3)) // ALIGNMENT) * ALIGNMENT for _ in range(num_groups - 1)]
-    ks.append(max(num_groups * mean - sum(ks), 0))
+    """Tokens per expert: each mean x [0.7, 1.3] rounded up to a multiple of 128, then 128 taken from (or given to)
+    experts in a random order, each staying in that range, until the total is G x mean (mean a multiple of 128)."""
+    assert mean % ALIGNMENT == 0, mean
+    low, high = -(-int(0.7 * mean) // ALIGNMENT) * ALIGNMENT, int(1.3 * mean) // ALIGNMENT * ALIGNMENT
+    ks = [min(max(-(-int(mean * rng.uniform(0.7, 1.3)) // ALIGNMENT) * ALIGNMENT, low), high)
+          for _ in range(num_groups)]
+    order = rng.sample(range(num_groups), num_groups)
+    step = 0
+    while sum(ks) != num_groups * mean:
+        g = order[step % num_groups]
+        step += 1
+        delta = -ALIGNMENT if sum(ks) > num_groups * mean else ALIGNMENT
+        if low <= ks[g] + delta <= high:
+            ks[g] += delta
     return ks
 
 

@@ -1,10 +1,10 @@
 """Gating and layout together: topk_gate then moe_layout of its indices, in one launch for few tokens.
 
 topk_gate_with_layout returns exactly what topk_gate followed by moe_layout returns. Up to FUSED_MAX_SLOTS
-routed slots (T * k) one cooperative kernel does both: every block (at most one per SM) gates its tokens,
-fills its share of the layout's -1 rows and counts its slots per expert; after a grid barrier every block
-sums those counts and writes its own slots' rows, positions from counts and scans as in moe_layout.
-Larger inputs take the two-stage path (two launches: topk_gate, then moe_layout).
+routed slots (T * k) and 255 tokens per SM one cooperative kernel does both: every block (at most one per SM)
+gates its tokens, fills its share of the layout's -1 rows and counts its slots per expert (one byte each); after
+a grid barrier every block sums those counts and writes its own slots' rows, positions from counts and scans as
+in moe_layout. Larger inputs take the two-stage path (two launches: topk_gate, then moe_layout).
 """
 
 import dataclasses
@@ -53,6 +53,9 @@ _FUSED_TILE = FusedTile(16, 2, 2)
 _FUSED_FEW_TOKENS_PER_WARP = 2
 # A block gates at least this many tokens, spread over the SMs above that.
 _FUSED_MIN_BLOCK_TOKENS = 8
+# The blocks exchange their per-expert counts as bytes, summed in 16-bit halves.
+_FUSED_MAX_BLOCK_TOKENS = 255
+_FUSED_MAX_TOKENS = 65535
 
 
 def _fused_tile(num_tokens: int) -> FusedTile:
@@ -96,6 +99,8 @@ def _fused_tokens_per_block(num_tokens: int, k: int):
     tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, get_num_sms()))
     if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_block * k > tile.block_slots:
         return None
+    if tokens_per_block > _FUSED_MAX_BLOCK_TOKENS or num_tokens > _FUSED_MAX_TOKENS:
+        return None
     return tokens_per_block
 
 
@@ -118,13 +123,14 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
 
     Notes:
         Bit-exact with deep_kernels.reference.moe.topk_gate_with_layout, deterministic, no host
-        synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots it is one cooperative launch (at
+        synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots (and 255 tokens per SM: k = 1 above
+        33660 tokens on 132 SMs takes two launches) it is one cooperative launch (at
         most one block per SM) whose workspace (a grid-barrier counter and per-block counts) is kept per
         (device, stream) (a captured graph zeroes its own in a memset node), so calls may overlap only on
         different streams. Without out, weights, indices and the layout's tensors are views of one 4-byte-element
         allocation (none overlaps another, each starts 16-byte aligned): the call's host time is mostly its
-        allocation and views, which out= saves (a decode loop passes the previous step's outputs). Above
-        FUSED_MAX_SLOTS the two-stage path copies its results into out.
+        allocation and views, which out= saves (a decode loop passes the previous step's outputs). On the
+        two-stage path the results are copied into out.
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
