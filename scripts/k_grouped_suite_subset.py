@@ -3,7 +3,7 @@ its kernels built first (the FP8 k-grouped picks, the dense weight-gradient pick
 picks), then the rows run and written as the suite's JSON, whose config_notes name the subset.
 
     python scripts/k_grouped_suite_subset.py precompile MEANS          # e.g. 2048,4096,8192
-    python scripts/k_grouped_suite_subset.py run OUT_ROOT COMMIT MEANS [BF16_MEANS]
+    python scripts/k_grouped_suite_subset.py run OUT_ROOT COMMIT MEANS [BF16_MEANS]  # the JSON rewritten after each row
 """
 
 import random
@@ -53,25 +53,42 @@ if __name__ == "__main__":
         print(f"{len(specs(means, bf16_means))} kernels")
         precompile(specs(means, bf16_means), progress=False)
     elif mode == "run":
-        from deep_kernels.benchmarks.report import BenchContext, print_table, write_suite
+        import datetime
+        import json
+
+        from deep_kernels.benchmarks.report import BenchContext, gpu_folder, print_table, summarize
+        from deep_kernels.benchmarks.report import _write_chart as write_chart
 
         out_root, commit, means = Path(sys.argv[2]), sys.argv[3], _means(sys.argv[4])
         bf16_means = _means(sys.argv[5]) if len(sys.argv) > 5 else ()
         ctx = BenchContext.create(commit)
-        rows = suite.rows(ctx, shapes(means), shapes(bf16_means))
-        path = write_suite(out_root, "k_grouped_gemm", rows, ctx)
         full = len(suite.MEAN_TOKENS) * len(suite.GROUPS) * len(suite.MNS) + len(shapes(suite.BF16_MEAN_TOKENS))
-        if len(rows) < full:
-            import json
-
-            document = json.loads(path.read_text())
-            bf16_text = (f" and the BF16 rows at {', '.join(map(str, bf16_means))}" if bf16_means else
-                         " (no BF16 rows)")
-            document["config_notes"] = (
-                f"Subset: the FP8 rows at {', '.join(map(str, means))} tokens per expert on average (4, 8 and 16 "
-                f"experts, both shapes){bf16_text}, {len(rows)} of the suite's {full} rows; the full suite does not "
-                "fit the 30 s bench limit of this run.")
+        rows = []
+        folder = out_root / gpu_folder(ctx.gpu)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "k_grouped_gemm.json"
+        # NOTE: rows by mean token count first; the JSON (not the chart) is written after every row, so that a run
+        # stopped by a time limit leaves the rows it measured.
+        ordered = sorted(shapes(means), key=lambda shape: means.index(shape[3]))
+        for fp8_shapes, bf16_shapes in [([shape], []) for shape in ordered] + [
+                ([], [shape]) for shape in shapes(bf16_means)]:
+            rows += suite.rows(ctx, fp8_shapes, bf16_shapes)
+            document = {
+                "suite": "k_grouped_gemm", "gpu": ctx.gpu, "date": datetime.date.today().isoformat(),
+                "torch": torch.__version__, "cuda": torch.version.cuda, "commit": ctx.commit,
+                "copy_bandwidth_gbps": round(ctx.copy_gbps, 1), "rows": rows, "summary": summarize(rows),
+            }
+            if len(rows) < full:
+                fp8 = [f"{r['shape']['g']} x {r['shape']['m']}x{r['shape']['n']} at {r['shape']['k'] // r['shape']['g']}"
+                       for r in rows if r["op"].startswith("k_grouped_fp8")]
+                bf16 = sum(r["op"].startswith("k_grouped_bf16") for r in rows)
+                document["config_notes"] = (
+                    f"Subset: {len(rows)} of the suite's {full} rows: the FP8 rows (experts x out x in at mean tokens per "
+                    f"expert) {', '.join(fp8)}; {bf16} BF16 rows. The full suite does not fit the 30 s bench limit of "
+                    "this run.")
             path.write_text(json.dumps(document, indent=2) + "\n")
+            print(f"row {len(rows)}: {rows[-1]['shape']} {rows[-1]['speedup']}", flush=True)
+        write_chart(folder / "k_grouped_gemm.png", "k_grouped_gemm", rows, ctx)
         print(f"wrote {path}")
         print_table("k_grouped_gemm", rows)
     else:

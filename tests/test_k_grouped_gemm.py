@@ -200,6 +200,25 @@ def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast):
 
 
 @pytest.mark.gpu
+def test_b_multicast_128_row_tiles_match_unclustered(monkeypatch):
+    # 128 x 192 tiles in 2-CTA clusters sharing B (two M blocks of a group), with the epilogue overlap, over empty groups
+    # too: the same bytes as the same tiles without the cluster.
+    a, b, ks, ks_tensor = _problem(6, 1000, 2048, 640, empty=2, seed=6)
+    product = _reference(a, b, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    outputs = []
+    for multicast in (2, 2, 1):
+        override = {"block_m": 128, "block_n": 192, "multicast": multicast, "multicast_on_a": 0, "splits": 1,
+                    "pipelined": 0, "overlap_epilogue": 1}
+        monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
+        monkeypatch.setattr(k_grouped_gemm, "_plans", {})
+        outputs.append(_run(a, b, ks, ks_tensor, c=c))
+    _assert_close(outputs[0], product + c.double())
+    assert_bitwise_equal(outputs[1], outputs[0], "d (B multicast, second run)")
+    assert_bitwise_equal(outputs[2], outputs[0], "d (no cluster)")
+
+
+@pytest.mark.gpu
 def test_pipelined_halves_match_the_plain_k_loop(monkeypatch):
     # Each K block as two wgmma groups of half the columns, one promoted while the other runs (128 x 160: the kind's
     # widest), over empty groups too: the same bytes as the plain K loop's.

@@ -7,7 +7,8 @@ same M x N tiles, so the busiest CTA runs ceil(G x tiles / CTAs) tiles of the av
 total K, not how the device's per-group sizes spread it; uneven groups cost a little more than modelled), and
 A, B and D are moved once per group. The candidates are the dense ones with FP32 D, without split-K (the kind has
 none), with the epilogue overlap where the kind has it (128-row tiles of a multiple of 64 columns: the next tile's
-first K block is issued before the store unless that tile's group is empty); 256-row tiles take part.
+first K block is issued before the store unless that tile's group is empty); 256-row tiles take part. 128-row tiles in
+2-CTA clusters sharing B run at their own measured factor (B_MULTICAST_FACTOR_128).
 """
 
 import dataclasses
@@ -23,6 +24,11 @@ BLOCK_K = fp8_gemm.BLOCK_K
 
 # Widest tile of the kind's pipelined halves (wider ones spill).
 MAX_HALVES_BLOCK_N = 160
+# Time of a 128-row config whose 2-CTA cluster shares B (two M blocks of a group) over its estimate without the cluster,
+# in place of the dense kinds' fp8_gemm.MULTICAST_FACTOR[128]: on the H200 (2026-12-02, timed in turns with the same
+# tiles unclustered, 128 x 192 with the epilogue overlap) 0.967-0.998 over eight of the suite's shapes (4 to 16 experts,
+# 2048 to 8192 tokens per expert on average, both expert shapes; 0.961 and 0.988 in an earlier run of two of them).
+B_MULTICAST_FACTOR_128 = 0.985
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES):
@@ -68,8 +74,19 @@ def get_k_grouped_fp8_gemm_config(m: int, n: int, total_k: int, num_groups: int,
     candidates = list(candidate_configs(rows, n, num_sms, smem_capacity))
     if not candidates:
         raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
-    return min(candidates, key=lambda config: fp8_gemm.estimate_seconds(
-        config, rows, n, k, num_sms, OUT_DTYPE_BYTES, with_accumulation, num_groups, OPERANDS))
+    return min(candidates, key=lambda config: estimate_seconds(config, rows, n, k, num_sms, with_accumulation,
+                                                               num_groups))
+
+
+def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int, with_accumulation: bool,
+                     num_groups: int) -> float:
+    """The dense model's estimate of the groups' problem (k: the average group's), 128-row clusters sharing B at the
+    kind's measured factor (B_MULTICAST_FACTOR_128)."""
+    seconds = fp8_gemm.estimate_seconds(config, m, n, k, num_sms, OUT_DTYPE_BYTES, with_accumulation, num_groups,
+                                        OPERANDS)
+    if config.block_m == 128 and config.num_tma_multicast == 2 and not config.multicast_on_a:
+        seconds *= B_MULTICAST_FACTOR_128 / fp8_gemm.MULTICAST_FACTOR[128]
+    return seconds
 
 
 def grid_size(config: Fp8GemmConfig, m: int, n: int, num_groups: int, num_sms: int) -> int:
