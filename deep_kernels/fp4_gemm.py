@@ -60,7 +60,8 @@ FP8_FP4_SWAP_AB_GEMM = KernelDef(
             Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR),
             Param("prepared_weights", PTR), Param("masked_m", PTR), Param("shape_m", U32), Param("num_groups", U32),
             Param("d", PTR)),
-    threads=lambda t: 128 + 128 * int(t["kNumMathWarpgroups"]))
+    threads=lambda t: swap_ab_heuristics.num_threads(int(t["kNumMathWarpgroups"]), int(t["kNumCTAsPerSM"]),
+                                                     int(t["BLOCK_T"])))
 
 # B expanded from prepared weights at prefill sizes (deep_kernels.fp4_weights): a CTA per 128 rows and
 # PREPARED_EXPAND_K_BLOCKS K blocks (the kernel's kKBlocksPerCta).

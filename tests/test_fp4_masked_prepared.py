@@ -38,13 +38,20 @@ def test_grouped_preparation_stacks_each_experts():
 
 
 def test_masked_configs_are_legal():
-    for expected_m in (1, 16, 32, 64, 100):
+    for expected_m in (1, 16, 19, 32, 38, 64, 76, 100):
         for num_groups in (16, 64, 256):
             for n, k in ((4096, 7168), (7168, 2048)):
                 config = swap_ab.get_masked_config(expected_m, n, k, num_groups, 132)
                 assert config.num_splits == 1 and config.block_t >= min(expected_m, 128)
                 assert config.smem_bytes <= swap_ab.smem_capacity(config.ctas_per_sm)
                 swap_ab.template_args(config, "bfloat16", False, prepared=True, masked=True)
+    with pytest.raises(ValueError, match="CTAs an SM"):
+        swap_ab.make_config(64, 1, ctas_per_sm=4)
+    assert swap_ab.make_config(32, 1, ctas_per_sm=3).num_threads == 160
+    assert swap_ab.make_config(32, 1, ctas_per_sm=2).num_threads == 256
+    assert swap_ab.make_config(96, 1, ctas_per_sm=2).num_threads == 160
+    with pytest.raises(ValueError, match="CTAs an SM"):
+        swap_ab.make_config(112, 1, ctas_per_sm=2)
     with pytest.raises(ValueError, match="masked layout"):
         swap_ab.template_args(swap_ab.make_config(16), "bfloat16", False, prepared=False, masked=True)
     with pytest.raises(ValueError, match="masked layout"):
@@ -124,6 +131,15 @@ def _check(actual, expected, masked_m):
     ([40, 64, 0, 2], 64, 1040, 1024, 64, (64, 1, 1)),
     ([33, 0, 31, 70], 96, 2112, 768, 32, (32, 1, 2)),
     ([0, 0, 0], 32, 1024, 256, 8, None),
+    ([20, 3, 0, 32, 11], 40, 2048, 1024, 16, (32, 1, 3)),
+    ([16, 9, 16, 0], 16, 1040, 512, 16, (16, 1, 4)),
+    ([64, 50, 1], 64, 1024, 768, 64, (64, 1, 3)),
+    ([45, 0, 48, 7, 30], 64, 2048, 1024, 40, None),
+    ([80, 77, 0, 160], 160, 1024, 512, 76, None),
+    ([96, 5, 95], 96, 1040, 512, 96, (96, 2, 1)),
+    ([112, 60], 112, 1024, 512, 112, (112, 1, 1)),
+    ([80, 0, 71, 33], 80, 2048, 1024, 80, (80, 1, 2)),
+    ([96, 90, 2], 100, 1040, 768, 96, (96, 1, 2)),
 ])
 def test_masked_matches_reference_and_keeps_rows_past_masked_m(masked_m, m_max, n, k, expected_m, config):
     a, b, masked = _inputs(masked_m, m_max, n, k)

@@ -159,6 +159,8 @@ def _reference(a, b, c=None) -> torch.Tensor:
     (1, 2112, 7168, None), (16, 24576, 1536, None), (64, 7168, 2048, None), (128, 4096, 7168, None),
     (13, 1040, 1024, (16, 2, 3, 1)), (100, 1040, 1024, (128, 1, 2, 1)), (5, 2112, 7168, (16, 1, 8, 2)),
     (32, 32768, 512, (32, 1, 1, 1)), (64, 4096, 7168, (64, 2, 56, 1)), (20, 176, 512, (32, 2, 4, 1)),
+    (5, 2112, 7168, (16, 1, 4, 4)), (40, 1040, 1024, (64, 1, 2, 3)), (17, 4096, 1536, (32, 1, 3, 3)),
+    (90, 4096, 1024, (96, 1, 2, 2)),
 ])
 def test_prepared_matches_reference_and_the_unprepared_kernel(m, n, k, config):
     a, b = make_fp4_gemm_inputs(m, n, k)
@@ -252,7 +254,9 @@ def test_prepared_smem_bytes_is_the_kernels_carve_up(tmp_path):
     from deep_kernels.jit import compiler
 
     configs = [swap_ab.make_config(t, w) for t in swap_ab.BLOCK_TS for w in (1, 2)]
-    configs += [swap_ab.make_config(t, 1, ctas_per_sm=2) for t in (16, 32, 64)]
+    configs += [swap_ab.make_config(t, 1, ctas_per_sm=c) for t in (16, 32, 64) for c in (2, 3)]
+    configs += [swap_ab.make_config(t, 1, ctas_per_sm=4) for t in (16, 32)]
+    configs += [swap_ab.make_config(t, 1, ctas_per_sm=2) for t in (80, 96)]
     checks = [f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::Sm90Fp8Fp4SwapAbTraits<"
               f"{', '.join(swap_ab.template_args(c, 'bfloat16', False, prepared=True))}>::kSmemBytes == "
               f"{c.smem_bytes});" for c in configs]

@@ -32,7 +32,7 @@
 //   split_workspace / split_tickets (num_splits > 1): FP32 num_tiles * 64 * kNumMathWarpgroups * BLOCK_T *
 //               num_splits floats and num_tiles * kNumMathWarpgroups uint32 tickets, zero before the first launch
 //               and left zero by each (num_tiles = ceil(N / (64 * kNumMathWarpgroups))).
-// Launch: grid num_tiles * num_splits (1 <= num_splits <= K / 128), block 128 * (kNumMathWarpgroups + 1), dynamic
+// Launch: grid num_tiles * num_splits (1 <= num_splits <= K / 128), block swap_ab_num_threads(), dynamic
 // shared memory Sm90Fp8Fp4SwapAbTraits::kSmemBytes.
 #pragma once
 
@@ -74,8 +74,17 @@ using fp4_prepared::prepared_promotion_scale;
 // Named barriers: the math warpgroups together (before D's staging reuses the stages), and each one alone.
 enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
 
-// Dynamic shared memory of each of two CTAs on one SM (the SM's 228 KB, less 1 KB the system keeps per CTA).
-constexpr uint32_t kMaxSmemBytesOfTwo = (233472 - 2 * 1024) / 2;
+// Dynamic shared memory of each of n CTAs on one SM (the SM's 228 KB, less 1 KB the system keeps per CTA).
+constexpr uint32_t max_smem_bytes_per_cta(uint32_t n) { return (233472 - n * 1024) / n; }
+constexpr uint32_t kMaxSmemBytesOfTwo = max_smem_bytes_per_cta(2);
+
+// Threads of a CTA: the math warpgroups and the producer, a whole warpgroup (setmaxnreg's unit) except with three or
+// more one-warpgroup CTAs an SM, or two of more than 64 tokens, where it is one warp (so that their registers fit:
+// 160 threads at 136 with three, at 168 with two).
+constexpr uint32_t swap_ab_num_threads(uint32_t num_math_warpgroups, uint32_t num_ctas_per_sm, uint32_t block_t) {
+    return 128 * num_math_warpgroups +
+           (num_math_warpgroups == 1 && (num_ctas_per_sm >= 3 || (num_ctas_per_sm == 2 && block_t > 64)) ? 32 : 128);
+}
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
           bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1, bool kPreparedWeights_ = false,
@@ -85,7 +94,9 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
     using OutputType = OutputType_;
     static constexpr bool kWithAccumulation = kWithAccumulation_;
-    // CTAs an SM runs at once (the launch bounds' minimum): two with one math warpgroup, at 128 registers a thread.
+    // CTAs an SM runs at once (the launch bounds' minimum): two with one math warpgroup, at 128 registers a thread
+    // (above 64 tokens with a one-warp producer, 168); three or four with one math warpgroup and a one-warp
+    // producer (136 / 102 registers).
     static constexpr uint32_t kNumCTAsPerSM = kNumCTAsPerSM_;
     // Independent wgmma accumulator chains of a K block (run_k_loop).
     static constexpr uint32_t kNumChains = kNumChains_;
@@ -96,7 +107,7 @@ struct Sm90Fp8Fp4SwapAbTraits {
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
-    static constexpr uint32_t kNumThreads = kNumMathThreads + kNumThreadsPerWarpgroup;
+    static constexpr uint32_t kNumThreads = swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM, BLOCK_T);
     // NOTE: registers are allocated per SM sub-partition, so the producer is a whole warpgroup (its first warp
     // loads, the others exit) that gives its registers to the math warpgroups: 128 x 40 + 256 x 232 = 64,512 with
     // two; one math warpgroup keeps what the launch gives (255).
@@ -132,14 +143,17 @@ struct Sm90Fp8Fp4SwapAbTraits {
     DK_STATIC_ASSERT(kNumMathWarpgroups == 1 || kNumMathWarpgroups == 2, "one or two math warpgroups");
     DK_STATIC_ASSERT(kNumStages >= 2, "at least two stages");
     DK_STATIC_ASSERT(kNumChains == 1 || kNumChains == 2 || kNumChains == 4, "1, 2 or 4 accumulator chains");
-    DK_STATIC_ASSERT(kNumCTAsPerSM == 1 || (kNumCTAsPerSM == 2 && kNumMathWarpgroups == 1 && BLOCK_T <= 64),
-                     "two CTAs an SM: one math warpgroup, up to 64 tokens (128 registers)");
+    DK_STATIC_ASSERT(kNumCTAsPerSM == 1 ||
+                     (kNumCTAsPerSM <= 4 && kNumMathWarpgroups == 1 &&
+                      BLOCK_T <= (kNumCTAsPerSM == 4 ? 32 : kNumCTAsPerSM == 3 ? 64 : 96)),
+                     "two to four CTAs an SM: one math warpgroup, up to 96 / 64 / 32 tokens (registers)");
     DK_STATIC_ASSERT((std::is_same_v<OutputType, float> || (std::is_same_v<OutputType, __nv_bfloat16> && !kWithAccumulation)),
                      "bf16 D, or FP32 D (accumulated into with kWithAccumulation)");
     DK_STATIC_ASSERT(kSmemDBytes <= kOffsetTables, "D's staging fits in the stages");
     DK_STATIC_ASSERT(!kMasked || (kPreparedWeights && std::is_same_v<OutputType, __nv_bfloat16>),
                      "the masked layout: prepared weights, bf16 D");
-    DK_STATIC_ASSERT(kSmemBytes <= (kNumCTAsPerSM == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes : kMaxSmemBytesOfTwo),
+    DK_STATIC_ASSERT(kSmemBytes <= (kNumCTAsPerSM == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes
+                                                       : max_smem_bytes_per_cta(kNumCTAsPerSM)),
                      "stages fit in shared memory");
 };
 
@@ -518,7 +532,9 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::BLOCK_T / 2], __
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
           uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked>
-__global__ void __launch_bounds__(128 + 128 * kNumMathWarpgroups, kNumCTAsPerSM)
+__global__ void __launch_bounds__(sm90_fp8_fp4_swap_ab_detail::swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM,
+                                                                                   BLOCK_T),
+                                  kNumCTAsPerSM)
 sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_codes,
                                const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
                                const uint32_t* sfb_words, uint32_t shape_n, uint32_t shape_k, uint32_t num_splits,

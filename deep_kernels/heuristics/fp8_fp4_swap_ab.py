@@ -2,9 +2,9 @@
 wgmma's register operand, expanded in registers, the tokens its N (csrc/kernels/sm90_fp8_fp4_gemm_swap_ab.cuh).
 
 Pure functions of the problem and the device: no GPU calls, no torch. A CTA computes 64 weight rows per math
-warpgroup (one or two) over one share of K (split-K across CTAs; one or two CTAs an SM); the model prices the
-busiest SM's K blocks (the expansion's integer work bounds an SM), bounded below by B's bytes (4.25 bits a weight) at
-DRAM speed.
+warpgroup (one or two) over one share of K (split-K across CTAs; one CTA an SM, or two to four with one math
+warpgroup); the model prices the busiest SM's K blocks (the expansion's integer work bounds an SM), bounded below by
+B's bytes (4.25 bits a weight) at DRAM speed. The masked grouped layout (get_masked_config) picks by a measured rule.
 """
 
 from dataclasses import dataclass
@@ -15,6 +15,8 @@ KERNEL_HEADER = "kernels/sm90_fp8_fp4_gemm_swap_ab.cuh"
 # Token tiles (wgmma's N) and the most tokens the kernel takes.
 BLOCK_TS = (16, 32, 64, 128)
 MAX_TOKENS = BLOCK_TS[-1]
+# The token tiles the kernel takes (wgmma's N in steps of 16); the masked layout picks from all of them.
+ALL_BLOCK_TS = tuple(range(16, MAX_TOKENS + 1, 16))
 B_BITS_PER_WEIGHT = 4.25
 EXPAND_TABLE_BYTES = 256
 MAX_STAGES = 12
@@ -58,7 +60,7 @@ class SwapAbConfig:
 
     @property
     def num_threads(self) -> int:
-        return 128 + 128 * self.num_math_warpgroups
+        return num_threads(self.num_math_warpgroups, self.ctas_per_sm, self.block_t)
 
     @property
     def smem_bytes(self) -> int:
@@ -67,15 +69,28 @@ class SwapAbConfig:
 
 # Dynamic shared memory of each of two CTAs on one SM (the kernel's kMaxSmemBytesOfTwo).
 SMEM_BYTES_OF_TWO = (233472 - 2 * 1024) // 2
+# The most CTAs an SM runs at once (one math warpgroup each; from three on the producer is one warp).
+MAX_CTAS_PER_SM = 4
+
+
+def num_threads(num_math_warpgroups: int, ctas_per_sm: int, block_t: int) -> int:
+    """A CTA's threads (the kernel's swap_ab_num_threads): the math warpgroups and a producer warpgroup, or a
+    producer warp with three or more CTAs an SM, or two of more than 64 tokens."""
+    one_warp = num_math_warpgroups == 1 and (ctas_per_sm >= 3 or (ctas_per_sm == 2 and block_t > 64))
+    return 128 * num_math_warpgroups + (32 if one_warp else 128)
 
 
 def smem_capacity(ctas_per_sm: int) -> int:
-    return SMEM_CAPACITY_BYTES if ctas_per_sm == 1 else SMEM_BYTES_OF_TWO
+    """Dynamic shared memory of each of ctas_per_sm CTAs on one SM (the kernel's max_smem_bytes_per_cta)."""
+    return SMEM_CAPACITY_BYTES if ctas_per_sm == 1 else (233472 - ctas_per_sm * 1024) // ctas_per_sm
 
 
-def can_share_sm(block_t: int, num_math_warpgroups: int) -> bool:
-    """Whether two CTAs fit an SM (128 registers a thread): one math warpgroup, up to 64 tokens."""
-    return num_math_warpgroups == 1 and block_t <= 64
+def can_share_sm(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 2, wide: bool = False) -> bool:
+    """Whether ctas_per_sm (two or more) CTAs fit an SM without spilling (128 registers a thread with two, 136 with
+    three, 102 with four): one math warpgroup, up to 64 tokens (32 with four); wide: also two CTAs of 80 or 96
+    tokens (a one-warp producer, 168 registers)."""
+    limit = {2: 96 if wide else 64, 3: 64}.get(ctas_per_sm, 32)
+    return num_math_warpgroups == 1 and block_t <= limit
 
 
 def _align(x: int, a: int) -> int:
@@ -100,8 +115,8 @@ def max_stages(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> 
 
 def max_chains(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> int:
     """The most independent wgmma accumulator chains of a K block whose accumulators (BLOCK_T / 2 registers a set)
-    fit: up to 64 registers of sets (32 with two CTAs an SM)."""
-    budget = 32 if ctas_per_sm == 2 else 64
+    fit: up to 64 registers of sets (32 with two or three CTAs an SM, 16 with four)."""
+    budget = {1: 64, 2: 32, 3: 32}.get(ctas_per_sm, 16)
     return max(c for c in (1, 2, 4) if c == 1 or c * block_t // 2 <= budget)
 
 
@@ -115,10 +130,12 @@ def block_t_for(m: int) -> int:
 def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = None, num_splits: int = 1,
                 ctas_per_sm: int = 1, num_chains: int = None) -> SwapAbConfig:
     """A config of the given tiling (as many stages as fit unless given), for overrides and tests."""
-    if block_t not in BLOCK_TS or num_math_warpgroups not in (1, 2):
+    if block_t not in ALL_BLOCK_TS or num_math_warpgroups not in (1, 2):
         raise ValueError(f"no swapped FP4 kernel for {block_t} tokens and {num_math_warpgroups} math warpgroups")
-    if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups)):
-        raise ValueError(f"{ctas_per_sm} CTAs an SM: two need one math warpgroup and at most 64 tokens")
+    if not 1 <= ctas_per_sm <= MAX_CTAS_PER_SM or (
+            ctas_per_sm > 1 and not can_share_sm(block_t, num_math_warpgroups, ctas_per_sm, wide=True)):
+        raise ValueError(f"{ctas_per_sm} CTAs an SM: one to {MAX_CTAS_PER_SM}; two or more need one math warpgroup "
+                         f"and at most 96 tokens with two, 64 with three, 32 with four")
     stages = num_stages or max_stages(block_t, num_math_warpgroups, ctas_per_sm)
     if not MIN_STAGES <= stages or smem_bytes(block_t, num_math_warpgroups, stages) > smem_capacity(ctas_per_sm):
         raise ValueError(f"{stages} stages of {block_t} tokens do not fit")
@@ -149,10 +166,18 @@ def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int,
     return FIXED_SECONDS + max(compute_s, dram_s)
 
 
-def candidate_configs(m: int, n: int, k: int, num_sms: int):
+# One-warpgroup CTAs three and four an SM, offered on prepared weights: measured on the H200 (2026-12-02, 52463a5,
+# 18 decode shapes against the picks of the model without them), the model picks them at five shapes (N x K 24576 x
+# 1536 and 32768 x 512, one wave of CTAs instead of two), each measured 1.16-1.40x faster than the previous pick;
+# the other 13 picks are unchanged.
+PREPARED_SHARED_SM_CTAS = (2, 3, 4)
+
+
+def candidate_configs(m: int, n: int, k: int, num_sms: int, prepared: bool = False):
     block_t = block_t_for(m)
-    for num_math_warpgroups, ctas_per_sm in ((2, 1), (1, 1), (1, 2)):
-        if ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups):
+    shared = PREPARED_SHARED_SM_CTAS if prepared else (2,)
+    for num_math_warpgroups, ctas_per_sm in ((2, 1), (1, 1)) + tuple((1, c) for c in shared):
+        if ctas_per_sm > 1 and not can_share_sm(block_t, num_math_warpgroups, ctas_per_sm):
             continue
         stages = max_stages(block_t, num_math_warpgroups, ctas_per_sm)
         chains = max_chains(block_t, num_math_warpgroups, ctas_per_sm)
@@ -165,7 +190,7 @@ def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2, p
     weights in prepare_fp4_weights's layout)."""
     if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0:
         raise ValueError(f"k must be a positive multiple of 128 and n of 16, got k = {k}, n = {n}")
-    return min(candidate_configs(m, n, k, num_sms),
+    return min(candidate_configs(m, n, k, num_sms, prepared),
                key=lambda config: estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, prepared))
 
 
@@ -192,22 +217,19 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prep
             "true" if prepared else "false", "true" if masked else "false"]
 
 
-def masked_candidate_configs(expected_m: int):
-    """The masked layout's configs (no split-K) for experts of about expected_m valid rows."""
-    block_t = block_t_for(min(max(expected_m, 1), MAX_TOKENS))
-    for num_math_warpgroups, ctas_per_sm in ((2, 1), (1, 1), (1, 2)):
-        if ctas_per_sm == 2 and not can_share_sm(block_t, num_math_warpgroups):
-            continue
-        yield SwapAbConfig(block_t, num_math_warpgroups, max_stages(block_t, num_math_warpgroups, ctas_per_sm), 1,
-                           ctas_per_sm, max_chains(block_t, num_math_warpgroups, ctas_per_sm))
-
-
 def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms: int) -> SwapAbConfig:
-    """The masked layout's config with the lowest modelled time: the dense model over the experts' weight tiles
-    together (every expert with expected_m rows, one token block each; the persistent CTAs take the work items
-    in turn, as waves of the dense grid)."""
+    """The masked layout's config for experts of about expected_m valid rows: the smallest token tile holding them
+    (a multiple of 16); one-warpgroup CTAs, four an SM up to 32 tokens, three up to 64, two up to 96, else two math
+    warpgroups. Measured on the H200 (2026-12-02; 16 to 256 experts of 16, 32 and 64 expected rows, N x K 4096 x
+    7168 and 7168 x 2048, 6 problems each; tiles by expected_m 16 / 32 / 64: 32, 48 and 80 tokens): at 32 tokens
+    four CTAs an SM were the fastest config offered in 6 of 6 problems (1.07-1.12x two), at 48 tokens three CTAs in 5
+    of 6 (1.03-1.08x two; 0.96x at 16 experts of N 4096; 7ca794f), at 80 tokens two one-warpgroup CTAs in 6 of 6
+    (1.03-1.07x one two-warpgroup CTA, which was 1.08-1.21x the 128-token tile; 2cdd726)."""
     if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0 or num_groups <= 0:
         raise ValueError(f"k must be a positive multiple of 128, n of 16 and num_groups positive, got k = {k}, "
                          f"n = {n}, num_groups = {num_groups}")
-    return min(masked_candidate_configs(expected_m),
-               key=lambda config: estimate_seconds(config, expected_m, n * num_groups, k, num_sms, 2, True))
+    block_t = next(t for t in ALL_BLOCK_TS if t >= min(max(expected_m, 1), MAX_TOKENS))
+    for ctas_per_sm in (4, 3, 2):
+        if can_share_sm(block_t, 1, ctas_per_sm, wide=True):
+            return make_config(block_t, 1, ctas_per_sm=ctas_per_sm)
+    return make_config(block_t, 2)
