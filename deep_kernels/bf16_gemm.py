@@ -182,6 +182,9 @@ def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_
             raise ValueError(f"a BF16 config splits K into at most ceil(K / {BLOCK_K}) parts, got {config.num_splits}")
         if not heuristics.is_legal_tile(config.block_m, config.block_n, mn_major_b=mn_major_b):
             raise ValueError(f"no BF16 kernel for {config.block_m}x{config.block_n} tiles of an N-major b")
+        if config.splits_in_cluster and not fp8_heuristics.has_splits_in_cluster(config, m, n, num_sms):
+            raise ValueError(f"splits in a cluster need tiles x splits <= SMs: "
+                             f"{fp8_heuristics.num_tiles(config, m, n)} tiles x {config.num_splits} splits > {num_sms} SMs")
         kernel = _get_kernel(config, n, k, out_dtype, accumulate, "normal", mn_major_a, mn_major_b)
         grid = (fp8_heuristics.grid_size(config, m, n, num_sms), 1, 1)
         split_layout = (fp8_heuristics.num_unsplit_tiles(config, m, n, num_sms),

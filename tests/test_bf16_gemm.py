@@ -220,6 +220,38 @@ def test_make_config_rejects_illegal_tiles():
         assert heuristics.get_bf16_gemm_config(4096, n, k, NUM_SMS, mn_major_b=True).block_n % 64 == 0
     with pytest.raises(ValueError, match="split-K needs"):
         heuristics.make_config(128, 128, 2, True, num_splits=2)
+    with pytest.raises(ValueError, match="splits in a cluster need"):
+        heuristics.make_config(128, 128, splits_in_cluster=True)
+
+
+def test_cluster_splits_are_offered_where_every_job_gets_a_cta():
+    # Two splits only, each tile's pair of jobs one cluster: tiles x 2 fit the SMs, one M block, long K; never for the
+    # grouped kinds.
+    for m, n, k in ((64, 2112, 7168), (128, 4096, 7168), (64, 7168, 16384)):
+        clustered = [c for c in heuristics.candidate_configs(m, n, NUM_SMS, k=k) if c.splits_in_cluster]
+        assert clustered
+        for config in clustered:
+            assert config.num_splits == 2 and config.num_tma_multicast == 1 and m <= config.block_m <= 128
+            assert fp8_heuristics.has_splits_in_cluster(config, m, n, NUM_SMS)
+            assert config.block_m * config.block_n * 4 <= config.num_stages * (config.block_m + config.block_n) * 128
+            twin = heuristics.make_config(config.block_m, config.block_n, num_splits=2)
+            assert (heuristics.estimate_seconds(config, m, n, k, NUM_SMS) <
+                    heuristics.estimate_seconds(twin, m, n, k, NUM_SMS))
+    assert not any(c.splits_in_cluster for c in heuristics.candidate_configs(4096, 7168, NUM_SMS, k=2048))
+    assert not any(c.splits_in_cluster for c in heuristics.candidate_configs(64, 7168, NUM_SMS, k=2048))
+    assert not any(c.splits_in_cluster for c in heuristics.candidate_configs(64, 7168, NUM_SMS, grouped=True))
+
+
+def test_one_block_64_row_dense_tiles_take_at_most_8_stages():
+    for m, n, k in ((64, 7168, 2048), (64, 2112, 7168), (1, 4096, 7168)):
+        for config in heuristics.candidate_configs(m, n, NUM_SMS, k=k):
+            if config.block_m == 64 and config.block_n >= 64 and not config.splits_in_cluster:
+                assert config.num_stages <= heuristics.MAX_DENSE_STAGES_64_ROWS
+                assert config.smem_bytes == heuristics.smem_bytes(64, config.block_n, config.num_stages, 2)
+    # Two M blocks of 64 rows (M = 128) keep every stage that fits.
+    for config in heuristics.candidate_configs(128, 2112, NUM_SMS, k=7168):
+        if config.block_m == 64:
+            assert config.num_stages == heuristics.max_stages(64, config.block_n, 2)
 
 
 def test_template_args_name_the_bf16_kind():
@@ -254,12 +286,14 @@ def test_smem_bytes_is_the_kernels_carve_up(tmp_path):
 
 
 # Representative kinds: two-warpgroup 128 x 256 tiles, 256-row tiles (two waves) with multicast, a split-K decode
-# tile of one warpgroup, and the masked kind's row-predicated store.
+# tile of one warpgroup, a tile's splits in one cluster, and the masked kind's row-predicated store.
 SASS_KERNELS = [
     heuristics.Bf16CandidateKernel(heuristics.make_config(128, 256), 4096, 7168, "bfloat16", False),
     heuristics.Bf16CandidateKernel(heuristics.make_config(256, 128, 2, True), 7168, 2048, "bfloat16", False),
     heuristics.Bf16CandidateKernel(heuristics.make_config(64, 64, out_dtype_bytes=4, num_splits=4), 2112, 7168,
                                    "float32", True),
+    heuristics.Bf16CandidateKernel(heuristics.make_config(128, 112, num_splits=2, splits_in_cluster=True), 7168, 2048,
+                                   "bfloat16", False),
     heuristics.Bf16CandidateKernel(heuristics.make_config(128, 192), 7168, 2048, "bfloat16", False,
                                    "m_grouped_masked"),
     # TN (both MN-major) with multicast of A, and NN (B N-major) of one warpgroup.
@@ -309,6 +343,17 @@ TRANSPOSED_SHAPES = [(300, 2112, 1040), (4096, 7168, 2048)]
 MN_MAJOR_FORCED = [(256, 128, 2, True, 1, True, True), (128, 192, 2, False, 1, False, True),
                    (64, 256, 1, False, 1, True, False), (128, 128, 1, False, 3, True, True)]
 MASKED_CASES = [([0, 17, 256, 100], 256, 100, 4096, 7168), ([1, 64, 63, 0, 8, 33], 64, 32, 7168, 2048)]
+# (m, n, k, block_m, block_n, output): two splits in a cluster against the workspace split of the same tiles; "c":
+# FP32 D with c added.
+CLUSTER_SPLIT_CASES = [(64, 2112, 7168, 64, 64, "bf16"), (128, 7168, 2048, 128, 112, "bf16"),
+                       (100, 2112, 7168, 64, 64, "c"), (3, 1040, 528, 64, 16, "bf16")]
+
+
+def _cluster_split_configs(block_m: int, block_n: int, mode: str) -> tuple:
+    """(workspace split, splits in a cluster) of two splits."""
+    out_bytes = 4 if mode == "c" else 2
+    return tuple(heuristics.make_config(block_m, block_n, out_dtype_bytes=out_bytes, num_splits=2,
+                                        splits_in_cluster=in_cluster) for in_cluster in (False, True))
 
 
 def _gpu_test_kernels(num_sms: int) -> list:
@@ -325,6 +370,9 @@ def _gpu_test_kernels(num_sms: int) -> list:
     kernels += [heuristics.Bf16CandidateKernel(heuristics.make_config(bm, bn, mc, on_a, num_splits=splits),
                                                *FORCED_SHAPE[1:], "bfloat16", False, "normal", mn_a, mn_b)
                 for bm, bn, mc, on_a, splits, mn_a, mn_b in MN_MAJOR_FORCED]
+    kernels += [heuristics.Bf16CandidateKernel(config, n, k, "float32" if mode == "c" else "bfloat16", mode == "c")
+                for m, n, k, block_m, block_n, mode in CLUSTER_SPLIT_CASES
+                for config in _cluster_split_configs(block_m, block_n, mode)]
     for m, n, k in TRANSPOSED_SHAPES:
         for mn_a, mn_b in ((False, True), (True, True), (True, False)):
             config = heuristics.get_bf16_gemm_config(m, n, k, num_sms, mn_major_b=mn_b)
@@ -383,6 +431,22 @@ def test_forced_tiles_match_reference(block_m, block_n, multicast, on_a, splits)
     a, b = _inputs(m, n, k)
     config = heuristics.make_config(block_m, block_n, multicast, on_a, num_splits=splits)
     _assert_close(_run(a, b, config=config), _reference(a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+@pytest.mark.parametrize("m,n,k,block_m,block_n,mode", CLUSTER_SPLIT_CASES)
+def test_splits_in_cluster_match_reference_and_the_workspace_split(m, n, k, block_m, block_n, mode):
+    # The leader adds the other split's partial sums in split order, as the workspace split's last job does: the same
+    # bits.
+    a, b = _inputs(m, n, k)
+    c = torch.randn((m, n), device="cuda") if mode == "c" else None
+    results = []
+    for config in _cluster_split_configs(block_m, block_n, mode):
+        d = poison_(torch.empty((m, n), device="cuda", dtype=torch.float32 if c is not None else torch.bfloat16))
+        results.append(bf16_gemm._launch_dense(a, b, d, c, config))
+    _assert_close(results[1], _reference(a, b, c))
+    assert_bitwise_equal(results[1], results[0], "d (splits in a cluster against the workspace split)")
 
 
 @pytest.mark.gpu

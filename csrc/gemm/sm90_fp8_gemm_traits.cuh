@@ -339,10 +339,10 @@ struct Sm90Fp8GemmTraits {
     // NOTE: a job's partial sums wait in its stage buffers (A's and B's, contiguous), free once its K loop is done.
     DK_STATIC_ASSERT(!kSplitsInCluster ||
                          (kNumSplits >= 2 && kNumSplits <= 8 && kNumTMAMulticast == 1 && kGemmType == GemmType::Normal &&
-                          kNumMWaves == 1 && kOperands == GemmOperands::Fp8BlockScaled &&
+                          kNumMWaves == 1 && (kOperands == GemmOperands::Fp8BlockScaled || kIsBf16) &&
                           BLOCK_M * BLOCK_N * sizeof(float) <= kNumStages * (kStageABytes + kStageBBytes)),
-                     "splits in a cluster: 2..8 splits, no multicast, the Normal kind with block scales, up to 128 "
-                     "rows, the partial sums fit in the stage buffers");
+                     "splits in a cluster: 2..8 splits, no multicast, the Normal kind with block scales or bf16 "
+                     "operands, up to 128 rows, the partial sums fit in the stage buffers");
     DK_STATIC_ASSERT(!kOwnTiles || ((BLOCK_M == 64 || BLOCK_M == 128) && kGemmType == GemmType::Normal &&
                                     kOperands == GemmOperands::Fp8BlockScaled && kNumSplits == 1 && !kOverlapEpilogue),
                      "own-tile ping-pong: 64- or 128-row tiles per math warpgroup, the Normal kind with block-scaled FP8 "

@@ -12,13 +12,18 @@ multicast, split-K), with what the BF16 kind changes:
 * Tiles may be as wide as one wgmma (256 columns) with one 64-row wave per warpgroup: no partial accumulator
   sets take registers. 256-row tiles (two waves) stay at most 128 wide, Normal kind only.
 * No pipelined flag (the K loop always keeps a group in flight) and no epilogue overlap.
+* Split-K may run a tile's two splits as one cluster (the FP8 kind's splits in a cluster: the leader adds the other's
+  partial sums from its shared memory, CLUSTER_SPLIT_SECONDS in place of the workspace round trip), where one M block
+  holds every row, a tile has at least MIN_CLUSTER_SPLIT_K_BLOCKS K blocks and the tiles x 2 jobs fit the SMs (dense
+  only; CLUSTER_SPLIT_FACTOR: measured).
+* Dense 64-row tiles where M is one such tile take at most MAX_DENSE_STAGES_64_ROWS stages (measured).
 * An N-major B (bf16_gemm_nn / tn) is loaded as 64-column boxes: BLOCK_N a multiple of 64.
 
 Candidates are enumerated in a fixed order (larger tiles first) and ties keep the first, so the choice is
 deterministic.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deep_kernels.heuristics import fp8_gemm
 from deep_kernels.heuristics.fp8_gemm import CandidateKernel, Fp8GemmConfig
@@ -35,6 +40,21 @@ MIN_STAGES = fp8_gemm.MIN_STAGES
 # K loop of one math warpgroup, fp8_gemm.PIPELINED_CONSTANT_SHARE[64]).
 BF16_CONSTANT_SHARE = 0.4
 OPERANDS = "bf16"
+DRAM_BYTES_PER_S = fp8_gemm.DRAM_BYTES_PER_S
+SPLIT_SECONDS = fp8_gemm.SPLIT_SECONDS
+CLUSTER_SPLIT_SECONDS = fp8_gemm.CLUSTER_SPLIT_SECONDS
+OVERLAP_LOSS = fp8_gemm.OVERLAP_LOSS
+# Two splits in a cluster are offered where one M block holds every row and a tile has at least
+# MIN_CLUSTER_SPLIT_K_BLOCKS K blocks, their estimate scaled by CLUSTER_SPLIT_FACTOR. Fitted on the H200 (2026-12-02,
+# 32ecc4f, timed in turns with the previous picks): they ran 1.05-1.10x faster at 64x2112x7168 (64x32 tiles),
+# 64x4096x7168 (64x64), 128x4096x7168 (128x64) and 64x7168x16384 (64x112), 1.00x at 128x7168x16384 (128x112), but
+# 0.81-0.88x at K = 2048 (64x7168x2048, 128x7168x2048: 32 K blocks) and 0.93x over two 64-row M blocks (128x2112x7168).
+MIN_CLUSTER_SPLIT_K_BLOCKS = 64
+CLUSTER_SPLIT_FACTOR = 0.88
+# Dense 64-row tiles at least 64 columns wide where M is one such tile take at most this many stages (the FP8 kind's
+# rule, fp8_gemm.MAX_DENSE_STAGES_64_ROWS): on the H200 (same run) 8 stages ran 1.04x faster than 13 at 64x2112x7168
+# (64x64, 4 splits) and 64x7168x2048 (64x64).
+MAX_DENSE_STAGES_64_ROWS = 8
 # Masked kind: the rows per group the model averages over, as shares of expected_m. masked_m varies around the hint,
 # and a tile whose wave count steps up just past expected_m ran up to 1.18x slower than the next-best one (H200,
 # bf16_gemm suite's masked shapes, 2026-12-02).
@@ -76,9 +96,10 @@ def is_legal_tile(block_m: int, block_n: int, grouped: bool = False, mn_major_b:
 
 def make_config(block_m: int, block_n: int, num_tma_multicast: int = 1, multicast_on_a: bool = False,
                 out_dtype_bytes: int = 2, num_stages: int = None, num_splits: int = 1,
-                smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES, streamed_store: bool = False) -> Fp8GemmConfig:
+                smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES, streamed_store: bool = False,
+                splits_in_cluster: bool = False) -> Fp8GemmConfig:
     """A BF16 config of the given tiling with as many stages as fit (or num_stages); streamed_store: the k-grouped
-    kind's FP32 D staging (smem_bytes)."""
+    kind's FP32 D staging (smem_bytes); splits_in_cluster: a tile's splits as one cluster (module docstring)."""
     if not is_legal_tile(block_m, block_n):
         raise ValueError(f"no BF16 kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n a multiple "
                          f"of 16 up to 256 (at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
@@ -87,12 +108,17 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int = 1, multicas
     stages = num_stages or max_stages(block_m, block_n, out_dtype_bytes, smem_capacity, streamed_store)
     if stages < MIN_STAGES:
         raise ValueError(f"a {block_m}x{block_n} BF16 tile fits only {stages} stages")
+    # NOTE: with splits in a cluster a tile's FP32 partial sums wait in the stage buffers; with bf16 stages they fit
+    # in any MIN_STAGES of a legal tile.
+    if splits_in_cluster and not 2 <= num_splits <= 8:
+        raise ValueError("splits in a cluster need 2..8 splits")
     return Fp8GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_tma_multicast=num_tma_multicast,
                          multicast_on_a=multicast_on_a,
                          swizzle_d_bytes=fp8_gemm.swizzle_d_bytes(block_n, out_dtype_bytes),
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, streamed_store),
                          block_k=BLOCK_K,
-                         num_splits=num_splits, pipelined=False, overlap_epilogue=False)
+                         num_splits=num_splits, pipelined=False, overlap_epilogue=False,
+                         splits_in_cluster=splits_in_cluster)
 
 
 def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
@@ -119,15 +145,20 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     if config.num_splits > 1:
         unsplit = fp8_gemm.num_unsplit_tiles(config, m, n, num_sms)
         partial_bytes = config.block_m * config.block_n * 4
-        job_s = (_ceil_div(k_blocks, config.num_splits) * k_block_s + epilogue_s + fp8_gemm.SPLIT_SECONDS +
-                 config.num_splits * partial_bytes / fp8_gemm.SM_INGEST_BYTES_PER_S)
+        # Splits in a cluster: the leader reads the other splits' partial sums, no workspace round trip.
+        split_s, partials_read = ((CLUSTER_SPLIT_SECONDS, config.num_splits - 1) if config.splits_in_cluster
+                                  else (SPLIT_SECONDS, config.num_splits))
+        job_s = (_ceil_div(k_blocks, config.num_splits) * k_block_s + epilogue_s + split_s +
+                 partials_read * partial_bytes / fp8_gemm.SM_INGEST_BYTES_PER_S)
         busiest_cta_s = unsplit // clusters * tile_s + _ceil_div(units - unsplit, clusters) * job_s
 
     d_passes = 2 if with_accumulation else 1
     dram_bytes = num_groups * ((m + n) * k * OPERAND_BYTES + d_passes * m * n * out_dtype_bytes)
-    dram_s = dram_bytes / fp8_gemm.DRAM_BYTES_PER_S
+    dram_s = dram_bytes / DRAM_BYTES_PER_S
     seconds = (fp8_gemm.LAUNCH_SECONDS + max(busiest_cta_s, dram_s) +
-               fp8_gemm.OVERLAP_LOSS * min(busiest_cta_s, dram_s))
+               OVERLAP_LOSS * min(busiest_cta_s, dram_s))
+    if config.splits_in_cluster:
+        seconds *= CLUSTER_SPLIT_FACTOR
     return seconds * (fp8_gemm.MULTICAST_FACTOR[config.block_m] if config.num_tma_multicast == 2 else 1.0)
 
 
@@ -172,9 +203,20 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gem
                     continue
                 splits = (1,) if k is None else _split_options(m, n, k, block_m, block_n, num_tma_multicast, num_sms)
                 for num_splits in splits:
-                    yield make_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes,
-                                      num_splits=num_splits, smem_capacity=smem_capacity,
-                                      streamed_store=streamed_store)
+                    config = make_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes,
+                                         num_splits=num_splits, smem_capacity=smem_capacity,
+                                         streamed_store=streamed_store)
+                    if k is not None and not grouped and block_m == 64 and m <= 64 and block_n >= 64:
+                        stages = min(config.num_stages, MAX_DENSE_STAGES_64_ROWS)
+                        yield make_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes,
+                                          num_stages=stages, num_splits=num_splits)
+                    else:
+                        yield config
+                    # NOTE: after the workspace split of the same tiles (a tie keeps it), with every stage that fits.
+                    if (1 < num_splits <= fp8_gemm.MAX_CLUSTER_SPLITS and not grouped and m <= block_m and
+                            _ceil_div(k, BLOCK_K) >= MIN_CLUSTER_SPLIT_K_BLOCKS and
+                            _ceil_div(n, block_n) * num_splits <= num_sms):
+                        yield replace(config, splits_in_cluster=True)
 
 
 def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES,
