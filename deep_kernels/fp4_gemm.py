@@ -456,6 +456,19 @@ def _check_contiguous_call(a, sfa, b, sfb, d, m_indices) -> tuple:
     return m, n, k, num_groups, kernel_sfa is sfa
 
 
+def _check_masked_rows(a, sfa, d, masked_m, expected_m, n: int) -> torch.Tensor:
+    """The masked calls' checks past their weights' (a [G, M_max, K] already of dtype, rank and K checked): a's rows
+    and groups, masked_m, d [G, M_max, n] and expected_m; returns sfa as the kernel reads it."""
+    num_groups, m_max, k = a.shape
+    check_row_major_rows(a, "a")
+    if (num_groups > 1 and a.stride(0) < m_max * a.stride(1)) or a.stride(0) % 16 != 0:
+        raise ValueError(f"a's groups must not overlap and start 16-byte aligned, got strides {tuple(a.stride())}")
+    _check_layout_tensor(masked_m, "masked_m", num_groups)
+    _check_bf16_d(d, (num_groups, m_max, n))
+    check_int_range(expected_m, "expected_m", 1, max(m_max, 1))
+    return scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
+
+
 def _check_masked_call(a, sfa, b, sfb, d, masked_m, expected_m) -> tuple:
     """Full validation; returns (M_max, n, k, G, whether sfa is kernel-ready)."""
     check_dtype(a, "a", (torch.float8_e4m3fn,))
@@ -463,13 +476,7 @@ def _check_masked_call(a, sfa, b, sfb, d, masked_m, expected_m) -> tuple:
     num_groups, m_max, k = a.shape
     _check_k(k)
     n = _check_weights(b, sfb, k, num_groups)
-    check_row_major_rows(a, "a")
-    if (num_groups > 1 and a.stride(0) < m_max * a.stride(1)) or a.stride(0) % 16 != 0:
-        raise ValueError(f"a's groups must not overlap and start 16-byte aligned, got strides {tuple(a.stride())}")
-    _check_layout_tensor(masked_m, "masked_m", num_groups)
-    _check_bf16_d(d, (num_groups, m_max, n))
-    check_int_range(expected_m, "expected_m", 1, max(m_max, 1))
-    kernel_sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
+    kernel_sfa = _check_masked_rows(a, sfa, d, masked_m, expected_m, n)
     for tensor, name in ((a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d"), (masked_m, "masked_m")):
         check_cuda_device(tensor, name, like=a)
     return m_max, n, k, num_groups, kernel_sfa is sfa
@@ -598,13 +605,7 @@ def _check_masked_prepared_call(a, sfa, prepared: PreparedFp4Weights, d, masked_
     if n % 16 != 0 or n == 0:
         raise ValueError(f"N must be a positive multiple of 16, got prepared weights of {n} rows")
     check_prepared(prepared.data, n, k, num_groups)
-    check_row_major_rows(a, "a")
-    if (num_groups > 1 and a.stride(0) < m_max * a.stride(1)) or a.stride(0) % 16 != 0:
-        raise ValueError(f"a's groups must not overlap and start 16-byte aligned, got strides {tuple(a.stride())}")
-    _check_layout_tensor(masked_m, "masked_m", num_groups)
-    _check_bf16_d(d, (num_groups, m_max, n))
-    check_int_range(expected_m, "expected_m", 1, max(m_max, 1))
-    kernel_sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
+    kernel_sfa = _check_masked_rows(a, sfa, d, masked_m, expected_m, n)
     for tensor, name in ((a, "a"), (sfa, "sfa"), (prepared.data, "b"), (d, "d"), (masked_m, "masked_m")):
         check_cuda_device(tensor, name, like=a)
     return m_max, k, num_groups, kernel_sfa is sfa
