@@ -1,13 +1,16 @@
-"""Repeated-run stress of the swapped FP4 GEMMs (NVFP4, and MXFP4 with --mxfp4): each case runs one shape and config
-many times into freshly poisoned outputs, compares every run bitwise with the first, checks the first against the
-float64 reference, and summarises each mismatching run (differing elements, rows, column range, worst-row
+"""Repeated-run stress of the swapped FP4 GEMMs (NVFP4, or MXFP4 with --kind mxfp4): each case runs one shape and
+config many times into freshly poisoned outputs, compares every run bitwise with the first, checks the first against
+the float64 reference, and summarises each mismatching run (differing elements, rows, column range, worst-row
 calc_diff). Modes: `sync` (a synchronize after each launch), `burst` (launches back to back, outputs kept), `loaded`
 (as burst while another stream runs BF16 matmuls). After each case the split-K tickets must be zero again.
+--unordered runs the kernels with the plain stage release (kOrderedRelease = false) for comparison; --bench times
+the ordered and the plain release in turns instead.
 
-    python scripts/stress_nvfp4_gemm.py --out DIR [--runs N] [--cases 64x7168x16384:64,2,2 ...] [--precompile]
+    python scripts/stress_nvfp4_gemm.py --out DIR [--kind nvfp4|mxfp4] [--runs N] [--cases 64x7168x16384 ...]
 """
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -15,26 +18,49 @@ from pathlib import Path
 import torch
 
 import deep_kernels
-from deep_kernels import gemm
-from deep_kernels.heuristics import fp8_nvfp4_swap_ab as heuristics
+from deep_kernels import fp4_gemm, gemm, nvfp4_gemm
+from deep_kernels.heuristics import fp8_fp4_swap_ab as mxfp4_heuristics
+from deep_kernels.heuristics import fp8_nvfp4_swap_ab as nvfp4_heuristics
+from deep_kernels.jit import registry
 from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.testing import poison_
-from deep_kernels.testing.fp4_gemm import make_nvfp4_gemm_inputs
+from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs
 from deep_kernels.testing.gemm import gemm_errors
 
 DEFAULT_CASES = ["64x7168x16384", "64x4096x7168", "64x32768x512", "1x7168x16384", "16x4096x7168", "64x2112x7168",
                  "128x7168x16384"]
 
 
-def parse_case(text: str):
-    shape, _, forced = text.partition(":")
-    m, n, k = (int(x) for x in shape.split("x"))
-    if forced:
-        block_t, warpgroups, splits = (int(x) for x in forced.split(","))
-        config = heuristics.make_config(block_t, warpgroups, num_splits=splits)
-    else:
-        config = heuristics.get_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    return m, n, k, config
+
+def with_release_parameter(definition):
+    """The kernel with its trailing kOrderedRelease template parameter exposed (the registry keeps the package's
+    declaration)."""
+    del registry._definitions[definition.entry]
+    try:
+        return dataclasses.replace(definition, template=definition.template + ("kOrderedRelease",))
+    finally:
+        registry._definitions[definition.entry] = definition
+
+
+NVFP4_DEF = with_release_parameter(nvfp4_gemm.FP8_NVFP4_SWAP_AB_GEMM)
+MXFP4_DEF = with_release_parameter(fp4_gemm.FP8_FP4_SWAP_AB_GEMM)
+
+
+def use_release(ordered: bool) -> None:
+    nvfp4_gemm.kernel_spec = lambda config, out_dtype, accumulate: NVFP4_DEF.spec(
+        *nvfp4_heuristics.template_args(config, out_dtype, accumulate), ordered)
+    fp4_gemm.swap_ab_kernel_spec = lambda config, out_dtype, accumulate, prepared=False, masked=False: MXFP4_DEF.spec(
+        *mxfp4_heuristics.template_args(config, out_dtype, accumulate, prepared, masked), ordered)
+
+
+def parse_case(text: str, kind: str):
+    m, n, k = (int(x) for x in text.split("x"))
+    heuristics = nvfp4_heuristics if kind == "nvfp4" else mxfp4_heuristics
+    return m, n, k, heuristics.get_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def make_inputs(m, n, k, kind):
+    return (make_nvfp4_gemm_inputs if kind == "nvfp4" else make_fp4_gemm_inputs)(m, n, k)
 
 
 def mismatch_summary(out: torch.Tensor, first: torch.Tensor, expected: torch.Tensor) -> dict:
@@ -44,12 +70,12 @@ def mismatch_summary(out: torch.Tensor, first: torch.Tensor, expected: torch.Ten
     errors = gemm_errors(out, expected)
     return {"elements": int(differ.sum()), "rows": rows[:16], "num_rows": len(rows),
             "cols": [int(where[:, 1].min()), int(where[:, 1].max())],
-            "col_tiles_of_64": sorted({int(c) // 64 for c in where[:, 1]})[:16],
+            "col_groups_of_16": sorted({int(c) // 16 for c in where[:, 1]})[:16],
             "worst_row": errors["row"], "whole": errors["whole"]}
 
 
-def run_case(m, n, k, config, runs: int, mode: str, out_dir: Path, tag: str) -> dict:
-    a, b = make_nvfp4_gemm_inputs(m, n, k)
+def run_case(kind, m, n, k, config, runs: int, mode: str, out_dir: Path, tag: str) -> dict:
+    a, b = make_inputs(m, n, k, kind)
     expected = reference.fp8_fp4_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
     outs = [poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16)) for _ in range(runs if mode != "sync" else 2)]
     side = torch.cuda.Stream() if mode == "loaded" else None
@@ -70,48 +96,73 @@ def run_case(m, n, k, config, runs: int, mode: str, out_dir: Path, tag: str) -> 
             torch.cuda.synchronize()
             if not torch.equal(d.view(torch.int16), first.view(torch.int16)):
                 mismatches.append((i, mismatch_summary(d, first, expected)))
-                if len(mismatches) <= 3:
-                    torch.save(d.cpu(), out_dir / f"{tag}_run{i}.pt")
     torch.cuda.synchronize()
     if mode != "sync":
         for i in range(1, runs):
             if not torch.equal(outs[i].view(torch.int16), first.view(torch.int16)):
                 mismatches.append((i, mismatch_summary(outs[i], first, expected)))
-                if len(mismatches) <= 3:
-                    torch.save(outs[i].cpu(), out_dir / f"{tag}_run{i}.pt")
     tickets = [int(t) for w in gemm._split_workspaces.values() for t in w.tickets.nonzero().flatten()]
     return {"case": tag, "mode": mode, "config": str(config), "runs": runs, "seconds": round(time.time() - start, 2),
             "first_vs_reference": first_errors, "mismatching_runs": len(mismatches),
             "mismatches": [{"run": i, **s} for i, s in mismatches[:20]], "nonzero_tickets": tickets[:16]}
 
 
+def bench(kind, cases, out_dir: Path) -> None:
+    from deep_kernels.testing.bench import L2Flusher, time_kernels_us
+    flusher = L2Flusher(4 * torch.cuda.get_device_properties(0).L2_cache_size)
+    rows = []
+    for text, (m, n, k, config) in cases:
+        a, b = make_inputs(m, n, k, kind)
+        d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+        calls = [lambda ordered=ordered: (use_release(ordered), deep_kernels.fp8_fp4_gemm_nt(a, b, d, config=config))
+                 for ordered in (True, False)]
+        ordered_us, plain_us = time_kernels_us(calls, flusher, reps=30)
+        rows.append({"kind": kind, "case": text, "config": str(config), "ordered_us": round(ordered_us, 2),
+                     "plain_us": round(plain_us, 2), "ordered_over_plain": round(ordered_us / plain_us, 4)})
+        print(json.dumps(rows[-1]), flush=True)
+    (out_dir / f"bench_{kind}.json").write_text(json.dumps(rows, indent=1))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--kind", default="nvfp4", choices=("nvfp4", "mxfp4"))
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--modes", default="sync,burst,loaded")
     parser.add_argument("--cases", nargs="*", default=DEFAULT_CASES)
-    parser.add_argument("--precompile", action="store_true", help="compile the cases' kernels and exit")
+    parser.add_argument("--unordered", action="store_true", help="the plain stage release (kOrderedRelease false)")
+    parser.add_argument("--precompile", action="store_true", help="compile both variants of the cases' kernels")
+    parser.add_argument("--bench", action="store_true", help="time the ordered and the plain release in turns")
     args = parser.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cases = [parse_case(c) for c in args.cases]
+    cases = [(text, parse_case(text, args.kind)) for text in args.cases]
     if args.precompile:
-        from deep_kernels import nvfp4_gemm
         from deep_kernels.jit.precompile import precompile
-        precompile([nvfp4_gemm.kernel_spec(c, torch.bfloat16, False) for *_, c in cases], progress=False)
+        specs = []
+        for ordered in (True, False):
+            use_release(ordered)
+            for _, (*_, config) in cases:
+                specs.append(nvfp4_gemm.kernel_spec(config, torch.bfloat16, False) if args.kind == "nvfp4"
+                             else fp4_gemm.swap_ab_kernel_spec(config, torch.bfloat16, False))
+        precompile(specs, progress=False)
         return
+    if args.bench:
+        bench(args.kind, cases, out_dir)
+        return
+    use_release(not args.unordered)
+    variant = "plain" if args.unordered else "ordered"
     results = []
-    for text, (m, n, k, config) in zip(args.cases, cases):
+    for text, (m, n, k, config) in cases:
         for mode in args.modes.split(","):
-            result = run_case(m, n, k, config, args.runs, mode, out_dir, f"{text.replace(':', '_')}_{mode}")
+            result = run_case(args.kind, m, n, k, config, args.runs, mode, out_dir, f"{args.kind}_{variant}_{text}_{mode}")
             print(json.dumps({key: result[key] for key in ("case", "config", "runs", "seconds", "mismatching_runs",
                                                            "nonzero_tickets")}), flush=True)
             print("  first vs reference:", result["first_vs_reference"], flush=True)
-            for s in result["mismatches"][:5]:
+            for s in result["mismatches"][:3]:
                 print("  ", json.dumps(s), flush=True)
             results.append(result)
-    (out_dir / "stress.json").write_text(json.dumps(results, indent=1))
+    (out_dir / f"stress_{args.kind}_{variant}.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -323,7 +323,7 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
 // NOTE: K block i + 1's fragments are expanded (into the other register set) while block i's wgmma group runs; the
 // loop is unrolled by two so that each set is named at compile time.
 // `state` is the ring's position at the first block, and after the last one on return.
-template <typename Traits, typename Ring>
+template <typename Traits, bool kOrderedRelease, typename Ring>
 DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2], uint32_t k_block_begin,
                           uint32_t k_block_end, PipelineState<Traits::kNumStages>& state) {
     constexpr uint32_t BLOCK_T = Traits::BLOCK_T;
@@ -394,7 +394,10 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
             partial[0], final_acc, current.scale_lo, current.scale_hi,
             reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes), lane_idx);
-        ring.consumer_release(state, lane_idx);
+        if constexpr (kOrderedRelease)
+            ring.consumer_release_after_loads(state, lane_idx);
+        else
+            ring.consumer_release(state, lane_idx);
         state = next_state;
         return has_next;
     };
@@ -531,7 +534,7 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::BLOCK_T / 2], __
 }  // namespace sm90_fp8_fp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked>
+          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked, bool kOrderedRelease = true>
 __global__ void __launch_bounds__(sm90_fp8_fp4_swap_ab_detail::swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM,
                                                                                    BLOCK_T),
                                   kNumCTAsPerSM)
@@ -597,7 +600,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
             ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
         float final_acc[BLOCK_T / 2];
         for (uint32_t item = blockIdx.x; schedule.get(item, group, t0, tile, num_tokens); item += gridDim.x) {
-            run_k_loop<Traits>(ring, smem, final_acc, 0, num_k_blocks, state);
+            run_k_loop<Traits, kOrderedRelease>(ring, smem, final_acc, 0, num_k_blocks, state);
             store_tile_rows<Traits>(final_acc, d, shape_n, static_cast<uint64_t>(group) * shape_m + t0, num_tokens,
                                     tile * Traits::BLOCK_W);
         }
@@ -623,7 +626,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
         ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
     float final_acc[BLOCK_T / 2];
     PipelineState<kNumStages> state;
-    run_k_loop<Traits>(ring, smem, final_acc, k_block_begin, k_block_end, state);
+    run_k_loop<Traits, kOrderedRelease>(ring, smem, final_acc, k_block_begin, k_block_end, state);
     // NOTE: D's staging reuses the stages, which the other math warpgroup reads until its K loop ends (every stage's
     // loads have landed by then: the math waited for each).
     ptx::named_barrier_sync(static_cast<uint32_t>(SwapAbBarrier::AllMath), kNumMathThreads);

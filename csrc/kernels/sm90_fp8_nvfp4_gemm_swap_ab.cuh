@@ -148,7 +148,7 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
 // set) while block i's wgmma group runs; the loop is unrolled by two so that each set is named at compile time. The
 // f16 tile the next block writes was last read by the previous block's wgmma group, which every thread has waited
 // for before the warpgroup's barrier that precedes this block's group.
-template <typename Traits, typename Ring>
+template <typename Traits, bool kOrderedRelease, typename Ring>
 DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2], float global_scale,
                           uint32_t k_block_begin, uint32_t k_block_end) {
     constexpr uint32_t BLOCK_T = Traits::BLOCK_T;
@@ -210,7 +210,10 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
             partial[0], final_acc, global_scale, global_scale,
             reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes), lane_idx);
-        ring.consumer_release(state, lane_idx);
+        if constexpr (kOrderedRelease)
+            ring.consumer_release_after_loads(state, lane_idx);
+        else
+            ring.consumer_release(state, lane_idx);
         state = next_state;
         return has_next;
     };
@@ -224,7 +227,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
 }  // namespace sm90_fp8_nvfp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumChains, uint32_t kNumCTAsPerSM>
+          uint32_t kNumChains, uint32_t kNumCTAsPerSM, bool kOrderedRelease = true>
 __global__ void __launch_bounds__(128 + 128 * kNumMathWarpgroups, kNumCTAsPerSM)
 sm90_fp8_nvfp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_codes,
                                  const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -275,7 +278,7 @@ sm90_fp8_nvfp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, con
     if constexpr (kNumMathWarpgroups == 2)
         ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
     float final_acc[BLOCK_T / 2];
-    run_k_loop<Traits>(ring, smem, final_acc, __ldg(global_scale), k_block_begin, k_block_end);
+    run_k_loop<Traits, kOrderedRelease>(ring, smem, final_acc, __ldg(global_scale), k_block_begin, k_block_end);
     // NOTE: D's staging reuses the stages, which the other math warpgroup reads until its K loop ends.
     ptx::named_barrier_sync(static_cast<uint32_t>(SwapAbBarrier::AllMath), kNumMathThreads);
     if (num_splits > 1 && !sm90_fp8_fp4_swap_ab_detail::reduce_splits<Traits>(final_acc, split_workspace, split_tickets,
