@@ -3,8 +3,8 @@ config many times into freshly poisoned outputs, compares every run bitwise with
 the float64 reference, and summarises each mismatching run (differing elements, rows, column range, worst-row
 calc_diff). Modes: `sync` (a synchronize after each launch), `burst` (launches back to back, outputs kept), `loaded`
 (as burst while another stream runs BF16 matmuls). After each case the split-K tickets must be zero again.
---unordered runs the kernels with the plain stage release (kOrderedRelease = false) for comparison; --bench times
-the ordered and the plain release in turns instead.
+--release picks how the K loop frees a stage (the kernels' trailing kRelease template parameter: plain, after a fence,
+or deferred past the next block's wgmma group); --bench times the three in turns instead.
 
     python scripts/stress_nvfp4_gemm.py --out DIR [--kind nvfp4|mxfp4] [--runs N] [--cases 64x7168x16384 ...]
 """
@@ -33,11 +33,11 @@ DEFAULT_CASES = ["64x7168x16384", "64x4096x7168", "64x32768x512", "1x7168x16384"
 
 
 def with_release_parameter(definition):
-    """The kernel with its trailing kOrderedRelease template parameter exposed (the registry keeps the package's
+    """The kernel with its trailing kRelease template parameter exposed (the registry keeps the package's
     declaration)."""
     del registry._definitions[definition.entry]
     try:
-        return dataclasses.replace(definition, template=definition.template + ("kOrderedRelease",))
+        return dataclasses.replace(definition, template=definition.template + ("kRelease",))
     finally:
         registry._definitions[definition.entry] = definition
 
@@ -46,11 +46,15 @@ NVFP4_DEF = with_release_parameter(nvfp4_gemm.FP8_NVFP4_SWAP_AB_GEMM)
 MXFP4_DEF = with_release_parameter(fp4_gemm.FP8_FP4_SWAP_AB_GEMM)
 
 
-def use_release(ordered: bool) -> None:
+RELEASES = {"plain": 0, "fence": 1, "deferred": 2}
+
+
+def use_release(release: str) -> None:
+    mode = RELEASES[release]
     nvfp4_gemm.kernel_spec = lambda config, out_dtype, accumulate: NVFP4_DEF.spec(
-        *nvfp4_heuristics.template_args(config, out_dtype, accumulate), ordered)
+        *nvfp4_heuristics.template_args(config, out_dtype, accumulate), mode)
     fp4_gemm.swap_ab_kernel_spec = lambda config, out_dtype, accumulate, prepared=False, masked=False: MXFP4_DEF.spec(
-        *mxfp4_heuristics.template_args(config, out_dtype, accumulate, prepared, masked), ordered)
+        *mxfp4_heuristics.template_args(config, out_dtype, accumulate, prepared, masked), mode)
 
 
 def parse_case(text: str, kind: str):
@@ -114,11 +118,13 @@ def bench(kind, cases, out_dir: Path) -> None:
     for text, (m, n, k, config) in cases:
         a, b = make_inputs(m, n, k, kind)
         d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-        calls = [lambda ordered=ordered: (use_release(ordered), deep_kernels.fp8_fp4_gemm_nt(a, b, d, config=config))
-                 for ordered in (True, False)]
-        ordered_us, plain_us = time_kernels_us(calls, flusher, reps=30)
-        rows.append({"kind": kind, "case": text, "config": str(config), "ordered_us": round(ordered_us, 2),
-                     "plain_us": round(plain_us, 2), "ordered_over_plain": round(ordered_us / plain_us, 4)})
+        calls = [lambda release=release: (use_release(release), deep_kernels.fp8_fp4_gemm_nt(a, b, d, config=config))
+                 for release in RELEASES]
+        plain_us, fence_us, deferred_us = time_kernels_us(calls, flusher, reps=30)
+        rows.append({"kind": kind, "case": text, "config": str(config), "plain_us": round(plain_us, 2),
+                     "fence_us": round(fence_us, 2), "deferred_us": round(deferred_us, 2),
+                     "fence_over_plain": round(fence_us / plain_us, 4),
+                     "deferred_over_plain": round(deferred_us / plain_us, 4)})
         print(json.dumps(rows[-1]), flush=True)
     (out_dir / f"bench_{kind}.json").write_text(json.dumps(rows, indent=1))
 
@@ -130,9 +136,9 @@ def main():
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--modes", default="sync,burst,loaded")
     parser.add_argument("--cases", nargs="*", default=DEFAULT_CASES)
-    parser.add_argument("--unordered", action="store_true", help="the plain stage release (kOrderedRelease false)")
-    parser.add_argument("--precompile", action="store_true", help="compile both variants of the cases' kernels")
-    parser.add_argument("--bench", action="store_true", help="time the ordered and the plain release in turns")
+    parser.add_argument("--release", default="deferred", choices=tuple(RELEASES))
+    parser.add_argument("--precompile", action="store_true", help="compile every release of the cases' kernels")
+    parser.add_argument("--bench", action="store_true", help="time the three releases in turns")
     args = parser.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,8 +146,8 @@ def main():
     if args.precompile:
         from deep_kernels.jit.precompile import precompile
         specs = []
-        for ordered in (True, False):
-            use_release(ordered)
+        for release in RELEASES:
+            use_release(release)
             for _, (*_, config) in cases:
                 specs.append(nvfp4_gemm.kernel_spec(config, torch.bfloat16, False) if args.kind == "nvfp4"
                              else fp4_gemm.swap_ab_kernel_spec(config, torch.bfloat16, False))
@@ -150,8 +156,8 @@ def main():
     if args.bench:
         bench(args.kind, cases, out_dir)
         return
-    use_release(not args.unordered)
-    variant = "plain" if args.unordered else "ordered"
+    use_release(args.release)
+    variant = args.release
     results = []
     for text, (m, n, k, config) in cases:
         for mode in args.modes.split(","):

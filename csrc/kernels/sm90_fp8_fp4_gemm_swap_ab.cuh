@@ -323,7 +323,7 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
 // NOTE: K block i + 1's fragments are expanded (into the other register set) while block i's wgmma group runs; the
 // loop is unrolled by two so that each set is named at compile time.
 // `state` is the ring's position at the first block, and after the last one on return.
-template <typename Traits, bool kOrderedRelease, typename Ring>
+template <typename Traits, uint32_t kRelease, typename Ring>
 DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2], uint32_t k_block_begin,
                           uint32_t k_block_end, PipelineState<Traits::kNumStages>& state) {
     constexpr uint32_t BLOCK_T = Traits::BLOCK_T;
@@ -365,6 +365,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
     constexpr uint32_t kNumChains = Traits::kNumChains;
     float partial[kNumChains][BLOCK_T / 2];
     Fragments frags[2];
+    State previous_state = state;
     expand(frags[0], state);
     // Issues the block's wgmma group from `current`, expands the next block into `next` meanwhile, then promotes the
     // block and frees its stage. Returns whether the split has another block.
@@ -376,6 +377,8 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
             ptx::Fp8WgmmaRegisterA<BLOCK_T>::mma(current.regs[s], desc_a + s * kWgmmaK / 16, partial[s % kNumChains],
                                                  s >= kNumChains ? 1u : 0u);
         ptx::wgmma_commit_group();
+        if constexpr (kRelease == 2)
+            ring.consumer_release_if(previous_state, lane_idx, k_block != k_block_begin);
         State next_state = state;
         next_state.advance();
         const bool has_next = k_block + 1 < k_block_end;
@@ -394,10 +397,11 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
             partial[0], final_acc, current.scale_lo, current.scale_hi,
             reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes), lane_idx);
-        if constexpr (kOrderedRelease)
-            ring.consumer_release_after_loads(state, lane_idx);
-        else
+        if constexpr (kRelease == 0)
             ring.consumer_release(state, lane_idx);
+        else if constexpr (kRelease == 1)
+            ring.consumer_release_after_loads(state, lane_idx);
+        previous_state = state;
         state = next_state;
         return has_next;
     };
@@ -405,6 +409,8 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         if (!step(frags[0], frags[1], k_block) || !step(frags[1], frags[0], k_block + 1))
             break;
     }
+    if constexpr (kRelease == 2)
+        ring.consumer_release_after_loads(previous_state, lane_idx);
 }
 
 // The warpgroup's split-K reduction: stores its partial sums to its slot; the last split of its rows to arrive sums
@@ -534,7 +540,7 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::BLOCK_T / 2], __
 }  // namespace sm90_fp8_fp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked, bool kOrderedRelease = true>
+          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked, uint32_t kRelease = 2>
 __global__ void __launch_bounds__(sm90_fp8_fp4_swap_ab_detail::swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM,
                                                                                    BLOCK_T),
                                   kNumCTAsPerSM)
@@ -600,7 +606,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
             ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
         float final_acc[BLOCK_T / 2];
         for (uint32_t item = blockIdx.x; schedule.get(item, group, t0, tile, num_tokens); item += gridDim.x) {
-            run_k_loop<Traits, kOrderedRelease>(ring, smem, final_acc, 0, num_k_blocks, state);
+            run_k_loop<Traits, kRelease>(ring, smem, final_acc, 0, num_k_blocks, state);
             store_tile_rows<Traits>(final_acc, d, shape_n, static_cast<uint64_t>(group) * shape_m + t0, num_tokens,
                                     tile * Traits::BLOCK_W);
         }
@@ -626,7 +632,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
         ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
     float final_acc[BLOCK_T / 2];
     PipelineState<kNumStages> state;
-    run_k_loop<Traits, kOrderedRelease>(ring, smem, final_acc, k_block_begin, k_block_end, state);
+    run_k_loop<Traits, kRelease>(ring, smem, final_acc, k_block_begin, k_block_end, state);
     // NOTE: D's staging reuses the stages, which the other math warpgroup reads until its K loop ends (every stage's
     // loads have landed by then: the math waited for each).
     ptx::named_barrier_sync(static_cast<uint32_t>(SwapAbBarrier::AllMath), kNumMathThreads);
