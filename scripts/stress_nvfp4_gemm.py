@@ -3,14 +3,11 @@ config many times into freshly poisoned outputs, compares every run bitwise with
 the float64 reference, and summarises each mismatching run (differing elements, rows, column range, worst-row
 calc_diff). Modes: `sync` (a synchronize after each launch), `burst` (launches back to back, outputs kept), `loaded`
 (as burst while another stream runs BF16 matmuls). After each case the split-K tickets must be zero again.
---release picks how the K loop frees a stage (the kernels' trailing kRelease template parameter: plain, after a fence,
-or deferred past the next block's wgmma group); --bench times the three in turns instead.
 
     python scripts/stress_nvfp4_gemm.py --out DIR [--kind nvfp4|mxfp4] [--runs N] [--cases 64x7168x16384 ...]
 """
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -21,7 +18,6 @@ import deep_kernels
 from deep_kernels import fp4_gemm, gemm, nvfp4_gemm
 from deep_kernels.heuristics import fp8_fp4_swap_ab as mxfp4_heuristics
 from deep_kernels.heuristics import fp8_nvfp4_swap_ab as nvfp4_heuristics
-from deep_kernels.jit import registry
 from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.testing import poison_
 from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs
@@ -29,32 +25,6 @@ from deep_kernels.testing.gemm import gemm_errors
 
 DEFAULT_CASES = ["64x7168x16384", "64x4096x7168", "64x32768x512", "1x7168x16384", "16x4096x7168", "64x2112x7168",
                  "128x7168x16384"]
-
-
-
-def with_release_parameter(definition):
-    """The kernel with its trailing kRelease template parameter exposed (the registry keeps the package's
-    declaration)."""
-    del registry._definitions[definition.entry]
-    try:
-        return dataclasses.replace(definition, template=definition.template + ("kRelease",))
-    finally:
-        registry._definitions[definition.entry] = definition
-
-
-NVFP4_DEF = with_release_parameter(nvfp4_gemm.FP8_NVFP4_SWAP_AB_GEMM)
-MXFP4_DEF = with_release_parameter(fp4_gemm.FP8_FP4_SWAP_AB_GEMM)
-
-
-RELEASES = {"plain": 0, "fence": 1, "deferred": 2}
-
-
-def use_release(release: str) -> None:
-    mode = RELEASES[release]
-    nvfp4_gemm.kernel_spec = lambda config, out_dtype, accumulate: NVFP4_DEF.spec(
-        *nvfp4_heuristics.template_args(config, out_dtype, accumulate), mode)
-    fp4_gemm.swap_ab_kernel_spec = lambda config, out_dtype, accumulate, prepared=False, masked=False: MXFP4_DEF.spec(
-        *mxfp4_heuristics.template_args(config, out_dtype, accumulate, prepared, masked), mode)
 
 
 def parse_case(text: str, kind: str):
@@ -111,24 +81,6 @@ def run_case(kind, m, n, k, config, runs: int, mode: str, out_dir: Path, tag: st
             "mismatches": [{"run": i, **s} for i, s in mismatches[:20]], "nonzero_tickets": tickets[:16]}
 
 
-def bench(kind, cases, out_dir: Path) -> None:
-    from deep_kernels.testing.bench import L2Flusher, time_kernels_us
-    flusher = L2Flusher(4 * torch.cuda.get_device_properties(0).L2_cache_size)
-    rows = []
-    for text, (m, n, k, config) in cases:
-        a, b = make_inputs(m, n, k, kind)
-        d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-        calls = [lambda release=release: (use_release(release), deep_kernels.fp8_fp4_gemm_nt(a, b, d, config=config))
-                 for release in RELEASES]
-        plain_us, fence_us, deferred_us = time_kernels_us(calls, flusher, reps=30)
-        rows.append({"kind": kind, "case": text, "config": str(config), "plain_us": round(plain_us, 2),
-                     "fence_us": round(fence_us, 2), "deferred_us": round(deferred_us, 2),
-                     "fence_over_plain": round(fence_us / plain_us, 4),
-                     "deferred_over_plain": round(deferred_us / plain_us, 4)})
-        print(json.dumps(rows[-1]), flush=True)
-    (out_dir / f"bench_{kind}.json").write_text(json.dumps(rows, indent=1))
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -136,39 +88,28 @@ def main():
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--modes", default="sync,burst,loaded")
     parser.add_argument("--cases", nargs="*", default=DEFAULT_CASES)
-    parser.add_argument("--release", default="deferred", choices=tuple(RELEASES))
-    parser.add_argument("--precompile", action="store_true", help="compile every release of the cases' kernels")
-    parser.add_argument("--bench", action="store_true", help="time the three releases in turns")
+    parser.add_argument("--precompile", action="store_true", help="compile the cases' kernels and exit")
     args = parser.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     cases = [(text, parse_case(text, args.kind)) for text in args.cases]
     if args.precompile:
         from deep_kernels.jit.precompile import precompile
-        specs = []
-        for release in RELEASES:
-            use_release(release)
-            for _, (*_, config) in cases:
-                specs.append(nvfp4_gemm.kernel_spec(config, torch.bfloat16, False) if args.kind == "nvfp4"
-                             else fp4_gemm.swap_ab_kernel_spec(config, torch.bfloat16, False))
-        precompile(specs, progress=False)
+        precompile([nvfp4_gemm.kernel_spec(config, torch.bfloat16, False) if args.kind == "nvfp4"
+                    else fp4_gemm.swap_ab_kernel_spec(config, torch.bfloat16, False) for _, (*_, config) in cases],
+                   progress=False)
         return
-    if args.bench:
-        bench(args.kind, cases, out_dir)
-        return
-    use_release(args.release)
-    variant = args.release
     results = []
     for text, (m, n, k, config) in cases:
         for mode in args.modes.split(","):
-            result = run_case(args.kind, m, n, k, config, args.runs, mode, out_dir, f"{args.kind}_{variant}_{text}_{mode}")
+            result = run_case(args.kind, m, n, k, config, args.runs, mode, out_dir, f"{args.kind}_{text}_{mode}")
             print(json.dumps({key: result[key] for key in ("case", "config", "runs", "seconds", "mismatching_runs",
                                                            "nonzero_tickets")}), flush=True)
             print("  first vs reference:", result["first_vs_reference"], flush=True)
             for s in result["mismatches"][:3]:
                 print("  ", json.dumps(s), flush=True)
             results.append(result)
-    (out_dir / f"stress_{args.kind}_{variant}.json").write_text(json.dumps(results, indent=1))
+    (out_dir / f"stress_{args.kind}.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

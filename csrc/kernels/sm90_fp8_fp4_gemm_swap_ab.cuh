@@ -323,7 +323,7 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
 // NOTE: K block i + 1's fragments are expanded (into the other register set) while block i's wgmma group runs; the
 // loop is unrolled by two so that each set is named at compile time.
 // `state` is the ring's position at the first block, and after the last one on return.
-template <typename Traits, uint32_t kRelease, typename Ring>
+template <typename Traits, typename Ring>
 DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2], uint32_t k_block_begin,
                           uint32_t k_block_end, PipelineState<Traits::kNumStages>& state) {
     constexpr uint32_t BLOCK_T = Traits::BLOCK_T;
@@ -367,8 +367,8 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
     Fragments frags[2];
     State previous_state = state;
     expand(frags[0], state);
-    // Issues the block's wgmma group from `current`, expands the next block into `next` meanwhile, then promotes the
-    // block and frees its stage. Returns whether the split has another block.
+    // Issues the block's wgmma group from `current` and frees the previous block's stage, expands the next block into
+    // `next` meanwhile, then promotes the block. Returns whether the split has another block.
     auto step = [&](Fragments& current, Fragments& next, uint32_t k_block) {
         const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes);
         ptx::wgmma_fence();
@@ -377,8 +377,8 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
             ptx::Fp8WgmmaRegisterA<BLOCK_T>::mma(current.regs[s], desc_a + s * kWgmmaK / 16, partial[s % kNumChains],
                                                  s >= kNumChains ? 1u : 0u);
         ptx::wgmma_commit_group();
-        if constexpr (kRelease == 2)
-            ring.consumer_release_if(previous_state, lane_idx, k_block != k_block_begin);
+        // The previous block's stage: its promotion's sfa loads are done (this group overwrites what they feed).
+        ring.consumer_release_if(previous_state, lane_idx, k_block != k_block_begin);
         State next_state = state;
         next_state.advance();
         const bool has_next = k_block + 1 < k_block_end;
@@ -397,10 +397,6 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
             partial[0], final_acc, current.scale_lo, current.scale_hi,
             reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes), lane_idx);
-        if constexpr (kRelease == 0)
-            ring.consumer_release(state, lane_idx);
-        else if constexpr (kRelease == 1)
-            ring.consumer_release_after_loads(state, lane_idx);
         previous_state = state;
         state = next_state;
         return has_next;
@@ -409,8 +405,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         if (!step(frags[0], frags[1], k_block) || !step(frags[1], frags[0], k_block + 1))
             break;
     }
-    if constexpr (kRelease == 2)
-        ring.consumer_release_after_loads(previous_state, lane_idx);
+    ring.consumer_release_after_loads(previous_state, lane_idx);
 }
 
 // The warpgroup's split-K reduction: stores its partial sums to its slot; the last split of its rows to arrive sums
@@ -540,7 +535,7 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::BLOCK_T / 2], __
 }  // namespace sm90_fp8_fp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked, uint32_t kRelease = 2>
+          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked>
 __global__ void __launch_bounds__(sm90_fp8_fp4_swap_ab_detail::swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM,
                                                                                    BLOCK_T),
                                   kNumCTAsPerSM)
@@ -606,7 +601,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
             ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
         float final_acc[BLOCK_T / 2];
         for (uint32_t item = blockIdx.x; schedule.get(item, group, t0, tile, num_tokens); item += gridDim.x) {
-            run_k_loop<Traits, kRelease>(ring, smem, final_acc, 0, num_k_blocks, state);
+            run_k_loop<Traits>(ring, smem, final_acc, 0, num_k_blocks, state);
             store_tile_rows<Traits>(final_acc, d, shape_n, static_cast<uint64_t>(group) * shape_m + t0, num_tokens,
                                     tile * Traits::BLOCK_W);
         }
@@ -632,7 +627,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
         ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
     float final_acc[BLOCK_T / 2];
     PipelineState<kNumStages> state;
-    run_k_loop<Traits, kRelease>(ring, smem, final_acc, k_block_begin, k_block_end, state);
+    run_k_loop<Traits>(ring, smem, final_acc, k_block_begin, k_block_end, state);
     // NOTE: D's staging reuses the stages, which the other math warpgroup reads until its K loop ends (every stage's
     // loads have landed by then: the math waited for each).
     ptx::named_barrier_sync(static_cast<uint32_t>(SwapAbBarrier::AllMath), kNumMathThreads);

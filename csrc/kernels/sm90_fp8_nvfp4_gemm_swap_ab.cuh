@@ -148,7 +148,7 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
 // set) while block i's wgmma group runs; the loop is unrolled by two so that each set is named at compile time. The
 // f16 tile the next block writes was last read by the previous block's wgmma group, which every thread has waited
 // for before the warpgroup's barrier that precedes this block's group.
-template <typename Traits, uint32_t kRelease, typename Ring>
+template <typename Traits, typename Ring>
 DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2], float global_scale,
                           uint32_t k_block_begin, uint32_t k_block_end) {
     constexpr uint32_t BLOCK_T = Traits::BLOCK_T;
@@ -192,8 +192,11 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
                                                  s >= kNumChains ? 1u : 0u);
         }
         ptx::wgmma_commit_group();
-        if constexpr (kRelease == 2)
-            ring.consumer_release_if(previous_state, lane_idx, k_block != k_block_begin);
+        // NOTE: the previous block's stage is freed only now. Its promotion read sfa from the stage with plain loads,
+        // which an arrive does not wait for (ptxas issued it with the last of them in flight, and the producer's
+        // next TMA into the stage could land first); this group's first wgmma overwrites the accumulators that the
+        // promotion's FMAs read, so they, and the loads they wait for, are done by now.
+        ring.consumer_release_if(previous_state, lane_idx, k_block != k_block_begin);
         State next_state = state;
         next_state.advance();
         const bool has_next = k_block + 1 < k_block_end;
@@ -212,10 +215,6 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
             partial[0], final_acc, global_scale, global_scale,
             reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes), lane_idx);
-        if constexpr (kRelease == 0)
-            ring.consumer_release(state, lane_idx);
-        else if constexpr (kRelease == 1)
-            ring.consumer_release_after_loads(state, lane_idx);
         previous_state = state;
         state = next_state;
         return has_next;
@@ -225,14 +224,14 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
             !step(frags[1], frags[0], f16_tiles[1], f16_tiles[0], k_block + 1))
             break;
     }
-    if constexpr (kRelease == 2)
-        ring.consumer_release_after_loads(previous_state, lane_idx);
+    // The last block's stage: no wgmma group follows it, so a fence waits for the promotion's loads.
+    ring.consumer_release_after_loads(previous_state, lane_idx);
 }
 
 }  // namespace sm90_fp8_nvfp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumChains, uint32_t kNumCTAsPerSM, uint32_t kRelease = 2>
+          uint32_t kNumChains, uint32_t kNumCTAsPerSM>
 __global__ void __launch_bounds__(128 + 128 * kNumMathWarpgroups, kNumCTAsPerSM)
 sm90_fp8_nvfp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_codes,
                                  const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -283,7 +282,7 @@ sm90_fp8_nvfp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, con
     if constexpr (kNumMathWarpgroups == 2)
         ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
     float final_acc[BLOCK_T / 2];
-    run_k_loop<Traits, kRelease>(ring, smem, final_acc, __ldg(global_scale), k_block_begin, k_block_end);
+    run_k_loop<Traits>(ring, smem, final_acc, __ldg(global_scale), k_block_begin, k_block_end);
     // NOTE: D's staging reuses the stages, which the other math warpgroup reads until its K loop ends.
     ptx::named_barrier_sync(static_cast<uint32_t>(SwapAbBarrier::AllMath), kNumMathThreads);
     if (num_splits > 1 && !sm90_fp8_fp4_swap_ab_detail::reduce_splits<Traits>(final_acc, split_workspace, split_tickets,
