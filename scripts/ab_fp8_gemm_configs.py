@@ -12,8 +12,8 @@ against float64 (poisoned first); a config above --max-diff fails the run. Print
 config's time and its speed-up over the pick, and cuBLAS's time with each one's speed-up over it.
 
 --soak-s S: after the timing in turns, each config (and cuBLAS) runs back to back for S seconds (no flush) while
-nvidia-smi samples the SM clock and the power every 100 ms; prints per config the mean clock and power over the
-soak's second half, the sustained time per call and the energy per call (power x time).
+nvidia-smi samples the SM clock and the power every 100 ms; prints per config the mean clock and power after the
+soak's first SOAK_WARMUP_S, the sustained time per call and the energy per call (power x time).
 """
 
 import argparse
@@ -117,11 +117,15 @@ def read_smi_log(path: str, fields: list) -> list:
     return samples
 
 
+SOAK_WARMUP_S = 0.15
+
+
 def soak(fn, seconds: float) -> tuple:
-    """Runs fn back to back for about `seconds`; (start, end datetimes of the second half, us per call there)."""
+    """Runs fn back to back for about `seconds`; (start, end datetimes after the first SOAK_WARMUP_S, us per call
+    there)."""
     calls = 0
     begin = time.perf_counter()
-    while time.perf_counter() - begin < seconds / 2:
+    while time.perf_counter() - begin < min(SOAK_WARMUP_S, seconds / 2):
         for _ in range(8):
             fn()
         torch.cuda.synchronize()
@@ -136,7 +140,7 @@ def soak(fn, seconds: float) -> tuple:
 
 
 def soak_report(label: str, window: tuple, samples: list, flops: int) -> dict:
-    """Mean clock and power of the samples inside the soak's second half, with its time and energy per call."""
+    """Mean clock and power of the samples inside the soak's measured part, with its time and energy per call."""
     start, end, us = window
     inside = [row for when, row in samples if start <= when <= end]
     power_field = "power.draw.instant" if inside and isinstance(inside[0].get("power.draw.instant"), float) else \

@@ -100,6 +100,9 @@ BLOCK_SCALED_TWO_WAVE_MATH_FACTOR = 0.97
 # 256x128 with 4 stages (D in 64-column chunks) ran 1.000, 1.009 and 1.002x the same tiles with 3 stages at 7168 x 16384,
 # 4096 x 7168 and 7168 x 2048, and 256x112 with 4 stages 0.80-0.95x the picks.
 STAGED_IN_PARTS_K_BLOCK_FACTOR = None
+# N-units per band of the scheduler's rasterisation unless a config says otherwise, and the most a config may take.
+DEFAULT_RASTER_BAND_N_UNITS = 8
+MAX_RASTER_BAND_N_UNITS = 1024
 OVERLAP_LOSS = 0.25  # share of the smaller of the two bounds that the larger does not hide
 # A partial-tile store, a gpu-scope ticket and the barriers around it: fitted on the H200 (2026-11-30) to
 # the split-K configs of the 12 decode shapes (measured within 0.4 us where split, e.g. 11.8 us at
@@ -239,6 +242,9 @@ class Fp8GemmConfig:
     # multicast on B): where one M block (or one pair multicasting B) reads every line of B once (decode), B's lines make
     # room for the lines that follow.
     evict_first_b: bool = False
+    # N-units (tiles, or pairs multicasting A) per band of the scheduler's rasterisation (the kernel's
+    # kRasterBandNUnits): the CTAs of a wave run a band's M-units x band N-units block of tiles.
+    raster_band_n_units: int = DEFAULT_RASTER_BAND_N_UNITS
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -727,12 +733,14 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
 def config_label(config: Fp8GemmConfig) -> str:
     """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), t (ping-pong: the math warpgroups
     take turns issuing), w (own-tile ping-pong: each math warpgroup owns BLOCK_M x BLOCK_N tiles), c (splits in a
-    cluster), e (evict-first B), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 64x64/2pc, 256x128/1+a, 256x128/1t+a, 64x128/1pw+b."""
+    cluster), e (evict-first B), +a / +b (multicast of A / B), then rN for N-units per rasterisation band other than
+    the default: 128x192/1o, 64x64/4p, 64x64/2pc, 256x128/1+a, 256x128/1t+a, 64x128/1pw+b, 128x192/1or11."""
     flags = (("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "") +
              ("t" if config.ping_pong else "") + ("w" if config.own_tiles else "") +
              ("c" if config.splits_in_cluster else "") + ("e" if config.evict_first_b else ""))
     multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
-    return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
+    band = f"r{config.raster_band_n_units}" if config.raster_band_n_units != DEFAULT_RASTER_BAND_N_UNITS else ""
+    return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}{band}"
 
 
 def config_fields(config: Fp8GemmConfig) -> dict:
@@ -741,7 +749,8 @@ def config_fields(config: Fp8GemmConfig) -> dict:
             "multicast_on_a": config.multicast_on_a, "num_stages": config.num_stages,
             "num_splits": config.num_splits, "pipelined": config.pipelined,
             "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong, "own_tiles": config.own_tiles,
-            "splits_in_cluster": config.splits_in_cluster, "evict_first_b": config.evict_first_b}
+            "splits_in_cluster": config.splits_in_cluster, "evict_first_b": config.evict_first_b,
+            "raster_band_n_units": config.raster_band_n_units}
 
 
 def _output_type(out_dtype) -> tuple:
@@ -790,6 +799,7 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         math_schedule(config),
         "true" if config.splits_in_cluster else "false",
         "true" if config.evict_first_b else "false",
+        str(config.raster_band_n_units),
     ]
 
 
@@ -852,13 +862,20 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
                 pipelined: bool = None, overlap_epilogue: bool = False,
                 operands: str = "fp8_block_scaled", ping_pong: bool = False, own_tiles: bool = False,
-                splits_in_cluster: bool = False, evict_first_b: bool = False) -> Fp8GemmConfig:
+                splits_in_cluster: bool = False, evict_first_b: bool = False,
+                raster_band_n_units: int = None) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
     allows (and the schedule is not ping-pong) unless pipelined says otherwise, for overrides and tests (operands:
-    what a stage holds; own_tiles: the own-tile ping-pong, block_m rows per math warpgroup)."""
+    what a stage holds; own_tiles: the own-tile ping-pong, block_m rows per math warpgroup; raster_band_n_units: N-units
+    per rasterisation band, DEFAULT_RASTER_BAND_N_UNITS unless given)."""
+    if raster_band_n_units is None:
+        raster_band_n_units = DEFAULT_RASTER_BAND_N_UNITS
+    if not 1 <= raster_band_n_units <= MAX_RASTER_BAND_N_UNITS:
+        raise ValueError(f"raster_band_n_units must be in 1..{MAX_RASTER_BAND_N_UNITS}, got {raster_band_n_units}")
     if own_tiles:
-        return _make_own_tile_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes, num_stages,
-                                     num_splits, pipelined, overlap_epilogue, operands, ping_pong)
+        return replace(_make_own_tile_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes,
+                                             num_stages, num_splits, pipelined, overlap_epilogue, operands, ping_pong),
+                       raster_band_n_units=raster_band_n_units)
     if block_m not in BLOCK_MS or block_n not in BLOCK_NS or not is_legal_tile(block_m, block_n):
         raise ValueError(f"no kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n in {BLOCK_NS} "
                          f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
@@ -897,7 +914,8 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands,
                                                d_in_parts=d_in_parts), num_splits=num_splits,
                          pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong,
-                         splits_in_cluster=splits_in_cluster, evict_first_b=evict_first_b)
+                         splits_in_cluster=splits_in_cluster, evict_first_b=evict_first_b,
+                         raster_band_n_units=raster_band_n_units)
 
 
 def _make_own_tile_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
