@@ -1,6 +1,7 @@
 """The scheduler's rasterisation band (Fp8GemmConfig.raster_band_n_units, the kernel's kRasterBandNUnits): it changes
 which tiles a wave's CTAs run together and nothing a tile computes, so D is bitwise the twin config's with the default
-band; checked against float64 of the dequantized inputs with outputs poisoned, run to run, and with a planted bug (one
+band (with a tail split, the band also picks which tiles are split, whose sums then differ in order: there only the
+float64 check and run to run); checked against float64 of the dequantized inputs with outputs poisoned, run to run, and with a planted bug (one
 tile's B rows negated) that the same check rejects. Also the multi-wave tail split at 4096 x 2112 x 7168 (128 x 192
 tiles, three splits of the last partial wave's tiles: two waves of jobs).
 
@@ -95,7 +96,8 @@ def test_matches_reference_and_twin(block_m, block_n, multicast, on_a, overlap, 
     runs = [_product(config, a, b, m, n) for _ in range(2)]
     assert_gemm_close(runs[0], expected)
     assert_bitwise_equal(runs[1], runs[0], "d (run 2)")
-    assert_bitwise_equal(runs[0], _product(twin, a, b, m, n), "d against the twin with the default band")
+    if splits == 1:
+        assert_bitwise_equal(runs[0], _product(twin, a, b, m, n), "d against the twin with the default band")
 
 
 @pytest.mark.gpu
