@@ -316,14 +316,9 @@ def test_pipelined_k_loop_where_registers_allow():
 def test_epilogue_overlap_on_every_128_and_256_row_unsplit_candidate():
     assert not heur.make_config(128, 192, 1, False, 2).overlap_epilogue
     assert heur.make_config(128, 192, 1, False, 2, overlap_epilogue=True).overlap_epilogue
-    for block_m, splits, in_cluster in ((64, 1, False), (64, 2, False), (128, 2, True)):
+    for block_m, splits in ((64, 1), (128, 2)):
         with pytest.raises(ValueError, match="epilogue overlap needs"):
-            heur.make_config(block_m, 128, 1, False, 2, num_splits=splits, overlap_epilogue=True,
-                             splits_in_cluster=in_cluster)
-    # A workspace split-K of 128-row tiles overlaps the store of its whole tiles (forced only: no candidate takes it).
-    assert heur.make_config(128, 192, 1, False, 2, num_splits=3, overlap_epilogue=True).overlap_epilogue
-    with pytest.raises(ValueError, match="epilogue overlap needs"):
-        heur.make_config(128, 128, 1, False, 4, num_splits=2, overlap_epilogue=True, operands="fp8_channel_scaled")
+            heur.make_config(block_m, 128, 1, False, 2, num_splits=splits, overlap_epilogue=True)
     dense = list(heur.candidate_configs(4096, 7168, NUM_SMS, k=2048))
     assert {c.overlap_epilogue for c in dense} == {True, False}
     for config in dense:

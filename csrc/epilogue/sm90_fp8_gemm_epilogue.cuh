@@ -374,13 +374,10 @@ struct Sm90Fp8Epilogue {
         return keys;
     }
 
-    // With split-K the last job reduces into its own final accumulators (one wave). kMayBeSplit = false: the caller
-    // knows the tile is whole (the epilogue overlap stores only such tiles with a wgmma group in flight: the split
-    // reduction's divergent path would make ptxas serialize the wgmma).
-    template <bool kMayBeSplit = true>
+    // With split-K the last job reduces into its own final accumulators (one wave).
     DK_DEVICE void store(const TileInfo& tile, const RowKeys& row_keys,
                          float (&final_acc)[Traits::kNumMWaves][Traits::BLOCK_N / 2]) const {
-        if constexpr (Traits::kNumSplits > 1 && kMayBeSplit) {
+        if constexpr (Traits::kNumSplits > 1) {
             if (tile.num_splits > 1) {
                 if constexpr (Traits::kSplitsInCluster) {
                     if (reduce_splits_in_cluster<Traits>(final_acc[0], split_exchange, tile.split_idx))

@@ -354,13 +354,11 @@ struct Sm90Fp8GemmTraits {
     // split-K reduction is, and (C7514) of the one-warpgroup tiles. The grouped kinds' vote and row-predicated
     // store keep the group in flight only where the K loop has at most two sfb offsets to dispatch on (BLOCK_N a
     // multiple of 64); at 96, 112, 144 and 160 columns ptxas serializes (C7518).
-    DK_STATIC_ASSERT(!kOverlapEpilogue || ((kNumSplits == 1 || (kGemmType == GemmType::Normal && BLOCK_M == 128 &&
-                                                                 kOperands == GemmOperands::Fp8BlockScaled &&
-                                                                 !kSplitsInCluster)) &&
+    DK_STATIC_ASSERT(!kOverlapEpilogue || (kNumSplits == 1 &&
                                            (BLOCK_M == 128 || BLOCK_M == 256) &&
                                            (kGemmType == GemmType::Normal || BLOCK_N % 64 == 0)),
                      "the epilogue overlap is for 128- and 256-row tiles without split-K (grouped: BLOCK_N a multiple "
-                     "of 64; with a workspace split-K: dense block-scaled 128-row tiles, whole tiles only)");
+                     "of 64)");
     // NOTE: ptxas gives the streamed store of two 64-row waves a 1 KB stack frame unless the CTA is in a cluster.
     DK_STATIC_ASSERT(!kStreamedStore || kNumMWaves == 1 || kNumTMAMulticast == 2,
                      "256-row tiles with the streamed FP32 store run in 2-CTA clusters");

@@ -227,12 +227,10 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
             // NOTE: zeroed, so that the copy into `tile` after the last tile copies defined values.
             TileInfo next{};
             has_tile = scheduler.get_next_tile(next);
-            // NOTE: with split-K only a whole tile is stored with the next tile's group in flight; a split job's
-            // store (its partial sums, maybe the reduction) runs after the inner loop, with no group in flight.
             while (has_tile && next.is_valid && has_k_blocks<Traits>(next) &&
-                   has_warpgroup_rows<Traits>(next, mainloop) && (Traits::kNumSplits == 1 || tile.num_splits == 1)) {
+                   has_warpgroup_rows<Traits>(next, mainloop)) {
                 const auto first = mainloop.issue_ahead(next);
-                epilogue.template store<false>(tile, row_keys, mainloop.final_acc);
+                epilogue.store(tile, row_keys, mainloop.final_acc);
                 tile = next;
                 row_keys = epilogue.row_keys_of(tile);
                 mainloop.accumulate(tile, first);

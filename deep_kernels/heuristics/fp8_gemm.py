@@ -580,13 +580,6 @@ def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: b
             (not grouped or block_n % 64 == 0))
 
 
-def has_split_epilogue_overlap(block_m: int, num_splits: int, splits_in_cluster: bool = False,
-                               operands: str = "fp8_block_scaled") -> bool:
-    """Whether a workspace split-K tiling takes the epilogue overlap (the kernel overlaps the store of whole tiles only,
-    a split job's store waits for no group in flight): dense 128-row tiles with block-scaled operands."""
-    return block_m == 128 and num_splits > 1 and not splits_in_cluster and operands == "fp8_block_scaled"
-
-
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
                       out_dtype_bytes: int = 2, k: int = None, grouped: bool = False, block_ms: tuple = BLOCK_MS,
                       operands: str = "fp8_block_scaled"):
@@ -914,10 +907,9 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                          f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
     if num_splits != 1 and (num_tma_multicast != 1 or block_m == 256):
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
-    if overlap_epilogue and not (has_epilogue_overlap(block_m, block_n, num_splits, operands=operands) or
-                                 has_split_epilogue_overlap(block_m, num_splits, splits_in_cluster, operands)):
-        raise ValueError("the epilogue overlap needs block_m 128 (or 256 with block-scaled operands) and num_splits == "
-                         "1 (block_m 128 with block-scaled operands: or a workspace split-K)")
+    if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits, operands=operands):
+        raise ValueError("the epilogue overlap needs num_splits == 1 and block_m 128 (or 256 with block-scaled "
+                         "operands)")
     if splits_in_cluster and not (2 <= num_splits <= 8 and num_tma_multicast == 1 and block_m <= 128 and
                                   operands == "fp8_block_scaled"):
         raise ValueError("splits in a cluster need 2..8 splits, num_tma_multicast == 1, block_m <= 128 and "
@@ -1000,9 +992,6 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
         CandidateKernel(make_config(128, 128, 1, False, 2, overlap_epilogue=True), 32768, 512, "bfloat16", False),
         CandidateKernel(make_config(128, 160, 1, False, 4, overlap_epilogue=True), 7168, 16384, "float32", True),
         CandidateKernel(make_config(128, 192, 2, False, 2, overlap_epilogue=True), 7168, 2048, "bfloat16", False),
-        # The epilogue overlap with a workspace split-K (the tail split's two waves of jobs at 4096 x 2112 x 7168).
-        CandidateKernel(make_config(128, 192, 1, False, 2, num_splits=3, overlap_epilogue=True), 2112, 7168, "bfloat16",
-                        False),
         # The epilogue overlap of 256-row tiles; the M-grouped kinds' 256-row tiles (row-predicated stores of two waves),
         # with and without the overlap.
         CandidateKernel(make_config(256, 128, 2, True, 2, overlap_epilogue=True), 4096, 7168, "bfloat16", False),
