@@ -16,8 +16,7 @@
 // tile c, its CTA of rank r split r); the grid is tiles x kNumSplits CTAs, one job each.
 //
 // Rasterisation: units are walked in bands of kNumNUnitsPerBand N-units; inside a band the N-unit varies
-// fastest, so the CTAs running at the same time touch a compact block of A rows and B rows in L2 (a band as wide as
-// the N-units walks the M-units one after another, each A row block read once).
+// fastest, so the CTAs running at the same time touch a compact block of A rows and B rows in L2.
 //
 // Kinds (GemmType):
 //   Normal               A [M, K], B [N, K], D [M, N].
@@ -85,7 +84,7 @@ struct TileInfo {
 // masked tiles carry their rows below masked_m (TileInfo::num_masked_rows).
 template <GemmType kGemmType, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kNumTMAMulticast,
           bool kIsMulticastOnA, uint32_t kNumSplits = 1, uint32_t kKBlock = 128, bool kSplitsInCluster = false,
-          bool kLookAhead = false, uint32_t kRasterBandNUnits = 8>
+          bool kLookAhead = false>
 struct Scheduler {
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
     DK_STATIC_ASSERT(kNumSplits >= 1 && (kNumSplits == 1 || (kGemmType == GemmType::Normal && kNumTMAMulticast == 1)),
@@ -107,9 +106,8 @@ struct Scheduler {
     static constexpr uint32_t kNumNUnits = kPairsShareM ? ceil_div(kNumNBlocks, 2u) : kNumNBlocks;
     static constexpr bool kPrefetchGroups = kLookAhead && kGemmType == GemmType::MGroupedContiguous;
     static constexpr bool kTracksMaskedRows = kLookAhead && kGemmType == GemmType::MGroupedMasked;
-    // NOTE: 8 N-units per band by default: ~16 concurrent M-blocks x 8 N-blocks per 132-SM wave at large M.
-    DK_STATIC_ASSERT(kRasterBandNUnits >= 1, "a band holds at least one N-unit");
-    static constexpr uint32_t kNumNUnitsPerBand = kRasterBandNUnits;
+    // NOTE: 8 N-units per band: ~16 concurrent M-blocks x 8 N-blocks per 132-SM wave at large M.
+    static constexpr uint32_t kNumNUnitsPerBand = 8;
 
     const uint32_t shape_m;
     const int* const grouped_layout;

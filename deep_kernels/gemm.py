@@ -44,7 +44,7 @@ FP8_GEMM = KernelDef(
     template=("SHAPE_N", "SHAPE_K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "kNumStages", "kNumTMAThreads", "kNumMathThreads",
               "kNumTMAMulticast", "kIsMulticastOnA", "kGemmType", "OutputType", "kWithAccumulation", "kNumSplits",
               "kPipelined", "kOverlapEpilogue", "kOperands", "kIsMNMajorA", "kIsMNMajorB",
-              "kMathSchedule", "kSplitsInCluster", "kEvictFirstB", "kRasterBandNUnits"),
+              "kMathSchedule", "kSplitsInCluster", "kEvictFirstB"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_b", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb", PTR), Param("shape_m", U32), Param("grouped_layout", PTR),
             Param("num_groups", U32), Param("d", PTR), Param("split_workspace", PTR), Param("split_tickets", PTR),
@@ -146,8 +146,7 @@ def get_gemm_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: 
 OVERRIDE_FIELDS = {"block_m": "block_m", "block_n": "block_n", "stages": "num_stages", "multicast": "num_tma_multicast",
                    "multicast_on_a": "multicast_on_a", "splits": "num_splits", "pipelined": "pipelined",
                    "overlap_epilogue": "overlap_epilogue", "ping_pong": "ping_pong", "own_tiles": "own_tiles",
-                   "splits_in_cluster": "splits_in_cluster", "evict_first_b": "evict_first_b",
-                   "raster_band": "raster_band_n_units"}
+                   "splits_in_cluster": "splits_in_cluster", "evict_first_b": "evict_first_b"}
 # The op's name in the measured-tuning store (deep_kernels/tuning.py, `python -m deep_kernels tune`).
 TUNING_OP = "fp8_gemm_nt"
 

@@ -173,6 +173,8 @@ def main() -> None:
     parser.add_argument("--soak-s", type=float, default=0.0, help="seconds of back-to-back runs per config for "
                         "clock and power (0: none)")
     parser.add_argument("--smi-log", default="smi.csv", help="where nvidia-smi's samples go with --soak-s")
+    parser.add_argument("--soak-nk", nargs="*", default=[], help="soak these N x K shapes only (default: all)")
+    parser.add_argument("--soak-reverse", action="store_true", help="soak in order, then again in reverse order")
     args = parser.parse_args()
     num_sms = get_num_sms()
     nks = [tuple(int(v) for v in nk.split("x")) for nk in args.nk]
@@ -221,16 +223,19 @@ def main() -> None:
             print(f"{m}x{n}x{k} {row['label']:>14} {config.num_stages}st {us:8.2f} us {row['tflops']:7.1f} TFLOPS "
                   f"vs pick {row['vs_pick']:.3f} vs cuBLAS {row['vs_cublas']:.3f} diff {diff:.1e}")
         print(f"{m}x{n}x{k} cuBLAS {cublas_us:.2f} us")
-        if smi:
+        if smi and (not args.soak_nk or f"{n}x{k}" in args.soak_nk):
             labels = [heuristics.config_label(config) for config in configs] + (["cuBLAS"] if peers else [])
-            windows = [soak(fn, args.soak_s) for fn in calls + peers]
+            # NOTE: in order, then in reverse, so that the drift of the power state falls on every config alike.
+            order = list(range(len(labels)))
+            order += order[::-1] if args.soak_reverse else []
+            windows = [(i, soak((calls + peers)[i], args.soak_s)) for i in order]
             time.sleep(0.25)
             samples = read_smi_log(args.smi_log, smi[1])
-            for label, window in zip(labels, windows):
-                report = soak_report(label, window, samples, 2 * m * n * k)
+            for i, window in windows:
+                report = soak_report(labels[i], window, samples, 2 * m * n * k)
                 for row in rows:
-                    if (row["m"], row["n"], row["k"], row["label"]) == (m, n, k, label):
-                        row["soak"] = report
+                    if (row["m"], row["n"], row["k"], row["label"]) == (m, n, k, labels[i]):
+                        row.setdefault("soaks", []).append(report)
     if smi:
         smi[0].terminate()
     if args.out:

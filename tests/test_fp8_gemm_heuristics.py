@@ -181,22 +181,17 @@ def test_template_args_order():
         "7168", "2048", "128", "112", "128", "6", "128", "256", "2", "true",
         "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1", "false", "false",
         "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false", "deep_kernels::MathSchedule::Lockstep",
-        "false", "false", "8"]
+        "false", "false"]
     args = heur.template_args(config, 7168, 2048, "torch.float32", True, "m_grouped_masked")
-    assert args[-13:-2] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
+    assert args[-12:-1] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
                           "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false",
                           "deep_kernels::MathSchedule::Lockstep", "false"]
     clustered = heur.make_config(64, 64, 1, False, 2, num_splits=2, splits_in_cluster=True)
-    assert heur.template_args(clustered, 4096, 7168, "bfloat16", False)[20] == "true"
-    banded = heur.make_config(128, 192, 1, False, 2, raster_band_n_units=11)
-    assert heur.template_args(banded, 2112, 7168, "bfloat16", False)[-1] == "11"
-    assert heur.config_label(banded) == "128x192/1r11"
-    with pytest.raises(ValueError, match="raster_band_n_units"):
-        heur.make_config(128, 192, 1, False, 2, raster_band_n_units=1025)
+    assert heur.template_args(clustered, 4096, 7168, "bfloat16", False)[-2] == "true"
     with pytest.raises(ValueError, match="operands"):
         heur.template_args(config, 7168, 2048, "bfloat16", False, operands="fp4")
     assert heur.template_args(heur.make_config(64, 64, 1, False, 2, num_splits=4), 2112, 7168, "bfloat16",
-                              False)[-10:-7] == ["4", "true", "false"]
+                              False)[-9:-6] == ["4", "true", "false"]
     with pytest.raises(ValueError, match="float32"):
         heur.template_args(config, 7168, 2048, "bfloat16", True)
     with pytest.raises(ValueError, match="gemm_type"):
@@ -354,7 +349,7 @@ def test_ping_pong_configs():
     # selects by default; the label shows it.
     config = heur.make_config(256, 128, 2, True, 2, ping_pong=True)
     assert (config.ping_pong, config.pipelined) == (True, False)
-    assert heur.template_args(config, 4096, 7168, "bfloat16", False)[19] == "deep_kernels::MathSchedule::PingPong"
+    assert heur.template_args(config, 4096, 7168, "bfloat16", False)[-3] == "deep_kernels::MathSchedule::PingPong"
     assert heur.config_label(config) == "256x128/1t+a"
     assert heur.make_config(128, 128, 1, False, 2, ping_pong=True).pipelined is False
     assert heur.make_config(128, 128, 1, False, 2).pipelined is True
@@ -385,9 +380,11 @@ def test_ping_pong_is_offered_only_where_its_factor_is_measured(monkeypatch):
 
 
 def test_dense_two_wave_tiles_run_without_a_cluster_where_measured():
-    # At M = 4096 the 256x128 picks run unicast (measured faster than their pairs multicasting A or B); the multicast
-    # twins stay candidates, rated above them; 128 x 192 keeps N = 2112, 24576 and 32768.
-    for n, k in ((7168, 16384), (4096, 7168), (7168, 2048)):
+    # At M = 4096 and up to 56 K blocks the 256x128 picks run unicast (measured faster than their pairs multicasting A or
+    # B); the multicast twins stay candidates, rated above them; 128 x 192 keeps N = 2112, 24576 and 32768, and the pairs
+    # multicasting A keep K = 16384.
+    assert heur.config_label(heur.get_fp8_gemm_config(4096, 7168, 16384, NUM_SMS, allow_split_k=True)) == "256x128/1o+a"
+    for n, k in ((4096, 7168), (7168, 2048)):
         ranked = heur.ranked_configs(4096, n, k, NUM_SMS, allow_split_k=True)
         pick = ranked[0][1]
         assert heur.config_label(pick) == "256x128/1o" and pick.num_stages == 3

@@ -20,8 +20,9 @@ deterministic.
   of the two (they never overlap perfectly; this also ranks configs of DRAM-bound shapes); multicast
   scales it by MULTICAST_FACTOR: on the H200 the pair's lockstep costs 64- and 128-row tiles more than the
   halved L2 reads save, while 256-row tiles (the largest stages) gain from it.
-  The dense kind (ranked_configs) rates a 256-row tile without a cluster, with the epilogue overlap, at most
-  DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST times its multicast twin (measured faster at M = 4096).
+  The dense kind (ranked_configs) rates a 256-row tile without a cluster, with the epilogue overlap and at most
+  DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS K blocks, at most DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST times its multicast twin
+  (measured faster at M = 4096).
 
 Split-K (Normal kind, no multicast). When the tiles of a config are fewer than the SMs, the config is
 also offered with S = 2 .. min(K / 128, num_sms // tiles) splits of every tile (so the jobs, tiles x S, fit
@@ -91,11 +92,13 @@ LAUNCH_SECONDS = 3e-6
 # are the largest, gain (same sweep as the 256-row terms above).
 MULTICAST_FACTOR = {64: 1.05, 128: 1.05, 256: 0.97}
 # The dense kind (block-scaled, one group: ranked_configs): a 256-row tile without a cluster, with the epilogue overlap
-# (at least MIN_TILES_PER_CTA_FOR_OVERLAP tiles a CTA), runs in at most this share of the time of the same tile's pairs
-# multicasting A (or B). On the H200 (2026-12-02, M = 4096, 256x128 tiles, 3 stages, timed in turns) it ran 1.008x
-# (4096 x 7168), 1.009x (7168 x 16384) and 1.040x (7168 x 2048) the pairs multicasting A, and 1.036-1.044x those
-# multicasting B.
+# (at least MIN_TILES_PER_CTA_FOR_OVERLAP tiles a CTA) and at most DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS K blocks, runs in
+# at most this share of the time of the same tile's pairs multicasting A (or B). On the H200 (2026-12-02, M = 4096,
+# 256x128 tiles, 3 stages, timed in turns, two runs) it ran 1.008x and 1.007x (4096 x 7168), 1.040x and 1.039x
+# (7168 x 2048) the pairs multicasting A and 1.03-1.04x those multicasting B; at 7168 x 16384 (128 K blocks) 1.009x and
+# 0.992x the pairs multicasting A, so the longer K loops keep the pairs.
 DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST = 0.992
+DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS = 56
 # Time of a block-scaled 256-row K block over MATH_SECONDS_PER_K_BLOCK[256]: its loop waits for the stage once for both
 # waves and builds the wgmma descriptors in uniform registers (237 -> 204 instructions per K block). On the H200
 # (2026-12-02, timed in turns with cuBLAS) 256x128 with A multicast went from 1.015x to 1.062x cuBLAS at 4096x4096x7168
@@ -108,9 +111,6 @@ BLOCK_SCALED_TWO_WAVE_MATH_FACTOR = 0.97
 # 256x128 with 4 stages (D in 64-column chunks) ran 1.000, 1.009 and 1.002x the same tiles with 3 stages at 7168 x 16384,
 # 4096 x 7168 and 7168 x 2048, and 256x112 with 4 stages 0.80-0.95x the picks.
 STAGED_IN_PARTS_K_BLOCK_FACTOR = None
-# N-units per band of the scheduler's rasterisation unless a config says otherwise, and the most a config may take.
-DEFAULT_RASTER_BAND_N_UNITS = 8
-MAX_RASTER_BAND_N_UNITS = 1024
 OVERLAP_LOSS = 0.25  # share of the smaller of the two bounds that the larger does not hide
 # A partial-tile store, a gpu-scope ticket and the barriers around it: fitted on the H200 (2026-11-30) to
 # the split-K configs of the 12 decode shapes (measured within 0.4 us where split, e.g. 11.8 us at
@@ -250,9 +250,6 @@ class Fp8GemmConfig:
     # multicast on B): where one M block (or one pair multicasting B) reads every line of B once (decode), B's lines make
     # room for the lines that follow.
     evict_first_b: bool = False
-    # N-units (tiles, or pairs multicasting A) per band of the scheduler's rasterisation (the kernel's
-    # kRasterBandNUnits): the CTAs of a wave run a band's M-units x band N-units block of tiles.
-    raster_band_n_units: int = DEFAULT_RASTER_BAND_N_UNITS
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -710,7 +707,7 @@ def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SM
                                              block_ms=block_ms, operands=operands)]
     if not timed:
         raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
-    if operands == "fp8_block_scaled" and num_groups == 1:
+    if operands == "fp8_block_scaled" and num_groups == 1 and _ceil_div(k, BLOCK_K) <= DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS:
         timed = _rate_two_wave_unicast(timed)
     timed.sort(key=lambda pair: pair[0])
     return timed
@@ -719,7 +716,7 @@ def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SM
 def _rate_two_wave_unicast(timed: list) -> list:
     """(seconds, config) pairs with each 256-row unicast config with the epilogue overlap at most
     DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST times its fastest multicast twin (the same config in a 2-CTA cluster): the
-    dense kind's measured rate."""
+    dense kind's measured rate (the caller applies it up to DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS K blocks)."""
     twin_key = lambda config: replace(config, num_tma_multicast=1, multicast_on_a=False)
     fastest_twin = {}
     for seconds, config in timed:
@@ -759,14 +756,12 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
 def config_label(config: Fp8GemmConfig) -> str:
     """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), t (ping-pong: the math warpgroups
     take turns issuing), w (own-tile ping-pong: each math warpgroup owns BLOCK_M x BLOCK_N tiles), c (splits in a
-    cluster), e (evict-first B), +a / +b (multicast of A / B), then rN for N-units per rasterisation band other than
-    the default: 128x192/1o, 64x64/4p, 64x64/2pc, 256x128/1+a, 256x128/1t+a, 64x128/1pw+b, 128x192/1or11."""
+    cluster), e (evict-first B), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 64x64/2pc, 256x128/1+a, 256x128/1t+a, 64x128/1pw+b."""
     flags = (("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "") +
              ("t" if config.ping_pong else "") + ("w" if config.own_tiles else "") +
              ("c" if config.splits_in_cluster else "") + ("e" if config.evict_first_b else ""))
     multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
-    band = f"r{config.raster_band_n_units}" if config.raster_band_n_units != DEFAULT_RASTER_BAND_N_UNITS else ""
-    return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}{band}"
+    return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
 
 
 def config_fields(config: Fp8GemmConfig) -> dict:
@@ -775,8 +770,7 @@ def config_fields(config: Fp8GemmConfig) -> dict:
             "multicast_on_a": config.multicast_on_a, "num_stages": config.num_stages,
             "num_splits": config.num_splits, "pipelined": config.pipelined,
             "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong, "own_tiles": config.own_tiles,
-            "splits_in_cluster": config.splits_in_cluster, "evict_first_b": config.evict_first_b,
-            "raster_band_n_units": config.raster_band_n_units}
+            "splits_in_cluster": config.splits_in_cluster, "evict_first_b": config.evict_first_b}
 
 
 def _output_type(out_dtype) -> tuple:
@@ -825,7 +819,6 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         math_schedule(config),
         "true" if config.splits_in_cluster else "false",
         "true" if config.evict_first_b else "false",
-        str(config.raster_band_n_units),
     ]
 
 
@@ -888,20 +881,13 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
                 pipelined: bool = None, overlap_epilogue: bool = False,
                 operands: str = "fp8_block_scaled", ping_pong: bool = False, own_tiles: bool = False,
-                splits_in_cluster: bool = False, evict_first_b: bool = False,
-                raster_band_n_units: int = None) -> Fp8GemmConfig:
+                splits_in_cluster: bool = False, evict_first_b: bool = False) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
     allows (and the schedule is not ping-pong) unless pipelined says otherwise, for overrides and tests (operands:
-    what a stage holds; own_tiles: the own-tile ping-pong, block_m rows per math warpgroup; raster_band_n_units: N-units
-    per rasterisation band, DEFAULT_RASTER_BAND_N_UNITS unless given)."""
-    if raster_band_n_units is None:
-        raster_band_n_units = DEFAULT_RASTER_BAND_N_UNITS
-    if not 1 <= raster_band_n_units <= MAX_RASTER_BAND_N_UNITS:
-        raise ValueError(f"raster_band_n_units must be in 1..{MAX_RASTER_BAND_N_UNITS}, got {raster_band_n_units}")
+    what a stage holds; own_tiles: the own-tile ping-pong, block_m rows per math warpgroup)."""
     if own_tiles:
-        return replace(_make_own_tile_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes,
-                                             num_stages, num_splits, pipelined, overlap_epilogue, operands, ping_pong),
-                       raster_band_n_units=raster_band_n_units)
+        return _make_own_tile_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes, num_stages,
+                                     num_splits, pipelined, overlap_epilogue, operands, ping_pong)
     if block_m not in BLOCK_MS or block_n not in BLOCK_NS or not is_legal_tile(block_m, block_n):
         raise ValueError(f"no kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n in {BLOCK_NS} "
                          f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
@@ -940,8 +926,7 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands,
                                                d_in_parts=d_in_parts), num_splits=num_splits,
                          pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong,
-                         splits_in_cluster=splits_in_cluster, evict_first_b=evict_first_b,
-                         raster_band_n_units=raster_band_n_units)
+                         splits_in_cluster=splits_in_cluster, evict_first_b=evict_first_b)
 
 
 def _make_own_tile_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,
