@@ -377,3 +377,21 @@ def test_ping_pong_is_offered_only_where_its_factor_is_measured(monkeypatch):
             assert heur.estimate_seconds(c, 4096, 7168, 16384, 132) < heur.estimate_seconds(
                 replace(c, ping_pong=False), 4096, 7168, 16384, 132)
     assert not any(c.ping_pong for c in heur.candidate_configs(4096, 7168, 132, grouped=True))
+
+
+def test_dense_two_wave_tiles_run_without_a_cluster_where_measured():
+    # At M = 4096 and up to 56 K blocks the 256x128 picks run unicast (measured faster than their pairs multicasting A or
+    # B); the multicast twins stay candidates, rated above them; 128 x 192 keeps N = 2112, 24576 and 32768, and the pairs
+    # multicasting A keep K = 16384.
+    assert heur.config_label(heur.get_fp8_gemm_config(4096, 7168, 16384, NUM_SMS, allow_split_k=True)) == "256x128/1o+a"
+    for n, k in ((4096, 7168), (7168, 2048)):
+        ranked = heur.ranked_configs(4096, n, k, NUM_SMS, allow_split_k=True)
+        pick = ranked[0][1]
+        assert heur.config_label(pick) == "256x128/1o" and pick.num_stages == 3
+        twins = [s for s, c in ranked if c == heur.replace(pick, num_tma_multicast=2, multicast_on_a=True)]
+        assert twins and ranked[0][0] == pytest.approx(twins[0] * heur.DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST)
+    for n, k in ((2112, 7168), (24576, 1536), (32768, 512)):
+        assert heur.config_label(heur.get_fp8_gemm_config(4096, n, k, NUM_SMS, allow_split_k=True)) == "128x192/1o"
+    # Not with per-channel B scales (their own kinds' model), nor at decode sizes.
+    assert all(c.block_m < 256 for m in (64, 128) for n, k in ((7168, 16384), (4096, 7168))
+               for c in [heur.get_fp8_gemm_config(m, n, k, NUM_SMS, allow_split_k=True)])

@@ -20,6 +20,9 @@ deterministic.
   of the two (they never overlap perfectly; this also ranks configs of DRAM-bound shapes); multicast
   scales it by MULTICAST_FACTOR: on the H200 the pair's lockstep costs 64- and 128-row tiles more than the
   halved L2 reads save, while 256-row tiles (the largest stages) gain from it.
+  The dense kind (ranked_configs) rates a 256-row tile without a cluster, with the epilogue overlap and at most
+  DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS K blocks, at most DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST times its multicast twin
+  (measured faster at M = 4096).
 
 Split-K (Normal kind, no multicast). When the tiles of a config are fewer than the SMs, the config is
 also offered with S = 2 .. min(K / 128, num_sms // tiles) splits of every tile (so the jobs, tiles x S, fit
@@ -88,6 +91,14 @@ LAUNCH_SECONDS = 3e-6
 # costs the narrower tiles more than the halved L2 reads of the shared operand save; 256-row tiles, whose stages
 # are the largest, gain (same sweep as the 256-row terms above).
 MULTICAST_FACTOR = {64: 1.05, 128: 1.05, 256: 0.97}
+# The dense kind (block-scaled, one group: ranked_configs): a 256-row tile without a cluster, with the epilogue overlap
+# (at least MIN_TILES_PER_CTA_FOR_OVERLAP tiles a CTA) and at most DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS K blocks, runs in
+# at most this share of the time of the same tile's pairs multicasting A (or B). On the H200 (2026-12-02, M = 4096,
+# 256x128 tiles, 3 stages, timed in turns, two runs) it ran 1.008x and 1.007x (4096 x 7168), 1.040x and 1.039x
+# (7168 x 2048) the pairs multicasting A and 1.03-1.04x those multicasting B; at 7168 x 16384 (128 K blocks) 1.009x and
+# 0.992x the pairs multicasting A, so the longer K loops keep the pairs.
+DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST = 0.992
+DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS = 56
 # Time of a block-scaled 256-row K block over MATH_SECONDS_PER_K_BLOCK[256]: its loop waits for the stage once for both
 # waves and builds the wgmma descriptors in uniform registers (237 -> 204 instructions per K block). On the H200
 # (2026-12-02, timed in turns with cuBLAS) 256x128 with A multicast went from 1.015x to 1.062x cuBLAS at 4096x4096x7168
@@ -696,8 +707,26 @@ def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SM
                                              block_ms=block_ms, operands=operands)]
     if not timed:
         raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
+    if operands == "fp8_block_scaled" and num_groups == 1 and _ceil_div(k, BLOCK_K) <= DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS:
+        timed = _rate_two_wave_unicast(timed)
     timed.sort(key=lambda pair: pair[0])
     return timed
+
+
+def _rate_two_wave_unicast(timed: list) -> list:
+    """(seconds, config) pairs with each 256-row unicast config with the epilogue overlap at most
+    DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST times its fastest multicast twin (the same config in a 2-CTA cluster): the
+    dense kind's measured rate (the caller applies it up to DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS K blocks)."""
+    twin_key = lambda config: replace(config, num_tma_multicast=1, multicast_on_a=False)
+    fastest_twin = {}
+    for seconds, config in timed:
+        if config.block_m == 256 and config.num_tma_multicast == 2:
+            key = twin_key(config)
+            fastest_twin[key] = min(fastest_twin.get(key, seconds), seconds)
+    return [(min(seconds, fastest_twin[config] * DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST)
+             if config.block_m == 256 and config.num_tma_multicast == 1 and config.overlap_epilogue and
+             config in fastest_twin else seconds, config)
+            for seconds, config in timed]
 
 
 def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
