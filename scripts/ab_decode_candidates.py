@@ -33,19 +33,16 @@ from deep_kernels.testing.grouped import masked_problem  # noqa: E402
 
 # FP8 dense: (m, n, k) -> labels (sweep_decode_fp8_gemm.label) timed against the model's pick.
 FP8_CANDIDATES = {
-    (64, 7168, 16384): ("64x64/1pes8",),
-    (128, 4096, 7168): ("128x128/4pces5", "64x64/1pes13"),
-    (128, 32768, 512): ("128x128/1pes5",),
+    (64, 7168, 16384): ("64x64/1pes8", "64x64/1pes13", "64x128/2pces8"),
+    (128, 4096, 7168): ("128x128/4pes5", "64x64/1pes13", "128x96/3pes7", "64x128/2pces8", "128x80/2pces7",
+                        "128x64/2pces6"),
+    (128, 32768, 512): ("128x128/1ps4", "128x128/1ps3"),
 }
-# BF16 masked: (G, expected_m, n, k) -> (block_m, block_n) tiles (all stages that fit) timed against the pick.
-BF16_MASKED_CANDIDATES = {
-    (1, 1024, 4096, 7168): ((128, 160), (64, 224)),
-    (2, 512, 4096, 7168): ((128, 144), (64, 192)),
-    (4, 256, 4096, 7168): ((128, 160), (64, 192)),
-    (1, 1024, 7168, 2048): ((64, 144), (64, 240)),
-    (2, 512, 7168, 2048): ((64, 176), (128, 256)),
-    (4, 256, 7168, 2048): ((64, 224), (128, 112)),
-}
+# BF16 masked rows timed (G, expected_m, n, k): the suite's rows at 1-4 experts.
+BF16_MASKED_ROWS = ((1, 1024, 4096, 7168), (2, 512, 4096, 7168), (4, 256, 4096, 7168), (1, 1024, 7168, 2048),
+                    (2, 512, 7168, 2048), (4, 256, 7168, 2048))
+MODEL_TOP = 3
+DRAW_TOP = 4
 MAX_DIFF = 2e-6
 
 
@@ -63,10 +60,46 @@ def masked_draws():
     return draws
 
 
-def bf16_configs(g, expected_m, n, k, hint, num_sms):
+def draw_seconds(config, masked_m, n, k, num_sms):
+    """The BF16 model's busiest-CTA time for the drawn rows (each group's own block count), unicast tiles."""
+    ceil = lambda x, y: -(-x // y)
+    units = sum(ceil(rows, config.block_m) for rows in masked_m) * ceil(n, config.block_n)
+    a, b = heuristics.MATH_SECONDS_PER_K_BLOCK[config.block_m]
+    math_s = a * bf16_heuristics.BF16_CONSTANT_SHARE + b * max(config.block_n, 64)
+    stage = (config.block_m + config.block_n) * bf16_heuristics.BLOCK_K * 2
+    load_s = max(stage / heuristics.SM_INGEST_BYTES_PER_S,
+                 stage * min(units, num_sms) / heuristics.AGGREGATE_INGEST_BYTES_PER_S)
+    tile_s = ceil(k, bf16_heuristics.BLOCK_K) * max(math_s, load_s) + heuristics.EPILOGUE_SECONDS[config.block_m]
+    return ceil(units, num_sms) * tile_s
+
+
+def bf16_configs(g, expected_m, n, k, masked_m, hint, num_sms):
+    """The pick, the model's next MODEL_TOP, the DRAW_TOP unicast tiles fastest for the drawn rows and the fastest
+    64-row one."""
     pick = bf16_heuristics.get_grouped_bf16_gemm_config(bf16_gemm.MASKED, hint, n, k, g, num_sms)
-    tiles = BF16_MASKED_CANDIDATES[(g, expected_m, n, k)]
-    return list(dict.fromkeys([pick] + [bf16_heuristics.make_config(bm, bn) for bm, bn in tiles]))
+    rows = hint
+    candidates = list(bf16_heuristics.candidate_configs(rows, n, num_sms, grouped=True))
+    model = lambda c: sum(bf16_heuristics.estimate_seconds(c, max(round(rows * s), 1), n, k, num_sms, num_groups=g)
+                          for s in bf16_heuristics.MASKED_ROW_SHARES)
+    by_model = sorted(candidates, key=model)[:MODEL_TOP + 1]
+    unicast = [c for c in candidates if c.num_tma_multicast == 1]
+    by_draw = sorted(unicast, key=lambda c: draw_seconds(c, masked_m, n, k, num_sms))
+    rows_64 = [c for c in by_draw if c.block_m == 64][:1]
+    return list(dict.fromkeys([pick] + by_model + by_draw[:DRAW_TOP] + rows_64))
+
+
+class CleanL2Flusher(L2Flusher):
+    """Evicts L2 by reading one byte of every 32-byte sector of the flush buffer (a strided bitwise_not into a buffer
+    1/32 its size): L2 is left holding mostly clean lines, so a timed kernel's loads write back little. Against
+    L2Flusher (which leaves L2 full of dirty lines) it shows what the write-back of others' lines costs a kernel."""
+
+    def __init__(self, l2_bytes: int):
+        super().__init__(l2_bytes)
+        self.sectors = self.buffer.view(torch.int8).view(-1, 32)[:, 0]
+        self.out = torch.empty_like(self.sectors)
+
+    def __call__(self) -> None:
+        torch.bitwise_not(self.sectors, out=self.out)
 
 
 def _cublas(a, b):
@@ -87,13 +120,15 @@ def main() -> None:
     num_sms = get_num_sms()
     draws = masked_draws()
     fp8_work = {shape: fp8_configs(*shape, num_sms) for shape in FP8_CANDIDATES}
-    bf16_work = {key: bf16_configs(*key, draws[key][2], num_sms) for key in BF16_MASKED_CANDIDATES}
+    bf16_work = {key: bf16_configs(*key, draws[key][0], draws[key][2], num_sms) for key in BF16_MASKED_ROWS}
     if args.check:
         specs = [gemm.kernel_spec(c, n, k, torch.bfloat16, False) for (_, n, k), cs in fp8_work.items() for c in cs]
         specs += [bf16_gemm.kernel_spec(c, n, k, torch.bfloat16, False, bf16_gemm.MASKED)
                   for (_, _, n, k), cs in bf16_work.items() for c in cs]
         precompile(list(dict.fromkeys(specs)), progress=False)
-    flusher = L2Flusher(torch.cuda.get_device_properties(0).L2_cache_size) if args.time else None
+    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
+    flusher = L2Flusher(l2_bytes) if args.time else None
+    clean_flusher = CleanL2Flusher(l2_bytes) if args.time else None
     rows, wrong = [], []
     torch.manual_seed(0)
     for (m, n, k), configs in fp8_work.items():
@@ -118,6 +153,10 @@ def main() -> None:
                 print(f"fp8 {m}x{n}x{k} {'pick' if i == 0 else '    '} {label(config):>16} {us:8.2f} us "
                       f"vs pick {times[0] / us:.3f} vs cuBLAS {times[-1] / us:.3f}")
             print(f"fp8 {m}x{n}x{k} cuBLAS {times[-1]:.2f} us", flush=True)
+            clean = time_kernels_us([calls[0], _cublas(a, b)], clean_flusher, reps=args.reps)
+            rows.append({"kind": "fp8_clean_flush", "shape": [m, n, k], "config": label(configs[0]), "us": clean[0],
+                         "cublas_us": clean[1]})
+            print(f"fp8 {m}x{n}x{k} clean L2 flush: pick {clean[0]:.2f} us, cuBLAS {clean[1]:.2f} us", flush=True)
     for (g, expected_m, n, k), configs in bf16_work.items():
         masked_m, m_max, hint = draws[(g, expected_m, n, k)]
         a = random_activations(g * m_max, k).view(g, m_max, k)
