@@ -35,6 +35,7 @@ from deep_kernels.testing.grouped import masked_problem  # noqa: E402
 # FP8 dense: (m, n, k) -> labels (sweep_decode_fp8_gemm.label) timed against the model's pick.
 FP8_CANDIDATES = {
     (64, 7168, 16384): ("64x64/1pes8", "64x64/1pes13", "64x128/2pces8"),
+    (128, 7168, 16384): ("128x64/1pes8",),
     (128, 4096, 7168): ("128x128/4pes5", "64x64/1pes13", "128x96/3pes7", "64x128/2pces8", "128x80/2pces7",
                         "128x64/2pces6"),
     (128, 32768, 512): ("128x128/1ps4", "128x128/1ps3"),
