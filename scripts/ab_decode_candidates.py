@@ -32,23 +32,28 @@ from deep_kernels.testing import calc_diff, random_activations  # noqa: E402
 from deep_kernels.testing.bench import L2Flusher, time_kernels_us  # noqa: E402
 from deep_kernels.testing.grouped import masked_problem  # noqa: E402
 
-# FP8 dense: (m, n, k) -> labels (sweep_decode_fp8_gemm.label) timed against the model's pick.
+# FP8 dense: (m, n, k) -> labels (sweep_decode_fp8_gemm.label) timed against the model's pick: the previous pick
+# first where the pick changed.
 FP8_CANDIDATES = {
-    (64, 7168, 16384): ("64x64/1pes8", "64x64/1pes13", "64x128/2pces8"),
-    (128, 7168, 16384): ("128x64/1pes8",),
-    (128, 4096, 7168): ("128x128/4pes5", "64x64/1pes13", "128x96/3pes7", "64x128/2pces8", "128x80/2pces7",
-                        "128x64/2pces6"),
-    (128, 32768, 512): ("128x128/1ps4", "128x128/1ps3"),
+    (64, 7168, 16384): ("64x112/2pces8", "64x64/1pes10", "64x112/2pces9"),
+    (32, 7168, 16384): ("64x112/2pces8",),
+    (128, 4096, 7168): ("128x64/2pcs8",),
+    (128, 32768, 512): (),
 }
-# BF16 masked rows timed (G, expected_m, n, k): the suite's rows at 1-4 experts.
-BF16_MASKED_ROWS = ((1, 1024, 4096, 7168), (2, 512, 4096, 7168), (4, 256, 4096, 7168), (1, 1024, 7168, 2048),
-                    (2, 512, 7168, 2048), (4, 256, 7168, 2048))
-MODEL_TOP = 3
-DRAW_TOP = 4
-# Masked rows: timed on the suite's draw of masked_m and this many more.
-OTHER_DRAWS = 2
-SPREAD_SAMPLES = 200
+# BF16 masked rows timed (G, expected_m, n, k) -> tiles timed against the pick: the previous pick first where it
+# changed, then the runners-up of the first run.
+BF16_MASKED_CANDIDATES = {
+    (1, 1024, 4096, 7168): ((128, 176), (128, 112)),
+    (2, 512, 4096, 7168): ((128, 160),),
+    (4, 256, 4096, 7168): ((128, 192), (128, 176)),
+    (1, 1024, 7168, 2048): ((128, 128),),
+    (2, 512, 7168, 2048): ((128, 192), (128, 176)),
+    (4, 256, 7168, 2048): ((128, 224), (128, 192)),
+}
+BF16_MASKED_ROWS = tuple(BF16_MASKED_CANDIDATES)
 MAX_DIFF = 2e-6
+# Masked rows: timed on the suite's draw of masked_m and this many more.
+OTHER_DRAWS = 4
 
 
 def fp8_configs(m, n, k, num_sms):
@@ -65,35 +70,11 @@ def masked_draws():
     return draws
 
 
-def draw_seconds(config, masked_m, n, k, num_sms):
-    """The BF16 model's busiest-CTA time for the drawn rows (each group's own block count), unicast tiles."""
-    ceil = lambda x, y: -(-x // y)
-    units = sum(ceil(rows, config.block_m) for rows in masked_m) * ceil(n, config.block_n)
-    a, b = heuristics.MATH_SECONDS_PER_K_BLOCK[config.block_m]
-    math_s = a * bf16_heuristics.BF16_CONSTANT_SHARE + b * max(config.block_n, 64)
-    stage = (config.block_m + config.block_n) * bf16_heuristics.BLOCK_K * 2
-    load_s = max(stage / heuristics.SM_INGEST_BYTES_PER_S,
-                 stage * min(units, num_sms) / heuristics.AGGREGATE_INGEST_BYTES_PER_S)
-    tile_s = ceil(k, bf16_heuristics.BLOCK_K) * max(math_s, load_s) + heuristics.EPILOGUE_SECONDS[config.block_m]
-    return ceil(units, num_sms) * tile_s
-
-
 def bf16_configs(g, expected_m, n, k, masked_m, hint, num_sms):
-    """The pick, the model's next MODEL_TOP, the DRAW_TOP unicast tiles fastest for the drawn rows and for
-    SPREAD_SAMPLES other draws together, and the fastest 64-row one for the drawn rows."""
+    """The pick, then BF16_MASKED_CANDIDATES' tiles (every stage that fits)."""
     pick = bf16_heuristics.get_grouped_bf16_gemm_config(bf16_gemm.MASKED, hint, n, k, g, num_sms)
-    rows = hint
-    candidates = list(bf16_heuristics.candidate_configs(rows, n, num_sms, grouped=True))
-    model = lambda c: sum(bf16_heuristics.estimate_seconds(c, max(round(rows * s), 1), n, k, num_sms, num_groups=g)
-                          for s in bf16_heuristics.MASKED_ROW_SHARES)
-    by_model = sorted(candidates, key=model)[:MODEL_TOP + 1]
-    unicast = [c for c in candidates if c.num_tma_multicast == 1]
-    by_draw = sorted(unicast, key=lambda c: draw_seconds(c, masked_m, n, k, num_sms))
-    rows_64 = [c for c in by_draw if c.block_m == 64][:1]
-    spread_rng = random.Random(1)
-    spread = [masked_problem(g, expected_m, spread_rng)[0] for _ in range(SPREAD_SAMPLES)]
-    by_spread = sorted(unicast, key=lambda c: sum(draw_seconds(c, x, n, k, num_sms) for x in spread))[:DRAW_TOP]
-    return list(dict.fromkeys([pick] + by_model + by_draw[:DRAW_TOP] + by_spread + rows_64))
+    tiles = BF16_MASKED_CANDIDATES[(g, expected_m, n, k)]
+    return list(dict.fromkeys([pick] + [bf16_heuristics.make_config(bm, bn) for bm, bn in tiles]))
 
 
 class CleanL2Flusher(L2Flusher):
