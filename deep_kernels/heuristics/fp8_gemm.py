@@ -131,9 +131,10 @@ MAX_CLUSTER_SPLITS = 2
 # 11.49 us at 128x2112x7168, 16.67 against 17.71 at 128x4096x7168), as did 64x32 tiles (18 stages) and 128-row tiles.
 MAX_DENSE_STAGES_64_ROWS = 8
 # A dense unsplit 64-row tile of one M block running at least LONG_JOB_K_BLOCKS K blocks (K >= 16384) takes every stage
-# that fits, and where such tiles fit one wave (is_long_job_64_rows) its estimate is scaled by LONG_JOB_FACTOR: on the H200 (2026-12-02, L2 flushed before each run,
-# timed in turns) 64x64 unsplit with 13 stages (evict-first B) ran 1.091x and 1.0xx the model's previous pick (64x112,
-# two splits in a cluster, 8 stages) at 64x7168x16384, where B's 117 MB stream from DRAM (with 8 stages 1.056x).
+# that fits, and where M fills the tile and such tiles fit one wave (is_long_job_64_rows) its estimate is scaled by
+# LONG_JOB_FACTOR: on the H200 (2026-12-02, L2 flushed before each run, timed in turns with the previous pick, 64x112
+# with two splits in a cluster and 8 stages) 64x64 unsplit with 13 stages (evict-first B) ran 1.091x and 1.113x faster
+# at 64x7168x16384 (two runs; 10 stages 1.006x 13), where B's 117 MB stream from DRAM; at M = 32 it ran 0.943x.
 LONG_JOB_K_BLOCKS = 128
 LONG_JOB_FACTOR = 0.95
 # Dense tiles take the epilogue overlap only when a CTA runs at least this many tiles: at decode sizes, with one or two
@@ -674,9 +675,9 @@ def dense_stages_64_rows(stages: int, k: int, num_splits: int) -> int:
 
 
 def is_long_job_64_rows(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int) -> bool:
-    """Whether a dense block-scaled config is an unsplit pipelined 64-row tile of one M block, at least 64 columns wide,
-    whose tiles fit one wave and run at least LONG_JOB_K_BLOCKS K blocks each (LONG_JOB_FACTOR)."""
-    return (config.block_m == 64 and m <= 64 and config.block_n >= 64 and config.pipelined and
+    """Whether a dense block-scaled config is an unsplit pipelined 64-row tile that M = 64 fills, at least 64 columns
+    wide, whose tiles fit one wave and run at least LONG_JOB_K_BLOCKS K blocks each (LONG_JOB_FACTOR)."""
+    return (config.block_m == 64 and m == 64 and config.block_n >= 64 and config.pipelined and
             config.num_splits == 1 and config.num_tma_multicast == 1 and num_tiles(config, m, n) <= num_sms and
             _ceil_div(k, BLOCK_K) >= LONG_JOB_K_BLOCKS)
 
