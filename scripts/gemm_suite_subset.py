@@ -1,12 +1,9 @@
-"""The fp8_gemm or bf16_gemm suite in parts, for a run with a time limit: the kernels built first, then the parts run
-in order and the suite's JSON rewritten after each one, so that a run stopped by the limit leaves the parts it
-measured (config_notes then name them).
+"""The fp8_gemm and bf16_gemm suites in parts, for a run with a time limit: the kernels built first, then the parts
+run in order (parts()) and each suite's JSON rewritten after each of its parts, so that a run stopped by the limit
+leaves the parts it measured (config_notes then name them).
 
-    python scripts/gemm_suite_subset.py precompile fp8_gemm|bf16_gemm
-    python scripts/gemm_suite_subset.py run fp8_gemm|bf16_gemm OUT_ROOT COMMIT
-
-fp8_gemm: the rows at M = 64 and 128 (the 12 decode shapes), then those at M = 4096. bf16_gemm: the grouped rows
-(contiguous, then masked), then the dense NT rows, then the TN rows.
+    python scripts/gemm_suite_subset.py precompile fp8_gemm,bf16_gemm
+    python scripts/gemm_suite_subset.py run fp8_gemm,bf16_gemm OUT_ROOT COMMIT     (or one of the two)
 """
 
 import datetime
@@ -44,34 +41,36 @@ def bf16_specs() -> list:
     return suite.kernel_specs(get_num_sms())
 
 
-def parts(suite_name: str) -> list:
-    """(description, function of the context returning rows) of the suite's parts, in order."""
-    if suite_name == "fp8_gemm":
-        from deep_kernels.benchmarks import fp8_gemm
+def parts() -> list:
+    """(suite, description, function of the context returning rows) of both suites' parts, in the order they run:
+    the rows the decode picks change first."""
+    from deep_kernels.benchmarks import bf16_gemm, fp8_gemm
 
-        def rows_at(ms):
-            def run(ctx):
-                fp8_gemm.MS = ms
-                return fp8_gemm.run(ctx)
-            return run
+    def fp8_rows_at(ms):
+        def run(ctx):
+            fp8_gemm.MS = ms
+            return fp8_gemm.run(ctx)
+        return run
 
-        return [("the 12 rows at M = 64 and 128", rows_at(DECODE_MS)), ("the 6 rows at M = 4096", rows_at(LARGE_MS))]
-    from deep_kernels.benchmarks import bf16_gemm
-
-    return [("the 4 contiguous grouped rows", bf16_gemm.contiguous_rows),
-            ("the 10 masked grouped rows", bf16_gemm.masked_rows),
-            ("the 18 NT rows", lambda ctx: bf16_gemm.dense_rows(ctx, bf16_gemm.DENSE_SHAPES)),
-            ("the 6 TN rows", lambda ctx: bf16_gemm.dense_rows(ctx, bf16_gemm.WEIGHT_GRADIENT_SHAPES, "tn"))]
+    return [
+        ("bf16_gemm", "the 10 masked grouped rows", bf16_gemm.masked_rows),
+        ("fp8_gemm", "the 12 rows at M = 64 and 128", fp8_rows_at(DECODE_MS)),
+        ("bf16_gemm", "the 4 contiguous grouped rows", bf16_gemm.contiguous_rows),
+        ("bf16_gemm", "the 18 NT rows", lambda ctx: bf16_gemm.dense_rows(ctx, bf16_gemm.DENSE_SHAPES)),
+        ("bf16_gemm", "the 6 TN rows", lambda ctx: bf16_gemm.dense_rows(ctx, bf16_gemm.WEIGHT_GRADIENT_SHAPES, "tn")),
+        ("fp8_gemm", "the 6 rows at M = 4096", fp8_rows_at(LARGE_MS)),
+    ]
 
 
 def main() -> None:
-    if len(sys.argv) < 3 or sys.argv[2] not in ("fp8_gemm", "bf16_gemm"):
+    suites = sys.argv[2].split(",") if len(sys.argv) > 2 else []
+    if not suites or any(name not in ("fp8_gemm", "bf16_gemm") for name in suites):
         raise SystemExit(__doc__)
-    mode, suite_name = sys.argv[1], sys.argv[2]
+    mode = sys.argv[1]
     if mode == "precompile":
         from deep_kernels.jit.precompile import precompile
 
-        specs = fp8_specs() if suite_name == "fp8_gemm" else bf16_specs()
+        specs = (fp8_specs() if "fp8_gemm" in suites else []) + (bf16_specs() if "bf16_gemm" in suites else [])
         print(f"{len(specs)} kernels")
         precompile(specs, progress=False)
         return
@@ -83,26 +82,26 @@ def main() -> None:
     ctx = BenchContext.create(commit)
     folder = out_root / gpu_folder(ctx.gpu)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{suite_name}.json"
-    rows, done = [], []
-    all_parts = parts(suite_name)
-    for description, part in all_parts:
-        rows += part(ctx)
-        done.append(description)
+    chosen = [part for part in parts() if part[0] in suites]
+    rows = {name: [] for name in suites}
+    done = {name: [] for name in suites}
+    for name, description, part in chosen:
+        rows[name] += part(ctx)
+        done[name].append(description)
+        total = sum(part[0] == name for part in chosen)
         document = {
-            "suite": suite_name, "gpu": ctx.gpu, "date": datetime.date.today().isoformat(),
+            "suite": name, "gpu": ctx.gpu, "date": datetime.date.today().isoformat(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "commit": ctx.commit,
-            "copy_bandwidth_gbps": round(ctx.copy_gbps, 1), "rows": rows, "summary": summarize(rows),
+            "copy_bandwidth_gbps": round(ctx.copy_gbps, 1), "rows": rows[name], "summary": summarize(rows[name]),
+            "config_notes": (f"Subset: {'; '.join(done[name])} of the suite (run in parts within the 30 s bench limit "
+                             "of this run; the other rows were not run at this commit)." if len(done[name]) < total
+                             else "The whole suite, run in parts (rows ordered by part)."),
         }
-        if len(done) < len(all_parts):
-            document["config_notes"] = (f"Subset: {'; '.join(done)} of the suite (run in parts within the 30 s bench "
-                                        "limit of this run; the other rows were not run at this commit).")
-        else:
-            document["config_notes"] = "The whole suite, run in parts (rows ordered by part)."
-        path.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"{description}: {len(rows)} rows written", flush=True)
-    _write_chart(folder / f"{suite_name}.png", suite_name, rows, ctx)
-    print_table(suite_name, rows)
+        (folder / f"{name}.json").write_text(json.dumps(document, indent=2) + "\n")
+        print(f"{name}: {description} written ({len(rows[name])} rows)", flush=True)
+    for name in suites:
+        _write_chart(folder / f"{name}.png", name, rows[name], ctx)
+        print_table(name, rows[name])
 
 
 if __name__ == "__main__":

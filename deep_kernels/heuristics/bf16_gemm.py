@@ -18,6 +18,8 @@ multicast, split-K), with what the BF16 kind changes:
   only; CLUSTER_SPLIT_FACTOR: measured).
 * Dense 64-row tiles where M is one such tile take at most MAX_DENSE_STAGES_64_ROWS stages (measured).
 * An N-major B (bf16_gemm_nn / tn) is loaded as 64-column boxes: BLOCK_N a multiple of 64.
+* Masked kind at 1-4 experts: where a tile was measured faster than the model's pick (MEASURED_MASKED_TILES), that
+  tile; the model's terms miss the last wave's fill of the drawn rows there.
 
 Candidates are enumerated in a fixed order (larger tiles first) and ties keep the first, so the choice is
 deterministic.
