@@ -52,7 +52,8 @@ def test_config_is_legal(m, n, k, out_bytes, accumulate):
     fitting = heur.max_stages(config.block_m, config.block_n, out_bytes)
     if config.block_m == 64 and m <= 64 and config.block_n >= 64:
         assert config.num_stages == heur.dense_stages_64_rows(fitting, k, config.num_splits)
-        assert config.num_stages <= heur.MAX_DENSE_STAGES_64_ROWS
+        if config.num_splits > 1 or -(-k // heur.BLOCK_K) < heur.LONG_JOB_K_BLOCKS:
+            assert config.num_stages <= heur.MAX_DENSE_STAGES_64_ROWS
     else:
         assert config.num_stages == fitting
         assert (config.num_stages == heur.MAX_STAGES or
@@ -231,6 +232,21 @@ def test_decode_shapes_fill_the_sms_in_one_wave(m, n, k):
         assert jobs >= 0.8 * NUM_SMS, (m, n, k, config)
         if config.num_splits > 1:
             assert jobs <= NUM_SMS and heur.grid_size(config, m, n, NUM_SMS) == jobs
+
+
+def test_long_k_full_64_row_block_runs_unsplit_tiles_with_every_stage():
+    # K = 16384 at N = 7168, M = 64: 112 unsplit 64 x 64 tiles of 128 K blocks in one wave, every stage that fits.
+    config = pick(64, 7168, 16384)
+    assert (config.block_m, config.block_n, config.num_splits) == (64, 64, 1), config
+    assert config.pipelined and config.evict_first_b
+    assert config.num_stages == heur.max_stages(64, 64, 2) > heur.MAX_DENSE_STAGES_64_ROWS
+    assert heur.is_long_job_64_rows(config, 64, 7168, 16384, NUM_SMS)
+    # Not where M does not fill the tile, with two M blocks, at K = 7168 (56 K blocks) or with more tiles than SMs.
+    assert not heur.is_long_job_64_rows(config, 32, 7168, 16384, NUM_SMS)
+    assert pick(32, 7168, 16384).num_splits == 2
+    assert pick(128, 7168, 16384).block_m == 128
+    assert pick(64, 4096, 7168).num_splits > 1
+    assert not heur.is_long_job_64_rows(heur.make_config(64, 64, 1, False, 2), 64, 24576, 16384, NUM_SMS)
 
 
 @pytest.mark.parametrize("m", (1, 64, 128))

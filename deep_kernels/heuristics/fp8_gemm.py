@@ -141,6 +141,13 @@ MAX_CLUSTER_SPLITS = 2
 # with 8, 8.99 with 4), while with two M blocks (M = 128) 64x64 tiles ran 4-6% faster with all 13 (10.99 against
 # 11.49 us at 128x2112x7168, 16.67 against 17.71 at 128x4096x7168), as did 64x32 tiles (18 stages) and 128-row tiles.
 MAX_DENSE_STAGES_64_ROWS = 8
+# A dense unsplit 64-row tile of one M block running at least LONG_JOB_K_BLOCKS K blocks (K >= 16384) takes every stage
+# that fits, and where M fills the tile and such tiles fit one wave (is_long_job_64_rows) its estimate is scaled by
+# LONG_JOB_FACTOR: on the H200 (2026-12-02, L2 flushed before each run, timed in turns with the previous pick, 64x112
+# with two splits in a cluster and 8 stages) 64x64 unsplit with 13 stages (evict-first B) ran 1.091x and 1.113x faster
+# at 64x7168x16384 (two runs; 10 stages 1.006x 13), where B's 117 MB stream from DRAM; at M = 32 it ran 0.943x.
+LONG_JOB_K_BLOCKS = 128
+LONG_JOB_FACTOR = 0.95
 # Dense tiles take the epilogue overlap only when a CTA runs at least this many tiles: at decode sizes, with one or two
 # tiles per CTA, the same tiles without it ran 3.5-3.8% faster on the H200 (128x192 at 128x24576x1536 17.71 -> 17.06
 # us, 128x128 at 128x32768x512 10.66 -> 10.29 us).
@@ -670,9 +677,20 @@ def takes_evict_first_b(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: 
 
 def dense_stages_64_rows(stages: int, k: int, num_splits: int) -> int:
     """Stages of a dense block-scaled 64-row tile at least 64 columns wide where M is one tile: at most
-    MAX_DENSE_STAGES_64_ROWS, and no more than a job's K blocks (at least MIN_STAGES), of the `stages` that fit."""
+    MAX_DENSE_STAGES_64_ROWS, and no more than a job's K blocks (at least MIN_STAGES), of the `stages` that fit; a job
+    of at least LONG_JOB_K_BLOCKS K blocks takes them all."""
     job_k_blocks = _ceil_div(_ceil_div(k, BLOCK_K), num_splits)
+    if num_splits == 1 and job_k_blocks >= LONG_JOB_K_BLOCKS:
+        return stages
     return min(stages, MAX_DENSE_STAGES_64_ROWS, max(MIN_STAGES, job_k_blocks))
+
+
+def is_long_job_64_rows(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int) -> bool:
+    """Whether a dense block-scaled config is an unsplit pipelined 64-row tile that M = 64 fills, at least 64 columns
+    wide, whose tiles fit one wave and run at least LONG_JOB_K_BLOCKS K blocks each (LONG_JOB_FACTOR)."""
+    return (config.block_m == 64 and m == 64 and config.block_n >= 64 and config.pipelined and
+            config.num_splits == 1 and config.num_tma_multicast == 1 and num_tiles(config, m, n) <= num_sms and
+            _ceil_div(k, BLOCK_K) >= LONG_JOB_K_BLOCKS)
 
 
 def with_stages(config: Fp8GemmConfig, num_stages: int, out_dtype_bytes: int,
@@ -701,8 +719,14 @@ def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SM
     check_problem(n, k, num_sms)
     m = max(m, 1)
     split_k = k if allow_split_k and num_groups == 1 else None
-    timed = [(estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation, num_groups, operands),
-              config)
+    def modelled_seconds(config) -> float:
+        seconds = estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation, num_groups, operands)
+        # NOTE: split_k marks the dense kind (the decode rules' scope).
+        if split_k is not None and operands == "fp8_block_scaled" and is_long_job_64_rows(config, m, n, k, num_sms):
+            seconds *= LONG_JOB_FACTOR
+        return seconds
+
+    timed = [(modelled_seconds(config), config)
              for config in candidate_configs(m, n, num_sms, smem_capacity, out_dtype_bytes, split_k,
                                              block_ms=block_ms, operands=operands)]
     if not timed:
