@@ -327,7 +327,7 @@ private:
     DK_DEVICE uint32_t second_m_block(uint32_t m_unit) const {
         if constexpr (kHalfBlockTiles && kPairsShareN)
             return half_of_m_unit(2 * m_unit + 1);
-        return kPairsShareN ? 2 * m_unit + 1 : m_unit;
+        return kPairsShareN ? 2 * m_unit + 1 : first_m_block(m_unit);
     }
 
     // Whether an M-block starts a tile: always, but for contiguous 256-row tiles an odd half that starts no segment (or
