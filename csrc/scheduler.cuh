@@ -383,14 +383,29 @@ private:
         }
     }
 
+    // Contiguous 256-row tiles: the even halves' M-units are banded on their own, then the odd halves' (few of which
+    // start a tile), so that every band of work is whole tiles rather than half of it skipped.
     DK_DEVICE void rasterize(uint32_t unit_in_group, uint32_t& m_unit, uint32_t& n_unit) const {
-        const uint32_t band_size = num_m_units(group_num_m_blocks) * kNumNUnitsPerBand;
+        uint32_t first_m_unit = 0;
+        uint32_t num_m = num_m_units(group_num_m_blocks);
+        if constexpr (kHalfBlockTiles) {
+            const uint32_t num_even = num_m_units(ceil_div(group_num_m_blocks, 2u));
+            if (unit_in_group < num_even * kNumNUnits) {
+                num_m = num_even;
+            } else {
+                unit_in_group -= num_even * kNumNUnits;
+                first_m_unit = num_even;
+                num_m -= num_even;
+            }
+        }
+        const uint32_t band_size = num_m * kNumNUnitsPerBand;
         const uint32_t band_idx = unit_in_group / band_size;
         const uint32_t unit_in_band = unit_in_group - band_idx * band_size;
         const uint32_t band_first_n = band_idx * kNumNUnitsPerBand;
         const uint32_t band_width = min(kNumNUnitsPerBand, kNumNUnits - band_first_n);
-        m_unit = unit_in_band / band_width;
-        n_unit = band_first_n + unit_in_band - m_unit * band_width;
+        const uint32_t m_in_band = unit_in_band / band_width;
+        m_unit = first_m_unit + m_in_band;
+        n_unit = band_first_n + unit_in_band - m_in_band * band_width;
     }
 
     DK_DEVICE bool is_valid_block(uint32_t m_block_idx, uint32_t n_block_idx, int group) const {
