@@ -167,7 +167,8 @@ def main() -> None:
     parser.add_argument("--config", nargs="*", default=[], help="DK_FP8_GEMM_CONFIG texts to time against the pick (NxK:text: that shape only)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--compile-only", action="store_true")
-    parser.add_argument("--no-timing", action="store_true", help="run and check each config once (for a profiler)")
+    parser.add_argument("--no-timing", action="store_true", help="run and check each config once, then cuBLAS once "
+                        "(for a profiler)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--max-diff", type=float, default=1e-5)
     parser.add_argument("--soak-s", type=float, default=0.0, help="seconds of back-to-back runs per config for "
@@ -199,6 +200,10 @@ def main() -> None:
             diffs.append(calc_diff(d, expected))
         del expected
         if args.no_timing:
+            try:
+                _cublas(a, b)()  # once, for a profiler's side-by-side
+            except RuntimeError as error:
+                print(f"cuBLAS blockwise failed for {m}x{n}x{k}: {error}")
             for config, diff in zip(configs, diffs):
                 print(f"{m}x{n}x{k} {heuristics.config_label(config):>14} {config.num_stages}st diff {diff:.1e}")
                 if not diff <= args.max_diff:
