@@ -197,7 +197,6 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
         return;
     }
     constexpr bool kPingPong = Traits::kMathSchedule == MathSchedule::PingPong;
-    constexpr bool kNextTileFirst = Traits::kGemmType == GemmType::Normal && Traits::kOperands == GemmOperands::Fp8BlockScaled;
     if constexpr (kPingPong)
         MathTurns(threadIdx.x / kNumThreadsPerWarpgroup).start();
     TileInfo tile;
@@ -224,26 +223,18 @@ DK_DEVICE void run_math_warpgroup(const typename Traits::Stages& stages, const R
                 continue;
             }
             auto row_keys = epilogue.row_keys_of(tile);
+            mainloop.accumulate(tile, std::false_type{});
             // NOTE: zeroed, so that the copy into `tile` after the last tile copies defined values.
             TileInfo next{};
-            // The Normal kind looks up the next tile before the K loop, so that the look-up is not between the tile's
-            // last wgmma group and the next tile's first.
-            if constexpr (kNextTileFirst)
-                has_tile = scheduler.get_next_tile(next);
-            mainloop.accumulate(tile, std::false_type{});
-            if constexpr (!kNextTileFirst)
-                has_tile = scheduler.get_next_tile(next);
+            has_tile = scheduler.get_next_tile(next);
             while (has_tile && next.is_valid && has_k_blocks<Traits>(next) &&
                    has_warpgroup_rows<Traits>(next, mainloop)) {
                 const auto first = mainloop.issue_ahead(next);
                 epilogue.store(tile, row_keys, mainloop.final_acc);
                 tile = next;
                 row_keys = epilogue.row_keys_of(tile);
-                if constexpr (kNextTileFirst)
-                    has_tile = scheduler.get_next_tile(next);
                 mainloop.accumulate(tile, first);
-                if constexpr (!kNextTileFirst)
-                    has_tile = scheduler.get_next_tile(next);
+                has_tile = scheduler.get_next_tile(next);
             }
             epilogue.store(tile, row_keys, mainloop.final_acc);
             tile = next;
