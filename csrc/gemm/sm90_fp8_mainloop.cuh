@@ -138,7 +138,8 @@ struct Sm90Fp8Mainloop {
                                                                               : BLOCK_N / 8);
     using State = PipelineState<Traits::kNumStages>;
     // A tile whose straddle points are not known at compile time (issued ahead): as many sfb blocks as any tile covers.
-    using AnyStraddle = std::integral_constant<uint32_t, Traits::kMaxSfbBlocksPerTile - 1>;
+    using AnyStraddle = std::conditional_t<Traits::kMaxSfbBlocksPerTile == 3, std::integral_constant<uint32_t, 2>,
+                                           std::true_type>;
     static constexpr bool kIsMGrouped =
         Traits::kGemmType == GemmType::MGroupedContiguous || Traits::kGemmType == GemmType::MGroupedMasked;
     // M-grouped two-wave tiles with block scales: where a tile's first K block was issued ahead (the epilogue overlap's
