@@ -384,45 +384,6 @@ def test_check_rejects_a_wrong_activation_scale_row(monkeypatch):
         assert_gemm_close(planted, expected)
 
 
-# (M, N, K) of the three-block tile tests: 176-column tiles over N = 2112 start at every multiple of 16 inside a scale
-# block; those starting 96 or 112 columns in cover three sfb blocks (tile 2: columns 352-527, blocks 2, 3 and 4). 16
-# row blocks x 12 column blocks: more tiles than SMs, so that CTAs issue a next tile's first K block ahead.
-THREE_BLOCK_SHAPE = (2000, 2112, 512)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("overlap", [0, 1])
-def test_three_block_tiles_match_reference(monkeypatch, overlap):
-    # The right result first; then tile 2's third block (block 4) given block 3's scales, as a kernel applying the
-    # second block's scales past it would: the check rejects it.
-    m, n, k = THREE_BLOCK_SHAPE
-    _force_tiles(monkeypatch, 128, 176, overlap_epilogue=overlap)
-    a, (b, sfb) = make_gemm_inputs(m, n, k)
-    config = _chosen_config(m, n, k, torch.bfloat16, False)
-    assert (config.block_m, config.block_n, config.overlap_epilogue) == (128, 176, bool(overlap))
-    expected = _reference(a, (b, sfb))
-    assert_gemm_close(_run(a, (b, sfb)), expected)
-    wrong = sfb.clone()
-    wrong[4] = sfb[3]
-    assert float((wrong / sfb).log2().abs().max()) >= 1
-    planted = _run(a, (b, wrong))
-    assert torch.isfinite(planted).all()
-    with pytest.raises(AssertionError):
-        assert_gemm_close(planted, expected)
-
-
-def test_three_block_tiles_only_where_the_kernel_has_them():
-    # 176 columns: 128-row tiles of the Normal kind with block-scaled operands only, never among the model's picks.
-    assert heuristics.is_legal_tile(128, 176)
-    for args in ((64, 176), (256, 176)):
-        assert not heuristics.is_legal_tile(*args)
-    assert not heuristics.is_legal_tile(128, 176, grouped=True)
-    assert not heuristics.is_legal_tile(128, 176, operands="fp8_channel_scaled")
-    with pytest.raises(ValueError, match="no kernel"):
-        heuristics.make_config(128, 176, 1, False, 2, operands="fp8_channel_scaled")
-    assert all(config.block_n != 176 for config in heuristics.candidate_configs(4096, 2112, 132, k=7168))
-
-
 # ---- split-K (GPU) ----
 
 def _chosen_config(m, n, k, out_dtype, accumulate):

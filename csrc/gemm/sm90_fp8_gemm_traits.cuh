@@ -188,8 +188,6 @@ struct Sm90Fp8GemmTraits {
     // Tiles start at multiples of kTileOffsetStep inside a 128-wide sfb block.
     static constexpr uint32_t kTileOffsetStep = gcd_with_scale_block(BLOCK_N);
     static constexpr uint32_t kNumTileOffsets = kScaleBlock / kTileOffsetStep;
-    // The most 128-wide sfb blocks a tile covers: three only past 128 + kTileOffsetStep columns (176).
-    static constexpr uint32_t kMaxSfbBlocksPerTile = BLOCK_N <= kScaleBlock + kTileOffsetStep ? 2 : 3;
 
     // Register budgets: 128 x 40 + 256 x 232 = 64,512 of 65,536 with two math warpgroups.
     // Pipelined 256-row tiles (four accumulator sets): the producer's 24 leave the math warpgroups 240
@@ -338,10 +336,8 @@ struct Sm90Fp8GemmTraits {
                      "with block scales, lockstep");
     DK_STATIC_ASSERT(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= (kIsBf16 ? kMaxBf16BlockN : 192),
                      "BLOCK_N in 16..192 (BF16: 16..256), a multiple of 16");
-    DK_STATIC_ASSERT(kIsBf16 || kMaxSfbBlocksPerTile == 2 ||
-                         (kOperands == GemmOperands::Fp8BlockScaled && kGemmType == GemmType::Normal &&
-                          kNumMWaves == 1 && !kPipelined),
-                     "a tile covers at most two sfb blocks, three only in the Normal kind's block-scaled plain K loop");
+    DK_STATIC_ASSERT(kIsBf16 || BLOCK_N <= kScaleBlock + gcd_with_scale_block(BLOCK_N),
+                     "a tile covers at most two sfb blocks");
     DK_STATIC_ASSERT(kNumTMAMulticast == 1 || kNumTMAMulticast == 2, "clusters of 1 or 2 CTAs");
     DK_STATIC_ASSERT((!kWithAccumulation || std::is_same_v<OutputType, float>), "accumulation into FP32 D");
     DK_STATIC_ASSERT(kNumSplits >= 1 && (kIsKGrouped || kNumSplits <= kNumKBlocks),

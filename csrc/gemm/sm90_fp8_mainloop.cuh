@@ -23,21 +23,21 @@ namespace deep_kernels {
 
 namespace sm90_fp8_gemm_detail {
 
-// The factors sfa[row] * sfb of one K block for a thread's two rows (lo, hi), against the tile's first, second and
-// third sfb block (the third only in tiles wider than 128 + gcd(BLOCK_N, 128) columns).
+// The factors sfa[row] * sfb of one K block for a thread's two rows (lo, hi), against the tile's first and
+// second sfb block.
 struct PromotionScales {
-    float lo, hi, second_lo, second_hi, third_lo, third_hi;
+    float lo, hi, second_lo, second_hi;
 };
 
 // final += partial * sfa[row] * sfb: accumulator groups (8 columns each) from kSecondGroup on use the
-// second sfb block, from kThirdGroup on the third (kSecondGroup = BLOCK_N / 8: the tile lies in one block).
-template <uint32_t BLOCK_N, uint32_t kSecondGroup, uint32_t kThirdGroup = BLOCK_N / 8>
+// second sfb block (kSecondGroup = BLOCK_N / 8: the tile lies in one block).
+template <uint32_t BLOCK_N, uint32_t kSecondGroup>
 DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2],
                        const PromotionScales& scales) {
 #pragma unroll
     for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
-        const float lo = j < kSecondGroup ? scales.lo : j < kThirdGroup ? scales.second_lo : scales.third_lo;
-        const float hi = j < kSecondGroup ? scales.hi : j < kThirdGroup ? scales.second_hi : scales.third_hi;
+        const float lo = j < kSecondGroup ? scales.lo : scales.second_lo;
+        const float hi = j < kSecondGroup ? scales.hi : scales.second_hi;
         final_acc[j * 4 + 0] += lo * partial[j * 4 + 0];
         final_acc[j * 4 + 1] += lo * partial[j * 4 + 1];
         final_acc[j * 4 + 2] += hi * partial[j * 4 + 2];
@@ -98,12 +98,10 @@ DK_DEVICE void dispatch_index_exhaustive(uint32_t i, F&& f) {
     }
 }
 
-// The rows of sfb (one per K block) of a tile's first 128-wide block of columns and of the next two (the third only
-// for tiles that can cover three).
+// The rows of sfb (one per K block) of a tile's first 128-wide block of columns and of the next one.
 struct SfbBlocks {
     const float* first;
     const float* second;
-    const float* third;
 };
 
 // A K block whose wgmma group was issued ahead (the first of a tile, issued during the previous tile's
@@ -137,9 +135,6 @@ struct Sm90Fp8Mainloop {
             : ((kPreloadRegisters - kAccumulatorRegisters) / 2 < BLOCK_N / 8 ? (kPreloadRegisters - kAccumulatorRegisters) / 2
                                                                               : BLOCK_N / 8);
     using State = PipelineState<Traits::kNumStages>;
-    // A tile whose straddle points are not known at compile time (issued ahead): as many sfb blocks as any tile covers.
-    using AnyStraddle = std::conditional_t<Traits::kMaxSfbBlocksPerTile == 3, std::integral_constant<uint32_t, 2>,
-                                           std::true_type>;
     static constexpr bool kIsMGrouped =
         Traits::kGemmType == GemmType::MGroupedContiguous || Traits::kGemmType == GemmType::MGroupedMasked;
     // M-grouped two-wave tiles with block scales: where a tile's first K block was issued ahead (the epilogue overlap's
@@ -185,10 +180,7 @@ struct Sm90Fp8Mainloop {
         const uint32_t sfb_row = (Traits::kGemmType == GemmType::Normal ? 0 : tile.group_idx * Traits::kNumSfbRows) +
                                  n_first / kScaleBlock;
         const float* first = sfb + sfb_row * kNumKBlocks;
-        const float* second = first + (n_first / kScaleBlock + 1 < Traits::kNumSfbRows ? kNumKBlocks : 0);
-        if constexpr (Traits::kMaxSfbBlocksPerTile < 3)
-            return {first, second, nullptr};
-        return {first, second, second + (n_first / kScaleBlock + 2 < Traits::kNumSfbRows ? kNumKBlocks : 0)};
+        return {first, first + (n_first / kScaleBlock + 1 < Traits::kNumSfbRows ? kNumKBlocks : 0)};
     }
 
     // Waits for the K block's stage (the first wave; the others follow it), issues its wgmma group for the
@@ -228,17 +220,12 @@ struct Sm90Fp8Mainloop {
             // NOTE: sfb comes from global memory; its latency hides behind the wgmma group.
             const float sfb_0 = __ldg(sfb_rows.first + k_block);
             const float sfb_1 = Straddles::value ? __ldg(sfb_rows.second + k_block) : sfb_0;
-            const float sfb_2 = Straddles::value > 1 ? __ldg(sfb_rows.third + k_block) : sfb_1;
             if (wave == 0)
                 ring.consumer_wait(k_state);
             const float* smem_sfa = stages.sfa_stage(k_state.stage) + wave * kWarpgroupBlockM;
             const float sfa_lo = smem_sfa[row_lo()];
             const float sfa_hi = smem_sfa[row_lo() + 8];
-            if constexpr (Straddles::value > 1)
-                scales = {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1,
-                          sfa_hi * sfb_1, sfa_lo * sfb_2, sfa_hi * sfb_2};
-            else
-                scales = {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
+            scales = {sfa_lo * sfb_0, sfa_hi * sfb_0, sfa_lo * sfb_1, sfa_hi * sfb_1};
         }
 
         if constexpr (!kDescriptorsFirst)
@@ -258,7 +245,7 @@ struct Sm90Fp8Mainloop {
 
     // Once at most NumPending later groups are in flight, `acc`'s group is done: frees its stage (after the
     // last wave reading it) and adds it into the wave's final accumulators.
-    template <uint32_t kSecondGroup, uint32_t kThirdGroup, typename NumPending>
+    template <uint32_t kSecondGroup, typename NumPending>
     DK_DEVICE void retire_k_block(NumPending, float (&acc)[BLOCK_N / 2], const PromotionScales& scales,
                                   const State& k_state, uint32_t wave = 0) {
         if constexpr (kNumPreloadedSfb > 0) {
@@ -291,7 +278,7 @@ struct Sm90Fp8Mainloop {
         } else {
             if (wave == kNumMWaves - 1)
                 ring.consumer_release(k_state, lane_idx());
-            promote<BLOCK_N, kSecondGroup, kThirdGroup>(acc, final_acc[wave], scales);
+            promote<BLOCK_N, kSecondGroup>(acc, final_acc[wave], scales);
         }
     }
 
@@ -302,7 +289,7 @@ struct Sm90Fp8Mainloop {
         if constexpr (Traits::kPipelinedHalves) {
             first.scales = issue_first_half(state);
         } else {
-            first.scales = issue_k_block(AnyStraddle{}, sfb_blocks(next), partial, tile_k_block_begin<Traits>(next),
+            first.scales = issue_k_block(std::true_type{}, sfb_blocks(next), partial, tile_k_block_begin<Traits>(next),
                                          state);
             if constexpr (Traits::kPipelinedWaves)
                 first.second_wave_scales = issue_k_block(std::true_type{}, sfb_blocks(next), partial_next,
@@ -363,11 +350,7 @@ private:
         constexpr bool kIssuedAhead = !std::is_same_v<First, std::false_type>;
         constexpr uint32_t kTileOffset = TileOffsetIdx::value * Traits::kTileOffsetStep;
         constexpr uint32_t kSecondGroup = (kScaleBlock - kTileOffset < BLOCK_N ? kScaleBlock - kTileOffset : BLOCK_N) / 8;
-        constexpr uint32_t kThirdGroup =
-            (2 * kScaleBlock - kTileOffset < BLOCK_N ? 2 * kScaleBlock - kTileOffset : BLOCK_N) / 8;
-        // How many sfb blocks past the first the tile covers.
-        constexpr std::integral_constant<uint32_t, (kSecondGroup < BLOCK_N / 8) + (kThirdGroup < BLOCK_N / 8)>
-            kStraddles;
+        constexpr std::integral_constant<bool, (kSecondGroup < BLOCK_N / 8)> kStraddles;
         constexpr std::integral_constant<int, 0> kNoneInFlight;
         constexpr std::integral_constant<int, 1> kOneInFlight;
         const SfbBlocks sfb_rows = sfb_blocks(tile);
@@ -382,7 +365,7 @@ private:
         };
         auto retire = [&](auto num_pending, float(&acc)[BLOCK_N / 2], const PromotionScales& scales,
                           const State& k_state, uint32_t wave = 0) {
-            retire_k_block<kSecondGroup, kThirdGroup>(num_pending, acc, scales, k_state, wave);
+            retire_k_block<kSecondGroup>(num_pending, acc, scales, k_state, wave);
         };
 
 #pragma unroll
@@ -499,14 +482,14 @@ private:
         }
         // The last K block: both waves promoted, its stage freed.
         auto finish = [&]() {
-            retire_k_block<kSecondGroup, BLOCK_N / 8>(kOneInFlight, partial, scales, retiring, 0);
-            retire_k_block<kSecondGroup, BLOCK_N / 8>(kNoneInFlight, partial_next, wave1_scales, retiring, 1);
+            retire_k_block<kSecondGroup>(kOneInFlight, partial, scales, retiring, 0);
+            retire_k_block<kSecondGroup>(kNoneInFlight, partial_next, wave1_scales, retiring, 1);
         };
         // A K block with a next one: each wave promoted, then its group of the next block issued; the stage freed.
         auto step = [&]() {
-            retire_k_block<kSecondGroup, BLOCK_N / 8>(kOneInFlight, partial, scales, retiring, 0);
+            retire_k_block<kSecondGroup>(kOneInFlight, partial, scales, retiring, 0);
             scales = issue_k_block(Straddles{}, sfb_rows, partial, k_block + 1, state);
-            retire_k_block<kSecondGroup, BLOCK_N / 8>(kOneInFlight, partial_next, wave1_scales, retiring, 1);
+            retire_k_block<kSecondGroup>(kOneInFlight, partial_next, wave1_scales, retiring, 1);
             wave1_scales = issue_k_block(Straddles{}, sfb_rows, partial_next, k_block + 1, state, 1);
             retiring = state;
             state.advance();

@@ -57,9 +57,6 @@ BLOCK_MS = (64, 128, 256)
 # Multiples of 16 up to 192 (two 64 x N accumulator sets per thread must fit in 232 registers) whose
 # tiles cover at most two 128-wide sfb blocks: BLOCK_N <= 128 + gcd(BLOCK_N, 128).
 BLOCK_NS = tuple(n for n in range(16, 193, 16) if n <= 128 + math.gcd(n, 128))
-# Tiles covering three sfb blocks (the kernel's kMaxSfbBlocksPerTile): 128 rows, the Normal kind with block-scaled
-# operands; forced only (DK_FP8_GEMM_CONFIG), not among the model's candidates.
-WIDE_BLOCK_NS = (176,)
 # Widest 256-row tile: two waves of final accumulators and one partial set (3 x BLOCK_N / 2 registers) fit in
 # 232 registers up to 128 columns; the kernel's kMaxTwoWaveBlockN.
 MAX_TWO_WAVE_BLOCK_N = 128
@@ -408,8 +405,6 @@ def math_schedule(config) -> str:
 def is_legal_tile(block_m: int, block_n: int, grouped: bool = False, operands: str = "fp8_block_scaled") -> bool:
     """Whether the kernel takes the tiling: 256-row tiles at most MAX_TWO_WAVE_BLOCK_N columns wide, for the M-grouped
     kinds (`grouped`) only with block-scaled FP8 operands."""
-    if block_n in WIDE_BLOCK_NS:
-        return block_m == 128 and not grouped and operands == "fp8_block_scaled"
     return block_m != 256 or (block_n <= MAX_TWO_WAVE_BLOCK_N and (not grouped or operands == "fp8_block_scaled"))
 
 
@@ -917,11 +912,9 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     if own_tiles:
         return _make_own_tile_config(block_m, block_n, num_tma_multicast, multicast_on_a, out_dtype_bytes, num_stages,
                                      num_splits, pipelined, overlap_epilogue, operands, ping_pong)
-    if (block_m not in BLOCK_MS or block_n not in BLOCK_NS + WIDE_BLOCK_NS or
-            not is_legal_tile(block_m, block_n, operands=operands)):
+    if block_m not in BLOCK_MS or block_n not in BLOCK_NS or not is_legal_tile(block_m, block_n):
         raise ValueError(f"no kernel for {block_m}x{block_n} tiles: block_m in {BLOCK_MS}, block_n in {BLOCK_NS} "
-                         f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows), or {WIDE_BLOCK_NS} with 128 rows and "
-                         f"block-scaled operands")
+                         f"(at most {MAX_TWO_WAVE_BLOCK_N} with 256 rows)")
     if num_splits != 1 and (num_tma_multicast != 1 or block_m == 256):
         raise ValueError("split-K needs num_tma_multicast == 1 and block_m <= 128")
     if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits, operands=operands):
