@@ -72,6 +72,10 @@ def _override(monkeypatch, module, fields: dict) -> None:
         monkeypatch.setattr(gemm, "_prepared_calls", {})
 
 
+_HALVES_192 = {"block_m": 128, "block_n": 192, "multicast": 1, "pipelined": 1, "overlap_epilogue": 1}
+_PRELOADED_160 = {"block_m": 128, "block_n": 160, "multicast": 1, "pipelined": 0, "overlap_epilogue": 1}
+
+
 def _dense(a, b, c) -> torch.Tensor:
     d = poison_(torch.empty((a[0].shape[0], b[0].shape[0]), device="cuda", dtype=torch.float32 if c is not None
                             else torch.bfloat16))
@@ -81,15 +85,17 @@ def _dense(a, b, c) -> torch.Tensor:
 @pytest.mark.gpu
 @pytest.mark.parametrize("fields,m,n,k,accumulate", [
     # 128 x 192 pipelined halves, epilogue overlap, several tiles per CTA (the 2112 x 7168 and 24576 x 1536 picks)
-    ({"block_m": 128, "block_n": 192, "multicast": 1, "pipelined": 1, "overlap_epilogue": 1}, 2112, 7168, 1024, True),
+    pytest.param(_HALVES_192, 2112, 7168, 1024, True, id="dense_halves"),
     # 128 x 160, plain K loop with preloaded pairs, tiles straddling 128-column blocks, a partial last N tile
-    ({"block_m": 128, "block_n": 160, "multicast": 1, "pipelined": 0, "overlap_epilogue": 1}, 777, 2112, 2048, True),
+    pytest.param(_PRELOADED_160, 777, 2112, 2048, True, id="dense_preloaded"),
     # 128 x 128 pipelined, a partial last M tile
-    ({"block_m": 128, "block_n": 128, "multicast": 1, "pipelined": 1, "overlap_epilogue": 1}, 1000, 2048, 1152, True),
+    pytest.param({"block_m": 128, "block_n": 128, "multicast": 1, "pipelined": 1, "overlap_epilogue": 1},
+                 1000, 2048, 1152, True, id="dense_pipelined"),
     # 256 x 128, two waves per warpgroup in a 2-CTA cluster sharing A
-    ({"block_m": 256, "block_n": 128, "multicast": 2, "multicast_on_a": 1, "pipelined": 0}, 1000, 1536, 640, True),
+    pytest.param({"block_m": 256, "block_n": 128, "multicast": 2, "multicast_on_a": 1, "pipelined": 0},
+                 1000, 1536, 640, True, id="dense_two_waves"),
     # bf16 D, a partial last K block (zero-filled A and B, sfb rows of the 9 K blocks)
-    ({"block_m": 128, "block_n": 192, "multicast": 1, "pipelined": 1, "overlap_epilogue": 1}, 300, 1536, 1040, False),
+    pytest.param(_HALVES_192, 300, 1536, 1040, False, id="dense_bf16"),
 ])
 def test_matches_the_tma_loaded_stage(monkeypatch, fields, m, n, k, accumulate):
     a, b = make_wgrad_inputs(m, n, k)
@@ -108,8 +114,9 @@ def test_matches_the_tma_loaded_stage(monkeypatch, fields, m, n, k, accumulate):
 
 
 @pytest.mark.gpu
-def test_check_rejects_swapped_pairs():
+def test_check_rejects_swapped_pairs(monkeypatch):
     # A copier that swapped each thread's two columns would swap sfb's rows in pairs: the same check rejects that.
+    _override(monkeypatch, gemm, {**_PRELOADED_160, "splits": 1, "thread_major_sfb": 1})
     a, (b, sfb) = make_wgrad_inputs(777, 2112, 2048)
     expected = reference.fp8_gemm_nt(a, (b, sfb), torch.empty((777, 2112), device="cuda", dtype=torch.float64),
                                      recipe=RECIPE)
@@ -121,8 +128,9 @@ def test_check_rejects_swapped_pairs():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fields", [
-    {"block_m": 128, "block_n": 192, "multicast": 2, "multicast_on_a": 0, "pipelined": 0, "overlap_epilogue": 1},
-    {"block_m": 128, "block_n": 160, "multicast": 1, "pipelined": 1, "overlap_epilogue": 0},
+    pytest.param({"block_m": 128, "block_n": 192, "multicast": 2, "multicast_on_a": 0, "pipelined": 0,
+                  "overlap_epilogue": 1}, id="b_multicast"),
+    pytest.param({"block_m": 128, "block_n": 160, "multicast": 1, "pipelined": 1, "overlap_epilogue": 0}, id="halves"),
 ])
 def test_k_grouped_matches_the_tma_loaded_stage(monkeypatch, fields):
     # Uneven groups with empty ones; the pick's 128 x 192 with B multicast and the overlap, and the pipelined halves.
