@@ -65,15 +65,65 @@ def test_layout_puts_each_threads_pairs_in_16_byte_runs(block_n):
 
 # ---- kernel (GPU) ----
 
+# (fields, m, n, k, accumulate) of the dense cases, and (fields, G, m, n, mean k) of the k-grouped ones.
+_HALVES_192 = {"block_m": 128, "block_n": 192, "multicast": 1, "pipelined": 1, "overlap_epilogue": 1}
+_PRELOADED_160 = {"block_m": 128, "block_n": 160, "multicast": 1, "pipelined": 0, "overlap_epilogue": 1}
+DENSE_CASES = {
+    # 128 x 192 pipelined halves, epilogue overlap, several tiles per CTA (the 2112 x 7168 and 24576 x 1536 picks)
+    "dense_halves": (_HALVES_192, 2112, 7168, 1024, True),
+    # 128 x 160, plain K loop with preloaded pairs, tiles straddling 128-column blocks, a partial last N tile
+    "dense_preloaded": (_PRELOADED_160, 777, 2112, 2048, True),
+    # 128 x 128 pipelined, a partial last M tile
+    "dense_pipelined": ({"block_m": 128, "block_n": 128, "multicast": 1, "pipelined": 1, "overlap_epilogue": 1},
+                        1000, 2048, 1152, True),
+    # 256 x 128, two waves per warpgroup in a 2-CTA cluster sharing A
+    "dense_two_waves": ({"block_m": 256, "block_n": 128, "multicast": 2, "multicast_on_a": 1, "pipelined": 0},
+                        1000, 1536, 640, True),
+    # bf16 D, a partial last K block (zero-filled A and B, sfb rows of the 9 K blocks)
+    "dense_bf16": (_HALVES_192, 300, 1536, 1040, False),
+}
+K_GROUPED_CASES = {
+    # the pick's 128 x 192 with B multicast and the overlap
+    "b_multicast": ({"block_m": 128, "block_n": 192, "multicast": 2, "multicast_on_a": 0, "pipelined": 0,
+                     "overlap_epilogue": 1}, 6, 1000, 2096, 640),
+    # the pipelined halves
+    "halves": ({"block_m": 128, "block_n": 160, "multicast": 1, "pipelined": 1, "overlap_epilogue": 0}, 6, 1000, 2096,
+               640),
+}
+
+
+def _k_grouped_sizes(num_groups: int, mean_k: int) -> list:
+    return group_sizes(num_groups, mean_k, random.Random(5), empty=2)
+
+
+def case_specs(num_sms: int) -> list:
+    """The kernels the GPU cases run (both sfb layouts), for one parallel precompile."""
+    from deep_kernels.heuristics import k_grouped_fp8_gemm as k_heuristics
+
+    specs = []
+    for fields, m, n, k, accumulate in DENSE_CASES.values():
+        out_dtype = torch.float32 if accumulate else torch.bfloat16
+        pick = gemm._choose_config(m, n, k, num_sms, out_dtype.itemsize, accumulate, gemm.CHANNEL_SCALED)
+        for thread_major in (0, 1):
+            config = gemm.apply_config_override(pick, {**fields, "splits": 1, "thread_major_sfb": thread_major},
+                                                out_dtype.itemsize, k, operands=gemm.CHANNEL_SCALED)
+            specs.append(gemm.kernel_spec(config, n, k, out_dtype, accumulate, operands=gemm.CHANNEL_SCALED))
+    for fields, g, m, n, mean in K_GROUPED_CASES.values():
+        total = sum(_k_grouped_sizes(g, mean))
+        pick = k_heuristics.get_k_grouped_fp8_gemm_config(m, n, total, g, num_sms, True)
+        for thread_major in (0, 1):
+            config = k_heuristics.with_kind_overlap(gemm.apply_config_override(
+                pick, {**fields, "splits": 1, "thread_major_sfb": thread_major}, k_heuristics.OUT_DTYPE_BYTES, total,
+                operands=gemm.CHANNEL_SCALED))
+            specs.append(gemm.kernel_spec(config, n, k_grouped_gemm.KERNEL_SHAPE_K, torch.float32, True,
+                                          k_heuristics.GEMM_TYPE, gemm.CHANNEL_SCALED))
+    return specs
+
 def _override(monkeypatch, module, fields: dict) -> None:
     monkeypatch.setattr(gemm, "_config_override", lambda: fields)
     monkeypatch.setattr(module, "_plans", {})
     if module is gemm:
         monkeypatch.setattr(gemm, "_prepared_calls", {})
-
-
-_HALVES_192 = {"block_m": 128, "block_n": 192, "multicast": 1, "pipelined": 1, "overlap_epilogue": 1}
-_PRELOADED_160 = {"block_m": 128, "block_n": 160, "multicast": 1, "pipelined": 0, "overlap_epilogue": 1}
 
 
 def _dense(a, b, c) -> torch.Tensor:
@@ -83,21 +133,9 @@ def _dense(a, b, c) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fields,m,n,k,accumulate", [
-    # 128 x 192 pipelined halves, epilogue overlap, several tiles per CTA (the 2112 x 7168 and 24576 x 1536 picks)
-    pytest.param(_HALVES_192, 2112, 7168, 1024, True, id="dense_halves"),
-    # 128 x 160, plain K loop with preloaded pairs, tiles straddling 128-column blocks, a partial last N tile
-    pytest.param(_PRELOADED_160, 777, 2112, 2048, True, id="dense_preloaded"),
-    # 128 x 128 pipelined, a partial last M tile
-    pytest.param({"block_m": 128, "block_n": 128, "multicast": 1, "pipelined": 1, "overlap_epilogue": 1},
-                 1000, 2048, 1152, True, id="dense_pipelined"),
-    # 256 x 128, two waves per warpgroup in a 2-CTA cluster sharing A
-    pytest.param({"block_m": 256, "block_n": 128, "multicast": 2, "multicast_on_a": 1, "pipelined": 0},
-                 1000, 1536, 640, True, id="dense_two_waves"),
-    # bf16 D, a partial last K block (zero-filled A and B, sfb rows of the 9 K blocks)
-    pytest.param(_HALVES_192, 300, 1536, 1040, False, id="dense_bf16"),
-])
-def test_matches_the_tma_loaded_stage(monkeypatch, fields, m, n, k, accumulate):
+@pytest.mark.parametrize("case", list(DENSE_CASES))
+def test_matches_the_tma_loaded_stage(monkeypatch, case):
+    fields, m, n, k, accumulate = DENSE_CASES[case]
     a, b = make_wgrad_inputs(m, n, k)
     expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64), recipe=RECIPE)
     c = accumulator_like(expected) if accumulate else None
@@ -127,15 +165,11 @@ def test_check_rejects_swapped_pairs(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fields", [
-    pytest.param({"block_m": 128, "block_n": 192, "multicast": 2, "multicast_on_a": 0, "pipelined": 0,
-                  "overlap_epilogue": 1}, id="b_multicast"),
-    pytest.param({"block_m": 128, "block_n": 160, "multicast": 1, "pipelined": 1, "overlap_epilogue": 0}, id="halves"),
-])
-def test_k_grouped_matches_the_tma_loaded_stage(monkeypatch, fields):
-    # Uneven groups with empty ones; the pick's 128 x 192 with B multicast and the overlap, and the pipelined halves.
-    ks = group_sizes(6, 640, random.Random(5), empty=2)
-    m, n = 1000, 2096
+@pytest.mark.parametrize("case", list(K_GROUPED_CASES))
+def test_k_grouped_matches_the_tma_loaded_stage(monkeypatch, case):
+    # Uneven groups with empty ones.
+    fields, g, m, n, mean = K_GROUPED_CASES[case]
+    ks = _k_grouped_sizes(g, mean)
     a, b, ks_tensor = make_k_grouped_inputs(ks, m, n, seed=5)
     expected = k_grouped_reference.k_grouped_fp8_gemm_nt_contiguous(
         a, b, torch.empty((len(ks), m, n), dtype=torch.float64, device="cuda"), ks)
