@@ -49,7 +49,7 @@ DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[B
 // A thread's sfb pairs of a stage, 8-column group by group (j in increasing order; thread-major: from an even j on):
 // one float2 per group as loaded, or one float4 per two groups where the stage is thread-major
 // (gemm/sm90_sfb_thread_major.cuh).
-template <bool kThreadMajor, bool kProbe = false>
+template <bool kThreadMajor>
 struct SfbPairs {
     const float* thread_sfb;
     float4 chunk;
@@ -58,10 +58,7 @@ struct SfbPairs {
         : thread_sfb(smem_sfb + sfb_pair_offset<kThreadMajor>(0, lane_idx)) {}
 
     DK_DEVICE float2 operator()(uint32_t j) {
-        if constexpr (kProbe) {
-            // PROBE (timing only, wrong results): no per-column factor, the promotion as block-scaled's.
-            return make_float2(1.0f, 1.0f);
-        } else if constexpr (kThreadMajor) {
+        if constexpr (kThreadMajor) {
             if (j % 2 == 0)
                 chunk = *reinterpret_cast<const float4*>(thread_sfb + sfb_pair_offset<true>(j, 0));
             return j % 2 == 0 ? make_float2(chunk.x, chunk.y) : make_float2(chunk.z, chunk.w);
@@ -73,10 +70,10 @@ struct SfbPairs {
 
 // final += partial * sfa[row] * sfb[column] (per-channel B scales): the thread's columns 8j + 2 (lane % 4) + {0, 1}
 // of each 8-column group j, their scales read from the stage's sfb.
-template <uint32_t BLOCK_N, bool kThreadMajor = false, bool kProbe = false>
+template <uint32_t BLOCK_N, bool kThreadMajor = false>
 DK_DEVICE void promote_per_column(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2], float sfa_lo,
                                   float sfa_hi, const float* smem_sfb, uint32_t lane_idx) {
-    SfbPairs<kThreadMajor, kProbe> sfb_pairs(smem_sfb, lane_idx);
+    SfbPairs<kThreadMajor> sfb_pairs(smem_sfb, lane_idx);
 #pragma unroll
     for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
         const float2 sfb = sfb_pairs(j);
@@ -89,10 +86,10 @@ DK_DEVICE void promote_per_column(const float (&partial)[BLOCK_N / 2], float (&f
 
 // promote_per_column with the sfb pairs of the first kNumPreloaded 8-column groups already in registers (loaded before
 // the wgmma group's wait, so that their latency hides behind it).
-template <uint32_t BLOCK_N, uint32_t kNumPreloaded, bool kThreadMajor, bool kProbe>
+template <uint32_t BLOCK_N, uint32_t kNumPreloaded, bool kThreadMajor>
 DK_DEVICE void promote_per_column_preloaded(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2],
                                             float sfa_lo, float sfa_hi, const float2 (&preloaded)[kNumPreloaded],
-                                            SfbPairs<kThreadMajor, kProbe>& sfb_pairs) {
+                                            SfbPairs<kThreadMajor>& sfb_pairs) {
 #pragma unroll
     for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
         const float2 sfb = j < kNumPreloaded ? preloaded[j < kNumPreloaded ? j : 0] : sfb_pairs(j);
@@ -163,7 +160,6 @@ struct Sm90Fp8Mainloop {
     static constexpr uint32_t kNumPreloadedSfb =
         Traits::kThreadMajorSfb ? kNumPreloadedSfbPairs / 2 * 2 : kNumPreloadedSfbPairs;
     static constexpr bool kThreadMajorSfb = Traits::kThreadMajorSfb;
-    static constexpr bool kProbe = Traits::kThreadMajorSfb && Traits::kGemmType == GemmType::Normal;
     using State = PipelineState<Traits::kNumStages>;
     static constexpr bool kIsMGrouped =
         Traits::kGemmType == GemmType::MGroupedContiguous || Traits::kGemmType == GemmType::MGroupedMasked;
@@ -281,7 +277,7 @@ struct Sm90Fp8Mainloop {
         if constexpr (kNumPreloadedSfb > 0) {
             // The first groups' sfb pairs are loaded before the wait, so that the promotion starts without waiting for
             // shared memory.
-            SfbPairs<kThreadMajorSfb, kProbe> sfb_pairs(stages.sfb_stage(k_state.stage), lane_idx());
+            SfbPairs<kThreadMajorSfb> sfb_pairs(stages.sfb_stage(k_state.stage), lane_idx());
             float2 preloaded[kNumPreloadedSfb];
 #pragma unroll
             for (uint32_t j = 0; j < kNumPreloadedSfb; ++j)
@@ -301,7 +297,7 @@ struct Sm90Fp8Mainloop {
             MathTurns(wg_idx()).pass();
         if constexpr (Traits::kHasColumnScales) {
             // The promotion reads the stage's sfb, so the stage is freed after it.
-            promote_per_column<BLOCK_N, kThreadMajorSfb, kProbe>(acc, final_acc[wave], scales.lo, scales.hi,
+            promote_per_column<BLOCK_N, kThreadMajorSfb>(acc, final_acc[wave], scales.lo, scales.hi,
                                                          stages.sfb_stage(k_state.stage), lane_idx());
             if (wave == kNumMWaves - 1)
                 ring.consumer_release(k_state, lane_idx());
@@ -581,7 +577,7 @@ private:
     template <uint32_t kHalf, int kNumPending>
     DK_DEVICE void retire_half(const PromotionScales& scales, uint32_t stage) {
         // NOTE: a half is BLOCK_N / 16 groups, an even count (BLOCK_N a multiple of 32): thread-major, whole float4s.
-        SfbPairs<kThreadMajorSfb, kProbe> sfb_pairs(stages.sfb_stage(stage), lane_idx());
+        SfbPairs<kThreadMajorSfb> sfb_pairs(stages.sfb_stage(stage), lane_idx());
         ptx::wgmma_wait_group<kNumPending>();
         float(&acc)[BLOCK_N / 4] = half_acc<kHalf>();
         ptx::fence_operands(acc);
