@@ -201,6 +201,9 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
     if "splits_in_cluster" not in override:
         # NOTE: only onto the same tiles and splits (other tiles or splits may not fit the SMs as clusters).
         fields["splits_in_cluster"] = config.splits_in_cluster and not {"block_m", "block_n", "splits"} & set(override)
+    if "thread_major_sfb" not in override:
+        # NOTE: only onto the same tile and K loop (the picks take it where it was measured faster).
+        fields["thread_major_sfb"] = config.thread_major_sfb and not {"block_m", "block_n", "pipelined"} & set(override)
     if "evict_first_b" not in override:
         fields["evict_first_b"] = config.evict_first_b and not grouped and (
             fields["num_tma_multicast"] == 1 or not fields["multicast_on_a"])

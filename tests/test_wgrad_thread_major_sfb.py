@@ -40,6 +40,22 @@ def test_only_per_channel_scales_take_it():
     assert gemm.apply_config_override(plain, override, 4, 4096, operands=gemm.CHANNEL_SCALED).thread_major_sfb
 
 
+def test_k_grouped_picks_take_it_at_128_rows():
+    from deep_kernels.heuristics import k_grouped_fp8_gemm as k_heuristics
+
+    for g, m, n, k in k_heuristics.REPRESENTATIVE_PROBLEMS:
+        config = k_heuristics.get_k_grouped_fp8_gemm_config(m, n, g * k, g, 132, True)
+        assert config.thread_major_sfb == (config.block_m == 128 and not config.pipelined), config
+    # The dense weight-gradient picks keep the TMA-loaded stage.
+    for m, n, k in ((2112, 7168, 16384), (24576, 1536, 4096), (7168, 2048, 16384), (4096, 7168, 4096)):
+        assert not gemm._choose_config(m, n, k, 132, 4, True, gemm.CHANNEL_SCALED).thread_major_sfb
+    # An override of the tile or the K loop drops it; one of other fields keeps it.
+    pick = k_heuristics.get_k_grouped_fp8_gemm_config(4096, 7168, 8 * 4096, 8, 132, True)
+    assert gemm.apply_config_override(pick, {"block_n": 128}, 4, 4096, operands=gemm.CHANNEL_SCALED).thread_major_sfb \
+        is False
+    assert gemm.apply_config_override(pick, {"stages": 3}, 4, 4096, operands=gemm.CHANNEL_SCALED).thread_major_sfb
+
+
 def _thread_major_offset(j: int, t: int) -> int:
     """The float offset of lane class t's pair of 8-column group j (gemm/sm90_sfb_thread_major.cuh)."""
     return (j // 2 * 4 + t) * 4 + j % 2 * 2
