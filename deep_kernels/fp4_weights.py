@@ -13,6 +13,12 @@ lane quad position q (0..3): low elements 32s + 4q + i and high ones 32s + 16 + 
     exponent of sub-block s, e_max the largest of the four) plus, in its low two bits, bits 2s and 2s + 1 of e_max.
 Numerics are the unprepared weights' (fp8_fp4_gemm_nt's Notes): the kernel expands a sub-block with the same table
 (shift min(e_max - e_s, 31)) and promotes with the same 2^(e_max - 133).
+Tile-scaled (tile_scaled, when every 64-row tile folds exactly into e4m3 under one power-of-two scale per K block:
+no NaN scale, every sub-block with a nonzero code within 2^14 of the tile's largest scale): e_max is the largest
+exponent of the tile's 64 rows in the K block instead of the row's, the same in every row's word. The expanded
+values are then exact and 2^(row e_max - tile e_max) times the row-scaled ones, and the promotion scale as much
+larger, so the product is the same (the tensor cores' sums scale exactly by powers of two); the decode kernel then
+promotes with one scale a tile.
 
 Grouped (per-expert weights for m_grouped_fp8_fp4_gemm_nt_masked): codes [G, N, K / 2] and scales [G, N, K / 32]
 give uint8 [G, ceil(N / 64), K / 128, 4352], each expert's chunks as above, back to back.
@@ -42,13 +48,15 @@ NAN_EXPONENT = 255
 @dataclass(frozen=True)
 class PreparedFp4Weights:
     """MXFP4 weights of N rows and K columns in the decode kernel's layout (data: uint8 [ceil(N / 64), K / 128,
-    4352], or [G, ...] for G experts' weights, the module docstring), and whether every 128 x 128 block folds
-    exactly into e4m3 under one power-of-two scale (prefill then runs the block-scaled FP8 GEMM)."""
+    4352], or [G, ...] for G experts' weights, the module docstring), whether every 128 x 128 block folds
+    exactly into e4m3 under one power-of-two scale (prefill then runs the block-scaled FP8 GEMM), and whether the
+    data is tile-scaled (every 64-row tile's K block under one exponent, the module docstring)."""
 
     data: torch.Tensor
     n: int
     k: int
     folds_into_blocks: bool
+    tile_scaled: bool
 
     @property
     def num_groups(self):
@@ -74,17 +82,17 @@ def _check_unprepared(codes, scales) -> tuple:
     return n, k
 
 
-def folds_into_blocks(codes: torch.Tensor, scales: torch.Tensor) -> bool:
-    """Whether every 128 x 128 block of the weights is exact in e4m3 under one power-of-two scale: no NaN scale,
-    and every sub-block with a nonzero code within 2^14 of its block's largest scale."""
+def folds_into_blocks(codes: torch.Tensor, scales: torch.Tensor, rows: int = K_BLOCK) -> bool:
+    """Whether every block of `rows` rows and 128 columns of the weights is exact in e4m3 under one power-of-two
+    scale: no NaN scale, and every sub-block with a nonzero code within 2^14 of its block's largest scale."""
     n, k = codes.shape[0], 2 * codes.shape[1]
     exponents = scales.view(torch.uint8).int()
     if bool((exponents == NAN_EXPONENT).any()):
         return False
     nonzero = (codes.view(torch.uint8) & 0x77).view(n, -1, 16).amax(dim=-1) > 0  # [N, K / 32]
-    pad = -n % K_BLOCK
-    exponents = torch.nn.functional.pad(exponents, (0, 0, 0, pad)).view(-1, K_BLOCK, k // K_BLOCK, 4)
-    nonzero = torch.nn.functional.pad(nonzero, (0, 0, 0, pad)).view(-1, K_BLOCK, k // K_BLOCK, 4)
+    pad = -n % rows
+    exponents = torch.nn.functional.pad(exponents, (0, 0, 0, pad)).view(-1, rows, k // K_BLOCK, 4)
+    nonzero = torch.nn.functional.pad(nonzero, (0, 0, 0, pad)).view(-1, rows, k // K_BLOCK, 4)
     block_max = exponents.amax(dim=(1, 3), keepdim=True)
     return not bool(((block_max - exponents > MAX_EXACT_SHIFT) & nonzero).any())
 
@@ -94,16 +102,20 @@ def prepare_fp4_weights(codes: torch.Tensor, scales: torch.Tensor) -> PreparedFp
     per_token_cast_to_mxfp4 returns them) in the layout the FP8 x MXFP4 GEMM's decode kernel reads fastest (the
     module docstring), on the inputs' device, with the prefill check (folds_into_blocks). Pass it as b to
     fp8_fp4_gemm_nt. G experts' weights (codes [G, N, K / 2], scales [G, N, K / 32]) give grouped prepared
-    weights, b of m_grouped_fp8_fp4_gemm_nt_masked. Torch ops, meant for load time (a few passes over the
-    weights)."""
+    weights, b of m_grouped_fp8_fp4_gemm_nt_masked. Tile-scaled where every 64-row tile (of every expert) folds
+    (the module docstring). Torch ops, meant for load time (a few passes over the weights)."""
     n, k = _check_unprepared(codes, scales)
     if codes.dim() == 3:
-        data = torch.stack([_prepared_chunks(c, s, n, k) for c, s in zip(codes, scales)])
-        return PreparedFp4Weights(data, n, k, all(folds_into_blocks(c, s) for c, s in zip(codes, scales)))
-    return PreparedFp4Weights(_prepared_chunks(codes, scales, n, k), n, k, folds_into_blocks(codes, scales))
+        tile_scaled = all(folds_into_blocks(c, s, TILE_ROWS) for c, s in zip(codes, scales))
+        data = torch.stack([_prepared_chunks(c, s, n, k, tile_scaled) for c, s in zip(codes, scales)])
+        return PreparedFp4Weights(data, n, k, all(folds_into_blocks(c, s) for c, s in zip(codes, scales)),
+                                  tile_scaled)
+    tile_scaled = folds_into_blocks(codes, scales, TILE_ROWS)
+    return PreparedFp4Weights(_prepared_chunks(codes, scales, n, k, tile_scaled), n, k,
+                              folds_into_blocks(codes, scales), tile_scaled)
 
 
-def _prepared_chunks(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int) -> torch.Tensor:
+def _prepared_chunks(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int, tile_scaled: bool) -> torch.Tensor:
     tiles, k_blocks = -(-n // TILE_ROWS), k // K_BLOCK
     pad = tiles * TILE_ROWS - n
     code_bytes = torch.nn.functional.pad(codes.view(torch.uint8), (0, 0, 0, pad))
@@ -120,7 +132,7 @@ def _prepared_chunks(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int) 
 
     # [tile, w, h, g, K block, s] -> [tile, K block, w, g, h, s]
     exponents = exponents.view(tiles, 4, 2, 8, k_blocks, 4).permute(0, 4, 1, 3, 2, 5)
-    e_max = exponents.amax(dim=-1, keepdim=True)
+    e_max = exponents.amax(dim=(2, 3, 4, 5) if tile_scaled else 5, keepdim=True).expand(*exponents.shape[:-1], 1)
     offsets = (e_max - exponents).clamp(max=MAX_SHIFT) * 8
     e_max_bits = torch.cat([(e_max >> (2 * s)) & 3 for s in range(4)], dim=-1)
     words = (offsets | e_max_bits).to(torch.uint8).reshape(tiles, k_blocks, -1)

@@ -170,6 +170,29 @@ def test_masked_is_bitwise_the_dense_kernel_per_expert():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("expected_m", [16, 38, 76])
+def test_masked_tile_scaled_is_bitwise_the_row_scaled_layout(expected_m):
+    masked_m, m_max, n, k = [expected_m, 0, expected_m // 2, expected_m + 5], 96, 2112, 1536
+    a, (codes, _), masked = _inputs(masked_m, m_max, n, k, seed=7)
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    # row exponents 12 apart at most: every 64-row tile folds, its rows' own largest exponents differ
+    scales = (127 - torch.randint(0, 13, (len(masked_m), n, k // 32), generator=generator, device="cuda"))
+    b = (codes, scales.to(torch.uint8).view(torch.float8_e8m0fnu))
+    prepared = deep_kernels.prepare_fp4_weights(*b)
+    assert prepared.tile_scaled
+    row_scaled = replace(prepared, tile_scaled=False, data=torch.stack(
+        [fp4_weights._prepared_chunks(c, s, n, k, False) for c, s in zip(*b)]))
+    assert not torch.equal(row_scaled.data, prepared.data)
+    actual = _run(a, prepared, masked, expected_m, None)
+    _check(actual, _reference(a, b, masked), masked_m)
+    assert_bitwise_equal(actual, _run(a, row_scaled, masked, expected_m, None), "row-scaled layout")
+    # planted bug: row-scaled data read as tile-scaled (each thread's second row promoted with its first row's scale)
+    with pytest.raises(AssertionError, match="calc_diff"):
+        _check(_run(a, replace(row_scaled, tile_scaled=True), masked, expected_m, None), _reference(a, b, masked),
+               masked_m)
+
+
+@pytest.mark.gpu
 def test_masked_graph_replay_follows_masked_m():
     masked_m, m_max, n, k = [9, 0, 32, 20], 48, 1024, 1024
     a, b, masked = _inputs(masked_m, m_max, n, k, seed=5)

@@ -90,6 +90,31 @@ def _folding_weights(n: int, k: int, spread: int, device="cpu", seed: int = 3) -
     return codes, exponents.to(torch.uint8)
 
 
+def test_tile_scaled_layout_decodes_to_the_weights():
+    codes, scales = _folding_weights(200, 512, 14)
+    prepared = deep_kernels.prepare_fp4_weights(codes, scales)
+    assert prepared.tile_scaled and prepared.folds_into_blocks
+    decoded = _decode_prepared(prepared.data)
+    assert torch.equal(decoded[:200], reference.dequantize_mxfp4(codes, scales))
+    # every row's word of a tile holds the tile's exponent (bits 2s, 2s + 1 in byte s), the largest of its rows
+    words = prepared.data[..., 4096:].view(4, 4, 64, 4).long()
+    e_max = sum((words[..., s] & 3) << (2 * s) for s in range(4))
+    assert (e_max == e_max[:, :, :1]).all() and (e_max == 127).all()
+    row_scaled = deep_kernels.prepare_fp4_weights(*mxfp4_weights(200, 512, device="cpu", max_shift=14))
+    assert not row_scaled.tile_scaled
+
+
+def test_tile_check_takes_64_row_tiles():
+    codes, scales = _folding_weights(256, 256, 10)
+    scales[64:128] -= 10  # each 64-row tile spans 10 exponents, each 128-row block 20
+    assert fp4_weights.folds_into_blocks(codes, scales, 64) and not fp4_weights.folds_into_blocks(codes, scales)
+    prepared = deep_kernels.prepare_fp4_weights(codes, scales)
+    assert prepared.tile_scaled and not prepared.folds_into_blocks
+    assert torch.equal(_decode_prepared(prepared.data), reference.dequantize_mxfp4(codes, scales))
+    scales[30, 2] = 127 - 15  # 2^15 below its tile's largest, with nonzero codes
+    assert not deep_kernels.prepare_fp4_weights(codes, scales).tile_scaled
+
+
 def test_block_check_accepts_exact_blocks_only():
     codes, scales = _folding_weights(200, 512, 14)
     assert fp4_weights.folds_into_blocks(codes, scales)
@@ -181,6 +206,22 @@ def test_prepared_sub_block_shifts(max_shift):
     actual = _run(a, deep_kernels.prepare_fp4_weights(*b), 2048)
     assert_gemm_close(actual, _reference(a, b))
     assert_bitwise_equal(actual, _run(a, b, 2048))
+
+
+@pytest.mark.gpu
+# (m, n, k, exponent spread); the tile-scaled kernel against the float64 product and, bitwise, the unprepared kernel
+@pytest.mark.parametrize("m,n,k,spread", [
+    (1, 2112, 7168, 14), (16, 24576, 1536, 3), (64, 7168, 2048, 14), (128, 4096, 7168, 7), (40, 1040, 1024, 14),
+])
+def test_tile_scaled_matches_reference_and_the_unprepared_kernel(m, n, k, spread):
+    a = make_fp4_gemm_inputs(m, 16, k)[0]
+    b = _folding_weights(n, k, spread, "cuda")
+    prepared = deep_kernels.prepare_fp4_weights(*b)
+    assert prepared.tile_scaled
+    config = swap_ab.get_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, prepared=True)
+    actual = _run(a, prepared, n, config=config)
+    assert_gemm_close(actual, _reference(a, b))
+    assert_bitwise_equal(actual, _run(a, b, n, config=config))
 
 
 @pytest.mark.gpu

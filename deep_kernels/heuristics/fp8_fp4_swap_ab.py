@@ -200,10 +200,10 @@ def is_preferred(m: int, n: int, k: int, num_sms: int) -> bool:
 
 
 def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prepared: bool = False,
-                  masked: bool = False) -> list:
+                  masked: bool = False, tile_scaled: bool = False) -> list:
     """The kernel's C++ template arguments, in declaration order (out_dtype "bfloat16" / "float32" or a torch
     dtype; prepared: the weights in prepare_fp4_weights's layout; masked: the masked grouped layout, prepared bf16
-    only)."""
+    only; tile_scaled: prepared weights of one block exponent a tile, PreparedFp4Weights.tile_scaled)."""
     name = str(out_dtype).removeprefix("torch.")
     cpp_type = {"bfloat16": "__nv_bfloat16", "float32": "float"}.get(name)
     if cpp_type is None:
@@ -212,9 +212,11 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prep
         raise ValueError("FP32 D with accumulation, bf16 D without")
     if masked and (not prepared or cpp_type != "__nv_bfloat16" or config.num_splits != 1):
         raise ValueError("the masked layout takes prepared weights, bf16 D and no split-K")
+    if tile_scaled and not prepared:
+        raise ValueError("tile_scaled takes prepared weights")
     return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
             "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains),
-            "true" if prepared else "false", "true" if masked else "false"]
+            "true" if prepared else "false", "true" if masked else "false", "true" if tile_scaled else "false"]
 
 
 def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms: int) -> SwapAbConfig:
