@@ -7,7 +7,7 @@ warpgroup); the model prices the busiest SM's K blocks (the expansion's integer 
 B's bytes (4.25 bits a weight) at DRAM speed. The masked grouped layout (get_masked_config) picks by a measured rule.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deep_kernels.heuristics.fp8_gemm import BLOCK_K, DRAM_BYTES_PER_S, SMEM_CAPACITY_BYTES
 
@@ -19,6 +19,8 @@ MAX_TOKENS = BLOCK_TS[-1]
 ALL_BLOCK_TS = tuple(range(16, MAX_TOKENS + 1, 16))
 B_BITS_PER_WEIGHT = 4.25
 EXPAND_TABLE_BYTES = 256
+# The pair tables of tile-scaled prepared weights (gemm/fp4_prepared.cuh: kTilePairTableBytes).
+TILE_PAIR_TABLE_BYTES = 1024
 MAX_STAGES = 12
 MIN_STAGES = 2
 # The split-K counts offered (those the model was fitted over).
@@ -66,6 +68,10 @@ class SwapAbConfig:
     def smem_bytes(self) -> int:
         return smem_bytes(self.block_t, self.num_math_warpgroups, self.num_stages)
 
+    def smem_bytes_of(self, tile_scaled: bool) -> int:
+        """The shared memory of the kernel on row- or tile-scaled prepared weights (the pair tables' size)."""
+        return smem_bytes(self.block_t, self.num_math_warpgroups, self.num_stages, tile_scaled)
+
 
 # Dynamic shared memory of each of two CTAs on one SM (the kernel's kMaxSmemBytesOfTwo).
 SMEM_BYTES_OF_TWO = (233472 - 2 * 1024) // 2
@@ -102,9 +108,20 @@ def _stage_bytes(block_t: int, num_math_warpgroups: int) -> int:
     return block_t * BLOCK_K + block_w * BLOCK_K // 2 + _align(block_t * 4, 128) + block_w * 4
 
 
-def smem_bytes(block_t: int, num_math_warpgroups: int, num_stages: int) -> int:
-    """The kernel's carve-up (Sm90Fp8Fp4SwapAbTraits::kSmemBytes): the stages, the expansion tables, the barriers."""
-    return num_stages * _stage_bytes(block_t, num_math_warpgroups) + EXPAND_TABLE_BYTES + 16 * num_stages
+def smem_bytes(block_t: int, num_math_warpgroups: int, num_stages: int, tile_scaled: bool = False) -> int:
+    """The kernel's carve-up (Sm90Fp8Fp4SwapAbTraits::kSmemBytes): the stages, the expansion tables (tile_scaled:
+    the pair tables), the barriers."""
+    tables = TILE_PAIR_TABLE_BYTES if tile_scaled else EXPAND_TABLE_BYTES
+    return num_stages * _stage_bytes(block_t, num_math_warpgroups) + tables + 16 * num_stages
+
+
+def for_tile_scaled(config: SwapAbConfig) -> SwapAbConfig:
+    """config on tile-scaled prepared weights: its stages, less those that the larger pair tables leave no room for
+    (one, in a few configs)."""
+    stages = config.num_stages
+    while smem_bytes(config.block_t, config.num_math_warpgroups, stages, True) > smem_capacity(config.ctas_per_sm):
+        stages -= 1
+    return replace(config, num_stages=stages)
 
 
 def max_stages(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> int:
