@@ -225,15 +225,20 @@ def test_prepared_sub_block_shifts(max_shift):
 
 @pytest.mark.gpu
 # (m, n, k, exponent spread); the tile-scaled kernel against the float64 product and, bitwise, the unprepared kernel
-@pytest.mark.parametrize("m,n,k,spread", [
-    (1, 2112, 7168, 7), (16, 24576, 1536, 3), (64, 7168, 2048, 7), (128, 4096, 7168, 5), (40, 1040, 1024, 7),
+@pytest.mark.parametrize("m,n,k,spread,config", [
+    (1, 2112, 7168, 7, None), (16, 24576, 1536, 3, None), (64, 7168, 2048, 7, None), (128, 4096, 7168, 5, None),
+    (40, 1040, 1024, 7, None), (20, 176, 512, 7, (32, 2, 4, 1)),  # the last CTA's second warpgroup past N
 ])
-def test_tile_scaled_matches_reference_and_the_unprepared_kernel(m, n, k, spread):
+def test_tile_scaled_matches_reference_and_the_unprepared_kernel(m, n, k, spread, config):
     a = make_fp4_gemm_inputs(m, 16, k)[0]
     b = _folding_weights(n, k, spread, "cuda")
     prepared = deep_kernels.prepare_fp4_weights(*b)
     assert prepared.tile_scaled
-    config = swap_ab.get_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, prepared=True)
+    if config is None:
+        config = swap_ab.get_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, prepared=True)
+    else:
+        block_t, warpgroups, splits, ctas = config
+        config = swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas)
     actual = _run(a, prepared, n, config=config)
     assert_gemm_close(actual, _reference(a, b))
     assert_bitwise_equal(actual, _run(a, b, n, config=config))

@@ -45,8 +45,10 @@ constexpr uint32_t kTilePairTables = (kTileMaxShift + 1) * (kTileMaxShift + 1);
 constexpr uint32_t kTilePairTableBytes = kTilePairTables * 16;
 
 // The byte offset of sub-blocks 2 * pair and 2 * pair + 1's pair table.
+// NOTE: masked to the tables' span, so that a word the kernel reads but never uses (a chunk past the prepared ones,
+// not loaded) stays inside them.
 DK_DEVICE uint32_t tile_pair_offset(uint32_t word, uint32_t pair) {
-    return pair == 0 ? word & 0x3F0u : word >> 16;
+    return (pair == 0 ? word : word >> 16) & 0x3F0u;
 }
 
 // Sub-block s's shift d_s.
