@@ -11,6 +11,7 @@
 
 #include "common/macros.cuh"
 #include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
 
 namespace deep_kernels {
 
@@ -74,6 +75,25 @@ struct StageRing {
         else
             ptx::mbarrier_arrive_cluster_if(empty_barriers + state.stage, lane_idx % kNumClusterCTAs,
                                             lane_idx < kNumClusterCTAs);
+    }
+
+    // consumer_release where `pred` holds (predicated, not a branch: it may sit between wgmma instructions in flight).
+    DK_DEVICE void consumer_release_if(const PipelineState<kNumStages>& state, uint32_t lane_idx, bool pred) const {
+        if constexpr (kNumClusterCTAs == 1)
+            ptx::mbarrier_arrive_if(empty_barriers + state.stage, pred && lane_idx == 0);
+        else
+            ptx::mbarrier_arrive_cluster_if(empty_barriers + state.stage, lane_idx % kNumClusterCTAs,
+                                            pred && lane_idx < kNumClusterCTAs);
+    }
+
+    // consumer_release for a warp whose last reads of the stage were plain shared-memory loads (ld.shared) whose
+    // values it may not have used yet. NOTE: the arrive alone does not wait for them: ptxas issues it while such a
+    // load is still in flight, and the producer's next TMA into the stage can land before the load reads it. Each
+    // lane's fence waits for its loads; the warp then arrives.
+    DK_DEVICE void consumer_release_after_loads(const PipelineState<kNumStages>& state, uint32_t lane_idx) const {
+        ptx::fence_acq_rel_cta();
+        __syncwarp();
+        consumer_release(state, lane_idx);
     }
 };
 

@@ -32,7 +32,11 @@
 //                        (the rows after are the next even half's tile's); a tile's rows of another group
 //                        are never written (is_valid_row). Which odd halves start a tile is read once per CTA
 //                        into a shared-memory bit table (build_odd_half_table) for the first kNumOddHalfBits
-//                        odd halves, so that the walk skips the others without a global load each.
+//                        odd halves, so that the walk skips the others without a global load each. With
+//                        multicast on B, a pair is two consecutive M-units of that walk (halves 4u and 4u + 2,
+//                        or two odd halves in turn), sharing B where both tiles are of one group; a pair
+//                        is skipped where neither member starts a tile, else a member that starts none is
+//                        walked as an invalid tile.
 //   MGroupedMasked       A [G, M_max, K] (shape_m = M_max); grouped_layout[g] = valid rows of group g
 //                        (masked_m, read on the device, clamped to [0, M_max]); only the M-blocks holding
 //                        valid rows are walked.
@@ -97,7 +101,6 @@ struct Scheduler {
     // Contiguous 256-row tiles start on 128-row halves (the segment alignment); m_block_idx counts halves.
     static constexpr bool kHalfBlockTiles = kGemmType == GemmType::MGroupedContiguous && BLOCK_M == 256;
     static constexpr uint32_t kMBlockRows = kHalfBlockTiles ? BLOCK_M / 2 : BLOCK_M;
-    DK_STATIC_ASSERT(!kHalfBlockTiles || !kPairsShareN, "contiguous 256-row tiles multicast A, not B");
     // Contiguous 256-row tiles: odd halves 2i + 1 (i < kNumOddHalfBits, M below 512K rows) whose tile start is in the
     // shared-memory table; later ones are looked up in global memory.
     static constexpr uint32_t kNumOddHalfWords = kHalfBlockTiles ? 64 : 0;
@@ -187,19 +190,19 @@ struct Scheduler {
             rasterize(unit_idx - group_first_unit, m_unit, n_unit);
             // Pair member r (r = CTA rank; always 0 without multicast).
             const uint32_t m_block_0 = first_m_block(m_unit);
+            const uint32_t m_block_1 = second_m_block(m_unit);
             const uint32_t n_block_0 = kPairsShareM ? 2 * n_unit : n_unit;
-            // An odd half that starts no tile is skipped before its group is looked up (pairs share it: A multicast).
-            if constexpr (kHalfBlockTiles) {
-                if (m_block_0 % 2 == 1 && !odd_half_starts_tile(m_block_0))
-                    continue;
-            }
-            const uint32_t m_block_1 = kPairsShareN ? m_block_0 + 1 : m_block_0;
+            // Odd halves that start no tile are skipped before their groups are looked up.
+            const bool starts_0 = starts_tile(m_block_0);
+            const bool starts_1 = !kPairsShareN || starts_tile(m_block_1);
+            if (!starts_0 && (!kPairsShareN || !starts_1))
+                continue;
             const uint32_t n_block_1 = kPairsShareM ? n_block_0 + 1 : n_block_0;
             const bool prefetched = kPrefetchGroups && job_idx == prefetched_unit;
             const int group_0 = prefetched ? prefetched_group_0 : block_group(m_block_0);
             const int group_1 = kPairsShareN ? (prefetched ? prefetched_group_1 : block_group(m_block_1)) : group_0;
-            const bool valid_0 = is_valid_block(m_block_0, n_block_0, group_0);
-            const bool valid_1 = kNumTMAMulticast == 2 && is_valid_block(m_block_1, n_block_1, group_1);
+            const bool valid_0 = starts_0 && is_valid_block(m_block_0, n_block_0, group_0);
+            const bool valid_1 = kNumTMAMulticast == 2 && starts_1 && is_valid_block(m_block_1, n_block_1, group_1);
             if (!valid_0 && !valid_1)
                 continue;
 
@@ -312,9 +315,27 @@ private:
         return m_unit < num_even ? 2 * m_unit : 2 * (m_unit - num_even) + 1;
     }
 
-    // An M-unit's first M-block (the pair's first with multicast on B; contiguous 256-row tiles: its half).
+    // An M-unit's first M-block (the pair's first with multicast on B; contiguous 256-row tiles: its half, or with
+    // multicast on B the half of the pair's first walk position).
     DK_DEVICE uint32_t first_m_block(uint32_t m_unit) const {
-        return kHalfBlockTiles ? half_of_m_unit(m_unit) : kPairsShareN ? 2 * m_unit : m_unit;
+        if constexpr (kHalfBlockTiles)
+            return half_of_m_unit(kPairsShareN ? 2 * m_unit : m_unit);
+        return kPairsShareN ? 2 * m_unit : m_unit;
+    }
+
+    // The M-block of the pair's second member (multicast on B; the first member's otherwise).
+    DK_DEVICE uint32_t second_m_block(uint32_t m_unit) const {
+        if constexpr (kHalfBlockTiles && kPairsShareN)
+            return half_of_m_unit(2 * m_unit + 1);
+        return kPairsShareN ? 2 * m_unit + 1 : first_m_block(m_unit);
+    }
+
+    // Whether an M-block starts a tile: always, but for contiguous 256-row tiles an odd half that starts no segment (or
+    // a half past M, checked first: the table holds the halves inside M only).
+    DK_DEVICE bool starts_tile(uint32_t m_block) const {
+        if constexpr (kHalfBlockTiles)
+            return m_block % 2 == 0 || (m_block < group_num_m_blocks && odd_half_starts_tile(m_block));
+        return true;
     }
 
     // Contiguous: moves the walk past the odd halves that start no tile (256-row tiles; their check reads shared memory
@@ -325,15 +346,14 @@ private:
             uint32_t m_unit, n_unit;
             rasterize(next_unit_idx, m_unit, n_unit);
             const uint32_t m_block_0 = first_m_block(m_unit);
-            if constexpr (kHalfBlockTiles) {
-                if (m_block_0 % 2 == 1 && !odd_half_starts_tile(m_block_0)) {
-                    next_unit_idx += num_clusters;
-                    continue;
-                }
+            const uint32_t m_block_1 = second_m_block(m_unit);
+            if (!starts_tile(m_block_0) && (!kPairsShareN || !starts_tile(m_block_1))) {
+                next_unit_idx += num_clusters;
+                continue;
             }
             prefetched_unit = next_unit_idx;
             prefetched_group_0 = block_group(m_block_0);
-            prefetched_group_1 = kPairsShareN ? block_group(m_block_0 + 1) : prefetched_group_0;
+            prefetched_group_1 = kPairsShareN ? block_group(m_block_1) : prefetched_group_0;
             return;
         }
     }
@@ -363,18 +383,33 @@ private:
         }
     }
 
+    // Contiguous 256-row tiles: the even halves' M-units are banded on their own, then the odd halves' (few of which
+    // start a tile), so that every band of work is whole tiles rather than half of it skipped.
     DK_DEVICE void rasterize(uint32_t unit_in_group, uint32_t& m_unit, uint32_t& n_unit) const {
-        const uint32_t band_size = num_m_units(group_num_m_blocks) * kNumNUnitsPerBand;
+        uint32_t first_m_unit = 0;
+        uint32_t num_m = num_m_units(group_num_m_blocks);
+        if constexpr (kHalfBlockTiles) {
+            const uint32_t num_even = num_m_units(ceil_div(group_num_m_blocks, 2u));
+            if (unit_in_group < num_even * kNumNUnits) {
+                num_m = num_even;
+            } else {
+                unit_in_group -= num_even * kNumNUnits;
+                first_m_unit = num_even;
+                num_m -= num_even;
+            }
+        }
+        const uint32_t band_size = num_m * kNumNUnitsPerBand;
         const uint32_t band_idx = unit_in_group / band_size;
         const uint32_t unit_in_band = unit_in_group - band_idx * band_size;
         const uint32_t band_first_n = band_idx * kNumNUnitsPerBand;
         const uint32_t band_width = min(kNumNUnitsPerBand, kNumNUnits - band_first_n);
-        m_unit = unit_in_band / band_width;
-        n_unit = band_first_n + unit_in_band - m_unit * band_width;
+        const uint32_t m_in_band = unit_in_band / band_width;
+        m_unit = first_m_unit + m_in_band;
+        n_unit = band_first_n + unit_in_band - m_in_band * band_width;
     }
 
     DK_DEVICE bool is_valid_block(uint32_t m_block_idx, uint32_t n_block_idx, int group) const {
-        // (Contiguous 256-row tiles: get_next_tile has skipped the odd halves that start no tile.)
+        // (Contiguous 256-row tiles: get_next_tile has skipped, or marked invalid, the odd halves that start no tile.)
         return m_block_idx < group_num_m_blocks && n_block_idx < kNumNBlocks && group >= 0;
     }
 

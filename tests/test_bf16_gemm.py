@@ -211,6 +211,21 @@ def test_grouped_configs_are_legal():
         heuristics.get_grouped_bf16_gemm_config("normal", 64, 256, 256, 1, NUM_SMS)
 
 
+def test_masked_measured_tiles_apply_to_their_problems_only():
+    for (n, k, g), (rows, tile) in heuristics.MEASURED_MASKED_TILES.items():
+        for hint in (rows, int(1.2 * rows)):
+            config = heuristics.get_grouped_bf16_gemm_config(bf16_gemm.MASKED, hint, n, k, g, NUM_SMS)
+            assert (config.block_m, config.block_n) == tile
+            assert config.num_stages == heuristics.max_stages(*tile, 2) and config.num_splits == 1
+        # Outside the measured rows, on another SM count and for the contiguous kind: the model's choice.
+        masked, contiguous = bf16_gemm.MASKED, bf16_gemm.CONTIGUOUS
+        for hint, num_sms, gemm_type in ((rows - 1, NUM_SMS, masked), (int(1.3 * rows), NUM_SMS, masked),
+                                         (rows, NUM_SMS - 18, masked), (g * rows, NUM_SMS, contiguous)):
+            assert (heuristics.get_grouped_bf16_gemm_config(gemm_type, hint, n, k, g, num_sms) ==
+                    heuristics.modelled_grouped_config(gemm_type, hint, n, k, g, num_sms))
+    assert heuristics.measured_masked_tile(1024, 7168, 2048, 1, NUM_SMS) is None
+
+
 def test_make_config_rejects_illegal_tiles():
     for args in ((256, 192), (96, 128), (128, 264)):
         with pytest.raises(ValueError, match="no BF16 kernel"):
@@ -342,7 +357,9 @@ TRANSPOSED_SHAPES = [(300, 2112, 1040), (4096, 7168, 2048)]
 # (block_m, block_n, multicast, on A, splits, A M-major, B N-major)
 MN_MAJOR_FORCED = [(256, 128, 2, True, 1, True, True), (128, 192, 2, False, 1, False, True),
                    (64, 256, 1, False, 1, True, False), (128, 128, 1, False, 3, True, True)]
-MASKED_CASES = [([0, 17, 256, 100], 256, 100, 4096, 7168), ([1, 64, 63, 0, 8, 33], 64, 32, 7168, 2048)]
+MASKED_CASES = [([0, 17, 256, 100], 256, 100, 4096, 7168), ([1, 64, 63, 0, 8, 33], 64, 32, 7168, 2048),
+                # measured tiles (heuristics.MEASURED_MASKED_TILES): 128 x 160 and 128 x 128
+                ([200, 300, 0, 257], 384, 307, 4096, 7168), ([392, 528], 640, 614, 7168, 2048)]
 # (m, n, k, block_m, block_n, output): two splits in a cluster against the workspace split of the same tiles; "c":
 # FP32 D with c added.
 CLUSTER_SPLIT_CASES = [(64, 2112, 7168, 64, 64, "bf16"), (128, 7168, 2048, 128, 112, "bf16"),

@@ -419,6 +419,7 @@ def _check_split_k(m, n, k, mode):
 @pytest.mark.parametrize("m,n,k,mode", [
     (1, 2112, 7168, "bf16"), (17, 24576, 1536, "c"), (64, 32768, 512, "c_alias"), (128, 7168, 16384, "bf16"),
     (1, 4096, 7168, "c_alias"), (17, 7168, 2048, "bf16"), (64, 2112, 7168, "c"), (128, 4096, 7168, "c"),
+    (64, 7168, 16384, "bf16"), (17, 7168, 16384, "c_alias"),
 ])
 def test_decode_shapes_match_reference(m, n, k, mode):
     # The heuristics' own choice at decode sizes (every DeepSeek-V3 N, K; each output mode): split-K where the

@@ -52,7 +52,8 @@ def test_config_is_legal(m, n, k, out_bytes, accumulate):
     fitting = heur.max_stages(config.block_m, config.block_n, out_bytes)
     if config.block_m == 64 and m <= 64 and config.block_n >= 64:
         assert config.num_stages == heur.dense_stages_64_rows(fitting, k, config.num_splits)
-        assert config.num_stages <= heur.MAX_DENSE_STAGES_64_ROWS
+        if config.num_splits > 1 or -(-k // heur.BLOCK_K) < heur.LONG_JOB_K_BLOCKS:
+            assert config.num_stages <= heur.MAX_DENSE_STAGES_64_ROWS
     else:
         assert config.num_stages == fitting
         assert (config.num_stages == heur.MAX_STAGES or
@@ -233,6 +234,21 @@ def test_decode_shapes_fill_the_sms_in_one_wave(m, n, k):
             assert jobs <= NUM_SMS and heur.grid_size(config, m, n, NUM_SMS) == jobs
 
 
+def test_long_k_full_64_row_block_runs_unsplit_tiles_with_every_stage():
+    # K = 16384 at N = 7168, M = 64: 112 unsplit 64 x 64 tiles of 128 K blocks in one wave, every stage that fits.
+    config = pick(64, 7168, 16384)
+    assert (config.block_m, config.block_n, config.num_splits) == (64, 64, 1), config
+    assert config.pipelined and config.evict_first_b
+    assert config.num_stages == heur.max_stages(64, 64, 2) > heur.MAX_DENSE_STAGES_64_ROWS
+    assert heur.is_long_job_64_rows(config, 64, 7168, 16384, NUM_SMS)
+    # Not where M does not fill the tile, with two M blocks, at K = 7168 (56 K blocks) or with more tiles than SMs.
+    assert not heur.is_long_job_64_rows(config, 32, 7168, 16384, NUM_SMS)
+    assert pick(32, 7168, 16384).num_splits == 2
+    assert pick(128, 7168, 16384).block_m == 128
+    assert pick(64, 4096, 7168).num_splits > 1
+    assert not heur.is_long_job_64_rows(heur.make_config(64, 64, 1, False, 2), 64, 24576, 16384, NUM_SMS)
+
+
 @pytest.mark.parametrize("m", (1, 64, 128))
 def test_long_k_with_few_tiles_splits(m):
     # 33 (64 x 64) tiles over 56 K blocks, or 64 over 56: one tile per CTA would leave most SMs idle.
@@ -377,3 +393,21 @@ def test_ping_pong_is_offered_only_where_its_factor_is_measured(monkeypatch):
             assert heur.estimate_seconds(c, 4096, 7168, 16384, 132) < heur.estimate_seconds(
                 replace(c, ping_pong=False), 4096, 7168, 16384, 132)
     assert not any(c.ping_pong for c in heur.candidate_configs(4096, 7168, 132, grouped=True))
+
+
+def test_dense_two_wave_tiles_run_without_a_cluster_where_measured():
+    # At M = 4096 and up to 56 K blocks the 256x128 picks run unicast (measured faster than their pairs multicasting A or
+    # B); the multicast twins stay candidates, rated above them; 128 x 192 keeps N = 2112, 24576 and 32768, and the pairs
+    # multicasting A keep K = 16384.
+    assert heur.config_label(heur.get_fp8_gemm_config(4096, 7168, 16384, NUM_SMS, allow_split_k=True)) == "256x128/1o+a"
+    for n, k in ((4096, 7168), (7168, 2048)):
+        ranked = heur.ranked_configs(4096, n, k, NUM_SMS, allow_split_k=True)
+        pick = ranked[0][1]
+        assert heur.config_label(pick) == "256x128/1o" and pick.num_stages == 3
+        twins = [s for s, c in ranked if c == heur.replace(pick, num_tma_multicast=2, multicast_on_a=True)]
+        assert twins and ranked[0][0] == pytest.approx(twins[0] * heur.DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST)
+    for n, k in ((2112, 7168), (24576, 1536), (32768, 512)):
+        assert heur.config_label(heur.get_fp8_gemm_config(4096, n, k, NUM_SMS, allow_split_k=True)) == "128x192/1o"
+    # Not with per-channel B scales (their own kinds' model), nor at decode sizes.
+    assert all(c.block_m < 256 for m in (64, 128) for n, k in ((7168, 16384), (4096, 7168))
+               for c in [heur.get_fp8_gemm_config(m, n, k, NUM_SMS, allow_split_k=True)])

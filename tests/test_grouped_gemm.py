@@ -542,19 +542,24 @@ def test_masked_tails_in_one_warpgroup(monkeypatch, block_n, overlap, multicast)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("multicast,overlap", [(2, True), (1, False)])
-def test_256_row_tiles(monkeypatch, multicast, overlap):
+@pytest.mark.parametrize("multicast,on_a,overlap", [(2, True, True), (1, True, False), (2, False, True)])
+def test_256_row_tiles(monkeypatch, multicast, on_a, overlap):
     # 256-row tiles: contiguous segments starting on odd 128-row halves (that tile writes only its first 128 rows),
     # one-half segments, an empty expert, tiles holding two experts' rows and padding; masked tails inside either
-    # warpgroup's 128 rows; with A multicast an odd N-block count (a pair's second tile past N). Deterministic.
-    config = dense_heuristics.make_config(256, 128, multicast, True, 2, overlap_epilogue=overlap)
+    # warpgroup's 128 rows; with A multicast an odd N-block count (a pair's second tile past N); with B multicast
+    # (contiguous only) pairs of tiles of two experts, of an even and an odd half, and members that start no tile.
+    # Deterministic.
+    config = dense_heuristics.make_config(256, 128, multicast, on_a, 2, overlap_epilogue=overlap)
     monkeypatch.setattr(grouped_gemm, "_plans", {})
     monkeypatch.setattr(heuristics, "get_grouped_fp8_gemm_config", lambda *args, **kwargs: config)
-    a, b, m_indices, offsets = make_contiguous_inputs([300, 0, 100, 128, 257, 40, 600, 1], N, K)
-    d, poisoned = _run_contiguous(a, b, m_indices)
-    _check_contiguous(d, _expected_contiguous(a, b, m_indices), m_indices, poisoned)
-    assert_bitwise_equal(_run_contiguous(a, b, offsets=offsets)[0], d, "d (second run, offsets form)")
+    for sizes in ([300, 0, 100, 128, 257, 40, 600, 1], [1024, 384, 512, 256, 128, 129, 1000, 0]):
+        a, b, m_indices, offsets = make_contiguous_inputs(sizes, N, K)
+        d, poisoned = _run_contiguous(a, b, m_indices)
+        _check_contiguous(d, _expected_contiguous(a, b, m_indices), m_indices, poisoned)
+        assert_bitwise_equal(_run_contiguous(a, b, offsets=offsets)[0], d, "d (second run, offsets form)")
     assert grouped_gemm._plan(grouped_gemm.CONTIGUOUS, m_indices.numel(), N, K, 8)[1].block_m == 256
+    if not on_a:
+        return
 
     a, b, masked_m = make_masked_inputs([300, 13, 0, 200, 129, 128, 256, 255], 300, N, K)
     d, poisoned = _run_masked(a, b, masked_m, 150)
@@ -563,11 +568,12 @@ def test_256_row_tiles(monkeypatch, multicast, overlap):
 
 
 @pytest.mark.gpu
-def test_256_row_tiles_past_the_odd_half_table(monkeypatch):
+@pytest.mark.parametrize("on_a", [True, False])
+def test_256_row_tiles_past_the_odd_half_table(monkeypatch, on_a):
     # The scheduler keeps which odd 128-row halves start a tile for the first 2048 odd halves (rows below 512K) in
     # shared memory and looks later ones up in global memory: segments starting on odd halves on both sides of that
     # bound (half 4095, the table's last bit; 4097 and 4101 past it), an even start between and a one-row expert.
-    config = dense_heuristics.make_config(256, 128, 2, True, 2, overlap_epilogue=True)
+    config = dense_heuristics.make_config(256, 128, 2, on_a, 2, overlap_epilogue=True)
     monkeypatch.setattr(grouped_gemm, "_plans", {})
     monkeypatch.setattr(heuristics, "get_grouped_fp8_gemm_config", lambda *args, **kwargs: config)
     sizes = [4095 * CONTIGUOUS_ALIGNMENT, 256, 300, 128, 1, 129]

@@ -196,6 +196,32 @@ def test_accumulates_into_fp32_in_place_and_is_deterministic():
     assert_bitwise_equal(_run(a, b, config=config), first)
 
 
+def _differing_runs(outputs: list, first: torch.Tensor) -> list:
+    """Indices of the outputs whose bytes differ from first's."""
+    return [i for i, out in enumerate(outputs) if not torch.equal(out.view(torch.int16), first.view(torch.int16))]
+
+
+# The split and two-warpgroup picks: (M, N, K) whose heuristics' config has more than one split or math warpgroup.
+REPEATED_RUN_SHAPES = [(64, 7168, 16384), (64, 4096, 7168), (16, 4096, 7168), (128, 7168, 16384)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", REPEATED_RUN_SHAPES)
+def test_repeated_runs_are_bitwise_equal(m, n, k):
+    a, b = make_nvfp4_gemm_inputs(m, n, k)
+    config = nvfp4_gemm._config(m, n, k, torch.bfloat16)
+    assert config.num_splits > 1 or config.num_math_warpgroups > 1
+    first = _run(a, b)
+    assert_gemm_close(first, _reference(a, b))
+    # Back to back, each into its own poisoned output, so that consecutive launches share the workspace and tickets.
+    outputs = [_run(a, b) for _ in range(200)]
+    assert _differing_runs(outputs, first) == []
+    # The comparison sees one element's lowest bit flipped.
+    planted = outputs[7].clone()
+    planted.view(torch.int16)[m - 1, n - 1] ^= 1
+    assert _differing_runs(outputs[:7] + [planted], first) == [7]
+
+
 @pytest.mark.gpu
 def test_global_scale_on_the_host_is_refused_before_launch():
     a, (codes, scales, global_scale) = make_nvfp4_gemm_inputs(16, 256, 256)

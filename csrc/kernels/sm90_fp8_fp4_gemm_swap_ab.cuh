@@ -404,9 +404,10 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
     constexpr uint32_t kNumChains = Traits::kNumChains;
     float partial[kNumChains][BLOCK_T / 2];
     Fragments frags[2];
+    State previous_state = state;
     expand(frags[0], state);
-    // Issues the block's wgmma group from `current`, expands the next block into `next` meanwhile, then promotes the
-    // block and frees its stage. Returns whether the split has another block.
+    // Issues the block's wgmma group from `current` and frees the previous block's stage, expands the next block into
+    // `next` meanwhile, then promotes the block. Returns whether the split has another block.
     auto step = [&](Fragments& current, Fragments& next, uint32_t k_block) {
         const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes);
         ptx::wgmma_fence();
@@ -415,6 +416,8 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
             ptx::Fp8WgmmaRegisterA<BLOCK_T>::mma(current.regs[s], desc_a + s * kWgmmaK / 16, partial[s % kNumChains],
                                                  s >= kNumChains ? 1u : 0u);
         ptx::wgmma_commit_group();
+        // The previous block's stage: its promotion's sfa loads are done (this group overwrites what they feed).
+        ring.consumer_release_if(previous_state, lane_idx, k_block != k_block_begin);
         State next_state = state;
         next_state.advance();
         const bool has_next = k_block + 1 < k_block_end;
@@ -433,7 +436,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
             partial[0], final_acc, current.scale_lo, Traits::kTileScaled ? current.scale_lo : current.scale_hi,
             reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes), lane_idx);
-        ring.consumer_release(state, lane_idx);
+        previous_state = state;
         state = next_state;
         return has_next;
     };
@@ -441,6 +444,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         if (!step(frags[0], frags[1], k_block) || !step(frags[1], frags[0], k_block + 1))
             break;
     }
+    ring.consumer_release_after_loads(previous_state, lane_idx);
 }
 
 // The warpgroup's split-K reduction: stores its partial sums to its slot; the last split of its rows to arrive sums

@@ -178,7 +178,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
     constexpr uint32_t kNumChains = Traits::kNumChains;
     float partial[kNumChains][BLOCK_T / 2];
     Fragments frags[2];
-    State state;
+    State state, previous_state;
     prepare(frags[0], f16_tiles[0], state);
     auto step = [&](Fragments& current, Fragments& next, uint8_t* current_tile, uint8_t* next_tile, uint32_t k_block) {
         // The warpgroup's f16 tile, written by generic stores, is read by the async proxy.
@@ -192,6 +192,11 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
                                                  s >= kNumChains ? 1u : 0u);
         }
         ptx::wgmma_commit_group();
+        // NOTE: the previous block's stage is freed only now. Its promotion read sfa from the stage with plain loads,
+        // which an arrive does not wait for (ptxas issued it with the last of them in flight, and the producer's
+        // next TMA into the stage could land first); this group's first wgmma overwrites the accumulators that the
+        // promotion's FMAs read, so they, and the loads they wait for, are done by now.
+        ring.consumer_release_if(previous_state, lane_idx, k_block != k_block_begin);
         State next_state = state;
         next_state.advance();
         const bool has_next = k_block + 1 < k_block_end;
@@ -210,7 +215,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
             partial[0], final_acc, global_scale, global_scale,
             reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes), lane_idx);
-        ring.consumer_release(state, lane_idx);
+        previous_state = state;
         state = next_state;
         return has_next;
     };
@@ -219,6 +224,8 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
             !step(frags[1], frags[0], f16_tiles[1], f16_tiles[0], k_block + 1))
             break;
     }
+    // The last block's stage: no wgmma group follows it, so a fence waits for the promotion's loads.
+    ring.consumer_release_after_loads(previous_state, lane_idx);
 }
 
 }  // namespace sm90_fp8_nvfp4_swap_ab_detail

@@ -63,6 +63,12 @@ DK_DEVICE void cluster_sync() {
                      : "memory");
 }
 
+// Orders this thread's earlier memory accesses (loads included: it waits for their values) before its later ones,
+// among the CTA's threads.
+DK_DEVICE void fence_acq_rel_cta() {
+    asm volatile("fence.acq_rel.cta;" ::: "memory");
+}
+
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy (TMA, wgmma) reads.
 DK_DEVICE void fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");

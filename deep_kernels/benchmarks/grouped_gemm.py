@@ -2,8 +2,9 @@
 against (a) a loop of cuBLAS blockwise-scaled FP8 GEMMs, one torch._scaled_mm per expert, and (b) this
 library's dense fp8_gemm_nt on the same total rows (masked: the valid rows), both timed in the same run.
 
-Every row first checks its result against the per-expert float64 reference. Figures count the valid rows
-only: flops 2 * rows * N * K; bytes = valid A rows and their scales + every expert's B and scales + valid D.
+Every row first checks its result against the per-expert float64 reference: masked rows on every valid row,
+contiguous rows (32768 rows each, whose full float64 products do not fit a 30 s run) on the first and last
+CHECKED_ROWS rows of every expert and of the dense GEMM's output. Figures count the valid rows only: flops 2 * rows * N * K; bytes = valid A rows and their scales + every expert's B and scales + valid D.
 """
 
 import random
@@ -29,6 +30,8 @@ PEER = "torch._scaled_mm blockwise (cuBLAS), one call per expert"
 # cuBLAS's blockwise path is given rows in multiples of this (the extra rows are the masked padding).
 CUBLAS_ROW_MULTIPLE = 16
 REPS = 20
+# Rows checked at each end of a contiguous expert's segment (and of the dense GEMM of the contiguous rows' output).
+CHECKED_ROWS = 128
 
 
 def _column_major(scales: torch.Tensor) -> torch.Tensor:
@@ -48,12 +51,29 @@ def _peer_loop(a_rows: list, sfa_rows: list, b, sfb):
     return loop, None
 
 
-def _dense_call(rows: int, n: int, k: int, b, sfb) -> tuple:
-    """(fp8_gemm_nt on `rows` random rows with expert 0's weights, its calc_diff)."""
+def _end_rows(first: int, rows: int) -> list:
+    """The first and last CHECKED_ROWS rows of [first, first + rows) (all of them when fewer)."""
+    if rows <= 2 * CHECKED_ROWS:
+        return list(range(first, first + rows))
+    return list(range(first, first + CHECKED_ROWS)) + list(range(first + rows - CHECKED_ROWS, first + rows))
+
+
+def _rows_diff(d, a, sfa, b, sfb, rows: list) -> float:
+    """calc_diff of d's `rows` against their float64 product with one expert's weights (b, sfb)."""
+    index = torch.tensor(rows, device="cuda")
+    a_rows = a.view(torch.uint8)[index].view(a.dtype)
+    expected = reference.dequantize_a(a_rows, sfa[index]) @ reference.dequantize_b(b, sfb).T
+    return calc_diff(d[index], expected)
+
+
+def _dense_call(rows: int, n: int, k: int, b, sfb, checked_rows: list = None) -> tuple:
+    """(fp8_gemm_nt on `rows` random rows with expert 0's weights, its calc_diff on checked_rows, default all)."""
     a = deep_kernels.per_token_cast_to_fp8(random_activations(rows, k))
     d = torch.empty((rows, n), device="cuda", dtype=torch.bfloat16)
     call = lambda: deep_kernels.fp8_gemm_nt(a, (b[0], sfb[0]), d)
     call()
+    if checked_rows is not None:
+        return call, _rows_diff(d, a[0], a[1], b[0], sfb[0], checked_rows)
     expected = reference.fp8_gemm_nt(a, (b[0], sfb[0]), torch.empty((rows, n), device="cuda", dtype=torch.float64))
     return call, calc_diff(d, expected)
 
@@ -101,14 +121,14 @@ def _contiguous_rows(ctx: BenchContext) -> list:
         (a, sfa), (b, sfb), m_indices, _ = make_contiguous_inputs([m] * g, n, k)
         d = torch.empty((g * m, n), device="cuda", dtype=torch.bfloat16)
         call = lambda: deep_kernels.m_grouped_fp8_gemm_nt_contiguous((a, sfa), (b, sfb), d, m_indices)
+        d.fill_(float("nan"))
         call()
-        expected = reference.m_grouped_fp8_gemm_nt_contiguous(
-            (a, sfa), (b, sfb), torch.empty((g * m, n), device="cuda", dtype=torch.float64), m_indices)
-        check = f"calc_diff={calc_diff(d, expected):.1e}"
-        del expected
+        check = "calc_diff={:.1e} on each expert's first and last {} rows".format(
+            max(_rows_diff(d, a, sfa, b[i], sfb[i], _end_rows(i * m, m)) for i in range(g)), CHECKED_ROWS)
         peer = _peer_loop([a[i * m:(i + 1) * m] for i in range(g)], [sfa[i * m:(i + 1) * m] for i in range(g)],
                           b, sfb)
-        us, peer, dense = _time_with_peers(call, peer, _dense_call(g * m, n, k, b, sfb), ctx)
+        dense = _dense_call(g * m, n, k, b, sfb, _end_rows(0, g * m))
+        us, peer, dense = _time_with_peers(call, peer, dense, ctx)
         _, config, grid = _plan(CONTIGUOUS, g * m, n, k, g)
         rows.append(_row("m_grouped_fp8_gemm_nt_contiguous", {"g": g, "m": m, "n": n, "k": k},
                          _config_text(config, grid), us, g * m, n, k, g, ctx, peer, dense, check))

@@ -18,6 +18,8 @@ multicast, split-K), with what the BF16 kind changes:
   only; CLUSTER_SPLIT_FACTOR: measured).
 * Dense 64-row tiles where M is one such tile take at most MAX_DENSE_STAGES_64_ROWS stages (measured).
 * An N-major B (bf16_gemm_nn / tn) is loaded as 64-column boxes: BLOCK_N a multiple of 64.
+* Masked kind at 1-4 experts: where a tile was measured faster than the model's pick (MEASURED_MASKED_TILES), that
+  tile; the model's terms miss the last wave's fill of the drawn rows there.
 
 Candidates are enumerated in a fixed order (larger tiles first) and ties keep the first, so the choice is
 deterministic.
@@ -59,6 +61,26 @@ MAX_DENSE_STAGES_64_ROWS = 8
 # and a tile whose wave count steps up just past expected_m ran up to 1.18x slower than the next-best one (H200,
 # bf16_gemm suite's masked shapes, 2026-12-02).
 MASKED_ROW_SHARES = (0.9, 1.0, 1.1)
+# Masked kind, few experts: tiles measured faster than the model's picks, by (N, K, experts) -> (expected_m the
+# measurement drew masked_m around, (BLOCK_M, BLOCK_N)); taken with every stage that fits where the hint lies in
+# [expected_m, MEASURED_MASKED_HINT_SHARE x expected_m] (the suite passes int(1.2 x expected_m)) on MEASURED_NUM_SMS
+# SMs. On the H200 (2026-12-02, masked_m of each expert expected_m x U(0.7, 1.3), L2 flushed before each run, timed in
+# turns with the model's pick; two runs over three and five draws) they ran, against its 128x176 / 128x192 / 128x192 /
+# 128x224:
+#   4096 x 7168, 1 expert of 1024: 128x160 1.083-1.107x;  4 experts of 256: 128x160 1.130-1.150x;
+#   7168 x 2048, 2 experts of 512: 128x128 1.093-1.138x (0.918x on a draw of ten 128-row blocks, 4.2 waves);
+#                4 experts of 256: 128x112 1.070-1.258x.
+# (At 4096 x 7168 with 2 experts of 512, 128x144 ran 1.06-1.08x on draws of nine blocks but 0.76x on one of ten.) The
+# model's terms (fitted to dense tiles) miss these by the last wave's fill of the drawn rows and the short pipelines
+# (3 stages) of the widest tiles at K = 2048.
+MEASURED_MASKED_TILES = {
+    (4096, 7168, 1): (1024, (128, 160)),
+    (4096, 7168, 4): (256, (128, 160)),
+    (7168, 2048, 2): (512, (128, 128)),
+    (7168, 2048, 4): (256, (128, 112)),
+}
+MEASURED_MASKED_HINT_SHARE = 1.25
+MEASURED_NUM_SMS = 132
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -248,9 +270,30 @@ def get_bf16_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: in
     return ranked_configs(m, n, k, num_sms, smem_capacity, out_dtype_bytes, with_accumulation, mn_major_b)[0][1]
 
 
+def measured_masked_tile(expected_m: int, n: int, k: int, num_groups: int, num_sms: int):
+    """(BLOCK_M, BLOCK_N) of MEASURED_MASKED_TILES for a masked problem it covers (hint in [expected_m,
+    MEASURED_MASKED_HINT_SHARE x expected_m] of the measured rows, MEASURED_NUM_SMS SMs), else None."""
+    measured = MEASURED_MASKED_TILES.get((n, k, num_groups))
+    if measured is None or num_sms != MEASURED_NUM_SMS:
+        return None
+    rows, tile = measured
+    return tile if rows <= expected_m <= MEASURED_MASKED_HINT_SHARE * rows else None
+
+
 def get_grouped_bf16_gemm_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
                                  smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
-    """The grouped kinds' config (bf16 D), as heuristics.grouped_fp8_gemm models the groups: m is the total rows
+    """The grouped kinds' config (bf16 D): a measured masked tile (measured_masked_tile) where one applies, else
+    modelled_grouped_config's."""
+    check_grouped_problem(gemm_type, m, n, k, num_groups, num_sms)
+    tile = measured_masked_tile(m, n, k, num_groups, num_sms) if gemm_type == "m_grouped_masked" else None
+    if tile is not None and max_stages(*tile, 2, smem_capacity) >= MIN_STAGES:
+        return make_config(*tile, smem_capacity=smem_capacity)
+    return modelled_grouped_config(gemm_type, m, n, k, num_groups, num_sms, smem_capacity)
+
+
+def modelled_grouped_config(gemm_type: str, m: int, n: int, k: int, num_groups: int, num_sms: int,
+                            smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
+    """The model's grouped config (bf16 D), as heuristics.grouped_fp8_gemm models the groups: m is the total rows
     (contiguous) or the expected valid rows per group (masked: ceil(rows / BLOCK_M) blocks per group, the time
     averaged over MASKED_ROW_SHARES of m)."""
     check_grouped_problem(gemm_type, m, n, k, num_groups, num_sms)

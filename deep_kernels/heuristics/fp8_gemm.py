@@ -20,6 +20,9 @@ deterministic.
   of the two (they never overlap perfectly; this also ranks configs of DRAM-bound shapes); multicast
   scales it by MULTICAST_FACTOR: on the H200 the pair's lockstep costs 64- and 128-row tiles more than the
   halved L2 reads save, while 256-row tiles (the largest stages) gain from it.
+  The dense kind (ranked_configs) rates a 256-row tile without a cluster, with the epilogue overlap and at most
+  DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS K blocks, at most DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST times its multicast twin
+  (measured faster at M = 4096).
 
 Split-K (Normal kind, no multicast). When the tiles of a config are fewer than the SMs, the config is
 also offered with S = 2 .. min(K / 128, num_sms // tiles) splits of every tile (so the jobs, tiles x S, fit
@@ -88,6 +91,14 @@ LAUNCH_SECONDS = 3e-6
 # costs the narrower tiles more than the halved L2 reads of the shared operand save; 256-row tiles, whose stages
 # are the largest, gain (same sweep as the 256-row terms above).
 MULTICAST_FACTOR = {64: 1.05, 128: 1.05, 256: 0.97}
+# The dense kind (block-scaled, one group: ranked_configs): a 256-row tile without a cluster, with the epilogue overlap
+# (at least MIN_TILES_PER_CTA_FOR_OVERLAP tiles a CTA) and at most DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS K blocks, runs in
+# at most this share of the time of the same tile's pairs multicasting A (or B). On the H200 (2026-12-02, M = 4096,
+# 256x128 tiles, 3 stages, timed in turns, two runs) it ran 1.008x and 1.007x (4096 x 7168), 1.040x and 1.039x
+# (7168 x 2048) the pairs multicasting A and 1.03-1.04x those multicasting B; at 7168 x 16384 (128 K blocks) 1.009x and
+# 0.992x the pairs multicasting A, so the longer K loops keep the pairs.
+DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST = 0.992
+DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS = 56
 # Time of a block-scaled 256-row K block over MATH_SECONDS_PER_K_BLOCK[256]: its loop waits for the stage once for both
 # waves and builds the wgmma descriptors in uniform registers (237 -> 204 instructions per K block). On the H200
 # (2026-12-02, timed in turns with cuBLAS) 256x128 with A multicast went from 1.015x to 1.062x cuBLAS at 4096x4096x7168
@@ -130,6 +141,13 @@ MAX_CLUSTER_SPLITS = 2
 # with 8, 8.99 with 4), while with two M blocks (M = 128) 64x64 tiles ran 4-6% faster with all 13 (10.99 against
 # 11.49 us at 128x2112x7168, 16.67 against 17.71 at 128x4096x7168), as did 64x32 tiles (18 stages) and 128-row tiles.
 MAX_DENSE_STAGES_64_ROWS = 8
+# A dense unsplit 64-row tile of one M block running at least LONG_JOB_K_BLOCKS K blocks (K >= 16384) takes every stage
+# that fits, and where M fills the tile and such tiles fit one wave (is_long_job_64_rows) its estimate is scaled by
+# LONG_JOB_FACTOR: on the H200 (2026-12-02, L2 flushed before each run, timed in turns with the previous pick, 64x112
+# with two splits in a cluster and 8 stages) 64x64 unsplit with 13 stages (evict-first B) ran 1.091x and 1.113x faster
+# at 64x7168x16384 (two runs; 10 stages 1.006x 13), where B's 117 MB stream from DRAM; at M = 32 it ran 0.943x.
+LONG_JOB_K_BLOCKS = 128
+LONG_JOB_FACTOR = 0.95
 # Dense tiles take the epilogue overlap only when a CTA runs at least this many tiles: at decode sizes, with one or two
 # tiles per CTA, the same tiles without it ran 3.5-3.8% faster on the H200 (128x192 at 128x24576x1536 17.71 -> 17.06
 # us, 128x128 at 128x32768x512 10.66 -> 10.29 us).
@@ -659,9 +677,20 @@ def takes_evict_first_b(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: 
 
 def dense_stages_64_rows(stages: int, k: int, num_splits: int) -> int:
     """Stages of a dense block-scaled 64-row tile at least 64 columns wide where M is one tile: at most
-    MAX_DENSE_STAGES_64_ROWS, and no more than a job's K blocks (at least MIN_STAGES), of the `stages` that fit."""
+    MAX_DENSE_STAGES_64_ROWS, and no more than a job's K blocks (at least MIN_STAGES), of the `stages` that fit; a job
+    of at least LONG_JOB_K_BLOCKS K blocks takes them all."""
     job_k_blocks = _ceil_div(_ceil_div(k, BLOCK_K), num_splits)
+    if num_splits == 1 and job_k_blocks >= LONG_JOB_K_BLOCKS:
+        return stages
     return min(stages, MAX_DENSE_STAGES_64_ROWS, max(MIN_STAGES, job_k_blocks))
+
+
+def is_long_job_64_rows(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int) -> bool:
+    """Whether a dense block-scaled config is an unsplit pipelined 64-row tile that M = 64 fills, at least 64 columns
+    wide, whose tiles fit one wave and run at least LONG_JOB_K_BLOCKS K blocks each (LONG_JOB_FACTOR)."""
+    return (config.block_m == 64 and m == 64 and config.block_n >= 64 and config.pipelined and
+            config.num_splits == 1 and config.num_tma_multicast == 1 and num_tiles(config, m, n) <= num_sms and
+            _ceil_div(k, BLOCK_K) >= LONG_JOB_K_BLOCKS)
 
 
 def with_stages(config: Fp8GemmConfig, num_stages: int, out_dtype_bytes: int,
@@ -690,14 +719,38 @@ def ranked_configs(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SM
     check_problem(n, k, num_sms)
     m = max(m, 1)
     split_k = k if allow_split_k and num_groups == 1 else None
-    timed = [(estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation, num_groups, operands),
-              config)
+    def modelled_seconds(config) -> float:
+        seconds = estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, with_accumulation, num_groups, operands)
+        # NOTE: split_k marks the dense kind (the decode rules' scope).
+        if split_k is not None and operands == "fp8_block_scaled" and is_long_job_64_rows(config, m, n, k, num_sms):
+            seconds *= LONG_JOB_FACTOR
+        return seconds
+
+    timed = [(modelled_seconds(config), config)
              for config in candidate_configs(m, n, num_sms, smem_capacity, out_dtype_bytes, split_k,
                                              block_ms=block_ms, operands=operands)]
     if not timed:
         raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
+    if operands == "fp8_block_scaled" and num_groups == 1 and _ceil_div(k, BLOCK_K) <= DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS:
+        timed = _rate_two_wave_unicast(timed)
     timed.sort(key=lambda pair: pair[0])
     return timed
+
+
+def _rate_two_wave_unicast(timed: list) -> list:
+    """(seconds, config) pairs with each 256-row unicast config with the epilogue overlap at most
+    DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST times its fastest multicast twin (the same config in a 2-CTA cluster): the
+    dense kind's measured rate (the caller applies it up to DENSE_TWO_WAVE_UNICAST_MAX_K_BLOCKS K blocks)."""
+    twin_key = lambda config: replace(config, num_tma_multicast=1, multicast_on_a=False)
+    fastest_twin = {}
+    for seconds, config in timed:
+        if config.block_m == 256 and config.num_tma_multicast == 2:
+            key = twin_key(config)
+            fastest_twin[key] = min(fastest_twin.get(key, seconds), seconds)
+    return [(min(seconds, fastest_twin[config] * DENSE_TWO_WAVE_UNICAST_OVER_MULTICAST)
+             if config.block_m == 256 and config.num_tma_multicast == 1 and config.overlap_epilogue and
+             config in fastest_twin else seconds, config)
+            for seconds, config in timed]
 
 
 def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
