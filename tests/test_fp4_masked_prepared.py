@@ -22,6 +22,7 @@ from deep_kernels.testing import assert_bitwise_equal, poison_
 from deep_kernels.testing.fp4_gemm import mxfp4_weights
 from deep_kernels.testing.gemm import assert_gemm_close
 from deep_kernels.testing.grouped import make_masked_inputs
+from test_fp4_weights import with_undocumented_word_bits
 
 
 def test_grouped_preparation_stacks_each_experts():
@@ -190,6 +191,23 @@ def test_masked_tile_scaled_is_bitwise_the_row_scaled_layout(expected_m):
     with pytest.raises(AssertionError, match="calc_diff"):
         _check(_run(a, replace(row_scaled, tile_scaled=True), masked, expected_m, None), _reference(a, b, masked),
                masked_m)
+
+
+@pytest.mark.gpu
+def test_masked_tile_scaled_reads_only_the_words_documented_bits():
+    # The failing run of test_masked_tile_scaled_is_bitwise_the_row_scaled_layout[16] before the pair-table offsets
+    # were masked: row-scaled words read as tile-scaled put pair 1's offset (word >> 16) up to 64 KB past the tables.
+    masked_m, m_max, n, k = [16, 0, 9, 21], 32, 2112, 1536
+    a, (codes, _), masked = _inputs(masked_m, m_max, n, k, seed=11)
+    generator = torch.Generator(device="cuda").manual_seed(11)
+    scales = 127 - torch.randint(0, 8, (len(masked_m), n, k // 32), generator=generator, device="cuda")
+    prepared = deep_kernels.prepare_fp4_weights(codes, scales.to(torch.uint8))
+    assert prepared.tile_scaled
+    config = swap_ab.make_config(16, 1, ctas_per_sm=4, num_chains=2)
+    expected = _run(a, prepared, masked, 16, config)
+    actual = _run(a, replace(prepared, data=with_undocumented_word_bits(prepared.data)), masked, 16, config)
+    torch.cuda.synchronize()
+    assert_bitwise_equal(actual, expected)
 
 
 @pytest.mark.gpu

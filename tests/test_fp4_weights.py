@@ -244,6 +244,41 @@ def test_tile_scaled_matches_reference_and_the_unprepared_kernel(m, n, k, spread
     assert_bitwise_equal(actual, _run(a, b, n, config=config))
 
 
+def with_undocumented_word_bits(data: torch.Tensor) -> torch.Tensor:
+    """Tile-scaled prepared data with every scale word bit that the layout leaves zero set (bits 10-11, 16-19 and
+    26-31: 0xFC0F0C00, the module docstring)."""
+    data = data.clone()
+    words = data[..., 4096:].unflatten(-1, (-1, 4))
+    words[..., 1] |= 0x0C
+    words[..., 2] |= 0x0F
+    words[..., 3] |= 0xFC
+    return data
+
+
+@pytest.mark.gpu
+# (m, n, k, tokens a tile, math warpgroups, splits, CTAs an SM): a two-warpgroup CTA's second tile past N, four CTAs
+# an SM, the model's pick; and prefill (the expansion kernel reads the same words)
+@pytest.mark.parametrize("m,n,k,config", [
+    (20, 176, 512, (32, 2, 4, 1)), (5, 2112, 1536, (16, 1, 4, 4)), (64, 7168, 2048, None), (4096, 1040, 1024, None),
+])
+def test_tile_scaled_kernels_read_only_the_words_documented_bits(m, n, k, config):
+    # The pair tables' offsets are masked to their span: a word that is not a tile-scaled one (a stale chunk past
+    # N, row-scaled data flagged tile-scaled) must not address shared memory past the tables.
+    a = make_fp4_gemm_inputs(m, 16, k)[0]
+    prepared = deep_kernels.prepare_fp4_weights(*_folding_weights(n, k, 7, "cuda"))
+    assert prepared.tile_scaled
+    kwargs = {}
+    if config is not None:
+        block_t, warpgroups, splits, ctas = config
+        kwargs["config"] = swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas)
+    expected = _run(a, prepared, n, **kwargs)
+    dirty = replace(prepared, data=with_undocumented_word_bits(prepared.data))
+    assert not torch.equal(dirty.data, prepared.data)
+    actual = _run(a, dirty, n, **kwargs)
+    torch.cuda.synchronize()
+    assert_bitwise_equal(actual, expected)
+
+
 @pytest.mark.gpu
 def test_prepared_accumulates_in_place_and_is_deterministic():
     a, b = make_fp4_gemm_inputs(64, 2112, 1536)
