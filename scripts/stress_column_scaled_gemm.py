@@ -1,18 +1,16 @@
 """Repeated-run stress of the FP8 GEMM engine's column-scaled kinds (the weight-gradient recipe (1, 1, 128) of
-fp8_gemm_nt, the k-grouped GEMM, and MXFP4 weights expanded in the kernel): each case runs one problem with the model's pick many times into freshly poisoned
-outputs, compares every run bitwise with the first and checks the first against the float64 reference. Modes: `sync`
-(a synchronize after each launch) and `burst` (8 launches back to back, each into its own D). --release picks how the K loop
-frees a stage after the promotion read its sfb (the kernel's trailing kColumnScaleRelease template parameter: plain,
-after a fence, or deferred past the next wgmma group); --bench times the releases in turns instead.
+fp8_gemm_nt, the k-grouped GEMM, and MXFP4 weights expanded in the kernel), whose promotion reads each stage's sfb
+before the stage is freed: each case runs one long-K problem with the model's pick many times into fresh outputs,
+compares every run bitwise with the first and checks the first against the float64 reference. Modes: `sync` (a
+synchronize after each launch) and `burst` (8 launches back to back, each into its own D).
 
-    python scripts/stress_column_scaled_gemm.py --out DIR [--release plain,deferred] [--runs N] [--cases ...]
+    python scripts/stress_column_scaled_gemm.py [--out DIR] [--runs N] [--cases ...] [--precompile]
 
 Cases: wgrad:MxNxK (FP32 D accumulated in place), kgrouped:GxMxNxMEAN (likewise) or mxfp4:MxNxK (bf16 D; a size
 whose fp8_fp4_gemm_nt runs the engine's in-kernel expansion).
 """
 
 import argparse
-import dataclasses
 import functools
 import json
 import random
@@ -24,14 +22,11 @@ import torch
 import deep_kernels
 from deep_kernels import fp4_gemm, gemm, k_grouped_gemm
 from deep_kernels.heuristics import fp8_fp4_gemm as fp4_heuristics
-from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.heuristics import k_grouped_fp8_gemm as k_heuristics
-from deep_kernels.jit import registry
 from deep_kernels.reference import fp4_gemm as fp4_reference
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference import k_grouped_gemm as k_reference
 from deep_kernels.testing import poison_
-from deep_kernels.testing.bench import L2Flusher, time_kernels_us
 from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs
 from deep_kernels.testing.gemm import gemm_errors
 from deep_kernels.testing.wgrad import group_sizes, make_k_grouped_inputs, make_wgrad_inputs
@@ -39,43 +34,12 @@ from deep_kernels.testing.wgrad import group_sizes, make_k_grouped_inputs, make_
 RECIPE = (1, 1, 128)
 DEFAULT_CASES = ["wgrad:2112x7168x16384", "wgrad:4096x7168x16384", "wgrad:7168x2048x16384", "kgrouped:4x4096x7168x4096",
                  "mxfp4:256x7168x16384"]
-RELEASES = {"plain": 0, "fence": 1, "deferred": 2}
 # Launches per burst (each into its own D).
 BURST = 8
 
 
-def with_release_parameter(definition):
-    """The kernel with its trailing kColumnScaleRelease template parameter exposed (the registry keeps the package's
-    declaration)."""
-    del registry._definitions[definition.entry]
-    try:
-        return dataclasses.replace(definition, template=definition.template + ("kColumnScaleRelease",))
-    finally:
-        registry._definitions[definition.entry] = definition
-
-
-GEMM_DEF = with_release_parameter(gemm.FP8_GEMM)
-
-
-PACKAGE_KERNEL_SPEC = gemm.kernel_spec
-PACKAGE_FP4_KERNEL_SPEC = fp4_gemm.kernel_spec
-
-
-def use_release(release: str) -> None:
-    """The package's kernel (its default release) for "deferred", else the kernel with the release given."""
-    if release == "deferred":
-        gemm.kernel_spec = PACKAGE_KERNEL_SPEC
-        fp4_gemm.kernel_spec = PACKAGE_FP4_KERNEL_SPEC
-        return
-    mode = str(RELEASES[release])
-    gemm.kernel_spec = lambda config, n, k, out_dtype, accumulate, gemm_type="normal", operands=gemm.BLOCK_SCALED: (
-        GEMM_DEF.spec(*heuristics.template_args(config, n, k, out_dtype, accumulate, gemm_type, operands), mode))
-    fp4_gemm.kernel_spec = lambda config, n, k, out_dtype, accumulate, gemm_type="normal": (
-        GEMM_DEF.spec(*fp4_heuristics.template_args(config, n, k, out_dtype, accumulate, gemm_type), mode))
-
-
 class Case:
-    """One problem: its inputs, its pick, its float64 reference and a call per release."""
+    """One problem: its inputs, its pick and its float64 reference."""
 
     def __init__(self, text: str, num_sms: int):
         kind, shape = text.split(":")
@@ -117,9 +81,8 @@ class Case:
         else:
             poison_(d)
 
-    def call(self, release: str, d: torch.Tensor):
-        """A function that launches the pick with `release` into d, D = A B^T (FP32 D: c is d, zeroed by the caller)."""
-        use_release(release)
+    def call(self, d: torch.Tensor):
+        """A function that launches the pick into d, D = A B^T (FP32 D: c is d, zeroed by the caller)."""
         if self.kind == "mxfp4":
             m, n, k = self.dims
             key = (m, n, k, torch.bfloat16, False, self.num_sms, False)
@@ -146,12 +109,12 @@ def summary(out: torch.Tensor, first: torch.Tensor, expected: torch.Tensor) -> d
             "first_index": where[0].tolist(), "worst_row": errors["row"], "whole": errors["whole"]}
 
 
-def run(case: Case, release: str, mode: str, runs: int) -> dict:
+def run(case: Case, mode: str, runs: int) -> dict:
     # NOTE: FP32 D is C: each launch's D is zeroed first (D = 0 + A B^T); bf16 D is poisoned. `burst` launches BURST
     # calls back to back into their own outputs, then compares them.
     count = BURST if mode == "burst" else 1
     outs = [torch.empty(case.shape, device="cuda", dtype=case.out_dtype) for _ in range(count + 1)]
-    calls = [case.call(release, d) for d in outs]
+    calls = [case.call(d) for d in outs]
     case.clear(outs[0])
     calls[0]()
     torch.cuda.synchronize()
@@ -169,68 +132,47 @@ def run(case: Case, release: str, mode: str, runs: int) -> dict:
             out = outs[1 + (i - base)]
             if not torch.equal(bits(out), bits(first)):
                 mismatches.append((i, summary(out, first, case.expected)))
-    return {"case": case.text, "release": release, "mode": mode, "config": str(case.config), "runs": runs,
+    return {"case": case.text, "mode": mode, "config": str(case.config), "runs": runs,
             "seconds": round(time.time() - start, 2), "first_vs_reference": first_errors,
             "mismatching_runs": len(mismatches), "mismatches": [{"run": i, **s} for i, s in mismatches[:10]]}
-
-
-def bench(cases, releases) -> None:
-    flusher = L2Flusher(4 * torch.cuda.get_device_properties(0).L2_cache_size)
-    for case in cases:
-        d = torch.zeros(case.shape, device="cuda", dtype=case.out_dtype)
-        calls = [case.call(release, d) for release in releases]
-        times = time_kernels_us(calls, flusher, reps=20)
-        row = {"case": case.text, "config": str(case.config)}
-        row.update({f"{r}_us": round(t, 2) for r, t in zip(releases, times)})
-        row.update({f"{r}_over_{releases[0]}": round(t / times[0], 4) for r, t in zip(releases[1:], times[1:])})
-        print(json.dumps(row), flush=True)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
-    parser.add_argument("--release", default="plain,deferred")
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--modes", default="sync,burst")
     parser.add_argument("--cases", nargs="*", default=DEFAULT_CASES)
     parser.add_argument("--precompile", action="store_true", help="compile the cases' kernels and exit")
-    parser.add_argument("--bench", action="store_true", help="time the releases in turns")
     args = parser.parse_args()
-    releases = args.release.split(",")
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     if args.precompile:
         from deep_kernels.jit.precompile import precompile
         specs = []
         for text in args.cases:
             case = Case(text, num_sms)
-            for release in releases:
-                use_release(release)
-                if case.kind == "mxfp4":
-                    m, n, k = case.dims
-                    specs.append(fp4_gemm.kernel_spec(case.config, n, k, torch.bfloat16, False))
-                elif case.kind == "wgrad":
-                    specs.append(gemm.kernel_spec(case.config, case.shape[1], case.a[0].shape[1], torch.float32, True,
-                                                  operands=gemm.CHANNEL_SCALED))
-                else:
-                    specs.append(gemm.kernel_spec(case.config, case.shape[2], k_grouped_gemm.KERNEL_SHAPE_K,
-                                                  torch.float32, True, k_heuristics.GEMM_TYPE, gemm.CHANNEL_SCALED))
+            if case.kind == "mxfp4":
+                m, n, k = case.dims
+                specs.append(fp4_gemm.kernel_spec(case.config, n, k, torch.bfloat16, False))
+            elif case.kind == "wgrad":
+                specs.append(gemm.kernel_spec(case.config, case.shape[1], case.a[0].shape[1], torch.float32, True,
+                                              operands=gemm.CHANNEL_SCALED))
+            else:
+                specs.append(gemm.kernel_spec(case.config, case.shape[2], k_grouped_gemm.KERNEL_SHAPE_K, torch.float32,
+                                              True, k_heuristics.GEMM_TYPE, gemm.CHANNEL_SCALED))
         precompile(specs, progress=False)
         return
-    cases = [Case(text, num_sms) for text in args.cases]
-    if args.bench:
-        bench(cases, releases)
-        return
     results = []
-    for case in cases:
-        for release in releases:
-            for mode in args.modes.split(","):
-                result = run(case, release, mode, args.runs)
-                print(json.dumps({key: result[key] for key in ("case", "release", "mode", "config", "runs", "seconds",
-                                                               "mismatching_runs")}), flush=True)
-                print("  first vs reference:", result["first_vs_reference"], flush=True)
-                for s in result["mismatches"][:3]:
-                    print("  ", json.dumps(s), flush=True)
-                results.append(result)
+    for text in args.cases:
+        case = Case(text, num_sms)
+        for mode in args.modes.split(","):
+            result = run(case, mode, args.runs)
+            print(json.dumps({key: result[key] for key in ("case", "mode", "config", "runs", "seconds",
+                                                           "mismatching_runs")}), flush=True)
+            print("  first vs reference:", result["first_vs_reference"], flush=True)
+            for s in result["mismatches"][:3]:
+                print("  ", json.dumps(s), flush=True)
+            results.append(result)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "stress_column_scaled.json").write_text(json.dumps(results, indent=1))

@@ -126,7 +126,7 @@ template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOC
           typename OutputType_, bool kWithAccumulation_, uint32_t kNumSplits_, bool kPipelined_,
           bool kOverlapEpilogue_, GemmOperands kOperands_, bool kIsMNMajorA_ = false, bool kIsMNMajorB_ = false,
           MathSchedule kMathSchedule_ = MathSchedule::Lockstep, bool kSplitsInCluster_ = false,
-          bool kEvictFirstB_ = false, uint32_t kColumnScaleRelease_ = 2>
+          bool kEvictFirstB_ = false>
 struct Sm90Fp8GemmTraits {
     // Problem, tile, pipeline, cluster, kind and schedule
     static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_;
@@ -154,9 +154,6 @@ struct Sm90Fp8GemmTraits {
     // blocks multicasting it), so that B's lines, not lines other data still needs, make room in L2 for the lines that
     // follow.
     static constexpr bool kEvictFirstB = kEvictFirstB_;
-    // Column-scaled kinds: how a stage is freed after the promotion read its sfb (0 plain, 1 after a fence, 2 after
-    // the next wgmma group is issued).
-    static constexpr uint32_t kColumnScaleRelease = kColumnScaleRelease_;
 
     // Kind
     static constexpr bool kIsChannelScaled = kOperands == GemmOperands::Fp8ChannelScaled;

@@ -3,7 +3,7 @@
 // into the partial accumulators and, once they are done, frees the stage and promotes them into the FP32
 // final accumulators with sfa[row] * sfb (the recipe's promotion every 128-deep K block; with per-channel B scales,
 // Fp8ChannelScaled, and with FP4 weights, whose expanders write it, sfb[column] comes from the stage and the stage
-// is freed after the promotion).
+// is freed once the next wgmma group is issued after the promotion).
 // The pipelined K loop (kPipelined) keeps a second partial set, so that K block i + 1's wgmma group runs on the
 // tensor cores while block i is promoted. With the ping-pong schedule (gemm/sm90_math_schedule.cuh) the two
 // warpgroups take turns running their groups, so that one's group runs while the other promotes.
@@ -144,11 +144,11 @@ struct Sm90Fp8Mainloop {
     static constexpr bool kUniformTileState =
         kIsMGrouped && kNumMWaves == 2 && Traits::kOperands == GemmOperands::Fp8BlockScaled;
     // Column-scaled kinds: the promotion's last sfb (and sfa) loads may still be in flight where the warp would arrive
-    // on the stage's empty barrier (ptxas issues the arrive without waiting for them), and the producer's next TMA
-    // into the stage could land first. The stage is freed once the next wgmma group is issued instead: that group
-    // overwrites the partial sums the promotion's FMAs read, so those FMAs, and the loads they wait for, are done;
-    // a tile's last stage is freed after a fence.
-    static constexpr bool kDeferredRelease = Traits::kHasColumnScales && Traits::kColumnScaleRelease == 2;
+    // on the stage's empty barrier right after it (ptxas issues the arrive without waiting for them), and the
+    // producer's next TMA into the stage could land first. The stage is freed once the next wgmma group is issued
+    // instead: that group overwrites the partial sums the promotion's FMAs read, so those FMAs, and the loads they
+    // wait for, are done; a tile's last stage is freed after a fence.
+    static constexpr bool kDeferredRelease = Traits::kHasColumnScales;
 
     const typename Traits::Stages& stages;
     const Ring& ring;
@@ -253,16 +253,11 @@ struct Sm90Fp8Mainloop {
         return scales;
     }
 
-    // A column-scaled kind's stage, once the promotion of its K block (every wave's) has read its sfb.
+    // A column-scaled kind's K block, once its promotion (every wave's) has read the stage's sfb: the stage is freed
+    // after the next wgmma group's issue (release_after_issue) or at the tile's end (release_last_promoted).
     DK_DEVICE void release_promoted(const State& k_state) {
-        if constexpr (kDeferredRelease) {
-            unreleased = k_state;
-            has_unreleased = true;
-        } else if constexpr (Traits::kColumnScaleRelease == 1) {
-            ring.consumer_release_after_loads(k_state, lane_idx());
-        } else {
-            ring.consumer_release(k_state, lane_idx());
-        }
+        unreleased = k_state;
+        has_unreleased = true;
     }
 
     // kDeferredRelease: frees the promoted K block's stage once a wgmma group is issued after its promotion.

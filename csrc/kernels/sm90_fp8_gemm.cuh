@@ -260,7 +260,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
           uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue, GemmOperands kOperands, bool kIsMNMajorA,
           bool kIsMNMajorB,
-          MathSchedule kMathSchedule, bool kSplitsInCluster, bool kEvictFirstB, uint32_t kColumnScaleRelease = 2>
+          MathSchedule kMathSchedule, bool kSplitsInCluster, bool kEvictFirstB>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -271,7 +271,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     using Traits = Sm90Fp8GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
                                      kIsMulticastOnA, kGemmType, OutputType, kWithAccumulation, kNumSplits,
                                      kPipelined, kOverlapEpilogue, kOperands, kIsMNMajorA, kIsMNMajorB,
-                                     kMathSchedule, kSplitsInCluster, kEvictFirstB, kColumnScaleRelease>;
+                                     kMathSchedule, kSplitsInCluster, kEvictFirstB>;
 
     // Static checks (the traits hold the rest)
     DK_STATIC_ASSERT(kNumTMAThreads == Traits::kNumTMAThreads && kNumMathThreads == Traits::kNumMathThreads,
