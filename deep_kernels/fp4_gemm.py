@@ -54,7 +54,7 @@ NORMAL, CONTIGUOUS, MASKED = "normal", "m_grouped_contiguous", "m_grouped_masked
 FP8_FP4_SWAP_AB_GEMM = KernelDef(
     swap_ab_heuristics.KERNEL_HEADER, "sm90_fp8_fp4_gemm_swap_ab_impl",
     template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumCTAsPerSM",
-              "kNumChains", "kPreparedWeights", "kMasked"),
+              "kNumChains", "kPreparedWeights", "kMasked", "kTileScaled"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_codes", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb_words", PTR), Param("shape_n", U32), Param("shape_k", U32),
             Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR),
@@ -67,7 +67,7 @@ FP8_FP4_SWAP_AB_GEMM = KernelDef(
 # PREPARED_EXPAND_K_BLOCKS K blocks (the kernel's kKBlocksPerCta).
 PREPARED_EXPAND_K_BLOCKS = 4
 FP4_PREPARED_EXPAND = KernelDef(
-    "kernels/sm90_fp4_prepared_expand.cuh", "sm90_fp4_prepared_expand_impl", template=("kBlockScaled",),
+    "kernels/sm90_fp4_prepared_expand.cuh", "sm90_fp4_prepared_expand_impl", template=("kBlockScaled", "kTileScaled"),
     params=(Param("prepared", PTR), Param("q", PTR), Param("scales", PTR), Param("shape_n", U32), Param("shape_k", U32),
             Param("scale_stride", U32)),
     threads=lambda t: 256)
@@ -189,19 +189,20 @@ def _expanded_prepared_weights(prepared: PreparedFp4Weights) -> tuple:
     q = codes.view(torch.float8_e4m3fn).view(n, k)
     if prepared.folds_into_blocks:
         scales = scales.view(-1, k_blocks)
-        expand_prepared(prepared.data, n, k, True, q, scales)
+        expand_prepared(prepared.data, n, k, True, q, scales, tile_scaled=prepared.tile_scaled)
     else:
         scales = scales.as_strided((n, k_blocks), (1, aligned_n))
-        expand_prepared(prepared.data, n, k, False, q, scales, aligned_n)
+        expand_prepared(prepared.data, n, k, False, q, scales, aligned_n, prepared.tile_scaled)
     return q, scales
 
 
 def expand_prepared(data: torch.Tensor, n: int, k: int, block_scaled: bool, q: torch.Tensor, scales: torch.Tensor,
-                    scale_stride: int = 0) -> None:
-    """B expanded from a prepared weights' CUDA tensor into q (e4m3 [N, K], contiguous) and scales (FP32: block_scaled,
-    [ceil(N / 128), K / 128] contiguous; else MN-major, element (row, K block) at K block * scale_stride + row); the
-    kernel's numerics in kernels/sm90_fp4_prepared_expand.cuh."""
-    kernel = get_kernel(FP4_PREPARED_EXPAND.spec(kBlockScaled="true" if block_scaled else "false"))
+                    scale_stride: int = 0, tile_scaled: bool = False) -> None:
+    """B expanded from a prepared weights' CUDA tensor (tile_scaled: PreparedFp4Weights.tile_scaled) into q (e4m3
+    [N, K], contiguous) and scales (FP32: block_scaled, [ceil(N / 128), K / 128] contiguous; else MN-major, element
+    (row, K block) at K block * scale_stride + row); the kernel's numerics in kernels/sm90_fp4_prepared_expand.cuh."""
+    kernel = get_kernel(FP4_PREPARED_EXPAND.spec(kBlockScaled="true" if block_scaled else "false",
+                                                 kTileScaled="true" if tile_scaled else "false"))
     grid = (-(-(k // SCALE_BLOCK) // PREPARED_EXPAND_K_BLOCKS), -(-n // (2 * PREPARED_TILE_ROWS)), 1)
     kernel.launch(grid, data.get_device(), prepared=data.data_ptr(),
                   q=q.data_ptr(), scales=scales.data_ptr(), shape_n=n, shape_k=k, scale_stride=scale_stride)
@@ -232,19 +233,32 @@ def _dense_plan_of(config, m: int, n: int, k: int, out_dtype: torch.dtype, accum
     return kernel, config, grid, split_layout
 
 
-def swap_ab_kernel_spec(config, out_dtype: torch.dtype, accumulate: bool, prepared: bool = False, masked: bool = False):
-    return FP8_FP4_SWAP_AB_GEMM.spec(*swap_ab_heuristics.template_args(config, out_dtype, accumulate, prepared, masked))
+def swap_ab_kernel_spec(config, out_dtype: torch.dtype, accumulate: bool, prepared: bool = False, masked: bool = False,
+                        tile_scaled: bool = False):
+    """The swapped kernel of config (on tile-scaled prepared weights: of swap_ab_heuristics.for_tile_scaled(config))."""
+    if tile_scaled:
+        config = swap_ab_heuristics.for_tile_scaled(config)
+    return FP8_FP4_SWAP_AB_GEMM.spec(*swap_ab_heuristics.template_args(config, out_dtype, accumulate, prepared, masked,
+                                                                       tile_scaled))
 
 
-def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulate: bool) -> None:
+def _swap_ab_kernel(config, out_dtype: torch.dtype, accumulate: bool, prepared: bool, masked: bool,
+                    tile_scaled: bool):
+    smem = (swap_ab_heuristics.for_tile_scaled(config).smem_bytes_of(True) if tile_scaled else config.smem_bytes)
+    return get_kernel(swap_ab_kernel_spec(config, out_dtype, accumulate, prepared, masked, tile_scaled),
+                      smem_bytes=smem)
+
+
+def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulate: bool,
+                    tile_scaled: bool = False) -> None:
     """The swapped kernel (m <= 128 tokens, sfa kernel-ready) of config, split-K through the FP8 GEMM's workspace;
-    sfb None: b is prepare_fp4_weights's tensor."""
+    sfb None: b is prepare_fp4_weights's tensor (tile_scaled: its PreparedFp4Weights.tile_scaled)."""
     if config.block_t < m:
         raise ValueError(f"a swapped config of {config.block_t} tokens cannot take m = {m}")
     if not 1 <= config.num_splits <= k // SCALE_BLOCK:
         raise ValueError(f"num_splits must be in 1..K / 128 = {k // SCALE_BLOCK}, got {config.num_splits}")
     prepared = sfb is None
-    kernel = get_kernel(swap_ab_kernel_spec(config, d.dtype, accumulate, prepared), smem_bytes=config.smem_bytes)
+    kernel = _swap_ab_kernel(config, d.dtype, accumulate, prepared, False, tile_scaled)
     num_tiles = -(-n // config.block_w)
     workspace_ptr = tickets_ptr = 0
     if config.num_splits > 1:
@@ -417,7 +431,7 @@ def _fp8_fp4_gemm_nt_prepared(a, prepared: PreparedFp4Weights, d, c, config) -> 
         d.copy_(c)
     accumulate = c is not None
     plan = config or _dense_plan(m, n, k, d.dtype, accumulate, get_num_sms(), prepared=True)
-    _launch_swap_ab(plan, a, sfa, prepared.data, None, d, m, n, k, accumulate)
+    _launch_swap_ab(plan, a, sfa, prepared.data, None, d, m, n, k, accumulate, prepared.tile_scaled)
     return d
 
 
@@ -632,7 +646,7 @@ def _masked_prepared(a, prepared: PreparedFp4Weights, d, masked_m, expected_m: i
         config = _plans.get(key)
         if config is None:
             config = _plans[key] = swap_ab_heuristics.get_masked_config(expected_m, n, k, num_groups, num_sms)
-    kernel = get_kernel(swap_ab_kernel_spec(config, d.dtype, False, True, True), smem_bytes=config.smem_bytes)
+    kernel = _swap_ab_kernel(config, d.dtype, False, True, True, prepared.tile_scaled)
     tmap_a = tensor_map(a, (1, config.block_t, SCALE_BLOCK), 128)
     # NOTE: the masked layout reads neither tmap_codes nor tmap_d (bulk copies in, direct row stores out).
     kernel.launch(
@@ -651,15 +665,16 @@ REPRESENTATIVE_MNK = tuple((m, n, k) for n, k in ((2112, 7168), (24576, 1536), (
 @precompiled
 def precompile_specs() -> list:
     """The dense picks over REPRESENTATIVE_MNK (bf16 D), the swapped kernel's at its decode sizes (on unprepared
-    and prepared weights), and the prefill expansion of prepared weights."""
+    and prepared weights, tile-scaled or not), and the prefill expansion of prepared weights."""
     specs = {}
     for m, n, k in REPRESENTATIVE_MNK:
         args = tuple(heuristics.template_args(heuristics.get_config(m, n, k, 132), n, k, torch.bfloat16, False))
         specs.setdefault(args, FP8_GEMM.spec(*args))
         if m <= swap_ab_heuristics.MAX_TOKENS:
-            for prepared in (False, True):
+            for prepared, tile_scaled in ((False, False), (True, False), (True, True)):
                 config = swap_ab_heuristics.get_config(m, n, k, 132, prepared=prepared)
                 specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
-                                  config.ctas_per_sm, config.num_chains, prepared),
-                                 swap_ab_kernel_spec(config, torch.bfloat16, False, prepared))
-    return list(specs.values()) + [FP4_PREPARED_EXPAND.spec(kBlockScaled=flag) for flag in ("true", "false")]
+                                  config.ctas_per_sm, config.num_chains, prepared, tile_scaled),
+                                 swap_ab_kernel_spec(config, torch.bfloat16, False, prepared, tile_scaled=tile_scaled))
+    return list(specs.values()) + [FP4_PREPARED_EXPAND.spec(kBlockScaled=block, kTileScaled=tile)
+                                   for block in ("true", "false") for tile in ("true", "false")]

@@ -13,6 +13,13 @@ lane quad position q (0..3): low elements 32s + 4q + i and high ones 32s + 16 + 
     exponent of sub-block s, e_max the largest of the four) plus, in its low two bits, bits 2s and 2s + 1 of e_max.
 Numerics are the unprepared weights' (fp8_fp4_gemm_nt's Notes): the kernel expands a sub-block with the same table
 (shift min(e_max - e_s, 31)) and promotes with the same 2^(e_max - 133).
+Tile-scaled (tile_scaled, when in every 64-row tile and K block no scale is NaN, the largest exponent E is at least
+7, and every sub-block with a nonzero code lies within 2^7 of it): the shifts are taken from the tile's E instead of
+the row's e_max, d_s = min(E - e_s, 7), and row r's scale word is instead: bits 4-9 16 (8 d_0 + d_1), bits 20-25
+16 (8 d_2 + d_3) (byte offsets of the kernel's pair tables, two sub-blocks' tables each), E - 6 in bits 0-3 (low
+nibble) and 12-15 (high nibble), other bits zero. The expanded values are exact, 2^(e_max - E) times the row-scaled
+ones, and the promotion scale 2^(E - 133) as much larger, so the products are the same (the tensor cores' sums
+scale exactly by powers of two); the decode kernel promotes with one scale a tile and reads two tables a load.
 
 Grouped (per-expert weights for m_grouped_fp8_fp4_gemm_nt_masked): codes [G, N, K / 2] and scales [G, N, K / 32]
 give uint8 [G, ceil(N / 64), K / 128, 4352], each expert's chunks as above, back to back.
@@ -37,18 +44,23 @@ CHUNK_BYTES = CODES_BYTES + TILE_ROWS * 4
 MAX_SHIFT = 31
 # The largest shift (sub-block exponent below its block's largest) whose e2m1 values are exact in e4m3.
 MAX_EXACT_SHIFT = 14
+# Tile-scaled words: the largest shift (the pair tables' 8 x 8) and the smallest tile exponent (2^(E - 133) normal).
+MAX_TILE_SHIFT = 7
+MIN_TILE_EXPONENT = 7
 NAN_EXPONENT = 255
 
 @dataclass(frozen=True)
 class PreparedFp4Weights:
     """MXFP4 weights of N rows and K columns in the decode kernel's layout (data: uint8 [ceil(N / 64), K / 128,
-    4352], or [G, ...] for G experts' weights, the module docstring), and whether every 128 x 128 block folds
-    exactly into e4m3 under one power-of-two scale (prefill then runs the block-scaled FP8 GEMM)."""
+    4352], or [G, ...] for G experts' weights, the module docstring), whether every 128 x 128 block folds
+    exactly into e4m3 under one power-of-two scale (prefill then runs the block-scaled FP8 GEMM), and whether the
+    data is tile-scaled (every 64-row tile's K block under one exponent, the module docstring)."""
 
     data: torch.Tensor
     n: int
     k: int
     folds_into_blocks: bool
+    tile_scaled: bool
 
     @property
     def num_groups(self):
@@ -74,19 +86,28 @@ def _check_unprepared(codes, scales) -> tuple:
     return n, k
 
 
-def folds_into_blocks(codes: torch.Tensor, scales: torch.Tensor) -> bool:
-    """Whether every 128 x 128 block of the weights is exact in e4m3 under one power-of-two scale: no NaN scale,
-    and every sub-block with a nonzero code within 2^14 of its block's largest scale."""
+def folds_into_blocks(codes: torch.Tensor, scales: torch.Tensor, rows: int = K_BLOCK,
+                      max_shift: int = MAX_EXACT_SHIFT, min_exponent: int = 0) -> bool:
+    """Whether every block of `rows` rows and 128 columns of the weights is exact in e4m3 under one power-of-two
+    scale: no NaN scale, and every sub-block with a nonzero code within 2^14 of its block's largest scale (or
+    2^max_shift; and every block's largest exponent at least min_exponent)."""
     n, k = codes.shape[0], 2 * codes.shape[1]
     exponents = scales.view(torch.uint8).int()
     if bool((exponents == NAN_EXPONENT).any()):
         return False
     nonzero = (codes.view(torch.uint8) & 0x77).view(n, -1, 16).amax(dim=-1) > 0  # [N, K / 32]
-    pad = -n % K_BLOCK
-    exponents = torch.nn.functional.pad(exponents, (0, 0, 0, pad)).view(-1, K_BLOCK, k // K_BLOCK, 4)
-    nonzero = torch.nn.functional.pad(nonzero, (0, 0, 0, pad)).view(-1, K_BLOCK, k // K_BLOCK, 4)
+    pad = -n % rows
+    exponents = torch.nn.functional.pad(exponents, (0, 0, 0, pad)).view(-1, rows, k // K_BLOCK, 4)
+    nonzero = torch.nn.functional.pad(nonzero, (0, 0, 0, pad)).view(-1, rows, k // K_BLOCK, 4)
     block_max = exponents.amax(dim=(1, 3), keepdim=True)
-    return not bool(((block_max - exponents > MAX_EXACT_SHIFT) & nonzero).any())
+    if bool((block_max < min_exponent).any()):
+        return False
+    return not bool(((block_max - exponents > max_shift) & nonzero).any())
+
+
+def folds_into_tiles(codes: torch.Tensor, scales: torch.Tensor) -> bool:
+    """Whether the weights can be tile-scaled (the module docstring)."""
+    return folds_into_blocks(codes, scales, TILE_ROWS, MAX_TILE_SHIFT, MIN_TILE_EXPONENT)
 
 
 def prepare_fp4_weights(codes: torch.Tensor, scales: torch.Tensor) -> PreparedFp4Weights:
@@ -94,16 +115,20 @@ def prepare_fp4_weights(codes: torch.Tensor, scales: torch.Tensor) -> PreparedFp
     per_token_cast_to_mxfp4 returns them) in the layout the FP8 x MXFP4 GEMM's decode kernel reads fastest (the
     module docstring), on the inputs' device, with the prefill check (folds_into_blocks). Pass it as b to
     fp8_fp4_gemm_nt. G experts' weights (codes [G, N, K / 2], scales [G, N, K / 32]) give grouped prepared
-    weights, b of m_grouped_fp8_fp4_gemm_nt_masked. Torch ops, meant for load time (a few passes over the
-    weights)."""
+    weights, b of m_grouped_fp8_fp4_gemm_nt_masked. Tile-scaled where every 64-row tile (of every expert) folds
+    (the module docstring). Torch ops, meant for load time (a few passes over the weights)."""
     n, k = _check_unprepared(codes, scales)
     if codes.dim() == 3:
-        data = torch.stack([_prepared_chunks(c, s, n, k) for c, s in zip(codes, scales)])
-        return PreparedFp4Weights(data, n, k, all(folds_into_blocks(c, s) for c, s in zip(codes, scales)))
-    return PreparedFp4Weights(_prepared_chunks(codes, scales, n, k), n, k, folds_into_blocks(codes, scales))
+        tile_scaled = all(folds_into_tiles(c, s) for c, s in zip(codes, scales))
+        data = torch.stack([_prepared_chunks(c, s, n, k, tile_scaled) for c, s in zip(codes, scales)])
+        return PreparedFp4Weights(data, n, k, all(folds_into_blocks(c, s) for c, s in zip(codes, scales)),
+                                  tile_scaled)
+    tile_scaled = folds_into_tiles(codes, scales)
+    return PreparedFp4Weights(_prepared_chunks(codes, scales, n, k, tile_scaled), n, k,
+                              folds_into_blocks(codes, scales), tile_scaled)
 
 
-def _prepared_chunks(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int) -> torch.Tensor:
+def _prepared_chunks(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int, tile_scaled: bool) -> torch.Tensor:
     tiles, k_blocks = -(-n // TILE_ROWS), k // K_BLOCK
     pad = tiles * TILE_ROWS - n
     code_bytes = torch.nn.functional.pad(codes.view(torch.uint8), (0, 0, 0, pad))
@@ -120,10 +145,18 @@ def _prepared_chunks(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int) 
 
     # [tile, w, h, g, K block, s] -> [tile, K block, w, g, h, s]
     exponents = exponents.view(tiles, 4, 2, 8, k_blocks, 4).permute(0, 4, 1, 3, 2, 5)
-    e_max = exponents.amax(dim=-1, keepdim=True)
-    offsets = (e_max - exponents).clamp(max=MAX_SHIFT) * 8
-    e_max_bits = torch.cat([(e_max >> (2 * s)) & 3 for s in range(4)], dim=-1)
-    words = (offsets | e_max_bits).to(torch.uint8).reshape(tiles, k_blocks, -1)
+    if tile_scaled:
+        tile_max = exponents.amax(dim=(2, 3, 4, 5), keepdim=True)
+        shifts = (tile_max - exponents).clamp(max=MAX_TILE_SHIFT)
+        pairs = 16 * ((MAX_TILE_SHIFT + 1) * shifts[..., 0::2] + shifts[..., 1::2])
+        stored = tile_max[..., 0] - 6
+        words = pairs[..., 0] | (pairs[..., 1] << 16) | (stored & 0xF) | ((stored >> 4) << 12)
+        words = words.to(torch.int32).contiguous().view(torch.uint8).reshape(tiles, k_blocks, -1)
+    else:
+        e_max = exponents.amax(dim=-1, keepdim=True)
+        offsets = (e_max - exponents).clamp(max=MAX_SHIFT) * 8
+        e_max_bits = torch.cat([(e_max >> (2 * s)) & 3 for s in range(4)], dim=-1)
+        words = (offsets | e_max_bits).to(torch.uint8).reshape(tiles, k_blocks, -1)
     return torch.cat([prepared_codes.to(torch.uint8), words], dim=-1).contiguous()
 
 

@@ -187,13 +187,13 @@ _define("fp8_fp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) 
         "Tensor? global_scale=None) -> ()", _fp8_fp4_gemm_nt, _writes_only)
 
 
-def _fp8_fp4_gemm_nt_prepared(a, sfa, b, n, folds_into_blocks, d, c, c_is_d) -> None:
-    prepared = fp4_weights.PreparedFp4Weights(b, n, a.shape[1], folds_into_blocks)
+def _fp8_fp4_gemm_nt_prepared(a, sfa, b, n, folds_into_blocks, d, c, c_is_d, tile_scaled=False) -> None:
+    prepared = fp4_weights.PreparedFp4Weights(b, n, a.shape[1], folds_into_blocks, tile_scaled)
     fp4_gemm.fp8_fp4_gemm_nt((a, sfa), prepared, d, d if c_is_d else c)
 
 
 _define("fp8_fp4_gemm_nt_prepared(Tensor a, Tensor sfa, Tensor b, int n, bool folds_into_blocks, Tensor(a!) d, "
-        "Tensor? c, bool c_is_d) -> ()", _fp8_fp4_gemm_nt_prepared, _writes_only)
+        "Tensor? c, bool c_is_d, bool tile_scaled=False) -> ()", _fp8_fp4_gemm_nt_prepared, _writes_only)
 
 
 def fp8_fp4_gemm_nt(a, b, d, c):
@@ -201,7 +201,8 @@ def fp8_fp4_gemm_nt(a, b, d, c):
     if isinstance(b, fp4_weights.PreparedFp4Weights):
         if not (isinstance(a, (tuple, list)) and len(a) == 2):
             raise TypeError("a must be an (a, sfa) pair")
-        _OPS.fp8_fp4_gemm_nt_prepared.default(*a, b.data, b.n, b.folds_into_blocks, d, None if c_is_d else c, c_is_d)
+        _OPS.fp8_fp4_gemm_nt_prepared.default(*a, b.data, b.n, b.folds_into_blocks, d, None if c_is_d else c, c_is_d,
+                                              b.tile_scaled)
         return d
     if isinstance(b, (tuple, list)) and len(b) == 3:  # NVFP4: (codes, sfb, global_scale)
         (a, sfa), (b, sfb, global_scale) = a, b
@@ -233,13 +234,15 @@ _define("m_grouped_fp8_fp4_gemm_nt_masked(Tensor a, Tensor sfa, Tensor b, Tensor
         "Tensor masked_m, int expected_m) -> ()", _m_grouped_fp8_fp4_gemm_nt_masked, _writes_only)
 
 
-def _m_grouped_fp8_fp4_gemm_nt_masked_prepared(a, sfa, b, n, folds_into_blocks, d, masked_m, expected_m) -> None:
-    prepared = fp4_weights.PreparedFp4Weights(b, n, a.shape[-1], folds_into_blocks)
+def _m_grouped_fp8_fp4_gemm_nt_masked_prepared(a, sfa, b, n, folds_into_blocks, d, masked_m, expected_m,
+                                               tile_scaled=False) -> None:
+    prepared = fp4_weights.PreparedFp4Weights(b, n, a.shape[-1], folds_into_blocks, tile_scaled)
     fp4_gemm.m_grouped_fp8_fp4_gemm_nt_masked((a, sfa), prepared, d, masked_m, expected_m)
 
 
 _define("m_grouped_fp8_fp4_gemm_nt_masked_prepared(Tensor a, Tensor sfa, Tensor b, int n, bool folds_into_blocks, "
-        "Tensor(a!) d, Tensor masked_m, int expected_m) -> ()", _m_grouped_fp8_fp4_gemm_nt_masked_prepared,
+        "Tensor(a!) d, Tensor masked_m, int expected_m, bool tile_scaled=False) -> ()",
+        _m_grouped_fp8_fp4_gemm_nt_masked_prepared,
         _writes_only)
 
 
@@ -248,7 +251,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m):
         if not (isinstance(a, (tuple, list)) and len(a) == 2):
             raise TypeError("a must be an (a, sfa) pair")
         _OPS.m_grouped_fp8_fp4_gemm_nt_masked_prepared.default(*a, b.data, b.n, b.folds_into_blocks, d, masked_m,
-                                                               expected_m)
+                                                               expected_m, b.tile_scaled)
         return d
     _OPS.m_grouped_fp8_fp4_gemm_nt_masked.default(*_split_pairs(a, b), d, masked_m, expected_m)
     return d

@@ -22,6 +22,7 @@ from deep_kernels.testing import assert_bitwise_equal, poison_
 from deep_kernels.testing.fp4_gemm import mxfp4_weights
 from deep_kernels.testing.gemm import assert_gemm_close
 from deep_kernels.testing.grouped import make_masked_inputs
+from test_fp4_weights import with_undocumented_word_bits
 
 
 def test_grouped_preparation_stacks_each_experts():
@@ -167,6 +168,46 @@ def test_masked_is_bitwise_the_dense_kernel_per_expert():
         sfa = a[1][g, :rows].contiguous()
         deep_kernels.fp8_fp4_gemm_nt((a[0][g, :rows], sfa), dense, d, config=config)
         assert_bitwise_equal(actual[g, :rows], d, f"d[{g}]")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("expected_m", [16, 38, 76])
+def test_masked_tile_scaled_is_bitwise_the_row_scaled_layout(expected_m):
+    masked_m, m_max, n, k = [expected_m, 0, expected_m // 2, expected_m + 5], 96, 2112, 1536
+    a, (codes, _), masked = _inputs(masked_m, m_max, n, k, seed=7)
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    # exponents 7 apart at most: every 64-row tile folds, its rows' own largest exponents differ
+    scales = (127 - torch.randint(0, 8, (len(masked_m), n, k // 32), generator=generator, device="cuda"))
+    b = (codes, scales.to(torch.uint8).view(torch.float8_e8m0fnu))
+    prepared = deep_kernels.prepare_fp4_weights(*b)
+    assert prepared.tile_scaled
+    row_scaled = replace(prepared, tile_scaled=False, data=torch.stack(
+        [fp4_weights._prepared_chunks(c, s, n, k, False) for c, s in zip(*b)]))
+    assert not torch.equal(row_scaled.data, prepared.data)
+    actual = _run(a, prepared, masked, expected_m, None)
+    _check(actual, _reference(a, b, masked), masked_m)
+    assert_bitwise_equal(actual, _run(a, row_scaled, masked, expected_m, None), "row-scaled layout")
+    # planted bug: row-scaled data read as tile-scaled (each thread's second row promoted with its first row's scale)
+    with pytest.raises(AssertionError, match="calc_diff"):
+        _check(_run(a, replace(row_scaled, tile_scaled=True), masked, expected_m, None), _reference(a, b, masked),
+               masked_m)
+
+
+@pytest.mark.gpu
+def test_masked_tile_scaled_reads_only_the_words_documented_bits():
+    # The failing run of test_masked_tile_scaled_is_bitwise_the_row_scaled_layout[16] before the pair-table offsets
+    # were masked: row-scaled words read as tile-scaled put pair 1's offset (word >> 16) up to 64 KB past the tables.
+    masked_m, m_max, n, k = [16, 0, 9, 21], 32, 2112, 1536
+    a, (codes, _), masked = _inputs(masked_m, m_max, n, k, seed=11)
+    generator = torch.Generator(device="cuda").manual_seed(11)
+    scales = 127 - torch.randint(0, 8, (len(masked_m), n, k // 32), generator=generator, device="cuda")
+    prepared = deep_kernels.prepare_fp4_weights(codes, scales.to(torch.uint8))
+    assert prepared.tile_scaled
+    config = swap_ab.make_config(16, 1, ctas_per_sm=4, num_chains=2)
+    expected = _run(a, prepared, masked, 16, config)
+    actual = _run(a, replace(prepared, data=with_undocumented_word_bits(prepared.data)), masked, 16, config)
+    torch.cuda.synchronize()
+    assert_bitwise_equal(actual, expected)
 
 
 @pytest.mark.gpu

@@ -26,9 +26,10 @@ from dataclasses import replace
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
-def _decode_prepared(prepared: torch.Tensor) -> torch.Tensor:
+def _decode_prepared(prepared: torch.Tensor, tile_scaled: bool = False) -> torch.Tensor:
     """float64 [ceil(N / 64) * 64, K] of the prepared layout as the module docstring states it, one chunk element at a time (in
-    vectorized form): the e4m3 value e2m1 * 2^(6 - shift) (exact for shift <= 14) times 2^(e_max - 133)."""
+    vectorized form): the e4m3 value e2m1 * 2^(6 - shift) (exact for shift <= 14) times 2^(e_max - 133) (tile_scaled:
+    the tile-scaled words' shifts and E)."""
     tiles, k_blocks, _ = prepared.shape
     out = torch.empty(tiles * 64, k_blocks * 128, dtype=torch.float64)
     data = prepared.cpu().long()
@@ -40,6 +41,11 @@ def _decode_prepared(prepared: torch.Tensor) -> torch.Tensor:
                 word = data[:, :, 4096 + 4 * (2 * (8 * w + g) + h):][:, :, :4]  # [tile, K block, byte s]
                 e_max = sum((word[..., s] & 3) << (2 * s) for s in range(4))
                 shift = word >> 3
+                if tile_scaled:
+                    word = sum(word[..., i] << (8 * i) for i in range(4))
+                    e_max = (word & 0xF) + ((word >> 12) & 0xF) * 16 + 6
+                    pairs = ((word >> 4) & 0x3F, (word >> 20) & 0x3F)
+                    shift = torch.stack([pairs[s // 2] // 8 if s % 2 == 0 else pairs[s // 2] % 8 for s in range(4)], -1)
                 for q in range(4):
                     thread = 32 * w + 4 * g + q
                     for s in range(4):
@@ -88,6 +94,40 @@ def _folding_weights(n: int, k: int, spread: int, device="cpu", seed: int = 3) -
     exponents = torch.randint(127 - spread, 128, (n, k // 32), generator=generator, device=device)
     exponents[::128, 0], exponents[1::128, 0] = 127, 127 - spread
     return codes, exponents.to(torch.uint8)
+
+
+def test_tile_scaled_layout_decodes_to_the_weights():
+    codes, scales = _folding_weights(200, 512, 7)
+    prepared = deep_kernels.prepare_fp4_weights(codes, scales)
+    assert prepared.tile_scaled and prepared.folds_into_blocks
+    decoded = _decode_prepared(prepared.data, tile_scaled=True)
+    assert torch.equal(decoded[:200], reference.dequantize_mxfp4(codes, scales))
+    # every row's word holds its tile's exponent E (127 here) as E - 6 in bits 0-3 and 12-15
+    words = prepared.data[..., 4096:].contiguous().view(torch.int32).long()
+    assert ((words & 0xF) + ((words >> 12) & 0xF) * 16 == 121).all()
+    assert not (words & 0xFC0F0C00).any()
+    assert not deep_kernels.prepare_fp4_weights(*mxfp4_weights(200, 512, device="cpu", max_shift=7)).tile_scaled
+
+
+def test_tile_check_takes_64_row_tiles():
+    codes, scales = _folding_weights(256, 256, 5)
+    scales[64:128] -= 5  # each 64-row tile spans 5 exponents, each 128-row block 10
+    assert fp4_weights.folds_into_tiles(codes, scales) and not fp4_weights.folds_into_blocks(codes, scales, 128, 7)
+    prepared = deep_kernels.prepare_fp4_weights(codes, scales)
+    assert prepared.tile_scaled and prepared.folds_into_blocks
+    assert torch.equal(_decode_prepared(prepared.data, tile_scaled=True), reference.dequantize_mxfp4(codes, scales))
+    spread = scales.clone()
+    spread[30, 2] = 127 - 8  # 2^8 below its tile's largest, with nonzero codes
+    assert not fp4_weights.folds_into_tiles(codes, spread)
+    codes[30, 32:48] = 0x88  # ... only zeros (of either sign): the shift is clamped, the tile still folds
+    assert fp4_weights.folds_into_tiles(codes, spread)
+    assert torch.equal(_decode_prepared(deep_kernels.prepare_fp4_weights(codes, spread).data, tile_scaled=True),
+                       reference.dequantize_mxfp4(codes, spread))
+    tiny = (scales.int() - 121).clamp(min=0).to(torch.uint8)
+    assert not fp4_weights.folds_into_tiles(codes, tiny)  # E = 6: 2^(E - 133) would be subnormal
+    nan = scales.clone()
+    nan[3, 3] = 255
+    assert not fp4_weights.folds_into_tiles(codes, nan)
 
 
 def test_block_check_accepts_exact_blocks_only():
@@ -184,6 +224,62 @@ def test_prepared_sub_block_shifts(max_shift):
 
 
 @pytest.mark.gpu
+# (m, n, k, exponent spread); the tile-scaled kernel against the float64 product and, bitwise, the unprepared kernel
+@pytest.mark.parametrize("m,n,k,spread,config", [
+    (1, 2112, 7168, 7, None), (16, 24576, 1536, 3, None), (64, 7168, 2048, 7, None), (128, 4096, 7168, 5, None),
+    (40, 1040, 1024, 7, None), (20, 176, 512, 7, (32, 2, 4, 1)),  # the last CTA's second warpgroup past N
+])
+def test_tile_scaled_matches_reference_and_the_unprepared_kernel(m, n, k, spread, config):
+    a = make_fp4_gemm_inputs(m, 16, k)[0]
+    b = _folding_weights(n, k, spread, "cuda")
+    prepared = deep_kernels.prepare_fp4_weights(*b)
+    assert prepared.tile_scaled
+    if config is None:
+        config = swap_ab.get_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, prepared=True)
+    else:
+        block_t, warpgroups, splits, ctas = config
+        config = swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas)
+    actual = _run(a, prepared, n, config=config)
+    assert_gemm_close(actual, _reference(a, b))
+    assert_bitwise_equal(actual, _run(a, b, n, config=config))
+
+
+def with_undocumented_word_bits(data: torch.Tensor) -> torch.Tensor:
+    """Tile-scaled prepared data with every scale word bit that the layout leaves zero set (bits 10-11, 16-19 and
+    26-31: 0xFC0F0C00, the module docstring)."""
+    data = data.clone()
+    words = data[..., 4096:].unflatten(-1, (-1, 4))
+    words[..., 1] |= 0x0C
+    words[..., 2] |= 0x0F
+    words[..., 3] |= 0xFC
+    return data
+
+
+@pytest.mark.gpu
+# (m, n, k, tokens a tile, math warpgroups, splits, CTAs an SM): a two-warpgroup CTA's second tile past N, four CTAs
+# an SM, the model's pick; and prefill (the expansion kernel reads the same words)
+@pytest.mark.parametrize("m,n,k,config", [
+    (20, 176, 512, (32, 2, 4, 1)), (5, 2112, 1536, (16, 1, 4, 4)), (64, 7168, 2048, None), (4096, 1040, 1024, None),
+])
+def test_tile_scaled_kernels_read_only_the_words_documented_bits(m, n, k, config):
+    # The pair tables' offsets are masked to their span: a word that is not a tile-scaled one (a stale chunk past
+    # N, row-scaled data flagged tile-scaled) must not address shared memory past the tables.
+    a = make_fp4_gemm_inputs(m, 16, k)[0]
+    prepared = deep_kernels.prepare_fp4_weights(*_folding_weights(n, k, 7, "cuda"))
+    assert prepared.tile_scaled
+    kwargs = {}
+    if config is not None:
+        block_t, warpgroups, splits, ctas = config
+        kwargs["config"] = swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas)
+    expected = _run(a, prepared, n, **kwargs)
+    dirty = replace(prepared, data=with_undocumented_word_bits(prepared.data))
+    assert not torch.equal(dirty.data, prepared.data)
+    actual = _run(a, dirty, n, **kwargs)
+    torch.cuda.synchronize()
+    assert_bitwise_equal(actual, expected)
+
+
+@pytest.mark.gpu
 def test_prepared_accumulates_in_place_and_is_deterministic():
     a, b = make_fp4_gemm_inputs(64, 2112, 1536)
     prepared = deep_kernels.prepare_fp4_weights(*b)
@@ -199,12 +295,12 @@ def test_prepared_accumulates_in_place_and_is_deterministic():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spread", [14, None])  # folds into 128 x 128 blocks; does not (per-row scales)
+@pytest.mark.parametrize("spread", [14, 5, None])  # folds into 128 x 128 blocks (5: tile-scaled too); does not
 def test_prefill_expansion_is_exact(spread):
     n, k = 1040, 1024
     b = _folding_weights(n, k, spread, "cuda") if spread else mxfp4_weights(n, k, max_shift=14)
     prepared = deep_kernels.prepare_fp4_weights(*b)
-    assert prepared.folds_into_blocks == (spread is not None)
+    assert prepared.folds_into_blocks == (spread is not None) and prepared.tile_scaled == (spread == 5)
     q, scales = fp4_gemm._expanded_prepared_weights(prepared)
     if prepared.folds_into_blocks:
         assert scales.shape == (9, 8)
@@ -215,13 +311,13 @@ def test_prefill_expansion_is_exact(spread):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spread", [14, None])
+@pytest.mark.parametrize("spread", [14, 5, None])
 def test_prepared_weights_past_the_decode_sizes(spread):
     m, n, k = 4096, 1040, 1024
     a = make_fp4_gemm_inputs(m, 16, k)[0]
     b = _folding_weights(n, k, spread, "cuda") if spread else mxfp4_weights(n, k)
     prepared = deep_kernels.prepare_fp4_weights(*b)
-    assert prepared.folds_into_blocks == (spread is not None)
+    assert prepared.folds_into_blocks == (spread is not None) and prepared.tile_scaled == (spread == 5)
     expected = _reference(a, b)
     actual = _run(a, prepared, n)
     assert_gemm_close(actual, expected)
@@ -260,6 +356,14 @@ def test_prepared_smem_bytes_is_the_kernels_carve_up(tmp_path):
     checks = [f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::Sm90Fp8Fp4SwapAbTraits<"
               f"{', '.join(swap_ab.template_args(c, 'bfloat16', False, prepared=True))}>::kSmemBytes == "
               f"{c.smem_bytes});" for c in configs]
+    tile_configs = [swap_ab.for_tile_scaled(c) for c in configs]
+    assert all(t.num_stages >= c.num_stages - 1 and t.smem_bytes_of(True) <= swap_ab.smem_capacity(c.ctas_per_sm)
+               for c, t in zip(configs, tile_configs))
+    checks += [f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::Sm90Fp8Fp4SwapAbTraits<"
+               f"{', '.join(swap_ab.template_args(c, 'bfloat16', False, prepared=True, tile_scaled=True))}>::kSmemBytes"
+               f" == {c.smem_bytes_of(True)});" for c in tile_configs]
+    checks.append(f"static_assert(deep_kernels::fp4_prepared::kTilePairTableBytes == {swap_ab.TILE_PAIR_TABLE_BYTES});")
+    checks.append(f"static_assert(deep_kernels::fp4_prepared::kTileMaxShift == {fp4_weights.MAX_TILE_SHIFT});")
     checks.append(f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::kPreparedChunkBytes == "
                   f"{fp4_weights.CHUNK_BYTES});")
     checks.append(f"static_assert(deep_kernels::sm90_fp4_prepared_expand_detail::kKBlocksPerCta == "

@@ -267,6 +267,29 @@ def test_check_rejects_planted_bugs(plant):
 
 
 @pytest.mark.gpu
+def test_repeated_runs_are_bitwise_equal():
+    # Long groups (32 K blocks on average, the producer far ahead of the math) with the model's pick, launched in
+    # bursts back to back, each into its own poisoned output.
+    a, b, ks, ks_tensor = _problem(4, 4096, 7168, 4096, empty=0)
+    product = _reference(a, b, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    first = _run(a, b, ks, ks_tensor, c=c)
+    _assert_close(first, product + c.double())
+    outputs = [torch.empty(product.shape, device="cuda") for _ in range(4)]
+    differing = []
+    for burst in range(16):
+        for d in outputs:
+            deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, poison_(d), ks, ks_tensor, c=c)
+        differing += [burst * len(outputs) + i for i, d in enumerate(outputs)
+                      if not torch.equal(d.view(torch.int32), first.view(torch.int32))]
+    assert differing == []
+    # The comparison sees one element's lowest bit flipped.
+    planted = outputs[2].clone()
+    planted.view(torch.int32)[-1, -1, -1] ^= 1
+    assert not torch.equal(planted.view(torch.int32), first.view(torch.int32))
+
+
+@pytest.mark.gpu
 def test_cuda_graph_replay_reads_the_group_sizes_on_the_device():
     # Captured once (no host synchronisation inside), replayed with other group sizes of the same total in ks_tensor:
     # the kernel places the segments from the device's values.

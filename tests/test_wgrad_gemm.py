@@ -229,6 +229,39 @@ def test_pipelined_halves_with_bf16_output(monkeypatch):
     _assert_close(_run(a, b, torch.bfloat16), _reference(a, b))
 
 
+def _differing_runs(outputs: list, first: torch.Tensor) -> list:
+    """Indices of the outputs whose bytes differ from first's."""
+    return [i for i, out in enumerate(outputs) if not torch.equal(out.view(torch.int32), first.view(torch.int32))]
+
+
+# Long-K problems (128 K blocks a tile, the producer far ahead of the math), whose picks cover the K loops that free a
+# stage after reading its sfb: the pipelined halves (2112 x 7168), the plain loop (4096 x 7168) and the pipelined
+# loop (7168 x 2048).
+REPEATED_RUN_SHAPES = [(2112, 7168, 16384), (4096, 7168, 16384), (7168, 2048, 16384)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", REPEATED_RUN_SHAPES)
+def test_repeated_runs_are_bitwise_equal(m, n, k):
+    a, b = make_wgrad_inputs(m, n, k)
+    product = _reference(a, b)
+    c = accumulator_like(product)
+    first = _run(a, b, c=c)
+    _assert_close(first, product + c.double())
+    # Bursts of launches back to back, each into its own poisoned output.
+    outputs = [torch.empty(m, n, device="cuda") for _ in range(8)]
+    differing = []
+    for burst in range(16):
+        for d in outputs:
+            deep_kernels.fp8_gemm_nt(a, b, poison_(d), c=c, recipe=RECIPE)
+        differing += [burst * len(outputs) + i for i in _differing_runs(outputs, first)]
+    assert differing == []
+    # The comparison sees one element's lowest bit flipped.
+    planted = outputs[5].clone()
+    planted.view(torch.int32)[m - 1, n - 1] ^= 1
+    assert _differing_runs(outputs[:5] + [planted], first) == [5]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("plant", [_doubled_channel, _swapped_pairs])
 def test_check_rejects_planted_column_scales(plant):

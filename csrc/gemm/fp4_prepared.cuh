@@ -36,6 +36,38 @@ DK_DEVICE uint2 expand_prepared_e2m1x8(uint32_t word, uint2 table) {
     return make_uint2(lo | (word & kSignBits), hi | ((word << 4) & kSignBits));
 }
 
+// Tile-scaled words (PreparedFp4Weights.tile_scaled): one block exponent E (7 .. 254) for the 64-row tile, every
+// shift d_s = min(E - e_s, 7), and the pair tables: entry 8 d + d' (16 bytes) the expansion tables of shifts d and d'
+// (expand_prepared_e2m1x8's, 8 bytes each). Bits 4-9 hold 16 (8 d_0 + d_1) and bits 20-25 16 (8 d_2 + d_3), the byte
+// offsets of sub-blocks 0, 1 and 2, 3's pair tables; E - 6 sits in bits 0-3 (low nibble) and 12-15 (high nibble).
+constexpr uint32_t kTileMaxShift = 7;
+constexpr uint32_t kTilePairTables = (kTileMaxShift + 1) * (kTileMaxShift + 1);
+constexpr uint32_t kTilePairTableBytes = kTilePairTables * 16;
+
+// The byte offset of sub-blocks 2 * pair and 2 * pair + 1's pair table.
+// NOTE: masked to the tables' span, so that a word the kernel reads but never uses (a chunk past the prepared ones,
+// not loaded) stays inside them.
+DK_DEVICE uint32_t tile_pair_offset(uint32_t word, uint32_t pair) {
+    return (pair == 0 ? word : word >> 16) & 0x3F0u;
+}
+
+// Sub-block s's shift d_s.
+DK_DEVICE uint32_t tile_shift(uint32_t word, uint32_t s) {
+    const uint32_t pair_table = tile_pair_offset(word, s / 2) / 16;
+    return s % 2 == 0 ? pair_table / (kTileMaxShift + 1) : pair_table % (kTileMaxShift + 1);
+}
+
+DK_DEVICE uint32_t tile_max_exponent(uint32_t word) {
+    return ((word & 0xFu) | ((word >> 8) & 0xF0u)) + 6;
+}
+
+// The tile's promotion scale 2^(E - 133) = 2^((E - 6) - 127), a normal float (E >= 7).
+// NOTE: one multiply moves both nibbles of E - 6 to FP32's exponent field: bits 0-3 land at 23-26 (and 15-18),
+// bits 12-15 at 27-30 (and past bit 31); the ranges do not overlap, so nothing carries.
+DK_DEVICE float tile_promotion_scale(uint32_t word) {
+    return __uint_as_float(((word & 0xF00Fu) * 0x00808000u) & 0x7F800000u);
+}
+
 // A prepared scale word's block exponent e_max: bits 2i, 2i + 1 in the low two bits of byte i.
 DK_DEVICE uint32_t prepared_max_exponent(uint32_t word) {
     return ((word & 0x03030303u) * 0x00820820u) >> 23 & 0xFFu;

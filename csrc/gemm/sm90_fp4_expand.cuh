@@ -45,17 +45,20 @@ constexpr uint32_t kFp4SubBlocksPerKBlock = kScaleBlock / 32;
 
 // Table d (d = 0 .. kFp4MaxExpandShift): byte i is e4m3(e2m1 magnitude i * 2^(6 - d)), round-to-nearest-even
 // (exact for d <= 14; all zero from d = 19 on).
-DK_DEVICE void init_fp4_expand_tables(uint2* tables, uint32_t thread, uint32_t num_threads) {
-    for (uint32_t d = thread; d <= kFp4MaxExpandShift; d += num_threads) {
-        uint32_t words[2] = {0, 0};
+DK_DEVICE uint2 fp4_expand_table(uint32_t d) {
+    uint32_t words[2] = {0, 0};
 #pragma unroll
-        for (uint32_t i = 0; i < 8; ++i) {
-            const float value = ldexpf(e2m1_value(i), kFp4ExpandExponent - static_cast<int>(d));
-            const uint32_t byte = __nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3);
-            words[i / 4] |= byte << (8 * (i % 4));
-        }
-        tables[d] = make_uint2(words[0], words[1]);
+    for (uint32_t i = 0; i < 8; ++i) {
+        const float value = ldexpf(e2m1_value(i), kFp4ExpandExponent - static_cast<int>(d));
+        const uint32_t byte = __nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3);
+        words[i / 4] |= byte << (8 * (i % 4));
     }
+    return make_uint2(words[0], words[1]);
+}
+
+DK_DEVICE void init_fp4_expand_tables(uint2* tables, uint32_t thread, uint32_t num_threads) {
+    for (uint32_t d = thread; d <= kFp4MaxExpandShift; d += num_threads)
+        tables[d] = fp4_expand_table(d);
 }
 
 DK_DEVICE uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t selector) {

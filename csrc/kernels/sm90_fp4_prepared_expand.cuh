@@ -6,6 +6,7 @@
 //     shift is at most 14 (prepare_fp4_weights checks that); scales FP32 [ceil(N / 128), K / 128] row-major.
 //   otherwise: one scale per row and 128 columns, 2^(e_max - 133), the shifts as the decode kernel takes them (the
 //     Fp8Mxfp4 numerics); scales FP32 MN-major, element (row, K block) at K block * scale_stride + row.
+// kTileScaled: the chunks' words are the tile-scaled ones (gemm/fp4_prepared.cuh): E and the shifts read from them.
 // One CTA of 256 threads per 128-row block and kKBlocksPerCta K blocks: thread t reads tile 2 * blockIdx.y + t / 128's
 // chunks as the decode kernel's math thread t % 128 does (two 16-byte loads of codes, one 8-byte load of its rows'
 // scale words; every K block's loads issued first), expands them into a shared-memory copy of the 128 x 128 block
@@ -34,9 +35,15 @@ DK_DEVICE uint32_t staged_offset(uint32_t row, uint32_t chunk) {
     return row * 128 + ((chunk ^ (row % 8)) * 16);
 }
 
+// A word's block exponent: the row's, or (kTileScaled) the tile's.
+template <bool kTileScaled>
+DK_DEVICE uint32_t max_exponent_of(uint32_t word) {
+    return kTileScaled ? fp4_prepared::tile_max_exponent(word) : fp4_prepared::prepared_max_exponent(word);
+}
+
 }  // namespace sm90_fp4_prepared_expand_detail
 
-template <bool kBlockScaled>
+template <bool kBlockScaled, bool kTileScaled>
 __global__ void __launch_bounds__(256)
 sm90_fp4_prepared_expand_impl(const uint8_t* __restrict__ prepared, uint8_t* __restrict__ q,
                               float* __restrict__ scales, uint32_t shape_n, uint32_t shape_k, uint32_t scale_stride) {
@@ -77,11 +84,11 @@ sm90_fp4_prepared_expand_impl(const uint8_t* __restrict__ prepared, uint8_t* __r
         }
         tables[threadIdx.x] = make_uint2(bytes[0], bytes[1]);
     }
-    // The block exponents (block-scaled): rows past N (zero words) give 0, below every real one.
+    // The block exponents (block-scaled): rows past N (zero words) give 0 (tile-scaled: 6), below every real one.
     if constexpr (kBlockScaled) {
 #pragma unroll
         for (uint32_t i = 0; i < kKBlocksPerCta; ++i) {
-            const uint32_t e = max(prepared_max_exponent(words[i].x), prepared_max_exponent(words[i].y));
+            const uint32_t e = max(max_exponent_of<kTileScaled>(words[i].x), max_exponent_of<kTileScaled>(words[i].y));
             const uint32_t warp_value = __reduce_max_sync(0xffffffffu, e);
             if (lane == 0)
                 warp_max[i][threadIdx.x / 32] = warp_value;
@@ -112,16 +119,20 @@ sm90_fp4_prepared_expand_impl(const uint8_t* __restrict__ prepared, uint8_t* __r
 #pragma unroll
             for (uint32_t h = 0; h < 2; ++h) {
                 const uint32_t row = (threadIdx.x / 128) * kPreparedTileRows + warp * 16 + h * 8 + g;  // in the block
-                const uint32_t extra_shift = kBlockScaled ? block_exponent - prepared_max_exponent(scale_words[h]) : 0;
+                const uint32_t extra_shift =
+                    kBlockScaled ? block_exponent - max_exponent_of<kTileScaled>(scale_words[h]) : 0;
 #pragma unroll
                 for (uint32_t s = 0; s < 4; ++s) {
-                    const uint32_t shift = min(((scale_words[h] >> (8 * s + 3)) & 0x1Fu) + extra_shift, kNumTables - 1);
+                    const uint32_t word_shift =
+                        kTileScaled ? tile_shift(scale_words[h], s) : (scale_words[h] >> (8 * s + 3)) & 0x1Fu;
+                    const uint32_t shift = min(word_shift + extra_shift, kNumTables - 1);
                     const uint2 expanded = expand_prepared_e2m1x8(codes_of[h][s], tables[shift]);
                     *reinterpret_cast<uint32_t*>(staged + staged_offset(row, 2 * s) + quad * 4) = expanded.x;
                     *reinterpret_cast<uint32_t*>(staged + staged_offset(row, 2 * s + 1) + quad * 4) = expanded.y;
                 }
                 if (!kBlockScaled && quad == 0 && block_first_row + row < shape_n)
-                    scales[k_block * scale_stride + block_first_row + row] = prepared_promotion_scale(scale_words[h]);
+                    scales[k_block * scale_stride + block_first_row + row] =
+                        kTileScaled ? tile_promotion_scale(scale_words[h]) : prepared_promotion_scale(scale_words[h]);
             }
         }
         __syncthreads();

@@ -70,6 +70,7 @@ using fp4_prepared::expand_prepared_e2m1x8;
 using fp4_prepared::kPreparedChunkBytes;
 using fp4_prepared::kPreparedCodesBytes;
 using fp4_prepared::prepared_promotion_scale;
+using fp4_prepared::kTilePairTableBytes;
 
 // Named barriers: the math warpgroups together (before D's staging reuses the stages), and each one alone.
 enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
@@ -88,7 +89,7 @@ constexpr uint32_t swap_ab_num_threads(uint32_t num_math_warpgroups, uint32_t nu
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
           bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1, bool kPreparedWeights_ = false,
-          bool kMasked_ = false>
+          bool kMasked_ = false, bool kTileScaled_ = false>
 struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t BLOCK_T = BLOCK_T_;
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
@@ -104,6 +105,11 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr bool kPreparedWeights = kPreparedWeights_;
     // The masked grouped layout: a persistent CTA walks the (expert, token block, weight tile) work items.
     static constexpr bool kMasked = kMasked_;
+    // Prepared weights whose 64-row tiles share one block exponent per K block (PreparedFp4Weights.tile_scaled): a
+    // thread's two rows share their promotion scale, one product with sfa per token; the expansion tables are the
+    // pair tables (gemm/fp4_prepared.cuh), two sub-blocks' tables a load.
+    static constexpr bool kTileScaled = kTileScaled_;
+    static constexpr uint32_t kTableBytes = kTileScaled ? kTilePairTableBytes : kFp4ExpandTableBytes;
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
@@ -127,7 +133,7 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t kOffsetSfa = kOffsetCodes + kNumStages * kStageCodesBytes;
     static constexpr uint32_t kOffsetWords = kOffsetSfa + kNumStages * kStageSfaBytes;
     static constexpr uint32_t kOffsetTables = kOffsetWords + kNumStages * kStageWordsBytes;
-    static constexpr uint32_t kOffsetBarriers = kOffsetTables + kFp4ExpandTableBytes;
+    static constexpr uint32_t kOffsetBarriers = kOffsetTables + kTableBytes;
     static constexpr uint32_t kSmemBytes = kOffsetBarriers + 2 * kNumStages * sizeof(uint64_t);
     // TMA-loaded bytes of a stage (unprepared, the scale words come by cp.async).
     static constexpr uint32_t kStageTxBytes = kStageABytes + kStageCodesBytes + BLOCK_T * sizeof(float);
@@ -152,6 +158,7 @@ struct Sm90Fp8Fp4SwapAbTraits {
     DK_STATIC_ASSERT(kSmemDBytes <= kOffsetTables, "D's staging fits in the stages");
     DK_STATIC_ASSERT(!kMasked || (kPreparedWeights && std::is_same_v<OutputType, __nv_bfloat16>),
                      "the masked layout: prepared weights, bf16 D");
+    DK_STATIC_ASSERT(!kTileScaled || kPreparedWeights, "one scale a tile: prepared weights");
     DK_STATIC_ASSERT(kSmemBytes <= (kNumCTAsPerSM == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes
                                                        : max_smem_bytes_per_cta(kNumCTAsPerSM)),
                      "stages fit in shared memory");
@@ -212,7 +219,9 @@ DK_DEVICE void expand_fragments(Fragments& frag, const uint8_t* smem_codes, cons
 }
 
 // expand_fragments from the prepared layout: this thread's two 16-byte halves of codes (rows r0, r0 + 8; steps
-// 0..3 each, from `codes`) and its rows' scale words (`words`), one shared-memory load each.
+// 0..3 each, from `codes`) and its rows' scale words (`words`), one shared-memory load each. kTileScaled: the rows'
+// words hold one block exponent, so the promotion scale is taken once, from r0's, and `tables` are the pair tables.
+template <bool kTileScaled>
 DK_DEVICE void expand_prepared_fragments(Fragments& frag, const uint8_t* codes_ptr, const uint8_t* words_ptr,
                                          const uint8_t* tables) {
     const uint4 codes_lo = *reinterpret_cast<const uint4*>(codes_ptr);
@@ -221,13 +230,33 @@ DK_DEVICE void expand_prepared_fragments(Fragments& frag, const uint8_t* codes_p
     const uint32_t codes[2][4] = {{codes_lo.x, codes_lo.y, codes_lo.z, codes_lo.w},
                                   {codes_hi.x, codes_hi.y, codes_hi.z, codes_hi.w}};
     const uint32_t scale_words[2] = {words.x, words.y};
+    if constexpr (kTileScaled) {
+        frag.scale_lo = fp4_prepared::tile_promotion_scale(scale_words[0]);
+#pragma unroll
+        for (uint32_t h = 0; h < 2; ++h) {
+            uint2 table[4];
+#pragma unroll
+            for (uint32_t pair = 0; pair < 2; ++pair) {
+                const uint4 tables_of_pair =
+                    *reinterpret_cast<const uint4*>(tables + fp4_prepared::tile_pair_offset(scale_words[h], pair));
+                table[2 * pair] = make_uint2(tables_of_pair.x, tables_of_pair.y);
+                table[2 * pair + 1] = make_uint2(tables_of_pair.z, tables_of_pair.w);
+            }
+#pragma unroll
+            for (uint32_t s = 0; s < 4; ++s) {
+                const uint2 expanded = expand_prepared_e2m1x8(codes[h][s], table[s]);
+                frag.regs[s][h] = expanded.x;
+                frag.regs[s][2 + h] = expanded.y;
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
-        const float scale = prepared_promotion_scale(scale_words[h]);
         if (h == 0)
-            frag.scale_lo = scale;
+            frag.scale_lo = prepared_promotion_scale(scale_words[0]);
         else
-            frag.scale_hi = scale;
+            frag.scale_hi = prepared_promotion_scale(scale_words[1]);
         const uint32_t offsets = scale_words[h] & 0xF8F8F8F8u;
 #pragma unroll
         for (uint32_t s = 0; s < 4; ++s) {
@@ -236,6 +265,16 @@ DK_DEVICE void expand_prepared_fragments(Fragments& frag, const uint8_t* codes_p
             frag.regs[s][h] = expanded.x;
             frag.regs[s][2 + h] = expanded.y;
         }
+    }
+}
+
+// The pair tables (kTileScaled): entry 8 d + d' is tables d and d' (fp4_prepared::kTilePairTables of them).
+DK_DEVICE void init_pair_tables(uint4* tables, uint32_t thread, uint32_t num_threads) {
+    using fp4_prepared::kTileMaxShift;
+    for (uint32_t i = thread; i < fp4_prepared::kTilePairTables; i += num_threads) {
+        const uint2 first = sm90_fp8_gemm_detail::fp4_expand_table(i / (kTileMaxShift + 1));
+        const uint2 second = sm90_fp8_gemm_detail::fp4_expand_table(i % (kTileMaxShift + 1));
+        tables[i] = make_uint4(first.x, first.y, second.x, second.y);
     }
 }
 
@@ -347,7 +386,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         ring.consumer_wait(state);
         const uint8_t* codes = smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes;
         if constexpr (Traits::kPreparedWeights)
-            expand_prepared_fragments(frag, smem + state.stage * Traits::kStageCodesBytes + thread_codes,
+            expand_prepared_fragments<Traits::kTileScaled>(frag, smem + state.stage * Traits::kStageCodesBytes + thread_codes,
                                       smem + state.stage * Traits::kStageCodesBytes + thread_words,
                                       smem + Traits::kOffsetTables);
         else
@@ -395,7 +434,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
                 partial[0][i] += partial[c][i];
         }
         sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
-            partial[0], final_acc, current.scale_lo, current.scale_hi,
+            partial[0], final_acc, current.scale_lo, Traits::kTileScaled ? current.scale_lo : current.scale_hi,
             reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes), lane_idx);
         previous_state = state;
         state = next_state;
@@ -535,7 +574,7 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::BLOCK_T / 2], __
 }  // namespace sm90_fp8_fp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked>
+          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked, bool kTileScaled>
 __global__ void __launch_bounds__(sm90_fp8_fp4_swap_ab_detail::swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM,
                                                                                    BLOCK_T),
                                   kNumCTAsPerSM)
@@ -547,7 +586,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
                                uint32_t shape_m, uint32_t num_groups, OutputType* d) {
     using namespace sm90_fp8_fp4_swap_ab_detail;
     using Traits = Sm90Fp8Fp4SwapAbTraits<BLOCK_T, kNumMathWarpgroups, kNumStages, OutputType, kWithAccumulation,
-                                          kNumCTAsPerSM, kNumChains, kPreparedWeights, kMasked>;
+                                          kNumCTAsPerSM, kNumChains, kPreparedWeights, kMasked, kTileScaled>;
     constexpr uint32_t kNumMathThreads = Traits::kNumMathThreads;
 
     // Shared memory and barriers
@@ -571,9 +610,13 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
         }
         ptx::fence_mbarrier_init();
     }
-    if (!is_producer_warpgroup)
-        sm90_fp8_gemm_detail::init_fp4_expand_tables(reinterpret_cast<uint2*>(smem + Traits::kOffsetTables), threadIdx.x,
-                                                     kNumMathThreads);
+    if (!is_producer_warpgroup) {
+        if constexpr (kTileScaled)
+            init_pair_tables(reinterpret_cast<uint4*>(smem + Traits::kOffsetTables), threadIdx.x, kNumMathThreads);
+        else
+            sm90_fp8_gemm_detail::init_fp4_expand_tables(reinterpret_cast<uint2*>(smem + Traits::kOffsetTables),
+                                                         threadIdx.x, kNumMathThreads);
+    }
     __syncthreads();
 
     // The CTA's rows and split

@@ -13,7 +13,8 @@ NVFP4 rows (op `fp8_fp4_gemm_nt[nvfp4]`, decode sizes M = 1, 16, 64, 128): the s
 shape (`speedup_vs_fp8`) and with the MXFP4 form of the call on the same shape (`speedup_vs_mxfp4`).
 Masked grouped rows (op `m_grouped_fp8_fp4_gemm_nt_masked`, the decode MoE GEMM: G in 16, 64, 256 experts at
 expected_m 16, 32, 64 valid rows each, N x K in 4096 x 7168 and 7168 x 2048; masked_m, M_max and the expected_m hint
-as the grouped_gemm suite draws them, testing.grouped.masked_problem): the call on grouped prepared weights,
+as the grouped_gemm suite draws them, testing.grouped.masked_problem; each expert's weights per_token_cast_to_mxfp4
+of its own random Gaussian matrix, as the dense rows', so tile-scaled): the call on grouped prepared weights,
 timed in turns with our FP8 masked GEMM (m_grouped_fp8_gemm_nt_masked) on the same activations and the same
 weights' values in e4m3 with 128 x 128 scales (`speedup_vs_fp8`). Bytes count the weights of the experts with valid
 rows (4.25 bits a weight), their valid activation rows and outputs; calc_diff on the first two experts' rows."""
@@ -27,7 +28,7 @@ from deep_kernels import fp4_gemm
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.device import get_num_sms
 from deep_kernels.heuristics.fp8_fp4_gemm import code_stages
-from deep_kernels.heuristics.fp8_fp4_swap_ab import SwapAbConfig
+from deep_kernels.heuristics.fp8_fp4_swap_ab import SwapAbConfig, for_tile_scaled
 from deep_kernels.heuristics.fp8_gemm import config_label
 from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.testing import calc_diff
@@ -102,8 +103,11 @@ def rows(ctx: BenchContext, shapes) -> list:
                            ("128 x 128 block scales), then fp8_gemm_nt" if prepared.folds_into_blocks else
                             "per-row scales), then fp8_gemm_nt recipe (1, 1, 128)"))
         elif isinstance(plan, SwapAbConfig):
+            if prepared.tile_scaled:
+                plan = for_tile_scaled(plan)
             config_text = (f"prepared weights, A and B swapped: {plan.block_w} weight rows x {plan.block_t} tokens, {plan.num_stages} "
-                           f"stages, split-K {plan.num_splits}, {plan.ctas_per_sm} CTA(s) an SM")
+                           f"stages, split-K {plan.num_splits}, {plan.ctas_per_sm} CTA(s) an SM" +
+                           (", tile-scaled" if prepared.tile_scaled else ", row-scaled"))
         else:
             config_text = (f"{config_label(plan[1])}, {plan[1].num_stages} math stages, "
                            f"{code_stages(plan[1].block_m, plan[1].block_n, plan[1].num_stages, 2)} code stages")
@@ -178,6 +182,12 @@ def _fp8_weights_of(codes, scales) -> tuple:
     return torch.stack([q for q, _ in casts]), torch.stack([sf for _, sf in casts])
 
 
+def _expert_weights(n: int, k: int, num_groups: int) -> tuple:
+    """(codes [G, N, K / 2], scales [G, N, K / 32]): per_token_cast_to_mxfp4 of each expert's gemm_weights."""
+    casts = [deep_kernels.per_token_cast_to_mxfp4(gemm_weights(n, k, seed=1 + g)) for g in range(num_groups)]
+    return torch.stack([codes for codes, _ in casts]), torch.stack([scales for _, scales in casts])
+
+
 def masked_problems(nks=MASKED_NKS, groups=MASKED_GROUPS, expected_ms=MASKED_EXPECTED_MS) -> list:
     """(G, expected_m, N, K, masked_m, M_max, hint) of the masked rows, drawn as the grouped_gemm suite draws them."""
     rng = random.Random(0)
@@ -186,7 +196,8 @@ def masked_problems(nks=MASKED_NKS, groups=MASKED_GROUPS, expected_ms=MASKED_EXP
 
 
 def masked_specs(problems, num_sms: int) -> list:
-    """The kernels the masked rows run (ours and our FP8 masked GEMM's picks), to compile them ahead."""
+    """The kernels the masked rows run (ours on tile-scaled weights and our FP8 masked GEMM's picks), to compile them
+    ahead."""
     from deep_kernels import grouped_gemm
     from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
     from deep_kernels.heuristics.grouped_fp8_gemm import get_grouped_fp8_gemm_config
@@ -194,7 +205,7 @@ def masked_specs(problems, num_sms: int) -> list:
     specs = {}
     for g, _, n, k, _, _, hint in problems:
         config = swap_ab.get_masked_config(hint, n, k, g, num_sms)
-        spec = fp4_gemm.swap_ab_kernel_spec(config, torch.bfloat16, False, True, True)
+        spec = fp4_gemm.swap_ab_kernel_spec(config, torch.bfloat16, False, True, True, tile_scaled=True)
         specs.setdefault(spec.render(), spec)
         fp8_config = get_grouped_fp8_gemm_config(fp4_gemm.MASKED, hint, n, k, g, num_sms)
         spec = grouped_gemm.kernel_spec(fp8_config, n, k, torch.bfloat16, False, fp4_gemm.MASKED)
@@ -211,7 +222,7 @@ def masked_rows(ctx: BenchContext, problems) -> list:
         if (g, n, k) not in weights:
             weights.clear()
             torch.cuda.empty_cache()
-            codes, scales = mxfp4_weights(n, k, num_groups=g)
+            codes, scales = _expert_weights(n, k, g)
             weights[(g, n, k)] = (codes, scales, deep_kernels.prepare_fp4_weights(codes, scales),
                                   _fp8_weights_of(codes, scales))
         codes, scales, prepared, (b8, sfb8) = weights[(g, n, k)]
@@ -232,6 +243,8 @@ def masked_rows(ctx: BenchContext, problems) -> list:
         del expected
         us, fp8_us = time_kernels_us([ours, fp8], ctx.flusher)
         config = swap_ab.get_masked_config(hint, n, k, g, get_num_sms())
+        if prepared.tile_scaled:
+            config = swap_ab.for_tile_scaled(config)
         total = sum(masked_m)
         experts = sum(1 for rows_g in masked_m if rows_g)
         flops = 2 * total * n * k
@@ -242,7 +255,8 @@ def masked_rows(ctx: BenchContext, problems) -> list:
             "shape": {"g": g, "m": m_max, "expected_m": expected_m, "n": n, "k": k, "expected_m_hint": hint},
             "config": (f"prepared weights, A and B swapped, persistent over (expert, token block, weight tile): "
                        f"{config.block_w} weight rows x {config.block_t} tokens, {config.num_stages} stages, "
-                       f"{config.ctas_per_sm} CTA(s) an SM, {config.num_chains} chain(s)"),
+                       f"{config.ctas_per_sm} CTA(s) an SM, {config.num_chains} chain(s)" +
+                       (", tile-scaled" if prepared.tile_scaled else ", row-scaled")),
             "us": round(us, 2), "tflops": round(flops / us / 1e6, 1), "gbps": round(num_bytes / us / 1e3, 1),
             "memory_roofline_fraction": round(memory_us / us, 3),
             "fp8_us": round(fp8_us, 2), "speedup_vs_fp8": round(fp8_us / us, 3),

@@ -7,7 +7,7 @@ warpgroup); the model prices the busiest SM's K blocks (the expansion's integer 
 B's bytes (4.25 bits a weight) at DRAM speed. The masked grouped layout (get_masked_config) picks by a measured rule.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deep_kernels.heuristics.fp8_gemm import BLOCK_K, DRAM_BYTES_PER_S, SMEM_CAPACITY_BYTES
 
@@ -19,6 +19,8 @@ MAX_TOKENS = BLOCK_TS[-1]
 ALL_BLOCK_TS = tuple(range(16, MAX_TOKENS + 1, 16))
 B_BITS_PER_WEIGHT = 4.25
 EXPAND_TABLE_BYTES = 256
+# The pair tables of tile-scaled prepared weights (gemm/fp4_prepared.cuh: kTilePairTableBytes).
+TILE_PAIR_TABLE_BYTES = 1024
 MAX_STAGES = 12
 MIN_STAGES = 2
 # The split-K counts offered (those the model was fitted over).
@@ -66,6 +68,10 @@ class SwapAbConfig:
     def smem_bytes(self) -> int:
         return smem_bytes(self.block_t, self.num_math_warpgroups, self.num_stages)
 
+    def smem_bytes_of(self, tile_scaled: bool) -> int:
+        """The shared memory of the kernel on row- or tile-scaled prepared weights (the pair tables' size)."""
+        return smem_bytes(self.block_t, self.num_math_warpgroups, self.num_stages, tile_scaled)
+
 
 # Dynamic shared memory of each of two CTAs on one SM (the kernel's kMaxSmemBytesOfTwo).
 SMEM_BYTES_OF_TWO = (233472 - 2 * 1024) // 2
@@ -102,9 +108,20 @@ def _stage_bytes(block_t: int, num_math_warpgroups: int) -> int:
     return block_t * BLOCK_K + block_w * BLOCK_K // 2 + _align(block_t * 4, 128) + block_w * 4
 
 
-def smem_bytes(block_t: int, num_math_warpgroups: int, num_stages: int) -> int:
-    """The kernel's carve-up (Sm90Fp8Fp4SwapAbTraits::kSmemBytes): the stages, the expansion tables, the barriers."""
-    return num_stages * _stage_bytes(block_t, num_math_warpgroups) + EXPAND_TABLE_BYTES + 16 * num_stages
+def smem_bytes(block_t: int, num_math_warpgroups: int, num_stages: int, tile_scaled: bool = False) -> int:
+    """The kernel's carve-up (Sm90Fp8Fp4SwapAbTraits::kSmemBytes): the stages, the expansion tables (tile_scaled:
+    the pair tables), the barriers."""
+    tables = TILE_PAIR_TABLE_BYTES if tile_scaled else EXPAND_TABLE_BYTES
+    return num_stages * _stage_bytes(block_t, num_math_warpgroups) + tables + 16 * num_stages
+
+
+def for_tile_scaled(config: SwapAbConfig) -> SwapAbConfig:
+    """config on tile-scaled prepared weights: its stages, less those that the larger pair tables leave no room for
+    (one, in a few configs)."""
+    stages = config.num_stages
+    while smem_bytes(config.block_t, config.num_math_warpgroups, stages, True) > smem_capacity(config.ctas_per_sm):
+        stages -= 1
+    return replace(config, num_stages=stages)
 
 
 def max_stages(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> int:
@@ -200,10 +217,10 @@ def is_preferred(m: int, n: int, k: int, num_sms: int) -> bool:
 
 
 def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prepared: bool = False,
-                  masked: bool = False) -> list:
+                  masked: bool = False, tile_scaled: bool = False) -> list:
     """The kernel's C++ template arguments, in declaration order (out_dtype "bfloat16" / "float32" or a torch
     dtype; prepared: the weights in prepare_fp4_weights's layout; masked: the masked grouped layout, prepared bf16
-    only)."""
+    only; tile_scaled: prepared weights of one block exponent a tile, PreparedFp4Weights.tile_scaled)."""
     name = str(out_dtype).removeprefix("torch.")
     cpp_type = {"bfloat16": "__nv_bfloat16", "float32": "float"}.get(name)
     if cpp_type is None:
@@ -212,9 +229,11 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prep
         raise ValueError("FP32 D with accumulation, bf16 D without")
     if masked and (not prepared or cpp_type != "__nv_bfloat16" or config.num_splits != 1):
         raise ValueError("the masked layout takes prepared weights, bf16 D and no split-K")
+    if tile_scaled and not prepared:
+        raise ValueError("tile_scaled takes prepared weights")
     return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
             "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains),
-            "true" if prepared else "false", "true" if masked else "false"]
+            "true" if prepared else "false", "true" if masked else "false", "true" if tile_scaled else "false"]
 
 
 def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms: int) -> SwapAbConfig:
