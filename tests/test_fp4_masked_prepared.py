@@ -49,10 +49,6 @@ def test_masked_configs_are_legal():
     with pytest.raises(ValueError, match="CTAs an SM"):
         swap_ab.make_config(64, 1, ctas_per_sm=4)
     assert swap_ab.make_config(32, 1, ctas_per_sm=3).num_threads == 160
-    deferred = swap_ab.make_config(80, 2, deferred_promotion=True)
-    assert deferred.num_chains == 1 and swap_ab.template_args(deferred, "bfloat16", False, True, True)[-1] == "true"
-    with pytest.raises(ValueError, match="deferred promotion"):
-        swap_ab.make_config(80, 1, ctas_per_sm=2, deferred_promotion=True)
     assert swap_ab.make_config(32, 1, ctas_per_sm=2).num_threads == 256
     assert swap_ab.make_config(96, 1, ctas_per_sm=2).num_threads == 160
     with pytest.raises(ValueError, match="CTAs an SM"):
@@ -212,22 +208,6 @@ def test_masked_tile_scaled_reads_only_the_words_documented_bits():
     actual = _run(a, replace(prepared, data=with_undocumented_word_bits(prepared.data)), masked, 16, config)
     torch.cuda.synchronize()
     assert_bitwise_equal(actual, expected)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("block_t,tile_scaled", [(80, True), (48, True), (96, False)])
-def test_masked_deferred_promotion_is_bitwise_the_one_chain_kernel(block_t, tile_scaled):
-    masked_m, m_max, n, k = [block_t, 0, 7, block_t + 20, 33], 2 * block_t, 2112, 1536
-    a, (codes, scales), masked = _inputs(masked_m, m_max, n, k, seed=13)
-    if tile_scaled:
-        generator = torch.Generator(device="cuda").manual_seed(13)
-        scales = (127 - torch.randint(0, 8, scales.shape, generator=generator, device="cuda")).to(torch.uint8)
-    prepared = deep_kernels.prepare_fp4_weights(codes, scales)
-    assert prepared.tile_scaled == tile_scaled
-    deferred = swap_ab.make_config(block_t, 2, deferred_promotion=True)
-    actual = _run(a, prepared, masked, block_t, deferred)
-    _check(actual, _reference(a, (codes, scales), masked), masked_m)
-    assert_bitwise_equal(actual, _run(a, prepared, masked, block_t, swap_ab.make_config(block_t, 2, num_chains=1)))
 
 
 @pytest.mark.gpu

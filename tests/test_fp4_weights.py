@@ -280,26 +280,6 @@ def test_tile_scaled_kernels_read_only_the_words_documented_bits(m, n, k, config
 
 
 @pytest.mark.gpu
-# (m, n, k, tokens a tile, math warpgroups, splits); splits of one, two and three K blocks (the deferred loop's ends)
-@pytest.mark.parametrize("m,n,k,config", [
-    (64, 4096, 768, (64, 1, 4)), (80, 2112, 1024, (80, 2, 3)), (33, 1040, 1536, (48, 2, 1)), (96, 7168, 2048, (96, 1, 1)),
-    (128, 4096, 1024, (128, 1, 2)), (112, 1040, 512, (112, 2, 1)),
-])
-@pytest.mark.parametrize("layout", ["tile", "row", "unprepared"])
-def test_deferred_promotion_is_bitwise_the_one_chain_kernel(m, n, k, config, layout):
-    a = make_fp4_gemm_inputs(m, 16, k)[0]
-    b = _folding_weights(n, k, 7, "cuda") if layout == "tile" else mxfp4_weights(n, k, max_shift=14)
-    weights = b if layout == "unprepared" else deep_kernels.prepare_fp4_weights(*b)
-    assert layout == "unprepared" or weights.tile_scaled == (layout == "tile")
-    block_t, warpgroups, splits = config
-    deferred = swap_ab.make_config(block_t, warpgroups, num_splits=splits, deferred_promotion=True)
-    one_chain = swap_ab.make_config(block_t, warpgroups, num_splits=splits, num_chains=1)
-    actual = _run(a, weights, n, config=deferred)
-    assert_gemm_close(actual, _reference(a, b))
-    assert_bitwise_equal(actual, _run(a, weights, n, config=one_chain))
-
-
-@pytest.mark.gpu
 def test_prepared_accumulates_in_place_and_is_deterministic():
     a, b = make_fp4_gemm_inputs(64, 2112, 1536)
     prepared = deep_kernels.prepare_fp4_weights(*b)

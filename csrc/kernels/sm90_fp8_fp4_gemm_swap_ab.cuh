@@ -89,7 +89,7 @@ constexpr uint32_t swap_ab_num_threads(uint32_t num_math_warpgroups, uint32_t nu
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
           bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1, bool kPreparedWeights_ = false,
-          bool kMasked_ = false, bool kTileScaled_ = false, bool kDeferredPromotion_ = false>
+          bool kMasked_ = false, bool kTileScaled_ = false>
 struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t BLOCK_T = BLOCK_T_;
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
@@ -109,10 +109,6 @@ struct Sm90Fp8Fp4SwapAbTraits {
     // thread's two rows share their promotion scale, one product with sfa per token; the expansion tables are the
     // pair tables (gemm/fp4_prepared.cuh), two sub-blocks' tables a load.
     static constexpr bool kTileScaled = kTileScaled_;
-    // Each K block's promotion deferred past the next block's wgmma group (two accumulator sets, one chain), so that
-    // the tensor cores run while the warpgroup promotes: for warpgroups with the registers (run_k_loop).
-    static constexpr bool kDeferredPromotion = kDeferredPromotion_;
-    static_assert(!kDeferredPromotion || kNumChains == 1, "deferred promotion takes one accumulator chain");
     static constexpr uint32_t kTableBytes = kTileScaled ? kTilePairTableBytes : kFp4ExpandTableBytes;
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
@@ -410,64 +406,6 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
     Fragments frags[2];
     State previous_state = state;
     expand(frags[0], state);
-    if constexpr (Traits::kDeferredPromotion) {
-        // Block i's group runs while block i - 1 is promoted and block i + 1 expanded: the group writes one
-        // accumulator set while the other, block i - 1's, is promoted once its group is done (wait_group<1>); block
-        // i + 1's fragments replace block i - 1's. A stage is freed once the group that overwrites the set its
-        // promotion read (block i + 1's) is issued, or after a fence for the last two blocks.
-        float sets[2][BLOCK_T / 2];
-        State two_back = state;
-        auto promote = [&](const float (&set)[BLOCK_T / 2], const Fragments& of_block, const State& of) {
-            sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
-                set, final_acc, of_block.scale_lo, Traits::kTileScaled ? of_block.scale_lo : of_block.scale_hi,
-                reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + of.stage * Traits::kStageSfaBytes), lane_idx);
-        };
-        auto step = [&](Fragments& current, Fragments& next, float (&set)[BLOCK_T / 2],
-                        float (&previous_set)[BLOCK_T / 2], uint32_t k_block) {
-            const uint64_t desc_a =
-                ptx::make_smem_desc_k_major_sw128(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes);
-            ptx::wgmma_fence();
-#pragma unroll
-            for (uint32_t s = 0; s < kScaleBlock / kWgmmaK; ++s)
-                ptx::Fp8WgmmaRegisterA<BLOCK_T>::mma(current.regs[s], desc_a + s * kWgmmaK / 16, set, s > 0 ? 1u : 0u);
-            ptx::wgmma_commit_group();
-            ring.consumer_release_if(two_back, lane_idx, k_block >= k_block_begin + 2);
-            if (k_block != k_block_begin) {
-                ptx::wgmma_wait_group<1>();
-                ptx::fence_operands(previous_set);
-                promote(previous_set, next, previous_state);
-            }
-            State next_state = state;
-            next_state.advance();
-            const bool has_next = k_block + 1 < k_block_end;
-            if (has_next)
-                expand(next, next_state);
-            two_back = previous_state;
-            previous_state = state;
-            state = next_state;
-            return has_next;
-        };
-        // The last block: its group done, promoted; the last two stages freed.
-        auto finish = [&](const Fragments& last, float (&set)[BLOCK_T / 2], uint32_t k_block) {
-            ptx::wgmma_wait_group<0>();
-            ptx::fence_operands(set);
-            promote(set, last, previous_state);
-            if (k_block != k_block_begin)
-                ring.consumer_release_after_loads(two_back, lane_idx);
-            ring.consumer_release_after_loads(previous_state, lane_idx);
-        };
-        for (uint32_t k_block = k_block_begin;; k_block += 2) {
-            if (!step(frags[0], frags[1], sets[0], sets[1], k_block)) {
-                finish(frags[0], sets[0], k_block);
-                break;
-            }
-            if (!step(frags[1], frags[0], sets[1], sets[0], k_block + 1)) {
-                finish(frags[1], sets[1], k_block + 1);
-                break;
-            }
-        }
-        return;
-    }
     // Issues the block's wgmma group from `current` and frees the previous block's stage, expands the next block into
     // `next` meanwhile, then promotes the block. Returns whether the split has another block.
     auto step = [&](Fragments& current, Fragments& next, uint32_t k_block) {
@@ -636,8 +574,7 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::BLOCK_T / 2], __
 }  // namespace sm90_fp8_fp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked, bool kTileScaled,
-          bool kDeferredPromotion>
+          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked, bool kTileScaled>
 __global__ void __launch_bounds__(sm90_fp8_fp4_swap_ab_detail::swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM,
                                                                                    BLOCK_T),
                                   kNumCTAsPerSM)
@@ -649,8 +586,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
                                uint32_t shape_m, uint32_t num_groups, OutputType* d) {
     using namespace sm90_fp8_fp4_swap_ab_detail;
     using Traits = Sm90Fp8Fp4SwapAbTraits<BLOCK_T, kNumMathWarpgroups, kNumStages, OutputType, kWithAccumulation,
-                                          kNumCTAsPerSM, kNumChains, kPreparedWeights, kMasked, kTileScaled,
-                                          kDeferredPromotion>;
+                                          kNumCTAsPerSM, kNumChains, kPreparedWeights, kMasked, kTileScaled>;
     constexpr uint32_t kNumMathThreads = Traits::kNumMathThreads;
 
     // Shared memory and barriers

@@ -55,9 +55,6 @@ class SwapAbConfig:
     num_splits: int = 1
     ctas_per_sm: int = 1
     num_chains: int = 1
-    # Each K block promoted while the next block's wgmma group runs (two accumulator sets, one chain; the kernel's
-    # kDeferredPromotion).
-    deferred_promotion: bool = False
 
     @property
     def block_w(self) -> int:
@@ -140,12 +137,6 @@ def max_chains(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> 
     return max(c for c in (1, 2, 4) if c == 1 or c * block_t // 2 <= budget)
 
 
-def can_defer_promotion(block_t: int, num_math_warpgroups: int, ctas_per_sm: int = 1) -> bool:
-    """Whether the second accumulator set of deferred promotion fits without spilling (ptxas, sm_90a): one CTA an
-    SM, up to 112 tokens with two math warpgroups (232 registers a thread), 128 with one (255)."""
-    return ctas_per_sm == 1 and block_t <= (112 if num_math_warpgroups == 2 else MAX_TOKENS)
-
-
 def block_t_for(m: int) -> int:
     """The smallest token tile holding m tokens."""
     if not 0 < m <= MAX_TOKENS:
@@ -154,7 +145,7 @@ def block_t_for(m: int) -> int:
 
 
 def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = None, num_splits: int = 1,
-                ctas_per_sm: int = 1, num_chains: int = None, deferred_promotion: bool = False) -> SwapAbConfig:
+                ctas_per_sm: int = 1, num_chains: int = None) -> SwapAbConfig:
     """A config of the given tiling (as many stages as fit unless given), for overrides and tests."""
     if block_t not in ALL_BLOCK_TS or num_math_warpgroups not in (1, 2):
         raise ValueError(f"no swapped FP4 kernel for {block_t} tokens and {num_math_warpgroups} math warpgroups")
@@ -168,14 +159,9 @@ def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = No
     if num_splits < 1:
         raise ValueError(f"num_splits must be positive, got {num_splits}")
     chains = num_chains or max_chains(block_t, num_math_warpgroups, ctas_per_sm)
-    if deferred_promotion:
-        if not can_defer_promotion(block_t, num_math_warpgroups, ctas_per_sm):
-            raise ValueError(f"deferred promotion does not fit the registers of {block_t} tokens with "
-                             f"{num_math_warpgroups} math warpgroup(s) and {ctas_per_sm} CTA(s) an SM")
-        chains = 1
     if chains not in (1, 2, 4) or chains > max_chains(block_t, num_math_warpgroups, ctas_per_sm):
         raise ValueError(f"{chains} accumulator chains do not fit the registers of {block_t} tokens")
-    return SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains, deferred_promotion)
+    return SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains)
 
 
 def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
@@ -247,8 +233,7 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prep
         raise ValueError("tile_scaled takes prepared weights")
     return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
             "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains),
-            "true" if prepared else "false", "true" if masked else "false", "true" if tile_scaled else "false",
-            "true" if config.deferred_promotion else "false"]
+            "true" if prepared else "false", "true" if masked else "false", "true" if tile_scaled else "false"]
 
 
 def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms: int) -> SwapAbConfig:
