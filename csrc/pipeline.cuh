@@ -41,11 +41,12 @@ struct StageRing {
     uint64_t* full_barriers;
     uint64_t* empty_barriers;
 
-    // One thread; must be followed by ptx::fence_mbarrier_init() and a CTA or cluster barrier.
-    DK_DEVICE void init() const {
+    // One thread; must be followed by ptx::fence_mbarrier_init() and a CTA or cluster barrier. full_arrivals: the
+    // producer's arrive_expect_tx plus any other producer-side arrivals a stage waits for.
+    DK_DEVICE void init(uint32_t full_arrivals = 1) const {
 #pragma unroll
         for (uint32_t s = 0; s < kNumStages; ++s) {
-            ptx::mbarrier_init(full_barriers + s, 1);
+            ptx::mbarrier_init(full_barriers + s, full_arrivals);
             ptx::mbarrier_init(empty_barriers + s, kNumConsumerWarps * kNumClusterCTAs);
         }
     }

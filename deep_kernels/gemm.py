@@ -44,7 +44,7 @@ FP8_GEMM = KernelDef(
     template=("SHAPE_N", "SHAPE_K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "kNumStages", "kNumTMAThreads", "kNumMathThreads",
               "kNumTMAMulticast", "kIsMulticastOnA", "kGemmType", "OutputType", "kWithAccumulation", "kNumSplits",
               "kPipelined", "kOverlapEpilogue", "kOperands", "kIsMNMajorA", "kIsMNMajorB",
-              "kMathSchedule", "kSplitsInCluster", "kEvictFirstB"),
+              "kMathSchedule", "kSplitsInCluster", "kEvictFirstB", "kThreadMajorSfb"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_b", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb", PTR), Param("shape_m", U32), Param("grouped_layout", PTR),
             Param("num_groups", U32), Param("d", PTR), Param("split_workspace", PTR), Param("split_tickets", PTR),
@@ -146,7 +146,8 @@ def get_gemm_kernel(config, n: int, k: int, out_dtype: torch.dtype, accumulate: 
 OVERRIDE_FIELDS = {"block_m": "block_m", "block_n": "block_n", "stages": "num_stages", "multicast": "num_tma_multicast",
                    "multicast_on_a": "multicast_on_a", "splits": "num_splits", "pipelined": "pipelined",
                    "overlap_epilogue": "overlap_epilogue", "ping_pong": "ping_pong", "own_tiles": "own_tiles",
-                   "splits_in_cluster": "splits_in_cluster", "evict_first_b": "evict_first_b"}
+                   "splits_in_cluster": "splits_in_cluster", "evict_first_b": "evict_first_b",
+                   "thread_major_sfb": "thread_major_sfb"}
 # The op's name in the measured-tuning store (deep_kernels/tuning.py, `python -m deep_kernels tune`).
 TUNING_OP = "fp8_gemm_nt"
 
@@ -200,11 +201,14 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
     if "splits_in_cluster" not in override:
         # NOTE: only onto the same tiles and splits (other tiles or splits may not fit the SMs as clusters).
         fields["splits_in_cluster"] = config.splits_in_cluster and not {"block_m", "block_n", "splits"} & set(override)
+    if "thread_major_sfb" not in override:
+        # NOTE: only onto the same tile and K loop (the picks take it where it was measured faster).
+        fields["thread_major_sfb"] = config.thread_major_sfb and not {"block_m", "block_n", "pipelined"} & set(override)
     if "evict_first_b" not in override:
         fields["evict_first_b"] = config.evict_first_b and not grouped and (
             fields["num_tma_multicast"] == 1 or not fields["multicast_on_a"])
     for flag in ("multicast_on_a", "pipelined", "overlap_epilogue", "ping_pong", "own_tiles", "splits_in_cluster",
-                 "evict_first_b"):
+                 "evict_first_b", "thread_major_sfb"):
         if flag in fields:
             fields[flag] = bool(fields[flag])
     if grouped and (fields["num_splits"] != 1 or
@@ -519,7 +523,7 @@ def _prepare_launch(call: _PreparedCall, key: tuple):
     tmap_sfa = (sfa_ptr,) + call.map_sfa
     encoded = call.kernel.encode(
         tmap_a=(a_ptr,) + call.map_a, tmap_b=(b_ptr,) + call.map_b, tmap_sfa=tmap_sfa, tmap_d=(d_ptr,) + call.map_d,
-        sfb=0 if channel_scaled else sfb_ptr, shape_m=call.m, grouped_layout=0, num_groups=0, d=0,
+        sfb=sfb_ptr, shape_m=call.m, grouped_layout=0, num_groups=0, d=0,
         split_workspace=workspace.partials.data_ptr() if workspace else 0,
         split_tickets=workspace.tickets.data_ptr() if workspace else 0, num_unsplit_tiles=num_unsplit_tiles,
         tmap_sfb=(sfb_ptr,) + call.map_sfb if channel_scaled else tmap_sfa)

@@ -216,7 +216,7 @@ def _launch(plan: tuple, a, sfa, b, sfb, d, ks_tensor, m: int, num_groups: int) 
         grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
         tmap_b=tensor_map(b, (config.block_n, SCALE_BLOCK), 128), tmap_sfa=tmap_sfa,
         tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
-        sfb=0, shape_m=m, grouped_layout=ks_tensor.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
+        sfb=sfb.data_ptr(), shape_m=m, grouped_layout=ks_tensor.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0,
         tmap_sfb=tensor_map(sfb, (config.block_n, 1), transpose=True))
     return d

@@ -37,7 +37,8 @@ K_GROUPED_SHAPES = tuple((g, m, n, mean) for m, n in ((4096, 7168), (7168, 2048)
 # The shapes to run (main() narrows it from the command line): "x".join of a DENSE_SHAPES or K_GROUPED_SHAPES entry.
 selected_shapes = None
 # name -> (block_m, block_n, multicast, multicast_on_a, overlap_epilogue, ping_pong); "p": pipelined (wider than 128
-# columns: the pipelined halves), "t": the math warpgroups take turns (ping-pong); "/S": S stages (else as many as fit).
+# columns: the pipelined halves), "t": the math warpgroups take turns (ping-pong), "s": thread-major sfb; "/S": S stages
+# (else as many as fit).
 TILINGS = {
     "256x128+a": (256, 128, 2, True, False, False), "256x128+b": (256, 128, 2, False, False, False),
     "128x192o": (128, 192, 1, False, True, False), "128x128po": (128, 128, 1, False, True, False),
@@ -51,12 +52,15 @@ TILINGS = {
     "128x192po/3": (128, 192, 1, False, True, False), "128x160o/3": (128, 160, 1, False, True, False),
     "128x128po/4": (128, 128, 1, False, True, False), "128x192o/3": (128, 192, 1, False, True, False),
     "128x128po+b": (128, 128, 2, False, True, False), "128x192o+b": (128, 192, 2, False, True, False),
+    "128x192pos": (128, 192, 1, False, True, False), "128x128pos": (128, 128, 1, False, True, False),
+    "128x160os": (128, 160, 1, False, True, False), "128x192os+b": (128, 192, 2, False, True, False),
+    "256x128s+a": (256, 128, 2, True, False, False), "256x128s+b": (256, 128, 2, False, False, False),
 }
 # (The k-grouped kind's pipelined halves: at most 160 columns, and 128 x 160 has no epilogue overlap there.)
 K_GROUPED_TILINGS = ("256x128+a", "256x128+b", "128x192o", "128x128po", "128x192ot", "256x128t+b", "128x160p",
-                     "128x192", "128x192o/3", "128x192o+b")
+                     "128x192", "128x192o/3", "128x192o+b", "128x192os+b", "256x128s+b")
 # Tilings the dense shapes skip.
-K_GROUPED_ONLY_TILINGS = ("128x192o/3", "128x192o+b")
+K_GROUPED_ONLY_TILINGS = ("128x192o/3", "128x192o+b", "128x192os+b")
 # Whether only the selected tilings of the pick's tile run (main() sets it: TILINGS starting with "~").
 same_tile_only = False
 # The tilings to run (main() narrows it from the command line).
@@ -65,11 +69,12 @@ selected = set(TILINGS)
 
 def _tiling(name: str):
     block_m, block_n, multicast, on_a, overlap, ping_pong = TILINGS[name]
-    pipelined = True if re.match(r"\d+x\d+p", name) else None
+    flags = re.match(r"\d+x\d+([a-z]*)", name)[1]
+    pipelined = True if flags.startswith("p") else None
     stages = re.search(r"/(\d+)$", name)
     return heuristics.make_config(block_m, block_n, multicast, on_a, 4, num_stages=int(stages[1]) if stages else None,
                                   overlap_epilogue=overlap, operands=CHANNEL_SCALED, ping_pong=ping_pong,
-                                  pipelined=False if ping_pong else pipelined)
+                                  pipelined=False if ping_pong else pipelined, thread_major_sfb="s" in flags)
 
 
 def _fits(name: str, m: int, n: int) -> bool:

@@ -182,17 +182,17 @@ def test_template_args_order():
         "7168", "2048", "128", "112", "128", "6", "128", "256", "2", "true",
         "deep_kernels::GemmType::Normal", "__nv_bfloat16", "false", "1", "false", "false",
         "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false", "deep_kernels::MathSchedule::Lockstep",
-        "false", "false"]
+        "false", "false", "false"]
     args = heur.template_args(config, 7168, 2048, "torch.float32", True, "m_grouped_masked")
-    assert args[-12:-1] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
+    assert args[-13:-2] == ["deep_kernels::GemmType::MGroupedMasked", "float", "true", "1", "false", "false",
                           "deep_kernels::GemmOperands::Fp8BlockScaled", "false", "false",
                           "deep_kernels::MathSchedule::Lockstep", "false"]
     clustered = heur.make_config(64, 64, 1, False, 2, num_splits=2, splits_in_cluster=True)
-    assert heur.template_args(clustered, 4096, 7168, "bfloat16", False)[-2] == "true"
+    assert heur.template_args(clustered, 4096, 7168, "bfloat16", False)[-3] == "true"
     with pytest.raises(ValueError, match="operands"):
         heur.template_args(config, 7168, 2048, "bfloat16", False, operands="fp4")
     assert heur.template_args(heur.make_config(64, 64, 1, False, 2, num_splits=4), 2112, 7168, "bfloat16",
-                              False)[-9:-6] == ["4", "true", "false"]
+                              False)[-10:-7] == ["4", "true", "false"]
     with pytest.raises(ValueError, match="float32"):
         heur.template_args(config, 7168, 2048, "bfloat16", True)
     with pytest.raises(ValueError, match="gemm_type"):
@@ -365,7 +365,7 @@ def test_ping_pong_configs():
     # selects by default; the label shows it.
     config = heur.make_config(256, 128, 2, True, 2, ping_pong=True)
     assert (config.ping_pong, config.pipelined) == (True, False)
-    assert heur.template_args(config, 4096, 7168, "bfloat16", False)[-3] == "deep_kernels::MathSchedule::PingPong"
+    assert heur.template_args(config, 4096, 7168, "bfloat16", False)[-4] == "deep_kernels::MathSchedule::PingPong"
     assert heur.config_label(config) == "256x128/1t+a"
     assert heur.make_config(128, 128, 1, False, 2, ping_pong=True).pipelined is False
     assert heur.make_config(128, 128, 1, False, 2).pipelined is True

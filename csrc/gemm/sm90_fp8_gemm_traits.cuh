@@ -126,7 +126,7 @@ template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOC
           typename OutputType_, bool kWithAccumulation_, uint32_t kNumSplits_, bool kPipelined_,
           bool kOverlapEpilogue_, GemmOperands kOperands_, bool kIsMNMajorA_ = false, bool kIsMNMajorB_ = false,
           MathSchedule kMathSchedule_ = MathSchedule::Lockstep, bool kSplitsInCluster_ = false,
-          bool kEvictFirstB_ = false>
+          bool kEvictFirstB_ = false, bool kThreadMajorSfb_ = false>
 struct Sm90Fp8GemmTraits {
     // Problem, tile, pipeline, cluster, kind and schedule
     static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_;
@@ -154,6 +154,10 @@ struct Sm90Fp8GemmTraits {
     // blocks multicasting it), so that B's lines, not lines other data still needs, make room in L2 for the lines that
     // follow.
     static constexpr bool kEvictFirstB = kEvictFirstB_;
+    // Per-channel B scales: a producer warp copies each stage's sfb into shared memory thread-major (sfb_thread_major.cuh),
+    // so that the promotion reads a thread's sfb of two 8-column groups with one 16-byte load, not one 8-byte load per
+    // group; the TMA thread then loads no sfb.
+    static constexpr bool kThreadMajorSfb = kThreadMajorSfb_;
 
     // Kind
     static constexpr bool kIsChannelScaled = kOperands == GemmOperands::Fp8ChannelScaled;
@@ -239,7 +243,8 @@ struct Sm90Fp8GemmTraits {
     static constexpr uint32_t kOffsetSfb = kOffsetSfa + kNumStages * kStageSfaBytes;
     static constexpr uint32_t kOffsetBarriers = kOffsetSfb + kNumStages * kStageSfbBytes;
     // NOTE: TMA counts a box's zero-filled bytes past K too, so every stage delivers the full box.
-    static constexpr uint32_t kStageTxBytes = kStageABytes + kStageBBytes + kStageSfaBytes + kSfbBoxBytes;
+    static constexpr uint32_t kStageTxBytes =
+        kStageABytes + kStageBBytes + kStageSfaBytes + (kThreadMajorSfb ? 0 : kSfbBoxBytes);
     // An MN-major operand's box: 64 elements (128 bytes) of M or N by BLOCK_K rows of K.
     static constexpr uint32_t kMNMajorBoxCols = 128 / kOperandBytes;
     static constexpr uint32_t kMNMajorBoxBytes = 128 * BLOCK_K;
@@ -382,6 +387,8 @@ struct Sm90Fp8GemmTraits {
     DK_STATIC_ASSERT(!kEvictFirstB || (kOperands == GemmOperands::Fp8BlockScaled && kGemmType == GemmType::Normal &&
                                        (kNumTMAMulticast == 1 || !kIsMulticastOnA)),
                      "evict-first B: the Normal kind with block-scaled FP8 operands, no multicast or multicast on B");
+    DK_STATIC_ASSERT(!kThreadMajorSfb || (kIsChannelScaled && !kOwnTiles),
+                     "thread-major sfb: per-channel B scales, the producer warpgroup's second warp copying them");
 };
 
 }  // namespace sm90_fp8_gemm_detail

@@ -15,6 +15,7 @@
 
 #include "common/macros.cuh"
 #include "gemm/sm90_fp8_gemm_traits.cuh"
+#include "gemm/sm90_sfb_thread_major.cuh"
 #include "pipeline.cuh"
 #include "ptx/wgmma.cuh"
 #include "scheduler.cuh"
@@ -45,15 +46,37 @@ DK_DEVICE void promote(const float (&partial)[BLOCK_N / 2], float (&final_acc)[B
     }
 }
 
+// A thread's sfb pairs of a stage, 8-column group by group (j in increasing order; thread-major: from an even j on):
+// one float2 per group as loaded, or one float4 per two groups where the stage is thread-major
+// (gemm/sm90_sfb_thread_major.cuh).
+template <bool kThreadMajor>
+struct SfbPairs {
+    const float* thread_sfb;
+    float4 chunk;
+
+    DK_DEVICE SfbPairs(const float* smem_sfb, uint32_t lane_idx)
+        : thread_sfb(smem_sfb + sfb_pair_offset<kThreadMajor>(0, lane_idx)) {}
+
+    DK_DEVICE float2 operator()(uint32_t j) {
+        if constexpr (kThreadMajor) {
+            if (j % 2 == 0)
+                chunk = *reinterpret_cast<const float4*>(thread_sfb + sfb_pair_offset<true>(j, 0));
+            return j % 2 == 0 ? make_float2(chunk.x, chunk.y) : make_float2(chunk.z, chunk.w);
+        } else {
+            return *reinterpret_cast<const float2*>(thread_sfb + sfb_pair_offset<false>(j, 0));
+        }
+    }
+};
+
 // final += partial * sfa[row] * sfb[column] (per-channel B scales): the thread's columns 8j + 2 (lane % 4) + {0, 1}
-// of each 8-column group j, their scales read from the stage's sfb as one float2 per group.
-template <uint32_t BLOCK_N>
+// of each 8-column group j, their scales read from the stage's sfb.
+template <uint32_t BLOCK_N, bool kThreadMajor = false>
 DK_DEVICE void promote_per_column(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2], float sfa_lo,
                                   float sfa_hi, const float* smem_sfb, uint32_t lane_idx) {
-    const float* thread_sfb = smem_sfb + lane_idx % 4 * 2;
+    SfbPairs<kThreadMajor> sfb_pairs(smem_sfb, lane_idx);
 #pragma unroll
     for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
-        const float2 sfb = *reinterpret_cast<const float2*>(thread_sfb + j * 8);
+        const float2 sfb = sfb_pairs(j);
         final_acc[j * 4 + 0] += sfa_lo * sfb.x * partial[j * 4 + 0];
         final_acc[j * 4 + 1] += sfa_lo * sfb.y * partial[j * 4 + 1];
         final_acc[j * 4 + 2] += sfa_hi * sfb.x * partial[j * 4 + 2];
@@ -63,14 +86,13 @@ DK_DEVICE void promote_per_column(const float (&partial)[BLOCK_N / 2], float (&f
 
 // promote_per_column with the sfb pairs of the first kNumPreloaded 8-column groups already in registers (loaded before
 // the wgmma group's wait, so that their latency hides behind it).
-template <uint32_t BLOCK_N, uint32_t kNumPreloaded>
+template <uint32_t BLOCK_N, uint32_t kNumPreloaded, bool kThreadMajor>
 DK_DEVICE void promote_per_column_preloaded(const float (&partial)[BLOCK_N / 2], float (&final_acc)[BLOCK_N / 2],
                                             float sfa_lo, float sfa_hi, const float2 (&preloaded)[kNumPreloaded],
-                                            const float* thread_sfb) {
+                                            SfbPairs<kThreadMajor>& sfb_pairs) {
 #pragma unroll
     for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
-        const float2 sfb = j < kNumPreloaded ? preloaded[j < kNumPreloaded ? j : 0]
-                                             : *reinterpret_cast<const float2*>(thread_sfb + j * 8);
+        const float2 sfb = j < kNumPreloaded ? preloaded[j < kNumPreloaded ? j : 0] : sfb_pairs(j);
         final_acc[j * 4 + 0] += sfa_lo * sfb.x * partial[j * 4 + 0];
         final_acc[j * 4 + 1] += sfa_lo * sfb.y * partial[j * 4 + 1];
         final_acc[j * 4 + 2] += sfa_hi * sfb.x * partial[j * 4 + 2];
@@ -129,11 +151,15 @@ struct Sm90Fp8Mainloop {
     // none.
     static constexpr uint32_t kPreloadRegisters = Traits::kNumMathWarpgroups == 1 ? 216 : 208;
     static constexpr uint32_t kAccumulatorRegisters = (kNumMWaves + 1) * BLOCK_N / 2;
-    static constexpr uint32_t kNumPreloadedSfb =
+    // (Thread-major sfb: an even count, whole float4 loads.)
+    static constexpr uint32_t kNumPreloadedSfbPairs =
         !Traits::kIsChannelScaled || Traits::kPipelined || kNumMWaves > 1 || kAccumulatorRegisters >= kPreloadRegisters
             ? 0
             : ((kPreloadRegisters - kAccumulatorRegisters) / 2 < BLOCK_N / 8 ? (kPreloadRegisters - kAccumulatorRegisters) / 2
                                                                               : BLOCK_N / 8);
+    static constexpr uint32_t kNumPreloadedSfb =
+        Traits::kThreadMajorSfb ? kNumPreloadedSfbPairs / 2 * 2 : kNumPreloadedSfbPairs;
+    static constexpr bool kThreadMajorSfb = Traits::kThreadMajorSfb;
     using State = PipelineState<Traits::kNumStages>;
     static constexpr bool kIsMGrouped =
         Traits::kGemmType == GemmType::MGroupedContiguous || Traits::kGemmType == GemmType::MGroupedMasked;
@@ -251,17 +277,17 @@ struct Sm90Fp8Mainloop {
         if constexpr (kNumPreloadedSfb > 0) {
             // The first groups' sfb pairs are loaded before the wait, so that the promotion starts without waiting for
             // shared memory.
-            const float* thread_sfb = stages.sfb_stage(k_state.stage) + lane_idx() % 4 * 2;
+            SfbPairs<kThreadMajorSfb> sfb_pairs(stages.sfb_stage(k_state.stage), lane_idx());
             float2 preloaded[kNumPreloadedSfb];
 #pragma unroll
             for (uint32_t j = 0; j < kNumPreloadedSfb; ++j)
-                preloaded[j] = *reinterpret_cast<const float2*>(thread_sfb + j * 8);
+                preloaded[j] = sfb_pairs(j);
             ptx::wgmma_wait_group<NumPending::value>();
             ptx::fence_operands(acc);
             if constexpr (kPingPong)
                 MathTurns(wg_idx()).pass();
             promote_per_column_preloaded<BLOCK_N, kNumPreloadedSfb>(acc, final_acc[wave], scales.lo, scales.hi,
-                                                                    preloaded, thread_sfb);
+                                                                    preloaded, sfb_pairs);
             ring.consumer_release(k_state, lane_idx());
             return;
         }
@@ -271,8 +297,8 @@ struct Sm90Fp8Mainloop {
             MathTurns(wg_idx()).pass();
         if constexpr (Traits::kHasColumnScales) {
             // The promotion reads the stage's sfb, so the stage is freed after it.
-            promote_per_column<BLOCK_N>(acc, final_acc[wave], scales.lo, scales.hi, stages.sfb_stage(k_state.stage),
-                                        lane_idx());
+            promote_per_column<BLOCK_N, kThreadMajorSfb>(acc, final_acc[wave], scales.lo, scales.hi,
+                                                         stages.sfb_stage(k_state.stage), lane_idx());
             if (wave == kNumMWaves - 1)
                 ring.consumer_release(k_state, lane_idx());
         } else {
@@ -550,14 +576,15 @@ private:
     // of the final accumulators (the same products, in the same order, as promote_per_column).
     template <uint32_t kHalf, int kNumPending>
     DK_DEVICE void retire_half(const PromotionScales& scales, uint32_t stage) {
-        const float* thread_sfb = stages.sfb_stage(stage) + kHalf * (BLOCK_N / 2) + lane_idx() % 4 * 2;
+        // NOTE: a half is BLOCK_N / 16 groups, an even count (BLOCK_N a multiple of 32): thread-major, whole float4s.
+        SfbPairs<kThreadMajorSfb> sfb_pairs(stages.sfb_stage(stage), lane_idx());
         ptx::wgmma_wait_group<kNumPending>();
         float(&acc)[BLOCK_N / 4] = half_acc<kHalf>();
         ptx::fence_operands(acc);
 #pragma unroll
         for (uint32_t j = 0; j < BLOCK_N / 16; ++j) {
             constexpr uint32_t kOut = kHalf * (BLOCK_N / 4);
-            const float2 sfb = *reinterpret_cast<const float2*>(thread_sfb + j * 8);
+            const float2 sfb = sfb_pairs(kHalf * (BLOCK_N / 16) + j);
             final_acc[0][kOut + j * 4 + 0] += scales.lo * sfb.x * acc[j * 4 + 0];
             final_acc[0][kOut + j * 4 + 1] += scales.lo * sfb.y * acc[j * 4 + 1];
             final_acc[0][kOut + j * 4 + 2] += scales.hi * sfb.x * acc[j * 4 + 2];

@@ -1,6 +1,7 @@
 // The SM90 FP8 GEMM's producer: one thread walks the scheduler's tiles and, per K block, waits for a free
 // stage and loads A, B and sfa (none with BF16 operands; with per-channel B scales, also sfb) into it with TMA (the
-// multicast operand through the cluster leader; each CTA loads its own scales).
+// multicast operand through the cluster leader; each CTA loads its own scales; thread-major sfb is another warp's copy,
+// gemm/sm90_sfb_thread_major.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -125,7 +126,7 @@ DK_DEVICE void run_tma_producer(const typename Traits::Stages& stages, const Rin
             if constexpr (!Traits::kIsBf16)
                 load_box<kGemmType>(stages.sfa_stage(state.stage), tmap_sfa, full_barrier, a_row,
                                     static_cast<int32_t>(k_block), tile.group_idx);
-            if constexpr (Traits::kIsChannelScaled)
+            if constexpr (Traits::kIsChannelScaled && !Traits::kThreadMajorSfb)
                 ptx::tma_load(stages.sfb_stage(state.stage), tmap_sfb, full_barrier, b_row, static_cast<int32_t>(k_block));
             state.advance();
         }

@@ -59,6 +59,9 @@
 //   sfb       Fp8BlockScaled: FP32 [G, ceil(N / 128), ceil(K / 128)] row-major, read directly (nullptr otherwise).
 //   tmap_sfb  Fp8ChannelScaled: FLOAT32 as tmap_sfa of Normal with N for M (dims {align_up(N, 4), ceil(K / 128)},
 //             box {BLOCK_N, 1}); loaded per stage next to sfa. Any valid map otherwise (unused).
+//   kThreadMajorSfb (Fp8ChannelScaled): sfb points at those scales, FP32 [ceil(K / 128), N] row-major (16-byte
+//             aligned), which the producer warpgroup's second warp copies into each stage thread-major
+//             (gemm/sm90_sfb_thread_major.cuh); tmap_sfb is then unused.
 //   KGrouped  tmap_a {sum k, M}, tmap_b {sum k, N}, tmap_sfa / tmap_sfb over sum k / 128 K blocks, tmap_d as
 //             masked with G groups of M rows; grouped_layout = int32 k_g per group (multiples of BLOCK_K: 128, BF16
 //             64) and num_groups = G; SHAPE_K = 0 (K comes from the device); an empty group's tiles store zeros (add
@@ -103,6 +106,7 @@
 #include "gemm/sm90_fp8_gemm_traits.cuh"
 #include "gemm/sm90_fp8_mainloop.cuh"
 #include "gemm/sm90_fp8_producer.cuh"
+#include "gemm/sm90_sfb_thread_major.cuh"
 #include "pipeline.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
@@ -260,7 +264,7 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K,
           GemmType kGemmType, typename OutputType, bool kWithAccumulation,
           uint32_t kNumSplits, bool kPipelined, bool kOverlapEpilogue, GemmOperands kOperands, bool kIsMNMajorA,
           bool kIsMNMajorB,
-          MathSchedule kMathSchedule, bool kSplitsInCluster, bool kEvictFirstB>
+          MathSchedule kMathSchedule, bool kSplitsInCluster, bool kEvictFirstB, bool kThreadMajorSfb>
 __global__ void __launch_bounds__(kNumTMAThreads + kNumMathThreads, 1)
 sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                    const __grid_constant__ CUtensorMap tmap_sfa, const __grid_constant__ CUtensorMap tmap_d,
@@ -271,7 +275,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
     using Traits = Sm90Fp8GemmTraits<SHAPE_N, SHAPE_K, BLOCK_M, BLOCK_N, BLOCK_K, kNumStages, kNumTMAMulticast,
                                      kIsMulticastOnA, kGemmType, OutputType, kWithAccumulation, kNumSplits,
                                      kPipelined, kOverlapEpilogue, kOperands, kIsMNMajorA, kIsMNMajorB,
-                                     kMathSchedule, kSplitsInCluster, kEvictFirstB>;
+                                     kMathSchedule, kSplitsInCluster, kEvictFirstB, kThreadMajorSfb>;
 
     // Static checks (the traits hold the rest)
     DK_STATIC_ASSERT(kNumTMAThreads == Traits::kNumTMAThreads && kNumMathThreads == Traits::kNumMathThreads,
@@ -296,7 +300,7 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
         ptx::tma_prefetch_descriptor(&tmap_d);
         if constexpr (Traits::kIsChannelScaled)
             ptx::tma_prefetch_descriptor(&tmap_sfb);
-        ring.init();
+        ring.init(Traits::kThreadMajorSfb ? 1 + kSfbCopyArrivals : 1);
         if constexpr (Traits::kIsFp4B) {
 #pragma unroll
             for (uint32_t s = 0; s < Traits::kNumCodeStages; ++s) {
@@ -335,6 +339,8 @@ sm90_fp8_gemm_impl(const __grid_constant__ CUtensorMap tmap_a, const __grid_cons
                 run_fp4_expander<Traits>(stages, ring, scheduler, &tmap_a, &tmap_sfa, threadIdx.x - kNumMathThreads - 32);
         } else if (is_tma_thread) {
             run_tma_producer<Traits>(stages, ring, scheduler, &tmap_a, &tmap_b, &tmap_sfa, &tmap_sfb);
+        } else if (Traits::kThreadMajorSfb && warp_idx == kNumMathThreads / 32 + 1) {
+            run_sfb_copier<Traits>(stages, ring, scheduler, sfb, lane_idx);
         }
         // The math warpgroups' cluster barrier that publishes the splits' partial sums counts these threads too.
         if constexpr (Traits::kSplitsInCluster) {

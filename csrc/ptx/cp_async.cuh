@@ -16,6 +16,14 @@ DK_DEVICE void cp_async_16(void* smem_dst, const void* src, uint32_t src_bytes) 
                  : "memory");
 }
 
+// Copies 8 bytes (src_bytes 8) or writes 8 zero bytes (src_bytes 0, src not read) through L1; both addresses
+// 8-byte aligned.
+DK_DEVICE void cp_async_8(void* smem_dst, const void* src, uint32_t src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_address(smem_dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
 // Copies 4 bytes (src_bytes 4) or writes 4 zero bytes (src_bytes 0, src not read) through L1; both addresses
 // 4-byte aligned.
 DK_DEVICE void cp_async_4(void* smem_dst, const void* src, uint32_t src_bytes) {

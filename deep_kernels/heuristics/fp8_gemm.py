@@ -257,6 +257,9 @@ class Fp8GemmConfig:
     # multicast on B): where one M block (or one pair multicasting B) reads every line of B once (decode), B's lines make
     # room for the lines that follow.
     evict_first_b: bool = False
+    # Per-channel B scales: a producer warp copies each stage's sfb thread-major (the kernel's kThreadMajorSfb), so
+    # that the promotion reads a thread's sfb of two 8-column groups with one 16-byte shared-memory load.
+    thread_major_sfb: bool = False
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -780,10 +783,11 @@ def get_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, smem_capacity: int
 def config_label(config: Fp8GemmConfig) -> str:
     """BLOCK_MxBLOCK_N/splits, then p (pipelined K loop), o (epilogue overlap), t (ping-pong: the math warpgroups
     take turns issuing), w (own-tile ping-pong: each math warpgroup owns BLOCK_M x BLOCK_N tiles), c (splits in a
-    cluster), e (evict-first B), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 64x64/2pc, 256x128/1+a, 256x128/1t+a, 64x128/1pw+b."""
+    cluster), e (evict-first B), s (thread-major sfb), +a / +b (multicast of A / B): 128x192/1o, 64x64/4p, 64x64/2pc, 256x128/1+a, 256x128/1t+a, 64x128/1pw+b."""
     flags = (("p" if config.pipelined else "") + ("o" if config.overlap_epilogue else "") +
              ("t" if config.ping_pong else "") + ("w" if config.own_tiles else "") +
-             ("c" if config.splits_in_cluster else "") + ("e" if config.evict_first_b else ""))
+             ("c" if config.splits_in_cluster else "") + ("e" if config.evict_first_b else "") +
+             ("s" if config.thread_major_sfb else ""))
     multicast = ("+a" if config.multicast_on_a else "+b") if config.num_tma_multicast > 1 else ""
     return f"{config.block_m}x{config.block_n}/{config.num_splits}{flags}{multicast}"
 
@@ -794,7 +798,8 @@ def config_fields(config: Fp8GemmConfig) -> dict:
             "multicast_on_a": config.multicast_on_a, "num_stages": config.num_stages,
             "num_splits": config.num_splits, "pipelined": config.pipelined,
             "overlap_epilogue": config.overlap_epilogue, "ping_pong": config.ping_pong, "own_tiles": config.own_tiles,
-            "splits_in_cluster": config.splits_in_cluster, "evict_first_b": config.evict_first_b}
+            "splits_in_cluster": config.splits_in_cluster, "evict_first_b": config.evict_first_b,
+            "thread_major_sfb": config.thread_major_sfb}
 
 
 def _output_type(out_dtype) -> tuple:
@@ -843,6 +848,7 @@ def template_args(config: Fp8GemmConfig, n: int, k: int, out_dtype, with_accumul
         math_schedule(config),
         "true" if config.splits_in_cluster else "false",
         "true" if config.evict_first_b else "false",
+        "true" if config.thread_major_sfb else "false",
     ]
 
 
@@ -905,7 +911,8 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                 out_dtype_bytes: int, num_stages: int = None, num_splits: int = 1,
                 pipelined: bool = None, overlap_epilogue: bool = False,
                 operands: str = "fp8_block_scaled", ping_pong: bool = False, own_tiles: bool = False,
-                splits_in_cluster: bool = False, evict_first_b: bool = False) -> Fp8GemmConfig:
+                splits_in_cluster: bool = False, evict_first_b: bool = False,
+                thread_major_sfb: bool = False) -> Fp8GemmConfig:
     """A config of the given tiling with as many stages as fit (or num_stages), pipelined where the tile
     allows (and the schedule is not ping-pong) unless pipelined says otherwise, for overrides and tests (operands:
     what a stage holds; own_tiles: the own-tile ping-pong, block_m rows per math warpgroup)."""
@@ -926,6 +933,8 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                          "block-scaled operands")
     if evict_first_b and not ((num_tma_multicast == 1 or not multicast_on_a) and operands == "fp8_block_scaled"):
         raise ValueError("evict-first B needs no multicast (or multicast on B) and block-scaled operands")
+    if thread_major_sfb and operands not in CHANNEL_SCALED_OPERANDS:
+        raise ValueError("thread-major sfb needs per-channel B scales")
     if ping_pong and (pipelined or not can_ping_pong(block_m, False) or
                       operands not in ("fp8_block_scaled",) + CHANNEL_SCALED_OPERANDS):
         raise ValueError("the ping-pong schedule needs block_m 128 or 256, the plain K loop (pipelined=False) and "
@@ -950,7 +959,8 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
                          smem_bytes=smem_bytes(block_m, block_n, stages, out_dtype_bytes, operands,
                                                d_in_parts=d_in_parts), num_splits=num_splits,
                          pipelined=pipelined, overlap_epilogue=overlap_epilogue, ping_pong=ping_pong,
-                         splits_in_cluster=splits_in_cluster, evict_first_b=evict_first_b)
+                         splits_in_cluster=splits_in_cluster, evict_first_b=evict_first_b,
+                         thread_major_sfb=thread_major_sfb)
 
 
 def _make_own_tile_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on_a: bool,

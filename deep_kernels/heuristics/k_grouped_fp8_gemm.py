@@ -29,6 +29,11 @@ MAX_HALVES_BLOCK_N = 160
 # tiles unclustered, 128 x 192 with the epilogue overlap) 0.967-0.998 over eight of the suite's shapes (4 to 16 experts,
 # 2048 to 8192 tokens per expert on average, both expert shapes; 0.961 and 0.988 in an earlier run of two of them).
 B_MULTICAST_FACTOR_128 = 0.985
+# 128-row tiles with the plain K loop copy sfb into their stages thread-major (Fp8GemmConfig.thread_major_sfb): on the
+# H200 (2026-12-02, 128 x 192 with B multicast and the epilogue overlap, the picks, timed in turns with the TMA-loaded
+# stage in two runs) 1.001-1.009 times as fast over six of the suite's rows (4 to 16 experts, both expert shapes).
+# (The dense kind's picks ran 0.95-1.03 times as fast with it, so they keep the TMA-loaded stage.)
+THREAD_MAJOR_SFB_BLOCK_M = 128
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES):
@@ -36,6 +41,8 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gem
     for config in fp8_gemm.candidate_configs(m, n, num_sms, smem_capacity, OUT_DTYPE_BYTES, operands=OPERANDS):
         if config.pipelined and config.block_n > MAX_HALVES_BLOCK_N:
             config = dataclasses.replace(config, pipelined=False)
+        if config.block_m == THREAD_MAJOR_SFB_BLOCK_M and not config.pipelined:
+            config = dataclasses.replace(config, thread_major_sfb=True)
         yield with_kind_overlap(config)
 
 
