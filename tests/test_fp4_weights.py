@@ -323,7 +323,12 @@ def test_prepared_weights_past_the_decode_sizes(spread):
     assert_gemm_close(actual, expected)
     assert_bitwise_equal(_run(a, prepared, n), actual)
     wrong = prepared.data.clone()
-    wrong[9, :, 4096 + 1::4] += 8  # sub-block 1 of tile 9's rows one shift further, every K block
+    # Sub-block 1 of tile 9's rows one shift further, every K block: byte 1 of a row-scaled word (8 a shift); a
+    # tile-scaled word's d_1, bits 4-6 (spread 5 leaves it below 7, so the add does not carry into d_0).
+    if prepared.tile_scaled:
+        wrong[9, :, 4096::4] += 16
+    else:
+        wrong[9, :, 4096 + 1::4] += 8
     with pytest.raises(AssertionError, match="calc_diff"):
         assert_gemm_close(_run(a, replace(prepared, data=wrong), n), expected)
 

@@ -3,7 +3,7 @@
 // into the partial accumulators and, once they are done, frees the stage and promotes them into the FP32
 // final accumulators with sfa[row] * sfb (the recipe's promotion every 128-deep K block; with per-channel B scales,
 // Fp8ChannelScaled, and with FP4 weights, whose expanders write it, sfb[column] comes from the stage and the stage
-// is freed once the next wgmma group is issued after the promotion).
+// is freed after the promotion).
 // The pipelined K loop (kPipelined) keeps a second partial set, so that K block i + 1's wgmma group runs on the
 // tensor cores while block i is promoted. With the ping-pong schedule (gemm/sm90_math_schedule.cuh) the two
 // warpgroups take turns running their groups, so that one's group runs while the other promotes.
@@ -169,12 +169,6 @@ struct Sm90Fp8Mainloop {
     // registers without a shuffle every K block (on the other path the shuffle gave the shorter loop).
     static constexpr bool kUniformTileState =
         kIsMGrouped && kNumMWaves == 2 && Traits::kOperands == GemmOperands::Fp8BlockScaled;
-    // Column-scaled kinds: the promotion's last sfb (and sfa) loads may still be in flight where the warp would arrive
-    // on the stage's empty barrier right after it (ptxas issues the arrive without waiting for them), and the
-    // producer's next TMA into the stage could land first. The stage is freed once the next wgmma group is issued
-    // instead: that group overwrites the partial sums the promotion's FMAs read, so those FMAs, and the loads they
-    // wait for, are done; a tile's last stage is freed after a fence.
-    static constexpr bool kDeferredRelease = Traits::kHasColumnScales;
 
     const typename Traits::Stages& stages;
     const Ring& ring;
@@ -191,9 +185,6 @@ struct Sm90Fp8Mainloop {
     float partial_half0[BLOCK_N / 4];
     float partial_half1[BLOCK_N / 4];
     float final_acc[kNumMWaves][BLOCK_N / 2];
-    // kDeferredRelease: the promoted K block whose stage is freed after the next wgmma group's issue.
-    State unreleased;
-    bool has_unreleased = false;
 
     DK_DEVICE Sm90Fp8Mainloop(const typename Traits::Stages& stages, const Ring& ring, const float* sfb)
         : stages(stages), ring(ring), sfb(sfb),
@@ -275,31 +266,7 @@ struct Sm90Fp8Mainloop {
             ptx::Fp8Wgmma<BLOCK_N>::mma(desc_a + k_offset, desc_b + k_offset, acc, k > 0 ? 1u : 0u);
         }
         ptx::wgmma_commit_group();
-        release_after_issue();
         return scales;
-    }
-
-    // A column-scaled kind's K block, once its promotion (every wave's) has read the stage's sfb: the stage is freed
-    // after the next wgmma group's issue (release_after_issue) or at the tile's end (release_last_promoted).
-    DK_DEVICE void release_promoted(const State& k_state) {
-        unreleased = k_state;
-        has_unreleased = true;
-    }
-
-    // kDeferredRelease: frees the promoted K block's stage once a wgmma group is issued after its promotion.
-    DK_DEVICE void release_after_issue() {
-        if constexpr (kDeferredRelease) {
-            ring.consumer_release_if(unreleased, lane_idx(), has_unreleased);
-            has_unreleased = false;
-        }
-    }
-
-    // kDeferredRelease: the tile's last promoted stage, freed after a fence (no wgmma group follows it in the tile).
-    DK_DEVICE void release_last_promoted() {
-        if constexpr (kDeferredRelease) {
-            ring.consumer_release_after_loads(unreleased, lane_idx());
-            has_unreleased = false;
-        }
     }
 
     // Once at most NumPending later groups are in flight, `acc`'s group is done: frees its stage (after the
@@ -321,7 +288,7 @@ struct Sm90Fp8Mainloop {
                 MathTurns(wg_idx()).pass();
             promote_per_column_preloaded<BLOCK_N, kNumPreloadedSfb>(acc, final_acc[wave], scales.lo, scales.hi,
                                                                     preloaded, sfb_pairs);
-            release_promoted(k_state);
+            ring.consumer_release(k_state, lane_idx());
             return;
         }
         ptx::wgmma_wait_group<NumPending::value>();
@@ -333,7 +300,7 @@ struct Sm90Fp8Mainloop {
             promote_per_column<BLOCK_N, kThreadMajorSfb>(acc, final_acc[wave], scales.lo, scales.hi,
                                                          stages.sfb_stage(k_state.stage), lane_idx());
             if (wave == kNumMWaves - 1)
-                release_promoted(k_state);
+                ring.consumer_release(k_state, lane_idx());
         } else {
             if (wave == kNumMWaves - 1)
                 ring.consumer_release(k_state, lane_idx());
@@ -513,7 +480,6 @@ private:
                 state.advance();
             }
         }
-        release_last_promoted();
     }
 
     // The pipelined two-wave K loop (Traits::kPipelinedWaves, 256-row tiles): the warpgroup's groups run in the order
@@ -595,7 +561,6 @@ private:
             ptx::Fp8Wgmma<kHalfN>::mma(desc_a + k_offset, desc_b + k_offset, half_acc<kHalf>(), k > 0 ? 1u : 0u);
         }
         ptx::wgmma_commit_group();
-        release_after_issue();
     }
 
     // Waits for the K block's stage and issues its first half; returns its sfa (lo, hi).
@@ -644,7 +609,7 @@ private:
             issue_half<1>(retiring.stage);
             retire_half<0, 1>(scales, retiring.stage);
             retire_half<1, 0>(scales, retiring.stage);
-            release_promoted(retiring);
+            ring.consumer_release(retiring, lane_idx());
         };
         // A K block with a next one: its second half issued, its first half promoted, the next block's first half
         // issued, its second half promoted, its stage freed.
@@ -653,7 +618,7 @@ private:
             retire_half<0, 1>(scales, retiring.stage);
             const PromotionScales next_scales = issue_first_half(state);
             retire_half<1, 1>(scales, retiring.stage);
-            release_promoted(retiring);
+            ring.consumer_release(retiring, lane_idx());
             retiring = state;
             scales = next_scales;
             state.advance();
