@@ -2,7 +2,8 @@
 fp8_gemm_nt, the k-grouped GEMM, and MXFP4 weights expanded in the kernel), whose promotion reads each stage's sfb
 before the stage is freed: each case runs one long-K problem with the model's pick many times into fresh outputs,
 compares every run bitwise with the first and checks the first against the float64 reference. Modes: `sync` (a
-synchronize after each launch) and `burst` (8 launches back to back, each into its own D).
+synchronize after each launch) and `burst` (8 launches back to back, each into its own D). Exits with status 1 if any
+case had a mismatching run.
 
     python scripts/stress_column_scaled_gemm.py [--out DIR] [--runs N] [--cases ...] [--precompile]
 
@@ -14,6 +15,7 @@ import argparse
 import functools
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -176,7 +178,10 @@ def main():
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "stress_column_scaled.json").write_text(json.dumps(results, indent=1))
+    failing = [f"{r['case']} {r['mode']}" for r in results if r["mismatching_runs"]]
+    print(f"mismatching runs in {len(failing)} of {len(results)} cases: {', '.join(failing) or 'none'}", flush=True)
+    return 1 if failing else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

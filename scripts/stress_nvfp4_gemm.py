@@ -2,13 +2,15 @@
 config many times into freshly poisoned outputs, compares every run bitwise with the first, checks the first against
 the float64 reference, and summarises each mismatching run (differing elements, rows, column range, worst-row
 calc_diff). Modes: `sync` (a synchronize after each launch), `burst` (launches back to back, outputs kept), `loaded`
-(as burst while another stream runs BF16 matmuls). After each case the split-K tickets must be zero again.
+(as burst while another stream runs BF16 matmuls). After each case the split-K tickets must be zero again. Exits with
+status 1 if any case had a mismatching run or a ticket left.
 
     python scripts/stress_nvfp4_gemm.py --out DIR [--kind nvfp4|mxfp4] [--runs N] [--cases 64x7168x16384 ...]
 """
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -110,7 +112,11 @@ def main():
                 print("  ", json.dumps(s), flush=True)
             results.append(result)
     (out_dir / f"stress_{args.kind}.json").write_text(json.dumps(results, indent=1))
+    failing = [r["case"] for r in results if r["mismatching_runs"] or r["nonzero_tickets"]]
+    print(f"mismatching runs or tickets left in {len(failing)} of {len(results)} cases: {', '.join(failing) or 'none'}",
+          flush=True)
+    return 1 if failing else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
