@@ -219,10 +219,12 @@ def test_pipelined_halves_match_the_plain_k_loop(monkeypatch, block_n, overlap, 
 
 
 @pytest.mark.gpu
-def test_pipelined_halves_with_bf16_output(monkeypatch):
-    # The halves with the whole-tile bf16 store (the model's 128 x 192 pick for bf16 D too), with the epilogue overlap.
-    monkeypatch.setattr(gemm, "_config_override", lambda: {"block_m": 128, "block_n": 192, "multicast": 1, "splits": 1,
-                                                           "pipelined": 1, "overlap_epilogue": 1})
+@pytest.mark.parametrize("block_n", [192, 160])
+def test_pipelined_halves_with_bf16_output(monkeypatch, block_n):
+    # The halves with the whole-tile bf16 store (the model's 128 x 192 and 128 x 160 picks for bf16 D too), with the
+    # epilogue overlap.
+    monkeypatch.setattr(gemm, "_config_override", lambda: {"block_m": 128, "block_n": block_n, "multicast": 1,
+                                                           "splits": 1, "pipelined": 1, "overlap_epilogue": 1})
     monkeypatch.setattr(gemm, "_plans", {})
     monkeypatch.setattr(gemm, "_prepared_calls", {})
     a, b = make_wgrad_inputs(2112, 1536, 1024)
@@ -235,9 +237,9 @@ def _differing_runs(outputs: list, first: torch.Tensor) -> list:
 
 
 # Long-K problems (128 K blocks a tile, the producer far ahead of the math), whose picks cover the K loops that free a
-# stage after reading its sfb: the pipelined halves (2112 x 7168), the plain loop (4096 x 7168) and the pipelined
-# loop (7168 x 2048).
-REPEATED_RUN_SHAPES = [(2112, 7168, 16384), (4096, 7168, 16384), (7168, 2048, 16384)]
+# stage after reading its sfb: the pipelined halves (2112 x 7168 at 128 x 192, 4096 x 7168 at 128 x 160), the plain
+# loop (2112 x 2112) and the pipelined loop (7168 x 2048).
+REPEATED_RUN_SHAPES = [(2112, 7168, 16384), (4096, 7168, 16384), (2112, 2112, 16384), (7168, 2048, 16384)]
 
 
 @pytest.mark.gpu

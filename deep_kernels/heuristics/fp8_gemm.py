@@ -197,9 +197,10 @@ CHANNEL_PROMOTION_SECONDS_PER_COLUMN = 0.0003e-6
 # of half the columns per K block, one promoted while the other runs), modelled as the plain K loop's time. On the H200
 # (2026-12-02, the eight weight-gradient shapes, timed in turns with the picks) 128 x 192 with the halves ran 0.962-0.984
 # of the plain loop's time at every shape where the model picks 128 x 192 (2112 x 7168 and 24576 x 1536 at 4096 and
-# 16384 tokens), while 128 x 160 ran 1.055 of it (4096 x 7168 x 16384). (A factor below 1 would move 7168 x 2048 to
-# 128 x 192, which ran 5% slower there than its pick, 128 x 128 pipelined.)
-CHANNEL_HALVES_BLOCK_NS = (192,)
+# 16384 tokens). 128 x 160 with the halves, once each half loads its first sfb pairs before its wait, ran 0.979-0.987 of
+# the plain loop's time at 4096 x 7168 with 4096 and 16384 tokens (2026-12-03, three runs in turns). (A factor below 1
+# would move 7168 x 2048 to 128 x 192, which ran 5% slower there than its pick, 128 x 128 pipelined.)
+CHANNEL_HALVES_BLOCK_NS = (160, 192)
 
 GEMM_TYPES = {
     "normal": "deep_kernels::GemmType::Normal",
