@@ -13,7 +13,10 @@ deep_kernels.heuristics.fp8_gemm with the problem cut into groups, which is what
   expected count, where ceil(expected_m / BLOCK_M) had counted 5 blocks for 2 groups of about 512 rows and 3 for
   4 groups of about 256, picks 128 x 144 tiles (1.06-1.07x the 128 x 160 ones) and 128 x 160 (1.07-1.09x 128 x 192)
   at N = 4096, K = 7168, and 128 x 128 (1.01-1.04x 128 x 192) for 2 groups at N = 7168, K = 2048; grouped_gemm
-  suite draws, two runs, 2026-12-02.)
+  suite draws, two runs, 2026-12-02.) Groups of about 64 rows, where the model has 128 x 192 (plain K loop) and
+  128 x 128 or 128 x 112 (pipelined) within 1%, measured both ways (2026-12-03, two runs): the pipelined tiles ran
+  1.015-1.037x at 8 and 16 groups (N = 7168, K = 2048), 1.00x at 32 groups (N = 1536, K = 7168) and 0.974-0.977x at
+  64 (N = 4096, K = 7168) and 256 groups (N = 7168, K = 2048); the model's picks stay.
 * contiguous: the total M is known; the rows are split evenly over the groups (each segment a multiple of
   the alignment), so the tile count is that of the total M while B is read num_groups times.
 
