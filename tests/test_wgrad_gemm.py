@@ -242,6 +242,13 @@ def _differing_runs(outputs: list, first: torch.Tensor) -> list:
 REPEATED_RUN_SHAPES = [(2112, 7168, 16384), (4096, 7168, 16384), (2112, 2112, 16384), (7168, 2048, 16384)]
 
 
+def test_repeated_run_shapes_cover_every_k_loop():
+    # The halves at both widths, the plain loop and the pipelined loop, as the comment above says.
+    labels = [heuristics.config_label(gemm._choose_config(m, n, k, 132, 4, True, gemm.CHANNEL_SCALED))
+              for m, n, k in REPEATED_RUN_SHAPES]
+    assert labels == ["128x192/1po", "128x160/1po", "128x144/1o", "128x128/1po"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", REPEATED_RUN_SHAPES)
 def test_repeated_runs_are_bitwise_equal(m, n, k):
