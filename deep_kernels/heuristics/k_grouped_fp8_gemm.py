@@ -22,7 +22,10 @@ OUT_DTYPE_BYTES = 4
 BLOCK_K = fp8_gemm.BLOCK_K
 
 
-# Widest tile of the kind's pipelined halves (wider ones spill).
+# Widest tile of the kind's pipelined halves (wider ones spill). The model does not pick them: on the H200 (2026-12-03,
+# four of the suite's rows, timed in turns, bitwise equal) 128 x 160 with the halves (the kind has no epilogue overlap
+# at 160 columns), with or without B multicast, ran 0.82-0.86x the 128 x 192 picks (plain loop, thread-major sfb, B
+# multicast), while the dense weight gradient at 4096 x 7168 ran those 128 x 192 tiles at 0.88-0.91x its 128 x 160 pick.
 MAX_HALVES_BLOCK_N = 160
 # Time of a 128-row config whose 2-CTA cluster shares B (two M blocks of a group) over its estimate without the cluster,
 # in place of the dense kinds' fp8_gemm.MULTICAST_FACTOR[128]: on the H200 (2026-12-02, timed in turns with the same
