@@ -244,8 +244,9 @@ REPEATED_RUN_SHAPES = [(2112, 7168, 16384), (4096, 7168, 16384), (2112, 2112, 16
 
 def test_repeated_run_shapes_cover_every_k_loop():
     # The halves at both widths, the plain loop and the pipelined loop, as the comment above says.
-    labels = [heuristics.config_label(gemm._choose_config(m, n, k, 132, 4, True, gemm.CHANNEL_SCALED))
-              for m, n, k in REPEATED_RUN_SHAPES]
+    labels = [heuristics.config_label(heuristics.get_fp8_gemm_config(
+        m, n, k, 132, out_dtype_bytes=4, with_accumulation=True, allow_split_k=True, operands=gemm.CHANNEL_SCALED))
+        for m, n, k in REPEATED_RUN_SHAPES]
     assert labels == ["128x192/1po", "128x160/1po", "128x144/1o", "128x128/1po"]
 
 
