@@ -177,7 +177,7 @@ def _config_override():
 def apply_config_override(config, override: dict, out_bytes: int, k: int, grouped: bool = False,
                           operands: str = BLOCK_SCALED):
     """`config` with the override's fields replaced. The config's epilogue overlap carries over only to a tiling
-    that has one (128 rows, or 256 with block scales; no split-K; grouped: BLOCK_N a multiple of 64), its ping-pong
+    that has one (128 rows, or 256 with block scales; no split-K; M-grouped: BLOCK_N a multiple of 64), its ping-pong
     schedule only to one that takes it (128 or 256 rows, the plain K loop, block scales); ping_pong=1 alone selects
     the plain K loop. Its own-tile ping-pong carries over to a tiling that takes it (64 or 128 rows per math warpgroup,
     block scales, no split-K); with own tiles the epilogue overlap and the shared-tile ping-pong are off unless given."""

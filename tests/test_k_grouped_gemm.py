@@ -121,10 +121,15 @@ def test_configs():
     for g, m, n, k in heuristics.REPRESENTATIVE_PROBLEMS:
         config = heuristics.get_k_grouped_fp8_gemm_config(m, n, g * k, g, 132, with_accumulation=True)
         assert config.num_splits == 1
-        assert not config.overlap_epilogue or (config.block_m == 128 and config.block_n % 64 == 0)
+        assert not config.overlap_epilogue or config.block_m == 128
         assert config.smem_bytes == fp8_gemm.smem_bytes(config.block_m, config.block_n, config.num_stages, 4,
                                                         heuristics.OPERANDS) <= fp8_gemm.SMEM_CAPACITY_BYTES
         assert 0 < heuristics.grid_size(config, m, n, g, 132) <= 132
+    # Per-channel B scales have no sfb offsets for the overlap to meet in the K loop: 128-row tiles of every width
+    # take it (the M-grouped kinds' only at multiples of 64 columns).
+    candidates = list(heuristics.candidate_configs(4096, 7168, 132))
+    assert all(config.overlap_epilogue == (config.block_m == 128) for config in candidates)
+    assert {96, 144, 160} <= {config.block_n for config in candidates if config.overlap_epilogue}
     # Every group empty: still a config (the call itself returns before any launch).
     assert heuristics.get_k_grouped_fp8_gemm_config(64, 128, 0, 4, 132).block_m in fp8_gemm.BLOCK_MS
     with pytest.raises(ValueError, match="total_k"):
@@ -221,13 +226,14 @@ def test_b_multicast_128_row_tiles_match_unclustered(monkeypatch):
 @pytest.mark.gpu
 def test_pipelined_halves_match_the_plain_k_loop(monkeypatch):
     # Each K block as two wgmma groups of half the columns, one promoted while the other runs (128 x 160: the kind's
-    # widest), over empty groups too: the same bytes as the plain K loop's.
+    # widest, with the epilogue overlap), over empty groups too: the same bytes as the plain K loop's.
     a, b, ks, ks_tensor = _problem(6, 1000, 2096, 640, empty=2, seed=4)
     product = _reference(a, b, ks)
     c = accumulator_like(product.flatten(0, 1)).view(product.shape)
     outputs = []
     for pipelined in (1, 0):
-        override = {"block_m": 128, "block_n": 160, "multicast": 1, "splits": 1, "pipelined": pipelined}
+        override = {"block_m": 128, "block_n": 160, "multicast": 1, "splits": 1, "pipelined": pipelined,
+                    "overlap_epilogue": 1}
         monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
         monkeypatch.setattr(k_grouped_gemm, "_plans", {})
         outputs.append(_run(a, b, ks, ks_tensor, c=c))

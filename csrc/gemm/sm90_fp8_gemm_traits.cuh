@@ -354,14 +354,15 @@ struct Sm90Fp8GemmTraits {
                      "three accumulator sets fit the math warpgroups' registers (per-channel B scales: or two half "
                      "sets, BLOCK_N a multiple of 32, no split-K; k-grouped: at most 160 columns)");
     // NOTE: ptxas serializes every wgmma of a kernel whose group in flight meets a divergent path, as the
-    // split-K reduction is, and (C7514) of the one-warpgroup tiles. The grouped kinds' vote and row-predicated
+    // split-K reduction is, and (C7514) of the one-warpgroup tiles. The M-grouped kinds' vote and row-predicated
     // store keep the group in flight only where the K loop has at most two sfb offsets to dispatch on (BLOCK_N a
-    // multiple of 64); at 96, 112, 144 and 160 columns ptxas serializes (C7518).
+    // multiple of 64); at 96, 112, 144 and 160 columns ptxas serializes (C7517, C7518). Per-channel B scales (the
+    // k-grouped kind) have no sfb offsets: any width keeps it.
     DK_STATIC_ASSERT(!kOverlapEpilogue || (kNumSplits == 1 &&
                                            (BLOCK_M == 128 || BLOCK_M == 256) &&
-                                           (kGemmType == GemmType::Normal || BLOCK_N % 64 == 0)),
-                     "the epilogue overlap is for 128- and 256-row tiles without split-K (grouped: BLOCK_N a multiple "
-                     "of 64)");
+                                           (kGemmType == GemmType::Normal || kIsChannelScaled || BLOCK_N % 64 == 0)),
+                     "the epilogue overlap is for 128- and 256-row tiles without split-K (grouped kinds with block "
+                     "scales or FP4 weights: BLOCK_N a multiple of 64)");
     // NOTE: ptxas gives the streamed store of two 64-row waves a 1 KB stack frame unless the CTA is in a cluster.
     DK_STATIC_ASSERT(!kStreamedStore || kNumMWaves == 1 || kNumTMAMulticast == 2,
                      "256-row tiles with the streamed FP32 store run in 2-CTA clusters");

@@ -21,7 +21,7 @@
 // and the wgmma latency overlap the tensor cores' work instead of draining them every K block. 256-row tiles
 // (block scales, Normal kind, BLOCK_N <= kMaxPipelinedTwoWaveBlockN): each wave is promoted while the other wave's
 // group runs (the mainloop's pipelined waves).
-// kOverlapEpilogue (BLOCK_M 128 or 256, no split-K; grouped kinds: BLOCK_N a multiple of 64): the next tile's first
+// kOverlapEpilogue (BLOCK_M 128 or 256, no split-K; M-grouped kinds: BLOCK_N a multiple of 64): the next tile's first
 // K block's wgmma group (its first wave's) is issued before a tile's store, so the tensor cores work while the store
 // converts and stages.
 // kMathSchedule (gemm/sm90_math_schedule.cuh): Lockstep, or PingPong (two math warpgroups, plain K loop): the

@@ -581,11 +581,11 @@ def has_streamed_store_registers(block_m: int, num_tma_multicast: int, out_dtype
 def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: bool = False,
                          operands: str = "fp8_block_scaled") -> bool:
     """Whether a tiling takes the epilogue overlap (the kernel's kOverlapEpilogue): 128-row tiles (256-row ones with
-    block-scaled operands) without split-K, for the grouped kinds only tiles of a multiple of 64 columns (ptxas
-    serializes the wgmma of the others: their vote and row-predicated store meet the K loop's dispatch over more
-    than two sfb offsets)."""
+    block-scaled operands) without split-K, for the grouped kinds with block scales or FP4 weights only tiles of a
+    multiple of 64 columns (ptxas serializes the wgmma of the others: their vote and row-predicated store meet the K
+    loop's dispatch over more than two sfb offsets, which per-channel B scales do not have)."""
     return ((block_m == 128 or (block_m == 256 and operands == "fp8_block_scaled")) and num_splits == 1 and
-            (not grouped or block_n % 64 == 0))
+            (not grouped or block_n % 64 == 0 or operands == "fp8_channel_scaled"))
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
@@ -1060,6 +1060,10 @@ def compile_coverage_kernels(num_sms: int = 132) -> list:
                         "bfloat16", False, operands="fp8_channel_scaled"),
         CandidateKernel(make_config(128, 160, 1, False, 4, pipelined=True, operands="fp8_channel_scaled"), 7168, 0,
                         "float32", True, "k_grouped", "fp8_channel_scaled"),
+        # The k-grouped kind's epilogue overlap at widths other than multiples of 64: the halves with B multicast.
+        CandidateKernel(make_config(128, 160, 2, False, 4, pipelined=True, overlap_epilogue=True,
+                                    operands="fp8_channel_scaled"), 7168, 0, "float32", True, "k_grouped",
+                        "fp8_channel_scaled"),
         # The ping-pong schedule with per-channel B scales: dense with the epilogue overlap, k-grouped with two waves.
         CandidateKernel(make_config(128, 192, 1, False, 4, overlap_epilogue=True, operands="fp8_channel_scaled",
                                     ping_pong=True), 7168, 16384, "float32", True, operands="fp8_channel_scaled"),

@@ -6,8 +6,8 @@ deep_kernels.heuristics.fp8_gemm with the problem cut into groups, as the schedu
 same M x N tiles, so the busiest CTA runs ceil(G x tiles / CTAs) tiles of the average K (the host knows the
 total K, not how the device's per-group sizes spread it; uneven groups cost a little more than modelled), and
 A, B and D are moved once per group. The candidates are the dense ones with FP32 D, without split-K (the kind has
-none), with the epilogue overlap where the kind has it (128-row tiles of a multiple of 64 columns: the next tile's
-first K block is issued before the store unless that tile's group is empty); 256-row tiles take part. 128-row tiles in
+none), with the epilogue overlap where the kind has it (128-row tiles: the next tile's first K block is issued before
+the store unless that tile's group is empty); 256-row tiles take part. 128-row tiles in
 2-CTA clusters sharing B run at their own measured factor (B_MULTICAST_FACTOR_128).
 """
 
@@ -23,9 +23,12 @@ BLOCK_K = fp8_gemm.BLOCK_K
 
 
 # Widest tile of the kind's pipelined halves (wider ones spill). The model does not pick them: on the H200 (2026-12-03,
-# four of the suite's rows, timed in turns, bitwise equal) 128 x 160 with the halves (the kind has no epilogue overlap
-# at 160 columns), with or without B multicast, ran 0.82-0.86x the 128 x 192 picks (plain loop, thread-major sfb, B
-# multicast), while the dense weight gradient at 4096 x 7168 ran those 128 x 192 tiles at 0.88-0.91x its 128 x 160 pick.
+# four of the suite's rows, timed in turns, bitwise equal) 128 x 160 with the halves and the epilogue overlap, with or
+# without B multicast, ran 0.84-0.90x the 128 x 192 picks (plain loop, thread-major sfb, B multicast; 128 x 160 and
+# 128 x 144 with the picks' loop 0.90-0.94x and 0.86-0.90x), while the dense weight gradient at 4096 x 7168 ran those
+# 128 x 192 tiles at 0.88-0.91x its 128 x 160 pick. The tile counts differ: there 1216 tiles of 128 x 192 fill 9.2 of
+# 10 waves on 132 SMs and 1440 of 128 x 160 10.9 of 11, while the k-grouped kind runs its G problems' tiles as one
+# stream.
 MAX_HALVES_BLOCK_N = 160
 # Time of a 128-row config whose 2-CTA cluster shares B (two M blocks of a group) over its estimate without the cluster,
 # in place of the dense kinds' fp8_gemm.MULTICAST_FACTOR[128]: on the H200 (2026-12-02, timed in turns with the same
@@ -51,7 +54,8 @@ def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gem
 
 def with_kind_overlap(config: Fp8GemmConfig) -> Fp8GemmConfig:
     """The config with the epilogue overlap where the kind has it (the grouped kinds' rule)."""
-    overlap = fp8_gemm.has_epilogue_overlap(config.block_m, config.block_n, config.num_splits, grouped=True)
+    overlap = fp8_gemm.has_epilogue_overlap(config.block_m, config.block_n, config.num_splits, grouped=True,
+                                            operands=OPERANDS)
     return dataclasses.replace(config, overlap_epilogue=config.overlap_epilogue and overlap)
 
 
