@@ -13,7 +13,8 @@ the store unless that tile's group is empty); 256-row tiles take part. 128-row t
 The model prices 256-row tiles above what they measure, but still below the picks: on the H200 (2026-12-03, six of
 the suite's rows, 4 to 16 experts, both expert shapes, timed in turns, bitwise equal) 256 x 128 in 2-CTA clusters
 multicasting A or B, lockstep or ping-pong, ran 0.89-0.93x the 128 x 192 picks (modelled 0.94-0.96x), and the picks
-without their B multicast 0.965-0.984x.
+without their B multicast 0.965-0.984x. The picks' tiles with the ping-pong schedule (the kind's candidates do not
+offer it) ran 0.90-0.94x them at 4 and 16 experts of N = 7168.
 """
 
 import dataclasses
