@@ -5,6 +5,7 @@ the native launcher's build."""
 import dataclasses
 import multiprocessing
 import queue as queue_module
+import re
 import shutil
 import time
 from pathlib import Path
@@ -192,6 +193,13 @@ def test_nvrtc_debug_and_ptxas_verbose_print_options_and_usage(tmp_cache, nvrtc_
     printed = capsys.readouterr().err
     assert "--ptxas-options=-v" in printed and "--gpu-architecture=sm_90a" in printed
     assert "ptxas info    : Used" in printed
+
+
+def test_ptxas_verbose_prints_the_usage_of_ninja_precompiles(tmp_cache, monkeypatch, capfd):
+    monkeypatch.setenv("DK_JIT_PTXAS_VERBOSE", "1")
+    precompile([CAST_SPEC], arch="90a", progress=False)
+    printed = capfd.readouterr().err
+    assert "ptxas info    : Used" in printed and not re.search(r"^\[\d+/\d+\]", printed, re.MULTILINE)
 
 
 def test_nvrtc_precompiled_gemm_passes_the_sass_checks(tmp_cache, nvrtc_backend):

@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -87,6 +88,9 @@ def _build_with_ninja(sources: dict, arch: str, jobs: int, bar: tqdm) -> dict:
                     bar.update(int(match.group(1)) - bar.n)
         if proc.returncode != 0:
             raise RuntimeError("precompile failed:\n" + "".join(log[-200:]))
+        if envs.get("DK_JIT_PTXAS_VERBOSE"):
+            # ninja passes each nvcc's output (ptxas's report) through between its progress lines.
+            print("".join(line for line in log if not _PROGRESS.match(line)), file=sys.stderr, end="")
         return {i: (workdir / f"{i}.cubin").read_bytes() for i in sources}
 
 
