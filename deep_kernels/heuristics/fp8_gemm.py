@@ -585,7 +585,7 @@ def has_epilogue_overlap(block_m: int, block_n: int, num_splits: int, grouped: b
     multiple of 64 columns (ptxas serializes the wgmma of the others: their vote and row-predicated store meet the K
     loop's dispatch over more than two sfb offsets, which per-channel B scales do not have)."""
     return ((block_m == 128 or (block_m == 256 and operands == "fp8_block_scaled")) and num_splits == 1 and
-            (not grouped or block_n % 64 == 0 or operands == "fp8_channel_scaled"))
+            (not grouped or block_n % 64 == 0 or operands in CHANNEL_SCALED_OPERANDS))
 
 
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = SMEM_CAPACITY_BYTES,
