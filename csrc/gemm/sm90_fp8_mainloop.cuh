@@ -572,29 +572,35 @@ private:
         return scales;
     }
 
-    // The sfb pairs of a half's first 8-column groups loaded before its wgmma group's wait (an even count: thread-major,
-    // whole float4s). On the H200 (2026-12-03, weight gradients at 128 x 192, timed in turns, bitwise equal) 4 or 8 pairs
-    // ran 1.011-1.020x faster than none; 10 spill and ran 0.88-0.92x.
-    static constexpr uint32_t kNumPreloadedHalfSfb = BLOCK_N / 16 < 4 ? BLOCK_N / 16 : 4;
+    // A half is BLOCK_N / 16 8-column groups (an even count: BLOCK_N is a multiple of 32, 160 or 192). The sfb pairs of
+    // its first kAheadSfbPairs groups are loaded one step ahead, the others at the promotion (an even count:
+    // thread-major, whole float4s). On the H200 (2026-12-03, weight gradients at 4096 x 7168, 128 x 160, timed in turns,
+    // bitwise equal) all 10 ran 0.93x and 0.90x as fast as 8; at 192 columns 10 spill.
+    static constexpr uint32_t kHalfSfbPairs = BLOCK_N / 16;
+    static constexpr uint32_t kAheadSfbPairs = kHalfSfbPairs < 8 ? kHalfSfbPairs : 8;
+    using AheadSfb = float2[kAheadSfbPairs];
+
+    template <uint32_t kHalf>
+    DK_DEVICE void load_half_sfb(uint32_t stage, AheadSfb& pairs) const {
+        SfbPairs<kThreadMajorSfb> sfb_pairs(stages.sfb_stage(stage), lane_idx());
+#pragma unroll
+        for (uint32_t j = 0; j < kAheadSfbPairs; ++j)
+            pairs[j] = sfb_pairs(kHalf * kHalfSfbPairs + j);
+    }
 
     // Once at most kNumPending later groups are in flight, half kHalf of the K block is done: adds it into its columns
     // of the final accumulators (the same products, in the same order, as promote_per_column).
     template <uint32_t kHalf, int kNumPending>
-    DK_DEVICE void retire_half(const PromotionScales& scales, uint32_t stage) {
-        // NOTE: a half is BLOCK_N / 16 groups, an even count (BLOCK_N a multiple of 32): thread-major, whole float4s.
+    DK_DEVICE void retire_half(const PromotionScales& scales, const AheadSfb& ahead, uint32_t stage) {
         SfbPairs<kThreadMajorSfb> sfb_pairs(stages.sfb_stage(stage), lane_idx());
-        float2 preloaded[kNumPreloadedHalfSfb];
-#pragma unroll
-        for (uint32_t j = 0; j < kNumPreloadedHalfSfb; ++j)
-            preloaded[j] = sfb_pairs(kHalf * (BLOCK_N / 16) + j);
         ptx::wgmma_wait_group<kNumPending>();
         float(&acc)[BLOCK_N / 4] = half_acc<kHalf>();
         ptx::fence_operands(acc);
 #pragma unroll
-        for (uint32_t j = 0; j < BLOCK_N / 16; ++j) {
+        for (uint32_t j = 0; j < kHalfSfbPairs; ++j) {
             constexpr uint32_t kOut = kHalf * (BLOCK_N / 4);
-            const float2 sfb = j < kNumPreloadedHalfSfb ? preloaded[j < kNumPreloadedHalfSfb ? j : 0]
-                                                        : sfb_pairs(kHalf * (BLOCK_N / 16) + j);
+            const float2 sfb =
+                j < kAheadSfbPairs ? ahead[j < kAheadSfbPairs ? j : 0] : sfb_pairs(kHalf * kHalfSfbPairs + j);
             final_acc[0][kOut + j * 4 + 0] += scales.lo * sfb.x * acc[j * 4 + 0];
             final_acc[0][kOut + j * 4 + 1] += scales.lo * sfb.y * acc[j * 4 + 1];
             final_acc[0][kOut + j * 4 + 2] += scales.hi * sfb.x * acc[j * 4 + 2];
@@ -614,24 +620,32 @@ private:
             scales = issue_first_half(state);
             state.advance();
         }
+        // NOTE: the sfb pairs of the half promoted next are loaded one step ahead, before the wgmma issue and wait
+        // that precede their use: loaded next to their use, their latency (long while the wgmma groups read the
+        // stages) stalled the promotion.
+        AheadSfb sfb;
+        load_half_sfb<0>(retiring.stage, sfb);
         // The last K block: its second half issued, both halves promoted, its stage freed.
         auto finish = [&]() {
             issue_half<1>(retiring.stage);
-            retire_half<0, 1>(scales, retiring.stage);
-            retire_half<1, 0>(scales, retiring.stage);
+            retire_half<0, 1>(scales, sfb, retiring.stage);
+            load_half_sfb<1>(retiring.stage, sfb);
+            retire_half<1, 0>(scales, sfb, retiring.stage);
             ring.consumer_release(retiring, lane_idx());
         };
         // A K block with a next one: its second half issued, its first half promoted, the next block's first half
         // issued, its second half promoted, its stage freed.
         auto step = [&]() {
             issue_half<1>(retiring.stage);
-            retire_half<0, 1>(scales, retiring.stage);
+            retire_half<0, 1>(scales, sfb, retiring.stage);
+            load_half_sfb<1>(retiring.stage, sfb);
             const PromotionScales next_scales = issue_first_half(state);
-            retire_half<1, 1>(scales, retiring.stage);
+            retire_half<1, 1>(scales, sfb, retiring.stage);
             ring.consumer_release(retiring, lane_idx());
             retiring = state;
             scales = next_scales;
             state.advance();
+            load_half_sfb<0>(retiring.stage, sfb);
         };
         // NOTE: unrolled by two K blocks, each step after its own exit test: in the shapes that issue the second half
         // right at the loop's head, or exit only once, ptxas serializes every wgmma (C7514) or spills.
