@@ -194,13 +194,13 @@ MAX_OWN_TILE_PIPELINED_BLOCK_N = {64: 128}
 # fourth (4096 x 7168 x 16384: 128 x 160 against 128 x 128 pipelined).
 CHANNEL_PROMOTION_SECONDS_PER_COLUMN = 0.0003e-6
 # Per-channel B scales: the tile widths whose K loop runs as the pipelined halves (can_pipeline_halves: two wgmma groups
-# of half the columns per K block, one promoted while the other runs), modelled as the plain K loop's time. On the H200
-# (2026-12-02, the eight weight-gradient shapes, timed in turns with the picks) 128 x 192 with the halves ran 0.962-0.984
-# of the plain loop's time at every shape where the model picks 128 x 192 (2112 x 7168 and 24576 x 1536 at 4096 and
-# 16384 tokens). 128 x 160 with the halves, once each half loads its first sfb pairs before its wait, ran 0.979-0.987 of
-# the plain loop's time at 4096 x 7168 with 4096 and 16384 tokens (2026-12-03, three runs in turns). (A factor below 1
-# would move 7168 x 2048 to 128 x 192, which ran 5% slower there than its pick, 128 x 128 pipelined.)
+# of half the columns per K block, one promoted while the other runs), and their K-block math time over the plain K
+# loop's. Once each half's first sfb pairs load one step ahead, on the H200 (2026-12-03, the eight weight-gradient
+# shapes, timed in turns, bitwise equal) 128 x 192 with the halves ran 1.07-1.13x as fast as before (when 0.96-0.98 of
+# the plain loop's time) and 1.034x and 1.089x as fast as 128 x 128 pipelined at 7168 x 2048 (4096 and 16384 tokens);
+# 128 x 160 1.07x and 1.14x as fast as before at 4096 x 7168.
 CHANNEL_HALVES_BLOCK_NS = (160, 192)
+CHANNEL_HALVES_MATH_FACTOR = 0.9
 
 GEMM_TYPES = {
     "normal": "deep_kernels::GemmType::Normal",
@@ -492,7 +492,7 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
     active_ctas = min(ctas, units * config.num_tma_multicast)
 
     a, b = MATH_SECONDS_PER_K_BLOCK[config.block_m]
-    # NOTE: the pipelined halves (wider tiles) are modelled as the plain K loop (CHANNEL_HALVES_BLOCK_NS).
+    # NOTE: the pipelined halves (wider tiles) are modelled as the plain K loop at CHANNEL_HALVES_MATH_FACTOR.
     pipelined = config.pipelined and not (operands in CHANNEL_SCALED_OPERANDS and
                                           not can_pipeline(config.block_m, config.block_n))
     # NOTE: below N = 64 a wgmma is bound by reading A from shared memory, not by its N.
@@ -512,6 +512,8 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
         math_s *= BLOCK_SCALED_TWO_WAVE_MATH_FACTOR
     if operands in CHANNEL_SCALED_OPERANDS:
         math_s += CHANNEL_PROMOTION_SECONDS_PER_COLUMN * config.block_n * num_m_waves(config.block_m)
+        if config.pipelined and not pipelined:
+            math_s *= CHANNEL_HALVES_MATH_FACTOR
     a_bytes, b_bytes = config.block_m * BLOCK_K, config.block_n * BLOCK_K
     loaded_bytes = stage_bytes(config.block_m, config.block_n, operands)
     l2_bytes = loaded_bytes
