@@ -198,7 +198,8 @@ CHANNEL_PROMOTION_SECONDS_PER_COLUMN = 0.0003e-6
 # loop's. Once each half's first sfb pairs load one step ahead, on the H200 (2026-12-03, the eight weight-gradient
 # shapes, timed in turns, bitwise equal) 128 x 192 with the halves ran 1.07-1.13x as fast as before (when 0.96-0.98 of
 # the plain loop's time) and 1.034x and 1.089x as fast as 128 x 128 pipelined at 7168 x 2048 (4096 and 16384 tokens);
-# 128 x 160 1.07x and 1.14x as fast as before at 4096 x 7168.
+# 128 x 160 1.07x and 1.14x as fast as before at 4096 x 7168, where it ran 1.067x and 1.054x as fast as 128 x 192, and
+# 1.13x as fast as 128 x 144 with the plain loop (the earlier pick) at 2112 x 2112 x 16384.
 CHANNEL_HALVES_BLOCK_NS = (160, 192)
 CHANNEL_HALVES_MATH_FACTOR = 0.9
 

@@ -7,7 +7,8 @@ same M x N tiles, so the busiest CTA runs ceil(G x tiles / CTAs) tiles of the av
 total K, not how the device's per-group sizes spread it; uneven groups cost a little more than modelled), and
 A, B and D are moved once per group. The candidates are the dense ones with FP32 D, without split-K (the kind has
 none), with the epilogue overlap where the kind has it (128-row tiles: the next tile's first K block is issued before
-the store unless that tile's group is empty); 256-row tiles take part. 128-row tiles in
+the store unless that tile's group is empty) and the plain K loop where a tile is too wide for the pipelined one
+(not the pipelined halves); 256-row tiles take part. 128-row tiles in
 2-CTA clusters sharing B run at their own measured factor (B_MULTICAST_FACTOR_128).
 
 The model prices 256-row tiles above what they measure, but still below the picks: on the H200 (2026-12-03, six of
@@ -28,14 +29,13 @@ OUT_DTYPE_BYTES = 4
 BLOCK_K = fp8_gemm.BLOCK_K
 
 
-# Widest tile of the kind's pipelined halves (wider ones spill). The model does not pick them: on the H200 (2026-12-03,
-# four of the suite's rows, timed in turns, bitwise equal) 128 x 160 with the halves and the epilogue overlap, with or
-# without B multicast, ran 0.84-0.90x the 128 x 192 picks (plain loop, thread-major sfb, B multicast; 128 x 160 and
-# 128 x 144 with the picks' loop 0.90-0.94x and 0.86-0.90x), while the dense weight gradient at 4096 x 7168 ran those
-# 128 x 192 tiles at 0.88-0.91x its 128 x 160 pick. The tile counts differ: there 1216 tiles of 128 x 192 fill 9.2 of
-# 10 waves on 132 SMs and 1440 of 128 x 160 10.9 of 11, while the k-grouped kind runs its G problems' tiles as one
-# stream.
-MAX_HALVES_BLOCK_N = 160
+# The kind's candidates too wide for the pipelined loop take the plain loop, not the pipelined halves (which the kernel
+# takes up to 160 columns; wider ones spill). On the H200 (2026-12-03, five of the suite's rows, 4 to 16 experts, both
+# expert shapes, timed in turns, bitwise equal) 128 x 160 with the halves, their first sfb pairs loaded ahead, ran
+# 0.935-0.949x the 128 x 192 picks (plain loop, thread-major sfb, B multicast) with B multicast, 0.957-0.971x without
+# it, 0.953-0.969x with it and thread-major sfb, while the dense weight gradient at 4096 x 7168 ran 128 x 192 at
+# 0.94-0.95x its 128 x 160 pick (the halves). The tile counts differ: there 1216 tiles of 128 x 192 fill 9.2 of 10
+# waves on 132 SMs and 1440 of 128 x 160 10.9 of 11, while the k-grouped kind runs its G problems' tiles as one stream.
 # Time of a 128-row config whose 2-CTA cluster shares B (two M blocks of a group) over its estimate without the cluster,
 # in place of the dense kinds' fp8_gemm.MULTICAST_FACTOR[128]: on the H200 (2026-12-02, timed in turns with the same
 # tiles unclustered, 128 x 192 with the epilogue overlap) 0.967-0.998 over eight of the suite's shapes (4 to 16 experts,
@@ -51,7 +51,7 @@ THREAD_MAJOR_SFB_BLOCK_M = 128
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES):
     """The kind's legal configs, in the dense enumeration order (ties keep the first)."""
     for config in fp8_gemm.candidate_configs(m, n, num_sms, smem_capacity, OUT_DTYPE_BYTES, operands=OPERANDS):
-        if config.pipelined and config.block_n > MAX_HALVES_BLOCK_N:
+        if config.pipelined and not fp8_gemm.can_pipeline(config.block_m, config.block_n):
             config = dataclasses.replace(config, pipelined=False)
         if config.block_m == THREAD_MAJOR_SFB_BLOCK_M and not config.pipelined:
             config = dataclasses.replace(config, thread_major_sfb=True)
