@@ -575,9 +575,11 @@ private:
     // A half is BLOCK_N / 16 8-column groups (an even count: BLOCK_N is a multiple of 32, 160 or 192). The sfb pairs of
     // its first kAheadSfbPairs groups are loaded one step ahead, the others at the promotion (an even count:
     // thread-major, whole float4s). On the H200 (2026-12-03, weight gradients at 4096 x 7168, 128 x 160, timed in turns,
-    // bitwise equal) all 10 ran 0.95x and 0.90x as fast as 8; at 192 columns 10 spill.
+    // bitwise equal) all 10 ran 0.95x and 0.90x as fast as 8; at 192 columns 10 spill, and with BF16 D 8 (ptxas).
     static constexpr uint32_t kHalfSfbPairs = BLOCK_N / 16;
-    static constexpr uint32_t kAheadSfbPairs = kHalfSfbPairs < 8 ? kHalfSfbPairs : 8;
+    static constexpr uint32_t kMaxAheadSfbPairs = BLOCK_N == 192 && sizeof(typename Traits::OutputType) == 2 ? 6 : 8;
+    static constexpr uint32_t kAheadSfbPairs =
+        kHalfSfbPairs < kMaxAheadSfbPairs ? kHalfSfbPairs : kMaxAheadSfbPairs;
     using AheadSfb = float2[kAheadSfbPairs];
 
     template <uint32_t kHalf>
