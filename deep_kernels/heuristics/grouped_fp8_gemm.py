@@ -34,15 +34,9 @@ GEMM_TYPES = ("m_grouped_contiguous", "m_grouped_masked")
 
 # Tile heights the grouped model offers: 256-row tiles (which the kernel takes, DK_FP8_GEMM_CONFIG block_m=256) ran
 # 1.08-1.16x the 128 x 192 tiles' time on the contiguous suite shapes and lost on every masked one (H200, 2026-12-02).
-# Re-measured once 256-row tiles ran unicast with the epilogue overlap (H200, 2026-12-03, timed in turns, bitwise
-# equal): 256 x 128 ran 0.978-1.017x the 128 x 192 picks on the four contiguous suite shapes in one run, 0.993-1.015x
-# and 1.007-1.018x in two others (1.04x at 32 groups of 256 rows): within the spread of runs, so the picks stay. The
-# contiguous kernel ran 2.0-4.1% behind the dense one on the same 256-row tiles and rows (one group, K = 7168 and 2048;
-# at 128 x 192 within 1.3%): Nsight Compute counted 6% more instructions, all in the code run once per tile (about 170 a
-# warp per tile: the scheduler's walk and the store's row checks); the per-K-block code was the same length, its stalls
-# moved (2.9% of the warp samples on the promotion scales' sfb load, issued after the group's first wgmma, where the
-# dense loop waited as long on the stage's barrier). Loading that sfb one K block ahead in the plain K loop ran slower:
-# 0.98-0.99x at 256 x 128 and 0.79-0.95x at 128 x 192 (same shapes, timed in turns, bitwise equal).
+# Unicast with the epilogue overlap they ran 0.978-1.018x the picks there over three runs (H200, 2026-12-03), within the
+# runs' spread: the contiguous kernel runs them 2.0-4.1% behind the dense one on the same rows, and all of its added
+# instructions are per-tile code (the scheduler's walk, the store's row checks).
 GROUPED_BLOCK_MS = (64, 128)
 
 
