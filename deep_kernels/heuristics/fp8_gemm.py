@@ -494,8 +494,8 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
 
     a, b = MATH_SECONDS_PER_K_BLOCK[config.block_m]
     # NOTE: the pipelined halves (wider tiles) are modelled as the plain K loop at CHANNEL_HALVES_MATH_FACTOR.
-    pipelined = config.pipelined and not (operands in CHANNEL_SCALED_OPERANDS and
-                                          not can_pipeline(config.block_m, config.block_n))
+    halves = config.pipelined and can_pipeline_halves(config.block_m, config.block_n, operands, config.num_splits)
+    pipelined = config.pipelined and not halves
     # NOTE: below N = 64 a wgmma is bound by reading A from shared memory, not by its N.
     math_s = a * (PIPELINED_CONSTANT_SHARE[config.block_m] if pipelined else 1.0) + b * max(config.block_n, 64)
     epilogue_s = EPILOGUE_SECONDS[config.block_m]
@@ -513,7 +513,7 @@ def estimate_seconds(config: Fp8GemmConfig, m: int, n: int, k: int, num_sms: int
         math_s *= BLOCK_SCALED_TWO_WAVE_MATH_FACTOR
     if operands in CHANNEL_SCALED_OPERANDS:
         math_s += CHANNEL_PROMOTION_SECONDS_PER_COLUMN * config.block_n * num_m_waves(config.block_m)
-        if config.pipelined and not pipelined:
+        if halves:
             math_s *= CHANNEL_HALVES_MATH_FACTOR
     a_bytes, b_bytes = config.block_m * BLOCK_K, config.block_n * BLOCK_K
     loaded_bytes = stage_bytes(config.block_m, config.block_n, operands)

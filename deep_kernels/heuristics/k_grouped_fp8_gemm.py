@@ -44,15 +44,16 @@ THREAD_MAJOR_SFB_BLOCK_M = 128
 def candidate_configs(m: int, n: int, num_sms: int, smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES):
     """The kind's legal configs, in the dense enumeration order (ties keep the first)."""
     for config in fp8_gemm.candidate_configs(m, n, num_sms, smem_capacity, OUT_DTYPE_BYTES, operands=OPERANDS):
-        # NOTE: candidates too wide for the pipelined loop take the plain loop, not the pipelined halves (which the
-        # kernel takes up to 160 columns; wider ones spill). On the H200 (2026-12-03, five of the suite's rows, 4 to 16
+        # NOTE: candidates of the pipelined halves take the plain loop instead (the kernel takes the halves up to 160
+        # columns; wider ones spill). On the H200 (2026-12-03, five of the suite's rows, 4 to 16
         # experts, both expert shapes, timed in turns, bitwise equal) 128 x 160 with the halves, their first sfb pairs
         # loaded ahead, ran 0.935-0.949x the 128 x 192 picks (plain loop, thread-major sfb, B multicast) with B
         # multicast, 0.957-0.971x without it, 0.953-0.969x with it and thread-major sfb, while the dense weight gradient
         # at 4096 x 7168 ran 128 x 192 at 0.94-0.95x its 128 x 160 pick (the halves). The tile counts differ: there 1216
         # tiles of 128 x 192 fill 9.2 of 10 waves on 132 SMs and 1440 of 128 x 160 10.9 of 11, while the k-grouped kind
         # runs its G problems' tiles as one stream.
-        if config.pipelined and not fp8_gemm.can_pipeline(config.block_m, config.block_n):
+        if config.pipelined and fp8_gemm.can_pipeline_halves(config.block_m, config.block_n, OPERANDS,
+                                                             config.num_splits):
             config = dataclasses.replace(config, pipelined=False)
         if config.block_m == THREAD_MAJOR_SFB_BLOCK_M and not config.pipelined:
             config = dataclasses.replace(config, thread_major_sfb=True)
