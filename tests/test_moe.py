@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels.moe import FUSED_MAX_SLOTS, MAX_EXPERTS, SCORINGS, contiguous_max_rows
+from deep_kernels.moe import MAX_EXPERTS, SCORINGS, contiguous_max_rows, fused_max_tokens
 from deep_kernels.reference import moe as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
 
@@ -555,7 +555,7 @@ def _routed_cases() -> list:
 @pytest.mark.parametrize("num_experts,num_groups,topk_groups,scoring,k,num_tokens", _routed_cases())
 def test_topk_gate_with_layout_matches_reference(num_experts, num_groups, topk_groups, scoring, k, num_tokens):
     # The largest T of the one-launch path and the smallest of the two-stage path.
-    largest_fused = FUSED_MAX_SLOTS // k
+    largest_fused = fused_max_tokens(k)
     num_tokens = {"fused_max": largest_fused, "fused_max + 1": largest_fused + 1}.get(num_tokens, num_tokens)
     ties = num_tokens % 2 == 1
     logits = _gate_logits(num_tokens, num_experts, torch.float32 if num_experts != 64 else torch.bfloat16, ties)
@@ -599,16 +599,13 @@ def test_fused_plan_fits_one_block_per_sm_and_one_chunk_per_block(num_sms, monke
 
     monkeypatch.setattr(device, "_num_sms_override", num_sms)
     for k in range(1, 17):
-        for num_tokens in sorted({1, 7, 8, 64, 1000, 1056, 1057, 2112, 2113, FUSED_MAX_SLOTS // k,
-                                  FUSED_MAX_SLOTS // k + 1}):
+        largest = fused_max_tokens(k)
+        assert largest == num_sms * min(255, 2048 // k)
+        for num_tokens in sorted({1, 7, 8, 64, 1000, 1056, 1057, 2112, 2113, 8448, 8449, 16384, largest, largest + 1}):
             tokens_per_block = routing._fused_tokens_per_block(num_tokens, k)
             tile = routing._fused_tile(num_tokens)
-            if num_tokens * k > FUSED_MAX_SLOTS:
-                assert tokens_per_block is None
-            elif num_sms >= 114 and math.ceil(num_tokens / num_sms) <= routing._FUSED_MAX_BLOCK_TOKENS:
-                # every H100 / H200: all of FUSED_MAX_SLOTS takes the one launch, but for k = 1 above 255 tokens
-                # per SM (the blocks exchange one-byte counts)
-                assert tokens_per_block is not None, (num_tokens, k)
+            # up to fused_max_tokens(k) the one launch, above it the two
+            assert (tokens_per_block is not None) == (num_tokens <= largest), (num_tokens, k)
             if tokens_per_block is not None:
                 assert tokens_per_block <= routing._FUSED_MAX_BLOCK_TOKENS
                 assert math.ceil(num_tokens / tokens_per_block) <= num_sms
@@ -616,22 +613,24 @@ def test_fused_plan_fits_one_block_per_sm_and_one_chunk_per_block(num_sms, monke
                 # the fewest tokens per block: fewer would need more blocks than SMs
                 assert tokens_per_block == routing._FUSED_MIN_BLOCK_TOKENS or \
                     math.ceil(num_tokens / (tokens_per_block - 1)) > num_sms
-            # at most two tokens a warp in the few-token tile's blocks, else the other tile; a warp holding more
-            # than one token gates two at once
+            # at most two tokens a warp in the few-token tile's blocks, at most two rounds of two tokens a warp in
+            # the 16-warp ones, else 32-warp blocks of one token a warp; in the first two a warp holding more than
+            # one token gates two at once
             few = routing._FUSED_FEW_TOKENS_TILE
             per_block = math.ceil(num_tokens / num_sms)
-            assert (tile.warps == few.warps) == (per_block <= 2 * few.warps)
-            assert tile.tokens_per_warp == (2 if per_block > few.warps else 1)
+            assert tile.warps == (few.warps if per_block <= 2 * few.warps else 16 if per_block <= 64 else 32)
+            assert tile.tokens_per_warp == (2 if few.warps < per_block <= 64 else 1)
 
 
 @pytest.mark.gpu
 def test_topk_gate_with_layout_grid_barrier_across_grid_sizes():
-    # T = 64: a block with no token (the -1 fill takes 9 blocks); T = 1056 and 4001: several tokens per warp.
+    # T = 64: a block with no token (the -1 fill takes 9 blocks); T = 1056 and 4001: several tokens per warp;
+    # T = 16384: the 32-warp blocks.
     # Each launch flips bit 31 of the barrier counter and leaves the lower bits at zero.
     from deep_kernels.moe import layout
 
     kwargs = dict(scoring="sigmoid", num_groups=8, topk_groups=4)
-    for num_tokens, k in ((64, 8), (1, 8), (1056, 7), (4001, 2), (200, 16), (8192, 8), (64, 8)):
+    for num_tokens, k in ((64, 8), (1, 8), (1056, 7), (4001, 2), (200, 16), (8192, 8), (16384, 8), (64, 8)):
         logits = _gate_logits(num_tokens, 256, torch.float32, ties=num_tokens % 2 == 1)
         for _ in range(2):
             _check_gate_with_layout(logits, k, max_tokens=max(1, num_tokens * k // 256), **kwargs)

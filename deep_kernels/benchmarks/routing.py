@@ -1,12 +1,12 @@
 """Suite `routing`: top-k gating and the contiguous grouped-GEMM layout (DeepSeek-V3 router), each alone,
-one after the other (two launches) and fused (one launch up to FUSED_MAX_SLOTS slots), and the gate
+one after the other (two launches) and fused (one launch up to fused_max_tokens(k) tokens), and the gate
 backward; against the same steps in plain torch (the reference), eager and under torch.compile."""
 
 import torch
 
 import deep_kernels
 from deep_kernels.benchmarks.report import BenchContext, memory_bound_row, timed_peer
-from deep_kernels.moe import FUSED_MAX_SLOTS, contiguous_max_rows
+from deep_kernels.moe import contiguous_max_rows, fused_max_tokens
 from deep_kernels.reference import moe as reference
 from deep_kernels.testing import assert_bitwise_equal
 from deep_kernels.testing.bench import time_kernel_us
@@ -43,7 +43,7 @@ def _check(outputs, expected) -> None:
 
 def launches(num_tokens: int) -> str:
     """What topk_gate_with_layout launches at num_tokens (the rows' config says it)."""
-    if num_tokens * TOP_K <= FUSED_MAX_SLOTS:
+    if num_tokens <= fused_max_tokens(TOP_K):
         return "1 cooperative launch: gate + block counts, grid barrier, each block ranks + scatters its slots"
     return "2 launches: gate, then the layout (1 cooperative launch)"
 

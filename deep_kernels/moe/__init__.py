@@ -9,11 +9,11 @@ from deep_kernels.moe.expand import moe_expand, moe_expand_cast_to_fp8, moe_redu
 from deep_kernels.moe.expert_parallel import map_global_to_local_experts
 from deep_kernels.moe.gate import MAX_EXPERTS, MAX_GROUPS, MAX_TOP_K, SCORINGS, topk_gate, topk_gate_backward
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT, MoeLayout, contiguous_max_rows, moe_layout
-from deep_kernels.moe.routing import FUSED_MAX_SLOTS, topk_gate_with_layout
+from deep_kernels.moe.routing import fused_max_tokens, topk_gate_with_layout
 
 __all__ = [
-    "CONTIGUOUS_ALIGNMENT", "FUSED_MAX_SLOTS", "MAX_EXPERTS", "MAX_GROUPS", "MAX_TOP_K", "SCORINGS", "MoeLayout",
-    "contiguous_max_rows", "map_global_to_local_experts", "moe_expand", "moe_expand_cast_to_fp8", "moe_layout",
+    "CONTIGUOUS_ALIGNMENT", "MAX_EXPERTS", "MAX_GROUPS", "MAX_TOP_K", "SCORINGS", "MoeLayout", "contiguous_max_rows",
+    "fused_max_tokens", "map_global_to_local_experts", "moe_expand", "moe_expand_cast_to_fp8", "moe_layout",
     "moe_reduce", "topk_gate", "topk_gate_backward", "topk_gate_with_layout",
 ]
 

@@ -1,7 +1,7 @@
-"""Gating and layout together: topk_gate then moe_layout of its indices, in one launch for few tokens.
+"""Gating and layout together: topk_gate then moe_layout of its indices, in one launch.
 
-topk_gate_with_layout returns exactly what topk_gate followed by moe_layout returns. Up to FUSED_MAX_SLOTS
-routed slots (T * k) and 255 tokens per SM one cooperative kernel does both: every block (at most one per SM)
+topk_gate_with_layout returns exactly what topk_gate followed by moe_layout returns. Up to fused_max_tokens(k)
+tokens (255 tokens and 2048 routed slots per SM) one cooperative kernel does both: every block (at most one per SM)
 gates its tokens, fills its share of the layout's -1 rows and counts its slots per expert (one byte each); after
 a grid barrier every block sums those counts and writes its own slots' rows, positions from counts and scans as
 in moe_layout. Larger inputs take the two-stage path (two launches: topk_gate, then moe_layout).
@@ -27,13 +27,6 @@ from deep_kernels.moe.layout import (
 from deep_kernels.moe.layout import layout_workspace as _workspace
 from deep_kernels.validation import ceil_div, check_cuda_device
 
-# The fused kernel's blocks gate their tokens one per warp at a time: beyond this the two-stage path is faster. More
-# warps per SM do not change that: on the H200 (2026-12-03, DeepSeek-V3 routing, L2 flushed, timed in turns) T = 16384
-# in one launch took 39.5 us with one 16-warp block per SM, 38.3 with two (at most 64 registers), 45.4 with four 8-warp
-# blocks, against 36.7 for two launches; T = 8192 23.0-23.3 against 22.9.
-FUSED_MAX_SLOTS = 65536
-
-
 class FusedTile(NamedTuple):
     """The fused kernel's block: `warps` warps, each gating tokens_per_warp tokens at a time (interleaved), at most
     one block per SM; a block ranks at most one chunk of warps * 32 * slots_per_thread slots
@@ -54,6 +47,16 @@ class FusedTile(NamedTuple):
 _FUSED_FEW_TOKENS_TILE = FusedTile(8, 1)
 _FUSED_TILE = FusedTile(16, 2, 2)
 _FUSED_FEW_TOKENS_PER_WARP = 2
+# Above two rounds of the 16-warp blocks' tokens, 32-warp blocks gating one token per warp at a time (two would
+# spill at their 64 registers): H200, DeepSeek-V3 routing, L2 flushed, T = 10240 / 14336 / 16384: 27.3 / 35.4 /
+# 38.5 us against 30.4 / 39.0 / 39.8; two such blocks per SM (32 registers) took 42.4 us at T = 16384.
+_FUSED_MANY_TOKENS_TILE = FusedTile(32, 2)
+_FUSED_TILE_MAX_BLOCK_TOKENS = 2 * _FUSED_TILE.warps * _FUSED_TILE.tokens_per_warp
+# The one launch against the two launches, in turns (H200, 2026-12-03, L2 flushed), kernel time / stream time
+# (CUDA events, the host ahead): DeepSeek-V3 routing 1.02 / 1.08x at T = 8192, 0.99 / 1.03x at 10240-12288,
+# 0.96 / 0.99x at 14336-16384, 1.01-1.07 / 1.03-1.09x at 20480-28672, 1.00 / 1.01x at 32768; 384 and 512 experts
+# above T = 8192 0.97-1.04 / 1.00-1.05x. The fused kernel runs the two kernels' instructions (Nsight Compute at
+# T = 16384: 19.0M against 17.4M + 1.8M) and saves the gap between them; its gate has fewer warps to hide latency.
 # A block gates at least this many tokens, spread over the SMs above that.
 _FUSED_MIN_BLOCK_TOKENS = 8
 # The blocks exchange their per-expert counts as bytes, summed in 16-bit halves.
@@ -65,9 +68,18 @@ def _fused_tile(num_tokens: int) -> FusedTile:
     """The fused kernel's block for num_tokens tokens."""
     few = _FUSED_FEW_TOKENS_TILE
     tokens_per_block = ceil_div(num_tokens, get_num_sms())
+    if tokens_per_block > _FUSED_TILE_MAX_BLOCK_TOKENS:
+        return _FUSED_MANY_TOKENS_TILE
     if tokens_per_block > _FUSED_FEW_TOKENS_PER_WARP * few.warps:
         return _FUSED_TILE
     return few._replace(tokens_per_warp=2) if tokens_per_block > few.warps else few
+
+
+def fused_max_tokens(k: int) -> int:
+    """The most tokens topk_gate_with_layout routes in one launch at top-k k on the current device (255 tokens and
+    2048 routed slots per SM); more take two launches."""
+    block_tokens = min(_FUSED_MAX_BLOCK_TOKENS, _FUSED_MANY_TOKENS_TILE.block_slots // k)
+    return min(_FUSED_MAX_TOKENS, block_tokens * get_num_sms())
 
 
 TOPK_GATE_LAYOUT = KernelDef(
@@ -97,12 +109,12 @@ def _fused_kernel(dtype: torch.dtype, num_experts: int, num_groups: int, scoring
 
 def _fused_tokens_per_block(num_tokens: int, k: int):
     """Tokens each block of the fused kernel (of _fused_tile(num_tokens)) gates, so that its grid fits on the SMs;
-    None where the two-stage path serves the input (too many slots, or more than a chunk of them per block)."""
+    None where the two-stage path serves the input (more than a chunk of slots or 255 tokens per block)."""
     tile = _fused_tile(num_tokens)
     tokens_per_block = max(_FUSED_MIN_BLOCK_TOKENS, ceil_div(num_tokens, get_num_sms()))
-    if num_tokens * k > FUSED_MAX_SLOTS or tokens_per_block * k > tile.block_slots:
+    if tokens_per_block * k > tile.block_slots or tokens_per_block > _FUSED_MAX_BLOCK_TOKENS:
         return None
-    if tokens_per_block > _FUSED_MAX_BLOCK_TOKENS or num_tokens > _FUSED_MAX_TOKENS:
+    if num_tokens > _FUSED_MAX_TOKENS:
         return None
     return tokens_per_block
 
@@ -126,8 +138,8 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
 
     Notes:
         Bit-exact with deep_kernels.reference.moe.topk_gate_with_layout, deterministic, no host
-        synchronization (CUDA-graph safe). Up to FUSED_MAX_SLOTS slots (and 255 tokens per SM: k = 1 above
-        33660 tokens on 132 SMs takes two launches) it is one cooperative launch (at
+        synchronization (CUDA-graph safe). Up to fused_max_tokens(k) tokens (33660 at k <= 8 on 132 SMs) it is
+        one cooperative launch (at
         most one block per SM) whose workspace (a grid-barrier counter and per-block counts) is kept per
         (device, stream) (a captured graph zeroes its own in a memset node), so calls may overlap only on
         different streams. Without out, weights, indices and the layout's tensors are views of one 4-byte-element
@@ -388,5 +400,6 @@ def precompile_specs() -> list:
             (torch.float32, 512, 8, "softmax"),        # the largest
             (torch.bfloat16, 72, 0, "sqrtsoftplus"),   # experts not a multiple of 32
         )
-        for tile in (_FUSED_FEW_TOKENS_TILE, _FUSED_FEW_TOKENS_TILE._replace(tokens_per_warp=2), _FUSED_TILE)
+        for tile in (_FUSED_FEW_TOKENS_TILE, _FUSED_FEW_TOKENS_TILE._replace(tokens_per_warp=2), _FUSED_TILE,
+                     _FUSED_MANY_TOKENS_TILE)
     ]
