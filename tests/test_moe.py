@@ -575,7 +575,7 @@ def test_topk_gate_with_layout_row_stride_and_empty():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens", [96, 4001])  # the one-launch and the two-stage path
+@pytest.mark.parametrize("num_tokens", [96, 4001])  # on 3 SMs the one launch and the two launches
 def test_routing_with_fewer_sms_is_identical(num_tokens, monkeypatch):
     from deep_kernels import device
 
@@ -680,8 +680,15 @@ def test_topk_gate_with_layout_full_one_byte_counts(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens", [128, 4001])  # the one-launch and the two-stage path
-def test_topk_gate_with_layout_graph_replays_new_inputs(num_tokens):
+# The one launch, and the two launches (4001 tokens on 3 SMs: more than 255 a block)
+@pytest.mark.parametrize("num_tokens,num_sms", [(128, None), (4001, 3)])
+def test_topk_gate_with_layout_graph_replays_new_inputs(num_tokens, num_sms, monkeypatch):
+    from deep_kernels import device
+    from deep_kernels.moe import routing
+
+    if num_sms is not None:
+        monkeypatch.setattr(device, "_num_sms_override", num_sms)
+    assert (routing._fused_tokens_per_block(num_tokens, 8) is None) == (num_sms is not None)
     kwargs = dict(scoring="sigmoid", num_groups=8, topk_groups=4, max_tokens=num_tokens // 8)
     logits = torch.randn((num_tokens, 256), device="cuda")
     deep_kernels.topk_gate_with_layout(logits, 8, **kwargs)  # compile outside the capture

@@ -384,8 +384,8 @@ def _poison_cached_memory() -> None:
     del blocks
 
 
-# (mode, T, max_tokens): prefill beyond the fused gate's 8192 slots (the two-stage routing), decode with room for
-# every slot, and decode at a capacity that drops slots (256 slots over 16 experts, 12 kept each at most).
+# (mode, T, max_tokens): prefill, decode with room for every slot, and decode at a capacity that drops slots (256
+# slots over 16 experts, 12 kept each at most).
 FORWARD_CASES = [("contiguous", 2100, None), ("masked", 64, None), ("masked", 64, 12)]
 
 
