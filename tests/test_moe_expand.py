@@ -160,10 +160,12 @@ def test_reference_reduce_matches_a_loop(masked, dtype):
 ])
 @pytest.mark.parametrize("num_sms", [None, 132])
 @pytest.mark.parametrize("row_alignment", [1, 8, 32])
+@pytest.mark.parametrize("max_share", [8, 32])
 def test_padding_shares_cover_every_row_in_shares_of_at_most_32(num_out_rows, token_blocks, columns, num_sms,
-                                                                row_alignment):
+                                                                row_alignment, max_share):
     # The expand kernels' blocks zero the rows without a slot in shares (csrc/common/moe_rows.cuh: PaddingRows).
-    blocks, share = expand._padding_share(num_out_rows, token_blocks, columns, True, num_sms, row_alignment)
+    blocks, share = expand._padding_share(num_out_rows, token_blocks, columns, True, num_sms, row_alignment,
+                                          max_share)
     assert blocks >= token_blocks and 1 <= share <= 32 and share % row_alignment == 0
     assert blocks * columns * share >= num_out_rows  # the shares of all blocks reach the last row
     assert (blocks - 1) * columns * share < num_out_rows or blocks == token_blocks  # no block row only past it

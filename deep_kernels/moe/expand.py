@@ -77,6 +77,10 @@ SCALE_SHARE_ROW_ALIGNMENT = 8
 # and the blocks per SM that smaller shares aim for. Shares of 8 rows rather than 32 balance the SMs' zeroing at
 # decode (H200, bf16: 83 -> 95% of copy bandwidth at T = 512) and cost nothing at T >= 4096.
 _PADDING_ROWS_PER_BLOCK, _PADDING_BLOCKS_PER_SM = 8, 8
+# moe_expand's scale shares take up to this many rows where the token blocks then cover every row: blocks added
+# only for 8-row shares cost more than they balance (H200, FP8 + scales, 8-row shares against these: 357 against
+# 332 us at T = 16384, 112.0 against 112.4 at 4096; at T <= 512 the token blocks do not cover the rows).
+_SCALE_ROWS_PER_TOKEN_BLOCK = 32
 # moe_expand zeroes the rows without a slot by bulk copies where the output has more than this many rows a slot.
 _BULK_ZERO_ROWS_PER_SLOT = 2
 # Expand-cast: a thread casts 16 elements of a token (one 16-byte store of codes per row), loaded as
@@ -233,16 +237,15 @@ def _layout_params(layout, masked: bool, num_tokens: int, num_out_rows: int, max
 
 
 def _padding_share(num_out_rows: int, token_blocks: int, columns: int, row_shares: bool, num_sms=None,
-                   row_alignment: int = 1) -> tuple:
+                   row_alignment: int = 1, max_share: int = _PADDING_ROWS_PER_BLOCK) -> tuple:
     """(blocks along the token dimension, rows per block) of an expand launch whose grid is that many blocks
     times `columns`: enough blocks for every token, and with row_shares (zero padding, or moe_expand's
-    scales) for every row in shares of at most _PADDING_ROWS_PER_BLOCK rows, spread evenly over all the
-    blocks, rounded up to a multiple of row_alignment (a divisor of _PADDING_ROWS_PER_BLOCK). Given num_sms,
-    the shares are smaller where that gives each SM _PADDING_BLOCKS_PER_SM blocks (a small layout is mostly
-    padding rows)."""
+    scales) for every row in shares of at most max_share rows (at most 32), spread evenly over all the
+    blocks, rounded up to a multiple of row_alignment (a divisor of max_share). Given num_sms, the shares are
+    smaller where that gives each SM _PADDING_BLOCKS_PER_SM blocks (a small layout is mostly padding rows)."""
     if not row_shares or num_out_rows == 0:
         return token_blocks, 0
-    share = _PADDING_ROWS_PER_BLOCK
+    share = max_share
     if num_sms is not None:
         share = max(1, min(share, ceil_div(num_out_rows, _PADDING_BLOCKS_PER_SM * num_sms)))
     blocks = max(token_blocks, ceil_div(ceil_div(num_out_rows, share), columns))
@@ -358,10 +361,13 @@ def _expand(tile: ExpandTile, x, layout, scales, masked, zero_padding, out):
                             x_scale_column_stride=x_strides[1], scale_batch_rows=batch_rows_arg,
                             scale_batch_stride=batch_stride, scale_column_stride=column_stride)
     chunks = ceil_div(row_vectors, tile.chunk_vectors)
+    token_blocks = ceil_div(num_tokens, tile.token_lanes)
     # NOTE: scales are written by row shares (csrc/kernels/smxx_moe_expand.cuh says why), so FP8 always has them.
-    blocks, rows_per_block = _padding_share(num_out_rows, ceil_div(num_tokens, tile.token_lanes), chunks,
-                                            zero_padding or is_fp8, get_num_sms(),
-                                            SCALE_SHARE_ROW_ALIGNMENT if is_fp8 else 1)
+    max_share = _PADDING_ROWS_PER_BLOCK
+    if is_fp8 and token_blocks * chunks * _SCALE_ROWS_PER_TOKEN_BLOCK >= num_out_rows:
+        max_share = _SCALE_ROWS_PER_TOKEN_BLOCK
+    blocks, rows_per_block = _padding_share(num_out_rows, token_blocks, chunks, zero_padding or is_fp8, get_num_sms(),
+                                            SCALE_SHARE_ROW_ALIGNMENT if is_fp8 else 1, max_share)
     if blocks == 0:
         return result
     # NOTE: where rows without a slot are most of the output (decode), bulk copies of a zeroed shared-memory row
