@@ -52,11 +52,6 @@ _FUSED_FEW_TOKENS_PER_WARP = 2
 # 38.5 us against 30.4 / 39.0 / 39.8; two such blocks per SM (32 registers) took 42.4 us at T = 16384.
 _FUSED_MANY_TOKENS_TILE = FusedTile(32, 2)
 _FUSED_TILE_MAX_BLOCK_TOKENS = 2 * _FUSED_TILE.warps * _FUSED_TILE.tokens_per_warp
-# The one launch against the two launches, in turns (H200, 2026-12-03, L2 flushed), kernel time / stream time
-# (CUDA events, the host ahead): DeepSeek-V3 routing 1.02 / 1.08x at T = 8192, 0.99 / 1.03x at 10240-12288,
-# 0.96 / 0.99x at 14336-16384, 1.01-1.07 / 1.03-1.09x at 20480-28672, 1.00 / 1.01x at 32768; 384 and 512 experts
-# above T = 8192 0.97-1.04 / 1.00-1.05x. The fused kernel runs the two kernels' instructions (Nsight Compute at
-# T = 16384: 19.0M against 17.4M + 1.8M) and saves the gap between them; its gate has fewer warps to hide latency.
 # A block gates at least this many tokens, spread over the SMs above that.
 _FUSED_MIN_BLOCK_TOKENS = 8
 # The blocks exchange their per-expert counts as bytes, summed in 16-bit halves.
@@ -75,6 +70,11 @@ def _fused_tile(num_tokens: int) -> FusedTile:
     return few._replace(tokens_per_warp=2) if tokens_per_block > few.warps else few
 
 
+# The one launch against the two launches, in turns (H200, 2026-12-03, L2 flushed), kernel time / stream time
+# (CUDA events, the host ahead): DeepSeek-V3 routing 1.02 / 1.08x at T = 8192, 0.99 / 1.03x at 10240-12288,
+# 0.96 / 0.99x at 14336-16384, 1.01-1.07 / 1.03-1.09x at 20480-28672, 1.00 / 1.01x at 32768; 384 and 512 experts
+# above T = 8192 0.97-1.04 / 1.00-1.05x. The fused kernel runs the two kernels' instructions (Nsight Compute at
+# T = 16384: 19.0M against 17.4M + 1.8M) and saves the gap between them; its gate has fewer warps to hide latency.
 def fused_max_tokens(k: int) -> int:
     """The most tokens topk_gate_with_layout routes in one launch at top-k k on the current device (255 tokens and
     2048 routed slots per SM); more take two launches."""
@@ -139,13 +139,12 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
     Notes:
         Bit-exact with deep_kernels.reference.moe.topk_gate_with_layout, deterministic, no host
         synchronization (CUDA-graph safe). Up to fused_max_tokens(k) tokens (33660 at k <= 8 on 132 SMs) it is
-        one cooperative launch (at
-        most one block per SM) whose workspace (a grid-barrier counter and per-block counts) is kept per
-        (device, stream) (a captured graph zeroes its own in a memset node), so calls may overlap only on
-        different streams. Without out, weights, indices and the layout's tensors are views of one 4-byte-element
-        allocation (none overlaps another, each starts 16-byte aligned): the call's host time is mostly its
-        allocation and views, which out= saves (a decode loop passes the previous step's outputs). On the
-        two-stage path the results are copied into out.
+        one cooperative launch (at most one block per SM) whose workspace (a grid-barrier counter and per-block
+        counts) is kept per (device, stream) (a captured graph zeroes its own in a memset node), so calls may
+        overlap only on different streams. Without out, weights, indices and the layout's tensors are views of one
+        4-byte-element allocation (none overlaps another, each starts 16-byte aligned): the call's host time is
+        mostly its allocation and views, which out= saves (a decode loop passes the previous step's outputs). On
+        the two-stage path the results are copied into out.
     """
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
