@@ -622,6 +622,12 @@ def test_fused_plan_fits_one_block_per_sm_and_one_chunk_per_block(num_sms, monke
             assert tile.tokens_per_warp == (2 if few.warps < per_block <= 64 else 1)
 
 
+@pytest.mark.parametrize("k", [0, 17, -1, 2.0, True, "8", None])
+def test_fused_max_tokens_rejects_bad_k(k):
+    with pytest.raises(ValueError, match=r"k must be an integer in \[1, 16\]"):
+        fused_max_tokens(k)
+
+
 @pytest.mark.gpu
 def test_topk_gate_with_layout_grid_barrier_across_grid_sizes():
     # T = 64: a block with no token (the -1 fill takes 9 blocks); T = 1056 and 4001: several tokens per warp;

@@ -19,13 +19,13 @@ from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch
 from deep_kernels.jit.source import KernelSpec
-from deep_kernels.moe.gate import check_gate_args, gate_signature, kernel_groups, scoring_cpp, topk_gate
+from deep_kernels.moe.gate import MAX_TOP_K, check_gate_args, gate_signature, kernel_groups, scoring_cpp, topk_gate
 from deep_kernels.moe.layout import (
     CONTIGUOUS_ALIGNMENT, LayoutInts, MoeLayout, block_counts_offset, block_counts_row_ints, check_layout_args,
     fill_blocks, moe_layout,
 )
 from deep_kernels.moe.layout import layout_workspace as _workspace
-from deep_kernels.validation import ceil_div, check_cuda_device
+from deep_kernels.validation import ceil_div, check_cuda_device, check_int_range
 
 class FusedTile(NamedTuple):
     """The fused kernel's block: `warps` warps, each gating tokens_per_warp tokens at a time (interleaved), at most
@@ -77,7 +77,8 @@ def _fused_tile(num_tokens: int) -> FusedTile:
 # T = 16384: 19.0M against 17.4M + 1.8M) and saves the gap between them; its gate has fewer warps to hide latency.
 def fused_max_tokens(k: int) -> int:
     """The most tokens topk_gate_with_layout routes in one launch at top-k k on the current device (255 tokens and
-    2048 routed slots per SM); more take two launches."""
+    2048 routed slots per SM); more take two launches. Raises ValueError unless k is an integer in [1, MAX_TOP_K]."""
+    check_int_range(k, "k", 1, MAX_TOP_K)
     block_tokens = min(_FUSED_MAX_BLOCK_TOKENS, _FUSED_MANY_TOKENS_TILE.block_slots // k)
     return min(_FUSED_MAX_TOKENS, block_tokens * get_num_sms())
 
