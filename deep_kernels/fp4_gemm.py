@@ -54,7 +54,7 @@ NORMAL, CONTIGUOUS, MASKED = "normal", "m_grouped_contiguous", "m_grouped_masked
 FP8_FP4_SWAP_AB_GEMM = KernelDef(
     swap_ab_heuristics.KERNEL_HEADER, "sm90_fp8_fp4_gemm_swap_ab_impl",
     template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumCTAsPerSM",
-              "kNumChains", "kPreparedWeights", "kMasked", "kTileScaled"),
+              "kNumChains", "kPreparedWeights", "kMasked", "kTileScaled", "kPipelinedPromotion"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_codes", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb_words", PTR), Param("shape_n", U32), Param("shape_k", U32),
             Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR),
@@ -674,7 +674,7 @@ def precompile_specs() -> list:
             for prepared, tile_scaled in ((False, False), (True, False), (True, True)):
                 config = swap_ab_heuristics.get_config(m, n, k, 132, prepared=prepared)
                 specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
-                                  config.ctas_per_sm, config.num_chains, prepared, tile_scaled),
+                                  config.ctas_per_sm, config.num_chains, config.pipelined, prepared, tile_scaled),
                                  swap_ab_kernel_spec(config, torch.bfloat16, False, prepared, tile_scaled=tile_scaled))
     return list(specs.values()) + [FP4_PREPARED_EXPAND.spec(kBlockScaled=block, kTileScaled=tile)
                                    for block in ("true", "false") for tile in ("true", "false")]

@@ -60,6 +60,18 @@ def test_pipelined_gemm_keeps_a_wgmma_group_in_flight(compiled):
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass.sass(entry / cache.BINARY_NAME), spec
 
 
+def test_pipelined_fp4_promotion_keeps_a_wgmma_group_in_flight(compiled):
+    # The swapped FP4 kernel's pipelined promotion waits for the previous K block's group only, while the next one
+    # runs.
+    from deep_kernels import fp4_gemm
+
+    pipelined = [(spec, entry) for spec, entry in compiled if spec.name == "sm90_fp8_fp4_gemm_swap_ab" and
+                 fp4_gemm.FP8_FP4_SWAP_AB_GEMM.template_arguments(spec)["kPipelinedPromotion"] == "true"]
+    assert pipelined
+    for spec, entry in pipelined:
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass.sass(entry / cache.BINARY_NAME), spec
+
+
 def test_epilogue_overlap_stores_with_a_wgmma_group_in_flight(compiled):
     # The next tile's first wgmma group is issued before the tile's store and waited for only after it: some
     # TMA store (or reduce) follows a wgmma with no wait between them (without the overlap, a wait always does).

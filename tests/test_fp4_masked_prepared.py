@@ -154,6 +154,28 @@ def test_masked_matches_reference_and_keeps_rows_past_masked_m(masked_m, m_max, 
 
 
 @pytest.mark.gpu
+# (tokens a tile, math warpgroups, CTAs an SM): the pipelined promotion over several work items a CTA (the ring's
+# position carried from item to item), one and three K blocks an item included
+@pytest.mark.parametrize("masked_m,m_max,n,k,config", [
+    ([16, 0, 0, 7, 16, 12, 1, 0], 32, 4160, 512, (16, 2, 1)),
+    ([33, 0, 31, 70], 96, 2112, 768, (32, 1, 2)),
+    ([20, 3, 0, 32, 11], 40, 2048, 128, (32, 1, 3)),
+    ([16, 9, 16, 0], 16, 1040, 384, (16, 1, 4)),
+    ([96, 5, 95], 96, 1040, 512, (96, 2, 1)),
+    ([112, 60], 112, 1024, 640, (128, 1, 1)),
+])
+def test_masked_pipelined_promotion_is_bitwise_the_plain_loop(masked_m, m_max, n, k, config):
+    a, b, masked = _inputs(masked_m, m_max, n, k, seed=5)
+    prepared = deep_kernels.prepare_fp4_weights(*b)
+    block_t, warpgroups, ctas = config
+    pipelined = swap_ab.make_config(block_t, warpgroups, ctas_per_sm=ctas, pipelined=True)
+    plain = replace(pipelined, pipelined=False)
+    actual = _run(a, prepared, masked, block_t, pipelined)
+    _check(actual, _reference(a, b, masked), masked_m)
+    assert_bitwise_equal(actual, _run(a, prepared, masked, block_t, plain), "the plain K loop")
+
+
+@pytest.mark.gpu
 def test_masked_is_bitwise_the_dense_kernel_per_expert():
     masked_m, m_max, n, k = [30, 0, 17, 32], 32, 2112, 1536
     a, b, masked = _inputs(masked_m, m_max, n, k, seed=3)

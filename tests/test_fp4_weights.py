@@ -211,7 +211,38 @@ def test_prepared_matches_reference_and_the_unprepared_kernel(m, n, k, config):
         kwargs["config"] = swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas)
     actual = _run(a, prepared, n, **kwargs)
     assert_gemm_close(actual, _reference(a, b))
-    assert_bitwise_equal(actual, _run(a, b, n, **kwargs))
+    # The unprepared kernel of the same config (the pick's without the pipelined promotion, which only prepared
+    # weights run: the same sums in the same order).
+    plan = kwargs.get("config") or swap_ab.get_config(m, n, k, _num_sms(), prepared=True)
+    assert_bitwise_equal(actual, _run(a, b, n, config=replace(plan, pipelined=False)))
+
+
+def _num_sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+@pytest.mark.gpu
+# (m, n, k, tokens a tile, math warpgroups, splits, CTAs an SM): splits of one, two and three K blocks (the pipelined
+# loop's first block, its last, and both at once), a second warpgroup's tile past N, two to four CTAs an SM, one
+# math warpgroup of 128 tokens; row- and tile-scaled weights
+@pytest.mark.parametrize("m,n,k,config", [
+    (13, 1040, 1024, (16, 2, 8, 1)), (16, 2112, 768, (16, 2, 3, 1)), (5, 2112, 7168, (16, 1, 8, 2)),
+    (32, 4096, 1536, (32, 1, 3, 3)), (5, 2112, 1536, (16, 1, 4, 4)), (20, 176, 512, (32, 2, 2, 1)),
+    (64, 7168, 2048, (64, 2, 2, 1)), (50, 1040, 2048, (64, 1, 5, 1)), (90, 4096, 1024, (96, 2, 1, 1)),
+    (128, 2112, 1536, (128, 1, 4, 1)),
+])
+@pytest.mark.parametrize("tile_scaled", [False, True])
+def test_pipelined_promotion_is_bitwise_the_plain_loop(m, n, k, config, tile_scaled):
+    a = make_fp4_gemm_inputs(m, 16, k)[0]
+    b = _folding_weights(n, k, 7, "cuda") if tile_scaled else make_fp4_gemm_inputs(16, n, k)[1]
+    prepared = deep_kernels.prepare_fp4_weights(*b)
+    assert prepared.tile_scaled == tile_scaled
+    block_t, warpgroups, splits, ctas = config
+    pipelined = swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas, pipelined=True)
+    actual = _run(a, prepared, n, config=pipelined)
+    assert_gemm_close(actual, _reference(a, b))
+    assert_bitwise_equal(actual, _run(a, prepared, n, config=replace(pipelined, pipelined=False)))
+    assert_bitwise_equal(_run(a, prepared, n, config=pipelined), actual, "second run")
 
 
 @pytest.mark.gpu
@@ -235,13 +266,13 @@ def test_tile_scaled_matches_reference_and_the_unprepared_kernel(m, n, k, spread
     prepared = deep_kernels.prepare_fp4_weights(*b)
     assert prepared.tile_scaled
     if config is None:
-        config = swap_ab.get_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, prepared=True)
+        config = swap_ab.get_config(m, n, k, _num_sms(), prepared=True)
     else:
         block_t, warpgroups, splits, ctas = config
         config = swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas)
     actual = _run(a, prepared, n, config=config)
     assert_gemm_close(actual, _reference(a, b))
-    assert_bitwise_equal(actual, _run(a, b, n, config=config))
+    assert_bitwise_equal(actual, _run(a, b, n, config=replace(config, pipelined=False)))
 
 
 def with_undocumented_word_bits(data: torch.Tensor) -> torch.Tensor:
@@ -390,3 +421,23 @@ def test_prepared_picks_are_legal():
             assert config.block_t >= m and 1 <= config.num_splits <= k // 128
             assert config.smem_bytes <= swap_ab.smem_capacity(config.ctas_per_sm)
             assert swap_ab.estimate_seconds(config, m, n, k, 132, prepared=True) < swap_ab.estimate_seconds(config, m, n, k, 132)
+            fits = swap_ab.can_pipeline(config.block_t, config.num_math_warpgroups, config.ctas_per_sm)
+            assert config.pipelined == (fits and config.block_t <= swap_ab.PIPELINED_MAX_TOKENS)
+            assert config.num_stages >= 3 or not config.pipelined
+            assert not swap_ab.get_config(m, n, k, 132).pipelined
+
+
+def test_pipelined_configs_are_checked():
+    assert swap_ab.make_config(16, 2, pipelined=True).num_chains == 4
+    assert swap_ab.make_config(64, 2, pipelined=True).num_chains == 1
+    assert swap_ab.make_config(16, 1, ctas_per_sm=4, pipelined=True).num_chains == 1
+    with pytest.raises(ValueError, match="pipelined promotion of 128 tokens"):
+        swap_ab.make_config(128, 2, pipelined=True)
+    with pytest.raises(ValueError, match="pipelined promotion of 64 tokens"):
+        swap_ab.make_config(64, 1, ctas_per_sm=2, pipelined=True)
+    with pytest.raises(ValueError, match="at least 3"):
+        swap_ab.make_config(16, 2, num_stages=2, pipelined=True)
+    with pytest.raises(ValueError, match="accumulator chains"):
+        swap_ab.make_config(32, 2, num_chains=4, pipelined=True)
+    with pytest.raises(ValueError, match="prepared weights"):
+        swap_ab.template_args(swap_ab.make_config(16, pipelined=True), "bfloat16", False, prepared=False)

@@ -89,7 +89,7 @@ constexpr uint32_t swap_ab_num_threads(uint32_t num_math_warpgroups, uint32_t nu
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
           bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1, bool kPreparedWeights_ = false,
-          bool kMasked_ = false, bool kTileScaled_ = false>
+          bool kMasked_ = false, bool kTileScaled_ = false, bool kPipelinedPromotion_ = false>
 struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t BLOCK_T = BLOCK_T_;
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
@@ -110,6 +110,9 @@ struct Sm90Fp8Fp4SwapAbTraits {
     // pair tables (gemm/fp4_prepared.cuh), two sub-blocks' tables a load.
     static constexpr bool kTileScaled = kTileScaled_;
     static constexpr uint32_t kTableBytes = kTileScaled ? kTilePairTableBytes : kFp4ExpandTableBytes;
+    // Prepared weights: each K block's promotion overlapped with the next block's wgmma group (run_k_loop_pipelined;
+    // twice the accumulator registers).
+    static constexpr bool kPipelinedPromotion = kPipelinedPromotion_;
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
@@ -159,6 +162,8 @@ struct Sm90Fp8Fp4SwapAbTraits {
     DK_STATIC_ASSERT(!kMasked || (kPreparedWeights && std::is_same_v<OutputType, __nv_bfloat16>),
                      "the masked layout: prepared weights, bf16 D");
     DK_STATIC_ASSERT(!kTileScaled || kPreparedWeights, "one scale a tile: prepared weights");
+    DK_STATIC_ASSERT(!kPipelinedPromotion || (kPreparedWeights && kNumStages >= 3),
+                     "the pipelined promotion: prepared weights, at least three stages (it holds three)");
     DK_STATIC_ASSERT(kSmemBytes <= (kNumCTAsPerSM == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes
                                                        : max_smem_bytes_per_cta(kNumCTAsPerSM)),
                      "stages fit in shared memory");
@@ -358,6 +363,61 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
     }
 }
 
+// This thread's codes and scale words in its warpgroup's chunk of a stage (prepared weights): offsets from the
+// stages' base.
+// NOTE: through an empty asm, so that the compiler keeps them rather than recomputing them from the thread index
+// in every K block.
+struct PreparedThreadOffsets {
+    uint32_t codes, words;
+};
+
+template <typename Traits>
+DK_DEVICE PreparedThreadOffsets prepared_thread_offsets() {
+    const uint32_t wg_idx = threadIdx.x / kNumThreadsPerWarpgroup;
+    const uint32_t lane_idx = threadIdx.x % 32;
+    PreparedThreadOffsets offsets{
+        Traits::kOffsetCodes + wg_idx * kPreparedChunkBytes + threadIdx.x % kNumThreadsPerWarpgroup * 16,
+        Traits::kOffsetCodes + wg_idx * kPreparedChunkBytes + kPreparedCodesBytes + (threadIdx.x / 32 % 4 * 8 + lane_idx / 4) * 8};
+    if constexpr (Traits::kPreparedWeights)
+        asm volatile("" : "+r"(offsets.codes), "+r"(offsets.words));
+    return offsets;
+}
+
+template <typename Traits>
+using BlockPartial = float[Traits::kNumChains][Traits::BLOCK_T / 2];
+
+// Issues a K block's wgmma group: its four k32 steps, round-robin into kNumChains accumulator sets, so that up to
+// four wgmma of a block run independently instead of each waiting for the last's accumulators (narrow tiles are
+// latency-bound).
+template <typename Traits>
+DK_DEVICE void issue_block(const Fragments& frag, BlockPartial<Traits>& partial, const uint8_t* smem_a) {
+    const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(smem_a);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (uint32_t s = 0; s < kScaleBlock / kWgmmaK; ++s)
+        ptx::Fp8WgmmaRegisterA<Traits::BLOCK_T>::mma(frag.regs[s], desc_a + s * kWgmmaK / 16,
+                                                     partial[s % Traits::kNumChains], s >= Traits::kNumChains ? 1u : 0u);
+    ptx::wgmma_commit_group();
+}
+
+// Once its group is done: the block's partial sum, the sets' FP32 sum ((0 + 1) + 2) + 3, promoted into final_acc
+// with the fragments' row scales and the stage's sfa.
+template <typename Traits>
+DK_DEVICE void promote_block(BlockPartial<Traits>& partial, float (&final_acc)[Traits::BLOCK_T / 2],
+                             const Fragments& frag, const float* smem_sfa, uint32_t lane_idx) {
+#pragma unroll
+    for (uint32_t c = 0; c < Traits::kNumChains; ++c)
+        ptx::fence_operands(partial[c]);
+#pragma unroll
+    for (uint32_t c = 1; c < Traits::kNumChains; ++c) {
+#pragma unroll
+        for (uint32_t i = 0; i < Traits::BLOCK_T / 2; ++i)
+            partial[0][i] += partial[c][i];
+    }
+    sm90_fp8_gemm_detail::promote_per_column<Traits::BLOCK_T>(
+        partial[0], final_acc, frag.scale_lo, Traits::kTileScaled ? frag.scale_lo : frag.scale_hi, smem_sfa, lane_idx);
+}
+
 // One math warpgroup: the K loop of its 64 rows over the split's K blocks into final_acc.
 // NOTE: K block i + 1's fragments are expanded (into the other register set) while block i's wgmma group runs; the
 // loop is unrolled by two so that each set is named at compile time.
@@ -372,22 +432,14 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
     const uint32_t r0 = wg_idx * kWarpgroupBlockM + threadIdx.x / 32 % 4 * 16 + lane_idx / 4;
     const uint32_t q = lane_idx % 4;
     const auto* tables = reinterpret_cast<const uint2*>(smem + Traits::kOffsetTables);
-
-    // Prepared weights: this thread's codes and scale words in its warpgroup's chunk of a stage.
-    // NOTE: through an empty asm, so that the compiler keeps them rather than recomputing them from the thread index
-    // in every K block.
-    uint32_t thread_codes = Traits::kOffsetCodes + wg_idx * kPreparedChunkBytes + threadIdx.x % kNumThreadsPerWarpgroup * 16;
-    uint32_t thread_words = Traits::kOffsetCodes + wg_idx * kPreparedChunkBytes + kPreparedCodesBytes +
-                            (threadIdx.x / 32 % 4 * 8 + lane_idx / 4) * 8;
-    if constexpr (Traits::kPreparedWeights)
-        asm volatile("" : "+r"(thread_codes), "+r"(thread_words));
+    const PreparedThreadOffsets thread = prepared_thread_offsets<Traits>();
 
     auto expand = [&](Fragments& frag, const State& state) {
         ring.consumer_wait(state);
         const uint8_t* codes = smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes;
         if constexpr (Traits::kPreparedWeights)
-            expand_prepared_fragments<Traits::kTileScaled>(frag, smem + state.stage * Traits::kStageCodesBytes + thread_codes,
-                                      smem + state.stage * Traits::kStageCodesBytes + thread_words,
+            expand_prepared_fragments<Traits::kTileScaled>(frag, smem + state.stage * Traits::kStageCodesBytes + thread.codes,
+                                      smem + state.stage * Traits::kStageCodesBytes + thread.words,
                                       smem + Traits::kOffsetTables);
         else
             expand_fragments(frag, codes,
@@ -398,24 +450,14 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
 #pragma unroll
     for (uint32_t i = 0; i < BLOCK_T / 2; ++i)
         final_acc[i] = 0.0f;
-    // NOTE: the K block's four k32 steps go round-robin into kNumChains accumulator sets, so that up to four wgmma
-    // of a block run independently instead of each waiting for the last's accumulators (narrow tiles are latency-
-    // bound); the sets' FP32 sum, ((0 + 1) + 2) + 3, is the block's partial sum.
-    constexpr uint32_t kNumChains = Traits::kNumChains;
-    float partial[kNumChains][BLOCK_T / 2];
+    BlockPartial<Traits> partial;
     Fragments frags[2];
     State previous_state = state;
     expand(frags[0], state);
     // Issues the block's wgmma group from `current` and frees the previous block's stage, expands the next block into
     // `next` meanwhile, then promotes the block. Returns whether the split has another block.
     auto step = [&](Fragments& current, Fragments& next, uint32_t k_block) {
-        const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (uint32_t s = 0; s < kScaleBlock / kWgmmaK; ++s)
-            ptx::Fp8WgmmaRegisterA<BLOCK_T>::mma(current.regs[s], desc_a + s * kWgmmaK / 16, partial[s % kNumChains],
-                                                 s >= kNumChains ? 1u : 0u);
-        ptx::wgmma_commit_group();
+        issue_block<Traits>(current, partial, smem + Traits::kOffsetA + state.stage * Traits::kStageABytes);
         // The previous block's stage: its promotion's sfa loads are done (this group overwrites what they feed).
         ring.consumer_release_if(previous_state, lane_idx, k_block != k_block_begin);
         State next_state = state;
@@ -424,18 +466,9 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         if (has_next)
             expand(next, next_state);
         ptx::wgmma_wait_group<0>();
-#pragma unroll
-        for (uint32_t c = 0; c < kNumChains; ++c)
-            ptx::fence_operands(partial[c]);
-#pragma unroll
-        for (uint32_t c = 1; c < kNumChains; ++c) {
-#pragma unroll
-            for (uint32_t i = 0; i < BLOCK_T / 2; ++i)
-                partial[0][i] += partial[c][i];
-        }
-        sm90_fp8_gemm_detail::promote_per_column<BLOCK_T>(
-            partial[0], final_acc, current.scale_lo, Traits::kTileScaled ? current.scale_lo : current.scale_hi,
-            reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes), lane_idx);
+        promote_block<Traits>(partial, final_acc, current,
+                              reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes),
+                              lane_idx);
         previous_state = state;
         state = next_state;
         return has_next;
@@ -445,6 +478,92 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
             break;
     }
     ring.consumer_release_after_loads(previous_state, lane_idx);
+}
+
+// run_k_loop with each block's promotion overlapped with the next block's wgmma group (kPipelinedPromotion): two
+// accumulator sets as well as two fragment sets, so that block i's promotion (and block i + 1's expansion) runs
+// while block i + 1's group does, and the tensor cores wait neither for the promotion nor for the group's latency.
+// Same sums in the same order as run_k_loop (bitwise equal).
+// NOTE: a stage is freed once the wgmma group that overwrites the accumulators its sfa fed has been issued (two
+// blocks later): by then the promotion's loads have returned, and the group that read its A tile and the fragments
+// expanded from its codes has completed. The last two stages are freed after their loads (fenced).
+template <typename Traits, typename Ring>
+DK_DEVICE void run_k_loop_pipelined(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2],
+                                    uint32_t k_block_begin, uint32_t k_block_end, PipelineState<Traits::kNumStages>& state) {
+    using State = PipelineState<Traits::kNumStages>;
+    using Partial = BlockPartial<Traits>;
+    const uint32_t lane_idx = threadIdx.x % 32;
+    const PreparedThreadOffsets thread = prepared_thread_offsets<Traits>();
+
+    auto expand = [&](Fragments& frag, const State& block_state) {
+        ring.consumer_wait(block_state);
+        const uint32_t stage_codes = block_state.stage * Traits::kStageCodesBytes;
+        expand_prepared_fragments<Traits::kTileScaled>(frag, smem + stage_codes + thread.codes,
+                                                       smem + stage_codes + thread.words, smem + Traits::kOffsetTables);
+    };
+    auto issue = [&](const Fragments& frag, Partial& partial, const State& block_state) {
+        issue_block<Traits>(frag, partial, smem + Traits::kOffsetA + block_state.stage * Traits::kStageABytes);
+    };
+    auto promote = [&](Partial& partial, const Fragments& frag, const State& block_state) {
+        promote_block<Traits>(partial, final_acc, frag,
+                              reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + block_state.stage * Traits::kStageSfaBytes),
+                              lane_idx);
+    };
+
+#pragma unroll
+    for (uint32_t i = 0; i < Traits::BLOCK_T / 2; ++i)
+        final_acc[i] = 0.0f;
+    Partial partials[2];
+    Fragments frags[2];
+    // The split's first block, in set 0.
+    State previous_state = state, before_previous_state = state;
+    expand(frags[0], state);
+    issue(frags[0], partials[0], state);
+    state.advance();
+    if (k_block_begin + 1 == k_block_end) {
+        ptx::wgmma_wait_group<0>();
+        promote(partials[0], frags[0], previous_state);
+        ring.consumer_release_after_loads(previous_state, lane_idx);
+        return;
+    }
+    expand(frags[1], state);
+    // Block k_block (expanded into set `current`) issued, block k_block - 1 (set `previous`) promoted and, if there
+    // is one, block k_block + 1 expanded into `previous`; at the split's last block, that block promoted and the last
+    // two stages freed. Returns whether the split has another block.
+    auto step = [&](Fragments& current, Partial& current_partial, Fragments& previous, Partial& previous_partial,
+                    uint32_t k_block) {
+        issue(current, current_partial, state);
+        ring.consumer_release_if(before_previous_state, lane_idx, k_block >= k_block_begin + 2);
+        ptx::wgmma_wait_group<1>();
+        promote(previous_partial, previous, previous_state);
+        before_previous_state = previous_state;
+        previous_state = state;
+        state.advance();
+        if (k_block + 1 == k_block_end) {
+            ptx::wgmma_wait_group<0>();
+            promote(current_partial, current, previous_state);
+            ring.consumer_release_after_loads(before_previous_state, lane_idx);
+            ring.consumer_release_after_loads(previous_state, lane_idx);
+            return false;
+        }
+        expand(previous, state);
+        return true;
+    };
+    for (uint32_t k_block = k_block_begin + 1;; k_block += 2) {
+        if (!step(frags[1], partials[1], frags[0], partials[0], k_block) ||
+            !step(frags[0], partials[0], frags[1], partials[1], k_block + 1))
+            break;
+    }
+}
+
+// The warpgroup's K loop, pipelined or not (Traits::kPipelinedPromotion).
+template <typename Traits, typename Ring>
+DK_DEVICE void run_math(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2], uint32_t k_block_begin,
+                        uint32_t k_block_end, PipelineState<Traits::kNumStages>& state) {
+    if constexpr (Traits::kPipelinedPromotion)
+        run_k_loop_pipelined<Traits>(ring, smem, final_acc, k_block_begin, k_block_end, state);
+    else
+        run_k_loop<Traits>(ring, smem, final_acc, k_block_begin, k_block_end, state);
 }
 
 // The warpgroup's split-K reduction: stores its partial sums to its slot; the last split of its rows to arrive sums
@@ -574,7 +693,8 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::BLOCK_T / 2], __
 }  // namespace sm90_fp8_fp4_swap_ab_detail
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
-          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked, bool kTileScaled>
+          uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked, bool kTileScaled,
+          bool kPipelinedPromotion>
 __global__ void __launch_bounds__(sm90_fp8_fp4_swap_ab_detail::swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM,
                                                                                    BLOCK_T),
                                   kNumCTAsPerSM)
@@ -586,7 +706,8 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
                                uint32_t shape_m, uint32_t num_groups, OutputType* d) {
     using namespace sm90_fp8_fp4_swap_ab_detail;
     using Traits = Sm90Fp8Fp4SwapAbTraits<BLOCK_T, kNumMathWarpgroups, kNumStages, OutputType, kWithAccumulation,
-                                          kNumCTAsPerSM, kNumChains, kPreparedWeights, kMasked, kTileScaled>;
+                                          kNumCTAsPerSM, kNumChains, kPreparedWeights, kMasked, kTileScaled,
+                                          kPipelinedPromotion>;
     constexpr uint32_t kNumMathThreads = Traits::kNumMathThreads;
 
     // Shared memory and barriers
@@ -644,7 +765,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
             ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
         float final_acc[BLOCK_T / 2];
         for (uint32_t item = blockIdx.x; schedule.get(item, group, t0, tile, num_tokens); item += gridDim.x) {
-            run_k_loop<Traits>(ring, smem, final_acc, 0, num_k_blocks, state);
+            run_math<Traits>(ring, smem, final_acc, 0, num_k_blocks, state);
             store_tile_rows<Traits>(final_acc, d, shape_n, static_cast<uint64_t>(group) * shape_m + t0, num_tokens,
                                     tile * Traits::BLOCK_W);
         }
@@ -670,7 +791,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
         ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
     float final_acc[BLOCK_T / 2];
     PipelineState<kNumStages> state;
-    run_k_loop<Traits>(ring, smem, final_acc, k_block_begin, k_block_end, state);
+    run_math<Traits>(ring, smem, final_acc, k_block_begin, k_block_end, state);
     // NOTE: D's staging reuses the stages, which the other math warpgroup reads until its K loop ends (every stage's
     // loads have landed by then: the math waited for each).
     ptx::named_barrier_sync(static_cast<uint32_t>(SwapAbBarrier::AllMath), kNumMathThreads);

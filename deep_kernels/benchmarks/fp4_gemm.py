@@ -107,6 +107,7 @@ def rows(ctx: BenchContext, shapes) -> list:
                 plan = for_tile_scaled(plan)
             config_text = (f"prepared weights, A and B swapped: {plan.block_w} weight rows x {plan.block_t} tokens, {plan.num_stages} "
                            f"stages, split-K {plan.num_splits}, {plan.ctas_per_sm} CTA(s) an SM" +
+                           (", pipelined promotion" if plan.pipelined else "") +
                            (", tile-scaled" if prepared.tile_scaled else ", row-scaled"))
         else:
             config_text = (f"{config_label(plan[1])}, {plan[1].num_stages} math stages, "
