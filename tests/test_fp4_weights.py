@@ -421,8 +421,9 @@ def test_prepared_picks_are_legal():
             assert config.block_t >= m and 1 <= config.num_splits <= k // 128
             assert config.smem_bytes <= swap_ab.smem_capacity(config.ctas_per_sm)
             assert swap_ab.estimate_seconds(config, m, n, k, 132, prepared=True) < swap_ab.estimate_seconds(config, m, n, k, 132)
-            fits = swap_ab.can_pipeline(config.block_t, config.num_math_warpgroups, config.ctas_per_sm)
-            assert config.pipelined == (fits and config.block_t <= swap_ab.PIPELINED_MAX_TOKENS)
+            assert config.pipelined == (config.num_math_warpgroups == 2 and
+                                        config.block_t <= swap_ab.PIPELINED_MAX_TOKENS)
+            assert swap_ab.can_pipeline(config.block_t, config.num_math_warpgroups, config.ctas_per_sm) or not config.pipelined
             assert config.num_stages >= 3 or not config.pipelined
             assert not swap_ab.get_config(m, n, k, 132).pipelined
 

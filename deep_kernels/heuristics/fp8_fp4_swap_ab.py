@@ -219,18 +219,18 @@ def candidate_configs(m: int, n: int, k: int, num_sms: int, prepared: bool = Fal
             yield SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains)
 
 
-# On prepared weights the dense picks of up to this many tokens run the pipelined promotion wherever it fits
-# (with_pipelined_promotion). Measured on the H200 (2026-12-03, the 24 decode shapes, tile-scaled weights, in turns,
-# every output checked against float64): at the 14 picks it changes, 0.996-1.052x the speed of the unpipelined pick
-# at 1 and 16 tokens and 0.986-1.052x at 64; at 128 tokens (one math warpgroup alone on an SM) 0.97-1.00x.
+# On prepared weights the dense picks of two math warpgroups and up to this many tokens run the pipelined promotion
+# (with_pipelined_promotion). Measured on the H200 (2026-12-03, the decode shapes, tile-scaled weights, timed in turns
+# with the unpipelined pick on three fresh weight draws, every output checked against float64): 1.00-1.05x the
+# unpipelined pick at those picks (N x K 7168 x 16384 at 1, 16 and 64 tokens, 4096 x 7168 at 64); one-warpgroup
+# CTAs gained nothing (0.98-1.01x, one to four an SM), nor did 128 tokens with one math warpgroup (0.97-1.00x).
 PIPELINED_MAX_TOKENS = 64
 
 
 def with_pipelined_promotion(config: SwapAbConfig) -> SwapAbConfig:
-    """config with the pipelined promotion (and the most accumulator chains that fit both sets) where it fits and
-    the token tile is at most PIPELINED_MAX_TOKENS; else config."""
-    if config.block_t > PIPELINED_MAX_TOKENS or not can_pipeline(config.block_t, config.num_math_warpgroups,
-                                                                  config.ctas_per_sm):
+    """config with the pipelined promotion (and the most accumulator chains that fit both sets) where it has two math
+    warpgroups and at most PIPELINED_MAX_TOKENS tokens; else config."""
+    if config.num_math_warpgroups != 2 or config.block_t > PIPELINED_MAX_TOKENS:
         return config
     chains = max_chains(config.block_t, config.num_math_warpgroups, config.ctas_per_sm, pipelined=True)
     return replace(config, pipelined=True, num_chains=chains)
