@@ -18,3 +18,18 @@ def test_interleaved_timing_splits_runs_per_function():
         split_runs(kernels, L2Flusher.is_flush, 2, 2)
     with pytest.raises(RuntimeError, match="runs for"):  # a function that launched nothing
         split_runs([(flush, 1.0), ("gemm", 3.0), (flush, 1.0)], L2Flusher.is_flush, 2, 1)
+
+
+def test_table_prints_rows_without_a_peer_or_roofline(capsys):
+    # The fp4_gemm suite's NVFP4 and masked rows are timed against our own kernels only.
+    from deep_kernels.benchmarks.report import print_table
+
+    print_table("fp4_gemm", [
+        {"op": "fp8_fp4_gemm_nt[nvfp4]", "shape": {"m": 1, "n": 2112, "k": 7168}, "us": 12.1, "tflops": 2.5,
+         "gbps": 700.0, "memory_roofline_fraction": 0.17, "speedup_vs_fp8": 0.91, "check": "calc_diff=1.4e-06"},
+        {"op": "fp8_gemm_nt", "shape": {"m": 1, "n": 2112, "k": 7168}, "us": 11.0, "tflops": 2.8, "gbps": 1400.0,
+         "roofline_fraction": 0.33, "speedup": 1.5},
+    ])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].split()[5:7] == ["-", "-"] and lines[3].endswith("; vs_fp8 0.91")
+    assert lines[4].split()[5:7] == ["0.330", "1.500"]

@@ -150,8 +150,9 @@ def print_table(suite: str, rows: list) -> None:
     print(f"{'op':<28}{'shape':<22}{'us':>10}{'TFLOPS':>9}{'GB/s':>9}{'roof':>7}{'speedup':>9}  check")
     for r in rows:
         shape = "x".join(str(v) for v in r["shape"].values())
-        fmt = lambda v, spec: format(v, spec) if v is not None else "-"
-        print(f"{r['op']:<28}{shape:<22}{fmt(r['us'], '10.2f')}{fmt(r['tflops'], '9.1f')}{fmt(r['gbps'], '9.1f')}"
-              f"{fmt(r['roofline_fraction'], '7.3f')}{fmt(r['speedup'], '9.3f')}  {r.get('check', '')}"
+        fmt = lambda v, spec: format(v, spec) if v is not None else format("-", ">" + spec.split(".")[0])
+        # NOTE: rows measured against our own kernels only have no peer speedup, some no roofline fraction.
+        print(f"{r['op']:<28}{shape:<22}{fmt(r['us'], '10.2f')}{fmt(r.get('tflops'), '9.1f')}{fmt(r.get('gbps'), '9.1f')}"
+              f"{fmt(r.get('roofline_fraction'), '7.3f')}{fmt(r.get('speedup'), '9.3f')}  {r.get('check', '')}"
               + "".join(f"; {key.removeprefix('speedup_')} {value}" for key, value in r.items()
                         if key.startswith("speedup_vs_")))
