@@ -54,14 +54,15 @@ NORMAL, CONTIGUOUS, MASKED = "normal", "m_grouped_contiguous", "m_grouped_masked
 FP8_FP4_SWAP_AB_GEMM = KernelDef(
     swap_ab_heuristics.KERNEL_HEADER, "sm90_fp8_fp4_gemm_swap_ab_impl",
     template=("BLOCK_T", "kNumMathWarpgroups", "kNumStages", "OutputType", "kWithAccumulation", "kNumCTAsPerSM",
-              "kNumChains", "kPreparedWeights", "kMasked", "kTileScaled", "kPipelinedPromotion"),
+              "kNumChains", "kPreparedWeights", "kMasked", "kTileScaled", "kPipelinedPromotion", "kClusterSplits"),
     params=(Param("tmap_a", TENSOR_MAP), Param("tmap_codes", TENSOR_MAP), Param("tmap_sfa", TENSOR_MAP),
             Param("tmap_d", TENSOR_MAP), Param("sfb_words", PTR), Param("shape_n", U32), Param("shape_k", U32),
             Param("num_splits", U32), Param("split_workspace", PTR), Param("split_tickets", PTR),
             Param("prepared_weights", PTR), Param("masked_m", PTR), Param("shape_m", U32), Param("num_groups", U32),
             Param("d", PTR)),
     threads=lambda t: swap_ab_heuristics.num_threads(int(t["kNumMathWarpgroups"]), int(t["kNumCTAsPerSM"]),
-                                                     int(t["BLOCK_T"])))
+                                                     int(t["BLOCK_T"])),
+    cluster=lambda t: int(t["kClusterSplits"]))
 
 # B expanded from prepared weights at prefill sizes (deep_kernels.fp4_weights): a CTA per 128 rows and
 # PREPARED_EXPAND_K_BLOCKS K blocks (the kernel's kKBlocksPerCta).
@@ -251,8 +252,8 @@ def _swap_ab_kernel(config, out_dtype: torch.dtype, accumulate: bool, prepared: 
 
 def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulate: bool,
                     tile_scaled: bool = False) -> None:
-    """The swapped kernel (m <= 128 tokens, sfa kernel-ready) of config, split-K through the FP8 GEMM's workspace;
-    sfb None: b is prepare_fp4_weights's tensor (tile_scaled: its PreparedFp4Weights.tile_scaled)."""
+    """The swapped kernel (m <= 128 tokens, sfa kernel-ready) of config, split-K through the FP8 GEMM's workspace
+    or in a cluster (config.splits_in_cluster); sfb None: b is prepare_fp4_weights's tensor (tile_scaled: its PreparedFp4Weights.tile_scaled)."""
     if config.block_t < m:
         raise ValueError(f"a swapped config of {config.block_t} tokens cannot take m = {m}")
     if not 1 <= config.num_splits <= k // SCALE_BLOCK:
@@ -261,7 +262,7 @@ def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulat
     kernel = _swap_ab_kernel(config, d.dtype, accumulate, prepared, False, tile_scaled)
     num_tiles = -(-n // config.block_w)
     workspace_ptr = tickets_ptr = 0
-    if config.num_splits > 1:
+    if config.num_splits > 1 and not config.splits_in_cluster:
         workspace = _split_workspace(a.get_device(), num_tiles * config.block_w * config.block_t * config.num_splits,
                                      num_tiles * config.num_math_warpgroups)
         workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
@@ -674,7 +675,8 @@ def precompile_specs() -> list:
             for prepared, tile_scaled in ((False, False), (True, False), (True, True)):
                 config = swap_ab_heuristics.get_config(m, n, k, 132, prepared=prepared)
                 specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
-                                  config.ctas_per_sm, config.num_chains, config.pipelined, prepared, tile_scaled),
+                                  config.ctas_per_sm, config.num_chains, config.pipelined,
+                                  config.splits_in_cluster and config.num_splits, prepared, tile_scaled),
                                  swap_ab_kernel_spec(config, torch.bfloat16, False, prepared, tile_scaled=tile_scaled))
     return list(specs.values()) + [FP4_PREPARED_EXPAND.spec(kBlockScaled=block, kTileScaled=tile)
                                    for block in ("true", "false") for tile in ("true", "false")]

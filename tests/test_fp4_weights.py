@@ -246,6 +246,42 @@ def test_pipelined_promotion_is_bitwise_the_plain_loop(m, n, k, config, tile_sca
 
 
 @pytest.mark.gpu
+# (m, n, k, tokens a tile, math warpgroups, splits, CTAs an SM, pipelined): two to eight splits in one cluster, some of
+# one K block, a second warpgroup's tile past N, one to four CTAs an SM
+@pytest.mark.parametrize("m,n,k,config", [
+    (1, 2112, 7168, (16, 1, 8, 2, False)), (16, 7168, 2048, (16, 2, 2, 1, True)), (64, 4096, 1024, (64, 2, 8, 1, True)),
+    (20, 176, 384, (32, 2, 3, 1, False)), (5, 2112, 1536, (16, 1, 4, 4, False)), (128, 1040, 512, (128, 1, 4, 1, False)),
+    (100, 2112, 1024, (128, 2, 2, 1, False)),
+])
+@pytest.mark.parametrize("prepared", [True, False])
+def test_splits_in_a_cluster_are_bitwise_the_workspace_split(m, n, k, config, prepared):
+    a, b = make_fp4_gemm_inputs(m, n, k)
+    weights = deep_kernels.prepare_fp4_weights(*b) if prepared else b
+    block_t, warpgroups, splits, ctas, pipelined = config
+    clustered = swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas,
+                                    pipelined=pipelined and prepared, splits_in_cluster=True)
+    actual = _run(a, weights, n, config=clustered)
+    assert_gemm_close(actual, _reference(a, b))
+    assert_bitwise_equal(actual, _run(a, weights, n, config=replace(clustered, splits_in_cluster=False)))
+    c = accumulator_like(_reference(a, b))
+    d = c.clone()
+    deep_kernels.fp8_fp4_gemm_nt(a, weights, d, c=d, config=clustered)
+    assert_gemm_close(d, _reference(a, b, c))
+
+
+def test_splits_in_a_cluster_are_checked():
+    assert swap_ab.make_config(16, 2, num_splits=8, splits_in_cluster=True).splits_in_cluster
+    for splits in (1, 9):
+        with pytest.raises(ValueError, match="splits in a cluster"):
+            swap_ab.make_config(16, 2, num_splits=splits, splits_in_cluster=True)
+    config = swap_ab.make_config(16, 2, num_splits=2, splits_in_cluster=True)
+    assert swap_ab.template_args(config, "bfloat16", False, prepared=True)[-1] == "2"
+    with pytest.raises(ValueError, match="no split-K"):
+        swap_ab.template_args(config, "bfloat16", False, prepared=True, masked=True)
+    assert fp4_gemm.FP8_FP4_SWAP_AB_GEMM.cluster_size(fp4_gemm.swap_ab_kernel_spec(config, torch.bfloat16, False)) == 2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("max_shift", [14, 24, 40])
 def test_prepared_sub_block_shifts(max_shift):
     a, b = make_fp4_gemm_inputs(64, 2048, 2048, max_shift=max_shift)
@@ -425,6 +461,7 @@ def test_prepared_picks_are_legal():
                                         config.block_t <= swap_ab.PIPELINED_MAX_TOKENS)
             assert swap_ab.can_pipeline(config.block_t, config.num_math_warpgroups, config.ctas_per_sm) or not config.pipelined
             assert config.num_stages >= 3 or not config.pipelined
+            assert config.splits_in_cluster == (config.pipelined and config.num_splits == 2)
             assert not swap_ab.get_config(m, n, k, 132).pipelined
 
 

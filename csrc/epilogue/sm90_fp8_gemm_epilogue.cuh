@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/macros.cuh"
+#include "epilogue/cluster_split_sum.cuh"
 #include "epilogue/sm90_accumulator_store.cuh"
 #include "epilogue/sm90_row_predicated_store.cuh"
 #include "gemm/sm90_fp8_gemm_traits.cuh"
@@ -261,36 +262,21 @@ DK_DEVICE bool reduce_splits(const float (&partial_sums)[BLOCK_N / 2], float (&t
 // closing cluster barrier keeps the other CTAs alive until the leader has read them.
 template <typename Traits>
 DK_DEVICE bool reduce_splits_in_cluster(float (&total)[Traits::BLOCK_N / 2], float* exchange, uint32_t split_idx) {
-    constexpr uint32_t BLOCK_N = Traits::BLOCK_N;
-    const uint32_t thread_in_wg = threadIdx.x % kNumThreadsPerWarpgroup;
-    // The layout of reduce_splits' slots: float4 j of thread t at float (j * 128 + t) * 4 of the warpgroup's part.
-    float* own = exchange + threadIdx.x / kNumThreadsPerWarpgroup * kWarpgroupBlockM * BLOCK_N + thread_in_wg * 4;
+    // The layout of reduce_splits' slots (epilogue/cluster_split_sum.cuh's).
+    float* own = cluster_split_sum::thread_slot(exchange + threadIdx.x / kNumThreadsPerWarpgroup * kWarpgroupBlockM *
+                                                               Traits::BLOCK_N);
     if (split_idx != 0) {
         // Every math warpgroup's wgmma have read their last stage before it holds partial sums.
         ptx::named_barrier_sync(static_cast<uint32_t>(NamedBarrier::AllMathWarpgroups), Traits::kNumMathThreads);
-#pragma unroll
-        for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
-            *reinterpret_cast<float4*>(own + j * kNumThreadsPerWarpgroup * 4) =
-                make_float4(total[j * 4 + 0], total[j * 4 + 1], total[j * 4 + 2], total[j * 4 + 3]);
-        }
+        cluster_split_sum::store_partials(total, own);
     }
     __syncwarp();
     ptx::cluster_sync();
     if (split_idx != 0)
         return false;
 #pragma unroll 1
-    for (uint32_t split = 1; split < Traits::kNumSplits; ++split) {
-        const uint32_t remote = ptx::cluster_shared_address(own, split);
-#pragma unroll
-        for (uint32_t j = 0; j < BLOCK_N / 8; ++j) {
-            float x, y, z, w;
-            ptx::ld_shared_cluster(remote + j * kNumThreadsPerWarpgroup * 4 * sizeof(float), x, y, z, w);
-            total[j * 4 + 0] += x;
-            total[j * 4 + 1] += y;
-            total[j * 4 + 2] += z;
-            total[j * 4 + 3] += w;
-        }
-    }
+    for (uint32_t split = 1; split < Traits::kNumSplits; ++split)
+        cluster_split_sum::add_remote_partials(total, own, split);
     return true;
 }
 

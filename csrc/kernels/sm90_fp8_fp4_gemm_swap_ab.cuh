@@ -9,7 +9,8 @@
 // per 128-deep block. Numerics as the Fp8Mxfp4 kind's (gemm/sm90_fp4_expand.cuh: the same expansion tables, fold
 // of the sub-block scales and per-row promotion scale 2^(e_max - 133) times sfa). Split-K (num_splits > 1): each
 // warpgroup stores its FP32 partial sums to a workspace slot and the last split of its rows to arrive (ticket)
-// sums slots 0 .. num_splits - 1 in that order and stores (deterministic).
+// sums slots 0 .. num_splits - 1 in that order and stores (deterministic); with kClusterSplits > 1 a tile's splits
+// are one cluster and the leader sums them in the same order through distributed shared memory (the same bits).
 // N (a multiple of 16) and K (of 128) are launch parameters. Unsupported: M > BLOCK_T (dense), the contiguous layout.
 // Masked grouped layout (kMasked; prepared weights, bf16 D, no split-K): A [G, M_max, K], per-expert weights, D
 // [G, M_max, N]; a persistent CTA walks the (expert, token block of BLOCK_T, weight tile) work items of the experts'
@@ -32,8 +33,9 @@
 //   split_workspace / split_tickets (num_splits > 1): FP32 num_tiles * 64 * kNumMathWarpgroups * BLOCK_T *
 //               num_splits floats and num_tiles * kNumMathWarpgroups uint32 tickets, zero before the first launch
 //               and left zero by each (num_tiles = ceil(N / (64 * kNumMathWarpgroups))).
-// Launch: grid num_tiles * num_splits (1 <= num_splits <= K / 128), block swap_ab_num_threads(), dynamic
-// shared memory Sm90Fp8Fp4SwapAbTraits::kSmemBytes.
+// Launch: grid num_tiles * num_splits (1 <= num_splits <= K / 128; kClusterSplits > 1: num_splits = kClusterSplits,
+// cluster {kClusterSplits, 1, 1}, no workspace), block swap_ab_num_threads(), dynamic shared memory
+// Sm90Fp8Fp4SwapAbTraits::kSmemBytes.
 #pragma once
 
 #include <cuda.h>
@@ -45,6 +47,7 @@
 #include "common/fp4.cuh"
 #include "common/macros.cuh"
 #include "common/math.cuh"
+#include "epilogue/cluster_split_sum.cuh"
 #include "gemm/fp4_prepared.cuh"
 #include "gemm/sm90_fp4_expand.cuh"
 #include "gemm/sm90_fp8_mainloop.cuh"
@@ -89,7 +92,8 @@ constexpr uint32_t swap_ab_num_threads(uint32_t num_math_warpgroups, uint32_t nu
 
 template <uint32_t BLOCK_T_, uint32_t kNumMathWarpgroups_, uint32_t kNumStages_, typename OutputType_,
           bool kWithAccumulation_, uint32_t kNumCTAsPerSM_ = 1, uint32_t kNumChains_ = 1, bool kPreparedWeights_ = false,
-          bool kMasked_ = false, bool kTileScaled_ = false, bool kPipelinedPromotion_ = false>
+          bool kMasked_ = false, bool kTileScaled_ = false, bool kPipelinedPromotion_ = false,
+          uint32_t kClusterSplits_ = 1>
 struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr uint32_t BLOCK_T = BLOCK_T_;
     static constexpr uint32_t kNumMathWarpgroups = kNumMathWarpgroups_, kNumStages = kNumStages_;
@@ -113,6 +117,8 @@ struct Sm90Fp8Fp4SwapAbTraits {
     // Prepared weights: each K block's promotion overlapped with the next block's wgmma group (run_k_loop_pipelined;
     // twice the accumulator registers).
     static constexpr bool kPipelinedPromotion = kPipelinedPromotion_;
+    // Split-K with a tile's splits in one cluster of this many CTAs (reduce_splits_in_cluster; 1: the workspace).
+    static constexpr uint32_t kClusterSplits = kClusterSplits_;
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
@@ -162,6 +168,11 @@ struct Sm90Fp8Fp4SwapAbTraits {
     DK_STATIC_ASSERT(!kMasked || (kPreparedWeights && std::is_same_v<OutputType, __nv_bfloat16>),
                      "the masked layout: prepared weights, bf16 D");
     DK_STATIC_ASSERT(!kTileScaled || kPreparedWeights, "one scale a tile: prepared weights");
+    DK_STATIC_ASSERT(kClusterSplits >= 1 && kClusterSplits <= 8 && (kClusterSplits == 1 || !kMasked),
+                     "up to 8 splits in a cluster (the portable cluster size), not in the masked layout");
+    DK_STATIC_ASSERT(kNumMathWarpgroups * kNumThreadsPerWarpgroup * BLOCK_T / 2 * sizeof(float) <=
+                         kNumStages * (kStageABytes + kStageCodesBytes),
+                     "the splits' partial sums fit in the stages");
     DK_STATIC_ASSERT(!kPipelinedPromotion || (kPreparedWeights && kNumStages >= 3),
                      "the pipelined promotion: prepared weights, at least three stages (it holds three)");
     DK_STATIC_ASSERT(kSmemBytes <= (kNumCTAsPerSM == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes
@@ -603,6 +614,32 @@ DK_DEVICE bool reduce_splits(float (&final_acc)[Traits::BLOCK_T / 2], float* spl
     return true;
 }
 
+// Split-K with the splits in one cluster (kClusterSplits > 1): the other splits store each warpgroup's FP32 partial
+// sums into their own stages (free once every math warpgroup's K loop is done; epilogue/cluster_split_sum.cuh's
+// layout), a cluster barrier publishes them, and the leader (split 0) adds splits 1 .. kClusterSplits - 1 in that
+// order to its own, read from their shared memory, and returns true. The same sums in the same order as
+// reduce_splits (the same bits: final_acc is never -0, so starting from the leader's own partial sum is starting from
+// 0 + it). A second cluster barrier keeps the others' shared memory until the leader has read it.
+template <typename Traits>
+DK_DEVICE bool reduce_splits_in_cluster(float (&final_acc)[Traits::BLOCK_T / 2], float* exchange, uint32_t split_idx) {
+    float* own = cluster_split_sum::thread_slot(exchange + threadIdx.x / kNumThreadsPerWarpgroup *
+                                                               kNumThreadsPerWarpgroup * Traits::BLOCK_T / 2);
+    if (split_idx != 0)
+        cluster_split_sum::store_partials(final_acc, own);
+    __syncwarp();
+    ptx::cluster_sync();
+    if (split_idx != 0) {
+        ptx::cluster_sync();
+        return false;
+    }
+#pragma unroll 1
+    for (uint32_t split = 1; split < Traits::kClusterSplits; ++split)
+        cluster_split_sum::add_remote_partials(final_acc, own, split);
+    __syncwarp();
+    ptx::cluster_sync();
+    return true;
+}
+
 // The warpgroup's 64 rows of D^T, staged transposed (tokens as rows) and stored as D rows by TMA (reduce-add when
 // accumulating); TMA clips tokens past M and rows past N.
 template <typename Traits>
@@ -694,7 +731,7 @@ DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::BLOCK_T / 2], __
 
 template <uint32_t BLOCK_T, uint32_t kNumMathWarpgroups, uint32_t kNumStages, typename OutputType, bool kWithAccumulation,
           uint32_t kNumCTAsPerSM, uint32_t kNumChains, bool kPreparedWeights, bool kMasked, bool kTileScaled,
-          bool kPipelinedPromotion>
+          bool kPipelinedPromotion, uint32_t kClusterSplits>
 __global__ void __launch_bounds__(sm90_fp8_fp4_swap_ab_detail::swap_ab_num_threads(kNumMathWarpgroups, kNumCTAsPerSM,
                                                                                    BLOCK_T),
                                   kNumCTAsPerSM)
@@ -707,7 +744,7 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
     using namespace sm90_fp8_fp4_swap_ab_detail;
     using Traits = Sm90Fp8Fp4SwapAbTraits<BLOCK_T, kNumMathWarpgroups, kNumStages, OutputType, kWithAccumulation,
                                           kNumCTAsPerSM, kNumChains, kPreparedWeights, kMasked, kTileScaled,
-                                          kPipelinedPromotion>;
+                                          kPipelinedPromotion, kClusterSplits>;
     constexpr uint32_t kNumMathThreads = Traits::kNumMathThreads;
 
     // Shared memory and barriers
@@ -771,8 +808,10 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
         }
         return;
     }
-    const uint32_t tile_idx = blockIdx.x % num_tiles;
-    const uint32_t split_idx = blockIdx.x / num_tiles;
+    // NOTE: a cluster's CTAs are consecutive blocks, so splits in a cluster take the tile from the block index's
+    // high part.
+    const uint32_t tile_idx = kClusterSplits > 1 ? blockIdx.x / kClusterSplits : blockIdx.x % num_tiles;
+    const uint32_t split_idx = kClusterSplits > 1 ? blockIdx.x % kClusterSplits : blockIdx.x / num_tiles;
     const uint32_t w_first = tile_idx * Traits::BLOCK_W;
     const uint32_t k_block_begin = split_idx * num_k_blocks / num_splits;
     const uint32_t k_block_end = (split_idx + 1) * num_k_blocks / num_splits;
@@ -795,9 +834,13 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
     // NOTE: D's staging reuses the stages, which the other math warpgroup reads until its K loop ends (every stage's
     // loads have landed by then: the math waited for each).
     ptx::named_barrier_sync(static_cast<uint32_t>(SwapAbBarrier::AllMath), kNumMathThreads);
-    if (num_splits > 1 &&
-        !reduce_splits<Traits>(final_acc, split_workspace, split_tickets, tile_idx, split_idx, num_splits))
+    if constexpr (kClusterSplits > 1) {
+        if (!reduce_splits_in_cluster<Traits>(final_acc, reinterpret_cast<float*>(smem), split_idx))
+            return;
+    } else if (num_splits > 1 &&
+               !reduce_splits<Traits>(final_acc, split_workspace, split_tickets, tile_idx, split_idx, num_splits)) {
         return;
+    }
     store_tile<Traits>(final_acc, smem, &tmap_d, w_first);
 }
 

@@ -108,6 +108,7 @@ def rows(ctx: BenchContext, shapes) -> list:
             config_text = (f"prepared weights, A and B swapped: {plan.block_w} weight rows x {plan.block_t} tokens, {plan.num_stages} "
                            f"stages, split-K {plan.num_splits}, {plan.ctas_per_sm} CTA(s) an SM" +
                            (", pipelined promotion" if plan.pipelined else "") +
+                           (", splits in a cluster" if plan.splits_in_cluster else "") +
                            (", tile-scaled" if prepared.tile_scaled else ", row-scaled"))
         else:
             config_text = (f"{config_label(plan[1])}, {plan[1].num_stages} math stages, "

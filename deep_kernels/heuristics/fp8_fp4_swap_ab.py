@@ -57,6 +57,8 @@ class SwapAbConfig:
     num_chains: int = 1
     # Prepared weights: each K block's promotion overlapped with the next block's wgmma group (two accumulator sets).
     pipelined: bool = False
+    # The splits (2 to MAX_CLUSTER_SPLITS) of a tile in one cluster, summed through distributed shared memory.
+    splits_in_cluster: bool = False
 
     @property
     def block_w(self) -> int:
@@ -74,6 +76,9 @@ class SwapAbConfig:
         """The shared memory of the kernel on row- or tile-scaled prepared weights (the pair tables' size)."""
         return smem_bytes(self.block_t, self.num_math_warpgroups, self.num_stages, tile_scaled)
 
+
+# The most splits one cluster takes (the portable cluster size).
+MAX_CLUSTER_SPLITS = 8
 
 # Dynamic shared memory of each of two CTAs on one SM (the kernel's kMaxSmemBytesOfTwo).
 SMEM_BYTES_OF_TWO = (233472 - 2 * 1024) // 2
@@ -158,9 +163,10 @@ def block_t_for(m: int) -> int:
 
 
 def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = None, num_splits: int = 1,
-                ctas_per_sm: int = 1, num_chains: int = None, pipelined: bool = False) -> SwapAbConfig:
+                ctas_per_sm: int = 1, num_chains: int = None, pipelined: bool = False,
+                splits_in_cluster: bool = False) -> SwapAbConfig:
     """A config of the given tiling (as many stages as fit unless given), for overrides and tests (pipelined: the
-    pipelined promotion, prepared weights only)."""
+    pipelined promotion, prepared weights only; splits_in_cluster: the splits in one cluster)."""
     if block_t not in ALL_BLOCK_TS or num_math_warpgroups not in (1, 2):
         raise ValueError(f"no swapped FP4 kernel for {block_t} tokens and {num_math_warpgroups} math warpgroups")
     if not 1 <= ctas_per_sm <= MAX_CTAS_PER_SM or (
@@ -172,13 +178,16 @@ def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = No
         raise ValueError(f"{stages} stages of {block_t} tokens do not fit")
     if num_splits < 1:
         raise ValueError(f"num_splits must be positive, got {num_splits}")
+    if splits_in_cluster and not 2 <= num_splits <= MAX_CLUSTER_SPLITS:
+        raise ValueError(f"splits in a cluster: 2 to {MAX_CLUSTER_SPLITS} of them, got {num_splits}")
     if pipelined and (stages < 3 or not can_pipeline(block_t, num_math_warpgroups, ctas_per_sm)):
         raise ValueError(f"the pipelined promotion of {block_t} tokens does not fit {num_math_warpgroups} math "
                          f"warpgroup(s) and {ctas_per_sm} CTA(s) an SM, or {stages} stages (at least 3)")
     chains = num_chains or max_chains(block_t, num_math_warpgroups, ctas_per_sm, pipelined)
     if chains not in (1, 2, 4) or chains > max_chains(block_t, num_math_warpgroups, ctas_per_sm, pipelined):
         raise ValueError(f"{chains} accumulator chains do not fit the registers of {block_t} tokens")
-    return SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains, pipelined)
+    return SwapAbConfig(block_t, num_math_warpgroups, stages, num_splits, ctas_per_sm, chains, pipelined,
+                        splits_in_cluster)
 
 
 def estimate_seconds(config: SwapAbConfig, m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2,
@@ -236,14 +245,24 @@ def with_pipelined_promotion(config: SwapAbConfig) -> SwapAbConfig:
     return replace(config, pipelined=True, num_chains=chains)
 
 
+# The pipelined picks of two splits put them in one cluster. Measured on the H200 (2026-12-03, prepared tile-scaled
+# weights, in turns with the workspace split on two weight draws, bitwise equal): 1.024-1.037x at N x K 7168 x 16384
+# (1, 16 and 64 tokens). Not elsewhere: clusters of four and eight splits ran 0.54-0.67x (not profiled; a cluster's
+# CTAs must share a GPC), and two splits of 128 tokens 0.96x.
+def with_splits_in_cluster(config: SwapAbConfig) -> SwapAbConfig:
+    """config with its splits in one cluster where it is pipelined and has two splits; else config."""
+    return replace(config, splits_in_cluster=True) if config.pipelined and config.num_splits == 2 else config
+
+
 def get_config(m: int, n: int, k: int, num_sms: int, out_dtype_bytes: int = 2, prepared: bool = False) -> SwapAbConfig:
     """The swapped kernel's config with the lowest modelled time for D[m, n] = A[m, k] * B[n, k]^T (prepared: the
-    weights in prepare_fp4_weights's layout, and the pipelined promotion where with_pipelined_promotion gives it)."""
+    weights in prepare_fp4_weights's layout, and the pipelined promotion and splits in a cluster where
+    with_pipelined_promotion and with_splits_in_cluster give them)."""
     if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0:
         raise ValueError(f"k must be a positive multiple of 128 and n of 16, got k = {k}, n = {n}")
     best = min(candidate_configs(m, n, k, num_sms, prepared),
                key=lambda config: estimate_seconds(config, m, n, k, num_sms, out_dtype_bytes, prepared))
-    return with_pipelined_promotion(best) if prepared else best
+    return with_splits_in_cluster(with_pipelined_promotion(best)) if prepared else best
 
 
 def is_preferred(m: int, n: int, k: int, num_sms: int) -> bool:
@@ -268,10 +287,12 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prep
         raise ValueError("tile_scaled takes prepared weights")
     if config.pipelined and not prepared:
         raise ValueError("the pipelined promotion takes prepared weights")
+    if config.splits_in_cluster and not 2 <= config.num_splits <= MAX_CLUSTER_SPLITS:
+        raise ValueError(f"splits in a cluster: 2 to {MAX_CLUSTER_SPLITS} of them, got {config.num_splits}")
     return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
             "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains),
             "true" if prepared else "false", "true" if masked else "false", "true" if tile_scaled else "false",
-            "true" if config.pipelined else "false"]
+            "true" if config.pipelined else "false", str(config.num_splits if config.splits_in_cluster else 1)]
 
 
 def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms: int) -> SwapAbConfig:
