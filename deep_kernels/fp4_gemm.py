@@ -674,9 +674,7 @@ def precompile_specs() -> list:
         if m <= swap_ab_heuristics.MAX_TOKENS:
             for prepared, tile_scaled in ((False, False), (True, False), (True, True)):
                 config = swap_ab_heuristics.get_config(m, n, k, 132, prepared=prepared)
-                specs.setdefault(("swap_ab", config.block_t, config.num_math_warpgroups, config.num_stages,
-                                  config.ctas_per_sm, config.num_chains, config.pipelined,
-                                  config.splits_in_cluster and config.num_splits, prepared, tile_scaled),
-                                 swap_ab_kernel_spec(config, torch.bfloat16, False, prepared, tile_scaled=tile_scaled))
+                spec = swap_ab_kernel_spec(config, torch.bfloat16, False, prepared, tile_scaled=tile_scaled)
+                specs.setdefault(("swap_ab",) + spec.template_args, spec)
     return list(specs.values()) + [FP4_PREPARED_EXPAND.spec(kBlockScaled=block, kTileScaled=tile)
                                    for block in ("true", "false") for tile in ("true", "false")]

@@ -170,9 +170,9 @@ struct Sm90Fp8Fp4SwapAbTraits {
     DK_STATIC_ASSERT(!kTileScaled || kPreparedWeights, "one scale a tile: prepared weights");
     DK_STATIC_ASSERT(kClusterSplits >= 1 && kClusterSplits <= 8 && (kClusterSplits == 1 || !kMasked),
                      "up to 8 splits in a cluster (the portable cluster size), not in the masked layout");
-    DK_STATIC_ASSERT(kNumMathWarpgroups * kNumThreadsPerWarpgroup * BLOCK_T / 2 * sizeof(float) <=
-                         kNumStages * (kStageABytes + kStageCodesBytes),
-                     "the splits' partial sums fit in the stages");
+    DK_STATIC_ASSERT(kClusterSplits == 1 || kNumMathWarpgroups * kNumThreadsPerWarpgroup * BLOCK_T / 2 * sizeof(float) <=
+                                                kNumStages * (kStageABytes + kStageCodesBytes),
+                     "splits in a cluster: the partial sums fit in the stages");
     DK_STATIC_ASSERT(!kPipelinedPromotion || (kPreparedWeights && kNumStages >= 3),
                      "the pipelined promotion: prepared weights, at least three stages (it holds three)");
     DK_STATIC_ASSERT(kSmemBytes <= (kNumCTAsPerSM == 1 ? sm90_fp8_gemm_detail::kMaxSmemBytes
