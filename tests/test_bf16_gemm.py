@@ -174,11 +174,10 @@ DENSE_PROBLEMS = [(m, n, k, out_bytes, accumulate) for n, k in heuristics.REPRES
                   for m in (1, 64, 128, 4001, 4096, 8192) for out_bytes, accumulate in ((2, False), (4, False), (4, True))]
 
 
-def test_config_choice_is_deterministic_and_legal():
+def test_config_choice_is_legal():
+    # (Its determinism across processes: test_fp8_gemm_heuristics.py.)
     picks = [heuristics.get_bf16_gemm_config(m, n, k, NUM_SMS, out_dtype_bytes=o, with_accumulation=acc)
              for m, n, k, o, acc in DENSE_PROBLEMS]
-    assert picks == [heuristics.get_bf16_gemm_config(m, n, k, NUM_SMS, out_dtype_bytes=o, with_accumulation=acc)
-                     for m, n, k, o, acc in DENSE_PROBLEMS]
     for (m, n, k, out_bytes, _), config in zip(DENSE_PROBLEMS, picks):
         assert config.block_k == 64 and not config.pipelined and not config.overlap_epilogue
         assert heuristics.is_legal_tile(config.block_m, config.block_n)
@@ -596,7 +595,7 @@ def test_contiguous_check_rejects_a_row_of_the_wrong_expert():
     wrong[5] = 1  # row 5 is expert 0's
     d = poison_(torch.empty((a.shape[0], n), device="cuda", dtype=torch.bfloat16))
     deep_kernels.m_grouped_bf16_gemm_nt_contiguous(a, b, d, wrong)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="calc_diff"):
         _check_grouped_rows(d, expected, m_indices >= 0)
 
 

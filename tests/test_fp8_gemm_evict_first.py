@@ -100,7 +100,7 @@ def test_check_rejects_a_wrong_tile():
     planted_b[0][960:1056] = (-planted_b[0][960:1056].float()).to(planted_b[0].dtype)
     planted = _product(config, a, planted_b, m, n)
     assert torch.isfinite(planted).all()
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="calc_diff"):
         assert_gemm_close(planted, expected)
 
 

@@ -1,6 +1,9 @@
 """CPU tests of the SM90 FP8 GEMM heuristics (deep_kernels/heuristics/fp8_gemm.py): no GPU, no torch."""
 
 import math
+import os
+import subprocess
+import sys
 
 from dataclasses import replace
 
@@ -27,10 +30,39 @@ def pick(m, n, k, out_bytes=2, accumulate=False, num_sms=NUM_SMS):
                                     allow_split_k=True)
 
 
-def test_deterministic():
-    first = [pick(*p) for p in all_problems()]
-    second = [pick(*p) for p in all_problems()]
-    assert first == second
+# The FP8 (dense and grouped) and BF16 picks of a fresh process, printed one repr a line.
+_PICKS_SCRIPT = """
+import ast
+import sys
+from deep_kernels.heuristics import bf16_gemm, fp8_gemm, grouped_fp8_gemm
+dense, grouped = ast.literal_eval(sys.argv[1]), ast.literal_eval(sys.argv[2])
+for m, n, k, out_bytes, accumulate in dense:
+    print(repr(fp8_gemm.get_fp8_gemm_config(m, n, k, 132, out_dtype_bytes=out_bytes, with_accumulation=accumulate,
+                                            allow_split_k=True)))
+    print(repr(bf16_gemm.get_bf16_gemm_config(m, n, k, 132, out_dtype_bytes=out_bytes, with_accumulation=accumulate)))
+for gemm_type, m, n, k, g in grouped:
+    print(repr(grouped_fp8_gemm.get_grouped_fp8_gemm_config(gemm_type, m, n, k, g, 132)))
+"""
+
+
+def test_picks_depend_on_the_problem_alone():
+    # Two fresh processes with different hash seeds (set and str-keyed dict order) and this one, after whatever
+    # ran before it, pick the same configs.
+    from deep_kernels.heuristics import bf16_gemm, grouped_fp8_gemm
+
+    dense = list(all_problems())
+    grouped = [(t, g * -(-rows // 128) * 128 if t == "m_grouped_contiguous" else rows, n, k, g) for n, k in NKS
+               for g in (1, 8, 32) for rows in (64, 1024) for t in ("m_grouped_masked", "m_grouped_contiguous")]
+    here = []
+    for m, n, k, out_bytes, accumulate in dense:
+        here.append(repr(pick(m, n, k, out_bytes, accumulate)))
+        here.append(repr(bf16_gemm.get_bf16_gemm_config(m, n, k, NUM_SMS, out_dtype_bytes=out_bytes,
+                                                        with_accumulation=accumulate)))
+    here += [repr(grouped_fp8_gemm.get_grouped_fp8_gemm_config(*p, NUM_SMS)) for p in grouped]
+    for seed in ("1", "2"):
+        result = subprocess.run([sys.executable, "-c", _PICKS_SCRIPT, repr(dense), repr(grouped)], check=True,
+                                capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert result.stdout.splitlines() == here, f"PYTHONHASHSEED={seed}"
 
 
 @pytest.mark.parametrize("m,n,k,out_bytes,accumulate", list(all_problems()))

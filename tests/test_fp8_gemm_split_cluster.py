@@ -122,6 +122,6 @@ def test_check_rejects_a_dropped_split():
     planted_a[0][:, dropped] = 0
     planted = _product(config, planted_a, b, m, n)
     assert torch.isfinite(planted).all()
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="calc_diff"):
         assert_gemm_close(planted, expected)
 

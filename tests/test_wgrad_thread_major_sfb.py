@@ -15,7 +15,7 @@ from deep_kernels import gemm, k_grouped_gemm
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference import k_grouped_gemm as k_grouped_reference
-from deep_kernels.testing import assert_bitwise_equal, poison_
+from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_
 from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close
 from deep_kernels.testing.wgrad import group_sizes, make_k_grouped_inputs, make_wgrad_inputs
 
@@ -174,8 +174,12 @@ def test_check_rejects_swapped_pairs(monkeypatch):
     a, (b, sfb) = make_wgrad_inputs(777, 2112, 2048)
     expected = reference.fp8_gemm_nt(a, (b, sfb), torch.empty((777, 2112), device="cuda", dtype=torch.float64),
                                      recipe=RECIPE)
-    swapped = sfb.view(-1, 2, sfb.shape[1]).flip(1).reshape(sfb.shape).contiguous()
-    d = _dense(a, (b, swapped), accumulator_like(expected))
+    c = accumulator_like(expected)
+    expected = expected + c.double()
+    assert_gemm_close(_dense(a, (b, sfb), c).T, expected.T)
+    # The same layout as sfb, so that only the pairs differ.
+    swapped = empty_like_strided(sfb).copy_(sfb.view(-1, 2, sfb.shape[1]).flip(1).reshape(sfb.shape))
+    d = _dense(a, (b, swapped), c)
     with pytest.raises(AssertionError, match="calc_diff"):
         assert_gemm_close(d.T, expected.T)
 
