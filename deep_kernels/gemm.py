@@ -218,6 +218,10 @@ def apply_config_override(config, override: dict, out_bytes: int, k: int, groupe
         raise ValueError("DK_FP8_GEMM_CONFIG: the grouped GEMMs take no split-K, and 256-row tiles only with block "
                          "scales, at most 128 columns and multicast on A if any")
     config = heuristics.make_config(out_dtype_bytes=out_bytes, operands=operands, **fields)
+    if config.smem_bytes > heuristics.SMEM_CAPACITY_BYTES:
+        raise ValueError(f"DK_FP8_GEMM_CONFIG: {config.num_stages} stages of {config.block_m}x{config.block_n} tiles "
+                         f"need {config.smem_bytes} bytes of shared memory, more than an SM's "
+                         f"{heuristics.SMEM_CAPACITY_BYTES}")
     if grouped and config.num_stages > heuristics.max_stages(config.block_m, config.block_n, out_bytes,
                                                              operands=operands):
         raise ValueError(f"DK_FP8_GEMM_CONFIG: the grouped GEMMs' {config.block_m}x{config.block_n} tiles take at most "

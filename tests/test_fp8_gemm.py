@@ -216,6 +216,10 @@ def test_config_override_rejects_unknown_fields_and_values():
         gemm.parse_config_override("block_m=128,stages")
     with pytest.raises(ValueError, match="block_n must be an integer, got 'x'"):
         gemm.parse_config_override("block_n=x")
+    pick = heuristics.make_config(128, 128, 1, False, 2)
+    assert gemm.apply_config_override(pick, {"stages": 5}, 2, 512).num_stages == 5
+    with pytest.raises(ValueError, match="6 stages of 128x128 tiles need 232544 bytes of shared memory"):
+        gemm.apply_config_override(pick, {"stages": 6}, 2, 512)
 
 
 def test_config_override_applies_to_the_grouped_gemms(monkeypatch):
