@@ -9,7 +9,7 @@ import torch
 import deep_kernels
 from deep_kernels.moe import MAX_EXPERTS, SCORINGS, contiguous_max_rows, fused_max_tokens
 from deep_kernels.reference import moe as reference
-from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
+from deep_kernels.testing import assert_bitwise_equal, poison_, poison_cached_memory, random_activations
 
 from conftest import FULL
 
@@ -340,8 +340,13 @@ def test_moe_layout_matches_reference(num_tokens, num_experts, k, index_dtype):
 def test_moe_layout_one_hot_expert_and_all_dropped():
     topk_idx = torch.full((5000, 8), 17, dtype=torch.int32, device="cuda")  # one expert, every slot
     _check_layout(topk_idx, 256, max_tokens=5000)
-    _check_layout(torch.full((64, 8), -1, dtype=torch.int32, device="cuda"), 256, max_tokens=64)
-    layout = _check_layout(torch.empty((0, 8), dtype=torch.int32, device="cuda"), 256, max_tokens=4)
+    # Every slot dropped, and no token: zero counts the kernels must write (not what the allocator held).
+    all_dropped = torch.full((64, 8), -1, dtype=torch.int32, device="cuda")
+    poison_cached_memory()
+    _check_layout(all_dropped, 256, max_tokens=64)
+    no_tokens = torch.empty((0, 8), dtype=torch.int32, device="cuda")
+    poison_cached_memory()
+    layout = _check_layout(no_tokens, 256, max_tokens=4)
     assert layout.m_indices.shape == (0,) and layout.masked_slots.shape == (256, 4)
 
 
@@ -569,6 +574,7 @@ def test_topk_gate_with_layout_matches_reference(num_experts, num_groups, topk_g
 def test_topk_gate_with_layout_row_stride_and_empty():
     wide = torch.randn((300, 320), device="cuda")
     _check_gate_with_layout(wide[:, :256], 8, max_tokens=20, scoring="sigmoid", num_groups=8, topk_groups=4)
+    poison_cached_memory()
     weights, indices, layout = deep_kernels.topk_gate_with_layout(wide[:0, :256], 8, max_tokens=4)
     assert weights.shape == (0, 8) and indices.shape == (0, 8) and layout.m_indices.shape == (0,)
     assert layout.counts.tolist() == [0] * 256 and (layout.masked_slots == -1).all()

@@ -542,8 +542,14 @@ def _reduce_inputs(layout, num_tokens: int, hidden: int, variant: str, masked: b
         return random_activations(rows, hidden, dtype).view(*shape, hidden), None
     scale_layout = variant.split()[1]
     x = random_activations(num_tokens, hidden, torch.bfloat16)
-    return reference.moe_expand_cast_to_fp8(x, layout, masked=masked, ue8m0=scale_layout == "packed_ue8m0",
-                                            scale_layout=scale_layout)
+    q, scales = reference.moe_expand_cast_to_fp8(x, layout, masked=masked, ue8m0=scale_layout == "packed_ue8m0",
+                                                 scale_layout=scale_layout)
+    # The cast leaves padding rows zero: random finite codes at unit scale instead, so reading one shows.
+    padding = (layout.masked_slots if masked else layout.row_to_slot) < 0
+    codes = q.view(torch.uint8)
+    codes[padding] = torch.randint(0, 0x7F, codes[padding].shape, dtype=torch.uint8, device=codes.device)
+    scales[padding] = 0x7F7F7F7F if scale_layout == "packed_ue8m0" else 1.0
+    return q, scales
 
 
 @pytest.mark.gpu
@@ -581,10 +587,13 @@ def test_every_slot_dropped_gives_zero_rows_and_tokens():
     indices = torch.full((64, 8), -1, dtype=torch.int32, device="cuda")
     layout = deep_kernels.moe_layout(indices, 256, max_tokens=4)
     x = random_activations(64, 256, torch.bfloat16)
-    rows = deep_kernels.moe_expand(x, layout, masked=True)
-    assert rows.shape == (256, 4, 256) and not rows.view(torch.int16).any()
+    # Outputs poisoned first: the zeros must be written.
+    rows = poison_(torch.empty((256, 4, 256), dtype=torch.bfloat16, device="cuda"))
+    deep_kernels.moe_expand(x, layout, masked=True, out=rows)
+    assert not rows.view(torch.int16).any()
     weights = torch.rand((64, 8), device="cuda")
-    out = deep_kernels.moe_reduce(torch.randn((256, 4, 256), device="cuda").bfloat16(), layout, weights, masked=True)
+    out = poison_(torch.empty((64, 256), dtype=torch.bfloat16, device="cuda"))
+    deep_kernels.moe_reduce(torch.randn((256, 4, 256), device="cuda").bfloat16(), layout, weights, masked=True, out=out)
     assert not out.view(torch.int16).any()
     assert deep_kernels.moe_expand(x, layout).shape == (contiguous_max_rows(512, 256), 256)
 

@@ -33,7 +33,7 @@ from deep_kernels.reference.moe import topk_gate
 from deep_kernels.reference.nn import kept_slots, moe_forward, router_logits
 from deep_kernels.reference.quant import per_block_cast_to_fp8
 from deep_kernels.reference.quant import per_token_cast_to_fp8 as reference_per_token_cast_to_fp8
-from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_
+from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_, poison_cached_memory
 from deep_kernels.testing.moe_layer import (
     fp8_exact_weights, moe_layer_tokens, moe_layer_weights, reference_expert_kernels,
 )
@@ -372,18 +372,6 @@ def _check_output(out: torch.Tensor, expected: torch.Tensor) -> None:
     assert token_diffs[worst] < TOKEN_BOUND, f"calc_diff {float(token_diffs[worst]):.2e} of token {worst}"
 
 
-def _poison_cached_memory() -> None:
-    """Fills torch's allocator cache with 0xFF bytes (NaN in e4m3, bf16 and FP32) in both of its pools (blocks up
-    to 1 MiB and larger ones), so that the forward's uninitialized buffers most likely start as NaN: a row it read
-    without writing would show in the output. (Best effort: the allocator decides which blocks it reuses.)"""
-    torch.cuda.empty_cache()
-    blocks = [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in range(64)]
-    blocks.append(torch.empty(512 << 20, dtype=torch.uint8, device="cuda"))
-    for block in blocks:
-        poison_(block)
-    del blocks
-
-
 # (mode, T, max_tokens): prefill, decode with room for every slot, and decode at a capacity that drops slots (256
 # slots over 16 experts, 12 kept each at most).
 FORWARD_CASES = [("contiguous", 2100, None), ("masked", 64, None), ("masked", 64, 12)]
@@ -397,7 +385,7 @@ def test_forward_matches_reference(mode, num_tokens, max_tokens):
     for name in ("gate_up_weight", "down_weight"):  # FP8-exact weights: quantized losslessly, in the GEMMs' layout
         assert torch.equal(dequantized[name], weights[name].double()), name
     x = moe_layer_tokens(num_tokens, HIDDEN, "cuda", seed=num_tokens)
-    _poison_cached_memory()
+    poison_cached_memory()
     out = module(x)
     _check_output(out, _reference(module, x, mode))
     if max_tokens is not None:

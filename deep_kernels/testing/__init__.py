@@ -47,6 +47,19 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def poison_cached_memory() -> None:
+    """Fills torch's allocator cache with 0xFF bytes (NaN in e4m3, bf16 and FP32; -1 in integers) in both of its
+    pools (blocks up to 1 MiB and larger ones), so that the buffers a call allocates itself most likely start
+    poisoned: an element it returns without writing shows. (Best effort: the allocator decides which blocks it
+    reuses.)"""
+    torch.cuda.empty_cache()
+    blocks = [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in range(64)]
+    blocks.append(torch.empty(512 << 20, dtype=torch.uint8, device="cuda"))
+    for block in blocks:
+        poison_(block)
+    del blocks
+
+
 def random_activations(m: int, k: int, dtype=torch.bfloat16, device="cuda", seed=None) -> torch.Tensor:
     """Normal values with per-row magnitudes spread over several decades, as real activations have."""
     generator = torch.Generator(device=device)

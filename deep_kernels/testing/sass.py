@@ -68,7 +68,8 @@ def local_memory_instructions(sass_text: str) -> list:
 
 
 # SASS mnemonics a kernel must contain, by kernel name (matrix kernels on the tensor cores).
-REQUIRED_INSTRUCTIONS = {"sm90_fp8_gemm": ("QGMMA",)}
+REQUIRED_INSTRUCTIONS = {"sm90_fp8_gemm": ("QGMMA",), "sm90_fp8_fp4_gemm_swap_ab": ("QGMMA",),
+                         "sm90_fp8_nvfp4_gemm_swap_ab": ("HGMMA",)}
 
 
 def kernel_problems(kernel_name: str, cubin: Path, required: tuple = None) -> list:
