@@ -3,8 +3,7 @@
 Usage: python scripts/sweep_grouped_gemm.py [--precompile-only | --cached-only]
         --shapes c4x8192x4096x7168 m16x64x7168x2048=128x128o,64x192 ... [--configs 128x192o 128x192o+b 256x128o+a ...]
 Shapes (each optionally =its own configs, comma-separated, timed after --configs): c<G>x<rows per group>x<N>x<K> (contiguous, every group full) or m<G>x<expected_m>x<N>x<K> (masked, the
-grouped_gemm benchmark's draw of masked_m). Configs: <BLOCK_M>x<BLOCK_N>[/<stages>][o][w][+a|+b] (o: the epilogue overlap; w: the own-tile ping-pong,
-BLOCK_M rows per math warpgroup); the pick
+grouped_gemm benchmark's draw of masked_m). Configs: <BLOCK_M>x<BLOCK_N>[/<stages>][o][+a|+b] (o: the epilogue overlap); the pick
 is always timed first. Every config's output is compared with the pick's (bitwise, else calc_diff) and the pick's
 masked output with the float64 reference; contiguous picks are checked on their first and last 256 rows. --dense:
 the contiguous shapes also time the dense GEMM of the same rows with each 256-row config (identical tiles).
@@ -40,17 +39,16 @@ from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inp
 # --dense: time the dense GEMM alongside; --cached-only (set in main).
 DENSE_ALONGSIDE = False
 CACHED_ONLY = False
-CONFIG_PATTERN = re.compile(r"^(\d+)x(\d+)(?:/(\d+))?(o?)(w?)(?:\+([ab]))?$")
+CONFIG_PATTERN = re.compile(r"^(\d+)x(\d+)(?:/(\d+))?(o?)(?:\+([ab]))?$")
 
 
 def parse_config(text: str):
     match = CONFIG_PATTERN.match(text)
     if match is None:
         raise SystemExit(f"bad config {text!r}")
-    block_m, block_n, stages, overlap, own_tiles, multicast = match.groups()
+    block_m, block_n, stages, overlap, multicast = match.groups()
     return heuristics.make_config(int(block_m), int(block_n), 2 if multicast else 1, multicast == "a", 2,
-                                  num_stages=int(stages) if stages else None, overlap_epilogue=overlap == "o",
-                                  own_tiles=own_tiles == "w")
+                                  num_stages=int(stages) if stages else None, overlap_epilogue=overlap == "o")
 
 
 def parse_shape(text: str) -> tuple:
