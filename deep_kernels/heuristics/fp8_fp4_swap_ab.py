@@ -23,7 +23,12 @@ EXPAND_TABLE_BYTES = 256
 TILE_PAIR_TABLE_BYTES = 1024
 MAX_STAGES = 12
 MIN_STAGES = 2
-# The split-K counts offered (those the model was fitted over).
+# The split-K counts offered (those the model was fitted over). Every tile's split is equal: a stream-K cut (all
+# tiles' K blocks laid end to end in equal shares, one per CTA slot, a tile cut among several CTAs summed through the
+# workspace) was measured on the H200 (2026-12-03, prepared tile-scaled weights, every decode shape, in turns) at
+# 0.78-0.99x the picks at N x K 7168 x 16384 (whose 56 or 112 tiles leave 20 SMs idle) and 0.53-0.99x elsewhere but
+# at 64 x 2112 x 7168 (1.06x, one-warpgroup CTAs); at 16 x 7168 x 16384 its 132 CTAs ran only 1.014x its 112, so
+# those idle SMs are not what bounds that shape.
 SPLITS = (1, 2, 4, 8)
 # What the model charges, fitted on the H200 (2026-12-02) to 255 timings of the kernel over the 24 decode shapes (1 to
 # 16 splits, one or two math warpgroups, one or two CTAs an SM; 13% mean error): an SM expands a 64-row K block in a
