@@ -275,6 +275,9 @@ def test_splits_in_a_cluster_are_checked():
         with pytest.raises(ValueError, match="splits in a cluster"):
             swap_ab.make_config(16, 2, num_splits=splits, splits_in_cluster=True)
     config = swap_ab.make_config(16, 2, num_splits=2, splits_in_cluster=True)
+    for splits in (1, 9):  # a config made by replace (as with_splits_in_cluster makes them) is checked too
+        with pytest.raises(ValueError, match="splits in a cluster"):
+            replace(config, num_splits=splits)
     assert swap_ab.template_args(config, "bfloat16", False, prepared=True)[-1] == "2"
     with pytest.raises(ValueError, match="no split-K"):
         swap_ab.template_args(config, "bfloat16", False, prepared=True, masked=True)

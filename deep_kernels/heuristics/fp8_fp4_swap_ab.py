@@ -65,6 +65,11 @@ class SwapAbConfig:
     # The splits (2 to MAX_CLUSTER_SPLITS) of a tile in one cluster, summed through distributed shared memory.
     splits_in_cluster: bool = False
 
+    def __post_init__(self):
+        # NOTE: here rather than in make_config, so that configs made by dataclasses.replace are checked too.
+        if self.splits_in_cluster and not 2 <= self.num_splits <= MAX_CLUSTER_SPLITS:
+            raise ValueError(f"splits in a cluster: 2 to {MAX_CLUSTER_SPLITS} of them, got {self.num_splits}")
+
     @property
     def block_w(self) -> int:
         return 64 * self.num_math_warpgroups
@@ -183,8 +188,6 @@ def make_config(block_t: int, num_math_warpgroups: int = 2, num_stages: int = No
         raise ValueError(f"{stages} stages of {block_t} tokens do not fit")
     if num_splits < 1:
         raise ValueError(f"num_splits must be positive, got {num_splits}")
-    if splits_in_cluster and not 2 <= num_splits <= MAX_CLUSTER_SPLITS:
-        raise ValueError(f"splits in a cluster: 2 to {MAX_CLUSTER_SPLITS} of them, got {num_splits}")
     if pipelined and (stages < 3 or not can_pipeline(block_t, num_math_warpgroups, ctas_per_sm)):
         raise ValueError(f"the pipelined promotion of {block_t} tokens does not fit {num_math_warpgroups} math "
                          f"warpgroup(s) and {ctas_per_sm} CTA(s) an SM, or {stages} stages (at least 3)")
@@ -292,8 +295,6 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prep
         raise ValueError("tile_scaled takes prepared weights")
     if config.pipelined and not prepared:
         raise ValueError("the pipelined promotion takes prepared weights")
-    if config.splits_in_cluster and not 2 <= config.num_splits <= MAX_CLUSTER_SPLITS:
-        raise ValueError(f"splits in a cluster: 2 to {MAX_CLUSTER_SPLITS} of them, got {config.num_splits}")
     return [str(config.block_t), str(config.num_math_warpgroups), str(config.num_stages), cpp_type,
             "true" if with_accumulation else "false", str(config.ctas_per_sm), str(config.num_chains),
             "true" if prepared else "false", "true" if masked else "false", "true" if tile_scaled else "false",
