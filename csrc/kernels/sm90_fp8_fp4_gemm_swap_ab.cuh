@@ -397,12 +397,21 @@ DK_DEVICE PreparedThreadOffsets prepared_thread_offsets() {
 template <typename Traits>
 using BlockPartial = float[Traits::kNumChains][Traits::BLOCK_T / 2];
 
-// Issues a K block's wgmma group: its four k32 steps, round-robin into kNumChains accumulator sets, so that up to
-// four wgmma of a block run independently instead of each waiting for the last's accumulators (narrow tiles are
-// latency-bound).
+// Expands a stage's prepared codes into this thread's fragments.
 template <typename Traits>
-DK_DEVICE void issue_block(const Fragments& frag, BlockPartial<Traits>& partial, const uint8_t* smem_a) {
-    const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(smem_a);
+DK_DEVICE void expand_prepared_block(Fragments& frag, const uint8_t* smem, const PreparedThreadOffsets& thread,
+                                     uint32_t stage) {
+    const uint8_t* stage_codes = smem + stage * Traits::kStageCodesBytes;
+    expand_prepared_fragments<Traits::kTileScaled>(frag, stage_codes + thread.codes, stage_codes + thread.words,
+                                                   smem + Traits::kOffsetTables);
+}
+
+// Issues the K block's wgmma group (the stage's A tile): its four k32 steps, round-robin into kNumChains accumulator
+// sets, so that up to four wgmma of a block run independently instead of each waiting for the last's accumulators
+// (narrow tiles are latency-bound).
+template <typename Traits>
+DK_DEVICE void issue_block(const Fragments& frag, BlockPartial<Traits>& partial, const uint8_t* smem, uint32_t stage) {
+    const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(smem + Traits::kOffsetA + stage * Traits::kStageABytes);
     ptx::wgmma_fence();
 #pragma unroll
     for (uint32_t s = 0; s < kScaleBlock / kWgmmaK; ++s)
@@ -415,7 +424,7 @@ DK_DEVICE void issue_block(const Fragments& frag, BlockPartial<Traits>& partial,
 // with the fragments' row scales and the stage's sfa.
 template <typename Traits>
 DK_DEVICE void promote_block(BlockPartial<Traits>& partial, float (&final_acc)[Traits::BLOCK_T / 2],
-                             const Fragments& frag, const float* smem_sfa, uint32_t lane_idx) {
+                             const Fragments& frag, const uint8_t* smem, uint32_t stage, uint32_t lane_idx) {
 #pragma unroll
     for (uint32_t c = 0; c < Traits::kNumChains; ++c)
         ptx::fence_operands(partial[c]);
@@ -426,7 +435,8 @@ DK_DEVICE void promote_block(BlockPartial<Traits>& partial, float (&final_acc)[T
             partial[0][i] += partial[c][i];
     }
     sm90_fp8_gemm_detail::promote_per_column<Traits::BLOCK_T>(
-        partial[0], final_acc, frag.scale_lo, Traits::kTileScaled ? frag.scale_lo : frag.scale_hi, smem_sfa, lane_idx);
+        partial[0], final_acc, frag.scale_lo, Traits::kTileScaled ? frag.scale_lo : frag.scale_hi,
+        reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + stage * Traits::kStageSfaBytes), lane_idx);
 }
 
 // One math warpgroup: the K loop of its 64 rows over the split's K blocks into final_acc.
@@ -447,13 +457,10 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
 
     auto expand = [&](Fragments& frag, const State& state) {
         ring.consumer_wait(state);
-        const uint8_t* codes = smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes;
         if constexpr (Traits::kPreparedWeights)
-            expand_prepared_fragments<Traits::kTileScaled>(frag, smem + state.stage * Traits::kStageCodesBytes + thread.codes,
-                                      smem + state.stage * Traits::kStageCodesBytes + thread.words,
-                                      smem + Traits::kOffsetTables);
+            expand_prepared_block<Traits>(frag, smem, thread, state.stage);
         else
-            expand_fragments(frag, codes,
+            expand_fragments(frag, smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes,
                              reinterpret_cast<const uint32_t*>(smem + Traits::kOffsetWords + state.stage * Traits::kStageWordsBytes),
                              tables, r0, q);
     };
@@ -468,7 +475,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
     // Issues the block's wgmma group from `current` and frees the previous block's stage, expands the next block into
     // `next` meanwhile, then promotes the block. Returns whether the split has another block.
     auto step = [&](Fragments& current, Fragments& next, uint32_t k_block) {
-        issue_block<Traits>(current, partial, smem + Traits::kOffsetA + state.stage * Traits::kStageABytes);
+        issue_block<Traits>(current, partial, smem, state.stage);
         // The previous block's stage: its promotion's sfa loads are done (this group overwrites what they feed).
         ring.consumer_release_if(previous_state, lane_idx, k_block != k_block_begin);
         State next_state = state;
@@ -477,9 +484,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         if (has_next)
             expand(next, next_state);
         ptx::wgmma_wait_group<0>();
-        promote_block<Traits>(partial, final_acc, current,
-                              reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes),
-                              lane_idx);
+        promote_block<Traits>(partial, final_acc, current, smem, state.stage, lane_idx);
         previous_state = state;
         state = next_state;
         return has_next;
@@ -508,17 +513,13 @@ DK_DEVICE void run_k_loop_pipelined(const Ring& ring, uint8_t* smem, float (&fin
 
     auto expand = [&](Fragments& frag, const State& block_state) {
         ring.consumer_wait(block_state);
-        const uint32_t stage_codes = block_state.stage * Traits::kStageCodesBytes;
-        expand_prepared_fragments<Traits::kTileScaled>(frag, smem + stage_codes + thread.codes,
-                                                       smem + stage_codes + thread.words, smem + Traits::kOffsetTables);
+        expand_prepared_block<Traits>(frag, smem, thread, block_state.stage);
     };
     auto issue = [&](const Fragments& frag, Partial& partial, const State& block_state) {
-        issue_block<Traits>(frag, partial, smem + Traits::kOffsetA + block_state.stage * Traits::kStageABytes);
+        issue_block<Traits>(frag, partial, smem, block_state.stage);
     };
     auto promote = [&](Partial& partial, const Fragments& frag, const State& block_state) {
-        promote_block<Traits>(partial, final_acc, frag,
-                              reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + block_state.stage * Traits::kStageSfaBytes),
-                              lane_idx);
+        promote_block<Traits>(partial, final_acc, frag, smem, block_state.stage, lane_idx);
     };
 
 #pragma unroll
