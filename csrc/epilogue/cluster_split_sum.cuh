@@ -8,14 +8,15 @@
 
 #include "common/macros.cuh"
 #include "ptx/dsmem.cuh"
+#include "ptx/wgmma.cuh"
 
 namespace deep_kernels::cluster_split_sum {
 
-constexpr uint32_t kThreadsPerWarpgroup = 128;
+using ptx::kNumThreadsPerWarpgroup;
 
 // This thread's place in its warpgroup's slot (slot: the warpgroup's first float).
 DK_DEVICE float* thread_slot(float* slot) {
-    return slot + threadIdx.x % kThreadsPerWarpgroup * 4;
+    return slot + threadIdx.x % kNumThreadsPerWarpgroup * 4;
 }
 
 template <uint32_t kNumFloats>
@@ -23,7 +24,7 @@ DK_DEVICE void store_partials(const float (&partial)[kNumFloats], float* own) {
     DK_STATIC_ASSERT(kNumFloats % 4 == 0, "whole float4s");
 #pragma unroll
     for (uint32_t j = 0; j < kNumFloats / 4; ++j)
-        *reinterpret_cast<float4*>(own + j * kThreadsPerWarpgroup * 4) =
+        *reinterpret_cast<float4*>(own + j * kNumThreadsPerWarpgroup * 4) =
             make_float4(partial[j * 4 + 0], partial[j * 4 + 1], partial[j * 4 + 2], partial[j * 4 + 3]);
 }
 
@@ -34,7 +35,7 @@ DK_DEVICE void add_remote_partials(float (&total)[kNumFloats], const float* own,
 #pragma unroll
     for (uint32_t j = 0; j < kNumFloats / 4; ++j) {
         float x, y, z, w;
-        ptx::ld_shared_cluster(remote + j * kThreadsPerWarpgroup * 4 * sizeof(float), x, y, z, w);
+        ptx::ld_shared_cluster(remote + j * kNumThreadsPerWarpgroup * 4 * sizeof(float), x, y, z, w);
         total[j * 4 + 0] += x;
         total[j * 4 + 1] += y;
         total[j * 4 + 2] += z;

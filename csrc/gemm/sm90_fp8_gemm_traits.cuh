@@ -14,13 +14,14 @@
 #include "epilogue/sm90_accumulator_store.cuh"
 #include "gemm/gemm_operands.cuh"
 #include "gemm/sm90_math_schedule.cuh"
+#include "ptx/wgmma.cuh"
 #include "scheduler.cuh"
 
 namespace deep_kernels {
 
 namespace sm90_fp8_gemm_detail {
 
-constexpr uint32_t kNumThreadsPerWarpgroup = 128;
+using ptx::kNumThreadsPerWarpgroup;
 constexpr uint32_t kWarpgroupBlockM = 64;
 constexpr uint32_t kScaleBlock = 128;
 constexpr uint32_t kWgmmaK = 32;

@@ -10,6 +10,9 @@
 
 namespace deep_kernels::ptx {
 
+// The threads of a warpgroup, which issues one wgmma together.
+constexpr uint32_t kNumThreadsPerWarpgroup = 128;
+
 // Descriptor of a K-major tile of rows x 128 bytes that TMA wrote with the 128-byte swizzle: eight rows
 // form one 1024-byte swizzle atom and atoms are stacked along M/N, so the stride-dimension offset is
 // 1024 bytes; the leading-dimension offset is unused for swizzled K-major tiles. The tile must be
