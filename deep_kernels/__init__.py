@@ -6,17 +6,18 @@ their place (deep_kernels.ops: torch.ops.deep_kernels.*).
 """
 
 from deep_kernels.bf16_gemm import (
-    bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt, m_grouped_bf16_gemm_nt_contiguous,
-    m_grouped_bf16_gemm_nt_masked,
+    bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt, m_grouped_bf16_gemm_nn_contiguous,
+    m_grouped_bf16_gemm_nt_contiguous, m_grouped_bf16_gemm_nt_masked,
 )
 from deep_kernels.device import get_num_sms, set_num_sms
 from deep_kernels.fp4_gemm import (
     fp8_fp4_gemm_nt, m_grouped_fp8_fp4_gemm_nt_contiguous, m_grouped_fp8_fp4_gemm_nt_masked,
 )
 from deep_kernels.fp4_weights import prepare_fp4_weights
-from deep_kernels.gemm import fp8_gemm_nt, get_mn_major_tma_aligned_tensor
+from deep_kernels.gemm import fp8_gemm_nn, fp8_gemm_nt, fp8_gemm_tn, fp8_gemm_tt, get_mn_major_tma_aligned_tensor
 from deep_kernels.grouped_gemm import (
-    get_m_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
+    get_m_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nn_contiguous, m_grouped_fp8_gemm_nt_contiguous,
+    m_grouped_fp8_gemm_nt_masked,
 )
 from deep_kernels.k_grouped_bf16_gemm import k_grouped_bf16_gemm_nt_contiguous, k_grouped_bf16_gemm_tn_contiguous
 from deep_kernels.k_grouped_gemm import k_grouped_fp8_gemm_nt_contiguous, k_grouped_fp8_gemm_tn_contiguous
@@ -42,12 +43,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     # GEMMs
-    "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "m_grouped_bf16_gemm_nt_contiguous",
-    "m_grouped_bf16_gemm_nt_masked", "fp8_fp4_gemm_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous",
-    "m_grouped_fp8_fp4_gemm_nt_masked", "prepare_fp4_weights", "fp8_gemm_nt", "get_m_alignment_for_contiguous_layout",
+    "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "m_grouped_bf16_gemm_nn_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked", "fp8_fp4_gemm_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked", "prepare_fp4_weights", "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt",
+    "get_m_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor", "k_grouped_bf16_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
-    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "tma_aligned_size",
+    "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
+    "tma_aligned_size",
     # MoE routing
     "MoeLayout", "map_global_to_local_experts", "moe_expand", "moe_expand_cast_to_fp8", "moe_layout", "moe_reduce",
     "topk_gate", "topk_gate_backward", "topk_gate_with_layout",

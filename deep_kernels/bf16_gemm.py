@@ -330,6 +330,18 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     return _launch_contiguous(a, b, d, m_indices)
 
 
+def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
+                                      m_indices: torch.Tensor) -> torch.Tensor:
+    """DeepGEMM's NN form of m_grouped_bf16_gemm_nt_contiguous: b [G, K, N] is the transposed view of the K-major
+    [G, N, K] weights the grouped kernel reads (b.mT); the NT call on b.mT."""
+    check_rank(b, "b", 3)
+    if b.shape[1] > 1 and b.stride(1) != 1:
+        raise ValueError(f"b [G, K, N] is N-major (strides {tuple(b.stride())}): the grouped BF16 GEMMs read the "
+                         f"weights K-major, so pass the transposed view w.mT of K-major [G, N, K] weights w "
+                         f"(b.mT.contiguous().mT copies b into that layout)")
+    return m_grouped_bf16_gemm_nt_contiguous(a, b.mT, d, m_indices)
+
+
 def _launch_contiguous(a, b, d, m_indices, config=None) -> torch.Tensor:
     m, n, k, num_groups = _checked(_check_contiguous_call, (a, b, d, m_indices))
     _check_addresses(a, b, d)

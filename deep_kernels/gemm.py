@@ -484,6 +484,51 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None) -> t
     return _launch(call, a, sfa, b, sfb, d, c)
 
 
+# The casts that write each operand K-major, named by the transposed forms' errors.
+K_MAJOR_CASTS = {"a": "per_token_cast_to_fp8 of [M, K] data, per_channel_cast_transpose_to_fp8 of [K, M] data",
+                 "b": "per_block_cast_to_fp8 of [N, K] weights (recipe (1, 1, 128): per_token_cast_to_fp8 of [N, K] "
+                      "data, per_channel_cast_transpose_to_fp8 of [K, N] data)"}
+
+
+def transposed_pair(pair, name: str, rows: str) -> tuple:
+    """(t.mT, scales.mT) of an operand that a DeepGEMM transposed form (nn, tn, tt) takes as t [..., K, rows] with
+    scales [..., ceil(K / 128), rows or row blocks]: the NT call's pair. Hopper's FP8 wgmma reads K-major operands only,
+    so t must be the transposed view of a K-major [..., rows, K] tensor; a rows-major t is refused, naming the casts
+    that write the K-major layout."""
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+        raise TypeError(f"{name} must be a (tensor, scales) pair")
+    t, scales = pair
+    check_dtype(t, name, (torch.float8_e4m3fn,))
+    if t.dim() < 2:
+        raise ValueError(f"{name} must be at least 2-D [K, {rows}], got shape {tuple(t.shape)}")
+    check_rank(scales, f"sf{name}", t.dim())
+    if t.shape[-2] > 1 and t.stride(-2) != 1:
+        raise ValueError(
+            f"{name} [K, {rows}] is {rows}-major (strides {tuple(t.stride())}): Hopper's FP8 wgmma reads K-major "
+            f"operands only, so pass the transposed view {name}.mT of a K-major [{rows}, K] tensor "
+            f"({K_MAJOR_CASTS[name]} writes one)")
+    return t.mT, scales.mT
+
+
+def fp8_gemm_nn(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None) -> torch.Tensor:
+    """D = A @ B (+ C), DeepGEMM's NN form: b = (b [K, N], sfb) is the NT form's pair transposed (b.T K-major,
+    sfb [ceil(K / 128), ceil(N / 128)], or [ceil(K / 128), N] with recipe (1, 1, 128)); fp8_gemm_nt(a, (b.T, sfb.T), d,
+    c, recipe)."""
+    return fp8_gemm_nt(a, transposed_pair(b, "b", "N"), d, c, recipe)
+
+
+def fp8_gemm_tn(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None) -> torch.Tensor:
+    """D = A^T @ B (+ C), DeepGEMM's TN form: a = (a [K, M], sfa [ceil(K / 128), M]) and b = (b [K, N], sfb) are the
+    NT form's pairs transposed (a.T and b.T K-major); fp8_gemm_nt((a.T, sfa.T), (b.T, sfb.T), d, c, recipe)."""
+    return fp8_gemm_nt(transposed_pair(a, "a", "M"), transposed_pair(b, "b", "N"), d, c, recipe)
+
+
+def fp8_gemm_tt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None) -> torch.Tensor:
+    """D = A^T @ B^T (+ C), DeepGEMM's TT form: a = (a [K, M], sfa [ceil(K / 128), M]) is the NT form's pair transposed
+    (a.T K-major); fp8_gemm_nt((a.T, sfa.T), b, d, c, recipe)."""
+    return fp8_gemm_nt(transposed_pair(a, "a", "M"), b, d, c, recipe)
+
+
 def forced_config_call(config, a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None):
     """A function that runs fp8_gemm_nt(a, b, d, c, recipe) with `config` in place of the chosen one (measured tuning
     and side-by-side timing of configs); validated once, here."""

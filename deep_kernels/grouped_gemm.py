@@ -235,6 +235,14 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
     return _launch_contiguous(_plan(CONTIGUOUS, m, n, k, num_groups), a, sfa, b, sfb, d, m_indices, m, num_groups)
 
 
+def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, *,
+                                     offsets: torch.Tensor = None) -> torch.Tensor:
+    """DeepGEMM's NN form of m_grouped_fp8_gemm_nt_contiguous: b = (b [G, K, N], sfb [G, ceil(K / 128), ceil(N / 128)])
+    is the NT form's pair transposed (b.mT K-major: Hopper's FP8 wgmma reads no other); the NT call on (b.mT, sfb.mT).
+    """
+    return m_grouped_fp8_gemm_nt_contiguous(a, gemm.transposed_pair(b, "b", "N"), d, m_indices, offsets=offsets)
+
+
 def _launch_contiguous(plan: tuple, a, sfa, b, sfb, d, m_indices, m: int, num_groups: int) -> torch.Tensor:
     kernel, config, grid = plan
     tmap_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)

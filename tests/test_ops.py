@@ -26,8 +26,10 @@ from deep_kernels.testing.wgrad import make_k_grouped_inputs, make_wgrad_inputs
 # they are.
 NEEDS_NO_OP = {"get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor", "get_num_sms",
                "nvfp4_global_scale", "prepare_fp4_weights", "set_num_sms", "tma_aligned_size",
-               # transposed views handed to bf16_gemm_nt, which traces to its op
-               "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "k_grouped_bf16_gemm_tn_contiguous"}
+               # transposed views handed to the NT call, which traces to its op
+               "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "k_grouped_bf16_gemm_tn_contiguous",
+               "m_grouped_bf16_gemm_nn_contiguous", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
+               "m_grouped_fp8_gemm_nn_contiguous"}
 GEMMS = {"fp8_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
          "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "fp8_fp4_gemm_nt",
          "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked", "bf16_gemm_nt",
@@ -359,6 +361,31 @@ def test_every_public_function_has_an_op_or_launches_nothing():
     assert {case.name for case in CASES} == with_ops, "every op has a case below"
     with_out = {name for name in with_ops if "out" in getattr(torch.ops.deep_kernels, name).overloads()}
     assert {case.name for case in CASES if case.with_out} == with_out, "every .out overload has a case below"
+
+
+def _transposed_form_call(name: str) -> tuple:
+    """(args, the NT op it traces to) of a transposed form on the CPU: the NT operands' transposed views."""
+    if name == "m_grouped_bf16_gemm_nn_contiguous":
+        a, b, d, m_indices = _bf16_contiguous_gemm()[0]
+        return (a, b.mT, d, m_indices), "m_grouped_bf16_gemm_nt_contiguous.default"
+    if name == "m_grouped_fp8_gemm_nn_contiguous":
+        a, (b, sfb), d, m_indices = _contiguous_gemm("m_indices")[0]
+        return (a, (b.mT, sfb.mT), d, m_indices), "m_grouped_fp8_gemm_nt_contiguous.default"
+    (a, sfa), (b, sfb) = make_gemm_inputs(5, 64, 256, device="cpu")
+    a_arg = (a.T, sfa.T) if name[-2] == "t" else (a, sfa)
+    b_arg = (b.T, sfb.T) if name[-1] == "n" else (b, sfb)
+    return (a_arg, b_arg, torch.empty(5, 64, dtype=torch.bfloat16)), "fp8_gemm_nt.default"
+
+
+@pytest.mark.parametrize("name", ["fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt", "m_grouped_fp8_gemm_nn_contiguous",
+                                  "m_grouped_bf16_gemm_nn_contiguous"])
+def test_compiled_transposed_form_is_its_nt_op(name):
+    args, nt_op = _transposed_form_call(name)
+    meta_args = _moved(args, "meta", {})
+    recorder = GraphRecorder()
+    result = _compiled(getattr(deep_kernels, name), recorder)(*meta_args)
+    assert recorder.deep_kernels_ops() == [nt_op]
+    assert result is meta_args[2], "the GEMM returns d"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])

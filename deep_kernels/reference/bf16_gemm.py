@@ -41,6 +41,12 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     return d
 
 
+def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
+                                      m_indices: torch.Tensor) -> torch.Tensor:
+    """m_grouped_bf16_gemm_nt_contiguous with b [G, K, N]."""
+    return m_grouped_bf16_gemm_nt_contiguous(a, b.mT, d, m_indices)
+
+
 def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
                                   expected_m: int) -> torch.Tensor:
     """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T (float64, then d's dtype); rows at or past masked_m[g] are

@@ -40,6 +40,21 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None) -> t
     return d.copy_(result)
 
 
+def fp8_gemm_nn(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None) -> torch.Tensor:
+    """d = a @ b (+ c): b = (b [K, N], sfb) the transposed pair of fp8_gemm_nt's."""
+    return fp8_gemm_nt(a, (b[0].T, b[1].T), d, c, recipe)
+
+
+def fp8_gemm_tn(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None) -> torch.Tensor:
+    """d = a^T @ b (+ c): a = (a [K, M], sfa) and b = (b [K, N], sfb) the transposed pairs of fp8_gemm_nt's."""
+    return fp8_gemm_nt((a[0].T, a[1].T), (b[0].T, b[1].T), d, c, recipe)
+
+
+def fp8_gemm_tt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None) -> torch.Tensor:
+    """d = a^T @ b^T (+ c): a = (a [K, M], sfa) the transposed pair of fp8_gemm_nt's."""
+    return fp8_gemm_nt((a[0].T, a[1].T), b, d, c, recipe)
+
+
 def contiguous_row_groups(m_total: int, m_indices: torch.Tensor = None, offsets: torch.Tensor = None,
                           alignment: int = CONTIGUOUS_ALIGNMENT) -> torch.Tensor:
     """Each row's expert (-1 for padding) of the contiguous layout, from per-row ids or from the prefix sum
@@ -59,6 +74,12 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
     """d[r] = a[r] @ b[g]^T (float64, then d's dtype) for every row r of expert g; padding rows (ids outside
     [0, G)) are left as they are."""
     return grouped_contiguous(a, b, d, contiguous_row_groups(a[0].shape[0], m_indices, offsets), dequantize_b)
+
+
+def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, *,
+                                     offsets: torch.Tensor = None) -> torch.Tensor:
+    """m_grouped_fp8_gemm_nt_contiguous with b = (b [G, K, N], sfb [G, ceil(K / 128), ceil(N / 128)])."""
+    return m_grouped_fp8_gemm_nt_contiguous(a, (b[0].mT, b[1].mT), d, m_indices, offsets=offsets)
 
 
 def grouped_contiguous(a, b, d: torch.Tensor, groups: torch.Tensor, dequantize_weights) -> torch.Tensor:

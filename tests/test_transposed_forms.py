@@ -1,0 +1,153 @@
+"""DeepGEMM's transposed forms of the FP8 GEMMs (fp8_gemm_nn / tn / tt, m_grouped_fp8_gemm_nn_contiguous) and of the
+grouped BF16 GEMM (m_grouped_bf16_gemm_nn_contiguous): each takes the NT call's operands transposed, (t.mT, scales.mT).
+Hopper's FP8 wgmma (and the grouped BF16 kernel) read K-major operands only, so a transposed form takes the transposed
+view of a K-major tensor and refuses a rows-major one before launch, naming the casts that write the K-major layout.
+
+CPU: the refusals, and K-major views passing every check up to the device's. GPU: every form bitwise equal to the NT
+call on the same memory (outputs poisoned before each launch) and within the FP8 GEMM's bound of float64.
+"""
+
+import pytest
+import torch
+
+import deep_kernels
+from deep_kernels.reference import bf16_gemm as reference_bf16
+from deep_kernels.reference import gemm as reference
+from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
+from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_gemm_inputs
+from deep_kernels.testing.grouped import contiguous_layout, make_contiguous_inputs
+from deep_kernels.testing.wgrad import make_wgrad_inputs
+
+
+def _transposed(pair) -> tuple:
+    """The transposed forms' operand for an NT operand pair: both views transposed (no copy)."""
+    return pair[0].mT, pair[1].mT
+
+
+def _rows_major(pair) -> tuple:
+    """An NT operand's values as a rows-major [K, rows] tensor (the layout FP8 wgmma cannot read), scales as the
+    transposed forms take them."""
+    return pair[0].mT.contiguous(), pair[1].mT
+
+
+def _form_operands(a, b) -> dict:
+    """Each dense transposed form's (a, b) arguments for the NT operand pairs a and b: the transposed views."""
+    return {"nn": (a, _transposed(b)), "tn": (_transposed(a), _transposed(b)), "tt": (_transposed(a), b)}
+
+
+# ---- validation (CPU) ----
+
+@pytest.mark.parametrize("form,operand", [("nn", "b"), ("tn", "a"), ("tn", "b"), ("tt", "a")])
+def test_rows_major_operands_are_refused_naming_the_casts(form, operand):
+    a, b = make_gemm_inputs(8, 256, 256, device="cpu")
+    d = torch.empty(8, 256, dtype=torch.bfloat16)
+    args = {"a": _transposed(a) if form[0] == "t" else a, "b": _transposed(b) if form[1] == "n" else b}
+    args[operand] = _rows_major(a if operand == "a" else b)
+    rows = "M" if operand == "a" else "N"
+    cast = "per_channel_cast_transpose_to_fp8" if operand == "a" else "per_block_cast_to_fp8"
+    with pytest.raises(ValueError, match=rf"{operand} \[K, {rows}\] is {rows}-major .* K-major .*{cast}"):
+        getattr(deep_kernels, f"fp8_gemm_{form}")(args["a"], args["b"], d)
+
+
+@pytest.mark.parametrize("form", ["nn", "tn", "tt"])
+@pytest.mark.parametrize("recipe", [None, (1, 1, 128)])
+def test_k_major_views_pass_every_check_before_the_device(form, recipe):
+    # On the CPU the last check is the device's: reaching it means the views were taken back to the NT layout with
+    # matching shapes (a wrong transpose fails the K or scale shape checks first).
+    if recipe is None:
+        a, b = make_gemm_inputs(8, 256, 384, device="cpu")
+    else:
+        a, b = make_wgrad_inputs(8, 256, 384, device="cpu")
+    d = torch.empty(8, 256)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        getattr(deep_kernels, f"fp8_gemm_{form}")(*_form_operands(a, b)[form], d, c=d, recipe=recipe)
+
+
+def test_transposed_forms_check_their_arguments():
+    a, b = make_gemm_inputs(8, 256, 256, device="cpu")
+    d = torch.empty(8, 256, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="b must be a \\(tensor, scales\\) pair"):
+        deep_kernels.fp8_gemm_nn(a, b[0].T, d)
+    with pytest.raises(TypeError, match="b must be torch.float8_e4m3fn"):
+        deep_kernels.fp8_gemm_nn(a, (b[0].T.view(torch.uint8), b[1].T), d)
+    with pytest.raises(ValueError, match="sfb must be 2-D"):
+        deep_kernels.fp8_gemm_nn(a, (b[0].T, b[1].flatten()), d)
+    with pytest.raises(ValueError, match="a must be at least 2-D"):
+        deep_kernels.fp8_gemm_tt((a[0][0], a[1]), b, d)
+
+
+def test_grouped_nn_forms_refuse_n_major_weights():
+    a, b, m_indices, _ = make_contiguous_inputs([3, 0, 5], 32, 128, device="cpu")
+    d = torch.empty(m_indices.numel(), 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"b \[K, N\] is N-major .*per_block_cast_to_fp8"):
+        deep_kernels.m_grouped_fp8_gemm_nn_contiguous(a, _rows_major(b), d, m_indices)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.m_grouped_fp8_gemm_nn_contiguous(a, _transposed(b), d, m_indices)
+    x, w = random_activations(256, 128, device="cpu", seed=0), random_activations(96, 128, device="cpu", seed=1)
+    w = w.view(3, 32, 128)
+    with pytest.raises(ValueError, match=r"b \[G, K, N\] is N-major .*w\.mT of K-major \[G, N, K\]"):
+        deep_kernels.m_grouped_bf16_gemm_nn_contiguous(x, w.mT.contiguous(), d, m_indices)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.m_grouped_bf16_gemm_nn_contiguous(x, w.mT, d, m_indices)
+
+
+# ---- kernels (GPU) ----
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(100, 2112, 7168), (4096, 576, 1024), (64, 4096, 7168)])
+def test_dense_forms_are_the_nt_call(m, n, k):
+    a, b = make_gemm_inputs(m, n, k)
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
+    nt = deep_kernels.fp8_gemm_nt(a, b, poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16)))
+    assert_gemm_close(nt, expected)
+    for form, operands in _form_operands(a, b).items():
+        d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
+        assert getattr(deep_kernels, f"fp8_gemm_{form}")(*operands, d) is d
+        assert_bitwise_equal(d, nt, f"fp8_gemm_{form}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(2112, 7168, 4096), (256, 384, 640)])
+def test_weight_gradient_forms_accumulate_as_the_nt_call(m, n, k):
+    # recipe (1, 1, 128): the TN form is the weight gradient's call on token-major dY and X.
+    a, b = make_wgrad_inputs(m, n, k)
+    c = accumulator_like(reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64),
+                                               recipe=(1, 1, 128)))
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64), c=c,
+                                     recipe=(1, 1, 128))
+    nt = deep_kernels.fp8_gemm_nt(a, b, poison_(torch.empty((m, n), device="cuda")), c=c, recipe=(1, 1, 128))
+    assert_gemm_close(nt, expected)
+    for form, operands in _form_operands(a, b).items():
+        d = c.clone()  # c is d: accumulated in place
+        getattr(deep_kernels, f"fp8_gemm_{form}")(*operands, d, c=d, recipe=(1, 1, 128))
+        assert_bitwise_equal(d, nt, f"fp8_gemm_{form}")
+
+
+@pytest.mark.gpu
+def test_grouped_nn_forms_are_the_nt_calls():
+    sizes = [300, 0, 77, 512]
+    a, b, m_indices, offsets = make_contiguous_inputs(sizes, 576, 1024)
+    m_total = m_indices.numel()
+    nt = deep_kernels.m_grouped_fp8_gemm_nt_contiguous(
+        a, b, poison_(torch.empty((m_total, 576), device="cuda", dtype=torch.bfloat16)), m_indices)
+    expected = reference.m_grouped_fp8_gemm_nt_contiguous(
+        a, b, poison_(torch.empty((m_total, 576), device="cuda", dtype=torch.float64)), m_indices)
+    valid = m_indices >= 0
+    assert_gemm_close(nt[valid], expected[valid])
+    assert nt[~valid].isnan().all(), "padding rows left unwritten"
+    for layout in ({"m_indices": m_indices}, {"offsets": offsets}):
+        d = poison_(torch.empty((m_total, 576), device="cuda", dtype=torch.bfloat16))
+        deep_kernels.m_grouped_fp8_gemm_nn_contiguous(a, _transposed(b), d, **layout)
+        assert_bitwise_equal(d, nt, "m_grouped_fp8_gemm_nn_contiguous")
+
+    m_indices, _ = contiguous_layout(sizes)
+    x = random_activations(m_indices.numel(), 1024, seed=3)
+    w = random_activations(len(sizes) * 576, 1024, seed=4).view(len(sizes), 576, 1024)
+    nt = deep_kernels.m_grouped_bf16_gemm_nt_contiguous(
+        x, w, poison_(torch.empty((m_total, 576), device="cuda", dtype=torch.bfloat16)), m_indices)
+    expected = reference_bf16.m_grouped_bf16_gemm_nt_contiguous(
+        x, w, torch.empty((m_total, 576), device="cuda", dtype=torch.float64), m_indices)
+    assert_gemm_close(nt[valid], expected[valid])
+    d = poison_(torch.empty((m_total, 576), device="cuda", dtype=torch.bfloat16))
+    deep_kernels.m_grouped_bf16_gemm_nn_contiguous(x, w.mT, d, m_indices)
+    assert_bitwise_equal(d, nt, "m_grouped_bf16_gemm_nn_contiguous")
