@@ -300,7 +300,7 @@ def _reject_nvfp4(b) -> None:
                          "the grouped GEMMs take MXFP4 weights")
 
 
-def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) -> torch.Tensor:
+def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
     """D = A @ B^T (+ C) with e4m3 activations (1x128 scales) and MXFP4 or NVFP4 weights, FP32 accumulation.
 
     Args:
@@ -313,9 +313,6 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
             given (deep_kernels.nvfp4_gemm has the layouts and numerics).
         d: [M, N] output, bf16; fp32 when c is given.
         c: optional fp32 [M, N] added to the product; may be d itself.
-        config: for measured tuning and tests only: a heuristics.fp8_fp4_gemm config, or a
-            heuristics.fp8_fp4_swap_ab one (the swapped kernel, up to 128 tokens), instead of the chosen one
-            (NVFP4: a heuristics.fp8_nvfp4_swap_ab one).
 
     Returns:
         d.
@@ -341,6 +338,14 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, config=None) 
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.fp8_fp4_gemm_nt(a, b, d, c)
+    return fp8_fp4_gemm_nt_with_config(None, a, b, d, c)
+
+
+def fp8_fp4_gemm_nt_with_config(config, a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+    """fp8_fp4_gemm_nt with config in place of the chosen one (None: the chosen one), for measured tuning,
+    side-by-side timing and tests: a heuristics.fp8_fp4_gemm config, or a heuristics.fp8_fp4_swap_ab one (the
+    swapped kernel, up to 128 tokens); NVFP4 weights: a heuristics.fp8_nvfp4_swap_ab one, run on every 128-row
+    slice."""
     if isinstance(b, PreparedFp4Weights):
         return _fp8_fp4_gemm_nt_prepared(a, b, d, c, config)
     if _is_nvfp4(b):
@@ -550,8 +555,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
     return d
 
 
-def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
-                                     config=None) -> torch.Tensor:
+def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
     """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T for every expert g (masked layout), MXFP4 weights.
 
     Args:
@@ -562,8 +566,6 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tens
         d: [G, M_max, N] bf16 output.
         masked_m: [G] int32 CUDA tensor, valid rows per expert, read on the device (clamped to [0, M_max]).
         expected_m: host-side estimate of the valid rows per expert in [1, max(M_max, 1)]; steers the tiling only.
-        config: for measured tuning and tests only (prepared weights): a heuristics.fp8_fp4_swap_ab config without
-            split-K instead of the chosen one (heuristics.fp8_fp4_swap_ab.get_masked_config).
 
     Returns:
         d.
@@ -581,6 +583,15 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tens
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m)
+    return m_grouped_fp8_fp4_gemm_nt_masked_with_config(None, a, b, d, masked_m, expected_m)
+
+
+def m_grouped_fp8_fp4_gemm_nt_masked_with_config(config, a, b, d: torch.Tensor, masked_m: torch.Tensor,
+                                                 expected_m: int) -> torch.Tensor:
+    """m_grouped_fp8_fp4_gemm_nt_masked with config in place of the chosen one (None: the chosen one), for measured
+    tuning and tests: prepared weights only, a heuristics.fp8_fp4_swap_ab config without split-K
+    (heuristics.fp8_fp4_swap_ab.get_masked_config)."""
+    _reject_nvfp4(b)
     if isinstance(b, PreparedFp4Weights):
         return _masked_prepared(a, b, d, masked_m, expected_m, config)
     if config is not None:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-import deep_kernels
 from deep_kernels import fp4_gemm, gemm, nvfp4_gemm
 from deep_kernels.heuristics import fp8_fp4_swap_ab as mxfp4_heuristics
 from deep_kernels.heuristics import fp8_nvfp4_swap_ab as nvfp4_heuristics
@@ -60,14 +59,14 @@ def run_case(kind, m, n, k, config, runs: int, mode: str, out_dir: Path, tag: st
         with torch.cuda.stream(side):
             for _ in range(max(runs // 3, 5)):
                 x = (x @ x).clamp_(-1, 1)
-    first = deep_kernels.fp8_fp4_gemm_nt(a, b, outs[0], config=config).clone()
+    first = fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, outs[0]).clone()
     torch.cuda.synchronize()
     first_errors = gemm_errors(first, expected)
     mismatches = []
     start = time.time()
     for i in range(1, runs):
         d = outs[i] if mode != "sync" else poison_(outs[1])
-        deep_kernels.fp8_fp4_gemm_nt(a, b, d, config=config)
+        fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, d)
         if mode == "sync":
             torch.cuda.synchronize()
             if not torch.equal(d.view(torch.int16), first.view(torch.int16)):

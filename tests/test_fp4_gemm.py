@@ -32,10 +32,10 @@ def _reference(a, b, c: torch.Tensor = None) -> torch.Tensor:
     return reference.fp8_fp4_gemm_nt(a, b, torch.empty((m, n), device=a[0].device, dtype=torch.float64), c=c)
 
 
-def _run(a, b, **kwargs) -> torch.Tensor:
+def _run(a, b, config=None) -> torch.Tensor:
     m, n = a[0].shape[0], b[0].shape[0]
-    return deep_kernels.fp8_fp4_gemm_nt(a, b, poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16)),
-                                        **kwargs)
+    return fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b,
+                                                poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16)))
 
 
 # ---- validation (CPU) ----
@@ -336,9 +336,9 @@ def test_swap_ab_accumulates_into_fp32_and_is_deterministic():
     c = accumulator_like(_reference(a, b))
     expected = _reference(a, b, c)
     d = poison_(torch.empty(64, 2112, device="cuda"))
-    assert_gemm_close(deep_kernels.fp8_fp4_gemm_nt(a, b, d, c=c, config=config), expected)
+    assert_gemm_close(fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, d, c=c), expected)
     d = c.clone()
-    assert_gemm_close(deep_kernels.fp8_fp4_gemm_nt(a, b, d, c=d, config=config), expected)
+    assert_gemm_close(fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, d, c=d), expected)
     first = _run(a, b, config=config)
     assert_bitwise_equal(_run(a, b, config=config), first)
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels import fp4_weights
+from deep_kernels import fp4_gemm, fp4_weights
 from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
 from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_
@@ -92,8 +92,8 @@ def test_masked_rejects_bad_prepared_input(mutate, error, match):
 
 def test_masked_rejects_a_split_config():
     with pytest.raises(ValueError, match="without split-K"):
-        deep_kernels.m_grouped_fp8_fp4_gemm_nt_masked(*_cpu_call()[:3], torch.zeros(2, dtype=torch.int32), 16,
-                                                      config=swap_ab.make_config(16, num_splits=2))
+        fp4_gemm.m_grouped_fp8_fp4_gemm_nt_masked_with_config(swap_ab.make_config(16, num_splits=2), *_cpu_call()[:3],
+                                                              torch.zeros(2, dtype=torch.int32), 16)
 
 
 # ---- GPU ----
@@ -107,7 +107,7 @@ def _inputs(masked_m, m_max, n, k, seed=0):
 def _run(a, prepared, masked, expected_m, config=None):
     num_groups, m_max, _ = a[0].shape
     d = poison_(torch.empty(num_groups, m_max, prepared.n, device="cuda", dtype=torch.bfloat16))
-    return deep_kernels.m_grouped_fp8_fp4_gemm_nt_masked(a, prepared, d, masked, expected_m, config=config)
+    return fp4_gemm.m_grouped_fp8_fp4_gemm_nt_masked_with_config(config, a, prepared, d, masked, expected_m)
 
 
 def _reference(a, b, masked):
@@ -189,7 +189,7 @@ def test_masked_is_bitwise_the_dense_kernel_per_expert():
         dense = deep_kernels.prepare_fp4_weights(b[0][g], b[1][g])
         d = poison_(torch.empty(rows, n, device="cuda", dtype=torch.bfloat16))
         sfa = a[1][g, :rows].contiguous()
-        deep_kernels.fp8_fp4_gemm_nt((a[0][g, :rows], sfa), dense, d, config=config)
+        fp4_gemm.fp8_fp4_gemm_nt_with_config(config, (a[0][g, :rows], sfa), dense, d)
         assert_bitwise_equal(actual[g, :rows], d, f"d[{g}]")
 
 

@@ -183,9 +183,9 @@ def test_gemm_rejects_bad_prepared_input(mutate, error, match):
 
 # ---- GPU ----
 
-def _run(a, b, n, **kwargs) -> torch.Tensor:
+def _run(a, b, n, config=None) -> torch.Tensor:
     d = poison_(torch.empty((a[0].shape[0], n), device="cuda", dtype=torch.bfloat16))
-    return deep_kernels.fp8_fp4_gemm_nt(a, b, d, **kwargs)
+    return fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, d)
 
 
 def _reference(a, b, c=None) -> torch.Tensor:
@@ -265,7 +265,7 @@ def test_splits_in_a_cluster_are_bitwise_the_workspace_split(m, n, k, config, pr
     assert_bitwise_equal(actual, _run(a, weights, n, config=replace(clustered, splits_in_cluster=False)))
     c = accumulator_like(_reference(a, b))
     d = c.clone()
-    deep_kernels.fp8_fp4_gemm_nt(a, weights, d, c=d, config=clustered)
+    fp4_gemm.fp8_fp4_gemm_nt_with_config(clustered, a, weights, d, c=d)
     assert_gemm_close(d, _reference(a, b, c))
 
 
@@ -357,9 +357,9 @@ def test_prepared_accumulates_in_place_and_is_deterministic():
     c = accumulator_like(_reference(a, b))
     expected = _reference(a, b, c)
     d = poison_(torch.empty(64, 2112, device="cuda"))
-    assert_gemm_close(deep_kernels.fp8_fp4_gemm_nt(a, prepared, d, c=c, config=config), expected)
+    assert_gemm_close(fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, prepared, d, c=c), expected)
     d = c.clone()
-    assert_gemm_close(deep_kernels.fp8_fp4_gemm_nt(a, prepared, d, c=d, config=config), expected)
+    assert_gemm_close(fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, prepared, d, c=d), expected)
     first = _run(a, prepared, 2112)
     assert_bitwise_equal(_run(a, prepared, 2112), first)
 

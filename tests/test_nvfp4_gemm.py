@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels import nvfp4_gemm
+from deep_kernels import fp4_gemm, nvfp4_gemm
 from deep_kernels.heuristics import fp8_nvfp4_swap_ab as heuristics
 from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.reference.quant.fp4 import nvfp4_cast_back
@@ -31,10 +31,10 @@ def _reference(a, b, c: torch.Tensor = None) -> torch.Tensor:
     return reference.fp8_fp4_gemm_nt(a, b, torch.empty((m, n), device=a[0].device, dtype=torch.float64), c=c)
 
 
-def _run(a, b, **kwargs) -> torch.Tensor:
+def _run(a, b, config=None) -> torch.Tensor:
     m, n = a[0].shape[0], b[0].shape[0]
-    return deep_kernels.fp8_fp4_gemm_nt(a, b, poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16)),
-                                        **kwargs)
+    return fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b,
+                                                poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16)))
 
 
 def forced_config(block_t: int, warpgroups: int, splits: int, ctas_per_sm: int = 1):
@@ -189,9 +189,9 @@ def test_accumulates_into_fp32_in_place_and_is_deterministic():
     c = accumulator_like(_reference(a, b))
     expected = _reference(a, b, c)
     d = poison_(torch.empty(64, 7168, device="cuda"))
-    assert_gemm_close(deep_kernels.fp8_fp4_gemm_nt(a, b, d, c=c, config=config), expected)
+    assert_gemm_close(fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, d, c=c), expected)
     d = c.clone()
-    assert_gemm_close(deep_kernels.fp8_fp4_gemm_nt(a, b, d, c=d, config=config), expected)
+    assert_gemm_close(fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, d, c=d), expected)
     first = _run(a, b, config=config)
     assert_bitwise_equal(_run(a, b, config=config), first)
 
