@@ -29,7 +29,9 @@ from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
-from deep_kernels.validation import check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows
+from deep_kernels.validation import (
+    check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank, check_row_major_rows,
+)
 
 BLOCK_K = heuristics.BLOCK_K
 # Rows of M or N per box of an MN-major operand (128 bytes).
@@ -238,7 +240,8 @@ def operand_map(t: torch.Tensor, block_rows: int, mn_major: bool) -> tuple:
     return tensor_map(t, (block_rows, BLOCK_K), 128)
 
 
-def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None,
+                 *, compiled_dims: str = "nk") -> torch.Tensor:
     """D = A @ B^T (+ C) with bf16 inputs and FP32 accumulation.
 
     Args:
@@ -246,6 +249,8 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         b: [N, K] bf16, K-major, or N-major (w.t() of a [K, N] tensor).
         d: [M, N] output, bf16 or FP32; FP32 when c is given.
         c: optional FP32 [M, N] added to the product (in FP32); may be d itself.
+        compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
+            (validation.check_deepgemm_options).
 
     Returns:
         d.
@@ -256,26 +261,30 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         per-device workspace, grown on demand and never during CUDA-graph capture: run a shape once before
         capturing it). No host synchronisation or allocation, so calls can be captured in CUDA graphs.
     """
+    check_deepgemm_options(compiled_dims)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.bf16_gemm_nt(a, b, d, c)
     return _launch_dense(a, b, d, c)
 
 
-def bf16_gemm_nn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+def bf16_gemm_nn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None,
+                 *, compiled_dims: str = "nk") -> torch.Tensor:
     """D = A @ B (+ C) with a [M, K] and b [K, N] (row-major: N-major, read transposed by wgmma; or the transposed
     view of a K-major [N, K] tensor): bf16_gemm_nt(a, b.T, d, c)."""
-    return bf16_gemm_nt(a, _transposed(b, "b"), d, c)
+    return bf16_gemm_nt(a, _transposed(b, "b"), d, c, compiled_dims=compiled_dims)
 
 
-def bf16_gemm_tn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+def bf16_gemm_tn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None,
+                 *, compiled_dims: str = "nk") -> torch.Tensor:
     """D = A^T @ B (+ C) with a [K, M] and b [K, N] (the weight gradient's layout): bf16_gemm_nt(a.T, b.T, d, c)."""
-    return bf16_gemm_nt(_transposed(a, "a"), _transposed(b, "b"), d, c)
+    return bf16_gemm_nt(_transposed(a, "a"), _transposed(b, "b"), d, c, compiled_dims=compiled_dims)
 
 
-def bf16_gemm_tt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+def bf16_gemm_tt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor = None,
+                 *, compiled_dims: str = "nk") -> torch.Tensor:
     """D = A^T @ B^T (+ C) with a [K, M] and b [N, K]: bf16_gemm_nt(a.T, b, d, c)."""
-    return bf16_gemm_nt(_transposed(a, "a"), b, d, c)
+    return bf16_gemm_nt(_transposed(a, "a"), b, d, c, compiled_dims=compiled_dims)
 
 
 def _transposed(t, name: str) -> torch.Tensor:
@@ -308,7 +317,8 @@ def _grouped_plan(gemm_type: str, m: int, n: int, k: int, num_groups: int, confi
 
 
 def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
-                                      m_indices: torch.Tensor) -> torch.Tensor:
+                                      m_indices: torch.Tensor,
+                                      *, compiled_dims: str = "nk") -> torch.Tensor:
     """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout (module docstring).
 
     Args:
@@ -317,6 +327,8 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         d: [M_total, N] bf16 output.
         m_indices: [M_total] int32 CUDA tensor: each row's expert in [0, G), -1 on padding rows (ids outside [0, G)
             count as padding); each expert's rows one segment starting on a multiple of the alignment.
+        compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
+            (validation.check_deepgemm_options).
 
     Returns:
         d.
@@ -324,6 +336,7 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     Notes:
         Padding rows of d are never written. Deterministic; no host synchronisation or allocation (CUDA-graph safe).
     """
+    check_deepgemm_options(compiled_dims)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices)
@@ -331,7 +344,8 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
 
 
 def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
-                                      m_indices: torch.Tensor) -> torch.Tensor:
+                                      m_indices: torch.Tensor,
+                                      *, compiled_dims: str = "nk") -> torch.Tensor:
     """DeepGEMM's NN form of m_grouped_bf16_gemm_nt_contiguous: b [G, K, N] is the transposed view of the K-major
     [G, N, K] weights the grouped kernel reads (b.mT); the NT call on b.mT."""
     check_rank(b, "b", 3)
@@ -339,7 +353,7 @@ def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         raise ValueError(f"b [G, K, N] is N-major (strides {tuple(b.stride())}): the grouped BF16 GEMMs read the "
                          f"weights K-major, so pass the transposed view w.mT of K-major [G, N, K] weights w "
                          f"(b.mT.contiguous().mT copies b into that layout)")
-    return m_grouped_bf16_gemm_nt_contiguous(a, b.mT, d, m_indices)
+    return m_grouped_bf16_gemm_nt_contiguous(a, b.mT, d, m_indices, compiled_dims=compiled_dims)
 
 
 def _launch_contiguous(a, b, d, m_indices, config=None) -> torch.Tensor:
@@ -359,7 +373,8 @@ def _launch_contiguous(a, b, d, m_indices, config=None) -> torch.Tensor:
 
 
 def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
-                                  expected_m: int) -> torch.Tensor:
+                                  expected_m: int,
+                                  *, compiled_dims: str = "nk") -> torch.Tensor:
     """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T for every expert g (masked layout, module docstring).
 
     Args:
@@ -369,6 +384,8 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
         masked_m: [G] int32 CUDA tensor, valid rows per expert, read on the device (clamped to [0, M_max]).
         expected_m: host-side estimate of the valid rows per expert, an integer in [1, max(M_max, 1)]; it only
             steers the tile choice.
+        compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
+            (validation.check_deepgemm_options).
 
     Returns:
         d.
@@ -378,6 +395,7 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
         synchronisation or allocation: the call can be captured in a CUDA graph and replayed with new masked_m.
         Deterministic.
     """
+    check_deepgemm_options(compiled_dims)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m)

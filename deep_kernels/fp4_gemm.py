@@ -42,7 +42,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    tma_aligned_size, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows,
+    tma_aligned_size, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank,
+    check_row_major_rows,
 )
 
 MXFP4_GROUP_SIZE = 32
@@ -300,7 +301,8 @@ def _reject_nvfp4(b) -> None:
                          "the grouped GEMMs take MXFP4 weights")
 
 
-def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tensor:
+def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None,
+                    *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """D = A @ B^T (+ C) with e4m3 activations (1x128 scales) and MXFP4 or NVFP4 weights, FP32 accumulation.
 
     Args:
@@ -313,6 +315,8 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tens
             given (deep_kernels.nvfp4_gemm has the layouts and numerics).
         d: [M, N] output, bf16; fp32 when c is given.
         c: optional fp32 [M, N] added to the product; may be d itself.
+        compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
+            changes anything here (validation.check_deepgemm_options).
 
     Returns:
         d.
@@ -335,6 +339,7 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None) -> torch.Tens
         exact in e4m3 (then the block-scaled FP8 GEMM multiplies: the values are the same, the promotion scale
         sfa * 2^(E - 133) per block), else per row and 128 columns as above (deep_kernels.fp4_weights).
     """
+    check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.fp8_fp4_gemm_nt(a, b, d, c)
@@ -515,7 +520,8 @@ def _grouped_plan(gemm_type: str, m: int, n: int, k: int, num_groups: int):
     return plan
 
 
-def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor) -> torch.Tensor:
+def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor, *,
+                                         compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout, MXFP4 weights per expert.
 
     Args:
@@ -525,6 +531,8 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
         b: (codes [G, N, K / 2] float4_e2m1fn_x2 or uint8, sfb [G, N, K / 32] float8_e8m0fnu or uint8).
         d: [M_total, N] bf16 output.
         m_indices: [M_total] int32 CUDA tensor: each row's expert in [0, G), -1 on padding rows.
+        compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
+            changes anything here (validation.check_deepgemm_options).
 
     Returns:
         d.
@@ -533,6 +541,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
         Padding rows of d are never written. Numerics as fp8_fp4_gemm_nt; deterministic; no host synchronisation
         (CUDA-graph safe with kernel-ready sfa).
     """
+    check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     _reject_nvfp4(b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
@@ -555,7 +564,8 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
     return d
 
 
-def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
+def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
+                                     *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T for every expert g (masked layout), MXFP4 weights.
 
     Args:
@@ -566,6 +576,8 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tens
         d: [G, M_max, N] bf16 output.
         masked_m: [G] int32 CUDA tensor, valid rows per expert, read on the device (clamped to [0, M_max]).
         expected_m: host-side estimate of the valid rows per expert in [1, max(M_max, 1)]; steers the tiling only.
+        compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
+            changes anything here (validation.check_deepgemm_options).
 
     Returns:
         d.
@@ -579,6 +591,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tens
         accumulators, below masked_m only. Unprepared weights run the FP8 engine's masked kind with the codes
         expanded into shared memory.
     """
+    check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     _reject_nvfp4(b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops

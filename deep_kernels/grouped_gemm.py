@@ -28,7 +28,9 @@ from deep_kernels.heuristics import grouped_fp8_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
-from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows
+from deep_kernels.validation import (
+    ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank, check_row_major_rows,
+)
 
 CONTIGUOUS = "m_grouped_contiguous"
 MASKED = "m_grouped_masked"
@@ -185,7 +187,8 @@ def _m_indices_from_offsets(offsets: torch.Tensor, m_total: int) -> torch.Tensor
 
 
 def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, *,
-                                     offsets: torch.Tensor = None) -> torch.Tensor:
+                                     offsets: torch.Tensor = None,
+                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout (module docstring).
 
     Args:
@@ -201,6 +204,8 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
             segment then starts at the sum of the earlier experts' sizes each rounded up to the alignment (the
             layout moe_layout builds); rows past the last segment are padding. Converted to m_indices on the
             device by a few torch ops (no host synchronisation; allocates M_total int32).
+        compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
+            changes anything here (validation.check_deepgemm_options).
 
     Returns:
         d.
@@ -213,6 +218,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         graph. A call whose tensors have the dtypes, shapes, strides and devices of an earlier valid call
         skips re-validation.
     """
+    check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, offsets)
@@ -236,11 +242,13 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
 
 
 def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, *,
-                                     offsets: torch.Tensor = None) -> torch.Tensor:
+                                     offsets: torch.Tensor = None,
+                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """DeepGEMM's NN form of m_grouped_fp8_gemm_nt_contiguous: b = (b [G, K, N], sfb [G, ceil(K / 128), ceil(N / 128)])
     is the NT form's pair transposed (b.mT K-major: Hopper's FP8 wgmma reads no other); the NT call on (b.mT, sfb.mT).
     """
-    return m_grouped_fp8_gemm_nt_contiguous(a, gemm.transposed_pair(b, "b", "N"), d, m_indices, offsets=offsets)
+    return m_grouped_fp8_gemm_nt_contiguous(a, gemm.transposed_pair(b, "b", "N"), d, m_indices, offsets=offsets,
+                                            compiled_dims=compiled_dims, disable_ue8m0_cast=disable_ue8m0_cast)
 
 
 def _launch_contiguous(plan: tuple, a, sfa, b, sfb, d, m_indices, m: int, num_groups: int) -> torch.Tensor:
@@ -255,7 +263,8 @@ def _launch_contiguous(plan: tuple, a, sfa, b, sfb, d, m_indices, m: int, num_gr
     return d
 
 
-def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
+def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
+                                 *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T for every expert g (masked layout, module docstring).
 
     Args:
@@ -266,6 +275,8 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
             [0, M_max]).
         expected_m: host-side estimate of the valid rows per expert, an integer in [1, max(M_max, 1)]; it only
             steers the tile choice (a wrong value costs time, never correctness).
+        compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
+            changes anything here (validation.check_deepgemm_options).
 
     Returns:
         d.
@@ -276,6 +287,7 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
         ready scales, no allocation): the call can be captured in a CUDA graph and replayed with new masked_m
         and a. Deterministic; numerics as fp8_gemm_nt.
     """
+    check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)

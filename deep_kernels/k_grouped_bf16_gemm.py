@@ -25,7 +25,7 @@ from deep_kernels.heuristics import k_grouped_bf16_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.k_grouped_gemm import check_group_sizes
-from deep_kernels.validation import INT32_LIMIT, check_cuda_device, check_dtype, check_rank
+from deep_kernels.validation import INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_rank
 
 BLOCK_K = heuristics.BLOCK_K
 
@@ -84,7 +84,8 @@ _checked_calls = {}
 
 
 def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks, ks_tensor: torch.Tensor,
-                                      c: torch.Tensor = None) -> torch.Tensor:
+                                      c: torch.Tensor = None,
+                                      *, compiled_dims: str = "nk") -> torch.Tensor:
     """d[g] = a_g @ b_g^T (+ c[g]) for every group g, a_g and b_g the g-th segment of k_g columns (module docstring).
 
     Args:
@@ -94,6 +95,8 @@ def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         ks: host list of the G groups' K (tokens), each a non-negative multiple of 64, summing to sum k.
         ks_tensor: int32 CUDA tensor [G] holding the same values; the kernel reads it (no host synchronisation).
         c: optional FP32 [G, M, N] added to the products; may be d itself (accumulating into the gradients).
+        compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
+            (validation.check_deepgemm_options).
 
     Returns:
         d.
@@ -105,6 +108,7 @@ def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         A call whose tensors have the dtypes, shapes, strides and devices of an earlier valid call (with as many
         groups) checks only ks again.
     """
+    check_deepgemm_options(compiled_dims)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.k_grouped_bf16_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c)
@@ -144,17 +148,21 @@ def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
 
 
 def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks, ks_tensor: torch.Tensor,
-                                      c: torch.Tensor = None) -> torch.Tensor:
+                                      c: torch.Tensor = None,
+                                      *, compiled_dims: str = "nk") -> torch.Tensor:
     """d[g] = a_g^T @ b_g (+ c[g]): k_grouped_bf16_gemm_nt_contiguous(a.T, b.T, d, ks, ks_tensor, c).
 
     Args:
         a: [sum k, M] bf16: the token-major output gradient as it is (M-contiguous), or a transposed K-major view.
         b: [sum k, N] bf16: the token-major activations likewise.
         d, ks, ks_tensor, c: as for k_grouped_bf16_gemm_nt_contiguous.
+        compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
+            (validation.check_deepgemm_options).
 
     Returns:
         d.
     """
+    check_deepgemm_options(compiled_dims)
     check_rank(a, "a", 2)
     check_rank(b, "b", 2)
     return k_grouped_bf16_gemm_nt_contiguous(a.t(), b.t(), d, ks, ks_tensor, c)

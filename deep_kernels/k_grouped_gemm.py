@@ -33,7 +33,7 @@ from deep_kernels.heuristics import k_grouped_fp8_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import tensor_map
 from deep_kernels.validation import (
-    INT32_LIMIT, check_cuda_device, check_dtype, check_rank, check_row_major_rows,
+    INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_rank, check_row_major_rows,
 )
 
 # The kernel compiles for any K: the groups' sizes come from the device.
@@ -150,7 +150,8 @@ _checked_calls = {}
 
 
 def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch.Tensor, c: torch.Tensor = None,
-                                     recipe=(1, 1, 128)) -> torch.Tensor:
+                                     recipe=(1, 1, 128),
+                                     *, compiled_dims: str = "nk") -> torch.Tensor:
     """d[g] = a_g @ b_g^T (+ c[g]) for every group g, a_g and b_g the g-th segment of k_g columns (module docstring).
 
     Args:
@@ -164,6 +165,8 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         ks_tensor: int32 CUDA tensor [G] holding the same values; the kernel reads it (no host synchronisation).
         c: optional FP32 [G, M, N] added to the products; may be d itself (accumulating into the gradients).
         recipe: (1, 1, 128), the only recipe of this GEMM.
+        compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
+            (validation.check_deepgemm_options).
 
     Returns:
         d.
@@ -175,6 +178,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         sfb[column] and added in FP32 registers. Deterministic (fixed reduction order). A call whose tensors have
         the dtypes, shapes, strides and devices of an earlier valid call (with as many groups) checks only ks again.
     """
+    check_deepgemm_options(compiled_dims)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c, recipe)
@@ -250,7 +254,8 @@ def _k_major_view(t, scales, name: str, scale_name: str, rows_name: str) -> tupl
 
 
 def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch.Tensor, c: torch.Tensor = None,
-                                     recipe=(1, 1, 128)) -> torch.Tensor:
+                                     recipe=(1, 1, 128),
+                                     *, compiled_dims: str = "nk") -> torch.Tensor:
     """k_grouped_fp8_gemm_nt_contiguous with the operands as the tn layout names them: d[g] = a_g^T @ b_g (+ c[g]).
 
     Args:
@@ -258,6 +263,8 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
             per_channel_cast_transpose_to_fp8 returns (q.T, scales.T).
         b: (b [sum k, N], sfb [sum k / 128, N]) likewise.
         d, ks, ks_tensor, c, recipe: as for k_grouped_fp8_gemm_nt_contiguous.
+        compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
+            (validation.check_deepgemm_options).
 
     Returns:
         d.
@@ -266,6 +273,7 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         The transposed views are taken as they are (no copy). An M-major a or b (a contiguous [sum k, M] tensor)
         is refused with the cast that produces the K-major layout.
     """
+    check_deepgemm_options(compiled_dims)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks, ks_tensor, c, recipe)

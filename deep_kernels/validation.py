@@ -60,3 +60,15 @@ def check_cuda_device(t: torch.Tensor, name: str, like: torch.Tensor = None) -> 
         raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {t.device}")
     if like is not None and t.get_device() != like.get_device():
         raise ValueError(f"{name} is on {t.device} but the other inputs are on {like.device}")
+
+
+def check_deepgemm_options(compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+    """DeepGEMM's GEMM options, accepted so that its calls run unchanged (inference engines pass them on every call);
+    neither changes the kernel or its result on Hopper: compiled_dims names the dimensions DeepGEMM's JIT compiles in
+    (ours always compiles N and K in and takes M at run time), and disable_ue8m0_cast turns off the rounding of FP32
+    scales to UE8M0 that DeepGEMM applies on Blackwell only (FP32 scales are read as given, packed UE8M0 ones
+    unpacked)."""
+    if not isinstance(compiled_dims, str) or not set(compiled_dims) <= set("mnk"):
+        raise ValueError(f"compiled_dims must be a string of the letters m, n and k, got {compiled_dims!r}")
+    if not isinstance(disable_ue8m0_cast, bool):
+        raise TypeError(f"disable_ue8m0_cast must be a bool, got {type(disable_ue8m0_cast).__name__}")

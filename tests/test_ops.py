@@ -5,6 +5,7 @@ plain-torch references, computed on the CPU); the ops' implementations hand thei
 replay, gives the eager bits."""
 
 import dataclasses
+import inspect
 from typing import Callable, NamedTuple
 
 import pytest
@@ -361,6 +362,45 @@ def test_every_public_function_has_an_op_or_launches_nothing():
     assert {case.name for case in CASES} == with_ops, "every op has a case below"
     with_out = {name for name in with_ops if "out" in getattr(torch.ops.deep_kernels, name).overloads()}
     assert {case.name for case in CASES if case.with_out} == with_out, "every .out overload has a case below"
+
+
+def _gemm_names() -> list:
+    return sorted(name for name in deep_kernels.__all__ if "gemm_" in name and callable(getattr(deep_kernels, name)))
+
+
+def test_every_gemm_takes_deepgemm_options():
+    # DeepGEMM's names: compiled_dims on every GEMM, disable_ue8m0_cast on those with FP8 operand scales (not the
+    # k-grouped ones, whose DeepGEMM forms lack it).
+    for name in _gemm_names():
+        parameters = inspect.signature(getattr(deep_kernels, name)).parameters
+        assert parameters["compiled_dims"].default == "nk", name
+        takes_ue8m0_option = "fp8" in name and not name.startswith("k_grouped")
+        assert ("disable_ue8m0_cast" in parameters) == takes_ue8m0_option, name
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case.name in GEMMS], ids=lambda case: case.id)
+def test_deepgemm_options_are_checked_then_change_nothing(case):
+    public = getattr(deep_kernels, case.name)
+    args, kwargs = case.make()
+    takes_ue8m0_option = "disable_ue8m0_cast" in inspect.signature(public).parameters
+    options = dict(compiled_dims="mn", **({"disable_ue8m0_cast": True} if takes_ue8m0_option else {}))
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):  # every check before the device's passed
+        public(*args, **kwargs, **options)
+    with pytest.raises(ValueError, match="compiled_dims must be a string of the letters m, n and k, got 'nx'"):
+        public(*args, **kwargs, compiled_dims="nx")
+    if takes_ue8m0_option:
+        with pytest.raises(TypeError, match="disable_ue8m0_cast must be a bool, got str"):
+            public(*args, **kwargs, disable_ue8m0_cast="yes")
+
+
+def test_compiled_call_with_deepgemm_options_is_the_op():
+    args, kwargs = _accumulating_gemm()
+    meta_args, meta_kwargs = _moved((args, kwargs), "meta", {})
+    recorder = GraphRecorder()
+    compiled = _compiled(lambda *args: deep_kernels.fp8_gemm_nt(*args, **meta_kwargs, compiled_dims="mn",
+                                                                disable_ue8m0_cast=True), recorder)
+    assert compiled(*meta_args) is meta_args[2]
+    assert recorder.deep_kernels_ops() == ["fp8_gemm_nt.default"]
 
 
 def _transposed_form_call(name: str) -> tuple:

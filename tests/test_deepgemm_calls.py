@@ -1,10 +1,15 @@
-"""DeepGEMM's transposed forms of the FP8 GEMMs (fp8_gemm_nn / tn / tt, m_grouped_fp8_gemm_nn_contiguous) and of the
-grouped BF16 GEMM (m_grouped_bf16_gemm_nn_contiguous): each takes the NT call's operands transposed, (t.mT, scales.mT).
-Hopper's FP8 wgmma (and the grouped BF16 kernel) read K-major operands only, so a transposed form takes the transposed
-view of a K-major tensor and refuses a rows-major one before launch, naming the casts that write the K-major layout.
+"""DeepGEMM's calling conventions beyond the NT calls, so that its callers switch by changing the module name.
 
-CPU: the refusals, and K-major views passing every check up to the device's. GPU: every form bitwise equal to the NT
-call on the same memory (outputs poisoned before each launch) and within the FP8 GEMM's bound of float64.
+The transposed forms of the FP8 GEMMs (fp8_gemm_nn / tn / tt, m_grouped_fp8_gemm_nn_contiguous) and of the grouped
+BF16 GEMM (m_grouped_bf16_gemm_nn_contiguous) take the NT call's operands transposed, (t.mT, scales.mT). Hopper's FP8
+wgmma (and the grouped BF16 kernel) read K-major operands only, so a transposed form takes the transposed view of a
+K-major tensor and refuses a rows-major one before launch, naming the casts that write the K-major layout.
+DeepGEMM's options compiled_dims and disable_ue8m0_cast (inference engines pass the latter on every call) are taken
+and change nothing (tests/test_ops.py checks every GEMM takes them and checks their values).
+
+CPU: the refusals, and K-major views passing every check up to the device's. GPU: every form, and every call with
+the options, bitwise equal to the plain NT call on the same memory (outputs poisoned before each launch), and the NT
+call within the FP8 GEMM's bound of float64.
 """
 
 import pytest
@@ -15,7 +20,7 @@ from deep_kernels.reference import bf16_gemm as reference_bf16
 from deep_kernels.reference import gemm as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
 from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_gemm_inputs
-from deep_kernels.testing.grouped import contiguous_layout, make_contiguous_inputs
+from deep_kernels.testing.grouped import contiguous_layout, make_contiguous_inputs, make_masked_inputs
 from deep_kernels.testing.wgrad import make_wgrad_inputs
 
 
@@ -151,3 +156,18 @@ def test_grouped_nn_forms_are_the_nt_calls():
     d = poison_(torch.empty((m_total, 576), device="cuda", dtype=torch.bfloat16))
     deep_kernels.m_grouped_bf16_gemm_nn_contiguous(x, w.mT, d, m_indices)
     assert_bitwise_equal(d, nt, "m_grouped_bf16_gemm_nn_contiguous")
+
+
+@pytest.mark.gpu
+def test_deepgemm_options_change_nothing():
+    a, b = make_gemm_inputs(100, 2112, 7168)
+    plain = deep_kernels.fp8_gemm_nt(a, b, poison_(torch.empty((100, 2112), device="cuda", dtype=torch.bfloat16)))
+    for options in (dict(disable_ue8m0_cast=True), dict(compiled_dims="mnk", disable_ue8m0_cast=False)):
+        d = poison_(torch.empty((100, 2112), device="cuda", dtype=torch.bfloat16))
+        assert_bitwise_equal(deep_kernels.fp8_gemm_nt(a, b, d, **options), plain, f"fp8_gemm_nt with {options}")
+    a, b, masked_m = make_masked_inputs([40, 0, 97], 128, 576, 1024)
+    plain = deep_kernels.m_grouped_fp8_gemm_nt_masked(
+        a, b, poison_(torch.empty((3, 128, 576), device="cuda", dtype=torch.bfloat16)), masked_m, 64)
+    d = poison_(torch.empty((3, 128, 576), device="cuda", dtype=torch.bfloat16))
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64, compiled_dims="nk", disable_ue8m0_cast=True)
+    assert_bitwise_equal(d, plain, "m_grouped_fp8_gemm_nt_masked with the options")
