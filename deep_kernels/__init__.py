@@ -16,8 +16,8 @@ from deep_kernels.fp4_gemm import (
 from deep_kernels.fp4_weights import prepare_fp4_weights
 from deep_kernels.gemm import fp8_gemm_nn, fp8_gemm_nt, fp8_gemm_tn, fp8_gemm_tt, get_mn_major_tma_aligned_tensor
 from deep_kernels.grouped_gemm import (
-    get_m_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nn_contiguous, m_grouped_fp8_gemm_nt_contiguous,
-    m_grouped_fp8_gemm_nt_masked,
+    get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nn_contiguous,
+    m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
 )
 from deep_kernels.k_grouped_bf16_gemm import k_grouped_bf16_gemm_nt_contiguous, k_grouped_bf16_gemm_tn_contiguous
 from deep_kernels.k_grouped_gemm import k_grouped_fp8_gemm_nt_contiguous, k_grouped_fp8_gemm_tn_contiguous
@@ -46,7 +46,7 @@ __all__ = [
     "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "m_grouped_bf16_gemm_nn_contiguous",
     "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked", "fp8_fp4_gemm_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked", "prepare_fp4_weights", "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt",
-    "get_m_alignment_for_contiguous_layout",
+    "get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor", "k_grouped_bf16_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",

@@ -22,6 +22,7 @@ from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import gemm
 from deep_kernels.device import get_num_sms
+from deep_kernels.contiguous_layout import psum_call_m_indices
 from deep_kernels.gemm import FP8_GEMM, call_signature, check_k_n
 from deep_kernels.grouped_gemm import _check_devices, _check_layout_tensor, _checked
 from deep_kernels.heuristics import bf16_gemm as heuristics
@@ -30,7 +31,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank, check_row_major_rows,
+    check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_psum_options, check_rank,
+    check_row_major_rows,
 )
 
 BLOCK_K = heuristics.BLOCK_K
@@ -317,8 +319,9 @@ def _grouped_plan(gemm_type: str, m: int, n: int, k: int, num_groups: int, confi
 
 
 def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
-                                      m_indices: torch.Tensor,
-                                      *, compiled_dims: str = "nk") -> torch.Tensor:
+                                      m_indices: torch.Tensor, *, compiled_dims: str = "nk",
+                                      use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+                                      expected_m_for_psum_layout: int = None) -> torch.Tensor:
     """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout (module docstring).
 
     Args:
@@ -329,14 +332,20 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
             count as padding); each expert's rows one segment starting on a multiple of the alignment.
         compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
             (validation.check_deepgemm_options).
+        use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout: as for m_grouped_fp8_gemm_nt_contiguous
+            (use_psum_layout=True: m_indices holds the experts' row ends).
 
     Returns:
         d.
 
     Notes:
-        Padding rows of d are never written. Deterministic; no host synchronisation or allocation (CUDA-graph safe).
+        Padding rows of d are never written. Deterministic; no host synchronisation or allocation (CUDA-graph safe;
+        the psum layout allocates its per-row ids).
     """
     check_deepgemm_options(compiled_dims)
+    check_psum_options(use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
+    if use_psum_layout:
+        m_indices = psum_call_m_indices(m_indices, a, b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices)
@@ -344,8 +353,8 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
 
 
 def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
-                                      m_indices: torch.Tensor,
-                                      *, compiled_dims: str = "nk") -> torch.Tensor:
+                                      m_indices: torch.Tensor, *, compiled_dims: str = "nk",
+                                      use_psum_layout: bool = False, ensure_zero_padding: bool = True) -> torch.Tensor:
     """DeepGEMM's NN form of m_grouped_bf16_gemm_nt_contiguous: b [G, K, N] is the transposed view of the K-major
     [G, N, K] weights the grouped kernel reads (b.mT); the NT call on b.mT."""
     check_rank(b, "b", 3)
@@ -353,7 +362,8 @@ def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         raise ValueError(f"b [G, K, N] is N-major (strides {tuple(b.stride())}): the grouped BF16 GEMMs read the "
                          f"weights K-major, so pass the transposed view w.mT of K-major [G, N, K] weights w "
                          f"(b.mT.contiguous().mT copies b into that layout)")
-    return m_grouped_bf16_gemm_nt_contiguous(a, b.mT, d, m_indices, compiled_dims=compiled_dims)
+    return m_grouped_bf16_gemm_nt_contiguous(a, b.mT, d, m_indices, compiled_dims=compiled_dims,
+                                             use_psum_layout=use_psum_layout, ensure_zero_padding=ensure_zero_padding)
 
 
 def _launch_contiguous(a, b, d, m_indices, config=None) -> torch.Tensor:

@@ -30,6 +30,7 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import nvfp4_gemm
+from deep_kernels.contiguous_layout import psum_call_m_indices
 from deep_kernels.device import get_num_sms
 from deep_kernels.fp4_weights import TILE_ROWS as PREPARED_TILE_ROWS, PreparedFp4Weights, check_prepared
 from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_output, scale_a
@@ -42,8 +43,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    tma_aligned_size, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank,
-    check_row_major_rows,
+    tma_aligned_size, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_psum_options,
+    check_rank, check_row_major_rows, scale_block_sizes,
 )
 
 MXFP4_GROUP_SIZE = 32
@@ -301,7 +302,20 @@ def _reject_nvfp4(b) -> None:
                          "the grouped GEMMs take MXFP4 weights")
 
 
-def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None,
+def check_fp4_recipe(recipe, recipe_a, recipe_b, b) -> None:
+    """DeepGEMM's recipe of an FP8 x FP4 call: none, or recipe_a (1, 128) with recipe_b (1, 32) for MXFP4 weights or
+    (1, 16) for NVFP4 ones (the operands' K blocks differ, so the (M, N, K) recipe cannot describe them)."""
+    if recipe is None and recipe_a is None and recipe_b is None:
+        return
+    block_b = (1, 16) if _is_nvfp4(b) else (1, MXFP4_GROUP_SIZE)
+    if (recipe is not None or recipe_a is None or recipe_b is None
+            or scale_block_sizes(recipe_a, "recipe_a") != (1, SCALE_BLOCK)
+            or scale_block_sizes(recipe_b, "recipe_b") != block_b):
+        raise ValueError(f"the FP8 x FP4 GEMMs take recipe_a (1, 128) with recipe_b {block_b} for these weights, or no "
+                         f"recipe; got recipe={recipe!r}, recipe_a={recipe_a!r}, recipe_b={recipe_b!r}")
+
+
+def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None, recipe_a=None, recipe_b=None,
                     *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """D = A @ B^T (+ C) with e4m3 activations (1x128 scales) and MXFP4 or NVFP4 weights, FP32 accumulation.
 
@@ -315,6 +329,8 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None,
             given (deep_kernels.nvfp4_gemm has the layouts and numerics).
         d: [M, N] output, bf16; fp32 when c is given.
         c: optional fp32 [M, N] added to the product; may be d itself.
+        recipe, recipe_a, recipe_b: DeepGEMM's recipe: none, or recipe_a (1, 128) with recipe_b (1, 32) (MXFP4) or
+            (1, 16) (NVFP4), checked against the weights given (check_fp4_recipe).
         compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
             changes anything here (validation.check_deepgemm_options).
 
@@ -340,6 +356,7 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None,
         sfa * 2^(E - 133) per block), else per row and 128 columns as above (deep_kernels.fp4_weights).
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
+    check_fp4_recipe(recipe, recipe_a, recipe_b, b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.fp8_fp4_gemm_nt(a, b, d, c)
@@ -520,8 +537,10 @@ def _grouped_plan(gemm_type: str, m: int, n: int, k: int, num_groups: int):
     return plan
 
 
-def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor, *,
-                                         compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
+def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor, recipe=None, recipe_a=None,
+                                         recipe_b=None, *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
+                                         use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+                                         expected_m_for_psum_layout: int = None) -> torch.Tensor:
     """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout, MXFP4 weights per expert.
 
     Args:
@@ -531,8 +550,11 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
         b: (codes [G, N, K / 2] float4_e2m1fn_x2 or uint8, sfb [G, N, K / 32] float8_e8m0fnu or uint8).
         d: [M_total, N] bf16 output.
         m_indices: [M_total] int32 CUDA tensor: each row's expert in [0, G), -1 on padding rows.
+        recipe, recipe_a, recipe_b: as for fp8_fp4_gemm_nt (MXFP4: recipe_a (1, 128) with recipe_b (1, 32)).
         compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
             changes anything here (validation.check_deepgemm_options).
+        use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout: as for m_grouped_fp8_gemm_nt_contiguous
+            (use_psum_layout=True: m_indices holds the experts' row ends).
 
     Returns:
         d.
@@ -542,7 +564,11 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
         (CUDA-graph safe with kernel-ready sfa).
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
+    check_psum_options(use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
     _reject_nvfp4(b)
+    check_fp4_recipe(recipe, recipe_a, recipe_b, b)
+    if use_psum_layout:
+        m_indices = psum_call_m_indices(m_indices, a, b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices)
@@ -564,8 +590,9 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
     return d
 
 
-def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
-                                     *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
+def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, recipe=None,
+                                     recipe_a=None, recipe_b=None, *, compiled_dims: str = "nk",
+                                     disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T for every expert g (masked layout), MXFP4 weights.
 
     Args:
@@ -576,6 +603,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tens
         d: [G, M_max, N] bf16 output.
         masked_m: [G] int32 CUDA tensor, valid rows per expert, read on the device (clamped to [0, M_max]).
         expected_m: host-side estimate of the valid rows per expert in [1, max(M_max, 1)]; steers the tiling only.
+        recipe, recipe_a, recipe_b: as for fp8_fp4_gemm_nt (MXFP4: recipe_a (1, 128) with recipe_b (1, 32)).
         compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
             changes anything here (validation.check_deepgemm_options).
 
@@ -593,6 +621,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tens
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     _reject_nvfp4(b)
+    check_fp4_recipe(recipe, recipe_a, recipe_b, b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m)

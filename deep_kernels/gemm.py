@@ -32,7 +32,7 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch, tensor_map
 from deep_kernels.quant import unpack_ue8m0
 from deep_kernels.validation import (
-    ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_rank, check_row_major_rows,
+    ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_rank, check_row_major_rows, deepgemm_recipe,
     tma_aligned_size,
 )
 
@@ -437,8 +437,8 @@ def _prepare_call(a, sfa, b, sfb, d, c, config=None, operands: str = BLOCK_SCALE
 _prepared_calls = {}
 
 
-def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None,
-                *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
+def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None, recipe_a=None,
+                recipe_b=None, *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """D = A @ B^T (+ C) with FP8 inputs, 1x128 activation and 128x128 weight scales (or 1x128 scales on both,
     recipe (1, 1, 128): the weight gradient's), FP32 accumulation.
 
@@ -449,6 +449,8 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None,
         d: [M, N] output, bf16; fp32 when c is given.
         c: optional fp32 [M, N] added to the product; may be d itself.
         recipe: None or (1, 128, 128) (block-scaled B), or (1, 1, 128) (per-channel B scales).
+        recipe_a, recipe_b: DeepGEMM's per-operand spelling of the recipe, in place of it: (1, 128) with (128, 128)
+            or with (1, 128) (validation.deepgemm_recipe).
         compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
             changes anything here (validation.check_deepgemm_options).
 
@@ -470,6 +472,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None,
         grid and tensor-map fields: only the addresses are read and checked again.
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
+    recipe = deepgemm_recipe(recipe, recipe_a, recipe_b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.fp8_gemm_nt(a, b, d, c, recipe)
@@ -515,27 +518,29 @@ def transposed_pair(pair, name: str, rows: str) -> tuple:
     return t.mT, scales.mT
 
 
-def fp8_gemm_nn(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None,
-                *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
+def fp8_gemm_nn(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None, recipe_a=None,
+                recipe_b=None, *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """D = A @ B (+ C), DeepGEMM's NN form: b = (b [K, N], sfb) is the NT form's pair transposed (b.T K-major,
     sfb [ceil(K / 128), ceil(N / 128)], or [ceil(K / 128), N] with recipe (1, 1, 128)); fp8_gemm_nt(a, (b.T, sfb.T), d,
     c, recipe)."""
-    return fp8_gemm_nt(a, transposed_pair(b, "b", "N"), d, c, recipe, compiled_dims=compiled_dims, disable_ue8m0_cast=disable_ue8m0_cast)
+    return fp8_gemm_nt(a, transposed_pair(b, "b", "N"), d, c, recipe, recipe_a, recipe_b, compiled_dims=compiled_dims,
+                       disable_ue8m0_cast=disable_ue8m0_cast)
 
 
-def fp8_gemm_tn(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None,
-                *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
+def fp8_gemm_tn(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None, recipe_a=None,
+                recipe_b=None, *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """D = A^T @ B (+ C), DeepGEMM's TN form: a = (a [K, M], sfa [ceil(K / 128), M]) and b = (b [K, N], sfb) are the
     NT form's pairs transposed (a.T and b.T K-major); fp8_gemm_nt((a.T, sfa.T), (b.T, sfb.T), d, c, recipe)."""
-    return fp8_gemm_nt(transposed_pair(a, "a", "M"), transposed_pair(b, "b", "N"), d, c, recipe,
+    return fp8_gemm_nt(transposed_pair(a, "a", "M"), transposed_pair(b, "b", "N"), d, c, recipe, recipe_a, recipe_b,
                        compiled_dims=compiled_dims, disable_ue8m0_cast=disable_ue8m0_cast)
 
 
-def fp8_gemm_tt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None,
-                *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
+def fp8_gemm_tt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None, recipe_a=None,
+                recipe_b=None, *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """D = A^T @ B^T (+ C), DeepGEMM's TT form: a = (a [K, M], sfa [ceil(K / 128), M]) is the NT form's pair transposed
     (a.T K-major); fp8_gemm_nt((a.T, sfa.T), b, d, c, recipe)."""
-    return fp8_gemm_nt(transposed_pair(a, "a", "M"), b, d, c, recipe, compiled_dims=compiled_dims, disable_ue8m0_cast=disable_ue8m0_cast)
+    return fp8_gemm_nt(transposed_pair(a, "a", "M"), b, d, c, recipe, recipe_a, recipe_b, compiled_dims=compiled_dims,
+                       disable_ue8m0_cast=disable_ue8m0_cast)
 
 
 def forced_config_call(config, a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None):

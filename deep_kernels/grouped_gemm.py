@@ -21,15 +21,18 @@ from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms, has_gpu, target_arch
 from deep_kernels import gemm, tuning
+from deep_kernels.contiguous_layout import m_indices_from_offsets, psum_call_m_indices
 from deep_kernels.gemm import (
-    SCALE_BLOCK, apply_config_override, call_signature, check_k_n, get_gemm_kernel, kernel_spec, scale_a, scale_b,
+    BLOCK_SCALED, SCALE_BLOCK, apply_config_override, call_signature, check_k_n, get_gemm_kernel, kernel_spec,
+    operands_of_recipe, scale_a, scale_b,
 )
 from deep_kernels.heuristics import grouped_fp8_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank, check_row_major_rows,
+    ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_psum_options, check_rank,
+    check_row_major_rows, deepgemm_recipe,
 )
 
 CONTIGUOUS = "m_grouped_contiguous"
@@ -41,6 +44,10 @@ TUNING_OPS = {CONTIGUOUS: "m_grouped_fp8_gemm_nt_contiguous", MASKED: "m_grouped
 def get_m_alignment_for_contiguous_layout() -> int:
     """Rows every expert segment of the contiguous layout is padded to (moe_layout pads to the same)."""
     return CONTIGUOUS_ALIGNMENT
+
+
+# DeepGEMM's newer name: its contiguous layouts pad M segments (and its K-grouped GEMMs' K groups) to the same 128.
+get_mk_alignment_for_contiguous_layout = get_m_alignment_for_contiguous_layout
 
 
 _plans = {}
@@ -175,20 +182,30 @@ def _checked(check, tensors: tuple, *extra):
     return checked
 
 
-def _m_indices_from_offsets(offsets: torch.Tensor, m_total: int) -> torch.Tensor:
-    """Per-row expert ids of the contiguous layout described by the prefix sum of the expert sizes."""
-    counts = offsets[1:] - offsets[:-1]
-    segments = (counts + (CONTIGUOUS_ALIGNMENT - 1)).div(CONTIGUOUS_ALIGNMENT, rounding_mode="floor") * CONTIGUOUS_ALIGNMENT
-    starts = torch.cumsum(segments, 0, dtype=torch.int32) - segments
-    rows = torch.arange(m_total, dtype=torch.int32, device=offsets.device)
-    # NOTE: right=True takes the last segment starting at or before the row: empty experts never win a row.
-    group = (torch.searchsorted(starts, rows, right=True) - 1).clamp_(min=0)
-    return torch.where(rows < starts[group] + counts[group], group.int(), -1)
+def check_grouped_recipe(recipe, recipe_a, recipe_b) -> None:
+    """The grouped FP8 GEMMs' recipe, in either of DeepGEMM's spellings: block-scaled weights only."""
+    if operands_of_recipe(deepgemm_recipe(recipe, recipe_a, recipe_b)) != BLOCK_SCALED:
+        raise ValueError("the grouped FP8 GEMMs take 128 x 128 weight scales: recipe (1, 128, 128), or recipe_a "
+                         f"(1, 128) with recipe_b (128, 128), got recipe={recipe!r}, recipe_a={recipe_a!r}, "
+                         f"recipe_b={recipe_b!r}")
 
 
-def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, *,
-                                     offsets: torch.Tensor = None,
-                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
+def contiguous_layout_argument(m_indices, offsets, use_psum_layout: bool, a, b):
+    """(m_indices, offsets) of a contiguous call: DeepGEMM's psum layout (use_psum_layout=True, the row ends in the
+    layout argument) becomes m_indices before the call (deep_kernels.contiguous_layout)."""
+    if not use_psum_layout:
+        return m_indices, offsets
+    if offsets is not None or m_indices is None:
+        raise TypeError("use_psum_layout=True takes the experts' row ends as the layout argument (grouped_layout), "
+                        "without offsets")
+    return psum_call_m_indices(m_indices, a, b), None
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, recipe=None,
+                                     recipe_a=None, recipe_b=None, *, offsets: torch.Tensor = None,
+                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
+                                     use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+                                     expected_m_for_psum_layout: int = None) -> torch.Tensor:
     """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout (module docstring).
 
     Args:
@@ -204,8 +221,14 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
             segment then starts at the sum of the earlier experts' sizes each rounded up to the alignment (the
             layout moe_layout builds); rows past the last segment are padding. Converted to m_indices on the
             device by a few torch ops (no host synchronisation; allocates M_total int32).
+        recipe, recipe_a, recipe_b: DeepGEMM's recipe in either spelling (validation.deepgemm_recipe): None, or the
+            block-scaled one, (1, 128, 128) or recipe_a (1, 128) with recipe_b (128, 128).
         compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
             changes anything here (validation.check_deepgemm_options).
+        use_psum_layout: DeepGEMM's other layout argument: m_indices is then [G] int32, expert g's row ends
+            (expert g's rows start at expert g - 1's end rounded up to the alignment; deep_kernels.contiguous_layout),
+            converted to per-row ids on the device as offsets are. ensure_zero_padding and expected_m_for_psum_layout
+            are accepted and change nothing (validation.check_psum_options).
 
     Returns:
         d.
@@ -219,6 +242,9 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         skips re-validation.
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
+    check_psum_options(use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
+    check_grouped_recipe(recipe, recipe_a, recipe_b)
+    m_indices, offsets = contiguous_layout_argument(m_indices, offsets, use_psum_layout, a, b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, offsets)
@@ -237,18 +263,21 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
     if m == 0 or num_groups == 0:
         return d
     if offsets is not None:
-        m_indices = _m_indices_from_offsets(offsets, m)
+        m_indices = m_indices_from_offsets(offsets, m)
     return _launch_contiguous(_plan(CONTIGUOUS, m, n, k, num_groups), a, sfa, b, sfb, d, m_indices, m, num_groups)
 
 
-def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, *,
-                                     offsets: torch.Tensor = None,
-                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
+def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, recipe=None,
+                                     recipe_a=None, recipe_b=None, *, offsets: torch.Tensor = None,
+                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
+                                     use_psum_layout: bool = False, ensure_zero_padding: bool = True) -> torch.Tensor:
     """DeepGEMM's NN form of m_grouped_fp8_gemm_nt_contiguous: b = (b [G, K, N], sfb [G, ceil(K / 128), ceil(N / 128)])
     is the NT form's pair transposed (b.mT K-major: Hopper's FP8 wgmma reads no other); the NT call on (b.mT, sfb.mT).
     """
-    return m_grouped_fp8_gemm_nt_contiguous(a, gemm.transposed_pair(b, "b", "N"), d, m_indices, offsets=offsets,
-                                            compiled_dims=compiled_dims, disable_ue8m0_cast=disable_ue8m0_cast)
+    return m_grouped_fp8_gemm_nt_contiguous(
+        a, gemm.transposed_pair(b, "b", "N"), d, m_indices, recipe, recipe_a, recipe_b, offsets=offsets,
+        compiled_dims=compiled_dims, disable_ue8m0_cast=disable_ue8m0_cast, use_psum_layout=use_psum_layout,
+        ensure_zero_padding=ensure_zero_padding)
 
 
 def _launch_contiguous(plan: tuple, a, sfa, b, sfb, d, m_indices, m: int, num_groups: int) -> torch.Tensor:
@@ -263,8 +292,9 @@ def _launch_contiguous(plan: tuple, a, sfa, b, sfb, d, m_indices, m: int, num_gr
     return d
 
 
-def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
-                                 *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> torch.Tensor:
+def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, recipe=None,
+                                 recipe_a=None, recipe_b=None, *, compiled_dims: str = "nk",
+                                 disable_ue8m0_cast: bool = False) -> torch.Tensor:
     """d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]^T for every expert g (masked layout, module docstring).
 
     Args:
@@ -275,6 +305,7 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
             [0, M_max]).
         expected_m: host-side estimate of the valid rows per expert, an integer in [1, max(M_max, 1)]; it only
             steers the tile choice (a wrong value costs time, never correctness).
+        recipe, recipe_a, recipe_b: as for m_grouped_fp8_gemm_nt_contiguous (block-scaled weights only).
         compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
             changes anything here (validation.check_deepgemm_options).
 
@@ -288,6 +319,7 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
         and a. Deterministic; numerics as fp8_gemm_nt.
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
+    check_grouped_recipe(recipe, recipe_a, recipe_b)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)

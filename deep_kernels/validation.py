@@ -72,3 +72,42 @@ def check_deepgemm_options(compiled_dims: str = "nk", disable_ue8m0_cast: bool =
         raise ValueError(f"compiled_dims must be a string of the letters m, n and k, got {compiled_dims!r}")
     if not isinstance(disable_ue8m0_cast, bool):
         raise TypeError(f"disable_ue8m0_cast must be a bool, got {type(disable_ue8m0_cast).__name__}")
+
+
+def scale_block_sizes(value, name: str) -> tuple:
+    """A DeepGEMM per-operand recipe (rows, K) as a pair of ints."""
+    try:
+        rows, k = (int(x) for x in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a pair (rows, K) of scale block sizes, got {value!r}") from None
+    return rows, k
+
+
+def deepgemm_recipe(recipe, recipe_a, recipe_b):
+    """DeepGEMM's recipe: the scale block sizes (M, N, K) as `recipe`, or per operand as `recipe_a` (M, K) with
+    `recipe_b` (N, K) (DeepGEMM's other spelling; recipe_a (1, 128) with recipe_b (128, 128) is recipe (1, 128, 128)).
+    Returns the (M, N, K) recipe, or None when neither spelling is given (the default)."""
+    if recipe_a is None and recipe_b is None:
+        return recipe
+    if recipe is not None:
+        raise ValueError("pass either recipe or recipe_a with recipe_b, not both")
+    if recipe_a is None or recipe_b is None:
+        raise ValueError("recipe_a and recipe_b go together: pass both or neither")
+    (rows_a, k_a), (rows_b, k_b) = scale_block_sizes(recipe_a, "recipe_a"), scale_block_sizes(recipe_b, "recipe_b")
+    if k_a != k_b:
+        raise ValueError(f"recipe_a {recipe_a!r} and recipe_b {recipe_b!r} must scale the same K blocks")
+    return rows_a, rows_b, k_a
+
+
+def check_psum_options(use_psum_layout: bool, ensure_zero_padding: bool, expected_m_for_psum_layout) -> None:
+    """DeepGEMM's contiguous-layout options: use_psum_layout says the layout argument holds the experts' row ends
+    (deep_kernels.contiguous_layout); ensure_zero_padding (whether DeepGEMM's Blackwell kernels may write padding rows
+    with zeros) and expected_m_for_psum_layout (a tile-size hint) change nothing here: padding rows are never written."""
+    if not isinstance(use_psum_layout, bool):
+        raise TypeError(f"use_psum_layout must be a bool, got {type(use_psum_layout).__name__}")
+    if not isinstance(ensure_zero_padding, bool):
+        raise TypeError(f"ensure_zero_padding must be a bool, got {type(ensure_zero_padding).__name__}")
+    if expected_m_for_psum_layout is not None:
+        if not use_psum_layout:
+            raise ValueError("expected_m_for_psum_layout is a hint for use_psum_layout=True only")
+        check_int_range(expected_m_for_psum_layout, "expected_m_for_psum_layout", 1, INT32_LIMIT)

@@ -5,11 +5,14 @@ BF16 GEMM (m_grouped_bf16_gemm_nn_contiguous) take the NT call's operands transp
 wgmma (and the grouped BF16 kernel) read K-major operands only, so a transposed form takes the transposed view of a
 K-major tensor and refuses a rows-major one before launch, naming the casts that write the K-major layout.
 DeepGEMM's options compiled_dims and disable_ue8m0_cast (inference engines pass the latter on every call) are taken
-and change nothing (tests/test_ops.py checks every GEMM takes them and checks their values).
+and change nothing (tests/test_ops.py checks every GEMM takes them and checks their values). The recipe's per-operand
+spelling (recipe_a, recipe_b: vLLM's FP8 x FP4 calls pass (1, 128) with (1, 32)) is the recipe it names, and the psum
+layout (use_psum_layout=True: each expert's row end in place of m_indices, as vLLM's contiguous calls pass it) is the
+m_indices of the same layout.
 
-CPU: the refusals, and K-major views passing every check up to the device's. GPU: every form, and every call with
-the options, bitwise equal to the plain NT call on the same memory (outputs poisoned before each launch), and the NT
-call within the FP8 GEMM's bound of float64.
+CPU: the refusals, and K-major views, recipe pairs and psum layouts passing every check up to the device's. GPU:
+every form, and every call with the options, recipe pairs or psum layouts, bitwise equal to the plain NT call on the
+same memory (outputs poisoned before each launch), and the NT call within the FP8 GEMM's bound of float64.
 """
 
 import pytest
@@ -19,9 +22,11 @@ import deep_kernels
 from deep_kernels.reference import bf16_gemm as reference_bf16
 from deep_kernels.reference import gemm as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
+from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_gemm_inputs
-from deep_kernels.testing.grouped import contiguous_layout, make_contiguous_inputs, make_masked_inputs
+from deep_kernels.testing.grouped import contiguous_layout, make_contiguous_inputs, make_masked_inputs, psum_ends
 from deep_kernels.testing.wgrad import make_wgrad_inputs
+from deep_kernels.validation import deepgemm_recipe
 
 
 def _transposed(pair) -> tuple:
@@ -94,6 +99,113 @@ def test_grouped_nn_forms_refuse_n_major_weights():
         deep_kernels.m_grouped_bf16_gemm_nn_contiguous(x, w.mT.contiguous(), d, m_indices)
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         deep_kernels.m_grouped_bf16_gemm_nn_contiguous(x, w.mT, d, m_indices)
+
+
+def test_recipe_pairs_name_the_recipes():
+    assert deepgemm_recipe(None, None, None) is None
+    assert deepgemm_recipe((1, 1, 128), None, None) == (1, 1, 128)
+    assert deepgemm_recipe(None, (1, 128), (128, 128)) == (1, 128, 128)
+    assert deepgemm_recipe(None, [1, 128], (1, 128)) == (1, 1, 128)
+    with pytest.raises(ValueError, match="pass either recipe or recipe_a with recipe_b, not both"):
+        deepgemm_recipe((1, 128, 128), (1, 128), (128, 128))
+    with pytest.raises(ValueError, match="recipe_a and recipe_b go together"):
+        deepgemm_recipe(None, (1, 128), None)
+    with pytest.raises(ValueError, match="must scale the same K blocks"):
+        deepgemm_recipe(None, (1, 128), (128, 64))
+    with pytest.raises(ValueError, match=r"recipe_b must be a pair \(rows, K\)"):
+        deepgemm_recipe(None, (1, 128), (1, 128, 128))
+
+
+def test_recipe_pairs_reach_the_kernels_checks():
+    # On the CPU the last check is the device's: a pair that names the inputs' recipe reaches it, any other fails the
+    # scale checks of the recipe it names, or is refused by name.
+    a, b = make_gemm_inputs(8, 256, 384, device="cpu")
+    d = torch.empty(8, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.fp8_gemm_nt(a, b, d, None, None, (1, 128), (128, 128))
+    with pytest.raises(ValueError, match=r"sfb must have shape \[N, ceil\(K / 128\)\]"):  # per-channel: not these scales
+        deep_kernels.fp8_gemm_nt(a, b, d, recipe_a=(1, 128), recipe_b=(1, 128))
+    with pytest.raises(ValueError, match=r"recipe must be None, \(1, 128, 128\) or \(1, 1, 128\), got \(1, 64, 128\)"):
+        deep_kernels.fp8_gemm_nn(a, _transposed(b), d, recipe_a=(1, 128), recipe_b=(64, 128))
+    wgrad_a, wgrad_b = make_wgrad_inputs(8, 256, 384, device="cpu")
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.fp8_gemm_tn(_transposed(wgrad_a), _transposed(wgrad_b), d, recipe_a=(1, 128), recipe_b=(1, 128))
+
+    a, b, m_indices, _ = make_contiguous_inputs([3, 0, 5], 32, 128, device="cpu")
+    d = torch.empty(m_indices.numel(), 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, None, (1, 128), (128, 128))
+    with pytest.raises(ValueError, match="the grouped FP8 GEMMs take 128 x 128 weight scales"):
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, recipe_a=(1, 128), recipe_b=(1, 128))
+    a, b, masked_m = make_masked_inputs([2, 0, 3], 4, 32, 128, device="cpu")
+    with pytest.raises(ValueError, match="the grouped FP8 GEMMs take 128 x 128 weight scales"):
+        deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, torch.empty(3, 4, 32, dtype=torch.bfloat16), masked_m, 2,
+                                                  recipe=(1, 1, 128))
+
+
+def test_fp4_recipe_pairs_name_the_weights():
+    d = torch.empty(8, 256, dtype=torch.bfloat16)
+    mxfp4, nvfp4 = make_fp4_gemm_inputs(8, 256, 256, device="cpu"), make_nvfp4_gemm_inputs(8, 256, 256, device="cpu")
+    for inputs, block_b in ((mxfp4, (1, 32)), (nvfp4, (1, 16))):
+        with pytest.raises(ValueError, match="must be a CUDA tensor"):
+            deep_kernels.fp8_fp4_gemm_nt(*inputs, d, None, None, (1, 128), block_b)
+        for recipe in (dict(recipe=(1, 1, 128)), dict(recipe_a=(1, 128), recipe_b=(1, 48 - block_b[1])),
+                       dict(recipe_a=(1, 128)), dict(recipe_a=(128, 128), recipe_b=block_b)):
+            with pytest.raises(ValueError, match=rf"take recipe_a \(1, 128\) with recipe_b \(1, {block_b[1]}\)"):
+                deep_kernels.fp8_fp4_gemm_nt(*inputs, d, **recipe)
+    a, _, m_indices, _ = make_contiguous_inputs([3, 0, 5], 32, 128, device="cpu")
+    b = mxfp4_weights(32, 128, device="cpu", num_groups=3)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        deep_kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(
+            a, b, torch.empty(m_indices.numel(), 32, dtype=torch.bfloat16), m_indices, None, (1, 128), (1, 32))
+
+
+def _psum_calls(sizes: list, ends) -> dict:
+    """Each M-grouped contiguous GEMM called on CPU inputs of expert sizes `sizes` in the psum layout `ends`."""
+    a, b, m_indices, _ = make_contiguous_inputs(sizes, 32, 128, device="cpu")
+    d = torch.empty(m_indices.numel(), 32, dtype=torch.bfloat16)
+    x = random_activations(m_indices.numel(), 128, device="cpu", seed=0)
+    w = random_activations(len(sizes) * 32, 128, device="cpu", seed=1).view(len(sizes), 32, 128)
+    fp4 = mxfp4_weights(32, 128, device="cpu", num_groups=len(sizes))
+    return {
+        "fp8_nt": lambda **kw: deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, ends, use_psum_layout=True, **kw),
+        "fp8_nn": lambda **kw: deep_kernels.m_grouped_fp8_gemm_nn_contiguous(
+            a, _transposed(b), d, ends, use_psum_layout=True, **kw),
+        "bf16_nt": lambda **kw: deep_kernels.m_grouped_bf16_gemm_nt_contiguous(x, w, d, ends, use_psum_layout=True, **kw),
+        "bf16_nn": lambda **kw: deep_kernels.m_grouped_bf16_gemm_nn_contiguous(
+            x, w.mT, d, ends, use_psum_layout=True, **kw),
+        "fp8_fp4_nt": lambda **kw: deep_kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(
+            a, fp4, d, ends, use_psum_layout=True, **kw),
+    }
+
+
+@pytest.mark.parametrize("call", ["fp8_nt", "fp8_nn", "bf16_nt", "bf16_nn", "fp8_fp4_nt"])
+def test_psum_layouts_reach_the_kernels_checks(call):
+    sizes = [3, 0, 5]
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        _psum_calls(sizes, psum_ends(sizes, "cpu"))[call](ensure_zero_padding=False)
+    with pytest.raises(ValueError, match=r"one row end per expert: shape \(3,\) for b .* got \(4,\)"):
+        _psum_calls(sizes, torch.tensor([3, 128, 133, 133], dtype=torch.int32))[call]()
+    with pytest.raises(TypeError, match="grouped_layout must be torch.int32"):
+        _psum_calls(sizes, psum_ends(sizes, "cpu").long())[call]()
+    with pytest.raises(TypeError, match="ensure_zero_padding must be a bool"):
+        _psum_calls(sizes, psum_ends(sizes, "cpu"))[call](ensure_zero_padding=1)
+    if call.endswith("_nt"):
+        with pytest.raises(ValueError, match="must be a CUDA tensor"):
+            _psum_calls(sizes, psum_ends(sizes, "cpu"))[call](expected_m_for_psum_layout=4)
+        with pytest.raises(ValueError, match=r"expected_m_for_psum_layout must be .*\[1, "):
+            _psum_calls(sizes, psum_ends(sizes, "cpu"))[call](expected_m_for_psum_layout=0)
+
+
+def test_psum_options_are_refused_without_the_psum_layout():
+    a, b, m_indices, offsets = make_contiguous_inputs([3, 0, 5], 32, 128, device="cpu")
+    d = torch.empty(m_indices.numel(), 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="expected_m_for_psum_layout is a hint for use_psum_layout=True only"):
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, expected_m_for_psum_layout=4)
+    with pytest.raises(TypeError, match="use_psum_layout must be a bool"):
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, use_psum_layout=1)
+    with pytest.raises(TypeError, match=r"use_psum_layout=True takes the experts' row ends .* without offsets"):
+        deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, offsets=offsets, use_psum_layout=True)
 
 
 # ---- kernels (GPU) ----
@@ -171,3 +283,52 @@ def test_deepgemm_options_change_nothing():
     d = poison_(torch.empty((3, 128, 576), device="cuda", dtype=torch.bfloat16))
     deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64, compiled_dims="nk", disable_ue8m0_cast=True)
     assert_bitwise_equal(d, plain, "m_grouped_fp8_gemm_nt_masked with the options")
+
+
+@pytest.mark.gpu
+def test_recipe_pairs_are_the_recipes():
+    def poisoned(m, n):
+        return poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
+
+    for inputs, recipe, pair in ((make_gemm_inputs(100, 2112, 7168), None, ((1, 128), (128, 128))),
+                                 (make_wgrad_inputs(256, 384, 640), (1, 1, 128), ((1, 128), (1, 128)))):
+        m, n = inputs[0][0].shape[0], inputs[1][0].shape[0]
+        plain = deep_kernels.fp8_gemm_nt(*inputs, poisoned(m, n), recipe=recipe)
+        d = deep_kernels.fp8_gemm_nt(*inputs, poisoned(m, n), None, None, *pair)
+        assert_bitwise_equal(d, plain, f"fp8_gemm_nt with recipe_a, recipe_b = {pair}")
+    for inputs, block_b in ((make_fp4_gemm_inputs(64, 576, 1024), (1, 32)),
+                            (make_nvfp4_gemm_inputs(64, 576, 1024), (1, 16))):
+        plain = deep_kernels.fp8_fp4_gemm_nt(*inputs, poisoned(64, 576))
+        d = deep_kernels.fp8_fp4_gemm_nt(*inputs, poisoned(64, 576), recipe_a=(1, 128), recipe_b=block_b)
+        assert_bitwise_equal(d, plain, f"fp8_fp4_gemm_nt with recipe_b = {block_b}")
+    a, b, masked_m = make_masked_inputs([40, 0, 97], 128, 576, 1024)
+    plain = deep_kernels.m_grouped_fp8_gemm_nt_masked(
+        a, b, poison_(torch.empty((3, 128, 576), device="cuda", dtype=torch.bfloat16)), masked_m, 64)
+    d = poison_(torch.empty((3, 128, 576), device="cuda", dtype=torch.bfloat16))
+    deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64, None, (1, 128), (128, 128))
+    assert_bitwise_equal(d, plain, "m_grouped_fp8_gemm_nt_masked with recipe_a, recipe_b")
+
+
+@pytest.mark.gpu
+def test_psum_layout_calls_are_the_m_indices_calls():
+    sizes = [300, 0, 77, 512]  # row ends 300, 512 (empty), 589 and 1152: three of them off the alignment
+    a, b, m_indices, _ = make_contiguous_inputs(sizes, 576, 1024)
+    ends, valid = psum_ends(sizes), m_indices >= 0
+    x = random_activations(m_indices.numel(), 1024, seed=3)
+    w = random_activations(len(sizes) * 576, 1024, seed=4).view(len(sizes), 576, 1024)
+    fp4 = mxfp4_weights(576, 1024, num_groups=len(sizes))
+    calls = {
+        "m_grouped_fp8_gemm_nt_contiguous": (deep_kernels.m_grouped_fp8_gemm_nt_contiguous, a, b, {}),
+        "m_grouped_fp8_gemm_nn_contiguous": (deep_kernels.m_grouped_fp8_gemm_nn_contiguous, a, _transposed(b), {}),
+        "m_grouped_bf16_gemm_nt_contiguous": (deep_kernels.m_grouped_bf16_gemm_nt_contiguous, x, w, {}),
+        "m_grouped_bf16_gemm_nn_contiguous": (deep_kernels.m_grouped_bf16_gemm_nn_contiguous, x, w.mT, {}),
+        "m_grouped_fp8_fp4_gemm_nt_contiguous": (deep_kernels.m_grouped_fp8_fp4_gemm_nt_contiguous, a, fp4,
+                                                 dict(expected_m_for_psum_layout=256)),
+    }
+    for name, (gemm, lhs, rhs, hint) in calls.items():
+        plain = gemm(lhs, rhs, poison_(torch.empty((m_indices.numel(), 576), device="cuda", dtype=torch.bfloat16)),
+                     m_indices)
+        assert not plain[valid].isnan().any() and plain[~valid].isnan().all(), f"{name}: rows written"
+        d = poison_(torch.empty_like(plain))
+        assert gemm(lhs, rhs, d, ends, use_psum_layout=True, **hint) is d
+        assert_bitwise_equal(d, plain, f"{name} with the psum layout")

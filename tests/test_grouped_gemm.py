@@ -16,6 +16,7 @@ import torch
 
 import deep_kernels
 from deep_kernels import grouped_gemm
+from deep_kernels.contiguous_layout import m_indices_from_offsets, m_indices_from_psum
 from deep_kernels.heuristics import fp8_gemm as dense_heuristics
 from deep_kernels.heuristics import grouped_fp8_gemm as heuristics
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
@@ -24,7 +25,7 @@ from deep_kernels.reference.quant import unpack_scales
 from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_
 from deep_kernels.testing.gemm import assert_gemm_close, cast_activations, gemm_activations
 from deep_kernels.testing.grouped import (
-    SCALE_FORMATS, contiguous_layout, expert_sizes, make_contiguous_inputs, make_masked_inputs, make_weights,
+    SCALE_FORMATS, contiguous_layout, expert_sizes, make_contiguous_inputs, make_masked_inputs, make_weights, psum_ends,
 )
 
 from conftest import FULL
@@ -110,6 +111,7 @@ def test_masked_rejects_bad_input(mutate, error, match):
 
 def test_alignment_is_the_routing_layouts():
     assert deep_kernels.get_m_alignment_for_contiguous_layout() == CONTIGUOUS_ALIGNMENT == 128
+    assert deep_kernels.get_mk_alignment_for_contiguous_layout() == CONTIGUOUS_ALIGNMENT
     # The grouped kinds' tiles divide 128 rows, or are 256 rows starting on 128-row halves (scheduler.cuh) and
     # multicast A only (B pairs would not line up with the segments).
     for m in (128, 4096):
@@ -134,8 +136,10 @@ def test_offsets_to_m_indices_matches_the_layout():
         for mode in ("random", "one"):
             sizes = expert_sizes(g, 700, rng, mode)
             m_indices, offsets = contiguous_layout(sizes, device="cpu")
-            derived = grouped_gemm._m_indices_from_offsets(offsets, m_indices.numel())
+            derived = m_indices_from_offsets(offsets, m_indices.numel())
             assert_bitwise_equal(derived, m_indices, "m_indices from offsets")
+            from_psum = m_indices_from_psum(psum_ends(sizes, "cpu"), m_indices.numel())
+            assert_bitwise_equal(from_psum, m_indices, "m_indices from the psum layout")
             groups = reference.contiguous_row_groups(m_indices.numel(), offsets=offsets)
             assert torch.equal(groups, m_indices.long())
 

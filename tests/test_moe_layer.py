@@ -33,7 +33,7 @@ from deep_kernels.reference.moe import topk_gate
 from deep_kernels.reference.nn import kept_slots, moe_forward, router_logits
 from deep_kernels.reference.quant import per_block_cast_to_fp8
 from deep_kernels.reference.quant import per_token_cast_to_fp8 as reference_per_token_cast_to_fp8
-from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_, poison_cached_memory
+from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_cached_memory
 from deep_kernels.testing.moe_layer import (
     fp8_exact_weights, moe_layer_tokens, moe_layer_weights, reference_expert_kernels,
 )

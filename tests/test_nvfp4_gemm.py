@@ -15,6 +15,7 @@ import torch
 import deep_kernels
 from deep_kernels import fp4_gemm, nvfp4_gemm
 from deep_kernels.heuristics import fp8_nvfp4_swap_ab as heuristics
+from deep_kernels.heuristics.fp8_gemm import SMEM_CAPACITY_BYTES
 from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.reference.quant.fp4 import nvfp4_cast_back
 from deep_kernels.testing import assert_bitwise_equal, poison_
@@ -119,7 +120,7 @@ def test_heuristics_pick_legal_configs():
         for n, k in DEEPSEEK_NK:
             config = heuristics.get_config(m, n, k, 132)
             assert config.block_t >= m and 1 <= config.num_splits <= k // 128
-            assert heuristics.smem_of(config) <= heuristics.SMEM_CAPACITY_BYTES
+            assert heuristics.smem_of(config) <= SMEM_CAPACITY_BYTES
             assert config.num_chains <= heuristics.max_chains(config.block_t)
             assert config.ctas_per_sm == (2 if config.block_t == 16 else 1)
     with pytest.raises(ValueError, match="1 to 128 tokens"):

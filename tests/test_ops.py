@@ -25,7 +25,7 @@ from deep_kernels.testing.wgrad import make_k_grouped_inputs, make_wgrad_inputs
 
 # Public functions without an op: they launch nothing of their own (torch ops, or host-side values) and trace as
 # they are.
-NEEDS_NO_OP = {"get_m_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor", "get_num_sms",
+NEEDS_NO_OP = {"get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout", "get_mn_major_tma_aligned_tensor", "get_num_sms",
                "nvfp4_global_scale", "prepare_fp4_weights", "set_num_sms", "tma_aligned_size",
                # transposed views handed to the NT call, which traces to its op
                "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "k_grouped_bf16_gemm_tn_contiguous",
@@ -369,13 +369,23 @@ def _gemm_names() -> list:
 
 
 def test_every_gemm_takes_deepgemm_options():
-    # DeepGEMM's names: compiled_dims on every GEMM, disable_ue8m0_cast on those with FP8 operand scales (not the
-    # k-grouped ones, whose DeepGEMM forms lack it).
+    # DeepGEMM's names: compiled_dims on every GEMM; disable_ue8m0_cast and the recipe pair recipe_a / recipe_b
+    # (positional after recipe, as DeepGEMM's) on those with FP8 operand scales (not the k-grouped ones, whose DeepGEMM
+    # forms lack them); the psum layout options on the M-grouped contiguous ones (the hint on the NT forms only).
     for name in _gemm_names():
         parameters = inspect.signature(getattr(deep_kernels, name)).parameters
         assert parameters["compiled_dims"].default == "nk", name
         takes_ue8m0_option = "fp8" in name and not name.startswith("k_grouped")
         assert ("disable_ue8m0_cast" in parameters) == takes_ue8m0_option, name
+        names = list(parameters)
+        if takes_ue8m0_option:
+            assert names.index("recipe_b") == names.index("recipe_a") + 1 == names.index("recipe") + 2, name
+            assert parameters["recipe_a"].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD, name
+        else:
+            assert "recipe_a" not in parameters and "recipe_b" not in parameters, name
+        contiguous = name.startswith("m_grouped") and name.endswith("_contiguous")
+        assert ("use_psum_layout" in parameters) == ("ensure_zero_padding" in parameters) == contiguous, name
+        assert ("expected_m_for_psum_layout" in parameters) == (contiguous and "_nt_" in name), name
 
 
 @pytest.mark.parametrize("case", [case for case in CASES if case.name in GEMMS], ids=lambda case: case.id)
@@ -401,6 +411,18 @@ def test_compiled_call_with_deepgemm_options_is_the_op():
                                                                 disable_ue8m0_cast=True), recorder)
     assert compiled(*meta_args) is meta_args[2]
     assert recorder.deep_kernels_ops() == ["fp8_gemm_nt.default"]
+
+
+def test_compiled_psum_layout_call_is_the_contiguous_op():
+    # DeepGEMM's psum layout becomes m_indices by torch ops before the op: the graph holds the one contiguous op.
+    (a, b, d, _), _ = _contiguous_gemm("m_indices")
+    ends = torch.tensor([3, 128, 133], dtype=torch.int32)  # sizes 3, 0 and 5
+    meta_args = _moved((a, b, d, ends), "meta", {})
+    recorder = GraphRecorder()
+    compiled = _compiled(lambda *args: deep_kernels.m_grouped_fp8_gemm_nt_contiguous(*args, use_psum_layout=True),
+                         recorder)
+    assert compiled(*meta_args) is meta_args[2]
+    assert recorder.deep_kernels_ops() == ["m_grouped_fp8_gemm_nt_contiguous.default"]
 
 
 def _transposed_form_call(name: str) -> tuple:

@@ -84,9 +84,9 @@ def _gemm_call(m: int, n: int, k: int, part: str = "call"):
         return lambda: gemm._gemm_signature(a, sfa, b, sfb, d, None, gemm.BLOCK_SCALED)
     if part == "prepared_launch":
         workspace = gemm._split_workspaces.get(call.device_index) if call.split_layout[2] else None
-        launch = call.launches[(a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d.data_ptr(), sfb.data_ptr(), workspace)]
+        prepared = call.launches[(a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d.data_ptr(), sfb.data_ptr(), workspace)]
         device_index = call.device_index
-        return lambda: launch.launch(current_raw_stream(device_index))
+        return lambda: prepared.launch(current_raw_stream(device_index))
     workspace = gemm._split_workspace(call.device_index, *call.split_layout[1:]) if call.split_layout[2] else None
 
     def launch():

@@ -13,7 +13,7 @@ were the fastest measured on every shape. Splits above 4 were not measured and a
 
 from deep_kernels.heuristics import fp8_fp4_swap_ab as mxfp4
 from deep_kernels.heuristics.fp8_fp4_swap_ab import SwapAbConfig
-from deep_kernels.heuristics.fp8_gemm import BLOCK_K, SMEM_CAPACITY_BYTES
+from deep_kernels.heuristics.fp8_gemm import BLOCK_K
 
 KERNEL_HEADER = "kernels/sm90_fp8_nvfp4_gemm_swap_ab.cuh"
 BLOCK_TS = mxfp4.BLOCK_TS

@@ -13,7 +13,7 @@ from deep_kernels.testing.gemm import SCALE_FORMATS, cast_activations, cast_weig
 from deep_kernels.validation import ceil_div
 
 __all__ = ["SCALE_FORMATS", "contiguous_layout", "expert_sizes", "make_contiguous_inputs", "make_masked_inputs",
-           "make_weights", "masked_problem"]
+           "make_weights", "masked_problem", "psum_ends"]
 
 
 def expert_sizes(num_groups: int, total: int, rng: random.Random, mode: str = "random") -> list:
@@ -57,6 +57,15 @@ def contiguous_layout(sizes: list, device="cuda") -> tuple:
         start += segment
     offsets = torch.tensor([0] + sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     return m_indices.to(device), offsets.to(device)
+
+
+def psum_ends(sizes: list, device="cuda") -> torch.Tensor:
+    """DeepGEMM's psum layout argument [G] int32 of the layout contiguous_layout builds: each expert's row end."""
+    ends, start = [], 0
+    for size in sizes:
+        ends.append(start + size)
+        start += ceil_div(size, CONTIGUOUS_ALIGNMENT) * CONTIGUOUS_ALIGNMENT
+    return torch.tensor(ends, dtype=torch.int32, device=device)
 
 
 def make_contiguous_inputs(sizes: list, n: int, k: int, scale_format: str = "fp32", device="cuda",
