@@ -132,16 +132,19 @@ def test_batched_mn_major_scales():
 
 def test_offsets_to_m_indices_matches_the_layout():
     rng = random.Random(1)
-    for g in (1, 4, 32):
-        for mode in ("random", "one"):
-            sizes = expert_sizes(g, 700, rng, mode)
-            m_indices, offsets = contiguous_layout(sizes, device="cpu")
-            derived = m_indices_from_offsets(offsets, m_indices.numel())
-            assert_bitwise_equal(derived, m_indices, "m_indices from offsets")
-            from_psum = m_indices_from_psum(psum_ends(sizes, "cpu"), m_indices.numel())
-            assert_bitwise_equal(from_psum, m_indices, "m_indices from the psum layout")
-            groups = reference.contiguous_row_groups(m_indices.numel(), offsets=offsets)
-            assert torch.equal(groups, m_indices.long())
+    random_sizes = [expert_sizes(g, 700, rng, mode) for g in (1, 4, 32) for mode in ("random", "one")]
+    # segments ending on, just before and just after the alignment; empty experts first, last and alone
+    boundary_sizes = [[0, 1, 127, 128, 129, 0, 256, 0], [0], [5, 0, 0], [0, 0, 300]]
+    for sizes in random_sizes + boundary_sizes:
+        m_indices, offsets = contiguous_layout(sizes, device="cpu")
+        # rows past the layout are padding too
+        m_total = m_indices.numel() + 128
+        expected = torch.cat([m_indices, torch.full((128,), -1, dtype=torch.int32)])
+        assert_bitwise_equal(m_indices_from_offsets(offsets, m_total), expected, "m_indices from offsets")
+        from_psum = m_indices_from_psum(psum_ends(sizes, "cpu"), m_total)
+        assert_bitwise_equal(from_psum, expected, "m_indices from the psum layout")
+        groups = reference.contiguous_row_groups(m_indices.numel(), offsets=offsets)
+        assert torch.equal(groups, m_indices.long())
 
 
 @pytest.mark.parametrize("scale_format", SCALE_FORMATS)
