@@ -16,8 +16,9 @@ from deep_kernels.fp4_gemm import (
 from deep_kernels.fp4_weights import prepare_fp4_weights
 from deep_kernels.gemm import fp8_gemm_nn, fp8_gemm_nt, fp8_gemm_tn, fp8_gemm_tt, get_mn_major_tma_aligned_tensor
 from deep_kernels.grouped_gemm import (
-    get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nn_contiguous,
-    m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
+    fp8_m_grouped_gemm_nt_masked, get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout,
+    get_theoretical_mk_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nn_contiguous, m_grouped_fp8_gemm_nt_contiguous,
+    m_grouped_fp8_gemm_nt_masked, set_mk_alignment_for_contiguous_layout,
 )
 from deep_kernels.k_grouped_bf16_gemm import k_grouped_bf16_gemm_nt_contiguous, k_grouped_bf16_gemm_tn_contiguous
 from deep_kernels.k_grouped_gemm import k_grouped_fp8_gemm_nt_contiguous, k_grouped_fp8_gemm_tn_contiguous
@@ -35,6 +36,7 @@ from deep_kernels.quant.fp8 import per_block_cast_to_fp8, per_token_cast_back, p
 from deep_kernels.quant.requant import requant_per_block_to_per_token
 from deep_kernels.quant.swiglu import swiglu_backward, swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked, swiglu_forward
 from deep_kernels.quant.transpose import batched_transpose, per_channel_cast_transpose_to_fp8
+from deep_kernels.scale_layout import get_tma_aligned_size, transform_sf_into_required_layout
 from deep_kernels.validation import tma_aligned_size
 from deep_kernels import ops  # noqa: F401  (registers torch.ops.deep_kernels)
 from deep_kernels import nn  # noqa: F401  (layers built from the kernels: deep_kernels.nn.MoE)
@@ -46,7 +48,9 @@ __all__ = [
     "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "m_grouped_bf16_gemm_nn_contiguous",
     "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked", "fp8_fp4_gemm_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked", "prepare_fp4_weights", "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt",
-    "get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout",
+    "get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout", "get_tma_aligned_size",
+    "get_theoretical_mk_alignment_for_contiguous_layout", "set_mk_alignment_for_contiguous_layout",
+    "transform_sf_into_required_layout", "fp8_m_grouped_gemm_nt_masked",
     "get_mn_major_tma_aligned_tensor", "k_grouped_bf16_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",

@@ -31,8 +31,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_psum_options, check_rank,
-    check_row_major_rows, deepgemm_recipe,
+    INT32_LIMIT, ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_psum_options,
+    check_rank, check_row_major_rows, deepgemm_recipe,
 )
 
 CONTIGUOUS = "m_grouped_contiguous"
@@ -48,6 +48,24 @@ def get_m_alignment_for_contiguous_layout() -> int:
 
 # DeepGEMM's newer name: its contiguous layouts pad M segments (and its K-grouped GEMMs' K groups) to the same 128.
 get_mk_alignment_for_contiguous_layout = get_m_alignment_for_contiguous_layout
+
+
+def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int = None, num_groups: int = None) -> int:
+    """DeepGEMM's per-call alignment hint (it may pick smaller segments for few rows an expert): here always the
+    alignment every grouped kernel reads, 128, whatever the expected rows."""
+    if expected_m is not None:
+        check_int_range(expected_m, "expected_m", 0, INT32_LIMIT)
+    if num_groups is not None:
+        check_int_range(num_groups, "num_groups", 1, INT32_LIMIT)
+    return CONTIGUOUS_ALIGNMENT
+
+
+def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
+    """DeepGEMM's setter of the contiguous layouts' alignment: the grouped kernels read 128-row segments only, so 128
+    is taken (changing nothing) and any other value raises."""
+    if alignment != CONTIGUOUS_ALIGNMENT or isinstance(alignment, bool):
+        raise ValueError(f"the grouped GEMMs read expert segments padded to {CONTIGUOUS_ALIGNMENT} rows only "
+                         f"(get_theoretical_mk_alignment_for_contiguous_layout() returns it), got {alignment!r}")
 
 
 _plans = {}
@@ -333,6 +351,10 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
     if m_max == 0 or num_groups == 0:
         return d
     return _launch_masked(_plan(MASKED, expected_m, n, k, num_groups), a, sfa, b, sfb, d, masked_m, m_max, num_groups)
+
+
+# DeepGEMM's other name of the masked GEMM, the one vLLM resolves.
+fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 
 
 def _launch_masked(plan: tuple, a, sfa, b, sfb, d, masked_m, m_max: int, num_groups: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ DeepGEMM's options compiled_dims and disable_ue8m0_cast (inference engines pass 
 and change nothing (tests/test_ops.py checks every GEMM takes them and checks their values). The recipe's per-operand
 spelling (recipe_a, recipe_b: vLLM's FP8 x FP4 calls pass (1, 128) with (1, 32)) is the recipe it names, and the psum
 layout (use_psum_layout=True: each expert's row end in place of m_indices, as vLLM's contiguous calls pass it) is the
-m_indices of the same layout.
+m_indices of the same layout. transform_sf_into_required_layout returns FP32 scales in the layout the GEMMs read.
 
 CPU: the refusals, and K-major views, recipe pairs and psum layouts passing every check up to the device's. GPU:
 every form, and every call with the options, recipe pairs or psum layouts, bitwise equal to the plain NT call on the
@@ -26,7 +26,7 @@ from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_
 from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_gemm_inputs
 from deep_kernels.testing.grouped import contiguous_layout, make_contiguous_inputs, make_masked_inputs, psum_ends
 from deep_kernels.testing.wgrad import make_wgrad_inputs
-from deep_kernels.validation import deepgemm_recipe
+from deep_kernels.validation import deepgemm_recipe, tma_aligned_size
 
 
 def _transposed(pair) -> tuple:
@@ -208,6 +208,46 @@ def test_psum_options_are_refused_without_the_psum_layout():
         deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, offsets=offsets, use_psum_layout=True)
 
 
+def test_transformed_scales_are_the_layouts_the_gemms_read():
+    sfa = torch.rand(5, 3) + 0.5  # 1 x 128 scales of a [5, 384] activation, row-major as a cast may write them
+    for recipe, is_sfa in (((1, 128, 128), True), ((1, 1, 128), False), ((1, 128), None)):
+        out = deep_kernels.transform_sf_into_required_layout(sfa, 5, 384, recipe, is_sfa=is_sfa)
+        assert out.stride() == (1, tma_aligned_size(5, 4)) and torch.equal(out, sfa)
+        assert deep_kernels.transform_sf_into_required_layout(out, 5, 384, recipe, is_sfa=is_sfa) is out
+    grouped = torch.rand(3, 130, 4) + 0.5  # [G, M, K / 128]
+    out = deep_kernels.transform_sf_into_required_layout(grouped, 130, 512, (1, 128), num_groups=3)
+    assert out.stride() == (132 * 4, 1, 132) and torch.equal(out, grouped)
+    sfb = torch.rand(3, 2, 4) + 0.5  # 128 x 128 blocks of [3, 256, 512] weights: read as they are
+    assert deep_kernels.transform_sf_into_required_layout(sfb, 256, 512, (1, 128, 128), 3, False,
+                                                          disable_ue8m0_cast=True) is sfb
+    assert deep_kernels.get_tma_aligned_size(5, 4) == 8 and deep_kernels.get_tma_aligned_size(130, 4) == 132
+
+
+def test_transform_refuses_what_it_cannot_lay_out():
+    sfa = torch.rand(5, 3)
+    transform = deep_kernels.transform_sf_into_required_layout
+    with pytest.raises(ValueError, match=r"a recipe \(M, N, K\) needs is_sfa"):
+        transform(sfa, 5, 384, (1, 128, 128))
+    with pytest.raises(ValueError, match=r"is_sfa goes with a recipe \(M, N, K\)"):
+        transform(sfa, 5, 384, (1, 128), is_sfa=True)
+    with pytest.raises(ValueError, match="recipe must be"):
+        transform(sfa, 5, 384, 128)
+    with pytest.raises(ValueError, match="read 1 x 128 and 128 x 128 scale blocks, got 1 x 32"):
+        transform(torch.rand(5, 12), 5, 384, (1, 32))
+    with pytest.raises(ValueError, match="packed UE8M0 int32 scales are DeepGEMM's Blackwell layout"):
+        transform(torch.zeros(5, 1, dtype=torch.int32), 5, 384, (1, 128))
+    with pytest.raises(TypeError, match="sf must be torch.float32"):
+        transform(sfa.bfloat16(), 5, 384, (1, 128))
+    with pytest.raises(ValueError, match=r"must have shape \(5, 4\), got \(5, 3\)"):
+        transform(sfa, 5, 512, (1, 128))
+    with pytest.raises(ValueError, match=r"num_groups = 2 must have shape \(2, 5, 3\)"):
+        transform(sfa, 5, 384, (1, 128), num_groups=2)
+    with pytest.raises(TypeError, match="disable_ue8m0_cast must be a bool"):
+        transform(sfa, 5, 384, (1, 128), disable_ue8m0_cast=0)
+    with pytest.raises(TypeError, match="psum_layout must be torch.int32"):
+        transform(sfa, 5, 384, (1, 128), psum_layout=torch.zeros(2))
+
+
 # ---- kernels (GPU) ----
 
 @pytest.mark.gpu
@@ -332,3 +372,25 @@ def test_psum_layout_calls_are_the_m_indices_calls():
         d = poison_(torch.empty_like(plain))
         assert gemm(lhs, rhs, d, ends, use_psum_layout=True, **hint) is d
         assert_bitwise_equal(d, plain, f"{name} with the psum layout")
+
+
+@pytest.mark.gpu
+def test_transformed_scales_give_the_same_products():
+    # Row-major FP32 sfa (a copy each call) and its transformed MN-major layout give the same bits.
+    a, b = make_gemm_inputs(100, 2112, 7168)
+    row_major_sfa = a[1].contiguous()
+    plain = deep_kernels.fp8_gemm_nt((a[0], row_major_sfa), b, poison_(torch.empty((100, 2112), device="cuda",
+                                                                                 dtype=torch.bfloat16)))
+    sfa = deep_kernels.transform_sf_into_required_layout(row_major_sfa, 100, 7168, (1, 128, 128), is_sfa=True)
+    sfb = deep_kernels.transform_sf_into_required_layout(b[1], 2112, 7168, (1, 128, 128), is_sfa=False)
+    d = deep_kernels.fp8_gemm_nt((a[0], sfa), (b[0], sfb), poison_(torch.empty_like(plain)))
+    assert_bitwise_equal(d, plain, "fp8_gemm_nt on transformed scales")
+    a, b, m_indices, _ = make_contiguous_inputs([300, 0, 77], 576, 1024)
+    plain = deep_kernels.m_grouped_fp8_gemm_nt_contiguous(
+        (a[0], a[1].contiguous()), b, poison_(torch.empty((m_indices.numel(), 576), device="cuda",
+                                                          dtype=torch.bfloat16)), m_indices)
+    sfa = deep_kernels.transform_sf_into_required_layout(a[1].contiguous(), m_indices.numel(), 1024, (1, 128))
+    sfb = deep_kernels.transform_sf_into_required_layout(b[1], 576, 1024, (1, 128, 128), 3, False)
+    d = deep_kernels.m_grouped_fp8_gemm_nt_contiguous((a[0], sfa), (b[0], sfb), poison_(torch.empty_like(plain)),
+                                                      m_indices)
+    assert_bitwise_equal(d, plain, "m_grouped_fp8_gemm_nt_contiguous on transformed scales")

@@ -112,6 +112,15 @@ def test_masked_rejects_bad_input(mutate, error, match):
 def test_alignment_is_the_routing_layouts():
     assert deep_kernels.get_m_alignment_for_contiguous_layout() == CONTIGUOUS_ALIGNMENT == 128
     assert deep_kernels.get_mk_alignment_for_contiguous_layout() == CONTIGUOUS_ALIGNMENT
+    for expected_m, num_groups in ((None, None), (1, None), (64, 8), (100000, 256)):
+        assert deep_kernels.get_theoretical_mk_alignment_for_contiguous_layout(expected_m, num_groups) == 128
+    with pytest.raises(ValueError, match="num_groups must be an integer in"):
+        deep_kernels.get_theoretical_mk_alignment_for_contiguous_layout(64, 0)
+    deep_kernels.set_mk_alignment_for_contiguous_layout(128)
+    for alignment in (64, 256, 128.5, True):
+        with pytest.raises(ValueError, match="read expert segments padded to 128 rows only"):
+            deep_kernels.set_mk_alignment_for_contiguous_layout(alignment)
+    assert deep_kernels.fp8_m_grouped_gemm_nt_masked is deep_kernels.m_grouped_fp8_gemm_nt_masked
     # The grouped kinds' tiles divide 128 rows, or are 256 rows starting on 128-row halves (scheduler.cuh) and
     # multicast A only (B pairs would not line up with the segments).
     for m in (128, 4096):
