@@ -21,8 +21,8 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import gemm
-from deep_kernels.device import get_num_sms
 from deep_kernels.contiguous_layout import psum_call_m_indices
+from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import FP8_GEMM, call_signature, check_k_n
 from deep_kernels.grouped_gemm import _check_devices, _check_layout_tensor, _checked
 from deep_kernels.heuristics import bf16_gemm as heuristics

@@ -5,7 +5,8 @@ Layouts (DeepGEMM's, so switching is one line):
     contiguous  a [M_total, K] float8_e4m3fn, K-major: every expert's rows back to back, each expert's segment
                 padded to get_m_alignment_for_contiguous_layout() = 128 rows (M_total a multiple of it);
                 sfa FP32 [M_total, ceil(K / 128)] as for fp8_gemm_nt; m_indices [M_total] int32, each row's expert,
-                -1 on padding rows (moe_layout's m_indices); d [M_total, N] bf16.
+                -1 on padding rows (moe_layout's m_indices), or the same layout as offsets or DeepGEMM's psum row
+                ends (deep_kernels.contiguous_layout); d [M_total, N] bf16.
     masked      a [G, M_max, K] float8_e4m3fn, K-major; sfa FP32 [G, M_max, ceil(K / 128)], MN-major per group
                 (strides (M_4 * ceil(K / 128), 1, M_4), M_4 = M_max rounded up to 4; get_mn_major_tma_aligned_tensor
                 makes it); masked_m [G] int32 on the device: rows 0 .. masked_m[g] - 1 of a[g] and d[g] are
