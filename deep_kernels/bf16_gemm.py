@@ -21,7 +21,7 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import gemm
-from deep_kernels.contiguous_layout import psum_call_m_indices
+from deep_kernels.contiguous_layout import call_m_indices
 from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import FP8_GEMM, call_signature, check_k_n
 from deep_kernels.grouped_gemm import _check_devices, _check_layout_tensor, _checked
@@ -31,8 +31,7 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_psum_options, check_rank,
-    check_row_major_rows,
+    check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank, check_row_major_rows,
 )
 
 BLOCK_K = heuristics.BLOCK_K
@@ -343,9 +342,7 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         the psum layout allocates its per-row ids).
     """
     check_deepgemm_options(compiled_dims)
-    check_psum_options(use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
-    if use_psum_layout:
-        m_indices = psum_call_m_indices(m_indices, a, b)
+    m_indices = call_m_indices(m_indices, a, b, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices)

@@ -16,7 +16,7 @@ Values that describe no layout (a negative size, decreasing ends) still give eac
 import torch
 
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
-from deep_kernels.validation import check_dtype, check_rank, check_tensor
+from deep_kernels.validation import check_dtype, check_psum_options, check_rank, check_tensor
 
 
 def _aligned(rows: torch.Tensor) -> torch.Tensor:
@@ -47,9 +47,14 @@ def m_indices_from_psum(ends: torch.Tensor, m_total: int) -> torch.Tensor:
     return _m_indices_of_segments(_aligned(torch.nn.functional.pad(ends[:-1], (1, 0))), ends, m_total)
 
 
-def psum_call_m_indices(grouped_layout, a, b) -> torch.Tensor:
-    """m_indices for a grouped GEMM called with use_psum_layout=True: grouped_layout holds the G experts' row ends for
-    the rows of a (a tensor, or an (a, sfa) pair) and the experts of b ([G, N, K], or a (b, sfb) pair)."""
+def call_m_indices(grouped_layout, a, b, use_psum_layout: bool, ensure_zero_padding: bool,
+                   expected_m_for_psum_layout) -> torch.Tensor:
+    """The m_indices of a contiguous grouped GEMM call given DeepGEMM's layout options (validation.check_psum_options):
+    grouped_layout itself, or with use_psum_layout=True the G experts' row ends for the rows of a (a tensor, or an
+    (a, sfa) pair) and the experts of b ([G, N, K], or a (b, sfb) pair), converted."""
+    check_psum_options(use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
+    if not use_psum_layout:
+        return grouped_layout
     a, b = (t[0] if isinstance(t, (tuple, list)) and len(t) >= 2 else t for t in (a, b))
     check_tensor(a, "a")
     check_tensor(b, "b")

@@ -30,7 +30,7 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import nvfp4_gemm
-from deep_kernels.contiguous_layout import psum_call_m_indices
+from deep_kernels.contiguous_layout import call_m_indices
 from deep_kernels.device import get_num_sms
 from deep_kernels.fp4_weights import TILE_ROWS as PREPARED_TILE_ROWS, PreparedFp4Weights, check_prepared
 from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_output, scale_a
@@ -43,8 +43,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    tma_aligned_size, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_psum_options,
-    check_rank, check_row_major_rows, scale_block_sizes,
+    tma_aligned_size, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank,
+    check_row_major_rows, scale_block_sizes,
 )
 
 MXFP4_GROUP_SIZE = 32
@@ -564,11 +564,9 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
         (CUDA-graph safe with kernel-ready sfa).
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
-    check_psum_options(use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
     _reject_nvfp4(b)
     check_fp4_recipe(recipe, recipe_a, recipe_b, b)
-    if use_psum_layout:
-        m_indices = psum_call_m_indices(m_indices, a, b)
+    m_indices = call_m_indices(m_indices, a, b, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices)

@@ -22,7 +22,7 @@ from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms, has_gpu, target_arch
 from deep_kernels import gemm, tuning
-from deep_kernels.contiguous_layout import m_indices_from_offsets, psum_call_m_indices
+from deep_kernels.contiguous_layout import call_m_indices, m_indices_from_offsets
 from deep_kernels.gemm import (
     BLOCK_SCALED, SCALE_BLOCK, apply_config_override, call_signature, check_k_n, get_gemm_kernel, kernel_spec,
     operands_of_recipe, scale_a, scale_b,
@@ -32,8 +32,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    INT32_LIMIT, ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_psum_options,
-    check_rank, check_row_major_rows, deepgemm_recipe,
+    INT32_LIMIT, ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank,
+    check_row_major_rows, deepgemm_recipe,
 )
 
 CONTIGUOUS = "m_grouped_contiguous"
@@ -209,17 +209,6 @@ def check_grouped_recipe(recipe, recipe_a, recipe_b) -> None:
                          f"recipe_b={recipe_b!r}")
 
 
-def contiguous_layout_argument(m_indices, offsets, use_psum_layout: bool, a, b):
-    """(m_indices, offsets) of a contiguous call: DeepGEMM's psum layout (use_psum_layout=True, the row ends in the
-    layout argument) becomes m_indices before the call (deep_kernels.contiguous_layout)."""
-    if not use_psum_layout:
-        return m_indices, offsets
-    if offsets is not None or m_indices is None:
-        raise TypeError("use_psum_layout=True takes the experts' row ends as the layout argument (grouped_layout), "
-                        "without offsets")
-    return psum_call_m_indices(m_indices, a, b), None
-
-
 def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, recipe=None,
                                      recipe_a=None, recipe_b=None, *, offsets: torch.Tensor = None,
                                      compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
@@ -261,9 +250,11 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         skips re-validation.
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
-    check_psum_options(use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
     check_grouped_recipe(recipe, recipe_a, recipe_b)
-    m_indices, offsets = contiguous_layout_argument(m_indices, offsets, use_psum_layout, a, b)
+    if use_psum_layout is True and (offsets is not None or m_indices is None):
+        raise TypeError("use_psum_layout=True takes the experts' row ends as the layout argument (grouped_layout), "
+                        "without offsets")
+    m_indices = call_m_indices(m_indices, a, b, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, offsets)

@@ -13,7 +13,9 @@ get_tma_aligned_size is DeepGEMM's name of tma_aligned_size.
 import torch
 
 from deep_kernels.gemm import SCALE_BLOCK, get_mn_major_tma_aligned_tensor
-from deep_kernels.validation import INT32_LIMIT, ceil_div, check_dtype, check_int_range, tma_aligned_size
+from deep_kernels.validation import (
+    INT32_LIMIT, ceil_div, check_deepgemm_options, check_dtype, check_int_range, tma_aligned_size,
+)
 
 get_tma_aligned_size = tma_aligned_size
 
@@ -58,8 +60,7 @@ def transform_sf_into_required_layout(sf: torch.Tensor, mn: int, k: int, recipe,
     check_int_range(k, "k", 0, INT32_LIMIT)
     if num_groups is not None:
         check_int_range(num_groups, "num_groups", 0, INT32_LIMIT)
-    if not isinstance(disable_ue8m0_cast, bool):
-        raise TypeError(f"disable_ue8m0_cast must be a bool, got {type(disable_ue8m0_cast).__name__}")
+    check_deepgemm_options(disable_ue8m0_cast=disable_ue8m0_cast)
     if psum_layout is not None:
         check_dtype(psum_layout, "psum_layout", (torch.int32,))
     if (rows, k_block) not in ((1, SCALE_BLOCK), (SCALE_BLOCK, SCALE_BLOCK)):
