@@ -37,9 +37,10 @@ from deep_kernels.quant.requant import requant_per_block_to_per_token
 from deep_kernels.quant.swiglu import swiglu_backward, swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked, swiglu_forward
 from deep_kernels.quant.transpose import batched_transpose, per_channel_cast_transpose_to_fp8
 from deep_kernels.scale_layout import get_tma_aligned_size, transform_sf_into_required_layout
-from deep_kernels.validation import tma_aligned_size
 from deep_kernels import ops  # noqa: F401  (registers torch.ops.deep_kernels)
 from deep_kernels import nn  # noqa: F401  (layers built from the kernels: deep_kernels.nn.MoE)
+
+tma_aligned_size = get_tma_aligned_size  # the older public name; the kernels call validation.tma_aligned_size
 
 __version__ = "0.1.0"
 

@@ -7,7 +7,7 @@ in the layout the GEMMs read without a per-call copy. On Hopper, as DeepGEMM doe
     128 x 128 block scales (weights), [G?, ceil(mn / 128), ceil(k / 128)]: checked and returned as they are.
 Other granularities, and DeepGEMM's packed UE8M0 int32 (its Blackwell layout), raise before anything runs. The FP4
 GEMMs take their weight scales as the casts write them (per_token_cast_to_mxfp4, per_token_cast_to_nvfp4).
-get_tma_aligned_size is DeepGEMM's name of tma_aligned_size.
+get_tma_aligned_size (public also as tma_aligned_size) is validation.tma_aligned_size with its arguments checked.
 """
 
 import torch
@@ -17,7 +17,15 @@ from deep_kernels.validation import (
     INT32_LIMIT, ceil_div, check_deepgemm_options, check_dtype, check_int_range, tma_aligned_size,
 )
 
-get_tma_aligned_size = tma_aligned_size
+TMA_ELEMENT_SIZES = (1, 2, 4, 8, 16)
+
+
+def get_tma_aligned_size(n: int, element_size: int) -> int:
+    """n rounded up so that n elements of element_size bytes fill whole 16-byte TMA units (DeepGEMM's name)."""
+    check_int_range(n, "n", 0, INT32_LIMIT)
+    if isinstance(element_size, bool) or element_size not in TMA_ELEMENT_SIZES:
+        raise ValueError(f"element_size must be one of {TMA_ELEMENT_SIZES} bytes, got {element_size!r}")
+    return tma_aligned_size(n, element_size)
 
 
 def _granularity(recipe, is_sfa) -> tuple:

@@ -221,6 +221,14 @@ def test_transformed_scales_are_the_layouts_the_gemms_read():
     assert deep_kernels.transform_sf_into_required_layout(sfb, 256, 512, (1, 128, 128), 3, False,
                                                           disable_ue8m0_cast=True) is sfb
     assert deep_kernels.get_tma_aligned_size(5, 4) == 8 and deep_kernels.get_tma_aligned_size(130, 4) == 132
+    assert deep_kernels.get_tma_aligned_size(17, 1) == 32 and deep_kernels.tma_aligned_size(3, 16) == 3
+
+
+@pytest.mark.parametrize("n,element_size", [(-1, 4), (5.0, 4), (5, 0), (5, 3), (5, 32), (5, True)])
+def test_tma_aligned_size_checks_its_arguments(n, element_size):
+    for public in (deep_kernels.get_tma_aligned_size, deep_kernels.tma_aligned_size):
+        with pytest.raises(ValueError, match="must be"):
+            public(n, element_size)
 
 
 def test_transform_refuses_what_it_cannot_lay_out():
