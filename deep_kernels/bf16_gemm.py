@@ -21,7 +21,7 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import gemm
-from deep_kernels.contiguous_layout import call_m_indices
+from deep_kernels.contiguous_layout import call_m_indices, layout_argument
 from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import FP8_GEMM, call_signature, check_k_n
 from deep_kernels.grouped_gemm import _check_devices, _check_layout_tensor, _checked
@@ -318,8 +318,9 @@ def _grouped_plan(gemm_type: str, m: int, n: int, k: int, num_groups: int, confi
 
 
 def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
-                                      m_indices: torch.Tensor, *, compiled_dims: str = "nk",
-                                      use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+                                      m_indices: torch.Tensor = None, *, grouped_layout: torch.Tensor = None,
+                                      compiled_dims: str = "nk", use_psum_layout: bool = False,
+                                      ensure_zero_padding: bool = True,
                                       expected_m_for_psum_layout: int = None) -> torch.Tensor:
     """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout (module docstring).
 
@@ -329,6 +330,7 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         d: [M_total, N] bf16 output.
         m_indices: [M_total] int32 CUDA tensor: each row's expert in [0, G), -1 on padding rows (ids outside [0, G)
             count as padding); each expert's rows one segment starting on a multiple of the alignment.
+        grouped_layout: DeepGEMM's keyword for the layout argument, in place of m_indices (not both).
         compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
             (validation.check_deepgemm_options).
         use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout: as for m_grouped_fp8_gemm_nt_contiguous
@@ -342,7 +344,8 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         the psum layout allocates its per-row ids).
     """
     check_deepgemm_options(compiled_dims)
-    m_indices = call_m_indices(m_indices, a, b, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
+    m_indices = call_m_indices(layout_argument(m_indices, grouped_layout), a, b, use_psum_layout, ensure_zero_padding,
+                               expected_m_for_psum_layout)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices)
@@ -350,8 +353,9 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
 
 
 def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
-                                      m_indices: torch.Tensor, *, compiled_dims: str = "nk",
-                                      use_psum_layout: bool = False, ensure_zero_padding: bool = True) -> torch.Tensor:
+                                      m_indices: torch.Tensor = None, *, grouped_layout: torch.Tensor = None,
+                                      compiled_dims: str = "nk", use_psum_layout: bool = False,
+                                      ensure_zero_padding: bool = True) -> torch.Tensor:
     """DeepGEMM's NN form of m_grouped_bf16_gemm_nt_contiguous: b [G, K, N] is the transposed view of the K-major
     [G, N, K] weights the grouped kernel reads (b.mT); the NT call on b.mT."""
     check_rank(b, "b", 3)
@@ -359,8 +363,9 @@ def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         raise ValueError(f"b [G, K, N] is N-major (strides {tuple(b.stride())}): the grouped BF16 GEMMs read the "
                          f"weights K-major, so pass the transposed view w.mT of K-major [G, N, K] weights w "
                          f"(b.mT.contiguous().mT copies b into that layout)")
-    return m_grouped_bf16_gemm_nt_contiguous(a, b.mT, d, m_indices, compiled_dims=compiled_dims,
-                                             use_psum_layout=use_psum_layout, ensure_zero_padding=ensure_zero_padding)
+    return m_grouped_bf16_gemm_nt_contiguous(a, b.mT, d, m_indices, grouped_layout=grouped_layout,
+                                             compiled_dims=compiled_dims, use_psum_layout=use_psum_layout,
+                                             ensure_zero_padding=ensure_zero_padding)
 
 
 def _launch_contiguous(a, b, d, m_indices, config=None) -> torch.Tensor:

@@ -47,6 +47,18 @@ def m_indices_from_psum(ends: torch.Tensor, m_total: int) -> torch.Tensor:
     return _m_indices_of_segments(_aligned(torch.nn.functional.pad(ends[:-1], (1, 0))), ends, m_total)
 
 
+def layout_argument(m_indices, grouped_layout, required: bool = True):
+    """A contiguous GEMM's layout argument under either name: m_indices (ours, and DeepGEMM's first) or the keyword
+    grouped_layout (DeepGEMM's current name), not both; None where neither is given and it is not required."""
+    if grouped_layout is not None:
+        if m_indices is not None:
+            raise TypeError("pass the layout as m_indices or as grouped_layout (DeepGEMM's name for it), not both")
+        return grouped_layout
+    if m_indices is None and required:
+        raise TypeError("the layout argument is missing: m_indices (DeepGEMM's keyword: grouped_layout)")
+    return m_indices
+
+
 def call_m_indices(grouped_layout, a, b, use_psum_layout: bool, ensure_zero_padding: bool,
                    expected_m_for_psum_layout) -> torch.Tensor:
     """The m_indices of a contiguous grouped GEMM call given DeepGEMM's layout options (validation.check_psum_options):

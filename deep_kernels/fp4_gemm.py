@@ -30,7 +30,7 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import nvfp4_gemm
-from deep_kernels.contiguous_layout import call_m_indices
+from deep_kernels.contiguous_layout import call_m_indices, layout_argument
 from deep_kernels.device import get_num_sms
 from deep_kernels.fp4_weights import TILE_ROWS as PREPARED_TILE_ROWS, PreparedFp4Weights, check_prepared
 from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_output, scale_a
@@ -537,8 +537,9 @@ def _grouped_plan(gemm_type: str, m: int, n: int, k: int, num_groups: int):
     return plan
 
 
-def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor, recipe=None, recipe_a=None,
-                                         recipe_b=None, *, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
+def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, recipe=None,
+                                         recipe_a=None, recipe_b=None, *, grouped_layout: torch.Tensor = None,
+                                         compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
                                          use_psum_layout: bool = False, ensure_zero_padding: bool = True,
                                          expected_m_for_psum_layout: int = None) -> torch.Tensor:
     """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout, MXFP4 weights per expert.
@@ -550,6 +551,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
         b: (codes [G, N, K / 2] float4_e2m1fn_x2 or uint8, sfb [G, N, K / 32] float8_e8m0fnu or uint8).
         d: [M_total, N] bf16 output.
         m_indices: [M_total] int32 CUDA tensor: each row's expert in [0, G), -1 on padding rows.
+        grouped_layout: DeepGEMM's keyword for the layout argument, in place of m_indices (not both).
         recipe, recipe_a, recipe_b: as for fp8_fp4_gemm_nt (MXFP4: recipe_a (1, 128) with recipe_b (1, 32)).
         compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
             changes anything here (validation.check_deepgemm_options).
@@ -566,7 +568,8 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     _reject_nvfp4(b)
     check_fp4_recipe(recipe, recipe_a, recipe_b, b)
-    m_indices = call_m_indices(m_indices, a, b, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
+    m_indices = call_m_indices(layout_argument(m_indices, grouped_layout), a, b, use_psum_layout, ensure_zero_padding,
+                               expected_m_for_psum_layout)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices)

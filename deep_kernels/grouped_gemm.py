@@ -22,7 +22,7 @@ from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms, has_gpu, target_arch
 from deep_kernels import gemm, tuning
-from deep_kernels.contiguous_layout import call_m_indices, m_indices_from_offsets
+from deep_kernels.contiguous_layout import call_m_indices, layout_argument, m_indices_from_offsets
 from deep_kernels.gemm import (
     BLOCK_SCALED, SCALE_BLOCK, apply_config_override, call_signature, check_k_n, get_gemm_kernel, kernel_spec,
     operands_of_recipe, scale_a, scale_b,
@@ -211,8 +211,9 @@ def check_grouped_recipe(recipe, recipe_a, recipe_b) -> None:
 
 def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, recipe=None,
                                      recipe_a=None, recipe_b=None, *, offsets: torch.Tensor = None,
-                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
-                                     use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+                                     grouped_layout: torch.Tensor = None, compiled_dims: str = "nk",
+                                     disable_ue8m0_cast: bool = False, use_psum_layout: bool = False,
+                                     ensure_zero_padding: bool = True,
                                      expected_m_for_psum_layout: int = None) -> torch.Tensor:
     """d[r] = a[r] @ b[m_indices[r]]^T for every row r of the contiguous layout (module docstring).
 
@@ -229,6 +230,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
             segment then starts at the sum of the earlier experts' sizes each rounded up to the alignment (the
             layout moe_layout builds); rows past the last segment are padding. Converted to m_indices on the
             device by a few torch ops (no host synchronisation; allocates M_total int32).
+        grouped_layout: DeepGEMM's keyword for the layout argument, in place of m_indices (not both).
         recipe, recipe_a, recipe_b: DeepGEMM's recipe in either spelling (validation.deepgemm_recipe): None, or the
             block-scaled one, (1, 128, 128) or recipe_a (1, 128) with recipe_b (128, 128).
         compiled_dims, disable_ue8m0_cast: DeepGEMM's options, accepted so that its calls run unchanged; neither
@@ -251,6 +253,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     check_grouped_recipe(recipe, recipe_a, recipe_b)
+    m_indices = layout_argument(m_indices, grouped_layout, required=False)
     if use_psum_layout is True and (offsets is not None or m_indices is None):
         raise TypeError("use_psum_layout=True takes the experts' row ends as the layout argument (grouped_layout), "
                         "without offsets")
@@ -260,7 +263,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         return ops.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, offsets)
     a, sfa, b, sfb = _split_pairs(a, b)
     if (m_indices is None) == (offsets is None):
-        raise TypeError("pass exactly one of m_indices and offsets")
+        raise TypeError("pass exactly one of m_indices (DeepGEMM's grouped_layout) and offsets")
     layout_name = "m_indices" if offsets is None else "offsets"
     group_layout = m_indices if offsets is None else offsets
     m, n, k, num_groups, scales_ready = _checked(_check_contiguous_call, (a, sfa, b, sfb, d, group_layout),
@@ -279,15 +282,16 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
 
 def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, recipe=None,
                                      recipe_a=None, recipe_b=None, *, offsets: torch.Tensor = None,
-                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
-                                     use_psum_layout: bool = False, ensure_zero_padding: bool = True) -> torch.Tensor:
+                                     grouped_layout: torch.Tensor = None, compiled_dims: str = "nk",
+                                     disable_ue8m0_cast: bool = False, use_psum_layout: bool = False,
+                                     ensure_zero_padding: bool = True) -> torch.Tensor:
     """DeepGEMM's NN form of m_grouped_fp8_gemm_nt_contiguous: b = (b [G, K, N], sfb [G, ceil(K / 128), ceil(N / 128)])
     is the NT form's pair transposed (b.mT K-major: Hopper's FP8 wgmma reads no other); the NT call on (b.mT, sfb.mT).
     """
     return m_grouped_fp8_gemm_nt_contiguous(
         a, gemm.transposed_pair(b, "b", "N"), d, m_indices, recipe, recipe_a, recipe_b, offsets=offsets,
-        compiled_dims=compiled_dims, disable_ue8m0_cast=disable_ue8m0_cast, use_psum_layout=use_psum_layout,
-        ensure_zero_padding=ensure_zero_padding)
+        grouped_layout=grouped_layout, compiled_dims=compiled_dims, disable_ue8m0_cast=disable_ue8m0_cast,
+        use_psum_layout=use_psum_layout, ensure_zero_padding=ensure_zero_padding)
 
 
 def _launch_contiguous(plan: tuple, a, sfa, b, sfb, d, m_indices, m: int, num_groups: int) -> torch.Tensor:

@@ -8,7 +8,8 @@ DeepGEMM's options compiled_dims and disable_ue8m0_cast (inference engines pass 
 and change nothing (tests/test_ops.py checks every GEMM takes them and checks their values). The recipe's per-operand
 spelling (recipe_a, recipe_b: vLLM's FP8 x FP4 calls pass (1, 128) with (1, 32)) is the recipe it names, and the psum
 layout (use_psum_layout=True: each expert's row end in place of m_indices, as vLLM's contiguous calls pass it) is the
-m_indices of the same layout. transform_sf_into_required_layout returns FP32 scales in the layout the GEMMs read.
+m_indices of the same layout, either passed under DeepGEMM's keyword grouped_layout= as well.
+transform_sf_into_required_layout returns FP32 scales in the layout the GEMMs read.
 
 CPU: the refusals, and K-major views, recipe pairs and psum layouts passing every check up to the device's. GPU:
 every form, and every call with the options, recipe pairs or psum layouts, bitwise equal to the plain NT call on the
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 import deep_kernels
+from deep_kernels.contiguous_layout import layout_argument
 from deep_kernels.reference import bf16_gemm as reference_bf16
 from deep_kernels.reference import gemm as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
@@ -160,23 +162,27 @@ def test_fp4_recipe_pairs_name_the_weights():
             a, b, torch.empty(m_indices.numel(), 32, dtype=torch.bfloat16), m_indices, None, (1, 128), (1, 32))
 
 
-def _psum_calls(sizes: list, ends) -> dict:
-    """Each M-grouped contiguous GEMM called on CPU inputs of expert sizes `sizes` in the psum layout `ends`."""
+def _contiguous_calls(sizes: list) -> tuple:
+    """(each M-grouped contiguous GEMM on CPU inputs of expert sizes `sizes`, the layout passed as keywords; the
+    layout's m_indices)."""
     a, b, m_indices, _ = make_contiguous_inputs(sizes, 32, 128, device="cpu")
     d = torch.empty(m_indices.numel(), 32, dtype=torch.bfloat16)
     x = random_activations(m_indices.numel(), 128, device="cpu", seed=0)
     w = random_activations(len(sizes) * 32, 128, device="cpu", seed=1).view(len(sizes), 32, 128)
     fp4 = mxfp4_weights(32, 128, device="cpu", num_groups=len(sizes))
     return {
-        "fp8_nt": lambda **kw: deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, ends, use_psum_layout=True, **kw),
-        "fp8_nn": lambda **kw: deep_kernels.m_grouped_fp8_gemm_nn_contiguous(
-            a, _transposed(b), d, ends, use_psum_layout=True, **kw),
-        "bf16_nt": lambda **kw: deep_kernels.m_grouped_bf16_gemm_nt_contiguous(x, w, d, ends, use_psum_layout=True, **kw),
-        "bf16_nn": lambda **kw: deep_kernels.m_grouped_bf16_gemm_nn_contiguous(
-            x, w.mT, d, ends, use_psum_layout=True, **kw),
-        "fp8_fp4_nt": lambda **kw: deep_kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(
-            a, fp4, d, ends, use_psum_layout=True, **kw),
-    }
+        "fp8_nt": lambda **kw: deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, **kw),
+        "fp8_nn": lambda **kw: deep_kernels.m_grouped_fp8_gemm_nn_contiguous(a, _transposed(b), d, **kw),
+        "bf16_nt": lambda **kw: deep_kernels.m_grouped_bf16_gemm_nt_contiguous(x, w, d, **kw),
+        "bf16_nn": lambda **kw: deep_kernels.m_grouped_bf16_gemm_nn_contiguous(x, w.mT, d, **kw),
+        "fp8_fp4_nt": lambda **kw: deep_kernels.m_grouped_fp8_fp4_gemm_nt_contiguous(a, fp4, d, **kw),
+    }, m_indices
+
+
+def _psum_calls(sizes: list, ends) -> dict:
+    """Each M-grouped contiguous GEMM called on CPU inputs of expert sizes `sizes` in the psum layout `ends`."""
+    return {name: (lambda call=call, **kw: call(m_indices=ends, use_psum_layout=True, **kw))
+            for name, call in _contiguous_calls(sizes)[0].items()}
 
 
 @pytest.mark.parametrize("call", ["fp8_nt", "fp8_nn", "bf16_nt", "bf16_nn", "fp8_fp4_nt"])
@@ -195,6 +201,34 @@ def test_psum_layouts_reach_the_kernels_checks(call):
             _psum_calls(sizes, psum_ends(sizes, "cpu"))[call](expected_m_for_psum_layout=4)
         with pytest.raises(ValueError, match=r"expected_m_for_psum_layout must be .*\[1, "):
             _psum_calls(sizes, psum_ends(sizes, "cpu"))[call](expected_m_for_psum_layout=0)
+
+
+@pytest.mark.parametrize("call", ["fp8_nt", "fp8_nn", "bf16_nt", "bf16_nn", "fp8_fp4_nt"])
+def test_grouped_layout_is_deepgemms_keyword_for_the_layout(call):
+    sizes = [3, 0, 5]
+    calls, m_indices = _contiguous_calls(sizes)
+    # Either name reaches the same checks (these CPU tensors stop at the device check, after the layout's).
+    for layout in (dict(m_indices=m_indices), dict(grouped_layout=m_indices),
+                   dict(grouped_layout=psum_ends(sizes, "cpu"), use_psum_layout=True)):
+        with pytest.raises(ValueError, match="must be a CUDA tensor"):
+            calls[call](**layout)
+    with pytest.raises(ValueError, match=r"one row end per expert: shape \(3,\) for b .* got \(4,\)"):
+        calls[call](grouped_layout=torch.tensor([3, 128, 133, 133], dtype=torch.int32), use_psum_layout=True)
+    with pytest.raises(TypeError, match="as m_indices or as grouped_layout .* not both"):
+        calls[call](m_indices=m_indices, grouped_layout=m_indices)
+    with pytest.raises(TypeError, match="grouped_layout"):
+        calls[call]()
+
+
+def test_layout_argument_takes_either_name():
+    layout = torch.zeros(4, dtype=torch.int32)
+    assert layout_argument(layout, None) is layout
+    assert layout_argument(None, layout) is layout
+    assert layout_argument(None, None, required=False) is None
+    with pytest.raises(TypeError, match="the layout argument is missing"):
+        layout_argument(None, None)
+    with pytest.raises(TypeError, match="not both"):
+        layout_argument(layout, layout)
 
 
 def test_psum_options_are_refused_without_the_psum_layout():
@@ -358,7 +392,7 @@ def test_recipe_pairs_are_the_recipes():
 
 
 @pytest.mark.gpu
-def test_psum_layout_calls_are_the_m_indices_calls():
+def test_psum_and_keyword_layout_calls_are_the_m_indices_calls():
     sizes = [300, 0, 77, 512]  # row ends 300, 512 (empty), 589 and 1152: three of them off the alignment
     a, b, m_indices, _ = make_contiguous_inputs(sizes, 576, 1024)
     ends, valid = psum_ends(sizes), m_indices >= 0
@@ -380,6 +414,11 @@ def test_psum_layout_calls_are_the_m_indices_calls():
         d = poison_(torch.empty_like(plain))
         assert gemm(lhs, rhs, d, ends, use_psum_layout=True, **hint) is d
         assert_bitwise_equal(d, plain, f"{name} with the psum layout")
+        # DeepGEMM's keyword for the layout argument, in either layout.
+        for layout in (dict(grouped_layout=m_indices), dict(grouped_layout=ends, use_psum_layout=True)):
+            d = poison_(torch.empty_like(plain))
+            assert gemm(lhs, rhs, d, **layout) is d
+            assert_bitwise_equal(d, plain, f"{name} with grouped_layout= ({sorted(layout)})")
 
 
 @pytest.mark.gpu

@@ -76,9 +76,9 @@ def test_contiguous_rejects_bad_input(mutate, error, match):
 
 def test_contiguous_layout_arguments():
     a, b, d, m_indices = _contiguous_operands()
-    with pytest.raises(TypeError, match="exactly one of m_indices and offsets"):
+    with pytest.raises(TypeError, match=r"exactly one of m_indices \(DeepGEMM.s grouped_layout\) and offsets"):
         deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d)
-    with pytest.raises(TypeError, match="exactly one of m_indices and offsets"):
+    with pytest.raises(TypeError, match=r"exactly one of m_indices \(DeepGEMM.s grouped_layout\) and offsets"):
         deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, offsets=torch.zeros(5, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"offsets must be a contiguous int32 tensor of shape \(5,\)"):
         deep_kernels.m_grouped_fp8_gemm_nt_contiguous(a, b, d, offsets=torch.zeros(4, dtype=torch.int32))

@@ -389,6 +389,10 @@ def test_every_gemm_takes_deepgemm_options():
             assert "recipe_a" not in parameters and "recipe_b" not in parameters, name
         contiguous = name.startswith("m_grouped") and name.endswith("_contiguous")
         assert ("use_psum_layout" in parameters) == ("ensure_zero_padding" in parameters) == contiguous, name
+        assert ("grouped_layout" in parameters) == contiguous, name
+        if contiguous:
+            assert parameters["grouped_layout"].kind == inspect.Parameter.KEYWORD_ONLY, name
+            assert names.index("m_indices") == 3 and parameters["m_indices"].default is None, name
         assert ("expected_m_for_psum_layout" in parameters) == (contiguous and "_nt_" in name), name
 
 
