@@ -24,7 +24,7 @@ from deep_kernels.gemm import FP8_GEMM, call_signature
 from deep_kernels.heuristics import k_grouped_bf16_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
-from deep_kernels.k_grouped_gemm import check_group_sizes
+from deep_kernels.k_grouped_gemm import check_group_sizes, group_size_arguments
 from deep_kernels.validation import INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_rank
 
 BLOCK_K = heuristics.BLOCK_K
@@ -83,9 +83,9 @@ def _check_call(a, b, d, ks, ks_tensor, c) -> tuple:
 _checked_calls = {}
 
 
-def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks, ks_tensor: torch.Tensor,
-                                      c: torch.Tensor = None,
-                                      *, compiled_dims: str = "nk") -> torch.Tensor:
+def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks=None,
+                                      ks_tensor: torch.Tensor = None, c: torch.Tensor = None, *, ks_cpu=None,
+                                      grouped_layout: torch.Tensor = None, compiled_dims: str = "nk") -> torch.Tensor:
     """d[g] = a_g @ b_g^T (+ c[g]) for every group g, a_g and b_g the g-th segment of k_g columns (module docstring).
 
     Args:
@@ -95,6 +95,7 @@ def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         ks: host list of the G groups' K (tokens), each a non-negative multiple of 64, summing to sum k.
         ks_tensor: int32 CUDA tensor [G] holding the same values; the kernel reads it (no host synchronisation).
         c: optional FP32 [G, M, N] added to the products; may be d itself (accumulating into the gradients).
+        ks_cpu, grouped_layout: DeepGEMM's current keywords for ks and ks_tensor, in their place (not both).
         compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
             (validation.check_deepgemm_options).
 
@@ -109,6 +110,7 @@ def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         groups) checks only ks again.
     """
     check_deepgemm_options(compiled_dims)
+    ks, ks_tensor = group_size_arguments(ks, ks_tensor, ks_cpu, grouped_layout)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.k_grouped_bf16_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c)
@@ -147,15 +149,15 @@ def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     return d
 
 
-def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks, ks_tensor: torch.Tensor,
-                                      c: torch.Tensor = None,
-                                      *, compiled_dims: str = "nk") -> torch.Tensor:
+def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks=None,
+                                      ks_tensor: torch.Tensor = None, c: torch.Tensor = None, *, ks_cpu=None,
+                                      grouped_layout: torch.Tensor = None, compiled_dims: str = "nk") -> torch.Tensor:
     """d[g] = a_g^T @ b_g (+ c[g]): k_grouped_bf16_gemm_nt_contiguous(a.T, b.T, d, ks, ks_tensor, c).
 
     Args:
         a: [sum k, M] bf16: the token-major output gradient as it is (M-contiguous), or a transposed K-major view.
         b: [sum k, N] bf16: the token-major activations likewise.
-        d, ks, ks_tensor, c: as for k_grouped_bf16_gemm_nt_contiguous.
+        d, ks, ks_tensor, c, ks_cpu, grouped_layout: as for k_grouped_bf16_gemm_nt_contiguous.
         compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
             (validation.check_deepgemm_options).
 
@@ -165,7 +167,8 @@ def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     check_deepgemm_options(compiled_dims)
     check_rank(a, "a", 2)
     check_rank(b, "b", 2)
-    return k_grouped_bf16_gemm_nt_contiguous(a.t(), b.t(), d, ks, ks_tensor, c)
+    return k_grouped_bf16_gemm_nt_contiguous(a.t(), b.t(), d, ks, ks_tensor, c, ks_cpu=ks_cpu,
+                                             grouped_layout=grouped_layout)
 
 
 @precompiled

@@ -66,6 +66,23 @@ def _plan(m: int, n: int, total_k: int, num_groups: int, accumulate: bool):
     return plan
 
 
+def group_size_arguments(ks, ks_tensor, ks_cpu, grouped_layout) -> tuple:
+    """(ks, ks_tensor) of a k-grouped call under either spelling: ks and ks_tensor (ours, and DeepGEMM's first), or
+    DeepGEMM's current keywords ks_cpu and grouped_layout; one name of each pair."""
+    if ks_cpu is not None:
+        if ks is not None:
+            raise TypeError("pass the group sizes as ks or as ks_cpu (DeepGEMM's name for them), not both")
+        ks = ks_cpu
+    if grouped_layout is not None:
+        if ks_tensor is not None:
+            raise TypeError("pass the device group sizes as ks_tensor or as grouped_layout (DeepGEMM's name for "
+                            "them), not both")
+        ks_tensor = grouped_layout
+    if ks_tensor is None:
+        raise TypeError("the device group sizes are missing: ks_tensor (DeepGEMM's keyword: grouped_layout)")
+    return ks, ks_tensor
+
+
 def check_group_sizes(ks, ks_tensor, total_k: int, alignment: int = SCALE_BLOCK) -> int:
     """The host list ks (each a non-negative multiple of `alignment`, the kernel's K block, summing to total_k) and
     ks_tensor (int32 [G]); returns G. ks None: ks_tensor's shape alone (its values stay on the device)."""
@@ -149,9 +166,9 @@ def _split_pairs(a, b) -> tuple:
 _checked_calls = {}
 
 
-def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch.Tensor, c: torch.Tensor = None,
-                                     recipe=(1, 1, 128),
-                                     *, compiled_dims: str = "nk") -> torch.Tensor:
+def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks=None, ks_tensor: torch.Tensor = None,
+                                     c: torch.Tensor = None, recipe=(1, 1, 128), *, ks_cpu=None,
+                                     grouped_layout: torch.Tensor = None, compiled_dims: str = "nk") -> torch.Tensor:
     """d[g] = a_g @ b_g^T (+ c[g]) for every group g, a_g and b_g the g-th segment of k_g columns (module docstring).
 
     Args:
@@ -165,6 +182,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         ks_tensor: int32 CUDA tensor [G] holding the same values; the kernel reads it (no host synchronisation).
         c: optional FP32 [G, M, N] added to the products; may be d itself (accumulating into the gradients).
         recipe: (1, 1, 128), the only recipe of this GEMM.
+        ks_cpu, grouped_layout: DeepGEMM's current keywords for ks and ks_tensor, in their place (not both).
         compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
             (validation.check_deepgemm_options).
 
@@ -179,6 +197,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         the dtypes, shapes, strides and devices of an earlier valid call (with as many groups) checks only ks again.
     """
     check_deepgemm_options(compiled_dims)
+    ks, ks_tensor = group_size_arguments(ks, ks_tensor, ks_cpu, grouped_layout)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c, recipe)
@@ -253,16 +272,16 @@ def _k_major_view(t, scales, name: str, scale_name: str, rows_name: str) -> tupl
     return t.T, scales.T
 
 
-def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch.Tensor, c: torch.Tensor = None,
-                                     recipe=(1, 1, 128),
-                                     *, compiled_dims: str = "nk") -> torch.Tensor:
+def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks=None, ks_tensor: torch.Tensor = None,
+                                     c: torch.Tensor = None, recipe=(1, 1, 128), *, ks_cpu=None,
+                                     grouped_layout: torch.Tensor = None, compiled_dims: str = "nk") -> torch.Tensor:
     """k_grouped_fp8_gemm_nt_contiguous with the operands as the tn layout names them: d[g] = a_g^T @ b_g (+ c[g]).
 
     Args:
         a: (a [sum k, M] float8_e4m3fn, sfa [sum k / 128, M]) with a.T K-major: the transposes of what
             per_channel_cast_transpose_to_fp8 returns (q.T, scales.T).
         b: (b [sum k, N], sfb [sum k / 128, N]) likewise.
-        d, ks, ks_tensor, c, recipe: as for k_grouped_fp8_gemm_nt_contiguous.
+        d, ks, ks_tensor, c, recipe, ks_cpu, grouped_layout: as for k_grouped_fp8_gemm_nt_contiguous.
         compiled_dims: DeepGEMM's option, accepted so that its calls run unchanged; it changes nothing here
             (validation.check_deepgemm_options).
 
@@ -274,6 +293,7 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks, ks_tensor: torch
         is refused with the cast that produces the K-major layout.
     """
     check_deepgemm_options(compiled_dims)
+    ks, ks_tensor = group_size_arguments(ks, ks_tensor, ks_cpu, grouped_layout)
     if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks, ks_tensor, c, recipe)

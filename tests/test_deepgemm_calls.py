@@ -8,7 +8,8 @@ DeepGEMM's options compiled_dims and disable_ue8m0_cast (inference engines pass 
 and change nothing (tests/test_ops.py checks every GEMM takes them and checks their values). The recipe's per-operand
 spelling (recipe_a, recipe_b: vLLM's FP8 x FP4 calls pass (1, 128) with (1, 32)) is the recipe it names, and the psum
 layout (use_psum_layout=True: each expert's row end in place of m_indices, as vLLM's contiguous calls pass it) is the
-m_indices of the same layout, either passed under DeepGEMM's keyword grouped_layout= as well.
+m_indices of the same layout, either passed under DeepGEMM's keyword grouped_layout= as well (the k-grouped GEMMs take
+its ks_cpu= and grouped_layout= for ks and ks_tensor).
 transform_sf_into_required_layout returns FP32 scales in the layout the GEMMs read.
 
 CPU: the refusals, and K-major views, recipe pairs and psum layouts passing every check up to the device's. GPU:
@@ -27,7 +28,7 @@ from deep_kernels.testing import assert_bitwise_equal, poison_, random_activatio
 from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_gemm_inputs
 from deep_kernels.testing.grouped import contiguous_layout, make_contiguous_inputs, make_masked_inputs, psum_ends
-from deep_kernels.testing.wgrad import make_wgrad_inputs
+from deep_kernels.testing.wgrad import make_k_grouped_bf16_inputs, make_k_grouped_inputs, make_wgrad_inputs
 from deep_kernels.validation import deepgemm_recipe, tma_aligned_size
 
 
@@ -218,6 +219,35 @@ def test_grouped_layout_is_deepgemms_keyword_for_the_layout(call):
         calls[call](m_indices=m_indices, grouped_layout=m_indices)
     with pytest.raises(TypeError, match="grouped_layout"):
         calls[call]()
+
+
+@pytest.mark.parametrize("name", ["k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
+                                  "k_grouped_bf16_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous"])
+def test_k_grouped_take_deepgemms_keywords_for_the_group_sizes(name):
+    ks = [128, 0, 256]
+    if "fp8" in name:
+        a, b, ks_tensor = make_k_grouped_inputs(ks, 8, 32, device="cpu")
+        if "_tn_" in name:
+            a, b = (a[0].T, a[1].T), (b[0].T, b[1].T)
+    else:
+        a, b, ks_tensor = make_k_grouped_bf16_inputs(ks, 8, 32, device="cpu")
+        if "_nt_" in name:
+            a, b = a.T, b.T
+    d = torch.empty(len(ks), 8, 32)
+    gemm = getattr(deep_kernels, name)
+    # Either spelling reaches the same checks (these CPU tensors stop at the device check, after the sizes').
+    for sizes in (dict(ks=ks, ks_tensor=ks_tensor), dict(ks_cpu=ks, grouped_layout=ks_tensor),
+                  dict(ks=ks, grouped_layout=ks_tensor)):
+        with pytest.raises(ValueError, match="must be a CUDA tensor"):
+            gemm(a, b, d, **sizes)
+    with pytest.raises(ValueError, match="ks sums to 512"):
+        gemm(a, b, d, ks_cpu=[128, 128, 256], grouped_layout=ks_tensor)
+    with pytest.raises(TypeError, match="as ks or as ks_cpu .* not both"):
+        gemm(a, b, d, ks, ks_cpu=ks, grouped_layout=ks_tensor)
+    with pytest.raises(TypeError, match="as ks_tensor or as grouped_layout .* not both"):
+        gemm(a, b, d, ks, ks_tensor, grouped_layout=ks_tensor)
+    with pytest.raises(TypeError, match=r"missing: ks_tensor \(DeepGEMM's keyword: grouped_layout\)"):
+        gemm(a, b, d, ks_cpu=ks)
 
 
 def test_layout_argument_takes_either_name():
@@ -419,6 +449,20 @@ def test_psum_and_keyword_layout_calls_are_the_m_indices_calls():
             d = poison_(torch.empty_like(plain))
             assert gemm(lhs, rhs, d, **layout) is d
             assert_bitwise_equal(d, plain, f"{name} with grouped_layout= ({sorted(layout)})")
+
+
+@pytest.mark.gpu
+def test_k_grouped_keyword_calls_are_the_positional_calls():
+    ks = [256, 0, 384]  # an empty group: d[1] is zeros either way
+    a, b, ks_tensor = make_k_grouped_inputs(ks, 256, 384)
+    dy, x, _ = make_k_grouped_bf16_inputs(ks, 256, 384)
+    for gemm, lhs, rhs in ((deep_kernels.k_grouped_fp8_gemm_nt_contiguous, a, b),
+                           (deep_kernels.k_grouped_fp8_gemm_tn_contiguous, (a[0].T, a[1].T), (b[0].T, b[1].T)),
+                           (deep_kernels.k_grouped_bf16_gemm_tn_contiguous, dy, x)):
+        plain = gemm(lhs, rhs, poison_(torch.empty(len(ks), 256, 384, device="cuda")), ks, ks_tensor)
+        d = poison_(torch.empty_like(plain))
+        assert gemm(lhs, rhs, d, ks_cpu=ks, grouped_layout=ks_tensor) is d
+        assert_bitwise_equal(d, plain, f"{gemm.__name__} with ks_cpu= and grouped_layout=")
 
 
 @pytest.mark.gpu

@@ -389,10 +389,16 @@ def test_every_gemm_takes_deepgemm_options():
             assert "recipe_a" not in parameters and "recipe_b" not in parameters, name
         contiguous = name.startswith("m_grouped") and name.endswith("_contiguous")
         assert ("use_psum_layout" in parameters) == ("ensure_zero_padding" in parameters) == contiguous, name
-        assert ("grouped_layout" in parameters) == contiguous, name
-        if contiguous:
+        # DeepGEMM's current keyword for the layout argument (the k-grouped GEMMs': the device group sizes, with
+        # ks_cpu for the host ones), beside our positional names.
+        k_grouped = name.startswith("k_grouped")
+        assert ("grouped_layout" in parameters) == (contiguous or k_grouped), name
+        assert ("ks_cpu" in parameters) == k_grouped, name
+        if contiguous or k_grouped:
             assert parameters["grouped_layout"].kind == inspect.Parameter.KEYWORD_ONLY, name
-            assert names.index("m_indices") == 3 and parameters["m_indices"].default is None, name
+            positional = ("m_indices",) if contiguous else ("ks", "ks_tensor")
+            assert names[3:3 + len(positional)] == list(positional), name
+            assert all(parameters[p].default is None for p in positional), name
         assert ("expected_m_for_psum_layout" in parameters) == (contiguous and "_nt_" in name), name
 
 
