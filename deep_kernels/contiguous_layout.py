@@ -16,7 +16,7 @@ Values that describe no layout (a negative size, decreasing ends) still give eac
 import torch
 
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
-from deep_kernels.validation import check_dtype, check_psum_options, check_rank, check_tensor
+from deep_kernels.validation import check_dtype, check_psum_options, check_rank, check_tensor, deepgemm_alias
 
 
 def _aligned(rows: torch.Tensor) -> torch.Tensor:
@@ -50,13 +50,7 @@ def m_indices_from_psum(ends: torch.Tensor, m_total: int) -> torch.Tensor:
 def layout_argument(m_indices, grouped_layout, required: bool = True):
     """A contiguous GEMM's layout argument under either name: m_indices (ours, and DeepGEMM's first) or the keyword
     grouped_layout (DeepGEMM's current name), not both; None where neither is given and it is not required."""
-    if grouped_layout is not None:
-        if m_indices is not None:
-            raise TypeError("pass the layout as m_indices or as grouped_layout (DeepGEMM's name for it), not both")
-        return grouped_layout
-    if m_indices is None and required:
-        raise TypeError("the layout argument is missing: m_indices (DeepGEMM's keyword: grouped_layout)")
-    return m_indices
+    return deepgemm_alias(m_indices, grouped_layout, "m_indices", "grouped_layout", "the layout argument", required)
 
 
 def call_m_indices(grouped_layout, a, b, use_psum_layout: bool, ensure_zero_padding: bool,

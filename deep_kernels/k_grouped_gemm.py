@@ -34,6 +34,7 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import tensor_map
 from deep_kernels.validation import (
     INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_rank, check_row_major_rows,
+    deepgemm_alias,
 )
 
 # The kernel compiles for any K: the groups' sizes come from the device.
@@ -69,18 +70,8 @@ def _plan(m: int, n: int, total_k: int, num_groups: int, accumulate: bool):
 def group_size_arguments(ks, ks_tensor, ks_cpu, grouped_layout) -> tuple:
     """(ks, ks_tensor) of a k-grouped call under either spelling: ks and ks_tensor (ours, and DeepGEMM's first), or
     DeepGEMM's current keywords ks_cpu and grouped_layout; one name of each pair."""
-    if ks_cpu is not None:
-        if ks is not None:
-            raise TypeError("pass the group sizes as ks or as ks_cpu (DeepGEMM's name for them), not both")
-        ks = ks_cpu
-    if grouped_layout is not None:
-        if ks_tensor is not None:
-            raise TypeError("pass the device group sizes as ks_tensor or as grouped_layout (DeepGEMM's name for "
-                            "them), not both")
-        ks_tensor = grouped_layout
-    if ks_tensor is None:
-        raise TypeError("the device group sizes are missing: ks_tensor (DeepGEMM's keyword: grouped_layout)")
-    return ks, ks_tensor
+    return (deepgemm_alias(ks, ks_cpu, "ks", "ks_cpu", "the group sizes", required=False),
+            deepgemm_alias(ks_tensor, grouped_layout, "ks_tensor", "grouped_layout", "the device group sizes"))
 
 
 def check_group_sizes(ks, ks_tensor, total_k: int, alignment: int = SCALE_BLOCK) -> int:

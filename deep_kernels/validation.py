@@ -74,6 +74,18 @@ def check_deepgemm_options(compiled_dims: str = "nk", disable_ue8m0_cast: bool =
         raise TypeError(f"disable_ue8m0_cast must be a bool, got {type(disable_ue8m0_cast).__name__}")
 
 
+def deepgemm_alias(value, alias, name: str, alias_name: str, what: str, required: bool = True):
+    """An argument given under our name (value) or under DeepGEMM's current keyword for it (alias), not both; None where
+    neither is given and it is not required."""
+    if alias is not None:
+        if value is not None:
+            raise TypeError(f"pass {what} as {name} or as {alias_name} (DeepGEMM's name for it), not both")
+        return alias
+    if value is None and required:
+        raise TypeError(f"missing {what}: {name} (DeepGEMM's keyword: {alias_name})")
+    return value
+
+
 def scale_block_sizes(value, name: str) -> tuple:
     """A DeepGEMM per-operand recipe (rows, K) as a pair of ints."""
     try:
