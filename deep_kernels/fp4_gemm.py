@@ -702,7 +702,7 @@ def _masked_prepared(a, prepared: PreparedFp4Weights, d, masked_m, expected_m: i
         if config is None:
             config = _plans[key] = swap_ab_heuristics.get_masked_config(expected_m, n, k, num_groups, num_sms)
     kernel = _swap_ab_kernel(config, d.dtype, False, True, True, prepared.tile_scaled)
-    tmap_a = tensor_map(a, (1, config.block_t, SCALE_BLOCK), 128)
+    tmap_a = tensor_map(a, (1, swap_ab_heuristics.masked_a_box_rows(config), SCALE_BLOCK), 128)
     # NOTE: the masked layout reads neither tmap_codes nor tmap_d (bulk copies in, direct row stores out).
     kernel.launch(
         (num_sms * config.ctas_per_sm, 1, 1), a.get_device(), tmap_a=tmap_a, tmap_codes=tmap_a,

@@ -177,11 +177,14 @@ def test_masked_pipelined_promotion_is_bitwise_the_plain_loop(masked_m, m_max, n
 
 
 @pytest.mark.gpu
-def test_masked_is_bitwise_the_dense_kernel_per_expert():
-    masked_m, m_max, n, k = [30, 0, 17, 32], 32, 2112, 1536
+# (math warpgroups, CTAs an SM) of 32 tokens; with three CTAs an SM the masked items narrow: expert 3's 9 rows run
+# 16 tokens wide (wgmma N = 16), the dense call's 32
+@pytest.mark.parametrize("warpgroups,ctas", [(2, 1), (1, 3)])
+def test_masked_is_bitwise_the_dense_kernel_per_expert(warpgroups, ctas):
+    masked_m, m_max, n, k = [30, 0, 17, 9, 32], 32, 2112, 1536
     a, b, masked = _inputs(masked_m, m_max, n, k, seed=3)
     prepared = deep_kernels.prepare_fp4_weights(*b)
-    config = swap_ab.make_config(32, 2)
+    config = swap_ab.make_config(32, warpgroups, ctas_per_sm=ctas)
     actual = _run(a, prepared, masked, 32, config)
     for g, rows in enumerate(masked_m):
         if not rows:

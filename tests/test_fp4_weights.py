@@ -421,7 +421,8 @@ def test_prepared_check_rejects_planted_bugs():
 
 
 def test_prepared_smem_bytes_is_the_kernels_carve_up(tmp_path):
-    # nvcc checks that the host's shared memory is the traits' kSmemBytes for the kernel on prepared weights.
+    # nvcc checks that the host's shared memory is the traits' kSmemBytes for the kernel on prepared weights (and the
+    # masked layout's A box its kMaskedABoxRows).
     from deep_kernels.jit import compiler
 
     configs = [swap_ab.make_config(t, w) for t in swap_ab.BLOCK_TS for w in (1, 2)]
@@ -437,6 +438,13 @@ def test_prepared_smem_bytes_is_the_kernels_carve_up(tmp_path):
     checks += [f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::Sm90Fp8Fp4SwapAbTraits<"
                f"{', '.join(swap_ab.template_args(c, 'bfloat16', False, prepared=True, tile_scaled=True))}>::kSmemBytes"
                f" == {c.smem_bytes_of(True)});" for c in tile_configs]
+    masked = [swap_ab.make_config(t, 1, ctas_per_sm=c) for t, c in ((16, 4), (32, 4), (32, 3), (64, 3), (64, 2), (80, 2))]
+    masked.append(swap_ab.make_config(96, 2))
+    checks += [f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::Sm90Fp8Fp4SwapAbTraits<"
+               f"{', '.join(swap_ab.template_args(c, 'bfloat16', False, prepared=True, masked=True))}>::kMaskedABoxRows"
+               f" == {swap_ab.masked_a_box_rows(c)});" for c in masked]
+    checks.append(f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::kMaskedTokenStep == "
+                  f"{swap_ab.MASKED_TOKEN_STEP});")
     checks.append(f"static_assert(deep_kernels::fp4_prepared::kTilePairTableBytes == {swap_ab.TILE_PAIR_TABLE_BYTES});")
     checks.append(f"static_assert(deep_kernels::fp4_prepared::kTileMaxShift == {fp4_weights.MAX_TILE_SHIFT});")
     checks.append(f"static_assert(deep_kernels::sm90_fp8_fp4_swap_ab_detail::kPreparedChunkBytes == "

@@ -15,7 +15,9 @@
 // Masked grouped layout (kMasked; prepared weights, bf16 D, no split-K): A [G, M_max, K], per-expert weights, D
 // [G, M_max, N]; a persistent CTA walks the (expert, token block of BLOCK_T, weight tile) work items of the experts'
 // valid rows (masked_m read on the device: an expert without rows costs one load of its count), each item the full
-// K loop, and stores D rows below masked_m straight from the accumulators (rows past it are never written).
+// K loop, and stores D rows below masked_m straight from the accumulators (rows past it are never written). With
+// three or more CTAs an SM an item runs its valid tokens rounded up to 16 as wgmma's N (the A rows loaded and the
+// tensor and promotion work shrink with the item, not with BLOCK_T: kNarrowItems).
 //
 // Host contract (tensor maps as sm90_fp8_gemm.cuh's, dims innermost first):
 //   tmap_a      UINT8 dims {K, M}, box {128, BLOCK_T}, SWIZZLE_128B.
@@ -26,7 +28,7 @@
 //   shape_n, shape_k: N and K.
 //   prepared_weights (kPreparedWeights; then tmap_codes and sfb_words are not read): prepare_fp4_weights's bytes
 //               [ceil(N / 64), K / 128, kPreparedChunkBytes], 16-byte aligned (layout: gemm/fp4_prepared.cuh).
-//   Masked (kMasked): tmap_a dims {K, M_max, G} box {128, BLOCK_T, 1}; tmap_sfa dims {M_max, K / 128, G} (FP32,
+//   Masked (kMasked): tmap_a dims {K, M_max, G} box {128, kMaskedABoxRows, 1}; tmap_sfa dims {M_max, K / 128, G} (FP32,
 //               M_max innermost, group stride TMA-aligned) box {BLOCK_T, 1, 1}; tmap_d not read; prepared_weights
 //               G experts' tensors back to back; masked_m int32 [G]; shape_m M_max; d [G, M_max, N] contiguous.
 //               Grid: any number of CTAs (one per SM and kNumCTAsPerSM).
@@ -75,6 +77,10 @@ using fp4_prepared::kPreparedCodesBytes;
 using fp4_prepared::prepared_promotion_scale;
 using fp4_prepared::kTilePairTableBytes;
 
+// The masked layout's token granularity where its work items narrow (Sm90Fp8Fp4SwapAbTraits::kNarrowItems).
+constexpr uint32_t kMaskedTokenStep = 16;
+
+
 // Named barriers: the math warpgroups together (before D's staging reuses the stages), and each one alone.
 enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
 
@@ -119,6 +125,14 @@ struct Sm90Fp8Fp4SwapAbTraits {
     static constexpr bool kPipelinedPromotion = kPipelinedPromotion_;
     // Split-K with a tile's splits in one cluster of this many CTAs (reduce_splits_in_cluster; 1: the workspace).
     static constexpr uint32_t kClusterSplits = kClusterSplits_;
+    // The masked layout with three or more CTAs an SM: each work item runs its valid tokens rounded up to
+    // kMaskedTokenStep (its A rows and wgmma N; masked_item_width), not BLOCK_T.
+    // NOTE: items then take unequal times, and a CTA that runs out of them early leaves its SM to the others: with one
+    // other, a lone warpgroup, which runs latency-bound (16 experts of 64 rows, N x K 4096 x 7168: 7% slower).
+    static constexpr bool kNarrowItems = kMasked && kNumCTAsPerSM >= 3;
+    // The rows of the masked layout's A box (tmap_a): an item's A tile is one box, or narrowed, one per
+    // kMaskedTokenStep tokens.
+    static constexpr uint32_t kMaskedABoxRows = kNarrowItems ? kMaskedTokenStep : BLOCK_T;
 
     static constexpr uint32_t BLOCK_W = kWarpgroupBlockM * kNumMathWarpgroups;  // weight rows of a tile
     static constexpr uint32_t kNumMathThreads = kNumMathWarpgroups * kNumThreadsPerWarpgroup;
@@ -309,14 +323,14 @@ DK_DEVICE typename Traits::OutputType* staged_element(uint8_t* smem_d, uint32_t 
 // barrier (1 + 32 arrivals). Rows past N copy zeros.
 // Prepared weights: lane 0 alone, one bulk copy of each warpgroup's chunk (tiles past the prepared ones are not
 // loaded: their rows lie past N, never stored).
-// Masked layout: the tiles of expert `group` from token t0 (A and sfa by 3-D maps, tokens past M_max zero-filled);
-// prepared_weights is the expert's.
+// Masked layout: the tiles of expert `group` from token t0 (A and sfa by 3-D maps, tokens past M_max zero-filled):
+// A's first `num_a_rows` tokens (masked_item_width: boxes of kMaskedABoxRows); prepared_weights is the expert's.
 template <typename Traits, typename Ring>
 DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* tmap_a, const CUtensorMap* tmap_codes,
                             const CUtensorMap* tmap_sfa, const uint32_t* sfb_words, uint32_t shape_n,
                             uint32_t num_k_blocks, uint32_t w_first, uint32_t k_block_begin, uint32_t k_block_end,
                             const uint8_t* prepared_weights, PipelineState<Traits::kNumStages>& state,
-                            uint32_t group = 0, uint32_t t0 = 0) {
+                            uint32_t group = 0, uint32_t t0 = 0, uint32_t num_a_rows = Traits::BLOCK_T) {
     const uint32_t lane_idx = threadIdx.x % 32;
     if constexpr (Traits::kPreparedWeights) {
         if (lane_idx != 0)
@@ -324,15 +338,17 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
         const uint32_t first_chunk_tile = w_first / kWarpgroupBlockM;
         const uint32_t num_prepared_tiles = (shape_n + kWarpgroupBlockM - 1) / kWarpgroupBlockM;
         const uint32_t num_chunks = min(Traits::kNumMathWarpgroups, num_prepared_tiles - first_chunk_tile);
-        const uint32_t tx_bytes = Traits::kStageTxBytes - (Traits::kNumMathWarpgroups - num_chunks) * kPreparedChunkBytes;
+        const uint32_t tx_bytes = Traits::kStageTxBytes - (Traits::kNumMathWarpgroups - num_chunks) * kPreparedChunkBytes -
+                                  (Traits::BLOCK_T - num_a_rows) * kScaleBlock;
         for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
             ring.producer_acquire(state);
             uint64_t* full_barrier = ring.full_barriers + state.stage;
             ptx::mbarrier_arrive_expect_tx(full_barrier, tx_bytes);
             if constexpr (Traits::kMasked) {
-                ptx::tma_load(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes, tmap_a, full_barrier,
-                              static_cast<int32_t>(k_block * kScaleBlock), static_cast<int32_t>(t0),
-                              static_cast<int32_t>(group));
+                for (uint32_t row = 0; row < num_a_rows; row += Traits::kMaskedABoxRows)
+                    ptx::tma_load(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes + row * kScaleBlock, tmap_a,
+                                  full_barrier, static_cast<int32_t>(k_block * kScaleBlock), static_cast<int32_t>(t0 + row),
+                                  static_cast<int32_t>(group));
                 ptx::tma_load(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes, tmap_sfa, full_barrier,
                               static_cast<int32_t>(t0), static_cast<int32_t>(k_block), static_cast<int32_t>(group));
             } else {
@@ -394,8 +410,15 @@ DK_DEVICE PreparedThreadOffsets prepared_thread_offsets() {
     return offsets;
 }
 
+// A K block's partial sums of N tokens (N < BLOCK_T: a narrowed masked work item, Traits::kNarrowItems).
+template <typename Traits, uint32_t N = Traits::BLOCK_T>
+using BlockPartial = float[Traits::kNumChains][N / 2];
+
+// The tokens a masked work item of num_tokens valid ones runs: its A rows and wgmma N.
 template <typename Traits>
-using BlockPartial = float[Traits::kNumChains][Traits::BLOCK_T / 2];
+DK_DEVICE uint32_t masked_item_width(uint32_t num_tokens) {
+    return Traits::kNarrowItems ? align_up(num_tokens, kMaskedTokenStep) : Traits::BLOCK_T;
+}
 
 // Expands a stage's prepared codes into this thread's fragments.
 template <typename Traits>
@@ -409,21 +432,21 @@ DK_DEVICE void expand_prepared_block(Fragments& frag, const uint8_t* smem, const
 // Issues the K block's wgmma group (the stage's A tile): its four k32 steps, round-robin into kNumChains accumulator
 // sets, so that up to four wgmma of a block run independently instead of each waiting for the last's accumulators
 // (narrow tiles are latency-bound).
-template <typename Traits>
-DK_DEVICE void issue_block(const Fragments& frag, BlockPartial<Traits>& partial, const uint8_t* smem, uint32_t stage) {
+template <typename Traits, uint32_t N>
+DK_DEVICE void issue_block(const Fragments& frag, BlockPartial<Traits, N>& partial, const uint8_t* smem, uint32_t stage) {
     const uint64_t desc_a = ptx::make_smem_desc_k_major_sw128(smem + Traits::kOffsetA + stage * Traits::kStageABytes);
     ptx::wgmma_fence();
 #pragma unroll
     for (uint32_t s = 0; s < kScaleBlock / kWgmmaK; ++s)
-        ptx::Fp8WgmmaRegisterA<Traits::BLOCK_T>::mma(frag.regs[s], desc_a + s * kWgmmaK / 16,
-                                                     partial[s % Traits::kNumChains], s >= Traits::kNumChains ? 1u : 0u);
+        ptx::Fp8WgmmaRegisterA<N>::mma(frag.regs[s], desc_a + s * kWgmmaK / 16, partial[s % Traits::kNumChains],
+                                       s >= Traits::kNumChains ? 1u : 0u);
     ptx::wgmma_commit_group();
 }
 
 // Once its group is done: the block's partial sum, the sets' FP32 sum ((0 + 1) + 2) + 3, promoted into final_acc
 // with the fragments' row scales and the stage's sfa.
-template <typename Traits>
-DK_DEVICE void promote_block(BlockPartial<Traits>& partial, float (&final_acc)[Traits::BLOCK_T / 2],
+template <typename Traits, uint32_t N>
+DK_DEVICE void promote_block(BlockPartial<Traits, N>& partial, float (&final_acc)[N / 2],
                              const Fragments& frag, const uint8_t* smem, uint32_t stage, uint32_t lane_idx) {
 #pragma unroll
     for (uint32_t c = 0; c < Traits::kNumChains; ++c)
@@ -431,22 +454,21 @@ DK_DEVICE void promote_block(BlockPartial<Traits>& partial, float (&final_acc)[T
 #pragma unroll
     for (uint32_t c = 1; c < Traits::kNumChains; ++c) {
 #pragma unroll
-        for (uint32_t i = 0; i < Traits::BLOCK_T / 2; ++i)
+        for (uint32_t i = 0; i < N / 2; ++i)
             partial[0][i] += partial[c][i];
     }
-    sm90_fp8_gemm_detail::promote_per_column<Traits::BLOCK_T>(
+    sm90_fp8_gemm_detail::promote_per_column<N>(
         partial[0], final_acc, frag.scale_lo, Traits::kTileScaled ? frag.scale_lo : frag.scale_hi,
         reinterpret_cast<const float*>(smem + Traits::kOffsetSfa + stage * Traits::kStageSfaBytes), lane_idx);
 }
 
-// One math warpgroup: the K loop of its 64 rows over the split's K blocks into final_acc.
+// One math warpgroup: the K loop of its 64 rows and N tokens over the split's K blocks into final_acc.
 // NOTE: K block i + 1's fragments are expanded (into the other register set) while block i's wgmma group runs; the
 // loop is unrolled by two so that each set is named at compile time.
 // `state` is the ring's position at the first block, and after the last one on return.
-template <typename Traits, typename Ring>
-DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2], uint32_t k_block_begin,
+template <typename Traits, uint32_t N, typename Ring>
+DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[N / 2], uint32_t k_block_begin,
                           uint32_t k_block_end, PipelineState<Traits::kNumStages>& state) {
-    constexpr uint32_t BLOCK_T = Traits::BLOCK_T;
     using State = PipelineState<Traits::kNumStages>;
     const uint32_t wg_idx = threadIdx.x / kNumThreadsPerWarpgroup;
     const uint32_t lane_idx = threadIdx.x % 32;
@@ -466,16 +488,16 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
     };
 
 #pragma unroll
-    for (uint32_t i = 0; i < BLOCK_T / 2; ++i)
+    for (uint32_t i = 0; i < N / 2; ++i)
         final_acc[i] = 0.0f;
-    BlockPartial<Traits> partial;
+    BlockPartial<Traits, N> partial;
     Fragments frags[2];
     State previous_state = state;
     expand(frags[0], state);
     // Issues the block's wgmma group from `current` and frees the previous block's stage, expands the next block into
     // `next` meanwhile, then promotes the block. Returns whether the split has another block.
     auto step = [&](Fragments& current, Fragments& next, uint32_t k_block) {
-        issue_block<Traits>(current, partial, smem, state.stage);
+        issue_block<Traits, N>(current, partial, smem, state.stage);
         // The previous block's stage: its promotion's sfa loads are done (this group overwrites what they feed).
         ring.consumer_release_if(previous_state, lane_idx, k_block != k_block_begin);
         State next_state = state;
@@ -484,7 +506,7 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
         if (has_next)
             expand(next, next_state);
         ptx::wgmma_wait_group<0>();
-        promote_block<Traits>(partial, final_acc, current, smem, state.stage, lane_idx);
+        promote_block<Traits, N>(partial, final_acc, current, smem, state.stage, lane_idx);
         previous_state = state;
         state = next_state;
         return has_next;
@@ -503,11 +525,11 @@ DK_DEVICE void run_k_loop(const Ring& ring, uint8_t* smem, float (&final_acc)[Tr
 // NOTE: a stage is freed once the wgmma group that overwrites the accumulators its sfa fed has been issued (two
 // blocks later): by then the promotion's loads have returned, and the group that read its A tile and the fragments
 // expanded from its codes has completed. The last two stages are freed after their loads (fenced).
-template <typename Traits, typename Ring>
-DK_DEVICE void run_k_loop_pipelined(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2],
-                                    uint32_t k_block_begin, uint32_t k_block_end, PipelineState<Traits::kNumStages>& state) {
+template <typename Traits, uint32_t N, typename Ring>
+DK_DEVICE void run_k_loop_pipelined(const Ring& ring, uint8_t* smem, float (&final_acc)[N / 2], uint32_t k_block_begin,
+                                    uint32_t k_block_end, PipelineState<Traits::kNumStages>& state) {
     using State = PipelineState<Traits::kNumStages>;
-    using Partial = BlockPartial<Traits>;
+    using Partial = BlockPartial<Traits, N>;
     const uint32_t lane_idx = threadIdx.x % 32;
     const PreparedThreadOffsets thread = prepared_thread_offsets<Traits>();
 
@@ -516,14 +538,14 @@ DK_DEVICE void run_k_loop_pipelined(const Ring& ring, uint8_t* smem, float (&fin
         expand_prepared_block<Traits>(frag, smem, thread, block_state.stage);
     };
     auto issue = [&](const Fragments& frag, Partial& partial, const State& block_state) {
-        issue_block<Traits>(frag, partial, smem, block_state.stage);
+        issue_block<Traits, N>(frag, partial, smem, block_state.stage);
     };
     auto promote = [&](Partial& partial, const Fragments& frag, const State& block_state) {
-        promote_block<Traits>(partial, final_acc, frag, smem, block_state.stage, lane_idx);
+        promote_block<Traits, N>(partial, final_acc, frag, smem, block_state.stage, lane_idx);
     };
 
 #pragma unroll
-    for (uint32_t i = 0; i < Traits::BLOCK_T / 2; ++i)
+    for (uint32_t i = 0; i < N / 2; ++i)
         final_acc[i] = 0.0f;
     Partial partials[2];
     Fragments frags[2];
@@ -568,14 +590,14 @@ DK_DEVICE void run_k_loop_pipelined(const Ring& ring, uint8_t* smem, float (&fin
     }
 }
 
-// The warpgroup's K loop, pipelined or not (Traits::kPipelinedPromotion).
-template <typename Traits, typename Ring>
-DK_DEVICE void run_math(const Ring& ring, uint8_t* smem, float (&final_acc)[Traits::BLOCK_T / 2], uint32_t k_block_begin,
+// The warpgroup's K loop of N tokens, pipelined or not (Traits::kPipelinedPromotion).
+template <typename Traits, uint32_t N = Traits::BLOCK_T, typename Ring>
+DK_DEVICE void run_math(const Ring& ring, uint8_t* smem, float (&final_acc)[N / 2], uint32_t k_block_begin,
                         uint32_t k_block_end, PipelineState<Traits::kNumStages>& state) {
     if constexpr (Traits::kPipelinedPromotion)
-        run_k_loop_pipelined<Traits>(ring, smem, final_acc, k_block_begin, k_block_end, state);
+        run_k_loop_pipelined<Traits, N>(ring, smem, final_acc, k_block_begin, k_block_end, state);
     else
-        run_k_loop<Traits>(ring, smem, final_acc, k_block_begin, k_block_end, state);
+        run_k_loop<Traits, N>(ring, smem, final_acc, k_block_begin, k_block_end, state);
 }
 
 // The warpgroup's split-K reduction: stores its partial sums to its slot; the last split of its rows to arrive sums
@@ -708,16 +730,17 @@ struct MaskedSchedule {
     }
 };
 
-// The warpgroup's 64 rows of D^T stored straight from the accumulators as D[first_row + token, w_first + row] for
-// tokens below num_tokens and columns below N (the masked layout: rows past masked_m are never written).
-template <typename Traits>
-DK_DEVICE void store_tile_rows(const float (&final_acc)[Traits::BLOCK_T / 2], __nv_bfloat16* d, uint32_t shape_n,
+// The warpgroup's 64 rows of D^T (accumulators of N tokens) stored straight from the accumulators as D[first_row +
+// token, w_first + row] for tokens below num_tokens and columns below shape_n (the masked layout: rows past masked_m
+// are never written).
+template <uint32_t N>
+DK_DEVICE void store_tile_rows(const float (&final_acc)[N / 2], __nv_bfloat16* d, uint32_t shape_n,
                                uint64_t first_row, uint32_t num_tokens, uint32_t w_first) {
     const uint32_t lane_idx = threadIdx.x % 32;
     const uint32_t col = w_first + threadIdx.x / kNumThreadsPerWarpgroup * kWarpgroupBlockM +
                          threadIdx.x / 32 % 4 * 16 + lane_idx / 4;
 #pragma unroll
-    for (uint32_t j = 0; j < Traits::BLOCK_T / 8; ++j) {
+    for (uint32_t j = 0; j < N / 8; ++j) {
 #pragma unroll
         for (uint32_t e = 0; e < 4; ++e) {
             const uint32_t token = j * 8 + lane_idx % 4 * 2 + e % 2;
@@ -796,16 +819,28 @@ sm90_fp8_fp4_gemm_swap_ab_impl(const __grid_constant__ CUtensorMap tmap_a, const
             for (uint32_t item = blockIdx.x; schedule.get(item, group, t0, tile, num_tokens); item += gridDim.x)
                 run_producer<Traits>(ring, smem, &tmap_a, &tmap_codes, &tmap_sfa, sfb_words, shape_n, num_k_blocks,
                                      tile * Traits::BLOCK_W, 0, num_k_blocks, prepared_weights + group * group_bytes,
-                                     state, group, t0);
+                                     state, group, t0, masked_item_width<Traits>(num_tokens));
             return;
         }
         if constexpr (kNumMathWarpgroups == 2)
             ptx::setmaxnreg_inc<Traits::kNumMathRegisters>();
-        float final_acc[BLOCK_T / 2];
+        // One item, its wgmma as wide as the A rows the producer loaded (masked_item_width).
+        auto run_item = [&](auto width) {
+            constexpr uint32_t N = decltype(width)::value;
+            float final_acc[N / 2];
+            run_math<Traits, N>(ring, smem, final_acc, 0, num_k_blocks, state);
+            store_tile_rows<N>(final_acc, d, shape_n, static_cast<uint64_t>(group) * shape_m + t0, num_tokens,
+                               tile * Traits::BLOCK_W);
+        };
         for (uint32_t item = blockIdx.x; schedule.get(item, group, t0, tile, num_tokens); item += gridDim.x) {
-            run_math<Traits>(ring, smem, final_acc, 0, num_k_blocks, state);
-            store_tile_rows<Traits>(final_acc, d, shape_n, static_cast<uint64_t>(group) * shape_m + t0, num_tokens,
-                                    tile * Traits::BLOCK_W);
+            if constexpr (Traits::kNarrowItems) {
+                sm90_fp8_gemm_detail::dispatch_index_exhaustive<0, BLOCK_T / kMaskedTokenStep>(
+                    masked_item_width<Traits>(num_tokens) / kMaskedTokenStep - 1, [&](auto index) {
+                        run_item(std::integral_constant<uint32_t, (decltype(index)::value + 1) * kMaskedTokenStep>{});
+                    });
+            } else {
+                run_item(std::integral_constant<uint32_t, BLOCK_T>{});
+            }
         }
         return;
     }

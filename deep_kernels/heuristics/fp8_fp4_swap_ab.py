@@ -17,6 +17,8 @@ BLOCK_TS = (16, 32, 64, 128)
 MAX_TOKENS = BLOCK_TS[-1]
 # The token tiles the kernel takes (wgmma's N in steps of 16); the masked layout picks from all of them.
 ALL_BLOCK_TS = tuple(range(16, MAX_TOKENS + 1, 16))
+# The masked layout's token granularity where its work items narrow (the kernel's kMaskedTokenStep; masked_a_box_rows).
+MASKED_TOKEN_STEP = 16
 B_BITS_PER_WEIGHT = 4.25
 EXPAND_TABLE_BYTES = 256
 # The pair tables of tile-scaled prepared weights (gemm/fp4_prepared.cuh: kTilePairTableBytes).
@@ -304,6 +306,19 @@ def template_args(config: SwapAbConfig, out_dtype, with_accumulation: bool, prep
             "true" if config.pipelined else "false", str(config.num_splits if config.splits_in_cluster else 1)]
 
 
+def masked_a_box_rows(config: SwapAbConfig) -> int:
+    """The rows of the masked layout's A tensor-map box (the kernel's kMaskedABoxRows). With three or more CTAs an SM
+    each work item runs its valid tokens rounded up to MASKED_TOKEN_STEP (its A rows and wgmma N; one box per step),
+    else BLOCK_T (one box). A token of tile costs: on 64 experts of at most 16 rows, 16-token tiles ran 1.10-1.11x
+    32-token ones (N x K 4096 x 7168 and 7168 x 2048). Measured on the H200 (2026-12-04, 16 and 64 experts of 16, 32
+    and 64 rows and 256 of 16 rows, both N x K, each timed in turns with our FP8 masked GEMM, against the kernel
+    without narrowing in the same run): 1.04-1.06x at 64 and 256 experts of 16 and 32 rows, 0.99-1.02x at 16 experts,
+    1.00x with two CTAs an SM (80-token tiles), which stay one width: narrowed there they ran 0.94-1.03x (a CTA that
+    runs out of items early leaves a lone, latency-bound warpgroup on its SM).
+    """
+    return MASKED_TOKEN_STEP if config.ctas_per_sm >= 3 else config.block_t
+
+
 def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms: int) -> SwapAbConfig:
     """The masked layout's config for experts of about expected_m valid rows: the smallest token tile holding them
     (a multiple of 16); one-warpgroup CTAs, four an SM up to 32 tokens, three up to 64, two up to 96, else two math
@@ -311,7 +326,11 @@ def get_masked_config(expected_m: int, n: int, k: int, num_groups: int, num_sms:
     7168 and 7168 x 2048, 6 problems each; tiles by expected_m 16 / 32 / 64: 32, 48 and 80 tokens): at 32 tokens
     four CTAs an SM were the fastest config offered in 6 of 6 problems (1.07-1.12x two), at 48 tokens three CTAs in 5
     of 6 (1.03-1.08x two; 0.96x at 16 experts of N 4096; 7ca794f), at 80 tokens two one-warpgroup CTAs in 6 of 6
-    (1.03-1.07x one two-warpgroup CTA, which was 1.08-1.21x the 128-token tile; 2cdd726)."""
+    (1.03-1.07x one two-warpgroup CTA, which was 1.08-1.21x the 128-token tile; 2cdd726). Configs outside the rule,
+    re-measured on the H200 (2026-12-04, 18 problems of 16, 64 and 256 experts, in turns with the rule's pick): the
+    pipelined promotion, two math warpgroups and fewer CTAs an SM ran 0.63-1.01x the picks, except at 16 experts of
+    32 rows (N x K 4096 x 7168), where two CTAs an SM ran 1.065x and one two-warpgroup CTA 1.05x (one problem: not
+    taken)."""
     if k % BLOCK_K != 0 or k <= 0 or n % 16 != 0 or n <= 0 or num_groups <= 0:
         raise ValueError(f"k must be a positive multiple of 128, n of 16 and num_groups positive, got k = {k}, "
                          f"n = {n}, num_groups = {num_groups}")
