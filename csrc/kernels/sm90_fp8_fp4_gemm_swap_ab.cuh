@@ -80,7 +80,6 @@ using fp4_prepared::kTilePairTableBytes;
 // The masked layout's token granularity where its work items narrow (Sm90Fp8Fp4SwapAbTraits::kNarrowItems).
 constexpr uint32_t kMaskedTokenStep = 16;
 
-
 // Named barriers: the math warpgroups together (before D's staging reuses the stages), and each one alone.
 enum class SwapAbBarrier : uint32_t { AllMath = 1, FirstWarpgroup = 2 };
 
@@ -338,16 +337,18 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
         const uint32_t first_chunk_tile = w_first / kWarpgroupBlockM;
         const uint32_t num_prepared_tiles = (shape_n + kWarpgroupBlockM - 1) / kWarpgroupBlockM;
         const uint32_t num_chunks = min(Traits::kNumMathWarpgroups, num_prepared_tiles - first_chunk_tile);
-        const uint32_t tx_bytes = Traits::kStageTxBytes - (Traits::kNumMathWarpgroups - num_chunks) * kPreparedChunkBytes -
+        const uint32_t tx_bytes = Traits::kStageTxBytes -
+                                  (Traits::kNumMathWarpgroups - num_chunks) * kPreparedChunkBytes -
                                   (Traits::BLOCK_T - num_a_rows) * kScaleBlock;
         for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
             ring.producer_acquire(state);
             uint64_t* full_barrier = ring.full_barriers + state.stage;
             ptx::mbarrier_arrive_expect_tx(full_barrier, tx_bytes);
             if constexpr (Traits::kMasked) {
+                uint8_t* smem_a = smem + Traits::kOffsetA + state.stage * Traits::kStageABytes;
                 for (uint32_t row = 0; row < num_a_rows; row += Traits::kMaskedABoxRows)
-                    ptx::tma_load(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes + row * kScaleBlock, tmap_a,
-                                  full_barrier, static_cast<int32_t>(k_block * kScaleBlock), static_cast<int32_t>(t0 + row),
+                    ptx::tma_load(smem_a + row * kScaleBlock, tmap_a, full_barrier,
+                                  static_cast<int32_t>(k_block * kScaleBlock), static_cast<int32_t>(t0 + row),
                                   static_cast<int32_t>(group));
                 ptx::tma_load(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes, tmap_sfa, full_barrier,
                               static_cast<int32_t>(t0), static_cast<int32_t>(k_block), static_cast<int32_t>(group));
