@@ -34,6 +34,10 @@ term), not bandwidth-bound, so cutting every CTA's K loop S-fold is what pays. W
 only the last, partial wave is split (tail split): the first num_unsplit_tiles = tiles // SMs x SMs tiles
 run whole, and the remaining tiles x S jobs (S = 2 .. min(K / 128, SMs // remaining tiles, MAX_TAIL_SPLITS))
 fill the last wave. Ties keep fewer splits.
+The last wave's rows as a second launch with a config of their own (the full waves' rows keeping the pick, with its
+pipelined K loop and epilogue overlap, which split-K excludes) ran 0.93-1.02x the single launch on the H200
+(2026-12-04: 4096 x 2112 x 7168; the weight gradients 24576 x 1536 and 7168 x 2048 at 4096 and 16384 tokens): a
+partly filled wave runs at a higher clock than a full one, so it costs less than the wave count says. Not offered.
 
 Time constants were fitted on an H200 (132 SMs, clocks as throttled under FP8 load) against measured
 runs of this kernel; they only need to rank configs, not to predict absolute times exactly.
