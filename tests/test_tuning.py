@@ -121,6 +121,46 @@ def test_grouped_tuned_config_is_consulted_before_the_model(monkeypatch, tmp_pat
     assert grouped_gemm._tuned_config("m_grouped_masked", 76, 4096, 7168, 16, 66) is None
 
 
+def test_the_check_sees_one_wrong_tile_and_unwritten_elements():
+    import torch
+
+    from deep_kernels import tune
+    from deep_kernels.testing import calc_diff
+
+    generator = torch.Generator().manual_seed(0)
+    expected = torch.randn((1024, 2048), generator=generator, dtype=torch.float64)
+    actual = expected.to(torch.bfloat16)
+    assert tune.output_error(actual, expected) <= tune.MAX_CALC_DIFF
+    wrong_tile = actual.clone()
+    wrong_tile[128:256, 1024:1152] *= 1.03
+    # The whole output's calc_diff does not see it; its tile's does.
+    assert calc_diff(wrong_tile, expected) <= tune.MAX_CALC_DIFF < tune.output_error(wrong_tile, expected)
+    unwritten = actual.clone()
+    unwritten[5, 7] = float("nan")
+    assert not tune.output_error(unwritten, expected) <= tune.MAX_CALC_DIFF
+
+
+@pytest.mark.gpu
+def test_tune_refuses_a_candidate_wrong_in_one_tile(monkeypatch, tmp_path):
+    from deep_kernels import tune
+
+    monkeypatch.setenv("DK_JIT_CACHE_DIR", str(tmp_path))
+    forced = gemm.forced_config_call
+
+    def one_wrong_tile(config, a, b, d, *args, **kwargs):
+        call = forced(config, a, b, d, *args, **kwargs)
+
+        def run():
+            call()
+            d[:128, :128] *= 1.03
+
+        return run
+
+    monkeypatch.setattr(gemm, "forced_config_call", one_wrong_tile)
+    with pytest.raises(RuntimeError, match="gave calc_diff"):
+        tune.tune_fp8_gemm([(4096, 2112, 7168)], count=1, log=lambda line: None)
+
+
 @pytest.mark.gpu
 def test_tune_stores_checked_winners_that_calls_then_use(monkeypatch, tmp_path):
     import torch
