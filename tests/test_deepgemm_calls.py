@@ -23,7 +23,9 @@ import torch
 import deep_kernels
 from deep_kernels.contiguous_layout import layout_argument
 from deep_kernels.reference import bf16_gemm as reference_bf16
+from deep_kernels.reference import fp4_gemm as reference_fp4
 from deep_kernels.reference import gemm as reference
+from deep_kernels.reference import k_grouped_gemm as reference_k_grouped
 from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
 from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_gemm_inputs
@@ -35,6 +37,21 @@ from deep_kernels.validation import deepgemm_recipe, tma_aligned_size
 def _transposed(pair) -> tuple:
     """The transposed forms' operand for an NT operand pair: both views transposed (no copy)."""
     return pair[0].mT, pair[1].mT
+
+
+def _product(a, b) -> torch.Tensor:
+    """The float64 output a reference GEMM of the (tensor, scales) pairs a and b writes into."""
+    return torch.empty((a[0].shape[0], b[0].shape[0]), device=a[0].device, dtype=torch.float64)
+
+
+def _assert_masked_close(d: torch.Tensor, a, b, masked_m: torch.Tensor) -> None:
+    """Each group's first masked_m rows within the GEMM bound of float64, the rows past them unwritten (NaN)."""
+    expected = reference.m_grouped_fp8_gemm_nt_masked(a, b, torch.full(d.shape, float("nan"), device=d.device,
+                                                                       dtype=torch.float64), masked_m, 64)
+    for g, rows in enumerate(masked_m.tolist()):
+        if rows:
+            assert_gemm_close(d[g, :rows], expected[g, :rows], name=f"d[{g}]")
+        assert d[g, rows:].isnan().all(), f"d[{g}]: a row past masked_m = {rows} was written"
 
 
 def _rows_major(pair) -> tuple:
@@ -217,7 +234,7 @@ def test_grouped_layout_is_deepgemms_keyword_for_the_layout(call):
         calls[call](grouped_layout=torch.tensor([3, 128, 133, 133], dtype=torch.int32), use_psum_layout=True)
     with pytest.raises(TypeError, match="as m_indices or as grouped_layout .* not both"):
         calls[call](m_indices=m_indices, grouped_layout=m_indices)
-    with pytest.raises(TypeError, match="grouped_layout"):
+    with pytest.raises(TypeError, match=r"(exactly one of|missing the layout argument:) m_indices \(DeepGEMM's"):
         calls[call]()
 
 
@@ -388,12 +405,14 @@ def test_grouped_nn_forms_are_the_nt_calls():
 def test_deepgemm_options_change_nothing():
     a, b = make_gemm_inputs(100, 2112, 7168)
     plain = deep_kernels.fp8_gemm_nt(a, b, poison_(torch.empty((100, 2112), device="cuda", dtype=torch.bfloat16)))
+    assert_gemm_close(plain, reference.fp8_gemm_nt(a, b, _product(a, b)))
     for options in (dict(disable_ue8m0_cast=True), dict(compiled_dims="mnk", disable_ue8m0_cast=False)):
         d = poison_(torch.empty((100, 2112), device="cuda", dtype=torch.bfloat16))
         assert_bitwise_equal(deep_kernels.fp8_gemm_nt(a, b, d, **options), plain, f"fp8_gemm_nt with {options}")
     a, b, masked_m = make_masked_inputs([40, 0, 97], 128, 576, 1024)
     plain = deep_kernels.m_grouped_fp8_gemm_nt_masked(
         a, b, poison_(torch.empty((3, 128, 576), device="cuda", dtype=torch.bfloat16)), masked_m, 64)
+    _assert_masked_close(plain, a, b, masked_m)
     d = poison_(torch.empty((3, 128, 576), device="cuda", dtype=torch.bfloat16))
     deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64, compiled_dims="nk", disable_ue8m0_cast=True)
     assert_bitwise_equal(d, plain, "m_grouped_fp8_gemm_nt_masked with the options")
@@ -408,16 +427,19 @@ def test_recipe_pairs_are_the_recipes():
                                  (make_wgrad_inputs(256, 384, 640), (1, 1, 128), ((1, 128), (1, 128)))):
         m, n = inputs[0][0].shape[0], inputs[1][0].shape[0]
         plain = deep_kernels.fp8_gemm_nt(*inputs, poisoned(m, n), recipe=recipe)
+        assert_gemm_close(plain, reference.fp8_gemm_nt(*inputs, _product(*inputs), recipe=recipe))
         d = deep_kernels.fp8_gemm_nt(*inputs, poisoned(m, n), None, None, *pair)
         assert_bitwise_equal(d, plain, f"fp8_gemm_nt with recipe_a, recipe_b = {pair}")
     for inputs, block_b in ((make_fp4_gemm_inputs(64, 576, 1024), (1, 32)),
                             (make_nvfp4_gemm_inputs(64, 576, 1024), (1, 16))):
         plain = deep_kernels.fp8_fp4_gemm_nt(*inputs, poisoned(64, 576))
+        assert_gemm_close(plain, reference_fp4.fp8_fp4_gemm_nt(*inputs, _product(*inputs)))
         d = deep_kernels.fp8_fp4_gemm_nt(*inputs, poisoned(64, 576), recipe_a=(1, 128), recipe_b=block_b)
         assert_bitwise_equal(d, plain, f"fp8_fp4_gemm_nt with recipe_b = {block_b}")
     a, b, masked_m = make_masked_inputs([40, 0, 97], 128, 576, 1024)
     plain = deep_kernels.m_grouped_fp8_gemm_nt_masked(
         a, b, poison_(torch.empty((3, 128, 576), device="cuda", dtype=torch.bfloat16)), masked_m, 64)
+    _assert_masked_close(plain, a, b, masked_m)
     d = poison_(torch.empty((3, 128, 576), device="cuda", dtype=torch.bfloat16))
     deep_kernels.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 64, None, (1, 128), (128, 128))
     assert_bitwise_equal(d, plain, "m_grouped_fp8_gemm_nt_masked with recipe_a, recipe_b")
@@ -458,10 +480,19 @@ def test_k_grouped_keyword_calls_are_the_positional_calls():
     ks = [256, 0, 384]  # an empty group: d[1] is zeros either way
     a, b, ks_tensor = make_k_grouped_inputs(ks, 256, 384)
     dy, x, _ = make_k_grouped_bf16_inputs(ks, 256, 384)
+    # (FP8, BF16) float64 products of the groups
+    expected = (
+        reference_k_grouped.k_grouped_fp8_gemm_nt_contiguous(
+            a, b, torch.empty(len(ks), 256, 384, device="cuda", dtype=torch.float64), ks),
+        reference_k_grouped.k_grouped_bf16_gemm_tn_contiguous(
+            dy, x, torch.empty(len(ks), 256, 384, device="cuda", dtype=torch.float64), ks))
     for gemm, lhs, rhs in ((deep_kernels.k_grouped_fp8_gemm_nt_contiguous, a, b),
                            (deep_kernels.k_grouped_fp8_gemm_tn_contiguous, (a[0].T, a[1].T), (b[0].T, b[1].T)),
                            (deep_kernels.k_grouped_bf16_gemm_tn_contiguous, dy, x)):
         plain = gemm(lhs, rhs, poison_(torch.empty(len(ks), 256, 384, device="cuda")), ks, ks_tensor)
+        for g in range(len(ks)):
+            assert_gemm_close(plain[g], expected[gemm is deep_kernels.k_grouped_bf16_gemm_tn_contiguous][g],
+                              name=f"{gemm.__name__} d[{g}]")
         d = poison_(torch.empty_like(plain))
         assert gemm(lhs, rhs, d, ks_cpu=ks, grouped_layout=ks_tensor) is d
         assert_bitwise_equal(d, plain, f"{gemm.__name__} with ks_cpu= and grouped_layout=")
@@ -474,6 +505,7 @@ def test_transformed_scales_give_the_same_products():
     row_major_sfa = a[1].contiguous()
     plain = deep_kernels.fp8_gemm_nt((a[0], row_major_sfa), b, poison_(torch.empty((100, 2112), device="cuda",
                                                                                  dtype=torch.bfloat16)))
+    assert_gemm_close(plain, reference.fp8_gemm_nt(a, b, _product(a, b)))
     sfa = deep_kernels.transform_sf_into_required_layout(row_major_sfa, 100, 7168, (1, 128, 128), is_sfa=True)
     sfb = deep_kernels.transform_sf_into_required_layout(b[1], 2112, 7168, (1, 128, 128), is_sfa=False)
     d = deep_kernels.fp8_gemm_nt((a[0], sfa), (b[0], sfb), poison_(torch.empty_like(plain)))
@@ -482,6 +514,10 @@ def test_transformed_scales_give_the_same_products():
     plain = deep_kernels.m_grouped_fp8_gemm_nt_contiguous(
         (a[0], a[1].contiguous()), b, poison_(torch.empty((m_indices.numel(), 576), device="cuda",
                                                           dtype=torch.bfloat16)), m_indices)
+    expected = reference.m_grouped_fp8_gemm_nt_contiguous(
+        a, b, torch.empty((m_indices.numel(), 576), device="cuda", dtype=torch.float64), m_indices)
+    valid = m_indices >= 0
+    assert_gemm_close(plain[valid], expected[valid])
     sfa = deep_kernels.transform_sf_into_required_layout(a[1].contiguous(), m_indices.numel(), 1024, (1, 128))
     sfb = deep_kernels.transform_sf_into_required_layout(b[1], 576, 1024, (1, 128, 128), 3, False)
     d = deep_kernels.m_grouped_fp8_gemm_nt_contiguous((a[0], sfa), (b[0], sfb), poison_(torch.empty_like(plain)),

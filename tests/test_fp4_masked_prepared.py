@@ -227,10 +227,12 @@ def test_masked_tile_scaled_reads_only_the_words_documented_bits():
     a, (codes, _), masked = _inputs(masked_m, m_max, n, k, seed=11)
     generator = torch.Generator(device="cuda").manual_seed(11)
     scales = 127 - torch.randint(0, 8, (len(masked_m), n, k // 32), generator=generator, device="cuda")
-    prepared = deep_kernels.prepare_fp4_weights(codes, scales.to(torch.uint8))
+    b = (codes, scales.to(torch.uint8))
+    prepared = deep_kernels.prepare_fp4_weights(*b)
     assert prepared.tile_scaled
     config = swap_ab.make_config(16, 1, ctas_per_sm=4, num_chains=2)
     expected = _run(a, prepared, masked, 16, config)
+    _check(expected, _reference(a, b, masked), masked_m)
     actual = _run(a, replace(prepared, data=with_undocumented_word_bits(prepared.data)), masked, 16, config)
     torch.cuda.synchronize()
     assert_bitwise_equal(actual, expected)

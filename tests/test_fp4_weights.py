@@ -168,7 +168,7 @@ def _cpu_call(m=8, n=256, k=256):
 @pytest.mark.parametrize("mutate,error,match", [
     (lambda a, p, d: (a, replace(p, data=p.data[:, :1]), d), ValueError,
      r"N = 256, K = 256 must be contiguous of shape \(4, 2, 4352\)"),
-    (lambda a, p, d: (a, replace(p, data=p.data[:3]), d), ValueError, "shape"),
+    (lambda a, p, d: (a, replace(p, data=p.data[:3]), d), ValueError, r"\(4, 2, 4352\) .*, got shape \(3, 2, 4352\)"),
     (lambda a, p, d: (a, replace(p, data=p.data.view(torch.int8)), d), TypeError, "data must be a uint8"),
     (lambda a, p, d: (a, replace(p, k=384), d), ValueError, "K = 256 columns but the prepared weights K = 384"),
     (lambda a, p, d: (a, p, d[:, :128]), ValueError, "d must be a contiguous"),
@@ -335,13 +335,15 @@ def test_tile_scaled_kernels_read_only_the_words_documented_bits(m, n, k, config
     # The pair tables' offsets are masked to their span: a word that is not a tile-scaled one (a stale chunk past
     # N, row-scaled data flagged tile-scaled) must not address shared memory past the tables.
     a = make_fp4_gemm_inputs(m, 16, k)[0]
-    prepared = deep_kernels.prepare_fp4_weights(*_folding_weights(n, k, 7, "cuda"))
+    b = _folding_weights(n, k, 7, "cuda")
+    prepared = deep_kernels.prepare_fp4_weights(*b)
     assert prepared.tile_scaled
     kwargs = {}
     if config is not None:
         block_t, warpgroups, splits, ctas = config
         kwargs["config"] = swap_ab.make_config(block_t, warpgroups, num_splits=splits, ctas_per_sm=ctas)
     expected = _run(a, prepared, n, **kwargs)
+    assert_gemm_close(expected, _reference(a, b))
     dirty = replace(prepared, data=with_undocumented_word_bits(prepared.data))
     assert not torch.equal(dirty.data, prepared.data)
     actual = _run(a, dirty, n, **kwargs)

@@ -81,7 +81,7 @@ def test_prepare_rejects_bytes_that_are_no_encoding(native):
     with pytest.raises(ValueError, match="not the encoding"):
         native.prepare(0, (1, 1, 1), 32, 0, 1, 0, bytes(33 * SLOT_BYTES))
     launch = native.prepare(0, (1, 1, 1), 32, 0, 1, 0, native.encode("PI", (1, 2)))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="an integer is required"):
         launch.launch("not a stream")
 
 

@@ -371,6 +371,18 @@ def test_routing_is_deterministic_and_graph_capturable():
         torch.cuda.synchronize()
         for i, (actual, expected) in enumerate(zip(outputs, wanted)):
             assert_bitwise_equal(actual, expected, f"output {i}")
+    # New logits, read on the device: the replay against the reference.
+    logits.copy_(torch.randn((4001, 256), device="cuda", dtype=torch.bfloat16))
+    for t in outputs:
+        _poison_output(t)
+    graph.replay()
+    torch.cuda.synchronize()
+    weights_ref, indices_ref = reference.topk_gate(logits, 8, **kwargs)
+    assert_bitwise_equal(indices, indices_ref, "indices")
+    assert_bitwise_equal(weights, weights_ref, "weights")
+    expected_layout = reference.moe_layout(indices_ref, 256, max_tokens=4001)
+    for name in ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row", "masked_slots", "masked_m"):
+        assert_bitwise_equal(getattr(layout, name), getattr(expected_layout, name), name)
 
 
 @pytest.mark.gpu

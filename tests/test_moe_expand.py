@@ -570,7 +570,7 @@ def test_moe_reduce_matches_reference(num_tokens, num_experts, k, hidden, varian
 
 @pytest.mark.gpu
 def test_moe_expand_and_reduce_are_deterministic():
-    _, _, layout = _routing(4001, 256, 8)
+    weights, _, layout = _routing(4001, 256, 8)
     x = random_activations(4001, 7168, torch.bfloat16)
     first = deep_kernels.moe_expand(x, layout)
     second = deep_kernels.moe_expand(x, layout)
@@ -580,6 +580,12 @@ def test_moe_expand_and_reduce_are_deterministic():
     q2, s2 = deep_kernels.moe_expand_cast_to_fp8(x, layout, masked=True, ue8m0=True, scale_layout="packed_ue8m0")
     assert_bitwise_equal(q1, q2, "q")
     assert_bitwise_equal(s1, s2, "scales")
+    y, _ = _reduce_inputs(layout, 4001, 7168, "bf16", masked=False)
+    reduced = [poison_(torch.empty((4001, 7168), device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
+    for out in reduced:
+        deep_kernels.moe_reduce(y, layout, weights, out=out)
+    assert not torch.isnan(reduced[0]).any()
+    assert_bitwise_equal(reduced[0], reduced[1], "reduce")
 
 
 @pytest.mark.gpu
@@ -629,7 +635,10 @@ def test_expand_cast_reduce_graph_capture_and_replay_with_new_routing():
             poison_(t)
         graph.replay()
         torch.cuda.synchronize()
-        expected_layout = reference.moe_layout(gate_indices, num_experts, max_tokens)
+        expected_weights, expected_indices = reference.topk_gate(static["logits"], k, "sigmoid")
+        assert_bitwise_equal(gate_indices, expected_indices, "gate indices")
+        assert_bitwise_equal(gate_weights, expected_weights, "gate weights")
+        expected_layout = reference.moe_layout(expected_indices, num_experts, max_tokens)
         for name in ("num_rows", "row_to_slot", "slot_to_row", "masked_slots"):
             assert_bitwise_equal(getattr(layout, name), getattr(expected_layout, name), name)
         expected_rows = reference.moe_expand(static["x"], layout)
