@@ -31,7 +31,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank, check_row_major_rows,
+    check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_no_overlap, check_rank,
+    check_row_major_rows,
 )
 
 BLOCK_K = heuristics.BLOCK_K
@@ -161,9 +162,10 @@ def _check_masked_call(a, b, d, masked_m, expected_m) -> tuple:
     return m_max, n, k, num_groups
 
 
-def _check_addresses(*tensors) -> None:
-    if any(t.data_ptr() % 16 for t in tensors):
+def _check_addresses(a, b, d) -> None:
+    if (a.data_ptr() | b.data_ptr() | d.data_ptr()) % 16:
         raise ValueError("a, b and d must start at 16-byte aligned addresses (TMA)")
+    check_no_overlap([("d", d)], [("a", a), ("b", b)], "d and the operands")
 
 
 # ---- dense ----

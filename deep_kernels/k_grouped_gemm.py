@@ -33,8 +33,8 @@ from deep_kernels.heuristics import k_grouped_fp8_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import tensor_map
 from deep_kernels.validation import (
-    INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_rank, check_row_major_rows,
-    deepgemm_alias,
+    INT32_LIMIT, check_aligned, check_cuda_device, check_deepgemm_options, check_dtype, check_rank,
+    check_row_major_rows, deepgemm_alias,
 )
 
 # The kernel compiles for any K: the groups' sizes come from the device.
@@ -128,8 +128,7 @@ def _check_call(a, sfa, b, sfb, d, ks, ks_tensor, c) -> tuple:
     if tuple(d.shape) != (num_groups, m, n) or not d.is_contiguous():
         raise ValueError(f"d must be a contiguous FP32 [G, M, N] = {(num_groups, m, n)} tensor, got shape "
                          f"{tuple(d.shape)} strides {tuple(d.stride())}")
-    if d.data_ptr() % 16:
-        raise ValueError("d must start at a 16-byte aligned address")
+    check_aligned(d, "d")
     named = [(a, "a"), (sfa, "sfa"), (b, "b"), (sfb, "sfb"), (d, "d"), (ks_tensor, "ks_tensor")]
     if c is not None:
         check_dtype(c, "c", (torch.float32,))
@@ -212,6 +211,8 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks=None, ks_tensor: 
         sfb = scale_b_channels(sfb, n, total_k // SCALE_BLOCK)
     if (a.data_ptr() | b.data_ptr() | sfa.data_ptr() | sfb.data_ptr()) % 16:
         raise ValueError("a, b, sfa and sfb must start at 16-byte aligned addresses (TMA)")
+    # The checked call's d may have another address (its signature has no storage offset).
+    check_aligned(d, "d")
     if m == 0:
         return d
     if c is not None and c.data_ptr() != d.data_ptr():

@@ -51,8 +51,33 @@ def check_row_major_rows(t: torch.Tensor, name: str) -> None:
             f"{name} rows must be 16-byte aligned and not overlap: row stride {row_stride} elements "
             f"for rows of {cols} {t.dtype} elements"
         )
+    # The kernels take a row stride as a 32-bit parameter.
+    if row_stride > 2**32 - 1:
+        raise ValueError(f"{name}'s row stride ({row_stride} elements) must be below 2^32")
+    check_aligned(t, name)
+
+
+def check_aligned(t: torch.Tensor, name: str) -> None:
+    """t starts at a 16-byte aligned address (the kernels' vector loads and stores, TMA)."""
     if t.data_ptr() % 16 != 0:
         raise ValueError(f"{name} must start at a 16-byte aligned address")
+
+
+def extent_bytes(t: torch.Tensor) -> int:
+    """Bytes from t's first element to just past its last."""
+    return (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def check_no_overlap(written: list, read: list, what: str) -> None:
+    """No tensor of `written` shares a byte with another of `written` or one of `read` ((name, tensor) pairs; read
+    tensors may share bytes among themselves): a kernel must not read what it writes. Else a ValueError saying
+    `what` must not overlap, naming the pair."""
+    spans = [(t.data_ptr(), t.data_ptr() + extent_bytes(t), name) for name, t in written + read if t.numel() > 0]
+    num_written = sum(1 for _, t in written if t.numel() > 0)
+    for i, (start, end, name) in enumerate(spans[:num_written]):
+        for other_start, other_end, other in spans[i + 1:]:
+            if start < other_end and other_start < end:
+                raise ValueError(f"{what} must not overlap: {name} and {other} do")
 
 
 def check_cuda_device(t: torch.Tensor, name: str, like: torch.Tensor = None) -> None:

@@ -26,6 +26,7 @@ from deep_kernels.testing.gemm import (
     BF16_BOUND, accumulator_like, assert_gemm_close, gemm_activations, gemm_errors, gemm_weights,
 )
 from deep_kernels.testing.grouped import contiguous_layout
+from deep_kernels.validation import check_no_overlap
 
 from conftest import FULL
 
@@ -141,6 +142,20 @@ def test_masked_rejects_bad_input(mutate, error, match):
     d = torch.empty(3, 16, 64, dtype=torch.bfloat16)
     with pytest.raises(error, match=match):
         deep_kernels.m_grouped_bf16_gemm_nt_masked(*mutate(a, b, d, torch.zeros(3, dtype=torch.int32), 4))
+
+
+def test_an_output_must_not_overlap_the_operands_which_may_share_memory():
+    x = torch.zeros(64, 128, dtype=torch.bfloat16)
+    check_no_overlap([("d", torch.zeros(64, 64, dtype=torch.bfloat16))], [("a", x), ("b", x)], "d and the operands")
+    with pytest.raises(ValueError, match="d and the operands must not overlap: d and b do"):
+        check_no_overlap([("d", x[:, 64:])], [("a", torch.zeros(4, 128)), ("b", x)], "d and the operands")
+
+
+@pytest.mark.gpu
+def test_gemm_into_its_own_operand_is_refused():
+    a, b = _inputs(64, 256, 256)
+    with pytest.raises(ValueError, match="d and the operands must not overlap: d and a do"):
+        deep_kernels.bf16_gemm_nt(a, b, a)
 
 
 def test_reference_matches_float64_matmul():

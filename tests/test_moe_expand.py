@@ -240,6 +240,8 @@ X = torch.zeros(8, 256, dtype=torch.bfloat16)
 Q = torch.zeros(8, 256, dtype=torch.float8_e4m3fn)
 MN_SCALES = quant_reference.per_token_cast_to_fp8(X, 128)[1]
 MAX_ROWS = contiguous_max_rows(16, 4)
+# x in rows 0-7 and out in rows 4 on: the kernel would read rows it has written.
+SHARED = torch.zeros(MAX_ROWS + 4, 256, dtype=torch.bfloat16)
 
 
 def _mixed_layout(**fields):
@@ -276,6 +278,8 @@ def _mixed_layout(**fields):
     (Q, {"scales": MN_SCALES}, ValueError, "x must be a CUDA tensor"),
     (X, {"zero_padding": 1}, TypeError, "zero_padding must be a bool"),
     (X, {"masked": "yes"}, TypeError, "masked must be a bool"),
+    (X, {"out": torch.zeros(MAX_ROWS + 8, 256, dtype=torch.bfloat16)[8:]}, ValueError, "x must be a CUDA tensor"),
+    (SHARED[:8], {"out": SHARED[4:]}, ValueError, "out and the inputs must not overlap: out and x do"),
     (X, {}, ValueError, "x must be a CUDA tensor"),
 ])
 def test_moe_expand_rejects_bad_input(x, kwargs, error, match):
@@ -330,6 +334,7 @@ W = torch.zeros(8, 2)
     (Y, {"out": torch.zeros(8, 256)}, TypeError, "out must be torch.bfloat16"),
     (Y, {"out": torch.zeros(8, 128, dtype=torch.bfloat16)}, ValueError, "out must be a contiguous tensor of shape"),
     (Y, {"out": torch.zeros(8, 256, dtype=torch.bfloat16)}, ValueError, "y must be a CUDA tensor"),
+    (Y, {"out": Y[:8]}, ValueError, "out and the inputs must not overlap: out and y do"),
     (torch.zeros(4, 3, 256, dtype=torch.bfloat16), {"masked": True}, ValueError, "y must be a CUDA tensor"),
 ])
 def test_moe_reduce_rejects_bad_input(y, kwargs, error, match):

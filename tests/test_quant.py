@@ -161,6 +161,9 @@ def test_reference_per_block_known_values():
     (torch.ones(4, 200, dtype=torch.bfloat16), {"group_size": None}, ValueError, "positive multiple of 16"),
     (torch.ones(256, 4, dtype=torch.bfloat16).t(), {}, ValueError, "contiguous last dimension"),
     (torch.ones(4, 260, dtype=torch.bfloat16)[:, :256], {}, ValueError, "16-byte aligned"),
+    # (A meta tensor: the view of a 16 GiB allocation without one.)
+    (torch.empty_strided((2, 256), (2**32, 1), device="meta", dtype=torch.bfloat16), {}, ValueError,
+     r"x's row stride \(4294967296 elements\) must be below 2\^32"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_layout": "col"}, ValueError, "scale_layout must be"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_layout": "packed_ue8m0"}, ValueError, "needs ue8m0"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": 0.0}, ValueError, "amax_clamp"),
@@ -205,6 +208,10 @@ def test_cast_back_rejects_bad_input():
         deep_kernels.per_token_cast_back(q, torch.ones(4, 3))
     with pytest.raises(TypeError, match="scales must be torch.float32 or torch.int32"):
         deep_kernels.per_token_cast_back(q, good.half())
+    # Contiguous, but one byte past an aligned address: the kernel loads q 8 bytes at a time.
+    misaligned = torch.zeros(4 * 256 + 16, dtype=torch.uint8)[1:4 * 256 + 1].view(torch.float8_e4m3fn).view(4, 256)
+    with pytest.raises(ValueError, match="q must start at a 16-byte aligned address"):
+        deep_kernels.per_token_cast_back(misaligned, good)
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         deep_kernels.per_token_cast_back(q, good)
 

@@ -35,7 +35,7 @@ from deep_kernels.quant.common import (
     parse_layout, parse_scale_mode, scale_geometry, scale_layout_of,
 )
 from deep_kernels.validation import (
-    INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows,
+    INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_no_overlap, check_rank, check_row_major_rows,
     tma_aligned_size,
 )
 
@@ -334,6 +334,8 @@ def _expand(tile: ExpandTile, x, layout, scales, masked, zero_padding, out):
         _check_out(given[0], "out[0]" if is_fp8 else "out", shape, x.dtype)
         if is_fp8:
             _check_geometry(given[1], "out[1]", out_geometry, out_layout)
+        check_no_overlap([("out[0]" if is_fp8 else "out", given[0])] + ([("out[1]", given[1])] if is_fp8 else []),
+                         [("x", x)] + ([("scales", scales)] if is_fp8 else []), "out and the inputs")
     check_cuda_device(x, "x")
     _check_layout_device(layout, masked, x)
     if is_fp8:
@@ -472,6 +474,7 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
         q, scales = _unpack_out(out, 2)
         _check_out(q, "out[0]", shape, torch.float8_e4m3fn)
         _check_geometry(scales, "out[1]", geometry, layout_kind)
+        check_no_overlap([("out[0]", q), ("out[1]", scales)], [("x", x)], "out and the inputs")
     check_cuda_device(x, "x")
     _check_layout_device(layout, masked, x)
     if out is None:
@@ -574,6 +577,8 @@ def moe_reduce(y: torch.Tensor, layout: MoeLayout, weights: torch.Tensor, scales
         scale_params = _scale_stride_params(geometry, batch_rows)
     if out is not None:
         _check_out(out, "out", (num_tokens, hidden), out_dtype)
+        check_no_overlap([("out", out)], [("y", y), ("weights", weights)] + ([("scales", scales)] if is_fp8 else []),
+                         "out and the inputs")
     check_cuda_device(y, "y")
     check_cuda_device(weights, "weights", like=y)
     _check_layout_device(layout, masked, y)

@@ -25,7 +25,7 @@ from deep_kernels.moe.layout import (
     fill_blocks, moe_layout,
 )
 from deep_kernels.moe.layout import layout_workspace as _workspace
-from deep_kernels.validation import ceil_div, check_cuda_device, check_int_range
+from deep_kernels.validation import ceil_div, check_cuda_device, check_int_range, check_no_overlap
 
 class FusedTile(NamedTuple):
     """The fused kernel's block: `warps` warps, each gating tokens_per_warp tokens at a time (interleaved), at most
@@ -303,17 +303,9 @@ def _check_written_addresses(outputs: tuple, logits, bias) -> None:
     for name, tensor in zip(_OUTPUT_NAMES, outputs):
         if name in _VECTOR_STORED and tensor is not None and tensor.data_ptr() % 16 != 0:
             raise ValueError(f"out's {name} must start at a 16-byte aligned address")
-    named = [(name, t) for name, t in zip(_OUTPUT_NAMES, outputs) if t is not None]
-    named += [("logits", logits)] + ([("bias", bias)] if bias is not None else [])
-    spans = sorted((t.data_ptr(), t.data_ptr() + _extent_bytes(t), name) for name, t in named if t.numel() > 0)
-    for (_, end, name), (start, _, other) in zip(spans, spans[1:]):
-        if start < end:
-            raise ValueError(f"out's tensors must not overlap each other or the inputs: {name} and {other} do")
-
-
-def _extent_bytes(t: torch.Tensor) -> int:
-    """Bytes from t's first element to just past its last."""
-    return (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
+    written = [(name, t) for name, t in zip(_OUTPUT_NAMES, outputs) if t is not None]
+    check_no_overlap(written, [("logits", logits)] + ([("bias", bias)] if bias is not None else []),
+                     "out's tensors and the inputs")
 
 
 def _prepare_launch(plan, launches: dict, key, workspace: int, pointers: dict, logits, bias_address: int, k,

@@ -31,7 +31,9 @@ from deep_kernels.quant.common import (
     cast_outputs, check_amax_clamp, check_group_size, check_output, kernel_scale_stride, output_or_new,
     parse_layout, parse_scale_mode, scale_layout_of, supported_group_sizes,
 )
-from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div
+from deep_kernels.validation import (
+    check_aligned, check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div,
+)
 
 
 PER_TOKEN_CAST = KernelDef(
@@ -299,6 +301,7 @@ def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = 
     else:
         q, scales = out
         check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
+        check_aligned(q, "out[0]")
         check_output(scales, "out[1]", scale_shape, torch.float32, x)
     if m == 0 or k == 0:
         return q, scales
@@ -351,12 +354,14 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
     check_group_size(group_size, m, k, torch.bfloat16, "q")
     if not q.is_contiguous():
         raise ValueError(f"q must be contiguous, got strides {tuple(q.stride())}")
+    check_aligned(q, "q")
     num_groups = k // group_size
     layout = scale_layout_of(scales, m, num_groups)
     check_cuda_device(q, "q")
     check_cuda_device(scales, "scales", like=q)
 
     y = output_or_new(out, "out", (m, k), out_dtype, q)
+    check_aligned(y, "out")
     if m == 0 or k == 0:
         return y
     kernel = _cast_back_kernel(out_dtype, group_size, layout)

@@ -22,7 +22,7 @@ from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, check_amax_clamp, cast_outputs,
     parse_layout, parse_scale_mode, kernel_scale_stride,
 )
-from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, ceil_div
+from deep_kernels.validation import check_aligned, check_cuda_device, check_dtype, check_rank, ceil_div
 
 BLOCK_SIZE = 128
 
@@ -74,6 +74,7 @@ def requant_per_block_to_per_token(q: torch.Tensor, scales: torch.Tensor, ue8m0:
         raise ValueError(f"q has too many rows ({m}) for one launch: split it")
     if not q.is_contiguous():
         raise ValueError(f"q must be contiguous, got strides {tuple(q.stride())}")
+    check_aligned(q, "q")
     check_dtype(scales, "scales", (torch.float32,))
     block_shape = (ceil_div(m, BLOCK_SIZE), k // BLOCK_SIZE)
     if tuple(scales.shape) != block_shape or not scales.is_contiguous():
