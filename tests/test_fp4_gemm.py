@@ -203,6 +203,7 @@ def test_accumulates_into_fp32_and_in_place(m):
 def test_uint8_codes_and_scales_and_deterministic():
     a, b = make_fp4_gemm_inputs(64, 7168, 2048)
     first = _run(a, b)
+    assert_gemm_close(first, _reference(a, b))
     assert_bitwise_equal(_run(a, (b[0].view(torch.uint8), b[1].view(torch.uint8))), first)
     assert_bitwise_equal(_run(a, b), first)
 
@@ -340,6 +341,7 @@ def test_swap_ab_accumulates_into_fp32_and_is_deterministic():
     d = c.clone()
     assert_gemm_close(fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, d, c=d), expected)
     first = _run(a, b, config=config)
+    assert_gemm_close(first, _reference(a, b))
     assert_bitwise_equal(_run(a, b, config=config), first)
 
 

@@ -194,6 +194,7 @@ def test_accumulates_into_fp32_in_place_and_is_deterministic():
     d = c.clone()
     assert_gemm_close(fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, d, c=d), expected)
     first = _run(a, b, config=config)
+    assert_gemm_close(first, _reference(a, b))
     assert_bitwise_equal(_run(a, b, config=config), first)
 
 
