@@ -5,6 +5,7 @@ tested) on CPU tensors."""
 import torch
 
 INT32_LIMIT = 2**31 - 1
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def ceil_div(a: int, b: int) -> int:

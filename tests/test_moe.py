@@ -191,12 +191,17 @@ LOGITS = torch.zeros(4, 256)
     (LOGITS, {"num_groups": 8, "topk_groups": 0}, ValueError, "topk_groups must be an integer in \\[1, 8\\]"),
     (LOGITS, {"num_groups": 8, "topk_groups": 9}, ValueError, "topk_groups must be"),
     (LOGITS, {"num_groups": 0, "topk_groups": 2}, ValueError, "topk_groups must be 0 without groups"),
+    (LOGITS, {"num_groups": 0, "topk_groups": 0.0}, ValueError, "topk_groups must be 0 without groups"),
+    (LOGITS, {"num_groups": 0, "topk_groups": False}, ValueError, "topk_groups must be 0 without groups"),
     (LOGITS, {"k": 16, "num_groups": 32, "topk_groups": 1}, ValueError, "must not exceed the 8 experts"),
     (torch.zeros(256, 4).t(), {}, ValueError, "contiguous last dimension"),
     (LOGITS, {"bias": torch.zeros(256, dtype=torch.bfloat16)}, TypeError, "bias must be torch.float32"),
     (LOGITS, {"bias": torch.zeros(255)}, ValueError, "bias must be a contiguous tensor of shape \\(256,\\)"),
     (LOGITS, {"renormalize": 1}, TypeError, "renormalize must be a bool"),
     (LOGITS, {"routed_scaling_factor": math.inf}, ValueError, "routed_scaling_factor"),
+    # Finite in Python, infinite in the kernel's FP32; a bool is no factor.
+    (LOGITS, {"routed_scaling_factor": 1e39}, ValueError, "routed_scaling_factor must be a finite FP32 number"),
+    (LOGITS, {"routed_scaling_factor": True}, ValueError, "routed_scaling_factor must be a finite FP32 number"),
     (LOGITS, {}, ValueError, "logits must be a CUDA tensor"),
     ("logits", {}, TypeError, "torch.Tensor"),
 ])

@@ -21,7 +21,9 @@ from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch
 from deep_kernels.jit.source import KernelSpec
-from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, INT32_LIMIT
+from deep_kernels.validation import (
+    FLOAT32_MAX, INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank,
+)
 
 MAX_EXPERTS = 512  # csrc/kernels/smxx_moe_slots.cuh: kMaxMoeExperts
 MAX_TOP_K = 16
@@ -45,7 +47,7 @@ def _check_scoring(scoring) -> None:
 def _check_groups(num_experts: int, k: int, num_groups, topk_groups) -> None:
     check_int_range(num_groups, "num_groups", 0, MAX_GROUPS)
     if num_groups == 0:
-        if topk_groups != 0:
+        if isinstance(topk_groups, bool) or not isinstance(topk_groups, int) or topk_groups != 0:
             raise ValueError(f"topk_groups must be 0 without groups (num_groups=0), got {topk_groups!r}")
         return
     if num_experts % num_groups != 0 or num_experts // num_groups < 2:
@@ -110,8 +112,10 @@ def _check_logits_strides(logits: torch.Tensor) -> None:
 def _check_weight_args(renormalize, routed_scaling_factor) -> None:
     if not isinstance(renormalize, bool):
         raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
-    if not (isinstance(routed_scaling_factor, (int, float)) and abs(routed_scaling_factor) < float("inf")):
-        raise ValueError(f"routed_scaling_factor must be a finite number, got {routed_scaling_factor!r}")
+    # The kernel multiplies by it in FP32.
+    if (isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)) or
+            not abs(routed_scaling_factor) <= FLOAT32_MAX):
+        raise ValueError(f"routed_scaling_factor must be a finite FP32 number, got {routed_scaling_factor!r}")
 
 
 def topk_gate(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torch.Tensor = None,
