@@ -87,10 +87,10 @@ def test_own_tile_configs():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"block_m": 256, "block_n": 128}, "own-tile"),
-    ({"block_m": 128, "block_n": 160}, "own-tile"),
-    ({"block_m": 64, "block_n": 128, "num_splits": 2}, "own-tile"),
-    ({"block_m": 64, "block_n": 128, "operands": "fp8_channel_scaled"}, "own-tile"),
+    ({"block_m": 256, "block_n": 128}, "own-tile ping-pong needs block_m in"),
+    ({"block_m": 128, "block_n": 160}, "own-tile ping-pong needs block_m in"),
+    ({"block_m": 64, "block_n": 128, "num_splits": 2}, "own-tile ping-pong needs block_m in"),
+    ({"block_m": 64, "block_n": 128, "operands": "fp8_channel_scaled"}, "own-tile ping-pong needs block_m in"),
     ({"block_m": 64, "block_n": 128, "overlap_epilogue": True}, "neither"),
     ({"block_m": 64, "block_n": 128, "ping_pong": True}, "neither"),
     ({"block_m": 64, "block_n": 144, "pipelined": True}, "cannot be pipelined"),

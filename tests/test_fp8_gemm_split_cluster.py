@@ -41,8 +41,10 @@ def test_rejects_illegal_configs():
         heuristics.make_config(256, 64, 1, False, 2, num_splits=2, splits_in_cluster=True)
     with pytest.raises(ValueError, match="split-K needs"):
         heuristics.make_config(64, 64, 2, True, 2, num_splits=2, splits_in_cluster=True)
-    with pytest.raises(ValueError, match="splits in a cluster"):
+    with pytest.raises(ValueError, match="splits in a cluster need 2..8 splits"):
         heuristics.make_config(64, 64, 1, False, 2, num_splits=9, splits_in_cluster=True)
+    with pytest.raises(ValueError, match="splits in a cluster need 2..8 splits and block-scaled operands"):
+        heuristics.make_config(64, 64, 1, False, 4, num_splits=2, splits_in_cluster=True, operands="fp8_channel_scaled")
 
 
 def test_candidates_offer_two_splits_in_a_cluster_where_they_fit():

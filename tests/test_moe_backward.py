@@ -399,6 +399,7 @@ def test_compiled_layer_matches_eager_bitwise():
     grads = _grads(out, upstream, x, weights)
     eager_out = _moe(x, weights)
     eager_grads = _grads(eager_out, upstream, x, weights)
+    _check_layer(eager_out, eager_grads, *_exact(x, weights, upstream), x, weights)
     assert_bitwise_equal(out, eager_out, "compiled output")
     for name in DIFFERENTIABLE:
         assert_bitwise_equal(grads[name], eager_grads[name], f"compiled {name} gradient")

@@ -935,10 +935,9 @@ def make_config(block_m: int, block_n: int, num_tma_multicast: int, multicast_on
     if overlap_epilogue and not has_epilogue_overlap(block_m, block_n, num_splits, operands=operands):
         raise ValueError("the epilogue overlap needs num_splits == 1 and block_m 128 (or 256 with block-scaled "
                          "operands)")
-    if splits_in_cluster and not (2 <= num_splits <= 8 and num_tma_multicast == 1 and block_m <= 128 and
-                                  operands == "fp8_block_scaled"):
-        raise ValueError("splits in a cluster need 2..8 splits, num_tma_multicast == 1, block_m <= 128 and "
-                         "block-scaled operands")
+    # (num_tma_multicast == 1 and block_m <= 128: split-K's check above.)
+    if splits_in_cluster and not (2 <= num_splits <= 8 and operands == "fp8_block_scaled"):
+        raise ValueError("splits in a cluster need 2..8 splits and block-scaled operands")
     if evict_first_b and not ((num_tma_multicast == 1 or not multicast_on_a) and operands == "fp8_block_scaled"):
         raise ValueError("evict-first B needs no multicast (or multicast on B) and block-scaled operands")
     if thread_major_sfb and operands not in CHANNEL_SCALED_OPERANDS:
