@@ -75,8 +75,8 @@ def tune_fp8_gemm(shapes, count: int = DEFAULT_COUNT, log=print) -> list:
             call()
             diff = output_error(d, expected)
             if not diff <= MAX_CALC_DIFF:
-                raise RuntimeError(f"tune: {m}x{n}x{k} with {config} gave calc_diff {diff:.2e} > {MAX_CALC_DIFF} (the worst "
-                                   "of the whole output, its tiles and rows)")
+                raise RuntimeError(f"tune: {m}x{n}x{k} with {config} gave calc_diff {diff:.2e} > {MAX_CALC_DIFF} "
+                                   "(the worst of the whole output, its tiles and rows)")
             calls.append(call)
             model_us.append(seconds * 1e6)
         del expected
