@@ -35,8 +35,8 @@ from deep_kernels.quant.common import (
     parse_layout, parse_scale_mode, scale_geometry, scale_layout_of,
 )
 from deep_kernels.validation import (
-    INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_no_overlap, check_rank, check_row_major_rows,
-    tma_aligned_size,
+    INT32_LIMIT, ceil_div, check_aligned, check_cuda_device, check_dtype, check_no_overlap, check_rank,
+    check_row_major_rows, tma_aligned_size,
 )
 
 GROUP_SIZE = 128
@@ -206,8 +206,7 @@ def _check_out(t, name: str, shape: tuple, dtype: torch.dtype) -> None:
     if tuple(t.shape) != shape or not t.is_contiguous():
         raise ValueError(f"{name} must be a contiguous tensor of shape {shape}, got shape {tuple(t.shape)} "
                          f"strides {tuple(t.stride())}")
-    if t.data_ptr() % 16 != 0:
-        raise ValueError(f"{name} must start at a 16-byte aligned address")
+    check_aligned(t, name)
 
 
 def _check_bool(value, name: str) -> None:

@@ -25,7 +25,7 @@ from deep_kernels.moe.layout import (
     fill_blocks, moe_layout,
 )
 from deep_kernels.moe.layout import layout_workspace as _workspace
-from deep_kernels.validation import ceil_div, check_cuda_device, check_int_range, check_no_overlap
+from deep_kernels.validation import ceil_div, check_aligned, check_cuda_device, check_int_range, check_no_overlap
 
 class FusedTile(NamedTuple):
     """The fused kernel's block: `warps` warps, each gating tokens_per_warp tokens at a time (interleaved), at most
@@ -301,8 +301,8 @@ def _written_outputs(plan, out) -> tuple:
 def _check_written_addresses(outputs: tuple, logits, bias) -> None:
     """out's vector-stored tensors are 16-byte aligned, and no two of out's tensors and the inputs overlap."""
     for name, tensor in zip(_OUTPUT_NAMES, outputs):
-        if name in _VECTOR_STORED and tensor is not None and tensor.data_ptr() % 16 != 0:
-            raise ValueError(f"out's {name} must start at a 16-byte aligned address")
+        if name in _VECTOR_STORED and tensor is not None:
+            check_aligned(tensor, f"out's {name}")
     written = [(name, t) for name, t in zip(_OUTPUT_NAMES, outputs) if t is not None]
     check_no_overlap(written, [("logits", logits)] + ([("bias", bias)] if bias is not None else []),
                      "out's tensors and the inputs")

@@ -12,7 +12,9 @@ from enum import IntEnum
 
 import torch
 
-from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, ceil_div, tma_aligned_size
+from deep_kernels.validation import (
+    check_aligned, check_cuda_device, check_dtype, check_rank, ceil_div, tma_aligned_size,
+)
 
 E4M3_MAX = 448.0
 DEFAULT_AMAX_CLAMP = 1e-4
@@ -175,6 +177,12 @@ def check_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Ten
     check_cuda_device(t, name, like=like)
 
 
+def check_vector_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> None:
+    """check_output, and a 16-byte aligned start: the kernels store 16-byte vectors."""
+    check_output(t, name, shape, dtype, like)
+    check_aligned(t, name)
+
+
 def output_or_new(out, name: str, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
     """`out` checked as a contiguous `shape` tensor of `dtype` on like's device, or a new one."""
     if out is None:
@@ -189,9 +197,7 @@ def cast_outputs(out, x: torch.Tensor, rows: int, cols: int, num_groups: int, la
     if out is None:
         return x.new_empty((rows, cols), dtype=torch.float8_e4m3fn), empty_scales(rows, num_groups, layout, x)
     q, scales = out
-    check_output(q, "out[0]", (rows, cols), torch.float8_e4m3fn, x)
-    if q.data_ptr() % 16 != 0:
-        raise ValueError("out[0] must start at a 16-byte aligned address")
+    check_vector_output(q, "out[0]", (rows, cols), torch.float8_e4m3fn, x)
     check_scales(scales, "out[1]", rows, num_groups, layout)
     check_cuda_device(scales, "out[1]", like=x)
     return q, scales

@@ -34,7 +34,9 @@ from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, ScaleMode, check_amax_clamp, output_or_new, parse_scale_mode,
 )
-from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div
+from deep_kernels.validation import (
+    check_aligned, check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div,
+)
 
 E5M6_MAX = 65024.0
 CODES_PER_GROUP = 8
@@ -67,11 +69,6 @@ def row_divisor(groups_per_row: int) -> tuple:
     2^(31 + l) / groups_per_row adds less than group / 2^(31 + l) < 1 / groups_per_row to the quotient."""
     shift = 31 + (groups_per_row - 1).bit_length()
     return -(-(1 << shift) // groups_per_row), shift
-
-
-def _check_aligned(t: torch.Tensor, name: str) -> None:
-    if t.data_ptr() % 16 != 0:
-        raise ValueError(f"{name} must start at a 16-byte aligned address")
 
 
 def cast_smem_bytes(rows: int, k: int, dtype: torch.dtype) -> int:
@@ -140,7 +137,7 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
     packed, scales = (None, None) if out is None else out
     packed = output_or_new(packed, "out[0]", (m, packed_words(k)), torch.int32, x)
     scales = output_or_new(scales, "out[1]", (m,), torch.float32, x)
-    _check_aligned(packed, "out[0]")
+    check_aligned(packed, "out[0]")
     if m == 0 or k == 0:
         return packed, scales
 
@@ -198,7 +195,7 @@ def per_token_cast_back_e5m6(packed: torch.Tensor, scales: torch.Tensor, out_dty
     k = num_words // WORDS_PER_GROUP * CODES_PER_GROUP
     if not packed.is_contiguous():
         raise ValueError(f"packed must be contiguous, got strides {tuple(packed.stride())}")
-    _check_aligned(packed, "packed")
+    check_aligned(packed, "packed")
     if m * k // CODES_PER_GROUP > MAX_GROUPS:
         raise ValueError(f"packed has too many codes ({m} x {k}) for one launch: split it")
     check_dtype(scales, "scales", (torch.float32,))
@@ -209,7 +206,7 @@ def per_token_cast_back_e5m6(packed: torch.Tensor, scales: torch.Tensor, out_dty
     check_cuda_device(scales, "scales", like=packed)
 
     y = output_or_new(out, "out", (m, k), out_dtype, packed)
-    _check_aligned(y, "out")
+    check_aligned(y, "out")
     if m == 0 or k == 0:
         return y
     num_groups = m * k // CODES_PER_GROUP

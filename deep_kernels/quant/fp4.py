@@ -56,11 +56,12 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
-    cast_outputs, check_amax_clamp, check_output, check_scales, kernel_scale_stride, output_or_new, parse_layout,
+    cast_outputs, check_amax_clamp, check_scales, check_vector_output, kernel_scale_stride, output_or_new, parse_layout,
     parse_scale_mode, scale_geometry,
 )
 from deep_kernels.validation import (
-    check_cuda_device, check_dtype, check_rank, check_row_major_rows, check_tensor, ceil_div, tma_aligned_size,
+    check_aligned, check_cuda_device, check_dtype, check_rank, check_row_major_rows, check_tensor, ceil_div,
+    tma_aligned_size,
 )
 
 E2M1_MAX = 6.0
@@ -178,11 +179,6 @@ def _check_codes(codes, k_multiple: int):
     return m, k
 
 
-def _check_out_alignment(t: torch.Tensor, name: str) -> None:
-    if t.data_ptr() % 16 != 0:
-        raise ValueError(f"{name} must start at a 16-byte aligned address")
-
-
 FP4_CAST = KernelDef(
     "kernels/smxx_fp4_cast.cuh", "smxx_fp4_cast_impl",
     template=("InT", "kNumWarps", "kPasses", "kFormat", "kLayout", "kScaleMode"),
@@ -226,8 +222,7 @@ def _cast_to_fp4(x, global_scale, fmt: Fp4Format, scale_layout, amax_clamp, scal
         scales = empty_fp4_scales(m, num_groups, fmt, layout, x)
     else:
         codes, scales = out
-        check_output(codes, "out[0]", (m, k // 2), torch.float4_e2m1fn_x2, x)
-        _check_out_alignment(codes, "out[0]")
+        check_vector_output(codes, "out[0]", (m, k // 2), torch.float4_e2m1fn_x2, x)
         _check_fp4_scales(scales, "out[1]", m, num_groups, fmt, layout)
         check_cuda_device(scales, "out[1]", like=x)
     if m == 0 or k == 0:
@@ -347,7 +342,7 @@ def _cast_back(codes, scales, global_scale, fmt: Fp4Format, layout: Fp4ScaleLayo
         check_cuda_device(global_scale, "global_scale", like=codes)
 
     y = output_or_new(out, "out", (m, k), out_dtype, codes)
-    _check_out_alignment(y, "out")
+    check_aligned(y, "out")
     if m == 0 or k == 0:
         return y
     kernel = _cast_back_kernel(out_dtype, fmt, layout)

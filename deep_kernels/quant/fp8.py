@@ -28,8 +28,8 @@ from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_la
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, block_rows,
-    cast_outputs, check_amax_clamp, check_group_size, check_output, kernel_scale_stride, output_or_new,
-    parse_layout, parse_scale_mode, scale_layout_of, supported_group_sizes,
+    cast_outputs, check_amax_clamp, check_group_size, check_output, check_vector_output, kernel_scale_stride,
+    output_or_new, parse_layout, parse_scale_mode, scale_layout_of, supported_group_sizes,
 )
 from deep_kernels.validation import (
     check_aligned, check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div,
@@ -300,8 +300,7 @@ def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = 
         scales = x.new_empty(scale_shape, dtype=torch.float32)
     else:
         q, scales = out
-        check_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
-        check_aligned(q, "out[0]")
+        check_vector_output(q, "out[0]", (m, k), torch.float8_e4m3fn, x)
         check_output(scales, "out[1]", scale_shape, torch.float32, x)
     if m == 0 or k == 0:
         return q, scales

@@ -37,7 +37,7 @@ from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, ScaleLayout, ScaleMode, check_amax_clamp, check_output,
-    check_scale_geometry, kernel_scale_stride, parse_layout, parse_scale_mode, scale_geometry,
+    check_scale_geometry, check_vector_output, kernel_scale_stride, parse_layout, parse_scale_mode, scale_geometry,
 )
 from deep_kernels.validation import (
     INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows,
@@ -184,13 +184,6 @@ def _check_x(x, rank: int) -> int:
 def _check_row_blocks(num_rows: int, config: ForwardConfig) -> None:
     if ceil_div(num_rows, config.block_rows) > MAX_ROW_BLOCKS:
         raise ValueError(f"x has too many rows ({num_rows}) for one launch: split it")
-
-
-def _check_vector_output(t, name: str, shape: tuple, dtype: torch.dtype, like: torch.Tensor) -> None:
-    """check_output, and a 16-byte aligned start: the kernels store 16-byte vectors."""
-    check_output(t, name, shape, dtype, like)
-    if t.data_ptr() % 16 != 0:
-        raise ValueError(f"{name} must start at a 16-byte aligned address")
 
 
 def _check_rows_layout(t: torch.Tensor, name: str) -> None:
@@ -352,7 +345,7 @@ def _cast_to_fp8(config: ForwardConfig, x, clamp, weights, pos, ue8m0, scale_lay
         scales = x.new_empty_strided(geometry[1], geometry[2], dtype=geometry[0])
     else:
         q, scales = out
-        _check_vector_output(q, "out[0]", (num_rows, hidden), torch.float8_e4m3fn, x)
+        check_vector_output(q, "out[0]", (num_rows, hidden), torch.float8_e4m3fn, x)
         _check_scales_out(scales, geometry, layout, x)
     if num_rows == 0 or hidden == 0:
         return q, scales
@@ -421,7 +414,7 @@ def swiglu_cast_to_fp8_masked(x: torch.Tensor, masked_m: torch.Tensor, clamp: fl
         scales = empty_masked_scales(num_experts, max_tokens, num_groups, layout, x)
     else:
         q, scales = out
-        _check_vector_output(q, "out[0]", (num_experts, max_tokens, hidden), torch.float8_e4m3fn, x)
+        check_vector_output(q, "out[0]", (num_experts, max_tokens, hidden), torch.float8_e4m3fn, x)
         _check_scales_out(scales, geometry, layout, x)
     if num_experts == 0 or max_tokens == 0 or hidden == 0:
         return q, scales
@@ -455,7 +448,7 @@ def swiglu_forward(x: torch.Tensor, clamp: float = None, weights: torch.Tensor =
         y = x.new_empty((num_rows, hidden))
     else:
         y = out
-        _check_vector_output(y, "out", (num_rows, hidden), torch.bfloat16, x)
+        check_vector_output(y, "out", (num_rows, hidden), torch.bfloat16, x)
     if num_rows == 0 or hidden == 0:
         return y
     _launch_forward(x, y, None, weights, pos, None, 1, num_rows, hidden, False, False, ScaleLayout.mn_major,
@@ -507,7 +500,7 @@ def _backward(config: BackwardConfig, x, dy, clamp, weights, pos, check_pos, out
         dweights = x.new_empty((num_rows,), dtype=torch.float32)
     else:
         dx, dweights = out
-        _check_vector_output(dx, "out[0]", (num_rows, 2 * hidden), torch.bfloat16, x)
+        check_vector_output(dx, "out[0]", (num_rows, 2 * hidden), torch.bfloat16, x)
         check_output(dweights, "out[1]", (num_rows,), torch.float32, x)
     if num_rows == 0 or hidden == 0:
         return dx, dweights
