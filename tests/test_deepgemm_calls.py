@@ -29,7 +29,9 @@ from deep_kernels.reference import k_grouped_gemm as reference_k_grouped
 from deep_kernels.testing import assert_bitwise_equal, poison_, random_activations
 from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_gemm_inputs
-from deep_kernels.testing.grouped import contiguous_layout, make_contiguous_inputs, make_masked_inputs, psum_ends
+from deep_kernels.testing.grouped import (
+    assert_masked_close, contiguous_layout, make_contiguous_inputs, make_masked_inputs, psum_ends,
+)
 from deep_kernels.testing.wgrad import make_k_grouped_bf16_inputs, make_k_grouped_inputs, make_wgrad_inputs
 from deep_kernels.validation import deepgemm_recipe, tma_aligned_size
 
@@ -45,13 +47,10 @@ def _product(a, b) -> torch.Tensor:
 
 
 def _assert_masked_close(d: torch.Tensor, a, b, masked_m: torch.Tensor) -> None:
-    """Each group's first masked_m rows within the GEMM bound of float64, the rows past them unwritten (NaN)."""
+    """d against the float64 masked GEMM of a and b (testing.grouped.assert_masked_close)."""
     expected = reference.m_grouped_fp8_gemm_nt_masked(a, b, torch.full(d.shape, float("nan"), device=d.device,
                                                                        dtype=torch.float64), masked_m, 64)
-    for g, rows in enumerate(masked_m.tolist()):
-        if rows:
-            assert_gemm_close(d[g, :rows], expected[g, :rows], name=f"d[{g}]")
-        assert d[g, rows:].isnan().all(), f"d[{g}]: a row past masked_m = {rows} was written"
+    assert_masked_close(d, expected, masked_m)
 
 
 def _rows_major(pair) -> tuple:

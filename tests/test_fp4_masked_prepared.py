@@ -20,8 +20,7 @@ from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
 from deep_kernels.reference import fp4_gemm as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_
 from deep_kernels.testing.fp4_gemm import mxfp4_weights
-from deep_kernels.testing.gemm import assert_gemm_close
-from deep_kernels.testing.grouped import make_masked_inputs
+from deep_kernels.testing.grouped import assert_masked_close, make_masked_inputs
 from test_fp4_weights import with_undocumented_word_bits
 
 
@@ -116,13 +115,6 @@ def _reference(a, b, masked):
     return reference.m_grouped_fp8_fp4_gemm_nt_masked(a, b, out, masked, 1)
 
 
-def _check(actual, expected, masked_m):
-    for g, rows in enumerate(masked_m):
-        if rows:
-            assert_gemm_close(actual[g, :rows], expected[g, :rows], name=f"d[{g}]")
-        assert torch.isnan(actual[g, rows:]).all(), f"d[{g}]: a row past masked_m = {rows} was written"
-
-
 @pytest.mark.gpu
 # (tokens a tile, math warpgroups, CTAs an SM); None: the model's pick
 @pytest.mark.parametrize("masked_m,m_max,n,k,expected_m,config", [
@@ -149,7 +141,7 @@ def test_masked_matches_reference_and_keeps_rows_past_masked_m(masked_m, m_max, 
         block_t, warpgroups, ctas = config
         config = swap_ab.make_config(block_t, warpgroups, ctas_per_sm=ctas)
     actual = _run(a, prepared, masked, expected_m, config)
-    _check(actual, _reference(a, b, masked), masked_m)
+    assert_masked_close(actual, _reference(a, b, masked), masked_m)
     assert_bitwise_equal(_run(a, prepared, masked, expected_m, config), actual, "second run")
 
 
@@ -172,7 +164,7 @@ def test_masked_pipelined_promotion_is_bitwise_the_plain_loop(masked_m, m_max, n
     plain = replace(pipelined, pipelined=False)
     expected_m = min(block_t, m_max)
     actual = _run(a, prepared, masked, expected_m, pipelined)
-    _check(actual, _reference(a, b, masked), masked_m)
+    assert_masked_close(actual, _reference(a, b, masked), masked_m)
     assert_bitwise_equal(actual, _run(a, prepared, masked, expected_m, plain), "the plain K loop")
 
 
@@ -211,11 +203,11 @@ def test_masked_tile_scaled_is_bitwise_the_row_scaled_layout(expected_m):
         [fp4_weights._prepared_chunks(c, s, n, k, False) for c, s in zip(*b)]))
     assert not torch.equal(row_scaled.data, prepared.data)
     actual = _run(a, prepared, masked, expected_m, None)
-    _check(actual, _reference(a, b, masked), masked_m)
+    assert_masked_close(actual, _reference(a, b, masked), masked_m)
     assert_bitwise_equal(actual, _run(a, row_scaled, masked, expected_m, None), "row-scaled layout")
     # planted bug: row-scaled data read as tile-scaled (each thread's second row promoted with its first row's scale)
     with pytest.raises(AssertionError, match="calc_diff"):
-        _check(_run(a, replace(row_scaled, tile_scaled=True), masked, expected_m, None), _reference(a, b, masked),
+        assert_masked_close(_run(a, replace(row_scaled, tile_scaled=True), masked, expected_m, None), _reference(a, b, masked),
                masked_m)
 
 
@@ -232,7 +224,7 @@ def test_masked_tile_scaled_reads_only_the_words_documented_bits():
     assert prepared.tile_scaled
     config = swap_ab.make_config(16, 1, ctas_per_sm=4, num_chains=2)
     expected = _run(a, prepared, masked, 16, config)
-    _check(expected, _reference(a, b, masked), masked_m)
+    assert_masked_close(expected, _reference(a, b, masked), masked_m)
     actual = _run(a, replace(prepared, data=with_undocumented_word_bits(prepared.data)), masked, 16, config)
     torch.cuda.synchronize()
     assert_bitwise_equal(actual, expected)
@@ -256,7 +248,7 @@ def test_masked_graph_replay_follows_masked_m():
         poison_(d)
         graph.replay()
         torch.cuda.synchronize()
-        _check(d, expected, rows)
+        assert_masked_close(d, expected, rows)
 
 
 @pytest.mark.gpu
@@ -265,8 +257,8 @@ def test_masked_check_rejects_a_planted_bug():
     a, b, masked = _inputs(masked_m, m_max, n, k, seed=9)
     prepared = deep_kernels.prepare_fp4_weights(*b)
     expected = _reference(a, b, masked)
-    _check(_run(a, prepared, masked, 16), expected, masked_m)
+    assert_masked_close(_run(a, prepared, masked, 16), expected, masked_m)
     wrong = prepared.data.clone()
     wrong[1, 5, :, 4096 + 4 * 37 + 2] += 8  # expert 1, row 362's third sub-block one shift further, every K block
     with pytest.raises(AssertionError, match="calc_diff"):
-        _check(_run(a, replace(prepared, data=wrong), masked, 16), expected, masked_m)
+        assert_masked_close(_run(a, replace(prepared, data=wrong), masked, 16), expected, masked_m)

@@ -9,11 +9,13 @@ import random
 import torch
 
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
-from deep_kernels.testing.gemm import SCALE_FORMATS, cast_activations, cast_weights, gemm_activations, gemm_weights
+from deep_kernels.testing.gemm import (
+    SCALE_FORMATS, assert_gemm_close, cast_activations, cast_weights, gemm_activations, gemm_weights,
+)
 from deep_kernels.validation import ceil_div
 
-__all__ = ["SCALE_FORMATS", "contiguous_layout", "expert_sizes", "make_contiguous_inputs", "make_masked_inputs",
-           "make_weights", "masked_problem", "psum_ends"]
+__all__ = ["SCALE_FORMATS", "assert_masked_close", "contiguous_layout", "expert_sizes", "make_contiguous_inputs",
+           "make_masked_inputs", "make_weights", "masked_problem", "psum_ends"]
 
 
 def expert_sizes(num_groups: int, total: int, rng: random.Random, mode: str = "random") -> list:
@@ -91,3 +93,12 @@ def make_masked_inputs(masked_m: list, m_max: int, n: int, k: int, scale_format:
     a = (q.view(num_groups, m_max, k), sfa)
     masked_m = torch.tensor(masked_m, dtype=torch.int32, device=device)
     return a, make_weights(num_groups, n, k, scale_format, device, seed + 1), masked_m
+
+
+def assert_masked_close(actual: torch.Tensor, expected: torch.Tensor, masked_m) -> None:
+    """A masked GEMM's output [G, M_max, N] (poisoned before the launch) against its float64 reference: each group's
+    first masked_m rows with assert_gemm_close, the rows past them still NaN (masked_m: a list or a tensor)."""
+    for g, rows in enumerate(int(r) for r in masked_m):
+        if rows:
+            assert_gemm_close(actual[g, :rows], expected[g, :rows], name=f"d[{g}]")
+        assert torch.isnan(actual[g, rows:]).all(), f"d[{g}]: a row past masked_m = {rows} was written"
