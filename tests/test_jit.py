@@ -193,6 +193,9 @@ def test_nvrtc_debug_and_ptxas_verbose_print_options_and_usage(tmp_cache, nvrtc_
     printed = capsys.readouterr().err
     assert "--ptxas-options=-v" in printed and "--gpu-architecture=sm_90a" in printed
     assert "ptxas info    : Used" in printed
+    # The same program again: NVRTC's own cache (12.9+, where a driver is present) would print no report.
+    compiler.nvrtc_compile(CAST_SPEC.render(), "90a")
+    assert "ptxas info    : Used" in capsys.readouterr().err
 
 
 def test_ptxas_verbose_prints_the_usage_of_ninja_precompiles(tmp_cache, monkeypatch, capfd):

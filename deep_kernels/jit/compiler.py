@@ -146,7 +146,8 @@ def _nvrtc_check(result_and_values, what: str):
 
 
 def nvrtc_options(arch: str) -> list:
-    verbose = ["--ptxas-options=-v"] if envs.get("DK_JIT_PTXAS_VERBOSE") else []
+    # NVRTC 12.9+ caches compiles where a driver is present, and a cached compile runs no ptxas to report.
+    verbose = ["--ptxas-options=-v", "--no-cache"] if envs.get("DK_JIT_PTXAS_VERBOSE") else []
     toolkit = cuda_include()
     # CUDA 13 keeps CCCL (libcu++) in include/cccl, which nvcc adds by itself; CUDA 12 in include/.
     cccl = [f"-I{toolkit / 'cccl'}"] if (toolkit / "cccl").is_dir() else []
