@@ -21,7 +21,7 @@ from deep_kernels.heuristics import bf16_gemm as heuristics
 from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
 from deep_kernels.heuristics import grouped_fp8_gemm
 from deep_kernels.reference import bf16_gemm as reference
-from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_
+from deep_kernels.testing import assert_bitwise_equal, calc_diff, one_row_of_wider_rows, poison_
 from deep_kernels.testing.gemm import (
     BF16_BOUND, accumulator_like, assert_gemm_close, gemm_activations, gemm_errors, gemm_weights,
 )
@@ -452,6 +452,16 @@ def test_matches_reference(m, n, k):
     d = _run(a, b)
     _assert_close(d, _reference(a, b))
     assert_bitwise_equal(_run(a, b), d, "d (second run)")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("built_kernels")
+def test_one_row_views_of_wider_rows():
+    # With one row the row stride is never stepped over: no alignment is asked of it (TMA's included).
+    a, b = _inputs(1, 2112, 7168)
+    d = one_row_of_wider_rows(torch.empty((1, 2112), device="cuda", dtype=torch.bfloat16), 4, poisoned=True)
+    deep_kernels.bf16_gemm_nt(one_row_of_wider_rows(a, 4), b, d)
+    _assert_close(d, _reference(a, b))
 
 
 @pytest.mark.gpu

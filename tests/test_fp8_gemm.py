@@ -25,7 +25,7 @@ from deep_kernels import gemm
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference.quant import unpack_scales
-from deep_kernels.testing import assert_bitwise_equal, calc_diff, empty_like_strided, poison_
+from deep_kernels.testing import assert_bitwise_equal, calc_diff, empty_like_strided, one_row_of_wider_rows, poison_
 from deep_kernels.testing.gemm import (
     BF16_BOUND, accumulator_like, assert_gemm_close, cast_activations, cast_weights, gemm_activations, gemm_errors,
     gemm_weights, make_gemm_inputs,
@@ -335,6 +335,17 @@ def test_empty_m_and_limited_sms():
     expected = _reference(a, b)
     assert_gemm_close(d, expected)
     assert_gemm_close(full, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [2112, 7168])
+def test_one_row_views_of_wider_rows(n):
+    # With one row the row stride is never stepped over: no alignment is asked of it (TMA's included).
+    k = 7168
+    (q, sfa), b = make_gemm_inputs(1, n, k)
+    d = one_row_of_wider_rows(torch.empty((1, n), device="cuda", dtype=torch.bfloat16), 4, poisoned=True)
+    deep_kernels.fp8_gemm_nt((one_row_of_wider_rows(q, 8), sfa), b, d)
+    assert_gemm_close(d, _reference((q, sfa), b))
 
 
 # ---- tiles straddling sfb blocks, and planted bugs (GPU) ----

@@ -233,6 +233,17 @@ def test_launcher_builds_and_imports(tmp_cache):
         module.launch(0, (1, 1, 1), 32, 0, 1, 0, 0, "PP", (1,))
 
 
+def test_tensor_map_gives_dimensions_of_one_element_a_stride_the_driver_takes():
+    wide = torch.empty(3, 2, 1000, dtype=torch.float8_e4m3fn)
+    one_row = wide[:1, :1, :900]  # strides (2000, 1000, 1): 1000 bytes is no multiple of 16
+    *_, shape, strides, box, _ = runtime.tensor_map(one_row, (1, 1, 128))
+    assert shape == (1, 1, 900) and strides == (912, 912, 1) and box == (1, 1, 128)
+    # Dimensions of more than one element keep their strides; with transpose the first dimension is innermost.
+    column = torch.empty(64, 3, dtype=torch.float32).t()[:, :1]  # shape (3, 1), strides (1, 3)
+    assert runtime.tensor_map(column, (3, 1), transpose=True)[3:5] == ((1, 3), (4, 1))
+    assert runtime.tensor_map(wide[:, :1, :900], (1, 1, 128))[4] == (2000, 912, 1)
+
+
 @pytest.mark.parametrize("spec,error,match", [
     ((0, 0, 1, (4, 256), (1, 256), (1, 128), 3), ValueError, "innermost dimension must be dense"),
     ((0, 0, 1, (), (), (), 0), ValueError, "rank 1 to 5"),

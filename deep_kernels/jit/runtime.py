@@ -252,8 +252,17 @@ def tensor_map(tensor: torch.Tensor, box: tuple, swizzle_bytes: int = 0, transpo
     sees the transposed tensor, as tensor.t() would give, without making the view). box is outermost
     first, like the tensor's shape.
     """
-    shape, strides = tensor.shape, tensor.stride()
+    shape, strides = tuple(tensor.shape), list(tensor.stride())
     if transpose:
         shape, strides, box = shape[::-1], strides[::-1], box[::-1]
-    return (tensor.data_ptr(), TMA_DTYPES[tensor.dtype], tensor.element_size(), shape, strides, box,
+    # TMA never steps over a dimension of one element, but the driver wants each outer stride a multiple of 16
+    # bytes: such a dimension (one row of a wider view, say) gets the smallest stride the driver takes.
+    elements_per_16_bytes = 16 // tensor.element_size()
+    if shape[-1] == 1:
+        strides[-1] = 1
+    for dim in range(len(shape) - 2, -1, -1):
+        if shape[dim] == 1:
+            inner = shape[dim + 1] * strides[dim + 1]
+            strides[dim] = -(-inner // elements_per_16_bytes) * elements_per_16_bytes
+    return (tensor.data_ptr(), TMA_DTYPES[tensor.dtype], tensor.element_size(), shape, tuple(strides), box,
             SWIZZLE_MODES[swizzle_bytes])

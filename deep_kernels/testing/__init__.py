@@ -47,6 +47,15 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def one_row_of_wider_rows(t: torch.Tensor, extra: int, poisoned: bool = False) -> torch.Tensor:
+    """One-row t's values (or NaN, poisoned) in a view into a row `extra` elements longer, whose stride is no
+    multiple of 16 bytes."""
+    wide = torch.empty((1, t.shape[1] + extra), device=t.device, dtype=t.dtype)
+    view = wide[:, :t.shape[1]]
+    assert view.stride(0) * view.element_size() % 16 != 0, "extra leaves the row stride 16-byte aligned"
+    return poison_(wide)[:, :t.shape[1]] if poisoned else view.copy_(t)
+
+
 def poison_cached_memory() -> None:
     """Fills torch's allocator cache with 0xFF bytes (NaN in e4m3, bf16 and FP32; -1 in integers) in both of its
     pools (blocks up to 1 MiB and larger ones), so that the buffers a call allocates itself most likely start
