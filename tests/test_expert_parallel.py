@@ -1,5 +1,6 @@
 """Expert parallelism (deep_kernels/nn/expert_parallel.py): outputs bitwise equal to the single-GPU layer over the
-ranks' tokens concatenated in rank order.
+ranks' tokens concatenated in rank order, and that layer's within the MoE layer's bounds of its float64 reference
+(so that a bug the two layers share shows too).
 
 On the CPU: two processes over gloo, every kernel replaced by its plain-torch reference (which take the same
 arguments), so what is tested is the exchange: which tokens go where, in what order, and how the rows come back.
@@ -17,7 +18,7 @@ from deep_kernels.nn.expert_parallel import expert_parallel_forward
 from deep_kernels.nn.routed_experts import moe_forward
 from deep_kernels.reference.nn.moe import router_logits
 from deep_kernels.reference.quant import fp8 as reference_fp8
-from deep_kernels.testing.moe_layer import reference_expert_kernels
+from deep_kernels.testing.moe_layer import assert_layer_close, module_reference, reference_expert_kernels
 
 REFERENCES = reference_expert_kernels()
 
@@ -129,7 +130,9 @@ def _run_nccl(rank: int, store: str, queue) -> None:
             x = torch.randn((sum(tokens), hidden), device="cuda", generator=g).bfloat16()
             rows = slice(sum(tokens[:rank]), sum(tokens[:rank + 1]))
             with torch.no_grad():
-                expected = single(x, mode=mode)[rows]
+                whole = single(x, mode=mode)
+                assert_layer_close(whole, module_reference(single, x, mode))
+                expected = whole[rows]
                 out = parallel(x[rows].contiguous(), mode=mode)
             if not torch.equal(out, expected):
                 failures.append(f"rank {rank} {mode}: max difference {(out.float() - expected.float()).abs().max()}")
@@ -161,7 +164,7 @@ def test_expert_parallel_module_one_rank_matches_module(tmp_path):
             x = torch.randn((96, hidden), device="cuda", generator=g).bfloat16()
             with torch.no_grad():
                 expected, out = single(x, mode=mode), parallel(x, mode=mode)
-            assert expected.abs().max() > 0
+                assert_layer_close(expected, module_reference(single, x, mode))
             assert torch.equal(out, expected), f"{mode} max_tokens={max_tokens}"
         # The masked mode in a CUDA graph: captured once, replayed with new tokens.
         parallel.max_tokens = single.max_tokens = None
@@ -175,7 +178,9 @@ def test_expert_parallel_module_one_rank_matches_module(tmp_path):
                 static_x.copy_(torch.randn((64, hidden), device="cuda", generator=g).bfloat16())
                 static_out.fill_(float("nan"))
                 graph.replay()
-                assert torch.equal(static_out, single(static_x, mode="masked"))
+                expected = single(static_x, mode="masked")
+                assert_layer_close(expected, module_reference(single, static_x, "masked"))
+                assert torch.equal(static_out, expected)
         with pytest.raises(ValueError, match="forward only"):
             parallel(torch.randn((4, hidden), device="cuda").bfloat16().requires_grad_())
     finally:

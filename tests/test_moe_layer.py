@@ -2,23 +2,12 @@
 definition, the shared inputs, the benchmark's peer, and the module's validation (CPU); the module's forward in
 both modes against the reference, in a CUDA graph, and run to run (GPU).
 
-The GPU check compares the module with the reference computed in the kernels' activation formats
-(moe_forward(..., quantize=True): the same FP8 casts of x and of the SwiGLU output, bf16 GEMM outputs), with the
-module's own router logits (the router GEMM is torch's) and the module's weights dequantized, so that what is left
-is accumulation order and precision. Bounds, from a CPU emulation of the kernels' arithmetic at the GPU tests'
-sizes (FP32 GEMM accumulation with a relative error of up to 2^-12 per 128-deep block, which reproduces the FP8
-GEMM's measured calc_diff of about 1e-8 in FP32; bf16 GEMM outputs; FP32 SwiGLU and reduce; a bf16 output):
-    the whole output: 0.8e-5 to 1.8e-5 (2.6e-5 to 3.0e-5 at twice that accumulation error); the output's bf16
-        rounding alone is 1.4e-6. An accumulator difference that moves a bf16 value of the up-projection by one
-        ulp moves its FP8 code about one time in sixteen, and each such code is 2^-4 to 2^-3 off: that is the rest.
-        LAYER_BOUND = 1e-4.
-    every token's row: up to 3.5e-4 at 77 tokens, 7.9e-4 at 2100 (the tail is the odd token where such codes
-        gather). TOKEN_BOUND = 5e-3.
-What the bounds separate (measured on the CPU at the GPU tests' sizes): the FP8 casts of the activations themselves
-(the reference without quantize) 8.9e-4 to 9.5e-4 on the whole output; routing weights 5% off 1.2e-3; one expert's
-down-projection scales replaced by another's (the weights' 128 x 128 blocks have power-of-two sizes over 2^-2 to
-2^2, so a wrong block is 2x to 16x off) 1.7e-2 to 2.7e-2; one dropped slot 0.17 to 0.23 on its token but 3e-8 to
-1.1e-5 on the whole output (2100 and 300 tokens).
+The GPU check is deep_kernels.testing.moe_layer.assert_layer_close against module_reference (its docstring derives
+the bounds). What the bounds separate (measured on the CPU at the GPU tests' sizes): the FP8 casts of the
+activations themselves (the reference without quantize) 8.9e-4 to 9.5e-4 on the whole output; routing weights 5%
+off 1.2e-3; one expert's down-projection scales replaced by another's (the weights' 128 x 128 blocks have
+power-of-two sizes over 2^-2 to 2^2, so a wrong block is 2x to 16x off) 1.7e-2 to 2.7e-2; one dropped slot 0.17 to
+0.23 on its token but 3e-8 to 1.1e-5 on the whole output (2100 and 300 tokens).
 """
 
 import math
@@ -35,11 +24,10 @@ from deep_kernels.reference.quant import per_block_cast_to_fp8
 from deep_kernels.reference.quant import per_token_cast_to_fp8 as reference_per_token_cast_to_fp8
 from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_cached_memory
 from deep_kernels.testing.moe_layer import (
-    fp8_exact_weights, moe_layer_tokens, moe_layer_weights, reference_expert_kernels,
+    LAYER_BOUND, TOKEN_BOUND, assert_layer_close, dequantized_weights, fp8_exact_weights, module_reference,
+    moe_layer_tokens, moe_layer_weights, reference_expert_kernels, token_diffs,
 )
 
-LAYER_BOUND = 1e-4
-TOKEN_BOUND = 5e-3
 # The GPU tests' layer: small, with DeepSeek-V3's structure (groups, bias, sigmoid, scaling).
 HIDDEN, INTERMEDIATE, NUM_EXPERTS = 512, 256, 16
 GATE = dict(top_k=4, num_groups=4, topk_groups=2)
@@ -316,7 +304,7 @@ def test_forward_dataflow_on_the_references(kernels_replaced_by_references, mode
     expected = moe_forward(x, **weights, **GATE, max_tokens=max_tokens, quantize=True)
     assert out.dtype == torch.bfloat16 and out.shape == x.shape and out.isfinite().all()
     assert calc_diff(out, expected) < 1e-5
-    assert _token_diffs(out, expected).max() < 1e-4
+    assert token_diffs(out, expected).max() < 1e-4
     if max_tokens is not None:
         assert calc_diff(out, moe_forward(x, **weights, **GATE, quantize=True)) > 1e-3, "no slot was dropped"
     assert module(x[:0]).shape == (0, HIDDEN)
@@ -336,42 +324,6 @@ def _gpu_module(mode: str, max_tokens: int = None, seed: int = 0) -> tuple:
     return MoE.from_float(**weights, **GATE, mode=mode, max_tokens=max_tokens), weights
 
 
-def _dequantized(module: MoE) -> dict:
-    """The module's weights as float64: its FP8 experts dequantized, per expert."""
-    def experts(q, scales):
-        return torch.stack([dequantize_b(q[e], scales[e]) for e in range(q.shape[0])])
-    return dict(router_weight=module.router_weight, correction_bias=module.correction_bias,
-                gate_up_weight=experts(module.gate_up_weight, module.gate_up_scales),
-                down_weight=experts(module.down_weight, module.down_scales))
-
-
-def _reference(module: MoE, x: torch.Tensor, mode: str, **overrides) -> torch.Tensor:
-    """The float64 reference of module(x, mode) in the kernels' activation formats, on the module's own logits."""
-    arguments = dict(top_k=module.top_k, num_groups=module.num_groups, topk_groups=module.topk_groups,
-                     scoring=module.scoring, renormalize=module.renormalize,
-                     routed_scaling_factor=module.routed_scaling_factor, logits=module.router_logits(x),
-                     max_tokens=module.max_tokens if mode == "masked" else None, quantize=True)
-    arguments.update(overrides)
-    return moe_forward(x, **_dequantized(module), **arguments)
-
-
-def _token_diffs(out: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-    """calc_diff of every row, in float64."""
-    out, expected = out.double(), expected.double()
-    total = (out * out + expected * expected).sum(dim=1)
-    return torch.where(total > 0, (out - expected).square().sum(dim=1) / total, torch.zeros_like(total))
-
-
-def _check_output(out: torch.Tensor, expected: torch.Tensor) -> None:
-    assert out.dtype == torch.bfloat16 and out.shape == expected.shape and out.is_contiguous()
-    assert out.isfinite().all(), "a row the forward never wrote reached the output"
-    diff = calc_diff(out, expected)
-    assert diff < LAYER_BOUND, f"calc_diff {diff:.2e} of the whole output"
-    token_diffs = _token_diffs(out, expected)
-    worst = int(token_diffs.argmax())
-    assert token_diffs[worst] < TOKEN_BOUND, f"calc_diff {float(token_diffs[worst]):.2e} of token {worst}"
-
-
 # (mode, T, max_tokens): prefill, decode with room for every slot, and decode at a capacity that drops slots (256
 # slots over 16 experts, 12 kept each at most).
 FORWARD_CASES = [("contiguous", 2100, None), ("masked", 64, None), ("masked", 64, 12)]
@@ -381,13 +333,13 @@ FORWARD_CASES = [("contiguous", 2100, None), ("masked", 64, None), ("masked", 64
 @pytest.mark.parametrize("mode,num_tokens,max_tokens", FORWARD_CASES)
 def test_forward_matches_reference(mode, num_tokens, max_tokens):
     module, weights = _gpu_module(mode, max_tokens)
-    dequantized = _dequantized(module)
+    dequantized = dequantized_weights(module)
     for name in ("gate_up_weight", "down_weight"):  # FP8-exact weights: quantized losslessly, in the GEMMs' layout
         assert torch.equal(dequantized[name], weights[name].double()), name
     x = moe_layer_tokens(num_tokens, HIDDEN, "cuda", seed=num_tokens)
     poison_cached_memory()
     out = module(x)
-    _check_output(out, _reference(module, x, mode))
+    assert_layer_close(out, module_reference(module, x, mode))
     if max_tokens is not None:
         _, indices = topk_gate(module.router_logits(x), module.top_k, "sigmoid", module.correction_bias,
                                module.num_groups, module.topk_groups, True, module.routed_scaling_factor)
@@ -399,8 +351,8 @@ def test_the_check_rejects_planted_bugs():
     module, _ = _gpu_module("contiguous")
     x = moe_layer_tokens(2100, HIDDEN, "cuda", seed=1)
     out = module(x)
-    expected = _reference(module, x, "contiguous")
-    _check_output(out, expected)
+    expected = module_reference(module, x, "contiguous")
+    assert_layer_close(out, expected)
     # A wrong scale block: expert 3's down-projection scales replaced by expert 4's, handed to the real kernels.
     right_scales = module.down_scales[3].clone()
     assert not torch.equal(right_scales, module.down_scales[4])
@@ -409,16 +361,16 @@ def test_the_check_rejects_planted_bugs():
     module.down_scales[3] = right_scales
     assert calc_diff(wrong_scales_out, expected) > 10 * LAYER_BOUND
     # The activations not quantized, and routing weights 5% off: each beyond the whole-output bound.
-    assert calc_diff(out, _reference(module, x, "contiguous", quantize=False)) > 5 * LAYER_BOUND
-    scaled = _reference(module, x, "contiguous", routed_scaling_factor=module.routed_scaling_factor * 1.05)
+    assert calc_diff(out, module_reference(module, x, "contiguous", quantize=False)) > 5 * LAYER_BOUND
+    scaled = module_reference(module, x, "contiguous", routed_scaling_factor=module.routed_scaling_factor * 1.05)
     assert calc_diff(out, scaled) > 5 * LAYER_BOUND
     # One slot dropped (the busiest expert's last): beyond the bound of its token (0.23 measured on the CPU), though
     # the whole output moves by 3e-8 only: the per-token check is what catches it.
     _, indices = topk_gate(module.router_logits(x), module.top_k, "sigmoid", module.correction_bias,
                            module.num_groups, module.topk_groups, True, module.routed_scaling_factor)
     capacity = int(torch.bincount(indices.flatten().long(), minlength=NUM_EXPERTS).max()) - 1
-    dropped = _reference(module, x, "contiguous", max_tokens=capacity)
-    assert _token_diffs(out, dropped).max() > 4 * TOKEN_BOUND
+    dropped = module_reference(module, x, "contiguous", max_tokens=capacity)
+    assert token_diffs(out, dropped).max() > 4 * TOKEN_BOUND
 
 
 @pytest.mark.gpu
@@ -435,7 +387,7 @@ def test_masked_forward_replays_in_a_cuda_graph():
         assert_bitwise_equal(static_out, eager, f"replay with tokens of seed {seed}")
         outputs.append(eager)
     assert not torch.equal(outputs[0], outputs[1])
-    _check_output(static_out, _reference(module, static_x, "masked"))
+    assert_layer_close(static_out, module_reference(module, static_x, "masked"))
 
 
 @pytest.mark.gpu

@@ -572,6 +572,7 @@ def test_unchecked_positions_out_of_range_are_skipped():
     with pytest.raises(ValueError, match=r"positions in \[0, 16\), got -24 for row 0"):
         deep_kernels.swiglu_cast_to_fp8(x, weights=weights, pos=pos)
     q, scales = deep_kernels.swiglu_cast_to_fp8(x, weights=weights, pos=pos.clamp(-1, 15))
+    _check_against_reference("swiglu_cast_to_fp8", (x,), dict(weights=weights, pos=pos.clamp(-1, 15)), (q, scales))
     out = (poison_(torch.empty_like(q)), poison_(empty_like_strided(scales)))
     deep_kernels.swiglu_cast_to_fp8(x, weights=weights, pos=pos, check_pos=False, out=out)
     in_range = (pos >= 0) & (pos < 16)

@@ -1,5 +1,6 @@
 """Inputs of the MoE layer (deep_kernels.nn.MoE), shared by tests/test_moe_layer.py and the moe_layer benchmark,
-and the table of reference kernels its CPU tests run the layer on.
+the table of reference kernels its CPU tests run the layer on, and the check of a module's output against its
+float64 reference.
 
 Expert weights are FP8-exact: each 128 x 128 block of each expert is e4m3 values times its own power of two 2^e
 (e in [-2, 2] around a base that keeps the projections near unit size), with one value of magnitude 448 * 2^e in
@@ -12,6 +13,10 @@ any bound.
 import math
 
 import torch
+
+from deep_kernels.reference.gemm import dequantize_b
+from deep_kernels.reference.nn import moe_forward
+from deep_kernels.testing import calc_diff
 
 BLOCK = 128
 E4M3_MAX = 448.0
@@ -71,3 +76,55 @@ def reference_expert_kernels():
                          moe.moe_expand_cast_to_fp8, gemm.m_grouped_fp8_gemm_nt_contiguous,
                          gemm.m_grouped_fp8_gemm_nt_masked, swiglu.swiglu_cast_to_fp8, swiglu.swiglu_cast_to_fp8_masked,
                          moe.moe_reduce, fp8.per_token_cast_to_fp8, moe.moe_expand)
+
+
+# Bounds of assert_layer_close, from a CPU emulation of the kernels' arithmetic at the GPU tests' sizes (FP32 GEMM
+# accumulation with a relative error of up to 2^-12 per 128-deep block, which reproduces the FP8 GEMM's measured
+# calc_diff of about 1e-8 in FP32; bf16 GEMM outputs; FP32 SwiGLU and reduce; a bf16 output). The whole output:
+# 0.8e-5 to 1.8e-5 (2.6e-5 to 3.0e-5 at twice that accumulation error); the output's bf16 rounding alone is 1.4e-6.
+# An accumulator difference that moves a bf16 value of the up-projection by one ulp moves its FP8 code about one
+# time in sixteen, and each such code is 2^-4 to 2^-3 off: that is the rest. Every token's row: up to 3.5e-4 at 77
+# tokens, 7.9e-4 at 2100 (the tail is the odd token where such codes gather).
+LAYER_BOUND = 1e-4
+TOKEN_BOUND = 5e-3
+
+
+def dequantized_weights(module) -> dict:
+    """An nn.MoE's weights as float64: its FP8 experts dequantized, per expert."""
+    def experts(q, scales):
+        return torch.stack([dequantize_b(q[e], scales[e]) for e in range(q.shape[0])])
+    return dict(router_weight=module.router_weight, correction_bias=module.correction_bias,
+                gate_up_weight=experts(module.gate_up_weight, module.gate_up_scales),
+                down_weight=experts(module.down_weight, module.down_scales))
+
+
+def module_reference(module, x: torch.Tensor, mode: str, **overrides) -> torch.Tensor:
+    """The float64 reference of module(x, mode=mode) in the kernels' activation formats (the same FP8 casts of x
+    and of the SwiGLU output, bf16 GEMM outputs), on the module's own router logits (the router GEMM is torch's)
+    and its dequantized weights, so that what differs is accumulation order and precision; overrides replace
+    reference.nn.moe_forward's arguments."""
+    arguments = dict(top_k=module.top_k, num_groups=module.num_groups, topk_groups=module.topk_groups,
+                     scoring=module.scoring, renormalize=module.renormalize,
+                     routed_scaling_factor=module.routed_scaling_factor, logits=module.router_logits(x),
+                     max_tokens=module.max_tokens if mode == "masked" else None, quantize=True)
+    arguments.update(overrides)
+    return moe_forward(x, **dequantized_weights(module), **arguments)
+
+
+def token_diffs(out: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """calc_diff of every row, in float64."""
+    out, expected = out.double(), expected.double()
+    total = (out * out + expected * expected).sum(dim=1)
+    return torch.where(total > 0, (out - expected).square().sum(dim=1) / total, torch.zeros_like(total))
+
+
+def assert_layer_close(out: torch.Tensor, expected: torch.Tensor) -> None:
+    """A module's bf16 output against module_reference: finite, within LAYER_BOUND on the whole and TOKEN_BOUND
+    on every token's row."""
+    assert out.dtype == torch.bfloat16 and out.shape == expected.shape and out.is_contiguous()
+    assert out.isfinite().all(), "a row the forward never wrote reached the output"
+    diff = calc_diff(out, expected)
+    assert diff < LAYER_BOUND, f"calc_diff {diff:.2e} of the whole output"
+    diffs = token_diffs(out, expected)
+    worst = int(diffs.argmax())
+    assert diffs[worst] < TOKEN_BOUND, f"calc_diff {float(diffs[worst]):.2e} of token {worst}"
