@@ -149,35 +149,39 @@ struct GateChoice {
     int expert;
 };
 
-// The whole gate of kTokens tokens by one warp (every lane takes part; the caller stores lanes < k of each). The
-// tokens' computations are independent and interleaved, so that one token's warp-wide reductions wait while the
-// other's run: a warp gating several tokens keeps the same latency as a warp gating one.
-template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kTokens>
-DK_DEVICE void warp_topk_gates(const InT* const (&rows)[kTokens], const float* bias, uint32_t top_k,
-                               uint32_t topk_groups, uint32_t renormalize, float scaling_factor,
-                               GateChoice (&choices)[kTokens]) {
-    // Static checks and the slot mapping: slot i of lane l is expert l + 32 i
-    constexpr int kSlots = ceil_div(NUM_EXPERTS, 32);
-    constexpr int GROUP_SIZE = NUM_GROUPS > 0 ? NUM_EXPERTS / NUM_GROUPS : NUM_EXPERTS;
+// Where a warp holds a token's experts: slot i of lane l is expert l + 32 i; with groups of whole warps' worth of
+// experts a slot's group is the same on every lane, a compile-time constant that prunes the group loops.
+template <int NUM_EXPERTS, int NUM_GROUPS>
+struct GateSlots {
+    static constexpr int kSlots = ceil_div(NUM_EXPERTS, 32);
+    static constexpr int kGroupSize = NUM_GROUPS > 0 ? NUM_EXPERTS / NUM_GROUPS : NUM_EXPERTS;
     DK_STATIC_ASSERT(NUM_GROUPS >= 0 && NUM_GROUPS <= 32, "one bit per group in a 32-bit mask");
-    DK_STATIC_ASSERT(NUM_GROUPS == 0 || (NUM_EXPERTS % NUM_GROUPS == 0 && GROUP_SIZE >= 2),
+    DK_STATIC_ASSERT(NUM_GROUPS == 0 || (NUM_EXPERTS % NUM_GROUPS == 0 && kGroupSize >= 2),
                      "groups are equal and hold at least two experts");
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    const auto expert_of = [&](int slot) { return lane + 32 * slot; };
-    const auto is_expert = [&](int slot) { return NUM_EXPERTS % 32 == 0 || expert_of(slot) < NUM_EXPERTS; };
-    // NOTE: with groups of whole warps' worth of experts a slot's group is the same on every lane, a
-    // compile-time constant that prunes the group loops below.
-    const auto group_of = [&](int slot) {
-        return GROUP_SIZE % 32 == 0 ? 32 * slot / GROUP_SIZE : expert_of(slot) / GROUP_SIZE;
-    };
 
-    // Logits to fp32 scores (the bias loads first, so that they and the logits' are in flight together)
+    DK_DEVICE static int expert_of(int lane, int slot) { return lane + 32 * slot; }
+    DK_DEVICE static bool is_expert(int lane, int slot) {
+        return NUM_EXPERTS % 32 == 0 || expert_of(lane, slot) < NUM_EXPERTS;
+    }
+    DK_DEVICE static int group_of(int lane, int slot) {
+        return kGroupSize % 32 == 0 ? 32 * slot / kGroupSize : expert_of(lane, slot) / kGroupSize;
+    }
+};
+
+// The tokens' scores and their selection keys as order bits (key_order_bits); 0 marks a slot out of the race (no
+// expert; later also a group left out, or chosen already): every key, -inf included, has larger ones, so integer
+// maxima rank the rest.
+template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kTokens>
+DK_DEVICE void warp_selection_keys(const InT* const (&rows)[kTokens], const float* bias, int lane,
+                                   float (&score)[kTokens][GateSlots<NUM_EXPERTS, NUM_GROUPS>::kSlots],
+                                   uint32_t (&order)[kTokens][GateSlots<NUM_EXPERTS, NUM_GROUPS>::kSlots]) {
+    using Slots = GateSlots<NUM_EXPERTS, NUM_GROUPS>;
+    // The bias loads first, so that they and the logits' are in flight together
     const bool has_bias = bias != nullptr;
-    float bias_value[kSlots];
+    float bias_value[Slots::kSlots];
     #pragma unroll
-    for (int i = 0; i < kSlots; ++i)
-        bias_value[i] = has_bias && is_expert(i) ? bias[expert_of(i)] : 0.0f;
-    float score[kTokens][kSlots];
+    for (int i = 0; i < Slots::kSlots; ++i)
+        bias_value[i] = has_bias && Slots::is_expert(lane, i) ? bias[Slots::expert_of(lane, i)] : 0.0f;
     #pragma unroll
     for (int t = 0; t < kTokens; ++t)
         warp_load_logits<InT, NUM_EXPERTS>(rows[t], lane, score[t]);
@@ -187,61 +191,63 @@ DK_DEVICE void warp_topk_gates(const InT* const (&rows)[kTokens], const float* b
     #pragma unroll
     for (int t = 0; t < kTokens; ++t)
         warp_scores_from_logits<NUM_EXPERTS, kScoring>(lane, score[t]);
-
-    // Selection keys as order bits (key_order_bits); 0 marks a slot out of the race (no expert, a group left
-    // out, or chosen already): every key, -inf included, has larger ones, so integer maxima rank the rest
-    uint32_t order[kTokens][kSlots];
     #pragma unroll
     for (int t = 0; t < kTokens; ++t) {
         #pragma unroll
-        for (int i = 0; i < kSlots; ++i) {
-            const float key =
-                nan_to_lowest(has_bias && is_expert(i) ? __fadd_rn(score[t][i], bias_value[i]) : score[t][i]);
-            order[t][i] = is_expert(i) ? key_order_bits(key) : 0u;
+        for (int i = 0; i < Slots::kSlots; ++i) {
+            const bool biased = has_bias && Slots::is_expert(lane, i);
+            const float key = nan_to_lowest(biased ? __fadd_rn(score[t][i], bias_value[i]) : score[t][i]);
+            order[t][i] = Slots::is_expert(lane, i) ? key_order_bits(key) : 0u;
         }
     }
+}
 
-    // Group limit: rank the groups by the sum of their top-2 keys, keep the best topk_groups
-    if constexpr (NUM_GROUPS > 0) {
-        float group_key[kTokens][NUM_GROUPS], lane_group_key[kTokens];
-        #pragma unroll
-        for (int t = 0; t < kTokens; ++t)
-            lane_group_key[t] = 0.0f;
-        #pragma unroll
-        for (int g = 0; g < NUM_GROUPS; ++g) {
-            #pragma unroll
-            for (int t = 0; t < kTokens; ++t) {
-                uint32_t lane_first = 0, lane_second = 0;
-                #pragma unroll
-                for (int i = 0; i < kSlots; ++i) {
-                    if (is_expert(i) && group_of(i) == g) {
-                        lane_second = max(lane_second, min(lane_first, order[t][i]));
-                        lane_first = max(lane_first, order[t][i]);
-                    }
-                }
-                float first, second;
-                warp_top2(lane_first, lane_second, first, second);
-                group_key[t][g] = nan_to_lowest(__fadd_rn(first, second));
-                lane_group_key[t] = select_opaque(lane == g, group_key[t][g], lane_group_key[t]);
-            }
-        }
-        // Lane g ranks group g
+// Group limit: rank the groups by the sum of their top-2 keys, keep the best topk_groups (the others' keys become 0).
+template <int NUM_EXPERTS, int NUM_GROUPS, int kTokens>
+DK_DEVICE void warp_limit_groups(int lane, uint32_t topk_groups,
+                                 uint32_t (&order)[kTokens][GateSlots<NUM_EXPERTS, NUM_GROUPS>::kSlots]) {
+    using Slots = GateSlots<NUM_EXPERTS, NUM_GROUPS>;
+    float group_key[kTokens][NUM_GROUPS], lane_group_key[kTokens];
+    #pragma unroll
+    for (int t = 0; t < kTokens; ++t)
+        lane_group_key[t] = 0.0f;
+    #pragma unroll
+    for (int g = 0; g < NUM_GROUPS; ++g) {
         #pragma unroll
         for (int t = 0; t < kTokens; ++t) {
-            uint32_t rank = 0;
+            uint32_t lane_first = 0, lane_second = 0;
             #pragma unroll
-            for (int h = 0; h < NUM_GROUPS; ++h)
-                rank += ranks_before(group_key[t][h], h, lane_group_key[t], lane);
-            const uint32_t selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
-            #pragma unroll
-            for (int i = 0; i < kSlots; ++i)
-                order[t][i] = ((selected_groups >> group_of(i)) & 1u) != 0 ? order[t][i] : 0u;
+            for (int i = 0; i < Slots::kSlots; ++i) {
+                if (Slots::is_expert(lane, i) && Slots::group_of(lane, i) == g) {
+                    lane_second = max(lane_second, min(lane_first, order[t][i]));
+                    lane_first = max(lane_first, order[t][i]);
+                }
+            }
+            float first, second;
+            warp_top2(lane_first, lane_second, first, second);
+            group_key[t][g] = nan_to_lowest(__fadd_rn(first, second));
+            lane_group_key[t] = select_opaque(lane == g, group_key[t][g], lane_group_key[t]);
         }
     }
+    // Lane g ranks group g
+    #pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+        uint32_t rank = 0;
+        #pragma unroll
+        for (int h = 0; h < NUM_GROUPS; ++h)
+            rank += ranks_before(group_key[t][h], h, lane_group_key[t], lane);
+        const uint32_t selected_groups = __ballot_sync(kFullWarpMask, lane < NUM_GROUPS && rank < topk_groups);
+        #pragma unroll
+        for (int i = 0; i < Slots::kSlots; ++i)
+            order[t][i] = ((selected_groups >> Slots::group_of(lane, i)) & 1u) != 0 ? order[t][i] : 0u;
+    }
+}
 
-    // Iterative argmax: k rounds of (lane-local best, warp argmax); lane j keeps round j's choice
-    // NOTE: the host guarantees k <= the number of eligible experts, so every round finds one.
-    int chosen_expert[kTokens];
+// Iterative argmax: top_k rounds of (lane-local best, warp argmax); lane j keeps round j's expert.
+// NOTE: the host guarantees k <= the number of eligible experts, so every round finds one.
+template <int kSlots, int kTokens>
+DK_DEVICE void warp_argmax_rounds(int lane, uint32_t top_k, uint32_t (&order)[kTokens][kSlots],
+                                  int (&chosen_expert)[kTokens]) {
     #pragma unroll
     for (int t = 0; t < kTokens; ++t)
         chosen_expert[t] = 0;
@@ -268,10 +274,16 @@ DK_DEVICE void warp_topk_gates(const InT* const (&rows)[kTokens], const float* b
             chosen_expert[t] = static_cast<uint32_t>(lane) == round ? best_expert : chosen_expert[t];
         }
     }
+}
 
+// Each token's weight of lane j's expert: its score (fetched from the lane holding it), renormalized by the chosen
+// scores' sum in round order when asked, times the scaling factor.
+template <int kSlots, int kTokens>
+DK_DEVICE void warp_chosen_weights(uint32_t top_k, uint32_t renormalize, float scaling_factor,
+                                   const float (&score)[kTokens][kSlots], const int (&chosen_expert)[kTokens],
+                                   GateChoice (&choices)[kTokens]) {
     #pragma unroll
     for (int t = 0; t < kTokens; ++t) {
-        // The chosen scores (lane j fetches round j's from the lane holding it), summed in round order
         const uint32_t owner_lane = static_cast<uint32_t>(chosen_expert[t]) % 32;
         const int owner_slot = static_cast<int>(static_cast<uint32_t>(chosen_expert[t]) / 32);
         float chosen_score = 0.0f;
@@ -283,13 +295,30 @@ DK_DEVICE void warp_topk_gates(const InT* const (&rows)[kTokens], const float* b
         float score_sum = 0.0f;
         for (uint32_t j = 0; j < top_k; ++j)
             score_sum = __fadd_rn(score_sum, __shfl_sync(kFullWarpMask, chosen_score, j));
-
-        // Weights
         // NOTE: dividing on every lane, outside any branch, keeps predicates from living across the division's
         // slow-path call (which would spill them to a stack frame).
         const float renormalized = __fdiv_rn(chosen_score, __fadd_rn(score_sum, kRenormalizeEpsilon));
         choices[t] = {__fmul_rn(renormalize ? renormalized : chosen_score, scaling_factor), chosen_expert[t]};
     }
+}
+
+// The whole gate of kTokens tokens by one warp (every lane takes part; the caller stores lanes < k of each). The
+// tokens' computations are independent and interleaved, so that one token's warp-wide reductions wait while the
+// other's run: a warp gating several tokens keeps the same latency as a warp gating one.
+template <typename InT, int NUM_EXPERTS, int NUM_GROUPS, GateScoring kScoring, int kTokens>
+DK_DEVICE void warp_topk_gates(const InT* const (&rows)[kTokens], const float* bias, uint32_t top_k,
+                               uint32_t topk_groups, uint32_t renormalize, float scaling_factor,
+                               GateChoice (&choices)[kTokens]) {
+    constexpr int kSlots = GateSlots<NUM_EXPERTS, NUM_GROUPS>::kSlots;
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    float score[kTokens][kSlots];
+    uint32_t order[kTokens][kSlots];
+    warp_selection_keys<InT, NUM_EXPERTS, NUM_GROUPS, kScoring, kTokens>(rows, bias, lane, score, order);
+    if constexpr (NUM_GROUPS > 0)
+        warp_limit_groups<NUM_EXPERTS, NUM_GROUPS, kTokens>(lane, topk_groups, order);
+    int chosen_expert[kTokens];
+    warp_argmax_rounds<kSlots, kTokens>(lane, top_k, order, chosen_expert);
+    warp_chosen_weights<kSlots, kTokens>(top_k, renormalize, scaling_factor, score, chosen_expert, choices);
 }
 
 // The whole gate of one token by one warp (every lane takes part; the caller stores lanes < k).
