@@ -1,6 +1,7 @@
-"""Expert parallelism (deep_kernels/nn/expert_parallel.py): outputs bitwise equal to the single-GPU layer over the
-ranks' tokens concatenated in rank order, and that layer's within the MoE layer's bounds of its float64 reference
-(so that a bug the two layers share shows too).
+"""Expert parallelism (deep_kernels/nn/expert_parallel.py, expert_parallel_autograd.py): outputs, and in training
+the x and expert-weight gradients, bitwise equal to the single-GPU layer's over the ranks' tokens concatenated in
+rank order (the router weight's gradient: the ranks' shares sum to it); the single-GPU layer's output within the
+MoE layer's bounds of its float64 reference (so that a bug the two layers share shows too).
 
 On the CPU: two processes over gloo, every kernel replaced by its plain-torch reference (which take the same
 arguments), so what is tested is the exchange: which tokens go where, in what order, and how the rows come back.
@@ -15,10 +16,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from deep_kernels.nn.expert_parallel import expert_parallel_forward
+from deep_kernels.nn.moe_autograd import moe_layer
 from deep_kernels.nn.routed_experts import moe_forward
 from deep_kernels.reference.nn.moe import router_logits
 from deep_kernels.reference.quant import fp8 as reference_fp8
-from deep_kernels.testing.moe_layer import assert_layer_close, module_reference, reference_expert_kernels
+from deep_kernels.testing import calc_diff
+from deep_kernels.testing.moe_layer import (
+    assert_layer_close, module_reference, moe_layer_tokens, moe_layer_weights, reference_expert_kernels,
+    training_kernels_on_references,
+)
 
 REFERENCES = reference_expert_kernels()
 
@@ -77,20 +83,21 @@ def _rank_cases(rank: int, store: str, failures) -> None:
         dist.destroy_process_group()
 
 
-def _run(rank: int, store: str, queue) -> None:
+def _run(cases, rank: int, store: str, queue) -> None:
     failures = []
     try:
-        _rank_cases(rank, store, failures)
+        cases(rank, store, failures)
     except Exception as error:  # reported through the queue: a spawned process's traceback is not the test's
         failures.append(f"rank {rank}: {type(error).__name__}: {error}")
     queue.put(failures)
 
 
-def _in_processes(target, tmp_path) -> None:
-    """target(rank, store, queue) in WORLD spawned processes; each puts its list of failures on the queue."""
+def _in_processes(cases, tmp_path) -> None:
+    """cases(rank, store, failures) in WORLD spawned processes, each adding what it found wrong to failures."""
     context = mp.get_context("spawn")
     queue = context.Queue()
-    processes = [context.Process(target=target, args=(rank, str(tmp_path / "store"), queue)) for rank in range(WORLD)]
+    processes = [context.Process(target=_run, args=(cases, rank, str(tmp_path / "store"), queue))
+                 for rank in range(WORLD)]
     for p in processes:
         p.start()
     failures = [f for _ in processes for f in queue.get(timeout=900)]
@@ -101,8 +108,70 @@ def _in_processes(target, tmp_path) -> None:
 
 
 def test_expert_parallel_matches_single_gpu_layer_gloo(tmp_path):
-    _in_processes(_run, tmp_path)
+    _in_processes(_rank_cases, tmp_path)
 
+
+# ---- training (CPU, gloo, references) ----
+
+TRAINING_GATE = dict(top_k=TOP_K, num_groups=4, topk_groups=2, scoring="sigmoid", renormalize=True,
+                     routed_scaling_factor=2.5)
+TRAINING_CASES = ((7, 13), (0, 9), (12, 12))
+LEAVES = ("x", "router_weight", "gate_up_weight", "down_weight")
+
+
+def _layer_gradients(x, upstream, weights: dict, experts: slice, group=None) -> tuple:
+    """(moe_layer's output, {leaf: gradient}) with the experts weights[...][experts] as master weights."""
+    leaves = {"x": x.detach().requires_grad_(), "router_weight": weights["router_weight"].detach().requires_grad_()}
+    for name in LEAVES[2:]:
+        leaves[name] = weights[name][experts].detach().requires_grad_()
+    out = moe_layer(leaves["x"], leaves["router_weight"], weights["correction_bias"], leaves["gate_up_weight"],
+                    leaves["down_weight"], **TRAINING_GATE, process_group=group)
+    return out.detach(), dict(zip(LEAVES, torch.autograd.grad(out, list(leaves.values()), upstream)))
+
+
+def _rank_training_cases(rank: int, store: str, failures) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    patch = pytest.MonkeyPatch()
+    training_kernels_on_references(patch)
+    num_local = EXPERTS // WORLD
+    try:
+        for seed, tokens in enumerate(TRAINING_CASES):
+            weights = moe_layer_weights(HIDDEN, INTERMEDIATE, EXPERTS, "cpu", seed)
+            # FP32: the ranks' shares of its gradient sum without a bf16 rounding each.
+            weights["router_weight"] = weights["router_weight"].float()
+            x = moe_layer_tokens(sum(tokens), HIDDEN, "cpu", seed + 10)
+            upstream = moe_layer_tokens(sum(tokens), HIDDEN, "cpu", seed + 20)
+            single_out, single = _layer_gradients(x, upstream, weights, slice(None))
+            rows = slice(sum(tokens[:rank]), sum(tokens[:rank + 1]))
+            mine = slice(rank * num_local, (rank + 1) * num_local)
+            for owner in (rank, 1 - rank):  # the other rank's experts: a planted bug the checks must see
+                out, grads = _layer_gradients(x[rows], upstream[rows], weights, slice(owner * num_local,
+                                                                                      (owner + 1) * num_local),
+                                              dist.group.WORLD)
+                router = grads["router_weight"].clone()
+                dist.all_reduce(router, group=dist.group.WORLD)
+                equal = {"out": torch.equal(out, single_out[rows]), "x": torch.equal(grads["x"], single["x"][rows]),
+                         "router_weight": calc_diff(router, single["router_weight"]) < 1e-12}
+                for name in LEAVES[2:]:
+                    equal[name] = torch.equal(grads[name], single[name][mine])
+                differing = [name for name, same in equal.items() if not same]
+                if owner == rank and differing:
+                    failures.append(f"rank {rank}, tokens {tokens}: differs in {differing}")
+                if owner != rank and tokens[rank] > 0 and not differing:
+                    failures.append(f"rank {rank}, tokens {tokens}: the other rank's experts gave the same results")
+            for name in LEAVES:
+                if not single[name].abs().sum() > 0:
+                    failures.append(f"tokens {tokens}: the single-GPU gradient of {name} is zero: nothing tested")
+    finally:
+        patch.undo()
+        dist.destroy_process_group()
+
+
+def test_expert_parallel_training_matches_single_gpu_layer_gloo(tmp_path):
+    _in_processes(_rank_training_cases, tmp_path)
+
+
+# ---- two GPUs, and one (NCCL) ----
 
 def _gpu_layers(g: torch.Generator) -> tuple:
     """(the single-GPU nn.MoE, the expert-parallel one over the default group) of the same random weights."""
@@ -118,11 +187,10 @@ def _gpu_layers(g: torch.Generator) -> tuple:
             dk_nn.MoE.from_float(**weights, **config, process_group=dist.group.WORLD))
 
 
-def _run_nccl(rank: int, store: str, queue) -> None:
-    failures = []
+def _rank_nccl_cases(rank: int, store: str, failures) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=WORLD)
         g = torch.Generator(device="cuda").manual_seed(0)
         single, parallel = _gpu_layers(g)
         hidden = single.hidden_size
@@ -136,16 +204,46 @@ def _run_nccl(rank: int, store: str, queue) -> None:
                 out = parallel(x[rows].contiguous(), mode=mode)
             if not torch.equal(out, expected):
                 failures.append(f"rank {rank} {mode}: max difference {(out.float() - expected.float()).abs().max()}")
+        failures += _nccl_training_differences(rank, single)
+    finally:
         dist.destroy_process_group()
-    except Exception as error:
-        failures.append(f"rank {rank}: {type(error).__name__}: {error}")
-    queue.put(failures)
+
+
+def _nccl_training_differences(rank: int, single) -> list:
+    """moe_layer with master weights over the two ranks against the single-GPU moe_layer on every token: the
+    leaves whose gradients (and the outputs) differ."""
+    tokens = (96, 160)
+    weights = moe_layer_weights(single.hidden_size, single.intermediate_size, single.num_experts, "cuda", seed=4)
+    x = moe_layer_tokens(sum(tokens), single.hidden_size, "cuda", seed=5)
+    upstream = moe_layer_tokens(sum(tokens), single.hidden_size, "cuda", seed=6)
+    config = dict(top_k=single.top_k, num_groups=single.num_groups, topk_groups=single.topk_groups)
+    num_local = single.num_experts // WORLD
+    rows, mine = slice(sum(tokens[:rank]), sum(tokens[:rank + 1])), slice(rank * num_local, (rank + 1) * num_local)
+    results = []
+    for group, token_rows, experts in ((None, slice(None), slice(None)), (dist.group.WORLD, rows, mine)):
+        leaves = [x[token_rows].detach().requires_grad_(), weights["router_weight"].detach().requires_grad_()]
+        leaves += [weights[name][experts].detach().requires_grad_() for name in LEAVES[2:]]
+        out = moe_layer(leaves[0], leaves[1], weights["correction_bias"], leaves[2], leaves[3], **config,
+                        process_group=group)
+        results.append(dict(zip(("out",) + LEAVES, [out] + list(torch.autograd.grad(out, leaves,
+                                                                                     upstream[token_rows])))))
+    single_grads, parallel_grads = results
+    expected = {"out": single_grads["out"][rows], "x": single_grads["x"][rows]}
+    expected.update({name: single_grads[name][mine] for name in LEAVES[2:]})
+    differences = [f"rank {rank} training: {name}" for name in expected
+                   if not torch.equal(parallel_grads[name], expected[name])]
+    router = parallel_grads["router_weight"].float()
+    dist.all_reduce(router)
+    # The shares are bf16 each: their sum is the whole within a few bf16 roundings.
+    if calc_diff(router, single_grads["router_weight"]) > 1e-4:
+        differences.append(f"rank {rank} training: router_weight")
+    return differences
 
 
 @pytest.mark.multi_gpu
 def test_expert_parallel_module_matches_single_gpu_nccl(tmp_path):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared machines
-    _in_processes(_run_nccl, tmp_path)
+    _in_processes(_rank_nccl_cases, tmp_path)
 
 
 @pytest.mark.gpu
@@ -181,7 +279,20 @@ def test_expert_parallel_module_one_rank_matches_module(tmp_path):
                 expected = single(static_x, mode="masked")
                 assert_layer_close(expected, module_reference(single, static_x, "masked"))
                 assert torch.equal(static_out, expected)
-        with pytest.raises(ValueError, match="forward only"):
-            parallel(torch.randn((4, hidden), device="cuda").bfloat16().requires_grad_())
+        # Training: the module differentiable in x, and moe_layer with master weights, through the exchanges.
+        x = torch.randn((96, hidden), device="cuda", generator=g).bfloat16()
+        upstream = torch.randn((96, hidden), device="cuda", generator=g).bfloat16()
+        grads = [torch.autograd.grad(layer(x.requires_grad_()), x, upstream)[0] for layer in (single, parallel)]
+        assert grads[0].abs().max() > 0 and torch.equal(grads[1], grads[0])
+        weights = moe_layer_weights(hidden, single.intermediate_size, single.num_experts, "cuda", seed=4)
+        config = dict(top_k=single.top_k, num_groups=single.num_groups, topk_groups=single.topk_groups)
+        results = []
+        for group in (None, dist.group.WORLD):
+            leaves = [x.detach().requires_grad_()] + [weights[name].detach().requires_grad_() for name in LEAVES[1:]]
+            out = moe_layer(leaves[0], leaves[1], weights["correction_bias"], leaves[2], leaves[3], **config,
+                            process_group=group)
+            results.append([out] + list(torch.autograd.grad(out, leaves, upstream)))
+        for name, expected, actual in zip(("out",) + LEAVES, *results):
+            assert torch.equal(actual, expected), name
     finally:
         dist.destroy_process_group()

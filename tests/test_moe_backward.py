@@ -18,14 +18,12 @@ import torch
 from functorch.compile import make_boxed_func
 
 from deep_kernels.nn import functional, moe_autograd
-from deep_kernels.reference import gemm as reference_gemm
 from deep_kernels.reference import moe as reference_moe
 from deep_kernels.reference import quant as reference_quant
-from deep_kernels.reference.gemm import dequantize_a
 from deep_kernels.reference.nn import moe as reference_nn_moe
-from deep_kernels.reference.nn import moe_forward, router_logits
+from deep_kernels.reference.nn import moe_forward
 from deep_kernels.testing import assert_bitwise_equal, calc_diff
-from deep_kernels.testing.moe_layer import moe_layer_tokens, moe_layer_weights
+from deep_kernels.testing.moe_layer import moe_layer_tokens, moe_layer_weights, training_kernels_on_references
 
 HIDDEN, INTERMEDIATE, NUM_EXPERTS, TOKENS = 256, 128, 8, 40
 GATE = dict(top_k=3, num_groups=4, topk_groups=2, scoring="sigmoid", renormalize=True, routed_scaling_factor=2.5)
@@ -89,47 +87,9 @@ def test_scatter_row_gradients_ignores_skipped_rows_reading_nothing():
 
 # ---- the MoE layer (CPU, references) ----
 
-def _k_grouped_reference(a, b, d, ks, ks_tensor, c=None, recipe=(1, 1, 128)):
-    """d[g] = a_g @ b_g^T over group g's columns, of the dequantized 1 x 128-scaled operands, in float64; the sizes
-    on the device only (ks None, as the layer passes them), their sum at most the columns."""
-    assert ks is None and sum(ks_tensor.tolist()) <= a[0].shape[1]
-    a_values, b_values = dequantize_a(*a), dequantize_a(*b)
-    start = 0
-    for g, k in enumerate(ks_tensor.tolist()):
-        d[g] = (a_values[:, start:start + k] @ b_values[:, start:start + k].T).to(d.dtype)
-        start += k
-    return d
-
-
 @pytest.fixture
 def layer_on_references(monkeypatch):
-    replace_layer_kernels(monkeypatch)
-
-
-def replace_layer_kernels(monkeypatch):
-    """moe_autograd with every kernel replaced by its reference (float64 GEMMs rounded as the kernels round) and the
-    router GEMM in float64."""
-    replaced = ((reference_moe, ("topk_gate_with_layout", "moe_expand_cast_to_fp8", "moe_expand", "moe_reduce",
-                                 "topk_gate_backward")),
-                (reference_gemm, ("m_grouped_fp8_gemm_nt_contiguous",)),
-                (reference_quant, ("per_block_cast_to_fp8", "per_token_cast_to_fp8", "swiglu_cast_to_fp8",
-                                   "swiglu_backward", "swiglu_forward", "batched_transpose",
-                                   "per_channel_cast_transpose_to_fp8")))
-    for source, names in replaced:
-        for name in names:
-            monkeypatch.setattr(moe_autograd, name, getattr(source, name))
-    monkeypatch.setattr(moe_autograd, "k_grouped_fp8_gemm_nt_contiguous", _k_grouped_reference)
-    monkeypatch.setattr(moe_autograd, "router_logits", router_logits)
-    monkeypatch.setattr(moe_autograd, "router_gradient_gemm", lambda a, b: (a.double() @ b.double()).float())
-    monkeypatch.setattr(moe_autograd, "moe_expand", _expand_leaving_unused_rows)
-
-
-def _expand_leaving_unused_rows(x, layout, *args, **kwargs):
-    """The reference moe_expand with the contiguous rows from layout.num_rows on NaN: the kernel never writes them,
-    so a backward that read them would show it."""
-    rows = reference_moe.moe_expand(x, layout, *args, **kwargs)
-    rows[int(layout.num_rows[0]):] = float("nan")
-    return rows
+    training_kernels_on_references(monkeypatch)
 
 
 def _layer(device: str, seed: int = 0) -> tuple:

@@ -20,8 +20,10 @@ masked (decode): every rank must pass the same T; a rank sends a block of T rows
     that rank first) and gets a block of T * k slot rows back from each, so the sizes follow from T and W alone:
     no host synchronization, and the whole forward can be captured in a CUDA graph. The capacity per expert is
     max_tokens, or W * T (none dropped).
-Forward only: a process group with an input that requires a gradient is refused (nn.MoE).
+Training (the contiguous layout, differentiable): nn/expert_parallel_autograd.py, on this file's routes.
 """
+
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -100,24 +102,72 @@ def _combine_layout(slot_to_row: torch.Tensor, num_slots: int, rows: int) -> Moe
                      row_to_slot=row_to_slot, slot_to_row=slot_to_row.to(torch.int32).contiguous())
 
 
-def _contiguous_exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels):
+class ContiguousRoutes(NamedTuple):
+    """Where the contiguous exchange moves rows, from one exchange of counts: the split sizes of all_to_all_single
+    (per rank: tokens this rank sends it and gets from it, slots it has there and holds for it) and the order of the
+    rows on either side."""
+
+    sent_tokens: list
+    got_tokens: list
+    sent_slots: list
+    got_slots: list
+    token: torch.Tensor  # int64: the tokens this rank sends, those for rank 0 first, each rank's in token order
+    slot_to_row: torch.Tensor  # [T, k]: each slot's row among the rows that come back (by rank, then slot order)
+
+
+def contiguous_routes(indices: torch.Tensor, world: int, num_local: int, group) -> ContiguousRoutes:
+    """The routes of this rank's slots (global expert ids [T, k]); their count exchange is a host synchronization."""
     num_tokens, k = indices.shape
-    hidden = x.shape[1]
     slot_rank, hit = _token_ranks(indices, world, num_local)
     counts = torch.stack([hit.sum(0), torch.bincount(slot_rank.view(-1), minlength=world)], dim=1).to(torch.int32)
     received_counts = torch.empty_like(counts)
     dist.all_to_all_single(received_counts, counts, group=group)
     sent_tokens, sent_slots, got_tokens, got_slots = torch.cat([counts, received_counts], 1).t().tolist()
-
-    # Dispatch: the tokens for rank 0, then for rank 1, ...; each in token order.
     token = _first_true(hit.t().reshape(-1), sum(sent_tokens)) % num_tokens
+    by_rank = torch.argsort(slot_rank.view(-1), stable=True)
+    slot_to_row = _scatter_index(by_rank, torch.ones_like(by_rank, dtype=torch.bool), num_tokens * k)
+    return ContiguousRoutes(sent_tokens, got_tokens, sent_slots, got_slots, token, slot_to_row.view(num_tokens, k))
+
+
+def dispatch(rows: torch.Tensor, routes: ContiguousRoutes, group) -> torch.Tensor:
+    """Each token's row of rows [T, ...] to every rank that holds one of its experts: the rows this rank receives,
+    by source rank, each source's in token order."""
+    sent = rows.index_select(0, routes.token)
+    received = sent.new_empty((sum(routes.got_tokens), *rows.shape[1:]))
+    dist.all_to_all_single(received, sent, routes.got_tokens, routes.sent_tokens, group=group)
+    return received
+
+
+def kept_slot_rows(layout: MoeLayout, count: int) -> torch.Tensor:
+    """int64 rows of the expert outputs that hold the received slots this rank's experts take, in slot order."""
+    slot_rows = layout.slot_to_row.view(-1)
+    return slot_rows[_first_true(slot_rows >= 0, count)].long()
+
+
+def combine(rows: torch.Tensor, routes: ContiguousRoutes, group) -> torch.Tensor:
+    """Each kept slot's row (rows: in kept_slot_rows order) back to its token's rank: this rank's T * k slots' rows
+    at routes.slot_to_row, in a buffer of contiguous_max_rows(T * k, 1) rows (what reduce_slots reads)."""
+    num_slots = routes.slot_to_row.numel()
+    returned = rows.new_empty((contiguous_max_rows(num_slots, 1), *rows.shape[1:]))
+    dist.all_to_all_single(returned[:num_slots], rows, routes.sent_slots, routes.got_slots, group=group)
+    return returned
+
+
+def reduce_slots(moe_reduce, returned: torch.Tensor, routes: ContiguousRoutes, weights: torch.Tensor,
+                 out_dtype=torch.bfloat16) -> torch.Tensor:
+    """Each token's slot rows (combine's buffer) summed in slot order in FP32 by moe_reduce (the kernel or its
+    reference), as out_dtype."""
+    layout = _combine_layout(routes.slot_to_row, routes.slot_to_row.numel(), returned.shape[0])
+    return moe_reduce(returned, layout, torch.ones_like(weights), out_dtype=out_dtype)
+
+
+def _contiguous_exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels):
+    k, hidden = indices.shape[1], x.shape[1]
+    routes = contiguous_routes(indices, world, num_local, group)
+    # Dispatch: FP8 codes (as bytes) and, in one int32 exchange, the ids, weights and scales.
     codes, scales = kernels.per_token_cast_to_fp8(x, scale_layout="row_major")
-    codes_out = codes.view(torch.uint8).index_select(0, token)
-    codes_in = codes_out.new_empty((sum(got_tokens), hidden))
-    dist.all_to_all_single(codes_in, codes_out, got_tokens, sent_tokens, group=group)
-    metadata_out = _metadata(indices, weights, scales).index_select(0, token)
-    metadata_in = metadata_out.new_empty((sum(got_tokens), metadata_out.shape[1]))
-    dist.all_to_all_single(metadata_in, metadata_out, got_tokens, sent_tokens, group=group)
+    codes_in = dispatch(codes.view(torch.uint8), routes, group)
+    metadata_in = dispatch(_metadata(indices, weights, scales), routes, group)
 
     # This rank's experts, then its kept slots' rows in (received token, j) order: by source rank.
     rows_out = x.new_empty((0, hidden))
@@ -125,17 +175,8 @@ def _contiguous_exchange(x, weights, indices, world, rank, num_local, experts, m
         ids_in, weights_in, tokens_in = _received(codes_in, metadata_in, k)
         layout = kernels.moe_layout(kernels.map_global_to_local_experts(ids_in, num_local, rank), num_local)
         expert_out = routed_experts(kernels, tokens_in, weights_in, layout, experts)
-        slot_rows = layout.slot_to_row.view(-1)
-        rows_out = expert_out.index_select(0, slot_rows[_first_true(slot_rows >= 0, sum(got_slots))].long())
-
-    # Combine: rank r's rows are this rank's slots on rank r, in slot order.
-    num_slots = num_tokens * k
-    combined = x.new_empty((contiguous_max_rows(num_slots, 1), hidden))
-    dist.all_to_all_single(combined[:num_slots], rows_out, sent_slots, got_slots, group=group)
-    by_rank = torch.argsort(slot_rank.view(-1), stable=True)
-    slot_to_row = _scatter_index(by_rank, torch.ones_like(by_rank, dtype=torch.bool), num_slots)
-    layout = _combine_layout(slot_to_row.view(num_tokens, k), num_slots, combined.shape[0])
-    return kernels.moe_reduce(combined, layout, torch.ones_like(weights))
+        rows_out = expert_out.index_select(0, kept_slot_rows(layout, sum(routes.got_slots)))
+    return reduce_slots(kernels.moe_reduce, combine(rows_out, routes, group), routes, weights)
 
 
 def _masked_exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels):

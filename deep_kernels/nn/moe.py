@@ -135,10 +135,10 @@ class MoE(torch.nn.Module):
 
     Notes:
         An x that requires a gradient (with grad enabled) runs deep_kernels.nn.moe_autograd.moe_layer: differentiable
-        in x, contiguous layout only (the masked one refuses it); the FP8 experts and the router are buffers and get
-        no gradient (train master weights with moe_layer itself); with a process group the forward is inference only
-        (such an x is refused). Moving the module to another dtype (module.to(torch.bfloat16)) would cast the FP8 weights and FP32
-        scales: forward then raises, naming the buffer.
+        in x, contiguous layout only (the masked one refuses it), with a process group too (through its exchanges:
+        nn/expert_parallel_autograd.py); the FP8 experts and the router are buffers and get no gradient (train
+        master weights with moe_layer itself). Moving the module to another dtype (module.to(torch.bfloat16)) would
+        cast the FP8 weights and FP32 scales: forward then raises, naming the buffer.
     """
 
     def __init__(self, hidden_size: int = 7168, intermediate_size: int = 2048, num_experts: int = 256, top_k: int = 8,
@@ -239,12 +239,9 @@ class MoE(torch.nn.Module):
         if x.shape[1] != self.hidden_size:
             raise ValueError(f"x must be [T, hidden_size] = [T, {self.hidden_size}], got shape {tuple(x.shape)}")
         check_row_major_rows(x, "x")
-        if x.requires_grad and torch.is_grad_enabled() and self.process_group is not None:
-            raise ValueError("x requires a gradient: the expert-parallel layer (process_group) runs the forward only; "
-                             "run it under torch.no_grad()")
         if x.requires_grad and torch.is_grad_enabled() and mode != "contiguous":
-            raise ValueError("x requires a gradient: the backward pass takes the contiguous layout (mode='contiguous'), "
-                             "or run the masked one under torch.no_grad()")
+            raise ValueError("x requires a gradient: the backward pass takes the contiguous layout "
+                             "(mode='contiguous'), or run the masked one under torch.no_grad()")
         self._check_buffers()
         check_cuda_device(x, "x")
         for name in self._buffer_specs():
@@ -266,19 +263,19 @@ class MoE(torch.nn.Module):
         """
         mode = self.mode if mode is None else mode
         self._check_input(x, mode)
-        if self.process_group is not None:  # every rank takes part in the exchanges, with or without tokens
-            return expert_parallel_forward(x, self.router_logits(x), self.gate_config(), self.experts(), mode,
-                                           self.max_tokens, self.process_group)
-        num_tokens = x.shape[0]
-        if num_tokens == 0:
-            return x.new_empty((0, self.hidden_size))
-        if x.requires_grad and torch.is_grad_enabled():
+        # Every rank of a process group takes part in the exchanges, with or without tokens.
+        if x.requires_grad and torch.is_grad_enabled() and (x.shape[0] > 0 or self.process_group is not None):
             # Differentiable in x (the FP8 experts and the router are buffers: no gradient of their own); training
             # master weights: deep_kernels.nn.moe_autograd.moe_layer.
             return moe_layer(x, self.router_weight, self.correction_bias, None, None, self.top_k, self.num_groups,
                              self.topk_groups, self.scoring, self.renormalize, self.routed_scaling_factor,
                              gate_up=(self.gate_up_weight, self.gate_up_scales),
-                             down=(self.down_weight, self.down_scales))
+                             down=(self.down_weight, self.down_scales), process_group=self.process_group)
+        if self.process_group is not None:
+            return expert_parallel_forward(x, self.router_logits(x), self.gate_config(), self.experts(), mode,
+                                           self.max_tokens, self.process_group)
+        if x.shape[0] == 0:
+            return x.new_empty((0, self.hidden_size))
         return moe_forward(KERNELS, x, self.router_logits(x), self.gate_config(), self.experts(), mode,
                            self.max_tokens)
 

@@ -163,7 +163,8 @@ class _MoELayer(torch.autograd.Function):
 def moe_layer(x: torch.Tensor, router_weight: torch.Tensor, correction_bias: torch.Tensor,
               gate_up_weight: torch.Tensor, down_weight: torch.Tensor, top_k: int = 8, num_groups: int = 8,
               topk_groups: int = 4, scoring: str = "sigmoid", renormalize: bool = True,
-              routed_scaling_factor: float = 2.5, gate_up: tuple = None, down: tuple = None) -> torch.Tensor:
+              routed_scaling_factor: float = 2.5, gate_up: tuple = None, down: tuple = None,
+              process_group=None) -> torch.Tensor:
     """The routed experts of a DeepSeek-V3 MoE layer, differentiable (the module docstring).
 
     Args:
@@ -176,6 +177,9 @@ def moe_layer(x: torch.Tensor, router_weight: torch.Tensor, correction_bias: tor
         top_k, num_groups, topk_groups, scoring, renormalize, routed_scaling_factor: the gate's (MoE's).
         gate_up, down: optional (e4m3, FP32 128 x 128 scales) of the master weights as per_block_cast_to_fp8 gives
             them (quantize_experts): the GEMMs run on them. None: quantized here, on every call.
+        process_group: a torch.distributed group of W ranks over which the E experts are spread: then
+            gate_up_weight, down_weight, gate_up and down are this rank's E / W experts (rank r's are
+            [r E / W, (r + 1) E / W)), and x this rank's tokens (nn/expert_parallel_autograd.py).
 
     Returns:
         [T, H] bfloat16: the layer's output, MoE's contiguous forward on the quantized weights.
@@ -188,4 +192,9 @@ def moe_layer(x: torch.Tensor, router_weight: torch.Tensor, correction_bias: tor
     gate_up = quantize_experts(gate_up_weight.detach()) if gate_up is None else gate_up
     down = quantize_experts(down_weight.detach()) if down is None else down
     config = (top_k, num_groups, topk_groups, scoring, renormalize, routed_scaling_factor)
+    if process_group is not None:
+        # NOTE: imported here: the expert-parallel function is built on this module's steps.
+        from deep_kernels.nn.expert_parallel_autograd import expert_parallel_moe_layer
+        return expert_parallel_moe_layer(x, router_weight, correction_bias, gate_up_weight, down_weight, gate_up, down,
+                                         config, process_group)
     return _MoELayer.apply(x, router_weight, gate_up_weight, down_weight, correction_bias, gate_up, down, config)

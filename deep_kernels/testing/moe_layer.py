@@ -14,7 +14,8 @@ import math
 
 import torch
 
-from deep_kernels.reference.gemm import dequantize_b
+from deep_kernels.reference.gemm import dequantize_a, dequantize_b
+from deep_kernels.reference.moe import moe_expand as reference_moe_expand
 from deep_kernels.reference.nn import moe_forward
 from deep_kernels.testing import calc_diff
 
@@ -77,6 +78,49 @@ def reference_expert_kernels():
                          gemm.m_grouped_fp8_gemm_nt_masked, swiglu.swiglu_cast_to_fp8, swiglu.swiglu_cast_to_fp8_masked,
                          moe.moe_reduce, fp8.per_token_cast_to_fp8, moe.moe_expand)
 
+
+
+def training_kernels_on_references(patch) -> None:
+    """nn.moe_autograd and nn.expert_parallel_autograd (the training layers) with every kernel replaced by its
+    reference (float64 GEMMs rounded as the kernels round), the router GEMMs in float64, and moe_expand's contiguous
+    rows from layout.num_rows on NaN (the kernel never writes them, so a backward that read them would show it);
+    patch: a pytest.MonkeyPatch."""
+    from deep_kernels.nn import expert_parallel_autograd, moe_autograd
+    from deep_kernels.reference import gemm, moe, quant
+    from deep_kernels.reference.nn import router_logits
+
+    replaced = ((moe, ("topk_gate", "topk_gate_with_layout", "topk_gate_backward", "moe_layout",
+                       "map_global_to_local_experts", "moe_expand_cast_to_fp8", "moe_reduce")),
+                (gemm, ("m_grouped_fp8_gemm_nt_contiguous",)),
+                (quant, ("per_block_cast_to_fp8", "per_token_cast_to_fp8", "swiglu_cast_to_fp8", "swiglu_backward",
+                         "swiglu_forward", "batched_transpose", "per_channel_cast_transpose_to_fp8")))
+    functions = {name: getattr(source, name) for source, names in replaced for name in names}
+    functions.update(k_grouped_fp8_gemm_nt_contiguous=_k_grouped_reference, router_logits=router_logits,
+                     router_gradient_gemm=lambda a, b: (a.double() @ b.double()).float(),
+                     moe_expand=_expand_leaving_unused_rows)
+    for module in (moe_autograd, expert_parallel_autograd):
+        for name, function in functions.items():
+            if hasattr(module, name):
+                patch.setattr(module, name, function)
+
+
+def _k_grouped_reference(a, b, d, ks, ks_tensor, c=None, recipe=(1, 1, 128)):
+    """d[g] = a_g @ b_g^T over group g's columns, of the dequantized 1 x 128-scaled operands, in float64; the sizes
+    on the device only (ks None, as the layers pass them), their sum at most the columns."""
+    assert ks is None and sum(ks_tensor.tolist()) <= a[0].shape[1]
+    a_values, b_values = dequantize_a(*a), dequantize_a(*b)
+    start = 0
+    for g, k in enumerate(ks_tensor.tolist()):
+        d[g] = (a_values[:, start:start + k] @ b_values[:, start:start + k].T).to(d.dtype)
+        start += k
+    return d
+
+
+def _expand_leaving_unused_rows(x, layout, *args, **kwargs):
+    """The reference moe_expand with the contiguous rows from layout.num_rows on NaN."""
+    rows = reference_moe_expand(x, layout, *args, **kwargs)
+    rows[int(layout.num_rows[0]):] = float("nan")
+    return rows
 
 # Bounds of assert_layer_close, from a CPU emulation of the kernels' arithmetic at the GPU tests' sizes (FP32 GEMM
 # accumulation with a relative error of up to 2^-12 per 128-deep block, which reproduces the FP8 GEMM's measured
