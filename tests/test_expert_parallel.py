@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 from deep_kernels.nn.expert_parallel import expert_parallel_forward
 from deep_kernels.nn.moe_autograd import moe_layer
 from deep_kernels.nn.routed_experts import moe_forward
+from deep_kernels.reference.moe import topk_gate as reference_topk_gate
 from deep_kernels.reference.nn.moe import router_logits
 from deep_kernels.reference.quant import fp8 as reference_fp8
 from deep_kernels.testing import calc_diff
@@ -111,11 +112,48 @@ def test_expert_parallel_matches_single_gpu_layer_gloo(tmp_path):
     _in_processes(_rank_cases, tmp_path)
 
 
+def _rank_module_cases(rank: int, store: str, failures) -> None:
+    import deep_kernels.nn as dk_nn
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    try:
+        config = dict(top_k=TOP_K, num_groups=4, topk_groups=2, process_group=dist.group.WORLD)
+        module = dk_nn.MoE(HIDDEN, INTERMEDIATE, EXPERTS, **config, device="meta")
+        shapes = {name: tuple(getattr(module, name).shape) for name in ("gate_up_weight", "gate_up_scales",
+                                                                          "down_weight", "down_scales")}
+        if any(shape[0] != EXPERTS // WORLD for shape in shapes.values()) or module.first_expert != rank * 4:
+            failures.append(f"rank {rank}: expert buffers {shapes}, first expert {module.first_expert}")
+        # from_float keeps this rank's experts of the E given: its checks reach the device (these are CPU tensors).
+        weights = moe_layer_weights(HIDDEN, INTERMEDIATE, EXPERTS, "cpu")
+        try:
+            dk_nn.MoE.from_float(**weights, **config)
+            failures.append(f"rank {rank}: from_float took CPU weights")
+        except ValueError as error:
+            if "must be a CUDA tensor" not in str(error):
+                failures.append(f"rank {rank}: from_float: {error}")
+        p = _problem(0, 4)
+        try:  # every expert on every rank: refused
+            expert_parallel_forward(p["x"], p["logits"], p["gate"], (p["gate_up"], p["down"]), "contiguous", None,
+                                    None, REFERENCES)
+            failures.append(f"rank {rank}: every expert on every rank was taken")
+        except ValueError as error:
+            if "E / W experts" not in str(error):
+                failures.append(f"rank {rank}: {error}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_module_holds_its_ranks_experts_gloo(tmp_path):
+    _in_processes(_rank_module_cases, tmp_path)
+
+
 # ---- training (CPU, gloo, references) ----
 
 TRAINING_GATE = dict(top_k=TOP_K, num_groups=4, topk_groups=2, scoring="sigmoid", renormalize=True,
                      routed_scaling_factor=2.5)
-TRAINING_CASES = ((7, 13), (0, 9), (12, 12))
+# (tokens of each rank, experts of rank 1 preferred): with the bias every slot goes to rank 1 and rank 0 receives no
+# token.
+TRAINING_CASES = (((7, 13), False), ((0, 9), False), ((12, 12), False), ((5, 11), True))
 LEAVES = ("x", "router_weight", "gate_up_weight", "down_weight")
 
 
@@ -135,13 +173,20 @@ def _rank_training_cases(rank: int, store: str, failures) -> None:
     training_kernels_on_references(patch)
     num_local = EXPERTS // WORLD
     try:
-        for seed, tokens in enumerate(TRAINING_CASES):
+        for seed, (tokens, biased) in enumerate(TRAINING_CASES):
             weights = moe_layer_weights(HIDDEN, INTERMEDIATE, EXPERTS, "cpu", seed)
+            if biased:
+                weights["correction_bias"][num_local:] += 100.0
             # FP32: the ranks' shares of its gradient sum without a bf16 rounding each.
             weights["router_weight"] = weights["router_weight"].float()
             x = moe_layer_tokens(sum(tokens), HIDDEN, "cpu", seed + 10)
             upstream = moe_layer_tokens(sum(tokens), HIDDEN, "cpu", seed + 20)
             single_out, single = _layer_gradients(x, upstream, weights, slice(None))
+            if biased:
+                logits = router_logits(x, weights["router_weight"])
+                _, indices = reference_topk_gate(logits, TOP_K, "sigmoid", weights["correction_bias"], 4, 2)
+                if (indices < num_local).any():
+                    failures.append(f"tokens {tokens}: the bias left slots on rank 0, which it should starve")
             rows = slice(sum(tokens[:rank]), sum(tokens[:rank + 1]))
             mine = slice(rank * num_local, (rank + 1) * num_local)
             for owner in (rank, 1 - rank):  # the other rank's experts: a planted bug the checks must see

@@ -198,6 +198,15 @@ def test_nvrtc_debug_and_ptxas_verbose_print_options_and_usage(tmp_cache, nvrtc_
     assert "ptxas info    : Used" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("release,no_cache", [((13, 0), True), ((12, 9), True), ((12, 8), False)])
+def test_ptxas_verbose_turns_nvrtcs_cache_off_where_it_has_one(monkeypatch, release, no_cache):
+    monkeypatch.setattr(compiler, "nvrtc_release", lambda: release)
+    assert "--no-cache" not in compiler.nvrtc_options("90a")
+    monkeypatch.setenv("DK_JIT_PTXAS_VERBOSE", "1")
+    options = compiler.nvrtc_options("90a")
+    assert "--ptxas-options=-v" in options and ("--no-cache" in options) == no_cache
+
+
 def test_ptxas_verbose_prints_the_usage_of_ninja_precompiles(tmp_cache, monkeypatch, capfd):
     monkeypatch.setenv("DK_JIT_PTXAS_VERBOSE", "1")
     precompile([CAST_SPEC], arch="90a", progress=False)

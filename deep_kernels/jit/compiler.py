@@ -136,6 +136,11 @@ def nvrtc_version() -> str:
     return f"nvrtc {major}.{minor}"
 
 
+def nvrtc_release() -> tuple:
+    """(major, minor) of nvrtc_version()."""
+    return tuple(int(part) for part in nvrtc_version().split()[1].split("."))
+
+
 def _nvrtc_check(result_and_values, what: str):
     from cuda.bindings import nvrtc
 
@@ -146,8 +151,10 @@ def _nvrtc_check(result_and_values, what: str):
 
 
 def nvrtc_options(arch: str) -> list:
+    verbose = ["--ptxas-options=-v"] if envs.get("DK_JIT_PTXAS_VERBOSE") else []
     # NVRTC 12.9+ caches compiles where a driver is present, and a cached compile runs no ptxas to report.
-    verbose = ["--ptxas-options=-v", "--no-cache"] if envs.get("DK_JIT_PTXAS_VERBOSE") else []
+    if verbose and nvrtc_release() >= (12, 9):
+        verbose.append("--no-cache")
     toolkit = cuda_include()
     # CUDA 13 keeps CCCL (libcu++) in include/cccl, which nvcc adds by itself; CUDA 12 in include/.
     cccl = [f"-I{toolkit / 'cccl'}"] if (toolkit / "cccl").is_dir() else []

@@ -50,9 +50,18 @@ def expert_parallel_forward(x: torch.Tensor, logits: torch.Tensor, gate_config: 
     """
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     num_local = experts[0][0].shape[0]
+    check_local_experts(logits.shape[1], num_local, group)
     weights, indices = kernels.topk_gate(logits, *gate_config)
     exchange = _masked_exchange if mode == "masked" else _contiguous_exchange
     return exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels)
+
+
+def check_local_experts(num_experts: int, num_local: int, group) -> None:
+    """A rank's experts are its share of the E the router scores: E / W each."""
+    world = dist.get_world_size(group)
+    if num_local * world != num_experts:
+        raise ValueError(f"each of the {world} ranks holds E / W experts: {num_experts} / {world}, got {num_local} "
+                         f"on this rank")
 
 
 def _token_ranks(indices: torch.Tensor, world: int, num_local: int) -> tuple:

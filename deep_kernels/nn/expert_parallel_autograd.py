@@ -120,14 +120,16 @@ class _ExpertParallelMoELayer(torch.autograd.Function):
         top_k, num_groups, topk_groups, scoring, renormalize, routed_scaling_factor = ctx.config
         routes, group = ctx.routes, ctx.group
         dout_in = exchange.dispatch(dout.to(torch.bfloat16).contiguous(), routes, group)
-        grad_rows, grad_row_weights = x.new_empty((0, x.shape[1])), torch.empty(0, device=x.device)
-        grad_gate_up, grad_down = _empty_weight_grad(ctx, 2, gate_up_q), _empty_weight_grad(ctx, 3, down_q)
         if saved:
             x_in, weights_in, projected, kept, *layout_tensors = saved
             grad_tokens, row_weight_grads, grad_gate_up, grad_down = _expert_backward(
                 ctx, dout_in, x_in, weights_in, projected, MoeLayout(*layout_tensors), (gate_up_q, gate_up_s),
                 (down_q, down_s))
             grad_rows, grad_row_weights = grad_tokens.index_select(0, kept), row_weight_grads.index_select(0, kept)
+        else:
+            grad_rows = x.new_empty((0, x.shape[1]))
+            grad_row_weights = torch.empty(0, dtype=torch.float32, device=x.device)
+            grad_gate_up, grad_down = _empty_weight_grad(ctx, 2, gate_up_q), _empty_weight_grad(ctx, 3, down_q)
         grad_x = exchange.reduce_slots(moe_reduce, exchange.combine(grad_rows, routes, group), routes, weights,
                                        out_dtype=torch.float32)
         num_slots = routes.slot_to_row.numel()
@@ -146,5 +148,6 @@ def expert_parallel_moe_layer(x, router_weight, correction_bias, gate_up_weight,
     """moe_autograd.moe_layer over a process group (the module docstring): gate_up_weight, down_weight, gate_up and
     down are this rank's n experts; config is (top_k, num_groups, topk_groups, scoring, renormalize,
     routed_scaling_factor)."""
+    exchange.check_local_experts(router_weight.shape[0], gate_up[0].shape[0], group)
     return _ExpertParallelMoELayer.apply(x, router_weight, gate_up_weight, down_weight, correction_bias, gate_up,
                                          down, config, group)

@@ -137,7 +137,9 @@ class MoE(torch.nn.Module):
         An x that requires a gradient (with grad enabled) runs deep_kernels.nn.moe_autograd.moe_layer: differentiable
         in x, contiguous layout only (the masked one refuses it), with a process group too (through its exchanges:
         nn/expert_parallel_autograd.py); the FP8 experts and the router are buffers and get no gradient (train
-        master weights with moe_layer itself). Moving the module to another dtype (module.to(torch.bfloat16)) would
+        master weights with moe_layer itself). With a process group the contiguous forward takes that path whenever
+        grad is enabled, so that every rank makes the same exchanges: run inference under torch.no_grad() (or
+        inference_mode), on every rank alike. Moving the module to another dtype (module.to(torch.bfloat16)) would
         cast the FP8 weights and FP32 scales: forward then raises, naming the buffer.
     """
 
@@ -170,9 +172,9 @@ class MoE(torch.nn.Module):
             "router_weight": ((e, h), torch.bfloat16),
             "correction_bias": ((e,), torch.float32),
             "gate_up_weight": ((n, 2 * i, h), torch.float8_e4m3fn),
-            "gate_up_scales": ((e, 2 * i // BLOCK, h // BLOCK), torch.float32),
-            "down_weight": ((e, h, i), torch.float8_e4m3fn),
-            "down_scales": ((e, h // BLOCK, i // BLOCK), torch.float32),
+            "gate_up_scales": ((n, 2 * i // BLOCK, h // BLOCK), torch.float32),
+            "down_weight": ((n, h, i), torch.float8_e4m3fn),
+            "down_scales": ((n, h // BLOCK, i // BLOCK), torch.float32),
         }
 
     @classmethod
@@ -263,8 +265,10 @@ class MoE(torch.nn.Module):
         """
         mode = self.mode if mode is None else mode
         self._check_input(x, mode)
-        # Every rank of a process group takes part in the exchanges, with or without tokens.
-        if x.requires_grad and torch.is_grad_enabled() and (x.shape[0] > 0 or self.process_group is not None):
+        # Every rank of a process group makes the same exchanges, with or without tokens: with one, the path follows
+        # the grad mode alone, which the ranks share (x.requires_grad may differ, on an empty batch say).
+        grad = torch.is_grad_enabled() and mode == "contiguous"
+        if grad and (self.process_group is not None or (x.requires_grad and x.shape[0] > 0)):
             # Differentiable in x (the FP8 experts and the router are buffers: no gradient of their own); training
             # master weights: deep_kernels.nn.moe_autograd.moe_layer.
             return moe_layer(x, self.router_weight, self.correction_bias, None, None, self.top_k, self.num_groups,
