@@ -403,3 +403,15 @@ def test_forward_is_deterministic_and_never_syncs():
         finally:
             torch.cuda.set_sync_debug_mode(previous)
         assert_bitwise_equal(second, first, f"{mode}: second run")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["contiguous", "masked"])
+def test_a_tokens_output_does_not_depend_on_the_rest_of_the_batch(mode):
+    # What the expert-parallel layer's bitwise equality with this one rests on: each rank computes its share of the
+    # batch (the router GEMM, the grouped GEMMs' tiles and the kernels' launch shapes follow the token count).
+    module, _ = _gpu_module(mode, seed=4)
+    x = moe_layer_tokens(300, HIDDEN, "cuda", seed=21)
+    whole = module(x, mode)
+    for rows in (slice(0, 96), slice(96, 300), slice(17, 18)):
+        assert_bitwise_equal(module(x[rows].contiguous(), mode), whole[rows], f"{mode}: tokens {rows}")
