@@ -348,6 +348,19 @@ def test_one_row_views_of_wider_rows(n):
     assert_gemm_close(d, _reference((q, sfa), b))
 
 
+@pytest.mark.multi_gpu
+def test_tensors_on_another_device_than_the_current_one():
+    # The launch goes to the tensors' device, on its current stream, and leaves the caller's device current.
+    assert torch.cuda.current_device() == 0
+    m, n, k = 300, 2112, 7168
+    a, b = make_gemm_inputs(m, n, k)
+    a, b = tuple(t.to("cuda:1") for t in a), tuple(t.to("cuda:1") for t in b)
+    d = poison_(torch.empty((m, n), device="cuda:1", dtype=torch.bfloat16))
+    deep_kernels.fp8_gemm_nt(a, b, d)
+    assert torch.cuda.current_device() == 0
+    assert_gemm_close(d, _reference(a, b))
+
+
 # ---- tiles straddling sfb blocks, and planted bugs (GPU) ----
 
 # (M, N, K) of the straddling-tile and planted-bug tests: N = 1040 ends in a 16-column sfb block, which the last

@@ -402,6 +402,33 @@ def test_load_checks_the_declaration_against_the_driver(monkeypatch):
         runtime.load_kernel(b"", CAST_SPEC)
 
 
+def test_load_configures_the_hopper_devices_only(monkeypatch):
+    # A machine with a Hopper GPU and another: the cubin (sm_90a) is configured for the first only, where the other
+    # would refuse it.
+    from cuda.bindings import driver
+
+    success, invalid = driver.CUresult.CUDA_SUCCESS, driver.CUresult.CUDA_ERROR_INVALID_VALUE
+    layout = [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4), (32, 4), (36, 4), (40, 4)]
+    configured = []
+    fake = dict(
+        cuInit=lambda flags: (success,),
+        cuLibraryLoadData=lambda *args: (success, "library"),
+        cuLibraryGetKernelCount=lambda library: (success, 1),
+        cuLibraryEnumerateKernels=lambda count, library: (success, [7]),
+        cuKernelGetParamInfo=lambda kernel, i: (success, *layout[i]) if i < len(layout) else (invalid, 0, 0),
+        cuDeviceGet=lambda index: (success, f"device {index}"),
+        cuKernelGetAttribute=lambda attribute, kernel, device: (success, 1024),
+        cuKernelSetAttribute=lambda attribute, value, kernel, device: configured.append(device) or (success,),
+    )
+    for name, function in fake.items():
+        monkeypatch.setattr(driver, name, function)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: [(8, 0), (9, 0)][index])
+    runtime.load_kernel(b"", CAST_SPEC, smem_bytes=1000)
+    assert configured == ["device 1"]
+
+
 def test_elf_info_parses_parameters_and_launch_bounds():
     text = """.nv.info._Z3fooPfj
 \tAttribute:\tEIATTR_KPARAM_INFO

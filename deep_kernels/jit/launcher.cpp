@@ -22,6 +22,7 @@ struct Driver {
     decltype(&::cuTensorMapEncodeTiled) tensor_map_encode_tiled = nullptr;
     decltype(&::cuGetErrorName) get_error_name = nullptr;
     decltype(&::cuCtxSetCurrent) ctx_set_current = nullptr;
+    decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
     decltype(&::cuDeviceGet) device_get = nullptr;
     decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain = nullptr;
 };
@@ -48,6 +49,7 @@ bool load_driver() {
           resolve(g_driver.tensor_map_encode_tiled, "cuTensorMapEncodeTiled") &&
           resolve(g_driver.get_error_name, "cuGetErrorName") &&
           resolve(g_driver.ctx_set_current, "cuCtxSetCurrent") &&
+          resolve(g_driver.ctx_get_current, "cuCtxGetCurrent") &&
           resolve(g_driver.device_get, "cuDeviceGet") &&
           resolve(g_driver.primary_ctx_retain, "cuDevicePrimaryCtxRetain"))) {
         PyErr_Format(PyExc_RuntimeError, "deep_kernels: the CUDA driver lacks %s (needs a CUDA 12.4+ driver)", missing);
@@ -199,24 +201,49 @@ void make_launch_shape(LaunchShape* shape, unsigned int grid_x, unsigned int gri
     config.numAttrs = num_attributes;
 }
 
-// Launches a kernel of a LaunchShape on a stream with its parameters' addresses.
+constexpr int kMaxDevices = 64;
+// Each device's primary context (the one torch works in), retained on first use and kept.
+CUcontext g_primary_contexts[kMaxDevices] = {};
+
+bool primary_context(int device, CUcontext* context) {
+    if (device < 0 || device >= kMaxDevices) {
+        PyErr_Format(PyExc_ValueError, "deep_kernels: device index %d is out of range", device);
+        return false;
+    }
+    if (g_primary_contexts[device] == nullptr) {
+        CUdevice cu_device;
+        CUresult result = g_driver.device_get(&cu_device, device);
+        if (result == CUDA_SUCCESS)
+            result = g_driver.primary_ctx_retain(&g_primary_contexts[device], cu_device);
+        if (result != CUDA_SUCCESS) {
+            g_primary_contexts[device] = nullptr;
+            raise_cuda_error(result, "cuDevicePrimaryCtxRetain");
+            return false;
+        }
+    }
+    *context = g_primary_contexts[device];
+    return true;
+}
+
+// Launches a kernel of a LaunchShape on a stream of `device` with its parameters' addresses.
+// NOTE: a launch on a default stream (0) runs in the current context, whatever device the tensors are on: the
+// device's primary context is made current for the launch, as torch's device guard does, and the caller's put back.
 PyObject* launch_shaped(unsigned long long kernel, LaunchShape* shape, int device, unsigned long long stream,
                         void** param_ptrs) {
     if (!load_driver())
         return nullptr;
+    CUcontext context, previous = nullptr;
+    if (!primary_context(device, &context))
+        return nullptr;
+    CUresult result = g_driver.ctx_get_current(&previous);
+    if (result == CUDA_SUCCESS && previous != context)
+        result = g_driver.ctx_set_current(context);
+    if (result != CUDA_SUCCESS)
+        return raise_cuda_error(result, "cuCtxSetCurrent");
     shape->config.hStream = reinterpret_cast<CUstream>(stream);
-    const auto function = reinterpret_cast<CUfunction>(kernel);
-    CUresult result = g_driver.launch_kernel_ex(&shape->config, function, param_ptrs, nullptr);
-    if (result == CUDA_ERROR_INVALID_CONTEXT) {
-        // NOTE: a thread that never made a CUDA runtime call has no current context; torch works in
-        // the device's primary context, so make that one current and try again.
-        CUdevice cu_device;
-        CUcontext context = nullptr;
-        if (g_driver.device_get(&cu_device, device) == CUDA_SUCCESS &&
-            g_driver.primary_ctx_retain(&context, cu_device) == CUDA_SUCCESS &&
-            g_driver.ctx_set_current(context) == CUDA_SUCCESS)
-            result = g_driver.launch_kernel_ex(&shape->config, function, param_ptrs, nullptr);
-    }
+    result = g_driver.launch_kernel_ex(&shape->config, reinterpret_cast<CUfunction>(kernel), param_ptrs, nullptr);
+    if (previous != context)
+        g_driver.ctx_set_current(previous);
     if (result != CUDA_SUCCESS)
         return raise_cuda_error(result, "cuLaunchKernelEx");
     Py_RETURN_NONE;

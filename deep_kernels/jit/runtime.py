@@ -24,6 +24,7 @@ TMA_DTYPES = {
     torch.uint8: 0, torch.float8_e4m3fn: 0, torch.int32: 4, torch.float32: 7, torch.bfloat16: 9,
 }
 SWIZZLE_MODES = {0: 0, 32: 1, 64: 2, 128: 3}
+SM90 = (9, 0)
 
 
 def _check(result_and_values, what: str):
@@ -206,7 +207,7 @@ def _param_layout(driver, kernel) -> list:
 
 def load_kernel(binary: bytes, spec: KernelSpec, smem_bytes: int = 0) -> Kernel:
     """Load a specialization's cubin; its parameters and block size are checked against its KernelDef
-    (SignatureError on a mismatch) and its dynamic shared-memory limit raised to smem_bytes on every device."""
+    (SignatureError on a mismatch) and its dynamic shared-memory limit raised to smem_bytes on every Hopper device."""
     from cuda.bindings import driver
 
     definition = spec.definition
@@ -222,6 +223,8 @@ def load_kernel(binary: bytes, spec: KernelSpec, smem_bytes: int = 0) -> Kernel:
     smem_attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     threads_attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
     for device_index in range(torch.cuda.device_count()):
+        if torch.cuda.get_device_capability(device_index) != SM90:  # the cubin runs on Hopper only
+            continue
         device = _check(driver.cuDeviceGet(device_index), "cuDeviceGet")
         max_threads = _check(driver.cuKernelGetAttribute(threads_attribute, kernel, device), "cuKernelGetAttribute")
         signature.check_block_threads(definition, block_threads, max_threads, spec)

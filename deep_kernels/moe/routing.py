@@ -243,14 +243,14 @@ def _out_call_key(logits, k, scoring, bias, num_groups, topk_groups, renormalize
 
 
 def _out_key(out) -> tuple:
-    """The addresses and metadata of out's tensors (a prepared launch's key; an address also fixes the device, the
-    address space being unified)."""
+    """The device, addresses and metadata of out's tensors (a prepared launch's key; the device too: a freed address
+    may come back on another device)."""
     weights, indices, routed = out
     counts, num_rows, m_indices = routed.counts, routed.num_rows, routed.m_indices
     row_to_slot, slot_to_row, masked_slots, masked_m = (routed.row_to_slot, routed.slot_to_row, routed.masked_slots,
                                                         routed.masked_m)
     # NOTE: written out rather than looped: this is most of the call's host time.
-    return (weights.data_ptr(), weights.dtype, weights.shape, weights.stride(),
+    return (weights.get_device(), weights.data_ptr(), weights.dtype, weights.shape, weights.stride(),
             indices.data_ptr(), indices.dtype, indices.shape, indices.stride(),
             counts.data_ptr(), counts.dtype, counts.shape, counts.stride(),
             num_rows.data_ptr(), num_rows.dtype, num_rows.shape, num_rows.stride(),
