@@ -57,8 +57,9 @@ def set_num_sms(num_sms: int) -> None:
     """Limit the SMs persistent kernels use (e.g. to leave room for communication kernels)."""
     if not isinstance(num_sms, int) or num_sms <= 0:
         raise ValueError(f"num_sms must be a positive int, got {num_sms!r}")
-    if has_gpu() and num_sms > info(torch.cuda.current_device()).num_sms:
-        raise ValueError(f"num_sms={num_sms} exceeds the device's {info().num_sms} SMs")
+    device_sms = info(torch.cuda.current_device()).num_sms if has_gpu() else num_sms
+    if num_sms > device_sms:
+        raise ValueError(f"num_sms={num_sms} exceeds the current device's {device_sms} SMs")
     global _num_sms_override
     _num_sms_override = num_sms
 
