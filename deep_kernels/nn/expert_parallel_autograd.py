@@ -27,59 +27,14 @@ One host synchronization: the forward's count exchange (the backward reuses its 
 import torch
 import torch.distributed as dist
 
-from deep_kernels.grouped_gemm import m_grouped_fp8_gemm_nt_contiguous
-from deep_kernels.moe.expand import moe_expand, moe_expand_cast_to_fp8, moe_reduce
+from deep_kernels.moe.expand import moe_reduce
 from deep_kernels.moe.expert_parallel import map_global_to_local_experts
 from deep_kernels.moe.gate import topk_gate, topk_gate_backward
 from deep_kernels.moe.layout import MoeLayout, moe_layout
 from deep_kernels.nn import expert_parallel as exchange
 from deep_kernels.nn import moe_autograd
-from deep_kernels.quant.fp8 import per_token_cast_to_fp8
-from deep_kernels.quant.swiglu import swiglu_backward, swiglu_cast_to_fp8, swiglu_forward
 
 _LAYOUT_FIELDS = ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row")
-
-
-def _expert_forward(x_in, weights_in, ids_in, rank: int, gate_up: tuple, down: tuple) -> tuple:
-    """(layout, h [R, 2I], expert_out [R, H]) of the received tokens on this rank's experts."""
-    num_local = gate_up[0].shape[0]
-    layout = moe_layout(map_global_to_local_experts(ids_in, num_local, rank), num_local)
-    num_rows, hidden = layout.m_indices.shape[0], x_in.shape[1]
-    tokens = moe_expand_cast_to_fp8(x_in, layout, zero_padding=False)
-    projected = m_grouped_fp8_gemm_nt_contiguous(tokens, gate_up, x_in.new_empty((num_rows, gate_up[0].shape[1])),
-                                                 layout.m_indices)
-    activated = swiglu_cast_to_fp8(projected, weights=weights_in, pos=layout.row_to_slot, check_pos=False)
-    expert_out = m_grouped_fp8_gemm_nt_contiguous(activated, down, x_in.new_empty((num_rows, hidden)),
-                                                  layout.m_indices)
-    return layout, projected, expert_out
-
-
-def _expert_backward(ctx, dout_in, x_in, weights_in, projected, layout, gate_up: tuple, down: tuple) -> tuple:
-    """(dX rows [R, H] bf16, each row's routing-weight gradient [R] FP32, dgate_up, ddown) of the received tokens
-    (moe_autograd's backward on this rank's experts; a weight gradient None where it is not asked)."""
-    num_rows, intermediate, hidden = projected.shape[0], projected.shape[1] // 2, x_in.shape[1]
-    grad_rows = moe_expand_cast_to_fp8(dout_in, layout, zero_padding=True)
-    grad_activated = m_grouped_fp8_gemm_nt_contiguous(grad_rows, moe_autograd.transposed_experts(down),
-                                                      x_in.new_empty((num_rows, intermediate)), layout.m_indices)
-    grad_projected = torch.zeros_like(projected)
-    row_weight_grads = torch.zeros(num_rows, dtype=torch.float32, device=x_in.device)
-    swiglu_backward(projected, grad_activated, weights=weights_in, pos=layout.row_to_slot, check_pos=False,
-                    out=(grad_projected, row_weight_grads))
-    grad_tokens = m_grouped_fp8_gemm_nt_contiguous(per_token_cast_to_fp8(grad_projected),
-                                                   moe_autograd.transposed_experts(gate_up),
-                                                   x_in.new_empty((num_rows, hidden)), layout.m_indices)
-    grad_gate_up = grad_down = None
-    segments = moe_autograd.segment_rows(layout)
-    if ctx.needs_input_grad[3]:
-        activated = torch.zeros((num_rows, intermediate), dtype=torch.bfloat16, device=x_in.device)
-        swiglu_forward(projected, weights=weights_in, pos=layout.row_to_slot, check_pos=False, out=activated)
-        grad_down = moe_autograd.weight_gradient_gemm(moe_expand(dout_in, layout, zero_padding=True), activated,
-                                                      segments).to(ctx.weight_dtypes[1])
-    if ctx.needs_input_grad[2]:
-        token_rows = moe_expand(x_in, layout, zero_padding=True)
-        grad_gate_up = moe_autograd.weight_gradient_gemm(grad_projected, token_rows,
-                                                         segments).to(ctx.weight_dtypes[0])
-    return grad_tokens, row_weight_grads, grad_gate_up, grad_down
 
 
 def _empty_weight_grad(ctx, index: int, fp8_weight: torch.Tensor):
@@ -103,7 +58,9 @@ class _ExpertParallelMoELayer(torch.autograd.Function):
         weights_in = exchange.dispatch(weights, routes, group)
         rows_out, saved = x.new_empty((0, x.shape[1])), ()
         if x_in.shape[0] > 0:
-            layout, projected, expert_out = _expert_forward(x_in, weights_in, ids_in, rank, gate_up, down)
+            num_local = gate_up[0].shape[0]
+            layout = moe_layout(map_global_to_local_experts(ids_in, num_local, rank), num_local)
+            projected, expert_out = moe_autograd.expert_steps(x_in, weights_in, layout, gate_up, down)
             kept = exchange.kept_slot_rows(layout, sum(routes.got_slots))
             rows_out = expert_out.index_select(0, kept)
             saved = (x_in, weights_in, projected, kept, *(getattr(layout, name) for name in _LAYOUT_FIELDS))
@@ -122,7 +79,7 @@ class _ExpertParallelMoELayer(torch.autograd.Function):
         dout_in = exchange.dispatch(dout.to(torch.bfloat16).contiguous(), routes, group)
         if saved:
             x_in, weights_in, projected, kept, *layout_tensors = saved
-            grad_tokens, row_weight_grads, grad_gate_up, grad_down = _expert_backward(
+            grad_tokens, row_weight_grads, grad_gate_up, grad_down = moe_autograd.expert_steps_backward(
                 ctx, dout_in, x_in, weights_in, projected, MoeLayout(*layout_tensors), (gate_up_q, gate_up_s),
                 (down_q, down_s))
             grad_rows, grad_row_weights = grad_tokens.index_select(0, kept), row_weight_grads.index_select(0, kept)
@@ -134,7 +91,7 @@ class _ExpertParallelMoELayer(torch.autograd.Function):
                                        out_dtype=torch.float32)
         num_slots = routes.slot_to_row.numel()
         grad_weights = exchange.combine(grad_row_weights, routes, group)[:num_slots]
-        grad_weights = grad_weights.index_select(0, routes.slot_to_row.view(-1).long()).view_as(weights)
+        grad_weights = grad_weights.index_select(0, routes.slot_to_row.view(-1)).view_as(weights)
         grad_logits = topk_gate_backward(grad_weights, logits, indices, scoring, renormalize, routed_scaling_factor)
         grad_logits = grad_logits.to(torch.bfloat16)
         grad_x += moe_autograd.router_gradient_gemm(grad_logits, router_weight)

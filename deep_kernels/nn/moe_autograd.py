@@ -91,21 +91,57 @@ def segment_rows(layout: MoeLayout) -> torch.Tensor:
     return (sizes * CONTIGUOUS_ALIGNMENT).int()
 
 
+def expert_steps(x: torch.Tensor, weights: torch.Tensor, layout: MoeLayout, gate_up: tuple, down: tuple) -> tuple:
+    """(h bf16 [R, 2I], the experts' rows bf16 [R, H]) of tokens x [T, H] routed by layout with routing weights
+    [T, k]: the forward's steps from the expand to the down-projection."""
+    num_rows, hidden = layout.m_indices.shape[0], x.shape[1]
+    tokens = moe_expand_cast_to_fp8(x, layout, zero_padding=False)
+    projected = m_grouped_fp8_gemm_nt_contiguous(tokens, gate_up, x.new_empty((num_rows, gate_up[0].shape[1])),
+                                                 layout.m_indices)
+    activated = swiglu_cast_to_fp8(projected, weights=weights, pos=layout.row_to_slot, check_pos=False)
+    expert_out = m_grouped_fp8_gemm_nt_contiguous(activated, down, x.new_empty((num_rows, hidden)), layout.m_indices)
+    return projected, expert_out
+
+
+def expert_steps_backward(ctx, dout: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, projected: torch.Tensor,
+                          layout: MoeLayout, gate_up: tuple, down: tuple) -> tuple:
+    """(dX rows bf16 [R, H], each row's routing-weight gradient FP32 [R], dgate_up, ddown) of expert_steps, from
+    dout [T, H] bf16 (the module docstring's steps; a weight gradient None where ctx does not ask for it: inputs 2
+    and 3 of the autograd function, in the dtypes of ctx.weight_dtypes)."""
+    num_rows, intermediate, hidden = projected.shape[0], projected.shape[1] // 2, x.shape[1]
+    grad_rows = moe_expand_cast_to_fp8(dout, layout, zero_padding=True)
+    grad_activated = m_grouped_fp8_gemm_nt_contiguous(grad_rows, transposed_experts(down),
+                                                      x.new_empty((num_rows, intermediate)), layout.m_indices)
+    grad_projected = torch.zeros_like(projected)  # rows no slot takes stay 0 (the weight gradients sum them)
+    row_weight_grads = torch.zeros(num_rows, dtype=torch.float32, device=x.device)
+    swiglu_backward(projected, grad_activated, weights=weights, pos=layout.row_to_slot, check_pos=False,
+                    out=(grad_projected, row_weight_grads))
+    grad_tokens = m_grouped_fp8_gemm_nt_contiguous(per_token_cast_to_fp8(grad_projected), transposed_experts(gate_up),
+                                                   x.new_empty((num_rows, hidden)), layout.m_indices)
+
+    # Weight gradients: K-grouped over the experts' row segments.
+    grad_gate_up = grad_down = None
+    if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
+        segments = segment_rows(layout)
+        if ctx.needs_input_grad[3]:
+            activated = torch.zeros((num_rows, intermediate), dtype=torch.bfloat16, device=x.device)
+            swiglu_forward(projected, weights=weights, pos=layout.row_to_slot, check_pos=False, out=activated)
+            grad_down = weight_gradient_gemm(moe_expand(dout, layout, zero_padding=True), activated,
+                                             segments).to(ctx.weight_dtypes[1])
+        if ctx.needs_input_grad[2]:
+            token_rows = moe_expand(x, layout, zero_padding=True)
+            grad_gate_up = weight_gradient_gemm(grad_projected, token_rows, segments).to(ctx.weight_dtypes[0])
+    return grad_tokens, row_weight_grads, grad_gate_up, grad_down
+
+
 class _MoELayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, router_weight, gate_up_weight, down_weight, correction_bias, gate_up, down, config):
         (top_k, num_groups, topk_groups, scoring, renormalize, routed_scaling_factor) = config
-        intermediate, hidden = gate_up[0].shape[1] // 2, x.shape[1]
         logits = router_logits(x, router_weight)
         weights, indices, layout = topk_gate_with_layout(logits, top_k, scoring, correction_bias, num_groups,
                                                          topk_groups, renormalize, routed_scaling_factor)
-        num_rows = layout.m_indices.shape[0]
-        tokens = moe_expand_cast_to_fp8(x, layout, zero_padding=False)
-        projected = m_grouped_fp8_gemm_nt_contiguous(tokens, gate_up, x.new_empty((num_rows, 2 * intermediate)),
-                                                     layout.m_indices)
-        activated = swiglu_cast_to_fp8(projected, weights=weights, pos=layout.row_to_slot, check_pos=False)
-        expert_out = m_grouped_fp8_gemm_nt_contiguous(activated, down, x.new_empty((num_rows, hidden)),
-                                                      layout.m_indices)
+        projected, expert_out = expert_steps(x, weights, layout, gate_up, down)
         out = moe_reduce(expert_out, layout, torch.ones_like(weights))
         ctx.save_for_backward(x, router_weight, logits, weights, indices, projected, *gate_up, *down,
                               *(getattr(layout, name) for name in _LAYOUT_FIELDS))
@@ -119,21 +155,9 @@ class _MoELayer(torch.autograd.Function):
          *layout_tensors) = ctx.saved_tensors
         layout = MoeLayout(*layout_tensors)
         top_k, num_groups, topk_groups, scoring, renormalize, routed_scaling_factor = ctx.config
-        num_rows = projected.shape[0]
-        intermediate, hidden = projected.shape[1] // 2, x.shape[1]
         dout = dout.to(torch.bfloat16).contiguous()
-
-        # Input gradients through the experts.
-        grad_rows = moe_expand_cast_to_fp8(dout, layout, zero_padding=True)
-        grad_activated = m_grouped_fp8_gemm_nt_contiguous(
-            grad_rows, transposed_experts((down_q, down_s)), x.new_empty((num_rows, intermediate)), layout.m_indices)
-        grad_projected = torch.zeros_like(projected)  # rows no slot takes stay 0 (the weight gradients sum them)
-        row_weight_grads = torch.zeros(num_rows, dtype=torch.float32, device=x.device)
-        swiglu_backward(projected, grad_activated, weights=weights, pos=layout.row_to_slot, check_pos=False,
-                        out=(grad_projected, row_weight_grads))
-        grad_tokens = m_grouped_fp8_gemm_nt_contiguous(
-            per_token_cast_to_fp8(grad_projected), transposed_experts((gate_up_q, gate_up_s)),
-            x.new_empty((num_rows, hidden)), layout.m_indices)
+        grad_tokens, row_weight_grads, grad_gate_up, grad_down = expert_steps_backward(
+            ctx, dout, x, weights, projected, layout, (gate_up_q, gate_up_s), (down_q, down_s))
         grad_x = moe_reduce(grad_tokens, layout, torch.ones_like(weights), out_dtype=torch.float32)
 
         # The routing: each slot's weight gradient is its row's; then the gate and the router GEMM.
@@ -144,19 +168,6 @@ class _MoELayer(torch.autograd.Function):
         grad_x += router_gradient_gemm(grad_logits, router_weight)
         grad_router = (router_gradient_gemm(grad_logits.t(), x).to(router_weight.dtype) if ctx.needs_input_grad[1]
                        else None)
-
-        # Weight gradients: K-grouped over the experts' row segments.
-        grad_gate_up = grad_down = None
-        if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
-            segments = segment_rows(layout)
-            if ctx.needs_input_grad[3]:
-                activated = torch.zeros((num_rows, intermediate), dtype=torch.bfloat16, device=x.device)
-                swiglu_forward(projected, weights=weights, pos=layout.row_to_slot, check_pos=False, out=activated)
-                grad_down = weight_gradient_gemm(moe_expand(dout, layout, zero_padding=True), activated,
-                                                 segments).to(ctx.weight_dtypes[1])
-            if ctx.needs_input_grad[2]:
-                token_rows = moe_expand(x, layout, zero_padding=True)
-                grad_gate_up = weight_gradient_gemm(grad_projected, token_rows, segments).to(ctx.weight_dtypes[0])
         return grad_x.to(x.dtype), grad_router, grad_gate_up, grad_down, None, None, None, None
 
 

@@ -79,7 +79,6 @@ def reference_expert_kernels():
                          moe.moe_reduce, fp8.per_token_cast_to_fp8, moe.moe_expand)
 
 
-
 def training_kernels_on_references(patch) -> None:
     """nn.moe_autograd and nn.expert_parallel_autograd (the training layers) with every kernel replaced by its
     reference (float64 GEMMs rounded as the kernels round), the router GEMMs in float64, and moe_expand's contiguous
