@@ -139,6 +139,13 @@ def _rank_module_cases(rank: int, store: str, failures) -> None:
         except ValueError as error:
             if "E / W experts" not in str(error):
                 failures.append(f"rank {rank}: {error}")
+        try:  # the training layer alike
+            moe_layer(p["x"], weights["router_weight"], weights["correction_bias"], weights["gate_up_weight"],
+                      weights["down_weight"], **TRAINING_GATE, process_group=dist.group.WORLD)
+            failures.append(f"rank {rank}: moe_layer took every expert on every rank")
+        except ValueError as error:
+            if "E / W experts" not in str(error):
+                failures.append(f"rank {rank}: moe_layer: {error}")
     finally:
         dist.destroy_process_group()
 

@@ -103,8 +103,7 @@ class _ExpertParallelMoELayer(torch.autograd.Function):
 def expert_parallel_moe_layer(x, router_weight, correction_bias, gate_up_weight, down_weight, gate_up: tuple,
                               down: tuple, config: tuple, group) -> torch.Tensor:
     """moe_autograd.moe_layer over a process group (the module docstring): gate_up_weight, down_weight, gate_up and
-    down are this rank's n experts; config is (top_k, num_groups, topk_groups, scoring, renormalize,
+    down are this rank's n experts (moe_layer checks that they are E / W); config is (top_k, num_groups, topk_groups, scoring, renormalize,
     routed_scaling_factor)."""
-    exchange.check_local_experts(router_weight.shape[0], gate_up[0].shape[0], group)
     return _ExpertParallelMoELayer.apply(x, router_weight, gate_up_weight, down_weight, correction_bias, gate_up,
                                          down, config, group)
