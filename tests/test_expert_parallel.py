@@ -9,12 +9,14 @@ On two GPUs: nn.MoE with and without a process group over NCCL (skipped with few
 """
 
 import os
+from unittest import mock
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from deep_kernels.nn import expert_parallel
 from deep_kernels.nn.expert_parallel import expert_parallel_forward
 from deep_kernels.nn.moe_autograd import moe_layer
 from deep_kernels.nn.routed_experts import moe_forward
@@ -37,6 +39,7 @@ GATE = (TOP_K, "sigmoid", 4, 2, True, 2.5)
 CASES = (
     ("contiguous", (7, 13), None),
     ("contiguous", (0, 9), None),
+    ("contiguous", (1, 12), None),
     ("masked", (6, 6), None),
     ("masked", (8, 8), 3),
 )
@@ -72,14 +75,27 @@ def _rank_cases(rank: int, store: str, failures) -> None:
                                  max_tokens)
             first = sum(tokens[:rank])
             rows = slice(first, first + tokens[rank])
-            for owner in (rank, 1 - rank):  # the other rank's experts: a planted bug the check must see
+            # The other rank's experts: a planted bug the check must see. Contiguous, also: 2 and 3 chunks (a rank
+            # of one token has empty ones), and the default's chunks from one token a rank on average (a rule every
+            # rank must apply alike, or the exchanges hang); the real default's one chunk in the runs before.
+            runs = [(owner, None, expert_parallel.OVERLAP_MIN_TOKENS) for owner in (rank, 1 - rank)]
+            if mode == "contiguous":
+                runs += [(rank, 2, None), (rank, 3, None), (rank, None, 1)]
+            for owner, chunks, min_tokens in runs:
                 experts = (_local(p["gate_up"], owner), _local(p["down"], owner))
-                out = expert_parallel_forward(p["x"][rows], p["logits"][rows], p["gate"], experts, mode, max_tokens,
-                                              None, REFERENCES)
+                with mock.patch.object(expert_parallel, "OVERLAP_MIN_TOKENS", min_tokens):
+                    out = expert_parallel_forward(p["x"][rows], p["logits"][rows], p["gate"], experts, mode,
+                                                  max_tokens, None, REFERENCES, chunks)
                 equal = out.shape == single[rows].shape and torch.equal(out, single[rows])
                 if equal != (owner == rank) and not (owner != rank and tokens[rank] == 0):
-                    failures.append(f"rank {rank}, {mode} {tokens} max_tokens={max_tokens}, experts of rank "
-                                    f"{owner}: {'equal' if equal else 'different'}")
+                    failures.append(f"rank {rank}, {mode} {tokens} max_tokens={max_tokens}, chunks={chunks} from "
+                                    f"{min_tokens}, experts of rank {owner}: {'equal' if equal else 'different'}")
+            if mode == "contiguous":  # chunks from the ranks' token count, not this rank's
+                _, indices = REFERENCES.topk_gate(p["logits"][rows], *p["gate"])
+                for min_tokens, expected in ((sum(tokens), 2), (sum(tokens) + 1, 1)):
+                    routes = expert_parallel.chunked_routes(indices, WORLD, EXPERTS // WORLD, None, 2, min_tokens)
+                    if len(routes) != expected:
+                        failures.append(f"rank {rank}, {tokens}: {len(routes)} chunks from {min_tokens} tokens")
     finally:
         dist.destroy_process_group()
 
@@ -316,6 +332,12 @@ def test_expert_parallel_module_one_rank_matches_module(tmp_path):
                 expected, out = single(x, mode=mode), parallel(x, mode=mode)
                 assert_layer_close(expected, module_reference(single, x, mode))
             assert torch.equal(out, expected), f"{mode} max_tokens={max_tokens}"
+        # The contiguous mode's chunks: each chunk's exchanges overlap another's experts, the same bits.
+        with torch.no_grad():
+            for chunks in (2, 3):
+                out = expert_parallel_forward(x, parallel.router_logits(x), parallel.gate_config(), parallel.experts(),
+                                              "contiguous", None, dist.group.WORLD, chunks=chunks)
+                assert torch.equal(out, single(x, mode="contiguous")), f"{chunks} chunks"
         # The masked mode in a CUDA graph: captured once, replayed with new tokens.
         parallel.max_tokens = single.max_tokens = None
         static_x = torch.randn((64, hidden), device="cuda", generator=g).bfloat16()

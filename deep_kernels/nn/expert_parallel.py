@@ -15,7 +15,11 @@ bitwise that of the single-GPU layer over the ranks' tokens concatenated in rank
 first-come order included.
 
 contiguous (prefill): one exchange of counts (tokens and slots per rank pair) sizes the buffers: the one host
-    synchronization of the forward.
+    synchronization of the forward. With OVERLAP_MIN_TOKENS tokens a rank or more on average, the tokens go in
+    OVERLAP_CHUNKS consecutive chunks: every chunk's dispatch is queued at once and each chunk's combine as soon as
+    its experts are done, so the communicator moves one chunk's rows while the GEMMs work on another's (with NCCL,
+    all_to_all_single(async_op=True) runs on the communicator's stream). Every step treats a row on its own, so the
+    output is the same bits in any number of chunks.
 masked (decode): every rank must pass the same T; a rank sends a block of T rows to each rank (its tokens for
     that rank first) and gets a block of T * k slot rows back from each, so the sizes follow from T and W alone:
     no host synchronization, and the whole forward can be captured in a CUDA graph. The capacity per expert is
@@ -34,7 +38,7 @@ from deep_kernels.validation import ceil_div
 
 
 def expert_parallel_forward(x: torch.Tensor, logits: torch.Tensor, gate_config: tuple, experts: tuple, mode: str,
-                            max_tokens, group, kernels: ExpertKernels = KERNELS) -> torch.Tensor:
+                            max_tokens, group, kernels: ExpertKernels = KERNELS, chunks: int = None) -> torch.Tensor:
     """The layer's output for this rank's tokens (the module docstring).
 
     Args:
@@ -44,6 +48,8 @@ def expert_parallel_forward(x: torch.Tensor, logits: torch.Tensor, gate_config: 
         mode: "contiguous" or "masked"; max_tokens: the masked capacity per expert (None: W * T).
         group: the torch.distributed process group of the W ranks.
         kernels: the functions the steps call (the package's kernels).
+        chunks: the contiguous mode's token chunks, the same on every rank (None: OVERLAP_CHUNKS from
+            OVERLAP_MIN_TOKENS tokens a rank on average, else one).
 
     Returns:
         [T, H] bf16.
@@ -52,8 +58,13 @@ def expert_parallel_forward(x: torch.Tensor, logits: torch.Tensor, gate_config: 
     num_local = experts[0][0].shape[0]
     check_local_experts(logits.shape[1], num_local, group)
     weights, indices = kernels.topk_gate(logits, *gate_config)
-    exchange = _masked_exchange if mode == "masked" else _contiguous_exchange
-    return exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels)
+    if mode == "masked":
+        return _masked_exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels)
+    if chunks is None:
+        routes = chunked_routes(indices, world, num_local, group, OVERLAP_CHUNKS, OVERLAP_MIN_TOKENS * world)
+    else:
+        routes = chunked_routes(indices, world, num_local, group, chunks)
+    return _contiguous_exchange(x, weights, indices, rank, num_local, experts, routes, group, kernels)
 
 
 def check_local_experts(num_experts: int, num_local: int, group) -> None:
@@ -112,38 +123,90 @@ def _combine_layout(slot_to_row: torch.Tensor, num_slots: int, rows: int) -> Moe
 
 
 class ContiguousRoutes(NamedTuple):
-    """Where the contiguous exchange moves rows, from one exchange of counts: the split sizes of all_to_all_single
-    (per rank: tokens this rank sends it and gets from it, slots it has there and holds for it) and the order of the
-    rows on either side."""
+    """Where the contiguous exchange moves the rows of a range of this rank's tokens, from the exchange of counts:
+    the split sizes of all_to_all_single (per rank: tokens this rank sends it and gets from it, slots it has there
+    and holds for it) and the order of the rows on either side."""
 
     sent_tokens: list
     got_tokens: list
     sent_slots: list
     got_slots: list
     token: torch.Tensor  # int64: the tokens this rank sends, those for rank 0 first, each rank's in token order
-    slot_to_row: torch.Tensor  # [T, k]: each slot's row among the rows that come back (by rank, then slot order)
+    slot_to_row: torch.Tensor  # [tokens, k]: each slot's row in the buffer the rows come back to (combine's)
+    first_slot: int  # where the range's rows start in that buffer: its first token times k
+
+
+# The contiguous forward's overlap of exchanges and GEMMs. NOTE: the threshold is estimated, not measured: at
+# 2048 tokens a rank the combine moves about 120 MB a rank over NVLink (about 0.3 ms), well above what a second
+# round of the experts' launches costs.
+OVERLAP_CHUNKS = 2
+OVERLAP_MIN_TOKENS = 2048
+
+
+def chunked_routes(indices: torch.Tensor, world: int, num_local: int, group, chunks: int,
+                   min_tokens: int = 0) -> list:
+    """The routes of `chunks` consecutive ranges of this rank's tokens (torch.tensor_split's) by their global expert
+    ids [T, k]; or of all of them in one when the W ranks have fewer than min_tokens tokens in all. One exchange of
+    counts, a host synchronization, which also tells each rank every rank's T, so that all choose alike."""
+    num_tokens = indices.shape[0]
+    pieces = indices.tensor_split(chunks)
+    columns = []
+    for piece in pieces:
+        slot_rank, hit = _token_ranks(piece, world, num_local)
+        columns += [hit.sum(0), torch.bincount(slot_rank.view(-1), minlength=world)]
+    columns.append(torch.full((world,), num_tokens, dtype=torch.int64, device=indices.device))
+    counts = torch.stack(columns, dim=1).to(torch.int32)
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts, group=group)
+    # Per piece, the tokens and the slots per rank (lists of W), sent and received; then each rank's T.
+    sent, got = torch.stack([counts, received]).transpose(1, 2).tolist()
+    if sum(got[-1]) < min_tokens:
+        sent, got = ([_summed(table[0:-1:2]), _summed(table[1:-1:2])] for table in (sent, got))
+        pieces = (indices,)
+    routes, first_token = [], 0
+    for c, piece in enumerate(pieces):
+        routes.append(_piece_routes(piece, first_token, sent[2 * c:2 * c + 2], got[2 * c:2 * c + 2], world, num_local))
+        first_token += piece.shape[0]
+    return routes
+
+
+def _summed(lists: list) -> list:
+    """The elementwise sum of lists of equal length."""
+    return [sum(values) for values in zip(*lists)]
+
+
+def _piece_routes(indices: torch.Tensor, first_token: int, sent: list, got: list, world: int,
+                  num_local: int) -> ContiguousRoutes:
+    """The routes of the tokens [first_token, first_token + len(indices)) from their exchanged counts ([tokens,
+    slots] per rank, sent and received)."""
+    num_tokens, k = indices.shape
+    slot_rank, hit = _token_ranks(indices, world, num_local)
+    token = _first_true(hit.t().reshape(-1), sum(sent[0])) % max(num_tokens, 1) + first_token
+    by_rank = torch.argsort(slot_rank.view(-1), stable=True)
+    slot_to_row = _scatter_index(by_rank, torch.ones_like(by_rank, dtype=torch.bool), num_tokens * k)
+    first_slot = first_token * k
+    return ContiguousRoutes(sent[0], got[0], sent[1], got[1], token,
+                            (slot_to_row + first_slot).view(num_tokens, k), first_slot)
 
 
 def contiguous_routes(indices: torch.Tensor, world: int, num_local: int, group) -> ContiguousRoutes:
-    """The routes of this rank's slots (global expert ids [T, k]); their count exchange is a host synchronization."""
-    num_tokens, k = indices.shape
-    slot_rank, hit = _token_ranks(indices, world, num_local)
-    counts = torch.stack([hit.sum(0), torch.bincount(slot_rank.view(-1), minlength=world)], dim=1).to(torch.int32)
-    received_counts = torch.empty_like(counts)
-    dist.all_to_all_single(received_counts, counts, group=group)
-    sent_tokens, sent_slots, got_tokens, got_slots = torch.cat([counts, received_counts], 1).t().tolist()
-    token = _first_true(hit.t().reshape(-1), sum(sent_tokens)) % num_tokens
-    by_rank = torch.argsort(slot_rank.view(-1), stable=True)
-    slot_to_row = _scatter_index(by_rank, torch.ones_like(by_rank, dtype=torch.bool), num_tokens * k)
-    return ContiguousRoutes(sent_tokens, got_tokens, sent_slots, got_slots, token, slot_to_row.view(num_tokens, k))
+    """The routes of all of this rank's slots (global expert ids [T, k]) in one range."""
+    return chunked_routes(indices, world, num_local, group, 1)[0]
+
+
+def start_dispatch(rows: torch.Tensor, routes: ContiguousRoutes, group) -> tuple:
+    """Each of the routes' tokens' row of rows [T, ...] to every rank that holds one of its experts, asynchronously:
+    (the rows this rank receives, by source rank, each source's in token order; the exchange's work to wait on)."""
+    sent = rows.index_select(0, routes.token)
+    received = sent.new_empty((sum(routes.got_tokens), *rows.shape[1:]))
+    work = dist.all_to_all_single(received, sent, routes.got_tokens, routes.sent_tokens, group=group, async_op=True)
+    return received, work
 
 
 def dispatch(rows: torch.Tensor, routes: ContiguousRoutes, group) -> torch.Tensor:
-    """Each token's row of rows [T, ...] to every rank that holds one of its experts: the rows this rank receives,
-    by source rank, each source's in token order."""
-    sent = rows.index_select(0, routes.token)
-    received = sent.new_empty((sum(routes.got_tokens), *rows.shape[1:]))
-    dist.all_to_all_single(received, sent, routes.got_tokens, routes.sent_tokens, group=group)
+    """start_dispatch's received rows, once they are there."""
+    received, work = start_dispatch(rows, routes, group)
+    work.wait()
     return received
 
 
@@ -153,39 +216,60 @@ def kept_slot_rows(layout: MoeLayout, count: int) -> torch.Tensor:
     return slot_rows[_first_true(slot_rows >= 0, count)].long()
 
 
+def combine_buffer(rows: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """The buffer the T * k = num_slots slots' rows come back to: contiguous_max_rows(num_slots, 1) rows like
+    rows' (what reduce_slots reads)."""
+    return rows.new_empty((contiguous_max_rows(num_slots, 1), *rows.shape[1:]))
+
+
+def start_combine(returned: torch.Tensor, rows: torch.Tensor, routes: ContiguousRoutes, group):
+    """Each kept slot's row (rows: in kept_slot_rows order) back to its token's rank, asynchronously: the routes'
+    slots' rows land in returned (combine_buffer's) at routes.slot_to_row. Returns the exchange's work."""
+    first, count = routes.first_slot, routes.slot_to_row.numel()
+    return dist.all_to_all_single(returned[first:first + count], rows, routes.sent_slots, routes.got_slots,
+                                  group=group, async_op=True)
+
+
 def combine(rows: torch.Tensor, routes: ContiguousRoutes, group) -> torch.Tensor:
-    """Each kept slot's row (rows: in kept_slot_rows order) back to its token's rank: this rank's T * k slots' rows
-    at routes.slot_to_row, in a buffer of contiguous_max_rows(T * k, 1) rows (what reduce_slots reads)."""
-    num_slots = routes.slot_to_row.numel()
-    returned = rows.new_empty((contiguous_max_rows(num_slots, 1), *rows.shape[1:]))
-    dist.all_to_all_single(returned[:num_slots], rows, routes.sent_slots, routes.got_slots, group=group)
+    """start_combine into a new combine_buffer of the routes' slots (which start at slot 0), once it is done."""
+    returned = combine_buffer(rows, routes.slot_to_row.numel())
+    start_combine(returned, rows, routes, group).wait()
     return returned
 
 
-def reduce_slots(moe_reduce, returned: torch.Tensor, routes: ContiguousRoutes, weights: torch.Tensor,
+def reduce_slots(moe_reduce, returned: torch.Tensor, slot_to_row: torch.Tensor, weights: torch.Tensor,
                  out_dtype=torch.bfloat16) -> torch.Tensor:
-    """Each token's slot rows (combine's buffer) summed in slot order in FP32 by moe_reduce (the kernel or its
-    reference), as out_dtype."""
-    layout = _combine_layout(routes.slot_to_row, routes.slot_to_row.numel(), returned.shape[0])
+    """Each token's slot rows (combine's buffer, slot (t, j) at row slot_to_row[t, j]) summed in slot order in FP32
+    by moe_reduce (the kernel or its reference), as out_dtype."""
+    layout = _combine_layout(slot_to_row, slot_to_row.numel(), returned.shape[0])
     return moe_reduce(returned, layout, torch.ones_like(weights), out_dtype=out_dtype)
 
 
-def _contiguous_exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels):
+def _contiguous_exchange(x, weights, indices, rank, num_local, experts, routes: list, group, kernels):
     k, hidden = indices.shape[1], x.shape[1]
-    routes = contiguous_routes(indices, world, num_local, group)
-    # Dispatch: FP8 codes (as bytes) and, in one int32 exchange, the ids, weights and scales.
+    # Dispatch: FP8 codes (as bytes) and, in one int32 exchange, the ids, weights and scales; every chunk's queued
+    # at once.
     codes, scales = kernels.per_token_cast_to_fp8(x, scale_layout="row_major")
-    codes_in = dispatch(codes.view(torch.uint8), routes, group)
-    metadata_in = dispatch(_metadata(indices, weights, scales), routes, group)
+    codes, metadata = codes.view(torch.uint8), _metadata(indices, weights, scales)
+    inbound = [(start_dispatch(codes, chunk, group), start_dispatch(metadata, chunk, group)) for chunk in routes]
 
-    # This rank's experts, then its kept slots' rows in (received token, j) order: by source rank.
-    rows_out = x.new_empty((0, hidden))
-    if codes_in.shape[0] > 0:
-        ids_in, weights_in, tokens_in = _received(codes_in, metadata_in, k)
-        layout = kernels.moe_layout(kernels.map_global_to_local_experts(ids_in, num_local, rank), num_local)
-        expert_out = routed_experts(kernels, tokens_in, weights_in, layout, experts)
-        rows_out = expert_out.index_select(0, kept_slot_rows(layout, sum(routes.got_slots)))
-    return reduce_slots(kernels.moe_reduce, combine(rows_out, routes, group), routes, weights)
+    # Each chunk's experts, then its kept slots' rows in (received token, j) order (by source rank) on their way back.
+    returned = combine_buffer(x, indices.numel())
+    outbound = []
+    for chunk, ((codes_in, codes_work), (metadata_in, metadata_work)) in zip(routes, inbound):
+        codes_work.wait()
+        metadata_work.wait()
+        rows_out = x.new_empty((0, hidden))
+        if codes_in.shape[0] > 0:
+            ids_in, weights_in, tokens_in = _received(codes_in, metadata_in, k)
+            layout = kernels.moe_layout(kernels.map_global_to_local_experts(ids_in, num_local, rank), num_local)
+            expert_out = routed_experts(kernels, tokens_in, weights_in, layout, experts)
+            rows_out = expert_out.index_select(0, kept_slot_rows(layout, sum(chunk.got_slots)))
+        outbound.append(start_combine(returned, rows_out, chunk, group))
+    for work in outbound:
+        work.wait()
+    slot_to_row = torch.cat([chunk.slot_to_row for chunk in routes])
+    return reduce_slots(kernels.moe_reduce, returned, slot_to_row, weights)
 
 
 def _masked_exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels):

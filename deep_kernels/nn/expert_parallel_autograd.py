@@ -64,7 +64,8 @@ class _ExpertParallelMoELayer(torch.autograd.Function):
             kept = exchange.kept_slot_rows(layout, sum(routes.got_slots))
             rows_out = expert_out.index_select(0, kept)
             saved = (x_in, weights_in, projected, kept, *(getattr(layout, name) for name in _LAYOUT_FIELDS))
-        out = exchange.reduce_slots(moe_reduce, exchange.combine(rows_out, routes, group), routes, weights)
+        out = exchange.reduce_slots(moe_reduce, exchange.combine(rows_out, routes, group), routes.slot_to_row,
+                                     weights)
         ctx.save_for_backward(x, router_weight, logits, weights, indices, *gate_up, *down, *saved)
         ctx.config, ctx.group, ctx.routes = config, group, routes
         ctx.weight_dtypes = tuple(None if w is None else w.dtype for w in (gate_up_weight, down_weight))
@@ -87,8 +88,8 @@ class _ExpertParallelMoELayer(torch.autograd.Function):
             grad_rows = x.new_empty((0, x.shape[1]))
             grad_row_weights = torch.empty(0, dtype=torch.float32, device=x.device)
             grad_gate_up, grad_down = _empty_weight_grad(ctx, 2, gate_up_q), _empty_weight_grad(ctx, 3, down_q)
-        grad_x = exchange.reduce_slots(moe_reduce, exchange.combine(grad_rows, routes, group), routes, weights,
-                                       out_dtype=torch.float32)
+        grad_x = exchange.reduce_slots(moe_reduce, exchange.combine(grad_rows, routes, group), routes.slot_to_row,
+                                       weights, out_dtype=torch.float32)
         num_slots = routes.slot_to_row.numel()
         grad_weights = exchange.combine(grad_row_weights, routes, group)[:num_slots]
         grad_weights = grad_weights.index_select(0, routes.slot_to_row.view(-1)).view_as(weights)
