@@ -1,0 +1,157 @@
+"""Suite `expert_parallel`: the DeepSeek-V3 MoE layer of the moe_layer suite with its experts spread over every
+GPU of the machine (nn.MoE with a process group over NCCL, NVLink multicast off), W ranks of T tokens each, against
+the same layer on one GPU over all W * T tokens (nn.MoE without a process group), the two timed in turns in the same
+run. Needs two GPUs or more: with fewer it has no rows.
+
+    T = 8192 (prefill): contiguous layout, eager; also in one chunk (no overlap of the exchanges with the GEMMs,
+        `speedup_vs_one_chunk`)
+    T = 128 (decode): masked layout, each layer captured in a CUDA graph and replayed
+
+Each rank times its calls with CUDA events from a barrier (L2 flushed before), the slowest rank's time counts, and
+`us` is the median over the runs: the wall time of a layer's call on the GPU, its exchanges and (eager) its host
+synchronization included, as a serving step sees it. tokens_per_s counts all W * T tokens; `speedup` is the ratio of
+the two layers' tokens per second; tflops are per GPU (the routed slots' 2 * T * k * 3 * H * I on each).
+Check: whether each rank's output is bitwise the single-GPU layer's rows of its tokens (the issue's contract).
+"""
+
+import os
+import statistics
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from deep_kernels.benchmarks.fp8_gemm import FP8_PEAK_TFLOPS
+from deep_kernels.benchmarks.moe_layer import GATE, HIDDEN, INTERMEDIATE, NUM_EXPERTS, captured_forward
+from deep_kernels.benchmarks.report import BenchContext
+from deep_kernels.device import info
+from deep_kernels.nn import MoE
+from deep_kernels.nn.expert_parallel import expert_parallel_forward
+from deep_kernels.testing.bench import L2Flusher
+from deep_kernels.testing.moe_layer import moe_layer_tokens, moe_layer_weights
+
+# (T per rank, mode, timing)
+CASES = ((8192, "contiguous", "eager"), (128, "masked", "graph"))
+REPS = 20
+# A rank that has not reported by then has died or hung (queue.get raises).
+RANK_TIMEOUT_S = 1200
+PEER = "the same layer on one GPU over all W * T tokens (nn.MoE without a process group), timed in turns"
+
+
+def run(ctx: BenchContext) -> list:
+    world = torch.cuda.device_count()
+    if world < 2:
+        print(f"expert_parallel: needs two GPUs or more, this machine has {world}")
+        return []
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        processes = [context.Process(target=_rank_main, args=(rank, world, os.path.join(folder, "store"), queue))
+                     for rank in range(world)]
+        for p in processes:
+            p.start()
+        results = [queue.get(timeout=RANK_TIMEOUT_S) for _ in processes]
+        for p in processes:
+            p.join(timeout=60)
+    errors = [r for r in results if isinstance(r, str)]
+    if errors:
+        raise RuntimeError("expert_parallel: " + "; ".join(errors))
+    return next(r for r in results if r)
+
+
+def _rank_main(rank: int, world: int, store: str, queue) -> None:
+    """One rank: the rows (rank 0) or [] through the queue, or the error's text."""
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=world,
+                                device_id=torch.device("cuda", rank))
+        try:
+            rows = _rank_rows(rank, world)
+        finally:
+            dist.destroy_process_group()
+        queue.put(rows if rank == 0 else [])
+    except Exception as error:  # noqa: BLE001 - reported by the parent: a spawned process's traceback is lost
+        queue.put(f"rank {rank}: {type(error).__name__}: {error}")
+
+
+@torch.no_grad()
+def _rank_rows(rank: int, world: int) -> list:
+    weights = moe_layer_weights(HIDDEN, INTERMEDIATE, NUM_EXPERTS)
+    single = MoE.from_float(**weights, **GATE)
+    parallel = MoE.from_float(**weights, **GATE, process_group=dist.group.WORLD)
+    del weights
+    flusher = L2Flusher(info().l2_bytes)
+    rows = []
+    for num_tokens, mode, timing in CASES:
+        # Every rank makes all W * T tokens alike and takes its own.
+        x_all = moe_layer_tokens(world * num_tokens, HIDDEN)
+        x = x_all[rank * num_tokens:(rank + 1) * num_tokens].contiguous()
+        calls = {}
+        if timing == "graph":
+            calls["ours"], out = captured_forward(parallel, x, mode)
+            calls["peer"], out_single = captured_forward(single, x_all, mode)
+            calls["ours"]()
+            calls["peer"]()
+        else:
+            calls["ours"] = lambda: parallel(x, mode)
+            calls["peer"] = lambda: single(x_all, mode)
+            calls["one_chunk"] = lambda: expert_parallel_forward(x, parallel.router_logits(x), parallel.gate_config(),
+                                                                 parallel.experts(), mode, None, dist.group.WORLD,
+                                                                 chunks=1)
+            out, out_single = calls["ours"](), calls["peer"]()
+            same_in_one_chunk = torch.equal(calls["one_chunk"](), out)
+        us = _timed_in_turns(calls, flusher)
+        equal = torch.tensor([torch.equal(out, out_single[rank * num_tokens:(rank + 1) * num_tokens])],
+                             device="cuda")
+        dist.all_reduce(equal, op=dist.ReduceOp.MIN)
+        check = ("every rank's output bitwise the single-GPU layer's" if equal.item()
+                 else "outputs differ from the single-GPU layer's")
+        if timing == "eager":
+            check += "; one chunk: the same bits" if same_in_one_chunk else "; one chunk: different bits"
+        rows.append(_row(num_tokens, world, mode, timing, us, check))
+    return rows
+
+
+def _timed_in_turns(calls: dict, flusher: L2Flusher, warmup: int = 2) -> dict:
+    """Median over REPS runs of each call in turns, in us: each from a barrier, L2 flushed, timed by CUDA events
+    on every rank, the slowest rank's time."""
+    times = {name: [] for name in calls}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for rep in range(warmup + REPS):
+        for name, call in calls.items():
+            flusher()
+            torch.cuda.synchronize()
+            dist.barrier()
+            torch.cuda.synchronize()
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            slowest = torch.tensor([start.elapsed_time(end) * 1e3], device="cuda")
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            if rep >= warmup:
+                times[name].append(slowest.item())
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _row(num_tokens: int, world: int, mode: str, timing: str, us: dict, check: str) -> dict:
+    flops = 2 * num_tokens * GATE["top_k"] * 3 * HIDDEN * INTERMEDIATE
+    tflops = flops / us["ours"] / 1e6
+    layout = (f"masked layout, capacity {world * num_tokens} per expert (none dropped)" if mode == "masked"
+              else "contiguous layout, the default chunks")
+    row = {
+        "op": "MoE.forward (expert parallel)",
+        "shape": {"t": num_tokens, "world_size": world, "pass": "forward", "mode": timing},
+        "config": f"{layout}; {'CUDA graph replay' if timing == 'graph' else 'eager'}; NCCL all_to_all_single, "
+                  f"NVLink multicast off",
+        "us": round(us["ours"], 2), "tflops": round(tflops, 1), "roofline_fraction": round(tflops / FP8_PEAK_TFLOPS, 3),
+        "tokens_per_s": round(world * num_tokens / us["ours"] * 1e6),
+        "peer": PEER, "peer_us": round(us["peer"], 2),
+        "peer_tokens_per_s": round(world * num_tokens / us["peer"] * 1e6),
+        "speedup": round(us["peer"] / us["ours"], 3), "check": check,
+    }
+    if "one_chunk" in us:
+        row.update(one_chunk_us=round(us["one_chunk"], 2), speedup_vs_one_chunk=round(us["one_chunk"] / us["ours"], 3))
+    return row
