@@ -28,7 +28,7 @@ from deep_kernels.grouped_gemm import _check_devices, _check_layout_tensor, _che
 from deep_kernels.heuristics import bf16_gemm as heuristics
 from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import get_kernel, tensor_map
+from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
     check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_no_overlap, check_rank,
@@ -198,41 +198,59 @@ def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_
     return plan
 
 
-# Signatures of dense calls that passed validation -> (m, n, k, mn_major_a, mn_major_b).
+# Signatures of dense calls that passed validation -> ((m, n, k, mn_major_a, mn_major_b), the kernel's prepared
+# launches (Kernel.prepare) by the call's addresses, its plan and the split-K workspace they were made with).
 _checked_dense_calls = {}
 
 
 def _launch_dense(a, b, d, c, config=None) -> torch.Tensor:
+    """A dense call: validated in full on a new signature; a call with the addresses and plan of an earlier one
+    (whose address checks passed) encodes no tensor map and checks nothing more."""
     try:
         signature = call_signature(a, b, d, c)
     except AttributeError:  # not tensors: the full check says which
         signature = None
-    problem = _checked_dense_calls.get(signature)
-    if problem is None:
-        problem = _check_dense_call(a, b, d, c)
+    checked = _checked_dense_calls.get(signature)
+    if checked is None:
+        checked = (_check_dense_call(a, b, d, c), {})
         if signature is not None:
-            _checked_dense_calls[signature] = problem
-    m, n, k, mn_major_a, mn_major_b = problem
-    _check_addresses(a, b, d)
+            _checked_dense_calls[signature] = checked
+    (m, n, k, mn_major_a, mn_major_b), launches = checked
     if m == 0:
+        _check_addresses(a, b, d)
         return d
+    device_index = a.get_device()
+    plan = _plan(m, n, k, d.dtype, c is not None, get_num_sms(), config, mn_major_a, mn_major_b)
+    # NOTE: the current workspace, unchecked: a launch cached with it was made for a call that fit in it.
+    workspace = gemm._split_workspaces.get(device_index) if plan[3][2] else None
+    key = (a.data_ptr(), b.data_ptr(), d.data_ptr(), plan, workspace)
+    launch = launches.get(key)
+    if launch is None:
+        launch = _prepare_dense_launch(plan, a, b, d, mn_major_a, mn_major_b, device_index, launches, key)
     if c is not None and c.data_ptr() != d.data_ptr():
         d.copy_(c)
-    kernel, config, grid, (num_unsplit_tiles, workspace_floats, num_tickets) = _plan(
-        m, n, k, d.dtype, c is not None, get_num_sms(), config, mn_major_a, mn_major_b)
-    workspace_ptr = tickets_ptr = 0
-    if num_tickets:
-        workspace = gemm._split_workspace(a.get_device(), workspace_floats, num_tickets)
-        workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
+    launch.launch(current_raw_stream(device_index))
+    return d
+
+
+def _prepare_dense_launch(plan: tuple, a, b, d, mn_major_a: bool, mn_major_b: bool, device_index: int,
+                          launches: dict, key: tuple):
+    """The launch of a validated dense call at its tensors' addresses (checked here), kept in launches under key
+    with the split-K workspace it was made with."""
+    _check_addresses(a, b, d)
+    kernel, config, grid, (num_unsplit_tiles, workspace_floats, num_tickets) = plan
+    workspace = gemm._split_workspace(device_index, workspace_floats, num_tickets) if num_tickets else None
     map_a = operand_map(a, config.block_m, mn_major_a)
     # NOTE: the kernel reads no scales with BF16 operands; tmap_sfa and tmap_sfb take A's map so that every parameter
     # is valid.
-    kernel.launch(
-        grid, a.get_device(), tmap_a=map_a, tmap_b=operand_map(b, config.block_n, mn_major_b), tmap_sfa=map_a,
+    encoded = kernel.encode(
+        tmap_a=map_a, tmap_b=operand_map(b, config.block_n, mn_major_b), tmap_sfa=map_a,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes), sfb=0,
-        shape_m=m, grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr, split_tickets=tickets_ptr,
-        num_unsplit_tiles=num_unsplit_tiles, tmap_sfb=map_a)
-    return d
+        shape_m=a.shape[0], grouped_layout=0, num_groups=0, d=0,
+        split_workspace=workspace.partials.data_ptr() if workspace else 0,
+        split_tickets=workspace.tickets.data_ptr() if workspace else 0, num_unsplit_tiles=num_unsplit_tiles,
+        tmap_sfb=map_a)
+    return remember_launch(launches, key[:4] + (workspace,), kernel.prepare(grid, device_index, encoded))
 
 
 def operand_map(t: torch.Tensor, block_rows: int, mn_major: bool) -> tuple:

@@ -1,12 +1,12 @@
 """The lean host path: a call whose signature (dtypes, shapes, strides, devices, arguments) was validated before runs
-no check but the look-up, and fp8_gemm_nt launches from parameters encoded once per set of addresses.
+no check but the look-up, and fp8_gemm_nt and bf16_gemm_nt launch from parameters encoded once per set of addresses.
 
 CPU: the native launcher's encode / launch_encoded (what they check before the driver, the bytes they produce); on
 the kernels' call paths with a fake kernel (no driver), which calls encode, that a cached signature still checks what
 it does not fix (addresses), that each validation error fires on a new signature even after valid calls, and that
-the encodings per signature are bounded. GPU: fp8_gemm_nt through many address sets of one signature (more than the
-cache holds) against the reference, eager and in a CUDA graph; topk_gate_with_layout's cached plan against the
-reference.
+the encodings per signature are bounded. GPU: fp8_gemm_nt and bf16_gemm_nt through many address sets of one
+signature (more than the cache holds) against the reference, eager and in a CUDA graph; topk_gate_with_layout's cached
+plan against the reference.
 """
 
 import dataclasses
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels import gemm
+from deep_kernels import bf16_gemm, gemm
 from deep_kernels.jit import launcher, runtime
 from deep_kernels.moe import gate, layout, routing
 from deep_kernels.quant import fp8
@@ -106,22 +106,27 @@ class _FakeKernel:
         return Launch()
 
 
-@pytest.fixture
-def fake_gemm(monkeypatch):
-    """gemm with the device checks off, a fixed SM count, a split-K workspace of CPU tensors and a _FakeKernel."""
+def _fake_call_path(monkeypatch, module, caches: tuple, kernel_getter: str) -> _FakeKernel:
+    """module's GEMM call path with its caches emptied, the device checks off, a fixed SM count, a split-K workspace
+    of CPU tensors and a _FakeKernel from its kernel_getter."""
     kernel = _FakeKernel()
-    monkeypatch.setattr(gemm, "_prepared_calls", {})
-    monkeypatch.setattr(gemm, "_plans", {})
-    monkeypatch.setattr(gemm, "check_cuda_device", lambda *args, **kwargs: None)
-    monkeypatch.setattr(gemm, "get_num_sms", lambda: 132)
-    monkeypatch.setattr(gemm, "_tuned_config", lambda *args: None)
-    monkeypatch.setattr(gemm, "get_gemm_kernel", lambda *args, **kwargs: kernel)
-    monkeypatch.setattr(gemm, "current_raw_stream", lambda device_index: 0)
+    for cache in caches:
+        monkeypatch.setattr(module, cache, {})
+    monkeypatch.setattr(module, "check_cuda_device", lambda *args, **kwargs: None)
+    monkeypatch.setattr(module, "get_num_sms", lambda: 132)
+    monkeypatch.setattr(module, kernel_getter, lambda *args, **kwargs: kernel)
+    monkeypatch.setattr(module, "current_raw_stream", lambda device_index: 0)
     workspace = gemm._SplitWorkspace.__new__(gemm._SplitWorkspace)
     workspace.partials, workspace.tickets = torch.empty(1 << 22), torch.zeros(4096, dtype=torch.int32)
     monkeypatch.setattr(gemm, "_split_workspaces", {-1: workspace})  # CPU tensors' device index
     monkeypatch.setattr(gemm, "_split_workspace", lambda *args: workspace)
     return kernel
+
+
+@pytest.fixture
+def fake_gemm(monkeypatch):
+    monkeypatch.setattr(gemm, "_tuned_config", lambda *args: None)
+    return _fake_call_path(monkeypatch, gemm, ("_prepared_calls", "_plans"), "get_gemm_kernel")
 
 
 def _cpu_gemm(m=64, n=256, k=512):
@@ -184,6 +189,50 @@ def test_each_check_fires_after_valid_calls(fake_gemm, mutate, error, match):
     with pytest.raises(error, match=match):
         deep_kernels.fp8_gemm_nt(*mutate(a, b, d))
     assert len(fake_gemm.launched) == launched
+
+
+# ---- bf16_gemm_nt's cached launches, with a fake kernel (CPU) ----
+
+@pytest.fixture
+def fake_bf16(monkeypatch):
+    return _fake_call_path(monkeypatch, bf16_gemm, ("_checked_dense_calls", "_plans"), "_get_kernel")
+
+
+def _cpu_bf16_gemm(m=64, n=256, k=512):
+    return torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16(), torch.empty(m, n, dtype=torch.bfloat16)
+
+
+def test_bf16_gemm_encodes_once_per_address_set_and_plan(fake_bf16, monkeypatch):
+    a, b, d = _cpu_bf16_gemm()
+    for _ in range(3):
+        deep_kernels.bf16_gemm_nt(a, b, d)
+    assert len(fake_bf16.encoded) == 1 and len(fake_bf16.launched) == 3
+    params = fake_bf16.encoded[0]
+    assert params["tmap_a"][0] == a.data_ptr() and params["tmap_b"][0] == b.data_ptr()
+    assert params["tmap_d"][0] == d.data_ptr() and params["shape_m"] == 64
+    other_d = torch.empty_like(d)
+    deep_kernels.bf16_gemm_nt(a, b, other_d)  # a new address: encoded again, with it
+    assert len(fake_bf16.encoded) == 2 and fake_bf16.encoded[1]["tmap_d"][0] == other_d.data_ptr()
+    monkeypatch.setattr(bf16_gemm, "get_num_sms", lambda: 1)  # a new plan (set_num_sms): encoded again
+    deep_kernels.bf16_gemm_nt(a, b, d)
+    assert len(fake_bf16.encoded) == 3 and len(fake_bf16.launched) == 5
+    assert fake_bf16.launched[-1] != fake_bf16.launched[0]
+
+
+def test_bf16_gemm_cached_signature_still_checks_the_addresses(fake_bf16):
+    a, b, d = _cpu_bf16_gemm()
+    deep_kernels.bf16_gemm_nt(a, b, d)
+    storage = torch.empty(d.numel() + 4, dtype=torch.bfloat16)
+    misaligned = storage[4:].view(d.shape)  # the same signature 8 bytes off: TMA needs 16
+    with pytest.raises(ValueError, match="16-byte aligned addresses"):
+        deep_kernels.bf16_gemm_nt(a, b, misaligned)
+    # The same signature again, d now over a's memory.
+    shared = torch.empty(a.numel(), dtype=torch.bfloat16)
+    a_in_shared = shared.view(a.shape).copy_(a)
+    deep_kernels.bf16_gemm_nt(a_in_shared, b, d)
+    with pytest.raises(ValueError, match="d and the operands"):
+        deep_kernels.bf16_gemm_nt(a_in_shared, b, shared[:d.numel()].view(d.shape))
+    assert len(fake_bf16.launched) == 2
 
 
 # ---- the gate's, the layout's and the cast's cached plans (CPU, fake kernel) ----
@@ -504,22 +553,20 @@ def test_a_cached_cast_still_checks_the_address(fake_cast):
 
 # ---- GPU ----
 
-@pytest.mark.gpu
-def test_fp8_gemm_over_more_address_sets_than_the_cache_holds():
-    # One signature, many address sets (every operand moves): each call's output against the reference, so a stale
-    # encoding (an address of an earlier set) shows as a wrong or unwritten d.
-    m, n, k = 64, 4096, 7168  # split-K: the workspace's addresses are part of the key
-    a, b = make_gemm_inputs(m, n, k)
-    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
-    first = None
-    # Every set stays alive (distinct addresses, more sets than the cache holds), its inputs poisoned once used: a
-    # stale encoding reads NaN.
-    kept = []
+def _tensors(operand) -> tuple:
+    return tuple(operand) if isinstance(operand, tuple) else (operand,)
+
+
+def _check_address_sets(gemm_call, a, b, expected: torch.Tensor) -> None:
+    """gemm_call(a_i, b_i, d) over more address sets of one signature than the cache holds, every operand moved (a
+    and b: tensors or (tensor, scales) pairs, cloned with their strides): the first output against its float64
+    reference, the others bitwise equal to it. Every set stays alive (distinct addresses), its inputs poisoned once
+    used, so that a stale encoding reads NaN. Then the original operands, once the cache has filled."""
+    first, kept = None, []
     for i in range(runtime.LAUNCHES_PER_SIGNATURE + 6):
-        a_i = (a[0].clone(), a[1].clone())
-        b_i = (b[0].clone(), b[1].clone())
-        d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
-        deep_kernels.fp8_gemm_nt(a_i, b_i, d)
+        a_i, b_i = (tuple(t.clone() for t in _tensors(x)) for x in (a, b))
+        d = poison_(torch.empty(expected.shape, device="cuda", dtype=torch.bfloat16))
+        gemm_call(a_i if isinstance(a, tuple) else a_i[0], b_i if isinstance(b, tuple) else b_i[0], d)
         if first is None:
             assert_gemm_close(d, expected)
             first = d
@@ -527,11 +574,30 @@ def test_fp8_gemm_over_more_address_sets_than_the_cache_holds():
             assert_bitwise_equal(d, first, f"address set {i}")
         for t in (*a_i, *b_i):
             poison_(t)
-        kept.append((a_i, b_i, d))
-    assert len({t.data_ptr() for a_i, b_i, d in kept for t in (*a_i, *b_i, d)}) == 5 * len(kept)
-    # One more set once the cache has filled: the call's own operands.
-    d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
-    assert_bitwise_equal(deep_kernels.fp8_gemm_nt(a, b, d), first, "the original set after eviction")
+        kept.append((*a_i, *b_i, d))
+    assert len({t.data_ptr() for tensors in kept for t in tensors}) == len(kept[0]) * len(kept)
+    d = poison_(torch.empty(expected.shape, device="cuda", dtype=torch.bfloat16))
+    assert_bitwise_equal(gemm_call(a, b, d), first, "the original set after eviction")
+
+
+@pytest.mark.gpu
+def test_fp8_gemm_over_more_address_sets_than_the_cache_holds():
+    m, n, k = 64, 4096, 7168  # split-K: the workspace's addresses are part of the key
+    a, b = make_gemm_inputs(m, n, k)
+    expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
+    _check_address_sets(deep_kernels.fp8_gemm_nt, a, b, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_major_b", [False, True])
+def test_bf16_gemm_over_more_address_sets_than_the_cache_holds(n_major_b):
+    m, n, k = 64, 4096, 7168
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn((m, k), device="cuda", generator=g).bfloat16()
+    b = torch.randn((n, k), device="cuda", generator=g).bfloat16()
+    if n_major_b:
+        b = b.t().contiguous().t()
+    _check_address_sets(deep_kernels.bf16_gemm_nt, a, b, a.double() @ b.double().t())
 
 
 @pytest.mark.gpu

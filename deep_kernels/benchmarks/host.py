@@ -10,11 +10,11 @@ call; rounds of ours and of add_ alternate, so that both see the same host (cloc
 
 Rows: fp8_gemm_nt at the issue's 64 x 4096 x 7168 (split-K) and a decode 1 x 2112 x 7168, the launch of the first
 as the previous path made it (Kernel.launch encoding its 4 tensor maps on every call) and two parts of its cached
-call (the signature look-up's metadata reads, the prepared launch alone); topk_gate and
-topk_gate_with_layout at DeepSeek-V3's routing (256 experts, 8 groups, top 8) for 128 tokens, with and without the
-masked layout, allocating and into out=, and once more with the GPU not held (the fused gate is a cooperative
-launch, which may wait for the GPU); moe_layout of those indices and per_token_cast_to_fp8 of a decode activation;
-and, for the record, torch.empty of a small CUDA tensor (what each output allocation costs).
+call (the signature look-up's metadata reads, the prepared launch alone); bf16_gemm_nt at 64 x 4096 x 7168;
+topk_gate and topk_gate_with_layout at DeepSeek-V3's routing (256 experts, 8 groups, top 8) for 128 tokens, with
+and without the masked layout, allocating and into out=, and once more with the GPU not held (the fused gate is a
+cooperative launch, which may wait for the GPU); moe_layout of those indices and per_token_cast_to_fp8 of a decode
+activation; and, for the record, torch.empty of a small CUDA tensor (what each output allocation costs).
 `speedup` is add_'s time over ours: the issue's targets are speedup >= 1 / 1.3 for fp8_gemm_nt and >= 1 / 1.5 for
 topk_gate_with_layout.
 """
@@ -110,6 +110,8 @@ def run(ctx: BenchContext) -> list:
     gated = deep_kernels.topk_gate_with_layout(logits, **gate)
     gated_masked = deep_kernels.topk_gate_with_layout(logits, **gate, max_tokens=128)
     activations = torch.randn(64, 7168, device="cuda", dtype=torch.bfloat16)
+    bf16_a, bf16_b = activations, torch.randn(4096, 7168, device="cuda", dtype=torch.bfloat16)
+    bf16_d = torch.empty(64, 4096, device="cuda", dtype=torch.bfloat16)
     cases = [
         ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "cached call: 4 tensor maps encoded once per address set",
          _gemm_call(64, 4096, 7168)),
@@ -121,6 +123,8 @@ def run(ctx: BenchContext) -> list:
         ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "part: its prepared launch alone (Kernel.prepare, cached)",
          _gemm_call(64, 4096, 7168, "prepared_launch")),
         ("fp8_gemm_nt", {"m": 1, "n": 2112, "k": 7168}, "cached call", _gemm_call(1, 2112, 7168)),
+        ("bf16_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "cached call: 3 tensor maps encoded once per address set",
+         lambda: deep_kernels.bf16_gemm_nt(bf16_a, bf16_b, bf16_d)),
         ("topk_gate", {"t": 128, "e": 256, "k": 8}, "allocates weights and indices",
          lambda: deep_kernels.topk_gate(logits, **gate)),
         ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8}, "contiguous layout; 7 tensors, 1 allocation",
