@@ -5,10 +5,12 @@ MoE layer's bounds of its float64 reference (so that a bug the two layers share 
 
 On the CPU: two processes over gloo, every kernel replaced by its plain-torch reference (which take the same
 arguments), so what is tested is the exchange: which tokens go where, in what order, and how the rows come back.
-On two GPUs: nn.MoE with and without a process group over NCCL (skipped with fewer GPUs).
+On two GPUs: nn.MoE with and without a process group over NCCL (skipped with fewer GPUs). Also on the CPU: how the
+expert_parallel benchmark collects its ranks' reports (a failed or silent rank stops it at once).
 """
 
 import os
+import time
 from unittest import mock
 
 import pytest
@@ -370,3 +372,48 @@ def test_expert_parallel_module_one_rank_matches_module(tmp_path):
             assert torch.equal(actual, expected), name
     finally:
         dist.destroy_process_group()
+
+
+# ---- the expert_parallel benchmark's rank reports (CPU) ----
+
+def _report_rows(rank: int, queue) -> None:
+    queue.put([{"rank": rank}] if rank == 0 else [])
+
+
+def _report_error_or_hang(rank: int, queue) -> None:
+    if rank == 0:
+        time.sleep(600)  # as a rank waiting in a collective for a failed peer
+    queue.put("rank 1: OutOfMemoryError: planted")
+
+
+def _exit_without_report(rank: int, queue) -> None:
+    if rank == 0:
+        time.sleep(600)
+    os._exit(3)
+
+
+@pytest.mark.parametrize("target,match", [
+    (_report_rows, None), (_report_error_or_hang, "OutOfMemoryError: planted"),
+    (_exit_without_report, "rank 1 exited with code 3 without a report"),
+])
+def test_benchmark_ranks_report_or_fail_at_once(target, match):
+    from deep_kernels.benchmarks import expert_parallel as suite
+
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    processes = [context.Process(target=target, args=(rank, queue)) for rank in range(WORLD)]
+    for p in processes:
+        p.start()
+    start = time.monotonic()
+    try:
+        with mock.patch.object(suite, "RANK_TIMEOUT_S", 20):  # a missed failure then says "no report"
+            if match is None:  # in the order the ranks report
+                assert sorted(suite._rank_results(processes, queue), key=len) == [[], [{"rank": 0}]]
+            else:
+                with pytest.raises(RuntimeError, match=match):
+                    suite._rank_results(processes, queue)
+    finally:
+        for p in processes:
+            p.kill()
+            p.join()
+    assert time.monotonic() - start < 20

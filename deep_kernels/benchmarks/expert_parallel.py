@@ -11,12 +11,17 @@ Each rank times its calls with CUDA events from a barrier (L2 flushed before), t
 `us` is the median over the runs: the wall time of a layer's call on the GPU, its exchanges and (eager) its host
 synchronization included, as a serving step sees it. tokens_per_s counts all W * T tokens; `speedup` is the ratio of
 the two layers' tokens per second; tflops are per GPU (the routed slots' 2 * T * k * 3 * H * I on each).
-Check: whether each rank's output is bitwise the single-GPU layer's rows of its tokens (the issue's contract).
+Check: whether each rank's output is bitwise the single-GPU layer's rows of its tokens (the issue's contract), also
+with the single-GPU layer's router logits (torch's router GEMM may pick another kernel for another token count), and
+in one chunk. A rank that fails stops the suite at once with its error (the others are killed: they would wait for it
+in a collective).
 """
 
 import os
 import statistics
 import tempfile
+import time
+from queue import Empty
 
 import torch
 import torch.distributed as dist
@@ -34,7 +39,7 @@ from deep_kernels.testing.moe_layer import moe_layer_tokens, moe_layer_weights
 # (T per rank, mode, timing)
 CASES = ((8192, "contiguous", "eager"), (128, "masked", "graph"))
 REPS = 20
-# A rank that has not reported by then has died or hung (queue.get raises).
+# A rank that has not reported by then has hung.
 RANK_TIMEOUT_S = 1200
 PEER = "the same layer on one GPU over all W * T tokens (nn.MoE without a process group), timed in turns"
 
@@ -52,13 +57,35 @@ def run(ctx: BenchContext) -> list:
                      for rank in range(world)]
         for p in processes:
             p.start()
-        results = [queue.get(timeout=RANK_TIMEOUT_S) for _ in processes]
-        for p in processes:
-            p.join(timeout=60)
-    errors = [r for r in results if isinstance(r, str)]
-    if errors:
-        raise RuntimeError("expert_parallel: " + "; ".join(errors))
+        try:
+            results = _rank_results(processes, queue)
+        finally:
+            for p in processes:  # a rank left waiting in a collective for a failed peer never returns
+                p.kill()
+                p.join()
     return next(r for r in results if r)
+
+
+def _rank_results(processes: list, queue) -> list:
+    """Every rank's report; a RuntimeError with the first error (or rank that exited without a report, or the
+    timeout) as soon as there is one: the other ranks may be waiting for it in a collective."""
+    results, deadline = [], time.monotonic() + RANK_TIMEOUT_S
+    while len(results) < len(processes):
+        try:
+            result = queue.get(timeout=1)
+        except Empty:
+            silent = [rank for rank, p in enumerate(processes) if p.exitcode not in (None, 0)]
+            if silent:
+                raise RuntimeError(f"expert_parallel: rank {silent[0]} exited with code "
+                                   f"{processes[silent[0]].exitcode} without a report") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"expert_parallel: no report from {len(processes) - len(results)} ranks in "
+                                   f"{RANK_TIMEOUT_S} s") from None
+            continue
+        if isinstance(result, str):
+            raise RuntimeError(f"expert_parallel: {result}")
+        results.append(result)
+    return results
 
 
 def _rank_main(rank: int, world: int, store: str, queue) -> None:
@@ -101,17 +128,29 @@ def _rank_rows(rank: int, world: int) -> list:
                                                                  parallel.experts(), mode, None, dist.group.WORLD,
                                                                  chunks=1)
             out, out_single = calls["ours"](), calls["peer"]()
-            same_in_one_chunk = torch.equal(calls["one_chunk"](), out)
         us = _timed_in_turns(calls, flusher)
-        equal = torch.tensor([torch.equal(out, out_single[rank * num_tokens:(rank + 1) * num_tokens])],
-                             device="cuda")
-        dist.all_reduce(equal, op=dist.ReduceOp.MIN)
-        check = ("every rank's output bitwise the single-GPU layer's" if equal.item()
-                 else "outputs differ from the single-GPU layer's")
-        if timing == "eager":
-            check += "; one chunk: the same bits" if same_in_one_chunk else "; one chunk: different bits"
+        check = _check(rank, num_tokens, x, x_all, out, out_single, single, parallel, mode, calls.get("one_chunk"))
         rows.append(_row(num_tokens, world, mode, timing, us, check))
     return rows
+
+
+def _check(rank: int, num_tokens: int, x, x_all, out, out_single, single: MoE, parallel: MoE, mode: str,
+           one_chunk) -> str:
+    """Whether every rank's output is bitwise the single-GPU layer's rows of its tokens: as the layers ran, and with
+    the single-GPU layer's router logits (the router GEMM's rows may follow the token count); and in one chunk."""
+    mine = slice(rank * num_tokens, (rank + 1) * num_tokens)
+    logits = single.router_logits(x_all)[mine]
+    same_logits_out = expert_parallel_forward(x, logits, parallel.gate_config(), parallel.experts(), mode, None,
+                                              dist.group.WORLD)
+    equal = [torch.equal(out, out_single[mine]), torch.equal(same_logits_out, out_single[mine])]
+    if one_chunk is not None:
+        equal.append(torch.equal(one_chunk(), out))
+    equal = torch.tensor(equal, dtype=torch.int32, device="cuda")
+    dist.all_reduce(equal, op=dist.ReduceOp.MIN)
+    answer = ["yes" if flag else "no" for flag in equal.tolist()]
+    check = (f"every rank's output bitwise the single-GPU layer's: {answer[0]}; with its router logits: "
+             f"{answer[1]}")
+    return check + (f"; in one chunk the same bits: {answer[2]}" if one_chunk is not None else "")
 
 
 def _timed_in_turns(calls: dict, flusher: L2Flusher, warmup: int = 2) -> dict:
