@@ -78,20 +78,20 @@ def _rank_cases(rank: int, store: str, failures) -> None:
             first = sum(tokens[:rank])
             rows = slice(first, first + tokens[rank])
             # The other rank's experts: a planted bug the check must see. Contiguous, also: 2 and 3 chunks (a rank
-            # of one token has empty ones), and the default's chunks from one token a rank on average (a rule every
-            # rank must apply alike, or the exchanges hang); the real default's one chunk in the runs before.
-            runs = [(owner, None, expert_parallel.OVERLAP_MIN_TOKENS) for owner in (rank, 1 - rank)]
+            # of one token has empty ones), and the default's chunks at one row an expert on average (a rule every rank
+            # must apply alike, or the exchanges hang); the real default's one chunk in the runs before.
+            runs = [(owner, None, expert_parallel.OVERLAP_MIN_ROWS_PER_EXPERT) for owner in (rank, 1 - rank)]
             if mode == "contiguous":
                 runs += [(rank, 2, None), (rank, 3, None), (rank, None, 1)]
-            for owner, chunks, min_tokens in runs:
+            for owner, chunks, min_rows in runs:
                 experts = (_local(p["gate_up"], owner), _local(p["down"], owner))
-                with mock.patch.object(expert_parallel, "OVERLAP_MIN_TOKENS", min_tokens):
+                with mock.patch.object(expert_parallel, "OVERLAP_MIN_ROWS_PER_EXPERT", min_rows):
                     out = expert_parallel_forward(p["x"][rows], p["logits"][rows], p["gate"], experts, mode,
                                                   max_tokens, None, REFERENCES, chunks)
                 equal = out.shape == single[rows].shape and torch.equal(out, single[rows])
                 if equal != (owner == rank) and not (owner != rank and tokens[rank] == 0):
                     failures.append(f"rank {rank}, {mode} {tokens} max_tokens={max_tokens}, chunks={chunks} from "
-                                    f"{min_tokens}, experts of rank {owner}: {'equal' if equal else 'different'}")
+                                    f"{min_rows} rows, experts of rank {owner}: {'equal' if equal else 'different'}")
             if mode == "contiguous":  # chunks from the ranks' token count, not this rank's
                 _, indices = REFERENCES.topk_gate(p["logits"][rows], *p["gate"])
                 for min_tokens, expected in ((sum(tokens), 2), (sum(tokens) + 1, 1)):

@@ -15,7 +15,8 @@ bitwise that of the single-GPU layer over the ranks' tokens concatenated in rank
 first-come order included.
 
 contiguous (prefill): one exchange of counts (tokens and slots per rank pair) sizes the buffers: the one host
-    synchronization of the forward. With OVERLAP_MIN_TOKENS tokens a rank or more on average, the tokens go in
+    synchronization of the forward. Where each chunk still gives every expert OVERLAP_MIN_ROWS_PER_EXPERT rows on
+    average (DeepSeek-V3, 256 experts of top 8: from 16384 tokens over the ranks), the tokens go in
     OVERLAP_CHUNKS consecutive chunks: every chunk's dispatch is queued at once and each chunk's combine as soon as
     its experts are done, so the communicator moves one chunk's rows while the GEMMs work on another's (with NCCL,
     all_to_all_single(async_op=True) runs on the communicator's stream). Every step treats a row on its own, so the
@@ -48,8 +49,8 @@ def expert_parallel_forward(x: torch.Tensor, logits: torch.Tensor, gate_config: 
         mode: "contiguous" or "masked"; max_tokens: the masked capacity per expert (None: W * T).
         group: the torch.distributed process group of the W ranks.
         kernels: the functions the steps call (the package's kernels).
-        chunks: the contiguous mode's token chunks, the same on every rank (None: OVERLAP_CHUNKS from
-            OVERLAP_MIN_TOKENS tokens a rank on average, else one).
+        chunks: the contiguous mode's token chunks, the same on every rank (None: OVERLAP_CHUNKS where each gives
+            every expert OVERLAP_MIN_ROWS_PER_EXPERT rows on average, else one).
 
     Returns:
         [T, H] bf16.
@@ -61,7 +62,8 @@ def expert_parallel_forward(x: torch.Tensor, logits: torch.Tensor, gate_config: 
     if mode == "masked":
         return _masked_exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels)
     if chunks is None:
-        routes = chunked_routes(indices, world, num_local, group, OVERLAP_CHUNKS, OVERLAP_MIN_TOKENS * world)
+        min_tokens = ceil_div(OVERLAP_MIN_ROWS_PER_EXPERT * logits.shape[1] * OVERLAP_CHUNKS, indices.shape[1])
+        routes = chunked_routes(indices, world, num_local, group, OVERLAP_CHUNKS, min_tokens)
     else:
         routes = chunked_routes(indices, world, num_local, group, chunks)
     return _contiguous_exchange(x, weights, indices, rank, num_local, experts, routes, group, kernels)
@@ -136,11 +138,11 @@ class ContiguousRoutes(NamedTuple):
     first_slot: int  # where the range's rows start in that buffer: its first token times k
 
 
-# The contiguous forward's overlap of exchanges and GEMMs. NOTE: the threshold is estimated, not measured: at
-# 2048 tokens a rank the combine moves about 120 MB a rank over NVLink (about 0.3 ms), well above what a second
-# round of the experts' launches costs.
+# The contiguous forward's overlap of exchanges and GEMMs. Each chunk reads every local expert's weights again, so a
+# chunk's grouped GEMMs must stay bound by the tensor cores: an H200 does about 410 FP8 flops a byte of HBM, and an
+# expert's M rows do 2 M flops a weight byte. NOTE: an estimate from those rates, not measured on two GPUs.
 OVERLAP_CHUNKS = 2
-OVERLAP_MIN_TOKENS = 2048
+OVERLAP_MIN_ROWS_PER_EXPERT = 256
 
 
 def chunked_routes(indices: torch.Tensor, world: int, num_local: int, group, chunks: int,
