@@ -271,9 +271,16 @@ def _rank_nccl_cases(rank: int, store: str, failures) -> None:
                 whole = single(x, mode=mode)
                 assert_layer_close(whole, module_reference(single, x, mode))
                 expected = whole[rows]
-                out = parallel(x[rows].contiguous(), mode=mode)
-            if not torch.equal(out, expected):
-                failures.append(f"rank {rank} {mode}: max difference {(out.float() - expected.float()).abs().max()}")
+                mine = x[rows].contiguous()
+                outs = {"module": parallel(mine, mode=mode)}
+                if mode == "contiguous":  # the overlapped exchanges across the GPUs
+                    outs["2 chunks"] = expert_parallel_forward(
+                        mine, parallel.router_logits(mine), parallel.gate_config(), parallel.experts(), mode, None,
+                        dist.group.WORLD, chunks=2)
+            for name, out in outs.items():
+                if not torch.equal(out, expected):
+                    failures.append(f"rank {rank} {mode} {name}: max difference "
+                                    f"{(out.float() - expected.float()).abs().max()}")
         failures += _nccl_training_differences(rank, single)
     finally:
         dist.destroy_process_group()
