@@ -31,11 +31,12 @@ test_status=0
 test_counts="tests not run (DK_GPU_TESTS is empty)"
 if [ -n "$test_paths" ]; then
     start=$(date +%s)
-    # (test_compile.py, which builds every kernel without a GPU, runs in the full mode only: CI runs it.)
+    # (test_compile.py, which builds every kernel without a GPU, runs in the full mode only, and the host_only tests,
+    # CPU plumbing, are left out: CI runs both.)
     # A test still running after 300 s (a kernel that hangs: its CUDA context cannot be recovered in the process)
     # gets every thread's traceback in the log, so that the run says which test hung before the call's time ends.
     # shellcheck disable=SC2086
-    DK_REQUIRE_GPU=1 python3 -m pytest $test_paths -q -rs --maxfail=30 -o faulthandler_timeout=300 \
+    DK_REQUIRE_GPU=1 python3 -m pytest $test_paths -q -rs -m "not host_only" --maxfail=30 -o faulthandler_timeout=300 \
         -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25
     test_status=${PIPESTATUS[0]}
     echo "tests took $(( $(date +%s) - start )) s (pytest exit status $test_status)"

@@ -3,7 +3,8 @@ GPU runner, scripts/run_gpu.sh, sets it): then a GPU test that cannot run, or th
 broken CUDA setup cannot pass as "every GPU test skipped". Tests without the marker keep their own skips.
 Tests marked `multi_gpu` need two Hopper GPUs and skip with fewer (DK_REQUIRE_GPU does not cover them: the GPU
 runner has one). Tests marked `full` (minutes of compiling) run only in the full mode: `python -m deep_kernels test --full`,
-DK_FULL_TEST=1."""
+DK_FULL_TEST=1. Tests marked `host_only` (CPU plumbing: compiling in a subprocess, pytest's command line) run
+everywhere but on the GPU runner, which deselects them: CI runs them, and the device's minutes are scarce."""
 
 import contextlib
 import functools

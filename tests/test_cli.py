@@ -21,6 +21,7 @@ def test_info_lists_every_variable():
         assert name in result.stdout
 
 
+@pytest.mark.host_only
 def test_precompile_fills_the_cache(tmp_cache):
     import os
 
@@ -35,12 +36,14 @@ def test_bench_without_gpu_says_so():
     assert result.returncode == 2 and "needs a GPU" in result.stderr
 
 
+@pytest.mark.host_only
 def test_test_command_passes_arguments_to_pytest():
     result = _run("test", "-q", "--co", "-k", "test_info_lists_every_variable")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "test_info_lists_every_variable" in result.stdout
 
 
+@pytest.mark.host_only
 def test_full_flag_adds_the_compile_check():
     # Without --full the compile-every-kernel check skips, saying how to run it; with --full it is set up to run
     # (--setup-plan shows its fixture planned, compiling nothing). This test also runs under --full itself.
