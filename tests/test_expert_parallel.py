@@ -6,7 +6,9 @@ MoE layer's bounds of its float64 reference (so that a bug the two layers share 
 On the CPU: two processes over gloo, every kernel replaced by its plain-torch reference (which take the same
 arguments), so what is tested is the exchange: which tokens go where, in what order, and how the rows come back.
 On two GPUs: nn.MoE with and without a process group over NCCL (skipped with fewer GPUs). Also on the CPU: how the
-expert_parallel benchmark collects its ranks' reports (a failed or silent rank stops it at once).
+expert_parallel benchmark collects its ranks' reports (a failed or silent rank stops it at once). The CPU tests spawn
+processes and take a minute; the GPU runner leaves them out (host_only): its one-rank NCCL test runs the same
+exchanges on the device's torch.
 """
 
 import os
@@ -126,6 +128,7 @@ def _in_processes(cases, tmp_path) -> None:
     assert all(p.exitcode == 0 for p in processes)
 
 
+@pytest.mark.host_only
 def test_expert_parallel_matches_single_gpu_layer_gloo(tmp_path):
     _in_processes(_rank_cases, tmp_path)
 
@@ -168,6 +171,7 @@ def _rank_module_cases(rank: int, store: str, failures) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.host_only
 def test_module_holds_its_ranks_experts_gloo(tmp_path):
     _in_processes(_rank_module_cases, tmp_path)
 
@@ -237,6 +241,7 @@ def _rank_training_cases(rank: int, store: str, failures) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.host_only
 def test_expert_parallel_training_matches_single_gpu_layer_gloo(tmp_path):
     _in_processes(_rank_training_cases, tmp_path)
 
@@ -399,6 +404,7 @@ def _exit_without_report(rank: int, queue) -> None:
     os._exit(3)
 
 
+@pytest.mark.host_only
 @pytest.mark.parametrize("target,match", [
     (_report_rows, None), (_report_error_or_hang, "OutOfMemoryError: planted"),
     (_exit_without_report, "rank 1 exited with code 3 without a report"),
