@@ -62,7 +62,7 @@ def tune_fp8_gemm(shapes, count: int = DEFAULT_COUNT, log=print) -> list:
     precompile([gemm.kernel_spec(config, n, k, torch.bfloat16, False)
                 for (m, n, k), ranked in candidates.items() for _, config in ranked])
 
-    flusher = L2Flusher(torch.cuda.get_device_properties(0).L2_cache_size)
+    flusher = L2Flusher(torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size)
     rows = []
     for (m, n, k), ranked in candidates.items():
         a, b = make_gemm_inputs(m, n, k)
@@ -123,7 +123,7 @@ def tune_grouped_gemm(shapes, count: int = DEFAULT_COUNT, log=print) -> list:
     precompile([gemm.kernel_spec(config, shape[3], shape[4], torch.bfloat16, False, problem[0])
                 for shape, problem, ranked in zip(shapes, problems, candidates) for _, config in ranked])
 
-    flusher = L2Flusher(torch.cuda.get_device_properties(0).L2_cache_size)
+    flusher = L2Flusher(torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size)
     rows = []
     for shape, problem, ranked in zip(shapes, problems, candidates):
         kind, g, m, n, k = shape

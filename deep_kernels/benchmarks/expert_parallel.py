@@ -109,7 +109,7 @@ def _rank_rows(rank: int, world: int) -> list:
     single = MoE.from_float(**weights, **GATE)
     parallel = MoE.from_float(**weights, **GATE, process_group=dist.group.WORLD)
     del weights
-    flusher = L2Flusher(info().l2_bytes)
+    flusher = L2Flusher(info(rank).l2_bytes)
     rows = []
     for num_tokens, mode, timing in CASES:
         # Every rank makes all W * T tokens alike and takes its own.
