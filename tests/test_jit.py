@@ -392,6 +392,7 @@ def test_load_checks_the_declaration_against_the_driver(monkeypatch):
         cuLibraryLoadData=lambda *args: (success, "library"),
         cuLibraryGetKernelCount=lambda library: (success, 1),
         cuLibraryEnumerateKernels=lambda count, library: (success, ["kernel"]),
+        cuCtxGetCurrent=lambda: (success, 1),
         cuKernelGetParamInfo=lambda kernel, i: (success, 8 * i, sizes[i]) if i < len(sizes) else (invalid, 0, 0),
         cuKernelSetAttribute=lambda *args: pytest.fail("configured a mismatching kernel"),
     )
@@ -400,6 +401,27 @@ def test_load_checks_the_declaration_against_the_driver(monkeypatch):
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     with pytest.raises(signature.SignatureError, match="parameter 7 'amax_clamp'"):
         runtime.load_kernel(b"", CAST_SPEC)
+
+
+def test_load_makes_the_current_devices_context_current_where_none_is(monkeypatch):
+    # A thread without a current context (autograd's backward threads): the current device's primary context is made
+    # current before the driver is asked for the parameters; with one, nothing changes.
+    from cuda.bindings import driver
+
+    success = driver.CUresult.CUDA_SUCCESS
+    calls = []
+    for current in (0, 5):
+        fake = dict(
+            cuCtxGetCurrent=lambda: (success, current),
+            cuDeviceGet=lambda index: (success, f"device {index}"),
+            cuDevicePrimaryCtxRetain=lambda device: (calls.append(("retain", device)), (success, "primary"))[1],
+            cuCtxSetCurrent=lambda context: (calls.append(("set", context)), (success,))[1],
+        )
+        for name, function in fake.items():
+            monkeypatch.setattr(driver, name, function)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+        runtime._make_a_context_current(driver)
+        assert calls == [("retain", "device 3"), ("set", "primary")]
 
 
 def test_load_configures_the_hopper_devices_only(monkeypatch):
@@ -415,6 +437,7 @@ def test_load_configures_the_hopper_devices_only(monkeypatch):
         cuLibraryLoadData=lambda *args: (success, "library"),
         cuLibraryGetKernelCount=lambda library: (success, 1),
         cuLibraryEnumerateKernels=lambda count, library: (success, [7]),
+        cuCtxGetCurrent=lambda: (success, 1),
         cuKernelGetParamInfo=lambda kernel, i: (success, *layout[i]) if i < len(layout) else (invalid, 0, 0),
         cuDeviceGet=lambda index: (success, f"device {index}"),
         cuKernelGetAttribute=lambda attribute, kernel, device: (success, 1024),
@@ -482,3 +505,36 @@ def test_a_wrong_declaration_is_caught_against_the_binary(one_cubin_per_kernel, 
         with pytest.raises(signature.SignatureError, match=match):
             signature.check_param_layout(wrong, found.layout)
             signature.check_param_types(wrong, signature.demangled_param_types(found.symbol))
+
+
+@pytest.mark.gpu
+def test_a_kernel_loads_in_a_thread_without_a_current_context(monkeypatch):
+    # Autograd's backward threads may load a kernel the forward did not use before any CUDA runtime call of theirs:
+    # the driver then has no current context there, which cuKernelGetParamInfo needs.
+    import threading
+
+    from cuda.bindings import driver
+
+    from deep_kernels.quant import transpose
+
+    x = torch.randn((3, 40, 24), device="cuda")
+    transpose.batched_transpose(x)  # compiled and cached on disk, so that the thread only loads it
+    monkeypatch.setattr(runtime, "_kernels", {})
+    transpose._transpose_kernel.cache_clear()
+    results = {}
+
+    def first_call():
+        try:
+            results["context before"] = int(runtime._check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+            results["out"] = transpose.batched_transpose(x)
+        except Exception as error:  # reported by the test's thread
+            results["error"] = error
+
+    thread = threading.Thread(target=first_call)
+    thread.start()
+    thread.join()
+    transpose._transpose_kernel.cache_clear()  # its kernel came from the patched table
+    assert results["context before"] == 0, "the thread had a context already: this test shows nothing"
+    assert "error" not in results, results.get("error")
+    torch.cuda.synchronize()
+    assert torch.equal(results["out"], x.transpose(1, 2))

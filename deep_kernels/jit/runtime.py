@@ -205,6 +205,18 @@ def _param_layout(driver, kernel) -> list:
         layout.append((int(offset), int(size)))
 
 
+def _make_a_context_current(driver) -> None:
+    """cuKernelGetParamInfo needs a current context, which a thread that has made no CUDA runtime call yet does not
+    have (autograd's backward threads, loading a kernel the forward did not use): there, the current device's
+    primary context is made current, as the runtime's first call would make it. (Retained for good: torch holds it
+    for the process anyway.)"""
+    if int(_check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")) != 0:
+        return
+    device = _check(driver.cuDeviceGet(torch.cuda.current_device()), "cuDeviceGet")
+    _check(driver.cuCtxSetCurrent(_check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")),
+           "cuCtxSetCurrent")
+
+
 def load_kernel(binary: bytes, spec: KernelSpec, smem_bytes: int = 0) -> Kernel:
     """Load a specialization's cubin; its parameters and block size are checked against its KernelDef
     (SignatureError on a mismatch) and its dynamic shared-memory limit raised to smem_bytes on every Hopper device."""
@@ -218,6 +230,7 @@ def load_kernel(binary: bytes, spec: KernelSpec, smem_bytes: int = 0) -> Kernel:
     if count != 1:
         raise RuntimeError(f"deep_kernels: the cubin of {spec.name} holds {count} kernels, expected 1")
     (kernel,) = _check(driver.cuLibraryEnumerateKernels(1, library), "cuLibraryEnumerateKernels")
+    _make_a_context_current(driver)
     signature.check_param_layout(definition, _param_layout(driver, kernel), spec)
     block_threads = definition.block_threads(spec)
     smem_attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
