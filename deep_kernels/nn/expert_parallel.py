@@ -151,11 +151,11 @@ def chunked_routes(indices: torch.Tensor, world: int, num_local: int, group, chu
     ids [T, k]; or of all of them in one when the W ranks have fewer than min_tokens tokens in all. One exchange of
     counts, a host synchronization, which also tells each rank every rank's T, so that all choose alike."""
     num_tokens = indices.shape[0]
-    pieces = indices.tensor_split(chunks)
+    slot_rank, hit = _token_ranks(indices, world, num_local)
+    pieces = list(zip(slot_rank.tensor_split(chunks), hit.tensor_split(chunks)))
     columns = []
-    for piece in pieces:
-        slot_rank, hit = _token_ranks(piece, world, num_local)
-        columns += [hit.sum(0), torch.bincount(slot_rank.view(-1), minlength=world)]
+    for piece_rank, piece_hit in pieces:
+        columns += [piece_hit.sum(0), torch.bincount(piece_rank.view(-1), minlength=world)]
     columns.append(torch.full((world,), num_tokens, dtype=torch.int64, device=indices.device))
     counts = torch.stack(columns, dim=1).to(torch.int32)
     received = torch.empty_like(counts)
@@ -164,11 +164,11 @@ def chunked_routes(indices: torch.Tensor, world: int, num_local: int, group, chu
     sent, got = torch.stack([counts, received]).transpose(1, 2).tolist()
     if sum(got[-1]) < min_tokens:
         sent, got = ([_summed(table[0:-1:2]), _summed(table[1:-1:2])] for table in (sent, got))
-        pieces = (indices,)
+        pieces = [(slot_rank, hit)]
     routes, first_token = [], 0
-    for c, piece in enumerate(pieces):
-        routes.append(_piece_routes(piece, first_token, sent[2 * c:2 * c + 2], got[2 * c:2 * c + 2], world, num_local))
-        first_token += piece.shape[0]
+    for c, (piece_rank, piece_hit) in enumerate(pieces):
+        routes.append(_piece_routes(piece_rank, piece_hit, first_token, sent[2 * c:2 * c + 2], got[2 * c:2 * c + 2]))
+        first_token += piece_hit.shape[0]
     return routes
 
 
@@ -177,14 +177,13 @@ def _summed(lists: list) -> list:
     return [sum(values) for values in zip(*lists)]
 
 
-def _piece_routes(indices: torch.Tensor, first_token: int, sent: list, got: list, world: int,
-                  num_local: int) -> ContiguousRoutes:
-    """The routes of the tokens [first_token, first_token + len(indices)) from their exchanged counts ([tokens,
-    slots] per rank, sent and received)."""
-    num_tokens, k = indices.shape
-    slot_rank, hit = _token_ranks(indices, world, num_local)
+def _piece_routes(slot_rank: torch.Tensor, hit: torch.Tensor, first_token: int, sent: list,
+                  got: list) -> ContiguousRoutes:
+    """The routes of the tokens [first_token, first_token + len(slot_rank)) from _token_ranks' rows of them and their
+    exchanged counts ([tokens, slots] per rank, sent and received)."""
+    num_tokens, k = slot_rank.shape
     token = _first_true(hit.t().reshape(-1), sum(sent[0])) % max(num_tokens, 1) + first_token
-    by_rank = torch.argsort(slot_rank.view(-1), stable=True)
+    by_rank = torch.argsort(slot_rank.reshape(-1), stable=True)
     slot_to_row = _scatter_index(by_rank, torch.ones_like(by_rank, dtype=torch.bool), num_tokens * k)
     first_slot = first_token * k
     return ContiguousRoutes(sent[0], got[0], sent[1], got[1], token,
