@@ -97,16 +97,22 @@ def _scatter_index(values: torch.Tensor, valid: torch.Tensor, size: int) -> torc
     return out[:size]
 
 
-def _metadata(indices: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """int32 [T, 2k + H / 128]: the k expert ids, the k FP32 weights' and the FP32 scales' bits, one exchange."""
-    return torch.cat([indices.to(torch.int32), weights.view(torch.int32), scales.view(torch.int32)], dim=1)
+def routing_metadata(indices: torch.Tensor, weights: torch.Tensor, *more: torch.Tensor) -> torch.Tensor:
+    """int32 [T, 2k + ...]: the k expert ids, the k FP32 weights' bits and the bits of more 4-byte columns (the FP8
+    tokens' scales), for one exchange."""
+    return torch.cat([indices.to(torch.int32), weights.view(torch.int32), *(t.view(torch.int32) for t in more)], dim=1)
+
+
+def received_routing(metadata: torch.Tensor, k: int) -> tuple:
+    """(ids int32 [R, k], weights FP32 [R, k], the rest's int32 columns) of received routing_metadata rows."""
+    ids, weights, rest = metadata[:, :k], metadata[:, k:2 * k], metadata[:, 2 * k:]
+    return ids.contiguous(), weights.contiguous().view(torch.float32), rest
 
 
 def _received(codes: torch.Tensor, metadata: torch.Tensor, k: int) -> tuple:
     """(ids [R, k], weights [R, k], (e4m3 tokens, FP32 row-major scales)) of received rows."""
-    ids, weights, scales = metadata[:, :k], metadata[:, k:2 * k], metadata[:, 2 * k:]
-    tokens = (codes.view(torch.float8_e4m3fn), scales.contiguous().view(torch.float32))
-    return ids.contiguous(), weights.contiguous().view(torch.float32), tokens
+    ids, weights, scales = received_routing(metadata, k)
+    return ids, weights, (codes.view(torch.float8_e4m3fn), scales.contiguous().view(torch.float32))
 
 
 def _combine_layout(slot_to_row: torch.Tensor, num_slots: int, rows: int) -> MoeLayout:
@@ -251,7 +257,7 @@ def _contiguous_exchange(x, weights, indices, rank, num_local, experts, routes: 
     # Dispatch: FP8 codes (as bytes) and, in one int32 exchange, the ids, weights and scales; every chunk's queued
     # at once.
     codes, scales = kernels.per_token_cast_to_fp8(x, scale_layout="row_major")
-    codes, metadata = codes.view(torch.uint8), _metadata(indices, weights, scales)
+    codes, metadata = codes.view(torch.uint8), routing_metadata(indices, weights, scales)
     inbound = [(start_dispatch(codes, chunk, group), start_dispatch(metadata, chunk, group)) for chunk in routes]
 
     # Each chunk's experts, then its kept slots' rows in (received token, j) order (by source rank) on their way back.
@@ -285,7 +291,7 @@ def _masked_exchange(x, weights, indices, world, rank, num_local, experts, max_t
     # Rows past a block's tokens carry ids -1: no slot.
     sent_token = token.clamp(min=0)
     codes, scales = kernels.per_token_cast_to_fp8(x, scale_layout="row_major")
-    metadata = _metadata(torch.where((token >= 0).unsqueeze(1), indices.index_select(0, sent_token), -1),
+    metadata = routing_metadata(torch.where((token >= 0).unsqueeze(1), indices.index_select(0, sent_token), -1),
                          weights.index_select(0, sent_token), scales.index_select(0, sent_token))
     codes_out = codes.view(torch.uint8).index_select(0, sent_token)
     codes_in = torch.empty_like(codes_out)

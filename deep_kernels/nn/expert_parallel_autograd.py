@@ -54,8 +54,8 @@ class _ExpertParallelMoELayer(torch.autograd.Function):
                                      routed_scaling_factor)
         routes = exchange.contiguous_routes(indices, world, gate_up[0].shape[0], group)
         x_in = exchange.dispatch(x, routes, group)
-        ids_in = exchange.dispatch(indices.to(torch.int32), routes, group)
-        weights_in = exchange.dispatch(weights, routes, group)
+        ids_in, weights_in, _ = exchange.received_routing(
+            exchange.dispatch(exchange.routing_metadata(indices, weights), routes, group), top_k)
         rows_out, saved = x.new_empty((0, x.shape[1])), ()
         if x_in.shape[0] > 0:
             num_local = gate_up[0].shape[0]
@@ -104,7 +104,7 @@ class _ExpertParallelMoELayer(torch.autograd.Function):
 def expert_parallel_moe_layer(x, router_weight, correction_bias, gate_up_weight, down_weight, gate_up: tuple,
                               down: tuple, config: tuple, group) -> torch.Tensor:
     """moe_autograd.moe_layer over a process group (the module docstring): gate_up_weight, down_weight, gate_up and
-    down are this rank's n experts (moe_layer checks that they are E / W); config is (top_k, num_groups, topk_groups, scoring, renormalize,
-    routed_scaling_factor)."""
+    down are this rank's n experts (moe_layer checks that they are E / W); config is (top_k, num_groups,
+    topk_groups, scoring, renormalize, routed_scaling_factor)."""
     return _ExpertParallelMoELayer.apply(x, router_weight, gate_up_weight, down_weight, correction_bias, gate_up,
                                          down, config, group)
