@@ -34,9 +34,6 @@ from deep_kernels.moe.layout import MoeLayout, moe_layout
 from deep_kernels.nn import expert_parallel as exchange
 from deep_kernels.nn import moe_autograd
 
-_LAYOUT_FIELDS = ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row")
-
-
 def _empty_weight_grad(ctx, index: int, fp8_weight: torch.Tensor):
     """A rank that received no token: zeros for an asked weight gradient."""
     if not ctx.needs_input_grad[index]:
@@ -63,7 +60,7 @@ class _ExpertParallelMoELayer(torch.autograd.Function):
             projected, expert_out = moe_autograd.expert_steps(x_in, weights_in, layout, gate_up, down)
             kept = exchange.kept_slot_rows(layout, sum(routes.got_slots))
             rows_out = expert_out.index_select(0, kept)
-            saved = (x_in, weights_in, projected, kept, *(getattr(layout, name) for name in _LAYOUT_FIELDS))
+            saved = (x_in, weights_in, projected, kept, *moe_autograd.saved_layout(layout))
         out = exchange.reduce_slots(moe_reduce, exchange.combine(rows_out, routes, group), routes.slot_to_row,
                                      weights)
         ctx.save_for_backward(x, router_weight, logits, weights, indices, *gate_up, *down, *saved)

@@ -92,6 +92,11 @@ def segment_rows(layout: MoeLayout) -> torch.Tensor:
     return (sizes * CONTIGUOUS_ALIGNMENT).int()
 
 
+def saved_layout(layout: MoeLayout) -> tuple:
+    """The contiguous layout's tensors as a backward saves them (MoeLayout(*them) rebuilds it)."""
+    return tuple(getattr(layout, name) for name in _LAYOUT_FIELDS)
+
+
 def expert_steps(x: torch.Tensor, weights: torch.Tensor, layout: MoeLayout, gate_up: tuple, down: tuple) -> tuple:
     """(h bf16 [R, 2I], the experts' rows bf16 [R, H]) of tokens x [T, H] routed by layout with routing weights
     [T, k]: the forward's steps from the expand to the down-projection."""
@@ -145,7 +150,7 @@ class _MoELayer(torch.autograd.Function):
         projected, expert_out = expert_steps(x, weights, layout, gate_up, down)
         out = moe_reduce(expert_out, layout, torch.ones_like(weights))
         ctx.save_for_backward(x, router_weight, logits, weights, indices, projected, *gate_up, *down,
-                              *(getattr(layout, name) for name in _LAYOUT_FIELDS))
+                              *saved_layout(layout))
         ctx.config = config
         ctx.weight_dtypes = tuple(None if w is None else w.dtype for w in (gate_up_weight, down_weight))
         return out
