@@ -186,13 +186,13 @@ TRAINING_CASES = (((7, 13), False), ((0, 9), False), ((12, 12), False), ((5, 11)
 LEAVES = ("x", "router_weight", "gate_up_weight", "down_weight")
 
 
-def _layer_gradients(x, upstream, weights: dict, experts: slice, group=None) -> tuple:
+def _layer_gradients(x, upstream, weights: dict, experts: slice, group=None, gate: dict = TRAINING_GATE) -> tuple:
     """(moe_layer's output, {leaf: gradient}) with the experts weights[...][experts] as master weights."""
     leaves = {"x": x.detach().requires_grad_(), "router_weight": weights["router_weight"].detach().requires_grad_()}
     for name in LEAVES[2:]:
         leaves[name] = weights[name][experts].detach().requires_grad_()
     out = moe_layer(leaves["x"], leaves["router_weight"], weights["correction_bias"], leaves["gate_up_weight"],
-                    leaves["down_weight"], **TRAINING_GATE, process_group=group)
+                    leaves["down_weight"], **gate, process_group=group)
     return out.detach(), dict(zip(LEAVES, torch.autograd.grad(out, list(leaves.values()), upstream)))
 
 
@@ -291,6 +291,11 @@ def _rank_nccl_cases(rank: int, store: str, failures) -> None:
         dist.destroy_process_group()
 
 
+def _module_gate(module) -> dict:
+    """moe_layer's gate arguments of an nn.MoE built with the defaults but for these."""
+    return dict(top_k=module.top_k, num_groups=module.num_groups, topk_groups=module.topk_groups)
+
+
 def _nccl_training_differences(rank: int, single) -> list:
     """moe_layer with master weights over the two ranks against the single-GPU moe_layer on every token: the
     leaves whose gradients (and the outputs) differ."""
@@ -298,23 +303,17 @@ def _nccl_training_differences(rank: int, single) -> list:
     weights = moe_layer_weights(single.hidden_size, single.intermediate_size, single.num_experts, "cuda", seed=4)
     x = moe_layer_tokens(sum(tokens), single.hidden_size, "cuda", seed=5)
     upstream = moe_layer_tokens(sum(tokens), single.hidden_size, "cuda", seed=6)
-    config = dict(top_k=single.top_k, num_groups=single.num_groups, topk_groups=single.topk_groups)
+    gate = _module_gate(single)
     num_local = single.num_experts // WORLD
     rows, mine = slice(sum(tokens[:rank]), sum(tokens[:rank + 1])), slice(rank * num_local, (rank + 1) * num_local)
-    results = []
-    for group, token_rows, experts in ((None, slice(None), slice(None)), (dist.group.WORLD, rows, mine)):
-        leaves = [x[token_rows].detach().requires_grad_(), weights["router_weight"].detach().requires_grad_()]
-        leaves += [weights[name][experts].detach().requires_grad_() for name in LEAVES[2:]]
-        out = moe_layer(leaves[0], leaves[1], weights["correction_bias"], leaves[2], leaves[3], **config,
-                        process_group=group)
-        results.append(dict(zip(("out",) + LEAVES, [out] + list(torch.autograd.grad(out, leaves,
-                                                                                     upstream[token_rows])))))
-    single_grads, parallel_grads = results
-    expected = {"out": single_grads["out"][rows], "x": single_grads["x"][rows]}
+    single_out, single_grads = _layer_gradients(x, upstream, weights, slice(None), gate=gate)
+    out, grads = _layer_gradients(x[rows], upstream[rows], weights, mine, dist.group.WORLD, gate)
+    expected = {"out": single_out[rows], "x": single_grads["x"][rows]}
     expected.update({name: single_grads[name][mine] for name in LEAVES[2:]})
+    actual = {"out": out, **grads}
     differences = [f"rank {rank} training: {name}" for name in expected
-                   if not torch.equal(parallel_grads[name], expected[name])]
-    router = parallel_grads["router_weight"].float()
+                   if not torch.equal(actual[name], expected[name])]
+    router = grads["router_weight"].float()
     dist.all_reduce(router)
     # The shares are bf16 each: their sum is the whole within a few bf16 roundings.
     if calc_diff(router, single_grads["router_weight"]) > 1e-4:
@@ -373,15 +372,12 @@ def test_expert_parallel_module_one_rank_matches_module(tmp_path):
         grads = [torch.autograd.grad(layer(x.requires_grad_()), x, upstream)[0] for layer in (single, parallel)]
         assert grads[0].abs().max() > 0 and torch.equal(grads[1], grads[0])
         weights = moe_layer_weights(hidden, single.intermediate_size, single.num_experts, "cuda", seed=4)
-        config = dict(top_k=single.top_k, num_groups=single.num_groups, topk_groups=single.topk_groups)
-        results = []
-        for group in (None, dist.group.WORLD):
-            leaves = [x.detach().requires_grad_()] + [weights[name].detach().requires_grad_() for name in LEAVES[1:]]
-            out = moe_layer(leaves[0], leaves[1], weights["correction_bias"], leaves[2], leaves[3], **config,
-                            process_group=group)
-            results.append([out] + list(torch.autograd.grad(out, leaves, upstream)))
-        for name, expected, actual in zip(("out",) + LEAVES, *results):
-            assert torch.equal(actual, expected), name
+        (single_out, single_grads), (out, grads) = (
+            _layer_gradients(x, upstream, weights, slice(None), group, _module_gate(single))
+            for group in (None, dist.group.WORLD))
+        assert torch.equal(out, single_out), "out"
+        for name in LEAVES:
+            assert torch.equal(grads[name], single_grads[name]), name
     finally:
         dist.destroy_process_group()
 
