@@ -24,7 +24,7 @@ from deep_kernels import gemm
 from deep_kernels.contiguous_layout import call_m_indices, layout_argument
 from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import FP8_GEMM, call_signature, check_k_n
-from deep_kernels.grouped_gemm import _check_devices, _check_layout_tensor, _checked
+from deep_kernels.grouped_gemm import _check_devices, _check_layout_tensor, _checked_with_launches
 from deep_kernels.heuristics import bf16_gemm as heuristics
 from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
 from deep_kernels.jit.registry import precompiled
@@ -389,18 +389,43 @@ def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
 
 
 def _launch_contiguous(a, b, d, m_indices, config=None) -> torch.Tensor:
-    m, n, k, num_groups = _checked(_check_contiguous_call, (a, b, d, m_indices))
-    _check_addresses(a, b, d)
+    (m, n, k, num_groups), launches = _checked_with_launches(_check_contiguous_call, (a, b, d, m_indices))
     if m == 0 or num_groups == 0:
+        _check_grouped_addresses(a, b, d, m_indices, "m_indices")
         return d
-    kernel, config, grid = _grouped_plan(CONTIGUOUS, m, n, k, num_groups, config)
+    return _launch_grouped(launches, _grouped_plan(CONTIGUOUS, m, n, k, num_groups, config), _encode_contiguous, a, b,
+                           d, m_indices, "m_indices", m, num_groups)
+
+
+def _encode_contiguous(kernel, config, a, b, d, m_indices, m: int, num_groups: int) -> bytes:
     map_a = tensor_map(a, (config.block_m, BLOCK_K), 128)
-    kernel.launch(
-        grid, a.get_device(), tmap_a=map_a, tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, BLOCK_K), 128),
-        tmap_sfa=map_a,
+    return kernel.encode(
+        tmap_a=map_a, tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, BLOCK_K), 128), tmap_sfa=map_a,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=0, shape_m=m, grouped_layout=m_indices.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_a)
+
+
+def _check_grouped_addresses(a, b, d, group_layout, layout_name: str) -> None:
+    if (a.data_ptr() | b.data_ptr() | d.data_ptr()) % 16:
+        raise ValueError("a, b and d must start at 16-byte aligned addresses (TMA)")
+    check_no_overlap([("d", d)], [("a", a), ("b", b), (layout_name, group_layout)], "d and the inputs")
+
+
+def _launch_grouped(launches: dict, plan: tuple, encode, a, b, d, group_layout, layout_name: str, m: int,
+                    num_groups: int) -> torch.Tensor:
+    """The per-call part of a validated grouped call: a call with the addresses and plan of an earlier one (whose
+    address checks passed) encodes no tensor map and checks nothing more. encode: _encode_contiguous or
+    _encode_masked."""
+    device_index = a.get_device()
+    key = (a.data_ptr(), b.data_ptr(), d.data_ptr(), group_layout.data_ptr(), plan)
+    launch = launches.get(key)
+    if launch is None:
+        _check_grouped_addresses(a, b, d, group_layout, layout_name)
+        kernel, config, grid = plan
+        encoded = encode(kernel, config, a, b, d, group_layout, m, num_groups)
+        launch = remember_launch(launches, key, kernel.prepare(grid, device_index, encoded))
+    launch.launch(current_raw_stream(device_index))
     return d
 
 
@@ -435,19 +460,22 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
 
 
 def _launch_masked(a, b, d, masked_m, expected_m, config=None) -> torch.Tensor:
-    m_max, n, k, num_groups = _checked(_check_masked_call, (a, b, d, masked_m), expected_m)
-    _check_addresses(a, b, d)
+    (m_max, n, k, num_groups), launches = _checked_with_launches(_check_masked_call, (a, b, d, masked_m),
+                                                                 expected_m)
     if m_max == 0 or num_groups == 0:
+        _check_grouped_addresses(a, b, d, masked_m, "masked_m")
         return d
-    kernel, config, grid = _grouped_plan(MASKED, expected_m, n, k, num_groups, config)
+    return _launch_grouped(launches, _grouped_plan(MASKED, expected_m, n, k, num_groups, config), _encode_masked, a, b,
+                           d, masked_m, "masked_m", m_max, num_groups)
+
+
+def _encode_masked(kernel, config, a, b, d, masked_m, m_max: int, num_groups: int) -> bytes:
     map_a = tensor_map(a, (1, config.block_m, BLOCK_K), 128)
-    kernel.launch(
-        grid, a.get_device(), tmap_a=map_a, tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, BLOCK_K), 128),
-        tmap_sfa=map_a,
+    return kernel.encode(
+        tmap_a=map_a, tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, BLOCK_K), 128), tmap_sfa=map_a,
         tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=0, shape_m=m_max, grouped_layout=masked_m.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_a)
-    return d
 
 
 @precompiled

@@ -34,17 +34,17 @@ from deep_kernels.contiguous_layout import call_m_indices, layout_argument
 from deep_kernels.device import get_num_sms
 from deep_kernels.fp4_weights import TILE_ROWS as PREPARED_TILE_ROWS, PreparedFp4Weights, check_prepared
 from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_output, scale_a
-from deep_kernels.grouped_gemm import _checked, _split_pairs
+from deep_kernels.grouped_gemm import _checked, _checked_with_launches, _split_pairs
 from deep_kernels.heuristics import fp8_fp4_gemm as heuristics
 from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab_heuristics
 from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
 from deep_kernels.jit.definition import PTR, TENSOR_MAP, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import get_kernel, tensor_map
+from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    tma_aligned_size, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank,
-    check_row_major_rows, scale_block_sizes,
+    tma_aligned_size, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_no_overlap,
+    check_rank, check_row_major_rows, scale_block_sizes,
 )
 
 MXFP4_GROUP_SIZE = 32
@@ -253,31 +253,44 @@ def _swap_ab_kernel(config, out_dtype: torch.dtype, accumulate: bool, prepared: 
 
 
 def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulate: bool,
-                    tile_scaled: bool = False) -> None:
+                    tile_scaled: bool = False, launches: dict = None) -> None:
     """The swapped kernel (m <= 128 tokens, sfa kernel-ready) of config, split-K through the FP8 GEMM's workspace
-    or in a cluster (config.splits_in_cluster); sfb None: b is prepare_fp4_weights's tensor (tile_scaled: its PreparedFp4Weights.tile_scaled)."""
+    or in a cluster (config.splits_in_cluster); sfb None: b is prepare_fp4_weights's tensor (tile_scaled: its
+    PreparedFp4Weights.tile_scaled). launches: the validated call signature's prepared launches (Kernel.prepare), kept
+    by the call's addresses, config and workspace (None: encoded for this launch alone)."""
     if config.block_t < m:
         raise ValueError(f"a swapped config of {config.block_t} tokens cannot take m = {m}")
     if not 1 <= config.num_splits <= k // SCALE_BLOCK:
         raise ValueError(f"num_splits must be in 1..K / 128 = {k // SCALE_BLOCK}, got {config.num_splits}")
     prepared = sfb is None
-    kernel = _swap_ab_kernel(config, d.dtype, accumulate, prepared, False, tile_scaled)
+    device_index = a.get_device()
     num_tiles = -(-n // config.block_w)
-    workspace_ptr = tickets_ptr = 0
+    workspace = None
     if config.num_splits > 1 and not config.splits_in_cluster:
-        workspace = _split_workspace(a.get_device(), num_tiles * config.block_w * config.block_t * config.num_splits,
+        workspace = _split_workspace(device_index, num_tiles * config.block_w * config.block_t * config.num_splits,
                                      num_tiles * config.num_math_warpgroups)
-        workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    tmap_a = tensor_map(a, (config.block_t, SCALE_BLOCK), 128)
-    # NOTE: prepared weights come by bulk copies: tmap_codes is not read then (any valid map does).
-    tmap_codes = tmap_a if prepared else tensor_map(b.view(torch.uint8), (config.block_w, SCALE_BLOCK // 2), 64)
-    kernel.launch(
-        (num_tiles * config.num_splits, 1, 1), a.get_device(), tmap_a=tmap_a, tmap_codes=tmap_codes,
-        tmap_sfa=tensor_map(sfa, (config.block_t, 1), transpose=True),
-        tmap_d=tensor_map(d, (config.block_t, 128 // d.element_size()), 128),
-        sfb_words=0 if prepared else sfb.data_ptr(), shape_n=n, shape_k=k, num_splits=config.num_splits,
-        split_workspace=workspace_ptr, split_tickets=tickets_ptr, prepared_weights=b.data_ptr() if prepared else 0,
-        masked_m=0, shape_m=0, num_groups=0, d=0)
+    # NOTE: tile_scaled too: prepared weights of either layout may come to lie at the same address.
+    key = (a.data_ptr(), sfa.data_ptr(), b.data_ptr(), 0 if prepared else sfb.data_ptr(), d.data_ptr(), config,
+           tile_scaled, workspace)
+    launch = None if launches is None else launches.get(key)
+    if launch is None:
+        check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b)] + ([] if prepared else [("sfb", sfb)]),
+                         "d and the operands")
+        kernel = _swap_ab_kernel(config, d.dtype, accumulate, prepared, False, tile_scaled)
+        tmap_a = tensor_map(a, (config.block_t, SCALE_BLOCK), 128)
+        # NOTE: prepared weights come by bulk copies: tmap_codes is not read then (any valid map does).
+        tmap_codes = tmap_a if prepared else tensor_map(b.view(torch.uint8), (config.block_w, SCALE_BLOCK // 2), 64)
+        encoded = kernel.encode(
+            tmap_a=tmap_a, tmap_codes=tmap_codes, tmap_sfa=tensor_map(sfa, (config.block_t, 1), transpose=True),
+            tmap_d=tensor_map(d, (config.block_t, 128 // d.element_size()), 128),
+            sfb_words=0 if prepared else sfb.data_ptr(), shape_n=n, shape_k=k, num_splits=config.num_splits,
+            split_workspace=workspace.partials.data_ptr() if workspace else 0,
+            split_tickets=workspace.tickets.data_ptr() if workspace else 0,
+            prepared_weights=b.data_ptr() if prepared else 0, masked_m=0, shape_m=0, num_groups=0, d=0)
+        launch = kernel.prepare((num_tiles * config.num_splits, 1, 1), device_index, encoded)
+        if launches is not None:
+            remember_launch(launches, key, launch)
+    launch.launch(current_raw_stream(device_index))
 
 
 def _codes_map(b: torch.Tensor, block_n: int) -> tuple:
@@ -373,7 +386,7 @@ def fp8_fp4_gemm_nt_with_config(config, a, b, d: torch.Tensor, c: torch.Tensor =
     if _is_nvfp4(b):
         return nvfp4_gemm.fp8_nvfp4_gemm_nt(*_split_nvfp4(a, b), d, c, config)
     a, sfa, b, sfb = _split_pairs(a, b)
-    m, n, k, sfa_ready = _checked(_check_dense_call, (a, sfa, b, sfb, d, c))
+    (m, n, k, sfa_ready), launches = _checked_with_launches(_check_dense_call, (a, sfa, b, sfb, d, c))
     if not sfa_ready:
         sfa = scale_a(sfa, m, k // SCALE_BLOCK)
     _check_addresses(a, sfa, b, sfb, d)
@@ -395,7 +408,7 @@ def fp8_fp4_gemm_nt_with_config(config, a, b, d: torch.Tensor, c: torch.Tensor =
     else:
         plan = _dense_plan_of(config, m, n, k, d.dtype, accumulate, num_sms)
     if isinstance(plan, swap_ab_heuristics.SwapAbConfig):
-        _launch_swap_ab(plan, a, sfa, b, sfb, d, m, n, k, accumulate)
+        _launch_swap_ab(plan, a, sfa, b, sfb, d, m, n, k, accumulate, launches=launches)
         return d
     kernel, config, grid, split_layout = plan
     workspace_ptr = tickets_ptr = 0
@@ -442,7 +455,8 @@ def _fp8_fp4_gemm_nt_prepared(a, prepared: PreparedFp4Weights, d, c, config) -> 
         raise TypeError("a must be an (a, sfa) pair")
     a, sfa = a
     n = prepared.n
-    m, k, sfa_ready = _checked(_check_prepared_call, (a, sfa, prepared.data, d, c), n, prepared.k)
+    (m, k, sfa_ready), launches = _checked_with_launches(_check_prepared_call, (a, sfa, prepared.data, d, c), n,
+                                                         prepared.k)
     if not sfa_ready:
         sfa = scale_a(sfa, m, k // SCALE_BLOCK)
     _check_addresses(a, sfa, prepared.data, prepared.data, d)
@@ -459,7 +473,7 @@ def _fp8_fp4_gemm_nt_prepared(a, prepared: PreparedFp4Weights, d, c, config) -> 
         d.copy_(c)
     accumulate = c is not None
     plan = config or _dense_plan(m, n, k, d.dtype, accumulate, get_num_sms(), prepared=True)
-    _launch_swap_ab(plan, a, sfa, prepared.data, None, d, m, n, k, accumulate, prepared.tile_scaled)
+    _launch_swap_ab(plan, a, sfa, prepared.data, None, d, m, n, k, accumulate, prepared.tile_scaled, launches)
     return d
 
 

@@ -32,8 +32,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch, tensor_map
 from deep_kernels.quant import unpack_ue8m0
 from deep_kernels.validation import (
-    ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_rank, check_row_major_rows, deepgemm_recipe,
-    tma_aligned_size,
+    ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_no_overlap, check_rank, check_row_major_rows,
+    deepgemm_recipe, tma_aligned_size,
 )
 
 SCALE_BLOCK = 128
@@ -568,6 +568,7 @@ def _launch(call: _PreparedCall, a, sfa, b, sfb, d: torch.Tensor, c: torch.Tenso
     key = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d_ptr, sfb.data_ptr(), workspace)
     launch = call.launches.get(key)
     if launch is None:
+        check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb)], "d and the operands")
         launch = _prepare_launch(call, key)
     if c is not None and c.data_ptr() != d_ptr:
         d.copy_(c)

@@ -29,11 +29,11 @@ from deep_kernels.gemm import (
 )
 from deep_kernels.heuristics import grouped_fp8_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import tensor_map
+from deep_kernels.jit.runtime import current_raw_stream, remember_launch, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    INT32_LIMIT, ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank,
-    check_row_major_rows, deepgemm_recipe,
+    INT32_LIMIT, ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_no_overlap,
+    check_rank, check_row_major_rows, deepgemm_recipe,
 )
 
 CONTIGUOUS = "m_grouped_contiguous"
@@ -184,21 +184,51 @@ def _split_pairs(a, b) -> tuple:
     return (*a, *b)
 
 
-# Signatures of calls that passed validation -> what their checks returned.
+# Signatures of calls that passed validation -> (what their checks returned, the kernel's prepared launches
+# (Kernel.prepare) by the call's addresses and plan, for the callers that cache them).
 _checked_calls = {}
 
 
-def _checked(check, tensors: tuple, *extra):
+def _checked_with_launches(check, tensors: tuple, *extra) -> tuple:
+    """(check(*tensors, *extra), the signature's launches): the check runs once per signature."""
     try:
         signature = (check, call_signature(*tensors), tuple((type(value), value) for value in extra))
     except AttributeError:  # not tensors: the full check says which
         signature = None
     checked = _checked_calls.get(signature)
     if checked is None:
-        checked = check(*tensors, *extra)
+        checked = (check(*tensors, *extra), {})
         if signature is not None:
             _checked_calls[signature] = checked
     return checked
+
+
+def _checked(check, tensors: tuple, *extra):
+    """check(*tensors, *extra), run once per signature."""
+    return _checked_with_launches(check, tensors, *extra)[0]
+
+
+def _check_addresses(a, sfa, b, sfb, d, group_layout, layout_name: str) -> None:
+    if (a.data_ptr() | b.data_ptr() | d.data_ptr() | sfa.data_ptr()) % 16:
+        raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
+    check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), (layout_name, group_layout)],
+                     "d and the inputs")
+
+
+def _launch(launches: dict, plan: tuple, encode, a, sfa, b, sfb, d, group_layout, layout_name: str, m: int,
+            num_groups: int) -> torch.Tensor:
+    """The per-call part of a validated call: a call with the addresses and plan of an earlier one (whose address
+    checks passed) encodes no tensor map and checks nothing more. encode: _encode_contiguous or _encode_masked."""
+    device_index = a.get_device()
+    key = (a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), d.data_ptr(), group_layout.data_ptr(), plan)
+    launch = launches.get(key)
+    if launch is None:
+        _check_addresses(a, sfa, b, sfb, d, group_layout, layout_name)
+        kernel, config, grid = plan
+        encoded = encode(kernel, config, a, sfa, b, sfb, d, group_layout, m, num_groups)
+        launch = remember_launch(launches, key, kernel.prepare(grid, device_index, encoded))
+    launch.launch(current_raw_stream(device_index))
+    return d
 
 
 def check_grouped_recipe(recipe, recipe_a, recipe_b) -> None:
@@ -266,18 +296,18 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         raise TypeError("pass exactly one of m_indices (DeepGEMM's grouped_layout) and offsets")
     layout_name = "m_indices" if offsets is None else "offsets"
     group_layout = m_indices if offsets is None else offsets
-    m, n, k, num_groups, scales_ready = _checked(_check_contiguous_call, (a, sfa, b, sfb, d, group_layout),
-                                                 layout_name)
+    (m, n, k, num_groups, scales_ready), launches = _checked_with_launches(
+        _check_contiguous_call, (a, sfa, b, sfb, d, group_layout), layout_name)
     if not scales_ready:
         sfa = scale_a(sfa, m, ceil_div(k, SCALE_BLOCK))
         sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), ceil_div(k, SCALE_BLOCK), num_groups)
-    if (a.data_ptr() | b.data_ptr() | d.data_ptr() | sfa.data_ptr()) % 16:
-        raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
     if m == 0 or num_groups == 0:
+        _check_addresses(a, sfa, b, sfb, d, group_layout, layout_name)
         return d
     if offsets is not None:
         m_indices = m_indices_from_offsets(offsets, m)
-    return _launch_contiguous(_plan(CONTIGUOUS, m, n, k, num_groups), a, sfa, b, sfb, d, m_indices, m, num_groups)
+    return _launch(launches, _plan(CONTIGUOUS, m, n, k, num_groups), _encode_contiguous, a, sfa, b, sfb, d, m_indices,
+                   "m_indices", m, num_groups)
 
 
 def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, recipe=None,
@@ -294,16 +324,14 @@ def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         use_psum_layout=use_psum_layout, ensure_zero_padding=ensure_zero_padding)
 
 
-def _launch_contiguous(plan: tuple, a, sfa, b, sfb, d, m_indices, m: int, num_groups: int) -> torch.Tensor:
-    kernel, config, grid = plan
+def _encode_contiguous(kernel, config, a, sfa, b, sfb, d, m_indices, m: int, num_groups: int) -> bytes:
     tmap_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
-    kernel.launch(
-        grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
+    return kernel.encode(
+        tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
         tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128), tmap_sfa=tmap_sfa,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m, grouped_layout=m_indices.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=tmap_sfa)
-    return d
 
 
 def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, recipe=None,
@@ -338,31 +366,30 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
         from deep_kernels import ops
         return ops.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)
     a, sfa, b, sfb = _split_pairs(a, b)
-    m_max, n, k, num_groups, scales_ready = _checked(_check_masked_call, (a, sfa, b, sfb, d, masked_m), expected_m)
+    (m_max, n, k, num_groups, scales_ready), launches = _checked_with_launches(
+        _check_masked_call, (a, sfa, b, sfb, d, masked_m), expected_m)
     if not scales_ready:
         sfa = scale_a(sfa, m_max, ceil_div(k, SCALE_BLOCK), num_groups)
         sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), ceil_div(k, SCALE_BLOCK), num_groups)
-    if (a.data_ptr() | b.data_ptr() | d.data_ptr() | sfa.data_ptr()) % 16:
-        raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
     if m_max == 0 or num_groups == 0:
+        _check_addresses(a, sfa, b, sfb, d, masked_m, "masked_m")
         return d
-    return _launch_masked(_plan(MASKED, expected_m, n, k, num_groups), a, sfa, b, sfb, d, masked_m, m_max, num_groups)
+    return _launch(launches, _plan(MASKED, expected_m, n, k, num_groups), _encode_masked, a, sfa, b, sfb, d, masked_m,
+                   "masked_m", m_max, num_groups)
 
 
 # DeepGEMM's other name of the masked GEMM, the one vLLM resolves.
 fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 
 
-def _launch_masked(plan: tuple, a, sfa, b, sfb, d, masked_m, m_max: int, num_groups: int) -> torch.Tensor:
-    kernel, config, grid = plan
+def _encode_masked(kernel, config, a, sfa, b, sfb, d, masked_m, m_max: int, num_groups: int) -> bytes:
     tmap_sfa = tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m))
-    kernel.launch(
-        grid, a.get_device(), tmap_a=tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128),
+    return kernel.encode(
+        tmap_a=tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128),
         tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, SCALE_BLOCK), 128), tmap_sfa=tmap_sfa,
         tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m_max, grouped_layout=masked_m.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=tmap_sfa)
-    return d
 
 
 def forced_config_call(gemm_type: str, config, a, b, d: torch.Tensor, group_layout: torch.Tensor,
@@ -373,15 +400,16 @@ def forced_config_call(gemm_type: str, config, a, b, d: torch.Tensor, group_layo
     a, sfa, b, sfb = _split_pairs(a, b)
     if gemm_type == CONTIGUOUS:
         m, n, k, num_groups, scales_ready = _check_contiguous_call(a, sfa, b, sfb, d, group_layout, "m_indices")
-        plan, launch = plan_of(CONTIGUOUS, config, m, n, k, get_num_sms()), _launch_contiguous
+        plan, encode, layout_name = plan_of(CONTIGUOUS, config, m, n, k, get_num_sms()), _encode_contiguous, "m_indices"
     elif gemm_type == MASKED:
         m, n, k, num_groups, scales_ready = _check_masked_call(a, sfa, b, sfb, d, group_layout, expected_m)
-        plan, launch = plan_of(MASKED, config, expected_m, n, k, get_num_sms()), _launch_masked
+        plan, encode, layout_name = plan_of(MASKED, config, expected_m, n, k, get_num_sms()), _encode_masked, "masked_m"
     else:
         raise ValueError(f"gemm_type must be {CONTIGUOUS!r} or {MASKED!r}, got {gemm_type!r}")
     if not scales_ready:
         raise ValueError("forced_config_call takes kernel-ready scales (FP32, MN-major TMA-aligned sfa)")
-    return lambda: launch(plan, a, sfa, b, sfb, d, group_layout, m, num_groups)
+    launches = {}
+    return lambda: _launch(launches, plan, encode, a, sfa, b, sfb, d, group_layout, layout_name, m, num_groups)
 
 
 @precompiled

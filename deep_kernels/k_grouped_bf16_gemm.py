@@ -25,7 +25,9 @@ from deep_kernels.heuristics import k_grouped_bf16_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.k_grouped_gemm import check_group_sizes, group_size_arguments
-from deep_kernels.validation import INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_rank
+from deep_kernels.validation import (
+    INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_no_overlap, check_rank,
+)
 
 BLOCK_K = heuristics.BLOCK_K
 
@@ -131,6 +133,7 @@ def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         raise ValueError("a, b and d must start at 16-byte aligned addresses (TMA)")
     if m == 0:
         return d
+    check_no_overlap([("d", d)], [("a", a), ("b", b), ("ks_tensor", ks_tensor)], "d and the inputs")
     if c is not None and c.data_ptr() != d.data_ptr():
         d.copy_(c)
     if total_k == 0:

@@ -33,7 +33,7 @@ from deep_kernels.heuristics import k_grouped_fp8_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import tensor_map
 from deep_kernels.validation import (
-    INT32_LIMIT, check_aligned, check_cuda_device, check_deepgemm_options, check_dtype, check_rank,
+    INT32_LIMIT, check_aligned, check_cuda_device, check_deepgemm_options, check_dtype, check_no_overlap, check_rank,
     check_row_major_rows, deepgemm_alias,
 )
 
@@ -215,6 +215,8 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks=None, ks_tensor: 
     check_aligned(d, "d")
     if m == 0:
         return d
+    check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("ks_tensor", ks_tensor)],
+                     "d and the inputs")
     if c is not None and c.data_ptr() != d.data_ptr():
         d.copy_(c)
     if total_k == 0:

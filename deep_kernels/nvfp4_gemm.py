@@ -24,12 +24,12 @@ import torch
 
 from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import SCALE_BLOCK, _split_workspace, check_output, scale_a
-from deep_kernels.grouped_gemm import _checked
+from deep_kernels.grouped_gemm import _checked_with_launches
 from deep_kernels.heuristics import fp8_nvfp4_swap_ab as heuristics
 from deep_kernels.jit.definition import PTR, TENSOR_MAP, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
-from deep_kernels.jit.runtime import get_kernel, tensor_map
-from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows
+from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch, tensor_map
+from deep_kernels.validation import check_cuda_device, check_dtype, check_no_overlap, check_rank, check_row_major_rows
 
 NVFP4_GROUP_SIZE = 16
 CODE_DTYPES = (torch.float4_e2m1fn_x2, torch.uint8)
@@ -107,34 +107,47 @@ def _config(m: int, n: int, k: int, out_dtype: torch.dtype):
     return _configs[key]
 
 
-def _launch(config, a, sfa, b, sfb, global_scale, d, m: int, n: int, k: int, accumulate: bool) -> None:
-    """One launch over m <= config.block_t tokens (sfa kernel-ready), split-K through the FP8 GEMM's workspace."""
+def _launch(config, a, sfa, b, sfb, global_scale, d, m: int, n: int, k: int, accumulate: bool,
+            launches: dict = None) -> None:
+    """One launch over m <= config.block_t tokens (sfa kernel-ready), split-K through the FP8 GEMM's workspace.
+    launches: the validated call signature's prepared launches (Kernel.prepare), kept by the launch's addresses,
+    config and workspace (None: encoded for this launch alone)."""
     if config.block_t < m:
         raise ValueError(f"a swapped config of {config.block_t} tokens cannot take m = {m}")
     if not 1 <= config.num_splits <= k // SCALE_BLOCK:
         raise ValueError(f"num_splits must be in 1..K / 128 = {k // SCALE_BLOCK}, got {config.num_splits}")
-    kernel = get_kernel(kernel_spec(config, d.dtype, accumulate), smem_bytes=heuristics.smem_of(config))
+    device_index = a.get_device()
     num_tiles = -(-n // config.block_w)
-    workspace_ptr = tickets_ptr = 0
+    workspace = None
     if config.num_splits > 1:
-        workspace = _split_workspace(a.get_device(), num_tiles * config.block_w * config.block_t * config.num_splits,
+        workspace = _split_workspace(device_index, num_tiles * config.block_w * config.block_t * config.num_splits,
                                      num_tiles * config.num_math_warpgroups)
-        workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    kernel.launch(
-        (num_tiles * config.num_splits, 1, 1), a.get_device(),
-        tmap_a=tensor_map(a, (config.block_t, SCALE_BLOCK), 128),
-        tmap_codes=tensor_map(b.view(torch.uint8), (config.block_w, SCALE_BLOCK // 2), 64),
-        tmap_sfa=tensor_map(sfa, (config.block_t, 1), transpose=True),
-        tmap_d=tensor_map(d, (config.block_t, 128 // d.element_size()), 128),
-        sfb=sfb.data_ptr(), global_scale=global_scale.data_ptr(), shape_n=n, shape_k=k, num_splits=config.num_splits,
-        split_workspace=workspace_ptr, split_tickets=tickets_ptr)
+    key = (a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), global_scale.data_ptr(), d.data_ptr(), config,
+           workspace)
+    launch = None if launches is None else launches.get(key)
+    if launch is None:
+        check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("global_scale", global_scale)],
+                         "d and the operands")
+        kernel = get_kernel(kernel_spec(config, d.dtype, accumulate), smem_bytes=heuristics.smem_of(config))
+        encoded = kernel.encode(
+            tmap_a=tensor_map(a, (config.block_t, SCALE_BLOCK), 128),
+            tmap_codes=tensor_map(b.view(torch.uint8), (config.block_w, SCALE_BLOCK // 2), 64),
+            tmap_sfa=tensor_map(sfa, (config.block_t, 1), transpose=True),
+            tmap_d=tensor_map(d, (config.block_t, 128 // d.element_size()), 128),
+            sfb=sfb.data_ptr(), global_scale=global_scale.data_ptr(), shape_n=n, shape_k=k,
+            num_splits=config.num_splits, split_workspace=workspace.partials.data_ptr() if workspace else 0,
+            split_tickets=workspace.tickets.data_ptr() if workspace else 0)
+        launch = kernel.prepare((num_tiles * config.num_splits, 1, 1), device_index, encoded)
+        if launches is not None:
+            remember_launch(launches, key, launch)
+    launch.launch(current_raw_stream(device_index))
 
 
 def fp8_nvfp4_gemm_nt(a, sfa, b, sfb, global_scale, d: torch.Tensor, c: torch.Tensor = None,
                       config=None) -> torch.Tensor:
     """fp8_fp4_gemm_nt's NVFP4 form (the module docstring). config: a heuristics.fp8_nvfp4_swap_ab config instead
     of the chosen one (tests, tuning); it runs every 128-row slice."""
-    m, n, k, sfa_ready = _checked(_check_call, (a, sfa, b, sfb, global_scale, d, c))
+    (m, n, k, sfa_ready), launches = _checked_with_launches(_check_call, (a, sfa, b, sfb, global_scale, d, c))
     if not sfa_ready:
         sfa = scale_a(sfa, m, k // SCALE_BLOCK)
     _check_addresses(a, sfa, b, sfb, d)
@@ -147,7 +160,7 @@ def fp8_nvfp4_gemm_nt(a, sfa, b, sfb, global_scale, d: torch.Tensor, c: torch.Te
         rows = min(heuristics.MAX_TOKENS, m - first)
         chosen = config or _config(rows, n, k, d.dtype)
         _launch(chosen, a[first:first + rows], sfa[first:first + rows], b, sfb, global_scale,
-                d[first:first + rows], rows, n, k, accumulate)
+                d[first:first + rows], rows, n, k, accumulate, launches)
     return d
 
 

@@ -97,8 +97,11 @@ def baseline_call(kind: str, config, root: Path, a, sfa, b, sfb, d, layout, hint
         return None
     _, _, grid = grouped_gemm.plan_of(kind, config, hint_m, n, k, get_num_sms())
     plan = (runtime.load_kernel(binary, spec, config.smem_bytes), config, grid)
-    launch = grouped_gemm._launch_contiguous if kind == CONTIGUOUS else grouped_gemm._launch_masked
-    return lambda: launch(plan, a, sfa, b, sfb, d, layout, m_rows, b.shape[0])
+    encode, layout_name = ((grouped_gemm._encode_contiguous, "m_indices") if kind == CONTIGUOUS
+                           else (grouped_gemm._encode_masked, "masked_m"))
+    launches = {}
+    return lambda: grouped_gemm._launch(launches, plan, encode, a, sfa, b, sfb, d, layout, layout_name, m_rows,
+                                        b.shape[0])
 
 
 def dense_spec(config, n: int, k: int):

@@ -1,12 +1,13 @@
 """The lean host path: a call whose signature (dtypes, shapes, strides, devices, arguments) was validated before runs
-no check but the look-up, and fp8_gemm_nt and bf16_gemm_nt launch from parameters encoded once per set of addresses.
+no check but the look-up, and the FP8 and BF16 GEMMs (dense and M-grouped) and the FP8 x FP4 decode GEMMs launch from
+parameters encoded once per set of addresses.
 
 CPU: the native launcher's encode / launch_encoded (what they check before the driver, the bytes they produce); on
 the kernels' call paths with a fake kernel (no driver), which calls encode, that a cached signature still checks what
 it does not fix (addresses), that each validation error fires on a new signature even after valid calls, and that
-the encodings per signature are bounded. GPU: fp8_gemm_nt and bf16_gemm_nt through many address sets of one
-signature (more than the cache holds) against the reference, eager and in a CUDA graph; topk_gate_with_layout's cached
-plan against the reference.
+the encodings per signature are bounded. GPU: fp8_gemm_nt, bf16_gemm_nt, the grouped GEMMs and the FP8 x FP4 decode
+GEMM through many address sets of one signature (more than the cache holds) against the reference, eager and in a
+CUDA graph; topk_gate_with_layout's cached plan against the reference.
 """
 
 import dataclasses
@@ -16,14 +17,18 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels import bf16_gemm, gemm
+from deep_kernels import bf16_gemm, fp4_gemm, gemm, grouped_gemm, nvfp4_gemm
 from deep_kernels.jit import launcher, runtime
 from deep_kernels.moe import gate, layout, routing
 from deep_kernels.quant import fp8
+from deep_kernels.reference import bf16_gemm as reference_bf16
+from deep_kernels.reference import fp4_gemm as reference_fp4
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference import moe as reference_moe
-from deep_kernels.testing import assert_bitwise_equal, poison_
+from deep_kernels.testing import assert_bitwise_equal, copy_with_output_over_it, poison_, random_activations
+from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs
 from deep_kernels.testing.gemm import assert_gemm_close, make_gemm_inputs
+from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs
 
 SLOT_BYTES = 128  # launcher.cpp's ParamSlot: a CUtensorMap's size
 
@@ -162,13 +167,22 @@ def test_encodings_per_signature_are_bounded(fake_gemm):
 def test_a_cached_signature_still_checks_the_addresses(fake_gemm):
     a, b, d = _cpu_gemm()
     deep_kernels.fp8_gemm_nt(a, b, d)
-    # The same signature (dtype, shape, strides) at an address 8 bytes off: TMA needs 16.
+    _check_cached_signature_addresses(deep_kernels.fp8_gemm_nt, a, b, d)
+    assert len(fake_gemm.launched) == 2
+
+
+def _check_cached_signature_addresses(gemm_call, a, b, d) -> None:
+    """After a valid gemm_call(a, b, d) (a an (a, sfa) pair): its signature with d 8 bytes off (TMA needs 16), then
+    with d over a's memory, are refused; the call with a alone moved (launched) goes through."""
     storage = torch.empty(d.numel() + 4, dtype=torch.bfloat16)
     misaligned = storage[4:].view(d.shape)
     assert misaligned.stride() == d.stride() and misaligned.data_ptr() % 16 == 8
     with pytest.raises(ValueError, match="16-byte aligned addresses"):
-        deep_kernels.fp8_gemm_nt(a, b, misaligned)
-    assert len(fake_gemm.launched) == 1
+        gemm_call(a, b, misaligned)
+    a_in_shared, d_over_a = copy_with_output_over_it(a[0], d)
+    gemm_call((a_in_shared, a[1]), b, d)
+    with pytest.raises(ValueError, match="d and the operands must not overlap: d and a"):
+        gemm_call((a_in_shared, a[1]), b, d_over_a)
 
 
 @pytest.mark.parametrize("mutate,error,match", [
@@ -233,6 +247,159 @@ def test_bf16_gemm_cached_signature_still_checks_the_addresses(fake_bf16):
     with pytest.raises(ValueError, match="d and the operands"):
         deep_kernels.bf16_gemm_nt(a_in_shared, b, shared[:d.numel()].view(d.shape))
     assert len(fake_bf16.launched) == 2
+
+
+# ---- the grouped GEMMs' cached launches, with a fake kernel (CPU) ----
+
+GROUPED_KINDS = ["contiguous", "masked", "bf16_contiguous", "bf16_masked"]
+
+
+@pytest.fixture
+def fake_grouped(monkeypatch):
+    monkeypatch.setattr(grouped_gemm, "_tuned_config", lambda *args: None)
+    monkeypatch.setattr(bf16_gemm, "_grouped_plans", {})
+    kernel = _fake_call_path(monkeypatch, grouped_gemm, ("_checked_calls", "_plans"), "get_gemm_kernel")
+    for name in ("check_cuda_device", "get_num_sms", "current_raw_stream"):
+        monkeypatch.setattr(bf16_gemm, name, getattr(grouped_gemm, name))
+    monkeypatch.setattr(bf16_gemm, "_get_kernel", lambda *args, **kwargs: kernel)
+    return kernel
+
+
+def _cpu_grouped(kind: str, n=256, k=512) -> tuple:
+    """(call(a, b, d, layout), a, b, d, layout) of a small grouped problem on the CPU (a and b: (tensor, scales)
+    pairs for FP8, tensors for BF16)."""
+    sizes, masked_m, m_max = [100, 0, 200], [5, 70], 128
+    if kind == "contiguous":
+        a, b, m_indices, _ = make_contiguous_inputs(sizes, n, k, device="cpu")
+        return (deep_kernels.m_grouped_fp8_gemm_nt_contiguous, a, b,
+                torch.empty(m_indices.numel(), n, dtype=torch.bfloat16), m_indices)
+    if kind == "masked":
+        a, b, masked_m = make_masked_inputs(masked_m, m_max, n, k, device="cpu")
+        return (lambda *args: deep_kernels.m_grouped_fp8_gemm_nt_masked(*args, expected_m=64), a, b,
+                torch.empty(2, m_max, n, dtype=torch.bfloat16), masked_m)
+    if kind == "bf16_contiguous":
+        m_indices = make_contiguous_inputs(sizes, n, k, device="cpu")[2]
+        return (deep_kernels.m_grouped_bf16_gemm_nt_contiguous, torch.randn(m_indices.numel(), k).bfloat16(),
+                torch.randn(3, n, k).bfloat16(), torch.empty(m_indices.numel(), n, dtype=torch.bfloat16), m_indices)
+    return (lambda *args: deep_kernels.m_grouped_bf16_gemm_nt_masked(*args, expected_m=64),
+            torch.randn(2, m_max, k).bfloat16(), torch.randn(2, n, k).bfloat16(),
+            torch.empty(2, m_max, n, dtype=torch.bfloat16), torch.tensor(masked_m, dtype=torch.int32))
+
+
+def _data(operand) -> torch.Tensor:
+    return operand[0] if isinstance(operand, tuple) else operand
+
+
+def _with_data(operand, data: torch.Tensor):
+    return (data, operand[1]) if isinstance(operand, tuple) else data
+
+
+@pytest.mark.parametrize("kind", GROUPED_KINDS)
+def test_grouped_gemm_encodes_once_per_address_set_and_plan(fake_grouped, monkeypatch, kind):
+    call, a, b, d, group_layout = _cpu_grouped(kind)
+    for _ in range(3):
+        call(a, b, d, group_layout)
+    assert len(fake_grouped.encoded) == 1 and len(fake_grouped.launched) == 3
+    params = fake_grouped.encoded[0]
+    assert params["tmap_a"][0] == _data(a).data_ptr() and params["tmap_b"][0] == _data(b).data_ptr()
+    if isinstance(a, tuple):
+        assert params["tmap_sfa"][0] == a[1].data_ptr() and params["sfb"] == b[1].data_ptr()
+    assert params["tmap_d"][0] == d.data_ptr() and params["grouped_layout"] == group_layout.data_ptr()
+    assert params["num_groups"] == _data(b).shape[0]
+    call(a, b, torch.empty_like(d), group_layout)  # a new address: encoded again, with it
+    call(a, b, d, group_layout.clone())
+    assert len(fake_grouped.encoded) == 3
+    assert fake_grouped.encoded[1]["tmap_d"][0] != d.data_ptr()
+    assert fake_grouped.encoded[2]["grouped_layout"] != group_layout.data_ptr()
+    for module in (grouped_gemm, bf16_gemm):  # a new plan (set_num_sms): encoded again
+        monkeypatch.setattr(module, "get_num_sms", lambda: 1)
+    call(a, b, d, group_layout)
+    assert len(fake_grouped.encoded) == 4 and len(fake_grouped.launched) == 6
+    assert fake_grouped.launched[-1] != fake_grouped.launched[0]
+
+
+@pytest.mark.parametrize("kind", GROUPED_KINDS)
+def test_grouped_gemm_cached_signature_still_checks_the_addresses(fake_grouped, kind):
+    call, a, b, d, group_layout = _cpu_grouped(kind)
+    call(a, b, d, group_layout)
+    storage = torch.empty(d.numel() + 4, dtype=torch.bfloat16)
+    misaligned = storage[4:].view(d.shape)  # the same signature 8 bytes off: TMA needs 16
+    with pytest.raises(ValueError, match="16-byte aligned addresses"):
+        call(a, b, misaligned, group_layout)
+    # The same signature again, d now over a's memory, then over the layout's.
+    a_in_shared, d_over_a = copy_with_output_over_it(_data(a), d)
+    call(_with_data(a, a_in_shared), b, d, group_layout)
+    with pytest.raises(ValueError, match="d and the inputs must not overlap: d and a"):
+        call(_with_data(a, a_in_shared), b, d_over_a, group_layout)
+    layout_in_shared, d_over_layout = copy_with_output_over_it(group_layout, d)
+    call(a, b, d, layout_in_shared)
+    with pytest.raises(ValueError, match="d and the inputs must not overlap: d and (m_indices|masked_m)"):
+        call(a, b, d_over_layout, layout_in_shared)
+    assert len(fake_grouped.launched) == 3
+
+
+# ---- the FP8 x FP4 decode GEMMs' cached launches, with a fake kernel (CPU) ----
+
+@pytest.fixture
+def fake_fp4(monkeypatch):
+    kernel = _FakeKernel()
+    monkeypatch.setattr(grouped_gemm, "_checked_calls", {})
+    monkeypatch.setattr(fp4_gemm, "_plans", {})
+    monkeypatch.setattr(nvfp4_gemm, "_configs", {})
+    workspace = gemm._SplitWorkspace.__new__(gemm._SplitWorkspace)
+    workspace.partials, workspace.tickets = torch.empty(1 << 22), torch.zeros(4096, dtype=torch.int32)
+    for module in (fp4_gemm, nvfp4_gemm):
+        monkeypatch.setattr(module, "check_cuda_device", lambda *args, **kwargs: None)
+        monkeypatch.setattr(module, "get_num_sms", lambda: 132)
+        monkeypatch.setattr(module, "current_raw_stream", lambda device_index: 0)
+        monkeypatch.setattr(module, "_split_workspace", lambda *args: workspace)
+    monkeypatch.setattr(fp4_gemm, "_swap_ab_kernel", lambda *args: kernel)
+    monkeypatch.setattr(nvfp4_gemm, "get_kernel", lambda *args, **kwargs: kernel)
+    return kernel
+
+
+def _cpu_fp4(nvfp4: bool, m=16, n=512, k=1024) -> tuple:
+    """((a, sfa), b, d) of a decode problem on the CPU: MXFP4 (codes, sfb) or NVFP4 (codes, sfb, global scale)."""
+    a = make_gemm_inputs(m, n, k, device="cpu")[0]
+    codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    if nvfp4:
+        b = (codes, torch.full((n, k // 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn), torch.ones(1))
+    else:
+        b = (codes, torch.full((n, k // 32), 127, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    return a, b, torch.empty(m, n, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("nvfp4", [False, True])
+def test_fp4_decode_gemm_encodes_once_per_address_set_and_config(fake_fp4, nvfp4):
+    a, b, d = _cpu_fp4(nvfp4)
+    for _ in range(3):
+        deep_kernels.fp8_fp4_gemm_nt(a, b, d)
+    assert len(fake_fp4.encoded) == 1 and len(fake_fp4.launched) == 3
+    params = fake_fp4.encoded[0]
+    assert params["tmap_a"][0] == a[0].data_ptr() and params["tmap_sfa"][0] == a[1].data_ptr()
+    assert params["tmap_d"][0] == d.data_ptr() and params["tmap_codes"][0] == b[0].data_ptr()
+    assert params["sfb" if nvfp4 else "sfb_words"] == b[1].data_ptr()
+    deep_kernels.fp8_fp4_gemm_nt(a, b, torch.empty_like(d))  # a new address: encoded again, with it
+    assert len(fake_fp4.encoded) == 2 and fake_fp4.encoded[1]["tmap_d"][0] != d.data_ptr()
+    # A forced config (at the addresses of the first call, without split-K as the chosen one): its own launch.
+    if nvfp4:
+        from deep_kernels.heuristics import fp8_nvfp4_swap_ab as swap_ab
+    else:
+        from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
+    config = swap_ab.make_config(32)
+    assert config.num_splits == 1 and config != swap_ab.get_config(16, 512, 1024, 132)
+    fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, d)
+    fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, d)
+    assert len(fake_fp4.encoded) == 3
+    assert len(fake_fp4.launched) == 6 and fake_fp4.launched[-1] != fake_fp4.launched[0]
+
+
+@pytest.mark.parametrize("nvfp4", [False, True])
+def test_fp4_decode_gemm_cached_signature_still_checks_the_addresses(fake_fp4, nvfp4):
+    a, b, d = _cpu_fp4(nvfp4)
+    deep_kernels.fp8_fp4_gemm_nt(a, b, d)
+    _check_cached_signature_addresses(deep_kernels.fp8_fp4_gemm_nt, a, b, d)
+    assert len(fake_fp4.launched) == 2
 
 
 # ---- the gate's, the layout's and the cast's cached plans (CPU, fake kernel) ----
@@ -598,6 +765,45 @@ def test_bf16_gemm_over_more_address_sets_than_the_cache_holds(n_major_b):
     if n_major_b:
         b = b.t().contiguous().t()
     _check_address_sets(deep_kernels.bf16_gemm_nt, a, b, a.double() @ b.double().t())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", GROUPED_KINDS)
+def test_grouped_gemm_over_more_address_sets_than_the_cache_holds(kind):
+    n, k, sizes, masked_m, m_max = 512, 1024, [100, 0, 200], [5, 70, 0], 128
+    fp8 = not kind.startswith("bf16")
+    if kind.endswith("contiguous"):
+        a, b, m_indices, _ = make_contiguous_inputs(sizes, n, k)
+        if not fp8:
+            a, b = random_activations(m_indices.numel(), k), torch.randn(len(sizes), n, k, device="cuda").bfloat16()
+        # Padding rows stay NaN, as in the poisoned d.
+        expected = torch.full((m_indices.numel(), n), float("nan"), device="cuda", dtype=torch.float64)
+        (reference.m_grouped_fp8_gemm_nt_contiguous if fp8 else reference_bf16.m_grouped_bf16_gemm_nt_contiguous)(
+            a, b, expected, m_indices)
+        gemm_call = (deep_kernels.m_grouped_fp8_gemm_nt_contiguous if fp8
+                     else deep_kernels.m_grouped_bf16_gemm_nt_contiguous)
+        call = lambda a, b, d: gemm_call(a, b, d, m_indices)
+    else:
+        a, b, masked_m = make_masked_inputs(masked_m, m_max, n, k)
+        if not fp8:
+            a = random_activations(len(sizes) * m_max, k).view(len(sizes), m_max, k)
+            b = torch.randn(len(sizes), n, k, device="cuda").bfloat16()
+        expected = torch.full((len(sizes), m_max, n), float("nan"), device="cuda", dtype=torch.float64)
+        (reference.m_grouped_fp8_gemm_nt_masked if fp8 else reference_bf16.m_grouped_bf16_gemm_nt_masked)(
+            a, b, expected, masked_m, 64)  # rows past masked_m stay NaN
+        expected = expected.flatten(0, 1)
+        gemm_call = deep_kernels.m_grouped_fp8_gemm_nt_masked if fp8 else deep_kernels.m_grouped_bf16_gemm_nt_masked
+        call = lambda a, b, d: gemm_call(a, b, d.view(len(sizes), m_max, n), masked_m, 64).flatten(0, 1)
+    _check_address_sets(call, a, b, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nvfp4", [False, True])
+def test_fp4_decode_gemm_over_more_address_sets_than_the_cache_holds(nvfp4):
+    m, n, k = 16, 2048, 1024
+    a, b = (make_nvfp4_gemm_inputs if nvfp4 else make_fp4_gemm_inputs)(m, n, k)
+    expected = reference_fp4.fp8_fp4_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
+    _check_address_sets(deep_kernels.fp8_fp4_gemm_nt, a, b, expected)
 
 
 @pytest.mark.gpu

@@ -56,6 +56,15 @@ def one_row_of_wider_rows(t: torch.Tensor, extra: int, poisoned: bool = False) -
     return poison_(wide)[:, :t.shape[1]] if poisoned else view.copy_(t)
 
 
+def copy_with_output_over_it(operand: torch.Tensor, output: torch.Tensor) -> tuple:
+    """(a contiguous copy of operand, a tensor of output's dtype and shape over the copy's first bytes): an output
+    over an input, which the calls must refuse."""
+    operand_bytes, output_bytes = operand.numel() * operand.element_size(), output.numel() * output.element_size()
+    shared = torch.empty(max(operand_bytes, output_bytes), dtype=torch.uint8, device=operand.device)
+    copy = shared[:operand_bytes].view(operand.dtype).view(operand.shape).copy_(operand)
+    return copy, shared[:output_bytes].view(output.dtype).view(output.shape)
+
+
 def poison_cached_memory() -> None:
     """Fills torch's allocator cache with 0xFF bytes (NaN in e4m3, bf16 and FP32; -1 in integers) in both of its
     pools (blocks up to 1 MiB and larger ones), so that the buffers a call allocates itself most likely start
