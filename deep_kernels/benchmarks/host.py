@@ -11,7 +11,9 @@ call; rounds of ours and of add_ alternate, so that both see the same host (cloc
 Rows: fp8_gemm_nt at the issue's 64 x 4096 x 7168 (split-K) and a decode 1 x 2112 x 7168, the launch of the first
 as the previous path made it (Kernel.launch encoding its 4 tensor maps on every call) and two parts of its cached
 call (the signature look-up's metadata reads, the prepared launch alone); bf16_gemm_nt at 64 x 4096 x 7168;
-topk_gate and topk_gate_with_layout at DeepSeek-V3's routing (256 experts, 8 groups, top 8) for 128 tokens, with
+m_grouped_fp8_gemm_nt_masked at a decode step of 8 experts (128 rows each at most, N = 4096, K = 7168) and
+fp8_fp4_gemm_nt at 16 x 4096 x 7168 (MXFP4 weights), each cached and with its launches encoded on every call as
+before; topk_gate and topk_gate_with_layout at DeepSeek-V3's routing (256 experts, 8 groups, top 8) for 128 tokens, with
 and without the masked layout, allocating and into out=, and once more with the GPU not held (the fused gate is a
 cooperative launch, which may wait for the GPU); moe_layout of those indices and per_token_cast_to_fp8 of a decode
 activation; and, for the record, torch.empty of a small CUDA tensor (what each output allocation costs).
@@ -25,10 +27,12 @@ import time
 import torch
 
 import deep_kernels
-from deep_kernels import gemm
+from deep_kernels import gemm, grouped_gemm
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.jit.runtime import current_raw_stream
 from deep_kernels.reference.quant import per_block_cast_to_fp8
+from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs
+from deep_kernels.testing.grouped import make_masked_inputs
 
 CALLS = 100
 ROUNDS = 21
@@ -100,6 +104,19 @@ def _gemm_call(m: int, n: int, k: int, part: str = "call"):
     return launch
 
 
+def _encoding_each_call(grouped_call):
+    """grouped_call (a grouped or FP8 x FP4 GEMM call, validated and cached by a first call) with its prepared launches
+    dropped before each call."""
+    grouped_call()
+    caches = [launches for _, launches in grouped_gemm._checked_calls.values()]
+
+    def call():
+        for launches in caches:
+            launches.clear()
+        grouped_call()
+    return call
+
+
 def run(ctx: BenchContext) -> list:
     small = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
     peer = lambda: small.add_(1)
@@ -112,6 +129,10 @@ def run(ctx: BenchContext) -> list:
     activations = torch.randn(64, 7168, device="cuda", dtype=torch.bfloat16)
     bf16_a, bf16_b = activations, torch.randn(4096, 7168, device="cuda", dtype=torch.bfloat16)
     bf16_d = torch.empty(64, 4096, device="cuda", dtype=torch.bfloat16)
+    masked_a, masked_b, masked_m = make_masked_inputs([40, 64, 90, 12, 128, 0, 70, 55], 128, 4096, 7168)
+    masked_d = torch.empty(8, 128, 4096, device="cuda", dtype=torch.bfloat16)
+    fp4_a, fp4_b = make_fp4_gemm_inputs(16, 4096, 7168)
+    fp4_d = torch.empty(16, 4096, device="cuda", dtype=torch.bfloat16)
     cases = [
         ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "cached call: 4 tensor maps encoded once per address set",
          _gemm_call(64, 4096, 7168)),
@@ -125,6 +146,18 @@ def run(ctx: BenchContext) -> list:
         ("fp8_gemm_nt", {"m": 1, "n": 2112, "k": 7168}, "cached call", _gemm_call(1, 2112, 7168)),
         ("bf16_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "cached call: 3 tensor maps encoded once per address set",
          lambda: deep_kernels.bf16_gemm_nt(bf16_a, bf16_b, bf16_d)),
+        ("m_grouped_fp8_gemm_nt_masked", {"g": 8, "m_max": 128, "n": 4096, "k": 7168, "expected_m": 64},
+         "cached call: 5 tensor maps encoded once per address set",
+         lambda: deep_kernels.m_grouped_fp8_gemm_nt_masked(masked_a, masked_b, masked_d, masked_m, 64)),
+        ("m_grouped_fp8_gemm_nt_masked", {"g": 8, "m_max": 128, "n": 4096, "k": 7168, "expected_m": 64},
+         "as before: its 5 tensor maps encoded and its addresses checked on every call",
+         _encoding_each_call(lambda: deep_kernels.m_grouped_fp8_gemm_nt_masked(masked_a, masked_b, masked_d, masked_m,
+                                                                               64))),
+        ("fp8_fp4_gemm_nt", {"m": 16, "n": 4096, "k": 7168}, "MXFP4 weights; cached call: 4 tensor maps encoded once "
+         "per address set", lambda: deep_kernels.fp8_fp4_gemm_nt(fp4_a, fp4_b, fp4_d)),
+        ("fp8_fp4_gemm_nt", {"m": 16, "n": 4096, "k": 7168},
+         "MXFP4 weights; as before: its 4 tensor maps encoded on every call",
+         _encoding_each_call(lambda: deep_kernels.fp8_fp4_gemm_nt(fp4_a, fp4_b, fp4_d))),
         ("topk_gate", {"t": 128, "e": 256, "k": 8}, "allocates weights and indices",
          lambda: deep_kernels.topk_gate(logits, **gate)),
         ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8}, "contiguous layout; 7 tensors, 1 allocation",
