@@ -21,10 +21,11 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import gemm
+from deep_kernels.call_cache import checked_call
 from deep_kernels.contiguous_layout import call_m_indices, layout_argument
 from deep_kernels.device import get_num_sms
-from deep_kernels.gemm import FP8_GEMM, call_signature, check_k_n
-from deep_kernels.grouped_gemm import _check_devices, _check_layout_tensor, _checked_with_launches
+from deep_kernels.gemm import FP8_GEMM, check_k_n
+from deep_kernels.grouped_gemm import _check_devices, _check_layout_tensor, check_grouped_addresses, launch_grouped
 from deep_kernels.heuristics import bf16_gemm as heuristics
 from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
 from deep_kernels.jit.registry import precompiled
@@ -198,24 +199,10 @@ def _plan(m: int, n: int, k: int, out_dtype: torch.dtype, accumulate: bool, num_
     return plan
 
 
-# Signatures of dense calls that passed validation -> ((m, n, k, mn_major_a, mn_major_b), the kernel's prepared
-# launches (Kernel.prepare) by the call's addresses, its plan and the split-K workspace they were made with).
-_checked_dense_calls = {}
-
-
 def _launch_dense(a, b, d, c, config=None) -> torch.Tensor:
     """A dense call: validated in full on a new signature; a call with the addresses and plan of an earlier one
     (whose address checks passed) encodes no tensor map and checks nothing more."""
-    try:
-        signature = call_signature(a, b, d, c)
-    except AttributeError:  # not tensors: the full check says which
-        signature = None
-    checked = _checked_dense_calls.get(signature)
-    if checked is None:
-        checked = (_check_dense_call(a, b, d, c), {})
-        if signature is not None:
-            _checked_dense_calls[signature] = checked
-    (m, n, k, mn_major_a, mn_major_b), launches = checked
+    (m, n, k, mn_major_a, mn_major_b), launches = checked_call(_check_dense_call, (a, b, d, c))
     if m == 0:
         _check_addresses(a, b, d)
         return d
@@ -388,45 +375,27 @@ def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
                                              ensure_zero_padding=ensure_zero_padding)
 
 
+# What the grouped BF16 kernels read, by name, in launch_grouped's order.
+CONTIGUOUS_INPUTS = ("a", "b", "m_indices")
+MASKED_INPUTS = ("a", "b", "masked_m")
+
+
 def _launch_contiguous(a, b, d, m_indices, config=None) -> torch.Tensor:
-    (m, n, k, num_groups), launches = _checked_with_launches(_check_contiguous_call, (a, b, d, m_indices))
+    (m, n, k, num_groups), launches = checked_call(_check_contiguous_call, (a, b, d, m_indices))
     if m == 0 or num_groups == 0:
-        _check_grouped_addresses(a, b, d, m_indices, "m_indices")
+        check_grouped_addresses((a, b, m_indices), CONTIGUOUS_INPUTS, d)
         return d
-    return _launch_grouped(launches, _grouped_plan(CONTIGUOUS, m, n, k, num_groups, config), _encode_contiguous, a, b,
-                           d, m_indices, "m_indices", m, num_groups)
+    return launch_grouped(launches, _grouped_plan(CONTIGUOUS, m, n, k, num_groups, config), _encode_contiguous,
+                          (a, b, m_indices), CONTIGUOUS_INPUTS, d, m, num_groups)
 
 
-def _encode_contiguous(kernel, config, a, b, d, m_indices, m: int, num_groups: int) -> bytes:
+def _encode_contiguous(kernel, config, a, b, m_indices, d, m: int, num_groups: int) -> bytes:
     map_a = tensor_map(a, (config.block_m, BLOCK_K), 128)
     return kernel.encode(
         tmap_a=map_a, tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, BLOCK_K), 128), tmap_sfa=map_a,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=0, shape_m=m, grouped_layout=m_indices.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_a)
-
-
-def _check_grouped_addresses(a, b, d, group_layout, layout_name: str) -> None:
-    if (a.data_ptr() | b.data_ptr() | d.data_ptr()) % 16:
-        raise ValueError("a, b and d must start at 16-byte aligned addresses (TMA)")
-    check_no_overlap([("d", d)], [("a", a), ("b", b), (layout_name, group_layout)], "d and the inputs")
-
-
-def _launch_grouped(launches: dict, plan: tuple, encode, a, b, d, group_layout, layout_name: str, m: int,
-                    num_groups: int) -> torch.Tensor:
-    """The per-call part of a validated grouped call: a call with the addresses and plan of an earlier one (whose
-    address checks passed) encodes no tensor map and checks nothing more. encode: _encode_contiguous or
-    _encode_masked."""
-    device_index = a.get_device()
-    key = (a.data_ptr(), b.data_ptr(), d.data_ptr(), group_layout.data_ptr(), plan)
-    launch = launches.get(key)
-    if launch is None:
-        _check_grouped_addresses(a, b, d, group_layout, layout_name)
-        kernel, config, grid = plan
-        encoded = encode(kernel, config, a, b, d, group_layout, m, num_groups)
-        launch = remember_launch(launches, key, kernel.prepare(grid, device_index, encoded))
-    launch.launch(current_raw_stream(device_index))
-    return d
 
 
 def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
@@ -460,16 +429,15 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
 
 
 def _launch_masked(a, b, d, masked_m, expected_m, config=None) -> torch.Tensor:
-    (m_max, n, k, num_groups), launches = _checked_with_launches(_check_masked_call, (a, b, d, masked_m),
-                                                                 expected_m)
+    (m_max, n, k, num_groups), launches = checked_call(_check_masked_call, (a, b, d, masked_m), expected_m)
     if m_max == 0 or num_groups == 0:
-        _check_grouped_addresses(a, b, d, masked_m, "masked_m")
+        check_grouped_addresses((a, b, masked_m), MASKED_INPUTS, d)
         return d
-    return _launch_grouped(launches, _grouped_plan(MASKED, expected_m, n, k, num_groups, config), _encode_masked, a, b,
-                           d, masked_m, "masked_m", m_max, num_groups)
+    return launch_grouped(launches, _grouped_plan(MASKED, expected_m, n, k, num_groups, config), _encode_masked,
+                          (a, b, masked_m), MASKED_INPUTS, d, m_max, num_groups)
 
 
-def _encode_masked(kernel, config, a, b, d, masked_m, m_max: int, num_groups: int) -> bytes:
+def _encode_masked(kernel, config, a, b, masked_m, d, m_max: int, num_groups: int) -> bytes:
     map_a = tensor_map(a, (1, config.block_m, BLOCK_K), 128)
     return kernel.encode(
         tmap_a=map_a, tmap_b=tensor_map(b.flatten(0, 1), (config.block_n, BLOCK_K), 128), tmap_sfa=map_a,

@@ -30,11 +30,14 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import nvfp4_gemm
+from deep_kernels.call_cache import checked_call
 from deep_kernels.contiguous_layout import call_m_indices, layout_argument
 from deep_kernels.device import get_num_sms
 from deep_kernels.fp4_weights import TILE_ROWS as PREPARED_TILE_ROWS, PreparedFp4Weights, check_prepared
 from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_output, scale_a
-from deep_kernels.grouped_gemm import _checked, _checked_with_launches, _split_pairs
+from deep_kernels.grouped_gemm import (
+    CONTIGUOUS_INPUTS, MASKED_INPUTS, _split_pairs, check_grouped_addresses, launch_grouped,
+)
 from deep_kernels.heuristics import fp8_fp4_gemm as heuristics
 from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab_heuristics
 from deep_kernels.heuristics import fp8_gemm as fp8_heuristics
@@ -252,12 +255,12 @@ def _swap_ab_kernel(config, out_dtype: torch.dtype, accumulate: bool, prepared: 
                       smem_bytes=smem)
 
 
-def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulate: bool,
-                    tile_scaled: bool = False, launches: dict = None) -> None:
-    """The swapped kernel (m <= 128 tokens, sfa kernel-ready) of config, split-K through the FP8 GEMM's workspace
-    or in a cluster (config.splits_in_cluster); sfb None: b is prepare_fp4_weights's tensor (tile_scaled: its
-    PreparedFp4Weights.tile_scaled). launches: the validated call signature's prepared launches (Kernel.prepare), kept
-    by the call's addresses, config and workspace (None: encoded for this launch alone)."""
+def _swap_ab_launch(launches: dict, config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulate: bool,
+                    tile_scaled: bool = False):
+    """The launch of the swapped kernel (m <= 128 tokens, sfa kernel-ready) of config, split-K through the FP8
+    GEMM's workspace or in a cluster (config.splits_in_cluster); sfb None: b is prepare_fp4_weights's tensor
+    (tile_scaled: its PreparedFp4Weights.tile_scaled). Prepared (Kernel.prepare) once per address set, config and
+    workspace, its address checks passed, and kept in launches, the validated call signature's."""
     if config.block_t < m:
         raise ValueError(f"a swapped config of {config.block_t} tokens cannot take m = {m}")
     if not 1 <= config.num_splits <= k // SCALE_BLOCK:
@@ -272,7 +275,7 @@ def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulat
     # NOTE: tile_scaled too: prepared weights of either layout may come to lie at the same address.
     key = (a.data_ptr(), sfa.data_ptr(), b.data_ptr(), 0 if prepared else sfb.data_ptr(), d.data_ptr(), config,
            tile_scaled, workspace)
-    launch = None if launches is None else launches.get(key)
+    launch = launches.get(key)
     if launch is None:
         check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b)] + ([] if prepared else [("sfb", sfb)]),
                          "d and the operands")
@@ -287,10 +290,9 @@ def _launch_swap_ab(config, a, sfa, b, sfb, d, m: int, n: int, k: int, accumulat
             split_workspace=workspace.partials.data_ptr() if workspace else 0,
             split_tickets=workspace.tickets.data_ptr() if workspace else 0,
             prepared_weights=b.data_ptr() if prepared else 0, masked_m=0, shape_m=0, num_groups=0, d=0)
-        launch = kernel.prepare((num_tiles * config.num_splits, 1, 1), device_index, encoded)
-        if launches is not None:
-            remember_launch(launches, key, launch)
-    launch.launch(current_raw_stream(device_index))
+        launch = remember_launch(launches, key, kernel.prepare((num_tiles * config.num_splits, 1, 1), device_index,
+                                                               encoded))
+    return launch
 
 
 def _codes_map(b: torch.Tensor, block_n: int) -> tuple:
@@ -386,14 +388,12 @@ def fp8_fp4_gemm_nt_with_config(config, a, b, d: torch.Tensor, c: torch.Tensor =
     if _is_nvfp4(b):
         return nvfp4_gemm.fp8_nvfp4_gemm_nt(*_split_nvfp4(a, b), d, c, config)
     a, sfa, b, sfb = _split_pairs(a, b)
-    (m, n, k, sfa_ready), launches = _checked_with_launches(_check_dense_call, (a, sfa, b, sfb, d, c))
+    (m, n, k, sfa_ready), launches = checked_call(_check_dense_call, (a, sfa, b, sfb, d, c))
     if not sfa_ready:
         sfa = scale_a(sfa, m, k // SCALE_BLOCK)
     _check_addresses(a, sfa, b, sfb, d)
     if m == 0:
         return d
-    if c is not None and c.data_ptr() != d.data_ptr():
-        d.copy_(c)
     num_sms = get_num_sms()
     accumulate = c is not None
     if config is None:
@@ -401,29 +401,48 @@ def fp8_fp4_gemm_nt_with_config(config, a, b, d: torch.Tensor, c: torch.Tensor =
         if plan is None:
             # Prefill: B expanded once per call, then the FP8 GEMM with per-channel scales.
             from deep_kernels.gemm import fp8_gemm_nt
-            return fp8_gemm_nt((a, sfa), _expanded_weights(b, sfb, n, k), d, d if accumulate else None,
-                               recipe=(1, 1, 128))
+            check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb)], "d and the operands")
+            return fp8_gemm_nt((a, sfa), _expanded_weights(b, sfb, n, k), d, c, recipe=(1, 1, 128))
     elif isinstance(config, swap_ab_heuristics.SwapAbConfig):
         plan = config
     else:
         plan = _dense_plan_of(config, m, n, k, d.dtype, accumulate, num_sms)
     if isinstance(plan, swap_ab_heuristics.SwapAbConfig):
-        _launch_swap_ab(plan, a, sfa, b, sfb, d, m, n, k, accumulate, launches=launches)
-        return d
-    kernel, config, grid, split_layout = plan
-    workspace_ptr = tickets_ptr = 0
-    num_unsplit_tiles, workspace_floats, num_tickets = split_layout
-    if num_tickets:
-        workspace = _split_workspace(a.get_device(), workspace_floats, num_tickets)
-        workspace_ptr, tickets_ptr = workspace.partials.data_ptr(), workspace.tickets.data_ptr()
-    map_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
-    # NOTE: tmap_sfb is not read by this kind (the expanders write the column scales); any valid map does.
-    kernel.launch(
-        grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
-        tmap_b=_codes_map(b, config.block_n), tmap_sfa=map_sfa,
-        tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
-        sfb=sfb.data_ptr(), shape_m=m, grouped_layout=0, num_groups=0, d=0, split_workspace=workspace_ptr,
-        split_tickets=tickets_ptr, num_unsplit_tiles=num_unsplit_tiles, tmap_sfb=map_sfa)
+        return _run(_swap_ab_launch(launches, plan, a, sfa, b, sfb, d, m, n, k, accumulate), c, d)
+    return _run(_expanding_launch(launches, plan, a, sfa, b, sfb, d, m), c, d)
+
+
+def _expanding_launch(launches: dict, plan: tuple, a, sfa, b, sfb, d, m: int):
+    """The launch of the FP8 engine's kind that expands the codes in shared memory (plan: _dense_plan_of's),
+    prepared (Kernel.prepare) once per address set, plan and split-K workspace, its address checks passed, and kept
+    in launches, the validated call signature's."""
+    kernel, config, grid, (num_unsplit_tiles, workspace_floats, num_tickets) = plan
+    device_index = a.get_device()
+    workspace = _split_workspace(device_index, workspace_floats, num_tickets) if num_tickets else None
+    key = (a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), d.data_ptr(), plan, workspace)
+    launch = launches.get(key)
+    if launch is None:
+        check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb)], "d and the operands")
+        map_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
+        # NOTE: tmap_sfb is not read by this kind (the expanders write the column scales); any valid map does.
+        encoded = kernel.encode(
+            tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128), tmap_b=_codes_map(b, config.block_n),
+            tmap_sfa=map_sfa,
+            tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
+            sfb=sfb.data_ptr(), shape_m=m, grouped_layout=0, num_groups=0, d=0,
+            split_workspace=workspace.partials.data_ptr() if workspace else 0,
+            split_tickets=workspace.tickets.data_ptr() if workspace else 0, num_unsplit_tiles=num_unsplit_tiles,
+            tmap_sfb=map_sfa)
+        launch = remember_launch(launches, key, kernel.prepare(grid, device_index, encoded))
+    return launch
+
+
+def _run(launch, c, d: torch.Tensor) -> torch.Tensor:
+    """c copied into d where it is not d, then the launch: only once the launch's address checks have passed, which
+    a copy over an input would defeat."""
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    launch.launch(current_raw_stream(d.get_device()))
     return d
 
 
@@ -455,8 +474,7 @@ def _fp8_fp4_gemm_nt_prepared(a, prepared: PreparedFp4Weights, d, c, config) -> 
         raise TypeError("a must be an (a, sfa) pair")
     a, sfa = a
     n = prepared.n
-    (m, k, sfa_ready), launches = _checked_with_launches(_check_prepared_call, (a, sfa, prepared.data, d, c), n,
-                                                         prepared.k)
+    (m, k, sfa_ready), launches = checked_call(_check_prepared_call, (a, sfa, prepared.data, d, c), n, prepared.k)
     if not sfa_ready:
         sfa = scale_a(sfa, m, k // SCALE_BLOCK)
     _check_addresses(a, sfa, prepared.data, prepared.data, d)
@@ -468,13 +486,12 @@ def _fp8_fp4_gemm_nt_prepared(a, prepared: PreparedFp4Weights, d, c, config) -> 
     if config is None and not swap_ab_heuristics.is_preferred(m, n, k, get_num_sms()):
         from deep_kernels.gemm import fp8_gemm_nt
         recipe = None if prepared.folds_into_blocks else (1, 1, 128)
+        check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", prepared.data)], "d and the operands")
         return fp8_gemm_nt((a, sfa), _expanded_prepared_weights(prepared), d, c, recipe=recipe)
-    if c is not None and c.data_ptr() != d.data_ptr():
-        d.copy_(c)
     accumulate = c is not None
     plan = config or _dense_plan(m, n, k, d.dtype, accumulate, get_num_sms(), prepared=True)
-    _launch_swap_ab(plan, a, sfa, prepared.data, None, d, m, n, k, accumulate, prepared.tile_scaled, launches)
-    return d
+    return _run(_swap_ab_launch(launches, plan, a, sfa, prepared.data, None, d, m, n, k, accumulate,
+                                prepared.tile_scaled), c, d)
 
 
 def _check_bf16_d(d, shape: tuple) -> None:
@@ -588,21 +605,26 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices)
     a, sfa, b, sfb = _split_pairs(a, b)
-    m, n, k, num_groups, sfa_ready = _checked(_check_contiguous_call, (a, sfa, b, sfb, d, m_indices))
+    (m, n, k, num_groups, sfa_ready), launches = checked_call(_check_contiguous_call,
+                                                             (a, sfa, b, sfb, d, m_indices))
     if not sfa_ready:
         sfa = scale_a(sfa, m, k // SCALE_BLOCK)
-    _check_addresses(a, sfa, b, sfb, d)
+    inputs = (a, sfa, b, sfb, m_indices)
     if m == 0 or num_groups == 0:
+        check_grouped_addresses(inputs, CONTIGUOUS_INPUTS, d)
         return d
-    kernel, config, grid = _grouped_plan(CONTIGUOUS, m, n, k, num_groups)
+    return launch_grouped(launches, _grouped_plan(CONTIGUOUS, m, n, k, num_groups), _encode_contiguous, inputs,
+                          CONTIGUOUS_INPUTS, d, m, num_groups)
+
+
+def _encode_contiguous(kernel, config, a, sfa, b, sfb, m_indices, d, m: int, num_groups: int) -> bytes:
     map_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
-    kernel.launch(
-        grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
-        tmap_b=_codes_map(b, config.block_n), tmap_sfa=map_sfa,
+    return kernel.encode(
+        tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128), tmap_b=_codes_map(b, config.block_n),
+        tmap_sfa=map_sfa,
         tmap_d=tensor_map(d, (64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m, grouped_layout=m_indices.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_sfa)
-    return d
 
 
 def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, recipe=None,
@@ -654,44 +676,53 @@ def m_grouped_fp8_fp4_gemm_nt_masked_with_config(config, a, b, d: torch.Tensor, 
     if config is not None:
         raise ValueError("config is taken with prepared weights only")
     a, sfa, b, sfb = _split_pairs(a, b)
-    m_max, n, k, num_groups, sfa_ready = _checked(_check_masked_call, (a, sfa, b, sfb, d, masked_m), expected_m)
+    (m_max, n, k, num_groups, sfa_ready), launches = checked_call(_check_masked_call, (a, sfa, b, sfb, d, masked_m),
+                                                                 expected_m)
     if not sfa_ready:
         sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
-    _check_addresses(a, sfa, b, sfb, d)
+    inputs = (a, sfa, b, sfb, masked_m)
     if m_max == 0 or num_groups == 0:
+        check_grouped_addresses(inputs, MASKED_INPUTS, d)
         return d
-    kernel, config, grid = _grouped_plan(MASKED, expected_m, n, k, num_groups)
+    return launch_grouped(launches, _grouped_plan(MASKED, expected_m, n, k, num_groups), _encode_masked, inputs,
+                          MASKED_INPUTS, d, m_max, num_groups)
+
+
+def _encode_masked(kernel, config, a, sfa, b, sfb, masked_m, d, m_max: int, num_groups: int) -> bytes:
     map_sfa = tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m))
-    kernel.launch(
-        grid, a.get_device(), tmap_a=tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128),
-        tmap_b=_codes_map(b, config.block_n), tmap_sfa=map_sfa,
+    return kernel.encode(
+        tmap_a=tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128), tmap_b=_codes_map(b, config.block_n),
+        tmap_sfa=map_sfa,
         tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m_max, grouped_layout=masked_m.data_ptr(), num_groups=num_groups,
         d=d.data_ptr(), split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_sfa)
-    return d
 
 
-def _check_masked_prepared_call(a, sfa, prepared: PreparedFp4Weights, d, masked_m, expected_m) -> tuple:
-    """Full validation with grouped prepared weights; returns (M_max, k, G, whether sfa is kernel-ready)."""
+def _check_masked_prepared_call(a, sfa, data, d, masked_m, expected_m, n: int, k_prepared: int) -> tuple:
+    """Full validation with grouped prepared weights of n rows and k_prepared columns (data: their tensor); returns
+    (M_max, k, G, whether sfa is kernel-ready)."""
     check_dtype(a, "a", (torch.float8_e4m3fn,))
     check_rank(a, "a", 3)
     num_groups, m_max, k = a.shape
     _check_k(k)
-    if prepared.num_groups is None:
+    if not isinstance(data, torch.Tensor) or data.dim() != 4:
         raise ValueError("the masked GEMM takes grouped prepared weights: prepare_fp4_weights of codes [G, N, K / 2] "
                          "and scales [G, N, K / 32]")
-    if prepared.num_groups != num_groups:
-        raise ValueError(f"a has G = {num_groups} groups but the prepared weights {prepared.num_groups}")
-    if k != prepared.k:
-        raise ValueError(f"a has K = {k} columns but the prepared weights K = {prepared.k}")
-    n = prepared.n
+    if data.shape[0] != num_groups:
+        raise ValueError(f"a has G = {num_groups} groups but the prepared weights {data.shape[0]}")
+    if k != k_prepared:
+        raise ValueError(f"a has K = {k} columns but the prepared weights K = {k_prepared}")
     if n % 16 != 0 or n == 0:
         raise ValueError(f"N must be a positive multiple of 16, got prepared weights of {n} rows")
-    check_prepared(prepared.data, n, k, num_groups)
+    check_prepared(data, n, k, num_groups)
     kernel_sfa = _check_masked_rows(a, sfa, d, masked_m, expected_m, n)
-    for tensor, name in ((a, "a"), (sfa, "sfa"), (prepared.data, "b"), (d, "d"), (masked_m, "masked_m")):
+    for tensor, name in ((a, "a"), (sfa, "sfa"), (data, "b"), (d, "d"), (masked_m, "masked_m")):
         check_cuda_device(tensor, name, like=a)
     return m_max, k, num_groups, kernel_sfa is sfa
+
+
+# What the masked decode kernel reads from prepared weights, by name, in launch_grouped's order.
+PREPARED_MASKED_INPUTS = ("a", "sfa", "b", "masked_m")
 
 
 def _masked_prepared(a, prepared: PreparedFp4Weights, d, masked_m, expected_m: int, config) -> torch.Tensor:
@@ -702,28 +733,40 @@ def _masked_prepared(a, prepared: PreparedFp4Weights, d, masked_m, expected_m: i
         raise ValueError("config must be a heuristics.fp8_fp4_swap_ab config without split-K")
     a, sfa = a
     n = prepared.n
-    m_max, k, num_groups, sfa_ready = _checked(_check_masked_prepared_call, (a, sfa, prepared, d, masked_m),
-                                               expected_m)
+    (m_max, k, num_groups, sfa_ready), launches = checked_call(
+        _check_masked_prepared_call, (a, sfa, prepared.data, d, masked_m), expected_m, n, prepared.k)
     if not sfa_ready:
         sfa = scale_a(sfa, m_max, k // SCALE_BLOCK, num_groups)
-    _check_addresses(a, sfa, prepared.data, prepared.data, d)
+    inputs = (a, sfa, prepared.data, masked_m)
     if m_max == 0 or num_groups == 0:
+        check_grouped_addresses(inputs, PREPARED_MASKED_INPUTS, d)
         return d
+    plan = _masked_prepared_plan(config, expected_m, n, k, num_groups, prepared.tile_scaled)
+    return launch_grouped(launches, plan, _encode_masked_prepared, inputs, PREPARED_MASKED_INPUTS, d, m_max,
+                          num_groups)
+
+
+def _masked_prepared_plan(config, expected_m: int, n: int, k: int, num_groups: int, tile_scaled: bool) -> tuple:
+    """(kernel, config, grid) of the masked decode kernel: config, or the heuristics' pick where it is None."""
     num_sms = get_num_sms()
-    if config is None:
-        key = ("masked_swap_ab", expected_m, n, k, num_groups, num_sms)
-        config = _plans.get(key)
+    key = ("masked_swap_ab", config, expected_m, n, k, num_groups, num_sms, tile_scaled)
+    plan = _plans.get(key)
+    if plan is None:
         if config is None:
-            config = _plans[key] = swap_ab_heuristics.get_masked_config(expected_m, n, k, num_groups, num_sms)
-    kernel = _swap_ab_kernel(config, d.dtype, False, True, True, prepared.tile_scaled)
+            config = swap_ab_heuristics.get_masked_config(expected_m, n, k, num_groups, num_sms)
+        kernel = _swap_ab_kernel(config, torch.bfloat16, False, True, True, tile_scaled)
+        plan = _plans[key] = (kernel, config, (num_sms * config.ctas_per_sm, 1, 1))
+    return plan
+
+
+def _encode_masked_prepared(kernel, config, a, sfa, data, masked_m, d, m_max: int, num_groups: int) -> bytes:
     tmap_a = tensor_map(a, (1, swap_ab_heuristics.masked_a_box_rows(config), SCALE_BLOCK), 128)
     # NOTE: the masked layout reads neither tmap_codes nor tmap_d (bulk copies in, direct row stores out).
-    kernel.launch(
-        (num_sms * config.ctas_per_sm, 1, 1), a.get_device(), tmap_a=tmap_a, tmap_codes=tmap_a,
-        tmap_sfa=tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_t)), tmap_d=tmap_a, sfb_words=0, shape_n=n,
-        shape_k=k, num_splits=1, split_workspace=0, split_tickets=0, prepared_weights=prepared.data.data_ptr(),
-        masked_m=masked_m.data_ptr(), shape_m=m_max, num_groups=num_groups, d=d.data_ptr())
-    return d
+    return kernel.encode(
+        tmap_a=tmap_a, tmap_codes=tmap_a, tmap_sfa=tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_t)),
+        tmap_d=tmap_a, sfb_words=0, shape_n=d.shape[-1], shape_k=a.shape[-1], num_splits=1, split_workspace=0,
+        split_tickets=0, prepared_weights=data.data_ptr(), masked_m=masked_m.data_ptr(), shape_m=m_max,
+        num_groups=num_groups, d=d.data_ptr())
 
 
 # (M, N, K) the heuristics' picks are precompiled for: DeepSeek-V3's dense shapes at decode and prefill sizes.

@@ -372,11 +372,6 @@ def _check_call(a, sfa, b, sfb, d, c, operands: str = BLOCK_SCALED) -> tuple:
     return m, n, k, kernel_sfa is sfa and kernel_sfb is sfb
 
 
-def call_signature(*tensors) -> tuple:
-    """What validation depends on, bar data addresses: dtypes, shapes, strides and devices (None stays None)."""
-    return tuple([None if t is None else (t.dtype, t.shape, t.stride(), t.get_device()) for t in tensors])
-
-
 def _gemm_signature(a, sfa, b, sfb, d, c, operands: str) -> tuple:
     """call_signature(a, sfa, b, sfb, d, c) and the operands, in one flat tuple: the hot path's form of it."""
     return (a.dtype, a.shape, a.stride(), a.get_device(), sfa.dtype, sfa.shape, sfa.stride(), sfa.get_device(),

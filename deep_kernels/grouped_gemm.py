@@ -22,9 +22,10 @@ from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms, has_gpu, target_arch
 from deep_kernels import gemm, tuning
+from deep_kernels.call_cache import checked_call
 from deep_kernels.contiguous_layout import call_m_indices, layout_argument, m_indices_from_offsets
 from deep_kernels.gemm import (
-    BLOCK_SCALED, SCALE_BLOCK, apply_config_override, call_signature, check_k_n, get_gemm_kernel, kernel_spec,
+    BLOCK_SCALED, SCALE_BLOCK, apply_config_override, check_k_n, get_gemm_kernel, kernel_spec,
     operands_of_recipe, scale_a, scale_b,
 )
 from deep_kernels.heuristics import grouped_fp8_gemm as heuristics
@@ -184,48 +185,40 @@ def _split_pairs(a, b) -> tuple:
     return (*a, *b)
 
 
-# Signatures of calls that passed validation -> (what their checks returned, the kernel's prepared launches
-# (Kernel.prepare) by the call's addresses and plan, for the callers that cache them).
-_checked_calls = {}
+# What the FP8 (and FP4) grouped kernels read, by name, in launch_grouped's order.
+CONTIGUOUS_INPUTS = ("a", "sfa", "b", "sfb", "m_indices")
+MASKED_INPUTS = ("a", "sfa", "b", "sfb", "masked_m")
+# The tensors the grouped kernels read through TMA (16-byte aligned, as d) and by 4-byte words (the weight scales:
+# MXFP4's are bytes); the group layouts are int32, aligned by their dtype.
+_TMA_READ = ("a", "sfa", "b")
+_WORD_READ = ("sfb",)
 
 
-def _checked_with_launches(check, tensors: tuple, *extra) -> tuple:
-    """(check(*tensors, *extra), the signature's launches): the check runs once per signature."""
-    try:
-        signature = (check, call_signature(*tensors), tuple((type(value), value) for value in extra))
-    except AttributeError:  # not tensors: the full check says which
-        signature = None
-    checked = _checked_calls.get(signature)
-    if checked is None:
-        checked = (check(*tensors, *extra), {})
-        if signature is not None:
-            _checked_calls[signature] = checked
-    return checked
+def check_grouped_addresses(inputs: tuple, names: tuple, d: torch.Tensor) -> None:
+    """The address checks of a grouped call: the inputs (named by names) and d aligned for the kernel's reads and
+    writes (_TMA_READ, _WORD_READ), and d over none of the inputs."""
+    tma = [name for name in names if name in _TMA_READ]
+    words = [name for name in names if name in _WORD_READ]
+    pointers = dict(zip(names, (t.data_ptr() for t in inputs)))
+    if d.data_ptr() % 16 or any(pointers[name] % 16 for name in tma) or any(pointers[name] % 4 for name in words):
+        raise ValueError(f"{', '.join(tma)} and d must start at 16-byte aligned addresses (TMA)"
+                         + "".join(f", {name} at a 4-byte one" for name in words))
+    check_no_overlap([("d", d)], list(zip(names, inputs)), "d and the inputs")
 
 
-def _checked(check, tensors: tuple, *extra):
-    """check(*tensors, *extra), run once per signature."""
-    return _checked_with_launches(check, tensors, *extra)[0]
-
-
-def _check_addresses(a, sfa, b, sfb, d, group_layout, layout_name: str) -> None:
-    if (a.data_ptr() | b.data_ptr() | d.data_ptr() | sfa.data_ptr()) % 16:
-        raise ValueError("a, b, d and sfa must start at 16-byte aligned addresses (TMA)")
-    check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), (layout_name, group_layout)],
-                     "d and the inputs")
-
-
-def _launch(launches: dict, plan: tuple, encode, a, sfa, b, sfb, d, group_layout, layout_name: str, m: int,
-            num_groups: int) -> torch.Tensor:
-    """The per-call part of a validated call: a call with the addresses and plan of an earlier one (whose address
-    checks passed) encodes no tensor map and checks nothing more. encode: _encode_contiguous or _encode_masked."""
-    device_index = a.get_device()
-    key = (a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), d.data_ptr(), group_layout.data_ptr(), plan)
+def launch_grouped(launches: dict, plan: tuple, encode, inputs: tuple, names: tuple, d: torch.Tensor, m: int,
+                   num_groups: int) -> torch.Tensor:
+    """The per-call part of a validated grouped call (FP8, BF16 or FP4 weights): its launch at the call's addresses
+    and plan, prepared once (check_grouped_addresses passed, encode(kernel, config, *inputs, d, m, num_groups) then
+    Kernel.prepare) and kept in the signature's launches. inputs: the tensors the kernel reads, named by names,
+    the group layout last; plan: (kernel, config, grid)."""
+    device_index = d.get_device()
+    key = (*[t.data_ptr() for t in inputs], d.data_ptr(), plan)
     launch = launches.get(key)
     if launch is None:
-        _check_addresses(a, sfa, b, sfb, d, group_layout, layout_name)
+        check_grouped_addresses(inputs, names, d)
         kernel, config, grid = plan
-        encoded = encode(kernel, config, a, sfa, b, sfb, d, group_layout, m, num_groups)
+        encoded = encode(kernel, config, *inputs, d, m, num_groups)
         launch = remember_launch(launches, key, kernel.prepare(grid, device_index, encoded))
     launch.launch(current_raw_stream(device_index))
     return d
@@ -296,18 +289,18 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         raise TypeError("pass exactly one of m_indices (DeepGEMM's grouped_layout) and offsets")
     layout_name = "m_indices" if offsets is None else "offsets"
     group_layout = m_indices if offsets is None else offsets
-    (m, n, k, num_groups, scales_ready), launches = _checked_with_launches(
+    (m, n, k, num_groups, scales_ready), launches = checked_call(
         _check_contiguous_call, (a, sfa, b, sfb, d, group_layout), layout_name)
     if not scales_ready:
         sfa = scale_a(sfa, m, ceil_div(k, SCALE_BLOCK))
         sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), ceil_div(k, SCALE_BLOCK), num_groups)
     if m == 0 or num_groups == 0:
-        _check_addresses(a, sfa, b, sfb, d, group_layout, layout_name)
+        check_grouped_addresses((a, sfa, b, sfb, group_layout), ("a", "sfa", "b", "sfb", layout_name), d)
         return d
     if offsets is not None:
         m_indices = m_indices_from_offsets(offsets, m)
-    return _launch(launches, _plan(CONTIGUOUS, m, n, k, num_groups), _encode_contiguous, a, sfa, b, sfb, d, m_indices,
-                   "m_indices", m, num_groups)
+    return launch_grouped(launches, _plan(CONTIGUOUS, m, n, k, num_groups), _encode_contiguous,
+                          (a, sfa, b, sfb, m_indices), CONTIGUOUS_INPUTS, d, m, num_groups)
 
 
 def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor = None, recipe=None,
@@ -324,7 +317,7 @@ def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         use_psum_layout=use_psum_layout, ensure_zero_padding=ensure_zero_padding)
 
 
-def _encode_contiguous(kernel, config, a, sfa, b, sfb, d, m_indices, m: int, num_groups: int) -> bytes:
+def _encode_contiguous(kernel, config, a, sfa, b, sfb, m_indices, d, m: int, num_groups: int) -> bytes:
     tmap_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
     return kernel.encode(
         tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
@@ -366,23 +359,23 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
         from deep_kernels import ops
         return ops.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)
     a, sfa, b, sfb = _split_pairs(a, b)
-    (m_max, n, k, num_groups, scales_ready), launches = _checked_with_launches(
+    (m_max, n, k, num_groups, scales_ready), launches = checked_call(
         _check_masked_call, (a, sfa, b, sfb, d, masked_m), expected_m)
     if not scales_ready:
         sfa = scale_a(sfa, m_max, ceil_div(k, SCALE_BLOCK), num_groups)
         sfb = scale_b(sfb, ceil_div(n, SCALE_BLOCK), ceil_div(k, SCALE_BLOCK), num_groups)
     if m_max == 0 or num_groups == 0:
-        _check_addresses(a, sfa, b, sfb, d, masked_m, "masked_m")
+        check_grouped_addresses((a, sfa, b, sfb, masked_m), MASKED_INPUTS, d)
         return d
-    return _launch(launches, _plan(MASKED, expected_m, n, k, num_groups), _encode_masked, a, sfa, b, sfb, d, masked_m,
-                   "masked_m", m_max, num_groups)
+    return launch_grouped(launches, _plan(MASKED, expected_m, n, k, num_groups), _encode_masked,
+                          (a, sfa, b, sfb, masked_m), MASKED_INPUTS, d, m_max, num_groups)
 
 
 # DeepGEMM's other name of the masked GEMM, the one vLLM resolves.
 fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 
 
-def _encode_masked(kernel, config, a, sfa, b, sfb, d, masked_m, m_max: int, num_groups: int) -> bytes:
+def _encode_masked(kernel, config, a, sfa, b, sfb, masked_m, d, m_max: int, num_groups: int) -> bytes:
     tmap_sfa = tensor_map(sfa.permute(0, 2, 1), (1, 1, config.block_m))
     return kernel.encode(
         tmap_a=tensor_map(a, (1, config.block_m, SCALE_BLOCK), 128),
@@ -400,16 +393,19 @@ def forced_config_call(gemm_type: str, config, a, b, d: torch.Tensor, group_layo
     a, sfa, b, sfb = _split_pairs(a, b)
     if gemm_type == CONTIGUOUS:
         m, n, k, num_groups, scales_ready = _check_contiguous_call(a, sfa, b, sfb, d, group_layout, "m_indices")
-        plan, encode, layout_name = plan_of(CONTIGUOUS, config, m, n, k, get_num_sms()), _encode_contiguous, "m_indices"
+        plan = plan_of(CONTIGUOUS, config, m, n, k, get_num_sms())
+        encode, names = _encode_contiguous, CONTIGUOUS_INPUTS
     elif gemm_type == MASKED:
         m, n, k, num_groups, scales_ready = _check_masked_call(a, sfa, b, sfb, d, group_layout, expected_m)
-        plan, encode, layout_name = plan_of(MASKED, config, expected_m, n, k, get_num_sms()), _encode_masked, "masked_m"
+        plan = plan_of(MASKED, config, expected_m, n, k, get_num_sms())
+        encode, names = _encode_masked, MASKED_INPUTS
     else:
         raise ValueError(f"gemm_type must be {CONTIGUOUS!r} or {MASKED!r}, got {gemm_type!r}")
     if not scales_ready:
         raise ValueError("forced_config_call takes kernel-ready scales (FP32, MN-major TMA-aligned sfa)")
     launches = {}
-    return lambda: _launch(launches, plan, encode, a, sfa, b, sfb, d, group_layout, layout_name, m, num_groups)
+    inputs = (a, sfa, b, sfb, group_layout)
+    return lambda: launch_grouped(launches, plan, encode, inputs, names, d, m, num_groups)
 
 
 @precompiled

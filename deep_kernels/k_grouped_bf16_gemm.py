@@ -19,8 +19,9 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.bf16_gemm import is_mn_major, operand_map
+from deep_kernels.call_cache import call_signature
 from deep_kernels.device import get_num_sms
-from deep_kernels.gemm import FP8_GEMM, call_signature
+from deep_kernels.gemm import FP8_GEMM
 from deep_kernels.heuristics import k_grouped_bf16_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map

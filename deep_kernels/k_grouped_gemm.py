@@ -24,9 +24,10 @@ import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import gemm
+from deep_kernels.call_cache import call_signature
 from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import (
-    CHANNEL_SCALED, SCALE_BLOCK, apply_config_override, call_signature, get_gemm_kernel, kernel_spec,
+    CHANNEL_SCALED, SCALE_BLOCK, apply_config_override, get_gemm_kernel, kernel_spec,
     operands_of_recipe, scale_a, scale_b_channels,
 )
 from deep_kernels.heuristics import k_grouped_fp8_gemm as heuristics

@@ -22,9 +22,9 @@ such slice: correct and exact, but slower than an FP8 GEMM at prefill sizes).
 
 import torch
 
+from deep_kernels.call_cache import checked_call
 from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import SCALE_BLOCK, _split_workspace, check_output, scale_a
-from deep_kernels.grouped_gemm import _checked_with_launches
 from deep_kernels.heuristics import fp8_nvfp4_swap_ab as heuristics
 from deep_kernels.jit.definition import PTR, TENSOR_MAP, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -107,11 +107,11 @@ def _config(m: int, n: int, k: int, out_dtype: torch.dtype):
     return _configs[key]
 
 
-def _launch(config, a, sfa, b, sfb, global_scale, d, m: int, n: int, k: int, accumulate: bool,
-            launches: dict = None) -> None:
-    """One launch over m <= config.block_t tokens (sfa kernel-ready), split-K through the FP8 GEMM's workspace.
-    launches: the validated call signature's prepared launches (Kernel.prepare), kept by the launch's addresses,
-    config and workspace (None: encoded for this launch alone)."""
+def _prepared_launch(launches: dict, config, a, sfa, b, sfb, global_scale, d, m: int, n: int, k: int,
+                     accumulate: bool):
+    """The launch over m <= config.block_t tokens (sfa kernel-ready), split-K through the FP8 GEMM's workspace,
+    prepared (Kernel.prepare) once per address set, config and workspace and kept in launches, the validated call
+    signature's."""
     if config.block_t < m:
         raise ValueError(f"a swapped config of {config.block_t} tokens cannot take m = {m}")
     if not 1 <= config.num_splits <= k // SCALE_BLOCK:
@@ -124,7 +124,7 @@ def _launch(config, a, sfa, b, sfb, global_scale, d, m: int, n: int, k: int, acc
                                      num_tiles * config.num_math_warpgroups)
     key = (a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), global_scale.data_ptr(), d.data_ptr(), config,
            workspace)
-    launch = None if launches is None else launches.get(key)
+    launch = launches.get(key)
     if launch is None:
         check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("global_scale", global_scale)],
                          "d and the operands")
@@ -137,30 +137,34 @@ def _launch(config, a, sfa, b, sfb, global_scale, d, m: int, n: int, k: int, acc
             sfb=sfb.data_ptr(), global_scale=global_scale.data_ptr(), shape_n=n, shape_k=k,
             num_splits=config.num_splits, split_workspace=workspace.partials.data_ptr() if workspace else 0,
             split_tickets=workspace.tickets.data_ptr() if workspace else 0)
-        launch = kernel.prepare((num_tiles * config.num_splits, 1, 1), device_index, encoded)
-        if launches is not None:
-            remember_launch(launches, key, launch)
-    launch.launch(current_raw_stream(device_index))
+        launch = remember_launch(launches, key, kernel.prepare((num_tiles * config.num_splits, 1, 1), device_index,
+                                                               encoded))
+    return launch
 
 
 def fp8_nvfp4_gemm_nt(a, sfa, b, sfb, global_scale, d: torch.Tensor, c: torch.Tensor = None,
                       config=None) -> torch.Tensor:
     """fp8_fp4_gemm_nt's NVFP4 form (the module docstring). config: a heuristics.fp8_nvfp4_swap_ab config instead
     of the chosen one (tests, tuning); it runs every 128-row slice."""
-    (m, n, k, sfa_ready), launches = _checked_with_launches(_check_call, (a, sfa, b, sfb, global_scale, d, c))
+    (m, n, k, sfa_ready), launches = checked_call(_check_call, (a, sfa, b, sfb, global_scale, d, c))
     if not sfa_ready:
         sfa = scale_a(sfa, m, k // SCALE_BLOCK)
     _check_addresses(a, sfa, b, sfb, d)
     if m == 0:
         return d
-    if c is not None and c.data_ptr() != d.data_ptr():
-        d.copy_(c)
     accumulate = c is not None
+    # NOTE: prepared (their address checks passed) before c is copied into d.
+    slices = []
     for first in range(0, m, heuristics.MAX_TOKENS):
         rows = min(heuristics.MAX_TOKENS, m - first)
-        chosen = config or _config(rows, n, k, d.dtype)
-        _launch(chosen, a[first:first + rows], sfa[first:first + rows], b, sfb, global_scale,
-                d[first:first + rows], rows, n, k, accumulate, launches)
+        slices.append(_prepared_launch(launches, config or _config(rows, n, k, d.dtype), a[first:first + rows],
+                                       sfa[first:first + rows], b, sfb, global_scale, d[first:first + rows], rows, n,
+                                       k, accumulate))
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    stream = current_raw_stream(a.get_device())
+    for launch in slices:
+        launch.launch(stream)
     return d
 
 

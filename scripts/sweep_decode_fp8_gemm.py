@@ -92,6 +92,13 @@ PLANNED = {
 }
 
 
+def final_configs(m: int, n: int, k: int, num_sms: int) -> list:
+    """The model's pick and, where PREVIOUS_PICKS has the shape, the previous pick."""
+    pick = heuristics.ranked_configs(m, n, k, num_sms, allow_split_k=True)[0][1]
+    previous = PREVIOUS_PICKS.get((m, n, k))
+    return list(dict.fromkeys([pick] + ([parse_label(previous)] if previous else [])))
+
+
 def planned_configs(m: int, n: int, k: int, num_sms: int) -> list:
     """The model's pick, its twin with evict-first B toggled, and PLANNED's configs."""
     pick = heuristics.ranked_configs(m, n, k, num_sms, allow_split_k=True)[0][1]

@@ -97,11 +97,11 @@ def baseline_call(kind: str, config, root: Path, a, sfa, b, sfb, d, layout, hint
         return None
     _, _, grid = grouped_gemm.plan_of(kind, config, hint_m, n, k, get_num_sms())
     plan = (runtime.load_kernel(binary, spec, config.smem_bytes), config, grid)
-    encode, layout_name = ((grouped_gemm._encode_contiguous, "m_indices") if kind == CONTIGUOUS
-                           else (grouped_gemm._encode_masked, "masked_m"))
+    encode, names = ((grouped_gemm._encode_contiguous, grouped_gemm.CONTIGUOUS_INPUTS) if kind == CONTIGUOUS
+                     else (grouped_gemm._encode_masked, grouped_gemm.MASKED_INPUTS))
     launches = {}
-    return lambda: grouped_gemm._launch(launches, plan, encode, a, sfa, b, sfb, d, layout, layout_name, m_rows,
-                                        b.shape[0])
+    return lambda: grouped_gemm.launch_grouped(launches, plan, encode, (a, sfa, b, sfb, layout), names, d, m_rows,
+                                               b.shape[0])
 
 
 def dense_spec(config, n: int, k: int):

@@ -298,9 +298,9 @@ def test_swap_ab_heuristics():
         swap_ab.get_config(129, 4096, 7168, 132)
     (a, sfa), (b, sfb), d = _cpu_operands(m=17)
     with pytest.raises(ValueError, match="cannot take m = 17"):
-        fp4_gemm._launch_swap_ab(swap_ab.make_config(16), a, sfa, b, sfb, d, 17, 256, 256, False)
+        fp4_gemm._swap_ab_launch({}, swap_ab.make_config(16), a, sfa, b, sfb, d, 17, 256, 256, False)
     with pytest.raises(ValueError, match="num_splits must be in 1..K / 128 = 2"):
-        fp4_gemm._launch_swap_ab(swap_ab.make_config(32, num_splits=3), a, sfa, b, sfb, d, 17, 256, 256, False)
+        fp4_gemm._swap_ab_launch({}, swap_ab.make_config(32, num_splits=3), a, sfa, b, sfb, d, 17, 256, 256, False)
 
 
 def _swap_ab_config(block_t, warpgroups, splits, ctas_per_sm=1, chains=None):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels import bf16_gemm, fp4_gemm, gemm, grouped_gemm, nvfp4_gemm
+from deep_kernels import bf16_gemm, call_cache, fp4_gemm, gemm, grouped_gemm, nvfp4_gemm
 from deep_kernels.jit import launcher, runtime
 from deep_kernels.moe import gate, layout, routing
 from deep_kernels.quant import fp8
@@ -26,7 +26,7 @@ from deep_kernels.reference import fp4_gemm as reference_fp4
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference import moe as reference_moe
 from deep_kernels.testing import assert_bitwise_equal, copy_with_output_over_it, poison_, random_activations
-from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs
+from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import assert_gemm_close, make_gemm_inputs
 from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs
 
@@ -209,7 +209,8 @@ def test_each_check_fires_after_valid_calls(fake_gemm, mutate, error, match):
 
 @pytest.fixture
 def fake_bf16(monkeypatch):
-    return _fake_call_path(monkeypatch, bf16_gemm, ("_checked_dense_calls", "_plans"), "_get_kernel")
+    monkeypatch.setattr(call_cache, "_checked_calls", {})
+    return _fake_call_path(monkeypatch, bf16_gemm, ("_plans",), "_get_kernel")
 
 
 def _cpu_bf16_gemm(m=64, n=256, k=512):
@@ -251,24 +252,42 @@ def test_bf16_gemm_cached_signature_still_checks_the_addresses(fake_bf16):
 
 # ---- the grouped GEMMs' cached launches, with a fake kernel (CPU) ----
 
-GROUPED_KINDS = ["contiguous", "masked", "bf16_contiguous", "bf16_masked"]
+GROUPED_KINDS = ["contiguous", "masked", "bf16_contiguous", "bf16_masked", "fp4_contiguous", "fp4_masked",
+                 "fp4_masked_prepared"]
 
 
 @pytest.fixture
 def fake_grouped(monkeypatch):
     monkeypatch.setattr(grouped_gemm, "_tuned_config", lambda *args: None)
     monkeypatch.setattr(bf16_gemm, "_grouped_plans", {})
-    kernel = _fake_call_path(monkeypatch, grouped_gemm, ("_checked_calls", "_plans"), "get_gemm_kernel")
+    monkeypatch.setattr(call_cache, "_checked_calls", {})
+    kernel = _fake_call_path(monkeypatch, grouped_gemm, ("_plans",), "get_gemm_kernel")
     for name in ("check_cuda_device", "get_num_sms", "current_raw_stream"):
         monkeypatch.setattr(bf16_gemm, name, getattr(grouped_gemm, name))
     monkeypatch.setattr(bf16_gemm, "_get_kernel", lambda *args, **kwargs: kernel)
+    monkeypatch.setattr(fp4_gemm, "_plans", {})
+    for name in ("check_cuda_device", "get_num_sms"):
+        monkeypatch.setattr(fp4_gemm, name, getattr(grouped_gemm, name))
+    for name in ("_kernel", "_swap_ab_kernel"):
+        monkeypatch.setattr(fp4_gemm, name, lambda *args: kernel)
     return kernel
 
 
 def _cpu_grouped(kind: str, n=256, k=512) -> tuple:
     """(call(a, b, d, layout), a, b, d, layout) of a small grouped problem on the CPU (a and b: (tensor, scales)
-    pairs for FP8, tensors for BF16)."""
+    pairs for FP8 and MXFP4 weights, tensors for BF16; b prepared weights for fp4_masked_prepared)."""
     sizes, masked_m, m_max = [100, 0, 200], [5, 70], 128
+    if kind == "fp4_contiguous":
+        a, _, m_indices, _ = make_contiguous_inputs(sizes, n, k, device="cpu")
+        return (deep_kernels.m_grouped_fp8_fp4_gemm_nt_contiguous, a, mxfp4_weights(n, k, "cpu", num_groups=3),
+                torch.empty(m_indices.numel(), n, dtype=torch.bfloat16), m_indices)
+    if kind.startswith("fp4_masked"):
+        a, _, masked_m = make_masked_inputs(masked_m, m_max, n, k, device="cpu")
+        b = mxfp4_weights(n, k, "cpu", num_groups=2)
+        if kind == "fp4_masked_prepared":
+            b = deep_kernels.prepare_fp4_weights(*b)
+        return (lambda *args: deep_kernels.m_grouped_fp8_fp4_gemm_nt_masked(*args, expected_m=64), a, b,
+                torch.empty(2, m_max, n, dtype=torch.bfloat16), masked_m)
     if kind == "contiguous":
         a, b, m_indices, _ = make_contiguous_inputs(sizes, n, k, device="cpu")
         return (deep_kernels.m_grouped_fp8_gemm_nt_contiguous, a, b,
@@ -294,6 +313,13 @@ def _with_data(operand, data: torch.Tensor):
     return (data, operand[1]) if isinstance(operand, tuple) else data
 
 
+def _d_and_layout(kind: str, params: dict) -> tuple:
+    """The addresses of d and of the group layout a grouped kernel was encoded with."""
+    if kind == "fp4_masked_prepared":  # direct row stores: no tensor map of d
+        return params["d"], params["masked_m"]
+    return params["tmap_d"][0], params["grouped_layout"]
+
+
 @pytest.mark.parametrize("kind", GROUPED_KINDS)
 def test_grouped_gemm_encodes_once_per_address_set_and_plan(fake_grouped, monkeypatch, kind):
     call, a, b, d, group_layout = _cpu_grouped(kind)
@@ -301,17 +327,23 @@ def test_grouped_gemm_encodes_once_per_address_set_and_plan(fake_grouped, monkey
         call(a, b, d, group_layout)
     assert len(fake_grouped.encoded) == 1 and len(fake_grouped.launched) == 3
     params = fake_grouped.encoded[0]
-    assert params["tmap_a"][0] == _data(a).data_ptr() and params["tmap_b"][0] == _data(b).data_ptr()
+    assert params["tmap_a"][0] == _data(a).data_ptr() and _d_and_layout(kind, params) == (d.data_ptr(),
+                                                                                        group_layout.data_ptr())
     if isinstance(a, tuple):
-        assert params["tmap_sfa"][0] == a[1].data_ptr() and params["sfb"] == b[1].data_ptr()
-    assert params["tmap_d"][0] == d.data_ptr() and params["grouped_layout"] == group_layout.data_ptr()
-    assert params["num_groups"] == _data(b).shape[0]
+        assert params["tmap_sfa"][0] == a[1].data_ptr()
+    if kind == "fp4_masked_prepared":
+        assert params["prepared_weights"] == b.data.data_ptr() and params["num_groups"] == b.data.shape[0]
+        assert params["shape_n"] == 256 and params["shape_k"] == 512
+    else:
+        assert params["tmap_b"][0] == _data(b).data_ptr() and params["num_groups"] == _data(b).shape[0]
+        if isinstance(b, tuple):
+            assert params["sfb"] == b[1].data_ptr()
     call(a, b, torch.empty_like(d), group_layout)  # a new address: encoded again, with it
     call(a, b, d, group_layout.clone())
     assert len(fake_grouped.encoded) == 3
-    assert fake_grouped.encoded[1]["tmap_d"][0] != d.data_ptr()
-    assert fake_grouped.encoded[2]["grouped_layout"] != group_layout.data_ptr()
-    for module in (grouped_gemm, bf16_gemm):  # a new plan (set_num_sms): encoded again
+    assert _d_and_layout(kind, fake_grouped.encoded[1])[0] != d.data_ptr()
+    assert _d_and_layout(kind, fake_grouped.encoded[2])[1] != group_layout.data_ptr()
+    for module in (grouped_gemm, bf16_gemm, fp4_gemm):  # a new plan (set_num_sms): encoded again
         monkeypatch.setattr(module, "get_num_sms", lambda: 1)
     call(a, b, d, group_layout)
     assert len(fake_grouped.encoded) == 4 and len(fake_grouped.launched) == 6
@@ -338,12 +370,24 @@ def test_grouped_gemm_cached_signature_still_checks_the_addresses(fake_grouped, 
     assert len(fake_grouped.launched) == 3
 
 
+def test_fp4_masked_prepared_weights_of_the_other_layout_get_their_own_launch(fake_grouped, monkeypatch):
+    # Prepared weights of either layout may come to lie at the same address: the kernel, in the plan, tells them apart.
+    other_layout = _FakeKernel()
+    monkeypatch.setattr(fp4_gemm, "_swap_ab_kernel", lambda *args: other_layout if args[-1] else fake_grouped)
+    call, a, prepared, d, masked_m = _cpu_grouped("fp4_masked_prepared")
+    call(a, prepared, d, masked_m)
+    call(a, dataclasses.replace(prepared, tile_scaled=not prepared.tile_scaled), d, masked_m)
+    call(a, prepared, d, masked_m)
+    assert len(fake_grouped.encoded) == 1 and len(fake_grouped.launched) == 2
+    assert len(other_layout.encoded) == 1 and len(other_layout.launched) == 1
+
+
 # ---- the FP8 x FP4 decode GEMMs' cached launches, with a fake kernel (CPU) ----
 
 @pytest.fixture
 def fake_fp4(monkeypatch):
     kernel = _FakeKernel()
-    monkeypatch.setattr(grouped_gemm, "_checked_calls", {})
+    monkeypatch.setattr(call_cache, "_checked_calls", {})
     monkeypatch.setattr(fp4_gemm, "_plans", {})
     monkeypatch.setattr(nvfp4_gemm, "_configs", {})
     workspace = gemm._SplitWorkspace.__new__(gemm._SplitWorkspace)
@@ -354,6 +398,7 @@ def fake_fp4(monkeypatch):
         monkeypatch.setattr(module, "current_raw_stream", lambda device_index: 0)
         monkeypatch.setattr(module, "_split_workspace", lambda *args: workspace)
     monkeypatch.setattr(fp4_gemm, "_swap_ab_kernel", lambda *args: kernel)
+    monkeypatch.setattr(fp4_gemm, "_kernel", lambda *args: kernel)
     monkeypatch.setattr(nvfp4_gemm, "get_kernel", lambda *args, **kwargs: kernel)
     return kernel
 
@@ -400,6 +445,36 @@ def test_fp4_decode_gemm_cached_signature_still_checks_the_addresses(fake_fp4, n
     deep_kernels.fp8_fp4_gemm_nt(a, b, d)
     _check_cached_signature_addresses(deep_kernels.fp8_fp4_gemm_nt, a, b, d)
     assert len(fake_fp4.launched) == 2
+
+
+def test_fp4_expanding_gemm_encodes_once_per_address_set(fake_fp4):
+    # 256 tokens of unprepared weights with a forced config of the FP8 engine's kind that expands the codes.
+    from deep_kernels.heuristics import fp8_fp4_gemm as expanding
+    a, b, d = _cpu_fp4(False, m=256)
+    config = expanding.get_config(256, 512, 1024, 132, d.element_size(), False)
+    for _ in range(2):
+        fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, d)
+    assert len(fake_fp4.encoded) == 1 and len(fake_fp4.launched) == 2
+    params = fake_fp4.encoded[0]
+    assert params["tmap_a"][0] == a[0].data_ptr() and params["tmap_sfa"][0] == a[1].data_ptr()
+    assert params["tmap_b"][0] == b[0].data_ptr() and params["sfb"] == b[1].data_ptr()
+    assert params["tmap_d"][0] == d.data_ptr() and params["shape_m"] == 256
+    fp4_gemm.fp8_fp4_gemm_nt_with_config(config, a, b, torch.empty_like(d))
+    assert len(fake_fp4.encoded) == 2 and fake_fp4.encoded[1]["tmap_d"][0] != d.data_ptr()
+    _check_cached_signature_addresses(lambda *args: fp4_gemm.fp8_fp4_gemm_nt_with_config(config, *args), a, b, d)
+    assert len(fake_fp4.launched) == 4
+
+
+@pytest.mark.parametrize("nvfp4", [False, True])
+def test_fp4_gemm_refuses_d_over_a_before_copying_c(fake_fp4, nvfp4):
+    # d.copy_(c) before the address checks would write c over a, then refuse the call.
+    a, b, _ = _cpu_fp4(nvfp4)
+    c = torch.randn(a[0].shape[0], 512)
+    a_in_shared, d_over_a = copy_with_output_over_it(a[0], c)
+    with pytest.raises(ValueError, match="d and the operands must not overlap: d and a"):
+        deep_kernels.fp8_fp4_gemm_nt((a_in_shared, a[1]), b, d_over_a, c=c)
+    assert_bitwise_equal(a_in_shared, a[0])
+    assert not fake_fp4.launched
 
 
 # ---- the gate's, the layout's and the cast's cached plans (CPU, fake kernel) ----
@@ -767,33 +842,46 @@ def test_bf16_gemm_over_more_address_sets_than_the_cache_holds(n_major_b):
     _check_address_sets(deep_kernels.bf16_gemm_nt, a, b, a.double() @ b.double().t())
 
 
+# Per family of GROUPED_KINDS: (its contiguous GEMM, its masked GEMM, their references).
+_GROUPED_GEMMS = {
+    "fp8": (deep_kernels.m_grouped_fp8_gemm_nt_contiguous, deep_kernels.m_grouped_fp8_gemm_nt_masked,
+            reference.m_grouped_fp8_gemm_nt_contiguous, reference.m_grouped_fp8_gemm_nt_masked),
+    "bf16": (deep_kernels.m_grouped_bf16_gemm_nt_contiguous, deep_kernels.m_grouped_bf16_gemm_nt_masked,
+             reference_bf16.m_grouped_bf16_gemm_nt_contiguous, reference_bf16.m_grouped_bf16_gemm_nt_masked),
+    "fp4": (deep_kernels.m_grouped_fp8_fp4_gemm_nt_contiguous, deep_kernels.m_grouped_fp8_fp4_gemm_nt_masked,
+            reference_fp4.m_grouped_fp8_fp4_gemm_nt_contiguous, reference_fp4.m_grouped_fp8_fp4_gemm_nt_masked),
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", GROUPED_KINDS)
 def test_grouped_gemm_over_more_address_sets_than_the_cache_holds(kind):
     n, k, sizes, masked_m, m_max = 512, 1024, [100, 0, 200], [5, 70, 0], 128
-    fp8 = not kind.startswith("bf16")
-    if kind.endswith("contiguous"):
+    family = kind.split("_")[0] if kind.startswith(("bf16", "fp4")) else "fp8"
+    contiguous_gemm, masked_gemm, contiguous_reference, masked_reference = _GROUPED_GEMMS[family]
+    contiguous = kind.endswith("contiguous")
+    if contiguous:
         a, b, m_indices, _ = make_contiguous_inputs(sizes, n, k)
-        if not fp8:
-            a, b = random_activations(m_indices.numel(), k), torch.randn(len(sizes), n, k, device="cuda").bfloat16()
-        # Padding rows stay NaN, as in the poisoned d.
-        expected = torch.full((m_indices.numel(), n), float("nan"), device="cuda", dtype=torch.float64)
-        (reference.m_grouped_fp8_gemm_nt_contiguous if fp8 else reference_bf16.m_grouped_bf16_gemm_nt_contiguous)(
-            a, b, expected, m_indices)
-        gemm_call = (deep_kernels.m_grouped_fp8_gemm_nt_contiguous if fp8
-                     else deep_kernels.m_grouped_bf16_gemm_nt_contiguous)
-        call = lambda a, b, d: gemm_call(a, b, d, m_indices)
     else:
         a, b, masked_m = make_masked_inputs(masked_m, m_max, n, k)
-        if not fp8:
-            a = random_activations(len(sizes) * m_max, k).view(len(sizes), m_max, k)
-            b = torch.randn(len(sizes), n, k, device="cuda").bfloat16()
-        expected = torch.full((len(sizes), m_max, n), float("nan"), device="cuda", dtype=torch.float64)
-        (reference.m_grouped_fp8_gemm_nt_masked if fp8 else reference_bf16.m_grouped_bf16_gemm_nt_masked)(
-            a, b, expected, masked_m, 64)  # rows past masked_m stay NaN
+    if family == "bf16":
+        a = random_activations(a[0].numel() // k, k).view(a[0].shape)
+        b = torch.randn(len(sizes), n, k, device="cuda").bfloat16()
+    elif family == "fp4":
+        b = mxfp4_weights(n, k, num_groups=len(sizes))
+    # Padding rows and rows past masked_m stay NaN, as in the poisoned d.
+    expected = torch.full((*_data(a).shape[:-1], n), float("nan"), device="cuda", dtype=torch.float64)
+    if contiguous:
+        contiguous_reference(a, b, expected, m_indices)
+        call = lambda a, b, d: contiguous_gemm(a, b, d, m_indices)
+    else:
+        masked_reference(a, b, expected, masked_m, 64)
         expected = expected.flatten(0, 1)
-        gemm_call = deep_kernels.m_grouped_fp8_gemm_nt_masked if fp8 else deep_kernels.m_grouped_bf16_gemm_nt_masked
-        call = lambda a, b, d: gemm_call(a, b, d.view(len(sizes), m_max, n), masked_m, 64).flatten(0, 1)
+        call = lambda a, b, d: masked_gemm(a, b, d.view(len(sizes), m_max, n), masked_m, 64).flatten(0, 1)
+        if kind == "fp4_masked_prepared":  # b: the prepared data, moved like any operand
+            prepared, unprepared = deep_kernels.prepare_fp4_weights(*b), call
+            b = prepared.data
+            call = lambda a, data, d: unprepared(a, dataclasses.replace(prepared, data=data), d)
     _check_address_sets(call, a, b, expected)
 
 
@@ -804,6 +892,16 @@ def test_fp4_decode_gemm_over_more_address_sets_than_the_cache_holds(nvfp4):
     a, b = (make_nvfp4_gemm_inputs if nvfp4 else make_fp4_gemm_inputs)(m, n, k)
     expected = reference_fp4.fp8_fp4_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
     _check_address_sets(deep_kernels.fp8_fp4_gemm_nt, a, b, expected)
+
+
+@pytest.mark.gpu
+def test_fp4_expanding_gemm_over_more_address_sets_than_the_cache_holds():
+    from deep_kernels.heuristics import fp8_fp4_gemm as expanding
+    m, n, k = 256, 2048, 1024
+    a, b = make_fp4_gemm_inputs(m, n, k)
+    expected = reference_fp4.fp8_fp4_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
+    config = expanding.get_config(m, n, k, 132, 2, False)
+    _check_address_sets(lambda *args: fp4_gemm.fp8_fp4_gemm_nt_with_config(config, *args), a, b, expected)
 
 
 @pytest.mark.gpu

@@ -133,10 +133,11 @@ def test_heuristics_pick_legal_configs():
         heuristics.make_config(32, 1, ctas_per_sm=2)
     (a, sfa), (b, sfb, global_scale), d = _cpu_operands(m=17)
     with pytest.raises(ValueError, match="cannot take m = 17"):
-        nvfp4_gemm._launch(heuristics.make_config(16), a, sfa, b, sfb, global_scale, d, 17, 256, 256, False)
+        nvfp4_gemm._prepared_launch({}, heuristics.make_config(16), a, sfa, b, sfb, global_scale, d, 17, 256, 256,
+                                    False)
     with pytest.raises(ValueError, match="num_splits must be in 1..K / 128 = 2"):
-        nvfp4_gemm._launch(heuristics.make_config(32, num_splits=3), a, sfa, b, sfb, global_scale, d, 17, 256, 256,
-                           False)
+        nvfp4_gemm._prepared_launch({}, heuristics.make_config(32, num_splits=3), a, sfa, b, sfb, global_scale, d,
+                                    17, 256, 256, False)
 
 
 # ---- the kernel (GPU) ----

@@ -27,7 +27,7 @@ import time
 import torch
 
 import deep_kernels
-from deep_kernels import gemm, grouped_gemm
+from deep_kernels import call_cache, gemm
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.jit.runtime import current_raw_stream
 from deep_kernels.reference.quant import per_block_cast_to_fp8
@@ -108,7 +108,7 @@ def _encoding_each_call(grouped_call):
     """grouped_call (a grouped or FP8 x FP4 GEMM call, validated and cached by a first call) with its prepared launches
     dropped before each call."""
     grouped_call()
-    caches = [launches for _, launches in grouped_gemm._checked_calls.values()]
+    caches = [launches for _, launches in call_cache._checked_calls.values()]
 
     def call():
         for launches in caches:
