@@ -35,11 +35,30 @@ if [ -n "$test_paths" ]; then
     # CPU plumbing, are left out: CI runs both.)
     # A test still running after 300 s (a kernel that hangs: its CUDA context cannot be recovered in the process)
     # gets every thread's traceback in the log, so that the run says which test hung before the call's time ends.
+    # The log ($OUT/pytest.log) names every test with its outcome (-v), so that a run stopped by the call's time
+    # limit still says which tests ran.
+    # Every GEMM output check's errors go to $OUT/gemm_errors.jsonl (tests/conftest.py), summed up below.
+    rm -f "$OUT/gemm_errors.jsonl"
     # shellcheck disable=SC2086
-    DK_REQUIRE_GPU=1 python3 -m pytest $test_paths -q -rs -m "not host_only" --maxfail=30 -o faulthandler_timeout=300 \
+    DK_GEMM_ERRORS_OUT="$OUT/gemm_errors.jsonl" DK_REQUIRE_GPU=1 python3 -m pytest $test_paths -v -rs -m "not host_only" --maxfail=30 -o faulthandler_timeout=300 \
         -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25
     test_status=${PIPESTATUS[0]}
     echo "tests took $(( $(date +%s) - start )) s (pytest exit status $test_status)"
+    # The worst calc_diff the GEMM checks measured, per output dtype, beside the bound they were held to.
+    python3 - "$OUT/gemm_errors.jsonl" <<'PY'
+import json
+import sys
+try:
+    records = [json.loads(line) for line in open(sys.argv[1])]
+except OSError:
+    records = []
+for dtype in sorted({r["dtype"] for r in records}):
+    mine = [r for r in records if r["dtype"] == dtype]
+    bounds = sorted({r["bound"] for r in mine})
+    worst = {region: max(mine, key=lambda r: r[region]) for region in ("whole", "tile", "row")}
+    print(f"GEMM errors, {dtype} D, {len(mine)} checks, bounds {bounds}: "
+          + "; ".join(f"{region} {r[region]:.3g} ({r['test']})" for region, r in worst.items()))
+PY
     # The counts from pytest's JUnit report (skips left there are of tests without the gpu marker).
     test_counts=$(python3 - "$OUT/pytest.xml" <<'PY'
 import sys

@@ -4,10 +4,14 @@ broken CUDA setup cannot pass as "every GPU test skipped". Tests without the mar
 Tests marked `multi_gpu` need two Hopper GPUs and skip with fewer (DK_REQUIRE_GPU does not cover them: the GPU
 runner has one). Tests marked `full` (minutes of compiling) run only in the full mode: `python -m deep_kernels test --full`,
 DK_FULL_TEST=1. Tests marked `host_only` (CPU plumbing: compiling in a subprocess, pytest's command line) run
-everywhere but on the GPU runner, which deselects them: CI runs them, and the device's minutes are scarce."""
+everywhere but on the GPU runner, which deselects them: CI runs them, and the device's minutes are scarce.
+With DK_GEMM_ERRORS_OUT=<file> (the GPU runner sets it), every comparison of testing.gemm.assert_gemm_close is
+appended to that file as it is made, one JSON object a line: the test, the output dtype, the bound and the calc_diff
+over the whole matrix, the worst 128 x 128 tile and the worst row."""
 
 import contextlib
 import functools
+import json
 import os
 
 import pytest
@@ -15,6 +19,7 @@ import torch
 
 FULL = os.environ.get("DK_FULL_TEST", "") not in ("", "0")
 REQUIRE_GPU = os.environ.get("DK_REQUIRE_GPU", "") not in ("", "0")
+GEMM_ERRORS_OUT = os.environ.get("DK_GEMM_ERRORS_OUT", "")
 
 
 def in_turns(options, shapes) -> list:
@@ -57,6 +62,26 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"DK_REQUIRE_GPU=1: a GPU test may not skip ({reason})"
+
+
+def pytest_configure(config):
+    if GEMM_ERRORS_OUT:
+        from deep_kernels.testing import gemm
+        gemm.recorded_errors = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    if not GEMM_ERRORS_OUT:
+        return
+    from deep_kernels.testing import gemm
+    # NOTE: written after each test, so that a run stopped part way keeps what it measured.
+    with open(GEMM_ERRORS_OUT, "a") as out:
+        for dtype, bound, errors in gemm.recorded_errors:
+            out.write(json.dumps({"test": item.nodeid, "dtype": dtype, "bound": bound, "whole": errors["whole"],
+                                  "tile": errors["tile"][0], "row": errors["row"][0]}) + "\n")
+    gemm.recorded_errors.clear()
 
 
 @contextlib.contextmanager

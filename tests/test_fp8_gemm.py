@@ -15,7 +15,11 @@ wave's tiles), the pipelined K loop and the epilogue overlap against the plain k
 blocks at every tile height, the scale formats and CUDA graphs.
 """
 
+import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -26,9 +30,10 @@ from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference.quant import unpack_scales
 from deep_kernels.testing import assert_bitwise_equal, calc_diff, empty_like_strided, one_row_of_wider_rows, poison_
+from deep_kernels.testing import gemm as testing_gemm
 from deep_kernels.testing.gemm import (
-    BF16_BOUND, accumulator_like, assert_gemm_close, cast_activations, cast_weights, gemm_activations, gemm_errors,
-    gemm_weights, make_gemm_inputs,
+    BF16_BOUND, FP32_BOUND, accumulator_like, assert_gemm_close, cast_activations, cast_weights, gemm_activations,
+    gemm_errors, gemm_weights, make_gemm_inputs,
 )
 
 from conftest import FULL
@@ -119,6 +124,34 @@ def test_check_bounds_bf16_rounding_and_flags_nan_and_inf():
         both = expected.clone()
         both[position] = value
         assert_gemm_close(both.bfloat16(), both)
+
+
+def test_check_records_its_errors_while_asked(monkeypatch):
+    a, b = make_gemm_inputs(200, 256, 256, device="cpu")
+    expected = _reference(a, b)
+    assert_gemm_close(expected.float(), expected)  # nothing recorded
+    monkeypatch.setattr(testing_gemm, "recorded_errors", [])
+    close = assert_gemm_close(expected.bfloat16(), expected)
+    with pytest.raises(AssertionError, match="over the whole matrix"):
+        assert_gemm_close(expected.float() * 1.01, expected)  # failing checks are recorded too
+    (dtype, bound, errors), (failed_dtype, failed_bound, failed) = testing_gemm.recorded_errors
+    assert (dtype, bound, errors) == ("bfloat16", BF16_BOUND, close) and errors["whole"] > 0
+    assert (failed_dtype, failed_bound) == ("float32", FP32_BOUND) and failed["whole"] > FP32_BOUND
+
+
+@pytest.mark.host_only
+def test_the_test_session_writes_the_recorded_errors(tmp_path):
+    # DK_GEMM_ERRORS_OUT (tests/conftest.py): one line per check, written after each test.
+    out = tmp_path / "errors.jsonl"
+    env = dict(os.environ, DK_GEMM_ERRORS_OUT=str(out))
+    test = f"{__file__}::test_check_bounds_bf16_rounding_and_flags_nan_and_inf"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 5 and {r["dtype"] for r in records} == {"bfloat16", "float32"}
+    assert all(r["test"].endswith("test_check_bounds_bf16_rounding_and_flags_nan_and_inf") for r in records)
+    assert 0 < records[0]["whole"] < BF16_BOUND and records[0]["bound"] == BF16_BOUND
 
 
 def _planted_sfb(sfb: torch.Tensor, n: int, block_n: int, plant: str) -> torch.Tensor:
