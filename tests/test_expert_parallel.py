@@ -384,6 +384,14 @@ def test_expert_parallel_module_one_rank_matches_module(tmp_path):
 
 # ---- the expert_parallel benchmark's rank reports (CPU) ----
 
+def test_chunking_threshold_is_the_documented_one():
+    # The README and the module docstring: DeepSeek-V3 (256 experts, top 8) moves tokens in two chunks from 16384
+    # over the ranks; the one-GPU suite times that many on its one rank.
+    from deep_kernels.benchmarks import expert_parallel as suite
+    assert expert_parallel.OVERLAP_CHUNKS == 2 and expert_parallel.overlap_min_tokens(256, 8) == 16384
+    assert suite.ONE_GPU_CASES[0] == (16384, "contiguous", "eager")
+
+
 def _report_rows(rank: int, queue) -> None:
     queue.put([{"rank": rank}] if rank == 0 else [])
 

@@ -1,11 +1,15 @@
 """Suite `expert_parallel`: the DeepSeek-V3 MoE layer of the moe_layer suite with its experts spread over every
 GPU of the machine (nn.MoE with a process group over NCCL, NVLink multicast off), W ranks of T tokens each, against
 the same layer on one GPU over all W * T tokens (nn.MoE without a process group), the two timed in turns in the same
-run. Needs two GPUs or more: with fewer it has no rows.
+run.
 
     T = 8192 (prefill): contiguous layout, eager; also in one chunk (no overlap of the exchanges with the GEMMs,
         `speedup_vs_one_chunk`)
     T = 128 (decode): masked layout, each layer captured in a CUDA graph and replayed
+
+On a machine with one GPU the group has one rank, and the rows price the expert-parallel path where there is nothing
+to exchange (its exchanges are copies to itself): T = 16384 at prefill, the fewest tokens the default chunking moves
+in two chunks, so that `speedup_vs_one_chunk` is what the chunks cost the GEMMs with nothing to hide.
 
 Each rank times its calls with CUDA events from a barrier (L2 flushed before), the slowest rank's time counts, and
 `us` is the median over the runs: the wall time of a layer's call on the GPU, its exchanges and (eager) its host
@@ -32,12 +36,14 @@ from deep_kernels.benchmarks.moe_layer import GATE, HIDDEN, INTERMEDIATE, NUM_EX
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.device import info
 from deep_kernels.nn import MoE
-from deep_kernels.nn.expert_parallel import expert_parallel_forward
+from deep_kernels.nn.expert_parallel import expert_parallel_forward, overlap_min_tokens
 from deep_kernels.testing.bench import L2Flusher
 from deep_kernels.testing.moe_layer import moe_layer_tokens, moe_layer_weights
 
 # (T per rank, mode, timing)
 CASES = ((8192, "contiguous", "eager"), (128, "masked", "graph"))
+# One GPU: a rank's prefill tokens are the fewest that the default chunking splits.
+ONE_GPU_CASES = ((overlap_min_tokens(NUM_EXPERTS, GATE["top_k"]), "contiguous", "eager"), (128, "masked", "graph"))
 REPS = 20
 # A rank that has not reported by then has hung.
 RANK_TIMEOUT_S = 1200
@@ -46,9 +52,11 @@ PEER = "the same layer on one GPU over all W * T tokens (nn.MoE without a proces
 
 def run(ctx: BenchContext) -> list:
     world = torch.cuda.device_count()
-    if world < 2:
-        print(f"expert_parallel: needs two GPUs or more, this machine has {world}")
+    if world == 0:
+        print("expert_parallel: needs a GPU")
         return []
+    if world == 1:
+        print("expert_parallel: one GPU: the layer as a group of one rank against the layer without a group")
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     context = mp.get_context("spawn")
     queue = context.Queue()
@@ -111,7 +119,7 @@ def _rank_rows(rank: int, world: int) -> list:
     del weights
     flusher = L2Flusher(info(rank).l2_bytes)
     rows = []
-    for num_tokens, mode, timing in CASES:
+    for num_tokens, mode, timing in CASES if world > 1 else ONE_GPU_CASES:
         # Every rank makes all W * T tokens alike and takes its own.
         x_all = moe_layer_tokens(world * num_tokens, HIDDEN)
         x = x_all[rank * num_tokens:(rank + 1) * num_tokens].contiguous()

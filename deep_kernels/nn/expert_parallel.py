@@ -62,8 +62,8 @@ def expert_parallel_forward(x: torch.Tensor, logits: torch.Tensor, gate_config: 
     if mode == "masked":
         return _masked_exchange(x, weights, indices, world, rank, num_local, experts, max_tokens, group, kernels)
     if chunks is None:
-        min_tokens = ceil_div(OVERLAP_MIN_ROWS_PER_EXPERT * logits.shape[1] * OVERLAP_CHUNKS, indices.shape[1])
-        routes = chunked_routes(indices, world, num_local, group, OVERLAP_CHUNKS, min_tokens)
+        routes = chunked_routes(indices, world, num_local, group, OVERLAP_CHUNKS,
+                                overlap_min_tokens(logits.shape[1], indices.shape[1]))
     else:
         routes = chunked_routes(indices, world, num_local, group, chunks)
     return _contiguous_exchange(x, weights, indices, rank, num_local, experts, routes, group, kernels)
@@ -149,6 +149,12 @@ class ContiguousRoutes(NamedTuple):
 # expert's M rows do 2 M flops a weight byte. NOTE: an estimate from those rates, not measured on two GPUs.
 OVERLAP_CHUNKS = 2
 OVERLAP_MIN_ROWS_PER_EXPERT = 256
+
+
+def overlap_min_tokens(num_experts: int, k: int) -> int:
+    """The fewest tokens over the ranks that the contiguous forward moves in OVERLAP_CHUNKS chunks: each chunk then
+    gives every expert OVERLAP_MIN_ROWS_PER_EXPERT of its k slots a token on average."""
+    return ceil_div(OVERLAP_MIN_ROWS_PER_EXPERT * num_experts * OVERLAP_CHUNKS, k)
 
 
 def chunked_routes(indices: torch.Tensor, world: int, num_local: int, group, chunks: int,
