@@ -16,7 +16,8 @@ from deep_kernels.fp4_gemm import (
 from deep_kernels.fp4_weights import prepare_fp4_weights
 from deep_kernels.gemm import fp8_gemm_nn, fp8_gemm_nt, fp8_gemm_tn, fp8_gemm_tt, get_mn_major_tma_aligned_tensor
 from deep_kernels.grouped_gemm import (
-    fp8_m_grouped_gemm_nt_masked, get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout,
+    fp8_m_grouped_gemm_nt_masked, get_k_alignment_for_contiguous_layout, get_m_alignment_for_contiguous_layout,
+    get_mk_alignment_for_contiguous_layout,
     get_theoretical_mk_alignment_for_contiguous_layout, m_grouped_fp8_gemm_nn_contiguous, m_grouped_fp8_gemm_nt_contiguous,
     m_grouped_fp8_gemm_nt_masked, set_mk_alignment_for_contiguous_layout,
 )
@@ -49,7 +50,8 @@ __all__ = [
     "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "m_grouped_bf16_gemm_nn_contiguous",
     "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked", "fp8_fp4_gemm_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked", "prepare_fp4_weights", "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt",
-    "get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout", "get_tma_aligned_size",
+    "get_k_alignment_for_contiguous_layout", "get_m_alignment_for_contiguous_layout",
+    "get_mk_alignment_for_contiguous_layout", "get_tma_aligned_size",
     "get_theoretical_mk_alignment_for_contiguous_layout", "set_mk_alignment_for_contiguous_layout",
     "transform_sf_into_required_layout", "fp8_m_grouped_gemm_nt_masked",
     "get_mn_major_tma_aligned_tensor", "k_grouped_bf16_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous",

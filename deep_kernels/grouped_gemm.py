@@ -50,6 +50,9 @@ def get_m_alignment_for_contiguous_layout() -> int:
 
 # DeepGEMM's newer name: its contiguous layouts pad M segments (and its K-grouped GEMMs' K groups) to the same 128.
 get_mk_alignment_for_contiguous_layout = get_m_alignment_for_contiguous_layout
+# DeepGEMM's name for the K-grouped GEMMs' padding of each group's tokens: 128 suits both (their K blocks are 128
+# deep for FP8, 64 for BF16).
+get_k_alignment_for_contiguous_layout = get_m_alignment_for_contiguous_layout
 
 
 def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int = None, num_groups: int = None) -> int:

@@ -21,7 +21,8 @@ rows, skipped rows) keeps its contents as in eager calls.
 
 Not ops (they launch nothing of their own, and trace as they are): get_mn_major_tma_aligned_tensor,
 nvfp4_global_scale and prepare_fp4_weights (torch ops), tma_aligned_size, get_m_alignment_for_contiguous_layout
-(get_mk_alignment_for_contiguous_layout), get_theoretical_mk_alignment_for_contiguous_layout,
+(get_mk_alignment_for_contiguous_layout, get_k_alignment_for_contiguous_layout),
+get_theoretical_mk_alignment_for_contiguous_layout,
 set_mk_alignment_for_contiguous_layout, get_tma_aligned_size, transform_sf_into_required_layout,
 fp8_m_grouped_gemm_nt_masked (DeepGEMM's other name of m_grouped_fp8_gemm_nt_masked),
 get_num_sms, set_num_sms, bf16_gemm_nn / tn / tt and k_grouped_bf16_gemm_tn_contiguous (transposed views handed to the nt function, which

@@ -112,6 +112,8 @@ def test_masked_rejects_bad_input(mutate, error, match):
 def test_alignment_is_the_routing_layouts():
     assert deep_kernels.get_m_alignment_for_contiguous_layout() == CONTIGUOUS_ALIGNMENT == 128
     assert deep_kernels.get_mk_alignment_for_contiguous_layout() == CONTIGUOUS_ALIGNMENT
+    # The k-grouped GEMMs take groups of any multiple of it.
+    assert deep_kernels.get_k_alignment_for_contiguous_layout() == CONTIGUOUS_ALIGNMENT
     for expected_m, num_groups in ((None, None), (1, None), (64, 8), (100000, 256)):
         assert deep_kernels.get_theoretical_mk_alignment_for_contiguous_layout(expected_m, num_groups) == 128
     with pytest.raises(ValueError, match="num_groups must be an integer in"):

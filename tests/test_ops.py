@@ -26,6 +26,7 @@ from deep_kernels.testing.wgrad import make_k_grouped_inputs, make_wgrad_inputs
 # Public functions without an op: they launch nothing of their own (torch ops, or host-side values) and trace as
 # they are.
 NEEDS_NO_OP = {"get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout",
+               "get_k_alignment_for_contiguous_layout",
                "get_tma_aligned_size", "transform_sf_into_required_layout",
                "get_theoretical_mk_alignment_for_contiguous_layout", "set_mk_alignment_for_contiguous_layout",
                # DeepGEMM's other name of m_grouped_fp8_gemm_nt_masked, which traces to its op
