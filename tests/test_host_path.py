@@ -19,6 +19,7 @@ import torch
 import deep_kernels
 from deep_kernels import bf16_gemm, call_cache, fp4_gemm, gemm, grouped_gemm, nvfp4_gemm
 from deep_kernels.jit import launcher, runtime
+from deep_kernels.jit.definition import TENSOR_MAP
 from deep_kernels.moe import gate, layout, routing
 from deep_kernels.quant import fp8
 from deep_kernels.reference import bf16_gemm as reference_bf16
@@ -92,13 +93,28 @@ def test_prepare_rejects_bytes_that_are_no_encoding(native):
 
 # ---- fp8_gemm_nt's cached path, with a fake kernel (CPU) ----
 
+# The GEMM kernels the fake stands for, by their parameters' names.
+_GEMM_KERNELS = {frozenset(param.name for param in definition.params): definition
+                 for definition in (gemm.FP8_GEMM, fp4_gemm.FP8_FP4_SWAP_AB_GEMM, nvfp4_gemm.FP8_NVFP4_SWAP_AB_GEMM)}
+
+
 class _FakeKernel:
-    """Records encode() and the launches of prepare()'s launches instead of reaching the driver."""
+    """Records encode() and the launches of prepare()'s launches instead of reaching the driver. An encoding must
+    name every parameter of one of the GEMM kernels, with a tensor map spec (runtime.tensor_map's tuple) for each
+    tensor map and a Python number for the others."""
 
     def __init__(self):
         self.encoded, self.launched = [], []
 
     def encode(self, **params):
+        definition = _GEMM_KERNELS.get(frozenset(params))
+        assert definition is not None, f"no GEMM kernel takes exactly {sorted(params)}"
+        for param in definition.params:
+            value = params[param.name]
+            if param.type is TENSOR_MAP:
+                assert isinstance(value, tuple) and len(value) == 7, f"{param.name}: {value!r} is no tensor map spec"
+            else:
+                assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{param.name}: {value!r}"
         self.encoded.append(params)
         return bytes(len(self.encoded))
 
