@@ -13,7 +13,8 @@ as the previous path made it (Kernel.launch encoding its 4 tensor maps on every 
 call (the signature look-up's metadata reads, the prepared launch alone); bf16_gemm_nt at 64 x 4096 x 7168;
 m_grouped_fp8_gemm_nt_masked at a decode step of 8 experts (128 rows each at most, N = 4096, K = 7168) and
 fp8_fp4_gemm_nt at 16 x 4096 x 7168 (MXFP4 weights), each cached and with its launches encoded on every call as
-before; topk_gate and topk_gate_with_layout at DeepSeek-V3's routing (256 experts, 8 groups, top 8) for 128 tokens, with
+before; m_grouped_fp8_fp4_gemm_nt_masked at the same decode step on prepared MXFP4 weights, cached and as before
+(validated in full and encoded on every call); topk_gate and topk_gate_with_layout at DeepSeek-V3's routing (256 experts, 8 groups, top 8) for 128 tokens, with
 and without the masked layout, allocating and into out=, and once more with the GPU not held (the fused gate is a
 cooperative launch, which may wait for the GPU); moe_layout of those indices and per_token_cast_to_fp8 of a decode
 activation; and, for the record, torch.empty of a small CUDA tensor (what each output allocation costs).
@@ -31,7 +32,7 @@ from deep_kernels import call_cache, gemm
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.jit.runtime import current_raw_stream
 from deep_kernels.reference.quant import per_block_cast_to_fp8
-from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs
+from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.grouped import make_masked_inputs
 
 CALLS = 100
@@ -117,6 +118,17 @@ def _encoding_each_call(grouped_call):
     return call
 
 
+def _validating_each_call(call):
+    """call (validated and cached by a first call) with every validated signature and its launches dropped before
+    each call."""
+    call()
+
+    def uncached():
+        call_cache._checked_calls.clear()
+        call()
+    return uncached
+
+
 def run(ctx: BenchContext) -> list:
     small = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
     peer = lambda: small.add_(1)
@@ -133,6 +145,8 @@ def run(ctx: BenchContext) -> list:
     masked_d = torch.empty(8, 128, 4096, device="cuda", dtype=torch.bfloat16)
     fp4_a, fp4_b = make_fp4_gemm_inputs(16, 4096, 7168)
     fp4_d = torch.empty(16, 4096, device="cuda", dtype=torch.bfloat16)
+    prepared = deep_kernels.prepare_fp4_weights(*mxfp4_weights(4096, 7168, num_groups=8))
+    masked_fp4 = lambda: deep_kernels.m_grouped_fp8_fp4_gemm_nt_masked(masked_a, prepared, masked_d, masked_m, 64)
     cases = [
         ("fp8_gemm_nt", {"m": 64, "n": 4096, "k": 7168}, "cached call: 4 tensor maps encoded once per address set",
          _gemm_call(64, 4096, 7168)),
@@ -158,6 +172,11 @@ def run(ctx: BenchContext) -> list:
         ("fp8_fp4_gemm_nt", {"m": 16, "n": 4096, "k": 7168},
          "MXFP4 weights; as before: its 4 tensor maps encoded on every call",
          _encoding_each_call(lambda: deep_kernels.fp8_fp4_gemm_nt(fp4_a, fp4_b, fp4_d))),
+        ("m_grouped_fp8_fp4_gemm_nt_masked", {"g": 8, "m_max": 128, "n": 4096, "k": 7168, "expected_m": 64},
+         "prepared MXFP4 weights; cached call: its tensor maps encoded once per address set", masked_fp4),
+        ("m_grouped_fp8_fp4_gemm_nt_masked", {"g": 8, "m_max": 128, "n": 4096, "k": 7168, "expected_m": 64},
+         "prepared MXFP4 weights; as before: validated in full and its tensor maps encoded on every call",
+         _validating_each_call(masked_fp4)),
         ("topk_gate", {"t": 128, "e": 256, "k": 8}, "allocates weights and indices",
          lambda: deep_kernels.topk_gate(logits, **gate)),
         ("topk_gate_with_layout", {"t": 128, "e": 256, "k": 8}, "contiguous layout; 7 tensors, 1 allocation",
