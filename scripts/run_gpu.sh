@@ -2,7 +2,8 @@
 # The GPU runner: in one call on an H200, install the wheels carried in .whl/, run the test suite (all but
 # the CPU-only compile check) and the benchmarks, write logs and benchmark results (results.tar:
 # <gpu>/<suite>.json and .png) under $OUT, and print a short table, then the counts last.
-# Usage (device): DK_COMMIT=<sha> [DK_GPU_TESTS="tests/test_x.py ..."] [DK_PRECOMPILE_FAMILIES="moe ..."]
+# Usage (device): DK_COMMIT=<sha> [DK_GPU_TESTS="tests/test_x.py ..."] [DK_TEST_SHARD=i/n]
+#                 [DK_PRECOMPILE_FAMILIES="moe ..."]
 #                 [DK_RUN_BENCH=0] bash scripts/run_gpu.sh [bench suites...]
 # (DK_RUN_BENCH=0: the tests alone, no benchmarks.)
 # Exits non-zero when the precompile, any test or the benchmarks fail. The tests run with DK_REQUIRE_GPU=1, so

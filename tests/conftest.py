@@ -7,7 +7,10 @@ DK_FULL_TEST=1. Tests marked `host_only` (CPU plumbing: compiling in a subproces
 everywhere but on the GPU runner, which deselects them: CI runs them, and the device's minutes are scarce.
 With DK_GEMM_ERRORS_OUT=<file> (the GPU runner sets it), every comparison of testing.gemm.assert_gemm_close is
 appended to that file as it is made, one JSON object a line: the test, the output dtype, the bound and the calc_diff
-over the whole matrix, the worst 128 x 128 tile and the worst row."""
+over the whole matrix, the worst 128 x 128 tile and the worst row.
+With DK_TEST_SHARD=i/n, only the i-th (from 0) of n shards of the collected tests runs: whole test files, dealt out
+so that the shards hold about as much work each (shard_files; a GPU test weighs as ten others), so that the suite can
+be split over calls of the GPU machine's time limit and the n runs together run every test once."""
 
 import contextlib
 import functools
@@ -20,6 +23,7 @@ import torch
 FULL = os.environ.get("DK_FULL_TEST", "") not in ("", "0")
 REQUIRE_GPU = os.environ.get("DK_REQUIRE_GPU", "") not in ("", "0")
 GEMM_ERRORS_OUT = os.environ.get("DK_GEMM_ERRORS_OUT", "")
+TEST_SHARD = os.environ.get("DK_TEST_SHARD", "")
 
 
 def in_turns(options, shapes) -> list:
@@ -62,6 +66,45 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"DK_REQUIRE_GPU=1: a GPU test may not skip ({reason})"
+
+
+# A GPU test's weight in shard_files against a CPU test's 1: the GPU tests take most of the GPU runner's time.
+GPU_TEST_WEIGHT = 10
+
+
+def shard_files(weights: dict, index: int, num_shards: int) -> set:
+    """The files of shard index of num_shards, from weights {file: the weight of its tests}: the files from the
+    heaviest down, each to the shard lightest so far (ties to the lowest shard, files of equal weight in name
+    order, so that every run deals alike)."""
+    totals, chosen = [0] * num_shards, set()
+    for path in sorted(weights, key=lambda p: (-weights[p], str(p))):
+        shard = totals.index(min(totals))
+        totals[shard] += weights[path]
+        if shard == index:
+            chosen.add(path)
+    return chosen
+
+
+def _parse_shard(text: str) -> tuple:
+    try:
+        index, num_shards = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"DK_TEST_SHARD must be i/n (shard i of n, from 0), got {text!r}") from None
+    if not 0 <= index < num_shards:
+        raise pytest.UsageError(f"DK_TEST_SHARD {text!r}: i must be in 0 .. n - 1")
+    return index, num_shards
+
+
+def pytest_collection_modifyitems(config, items):
+    if not TEST_SHARD:
+        return
+    index, num_shards = _parse_shard(TEST_SHARD)
+    weights = {}
+    for item in items:
+        weights[item.path] = weights.get(item.path, 0) + (GPU_TEST_WEIGHT if "gpu" in item.keywords else 1)
+    chosen = shard_files(weights, index, num_shards)
+    config.hook.pytest_deselected(items=[item for item in items if item.path not in chosen])
+    items[:] = [item for item in items if item.path in chosen]
 
 
 def pytest_configure(config):
