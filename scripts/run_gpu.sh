@@ -60,6 +60,20 @@ for dtype in sorted({r["dtype"] for r in records}):
     print(f"GEMM errors, {dtype} D, {len(mine)} checks, bounds {bounds}: "
           + "; ".join(f"{region} {r[region]:.3g} ({r['test']})" for region, r in worst.items()))
 PY
+    # Seconds per test file from pytest's JUnit report, the slowest first (how to split the suite over calls).
+    python3 - "$OUT/pytest.xml" <<'PY'
+import collections
+import sys
+import xml.etree.ElementTree as ElementTree
+try:
+    root = ElementTree.parse(sys.argv[1]).getroot()
+except (OSError, ElementTree.ParseError):
+    sys.exit()
+seconds = collections.Counter()
+for case in root.iter("testcase"):
+    seconds[case.get("classname", "").split(".")[-1] or "?"] += float(case.get("time", 0))
+print("seconds per test file: " + ", ".join(f"{name} {time:.0f}" for name, time in seconds.most_common()))
+PY
     # The counts from pytest's JUnit report (skips left there are of tests without the gpu marker).
     test_counts=$(python3 - "$OUT/pytest.xml" <<'PY'
 import sys
