@@ -34,7 +34,7 @@ from deep_kernels.call_cache import checked_call
 from deep_kernels.contiguous_layout import call_m_indices, layout_argument
 from deep_kernels.device import get_num_sms
 from deep_kernels.fp4_weights import TILE_ROWS as PREPARED_TILE_ROWS, PreparedFp4Weights, check_prepared
-from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_output, scale_a
+from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_d_over_operands, check_output, scale_a
 from deep_kernels.grouped_gemm import (
     CONTIGUOUS_INPUTS, MASKED_INPUTS, _split_pairs, check_grouped_addresses, launch_grouped,
 )
@@ -46,8 +46,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    tma_aligned_size, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_no_overlap,
-    check_rank, check_row_major_rows, scale_block_sizes,
+    tma_aligned_size, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank,
+    check_row_major_rows, scale_block_sizes,
 )
 
 MXFP4_GROUP_SIZE = 32
@@ -277,8 +277,7 @@ def _swap_ab_launch(launches: dict, config, a, sfa, b, sfb, d, m: int, n: int, k
            tile_scaled, workspace)
     launch = launches.get(key)
     if launch is None:
-        check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b)] + ([] if prepared else [("sfb", sfb)]),
-                         "d and the operands")
+        check_d_over_operands(d, a, sfa, b, sfb)
         kernel = _swap_ab_kernel(config, d.dtype, accumulate, prepared, False, tile_scaled)
         tmap_a = tensor_map(a, (config.block_t, SCALE_BLOCK), 128)
         # NOTE: prepared weights come by bulk copies: tmap_codes is not read then (any valid map does).
@@ -401,7 +400,7 @@ def fp8_fp4_gemm_nt_with_config(config, a, b, d: torch.Tensor, c: torch.Tensor =
         if plan is None:
             # Prefill: B expanded once per call, then the FP8 GEMM with per-channel scales.
             from deep_kernels.gemm import fp8_gemm_nt
-            check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb)], "d and the operands")
+            check_d_over_operands(d, a, sfa, b, sfb)
             return fp8_gemm_nt((a, sfa), _expanded_weights(b, sfb, n, k), d, c, recipe=(1, 1, 128))
     elif isinstance(config, swap_ab_heuristics.SwapAbConfig):
         plan = config
@@ -422,7 +421,7 @@ def _expanding_launch(launches: dict, plan: tuple, a, sfa, b, sfb, d, m: int):
     key = (a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), d.data_ptr(), plan, workspace)
     launch = launches.get(key)
     if launch is None:
-        check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb)], "d and the operands")
+        check_d_over_operands(d, a, sfa, b, sfb)
         map_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
         # NOTE: tmap_sfb is not read by this kind (the expanders write the column scales); any valid map does.
         encoded = kernel.encode(
@@ -486,7 +485,7 @@ def _fp8_fp4_gemm_nt_prepared(a, prepared: PreparedFp4Weights, d, c, config) -> 
     if config is None and not swap_ab_heuristics.is_preferred(m, n, k, get_num_sms()):
         from deep_kernels.gemm import fp8_gemm_nt
         recipe = None if prepared.folds_into_blocks else (1, 1, 128)
-        check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", prepared.data)], "d and the operands")
+        check_d_over_operands(d, a, sfa, prepared.data)
         return fp8_gemm_nt((a, sfa), _expanded_prepared_weights(prepared), d, c, recipe=recipe)
     accumulate = c is not None
     plan = config or _dense_plan(m, n, k, d.dtype, accumulate, get_num_sms(), prepared=True)

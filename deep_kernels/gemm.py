@@ -563,7 +563,7 @@ def _launch(call: _PreparedCall, a, sfa, b, sfb, d: torch.Tensor, c: torch.Tenso
     key = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), d_ptr, sfb.data_ptr(), workspace)
     launch = call.launches.get(key)
     if launch is None:
-        check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb)], "d and the operands")
+        check_d_over_operands(d, a, sfa, b, sfb)
         launch = _prepare_launch(call, key)
     if c is not None and c.data_ptr() != d_ptr:
         d.copy_(c)
@@ -588,6 +588,13 @@ def _prepare_launch(call: _PreparedCall, key: tuple):
         tmap_sfb=(sfb_ptr,) + call.map_sfb if channel_scaled else tmap_sfa)
     return remember_launch(call.launches, key[:5] + (workspace,),
                            call.kernel.prepare(call.grid, call.device_index, encoded))
+
+
+def check_d_over_operands(d: torch.Tensor, a, sfa, b, sfb=None) -> None:
+    """d shares no byte with a, sfa, b or sfb (a ValueError naming the pair); sfb None: b holds its own scales (the
+    FP4 GEMMs' prepared weights)."""
+    check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b)] + ([] if sfb is None else [("sfb", sfb)]),
+                     "d and the operands")
 
 
 def _check_tma_addresses(a_ptr: int, b_ptr: int, sfa_ptr: int, d_ptr: int, channel_sfb_ptr: int = 0) -> None:
