@@ -192,16 +192,16 @@ def _split_pairs(a, b) -> tuple:
 CONTIGUOUS_INPUTS = ("a", "sfa", "b", "sfb", "m_indices")
 MASKED_INPUTS = ("a", "sfa", "b", "sfb", "masked_m")
 # The tensors the grouped kernels read through TMA (16-byte aligned, as d) and by 4-byte words (the weight scales:
-# MXFP4's are bytes); the group layouts are int32, aligned by their dtype.
-_TMA_READ = ("a", "sfa", "b")
+# MXFP4's are bytes); the group layouts are int32, aligned by their dtype. The k-grouped kind reads sfb by TMA too.
+TMA_READ = ("a", "sfa", "b")
 _WORD_READ = ("sfb",)
 
 
-def check_grouped_addresses(inputs: tuple, names: tuple, d: torch.Tensor) -> None:
+def check_grouped_addresses(inputs: tuple, names: tuple, d: torch.Tensor, tma_read: tuple = TMA_READ) -> None:
     """The address checks of a grouped call: the inputs (named by names) and d aligned for the kernel's reads and
-    writes (_TMA_READ, _WORD_READ), and d over none of the inputs."""
-    tma = [name for name in names if name in _TMA_READ]
-    words = [name for name in names if name in _WORD_READ]
+    writes (tma_read, _WORD_READ), and d over none of the inputs."""
+    tma = [name for name in names if name in tma_read]
+    words = [name for name in names if name in _WORD_READ and name not in tma_read]
     pointers = dict(zip(names, (t.data_ptr() for t in inputs)))
     if d.data_ptr() % 16 or any(pointers[name] % 16 for name in tma) or any(pointers[name] % 4 for name in words):
         raise ValueError(f"{', '.join(tma)} and d must start at 16-byte aligned addresses (TMA)"
@@ -210,19 +210,22 @@ def check_grouped_addresses(inputs: tuple, names: tuple, d: torch.Tensor) -> Non
 
 
 def launch_grouped(launches: dict, plan: tuple, encode, inputs: tuple, names: tuple, d: torch.Tensor, m: int,
-                   num_groups: int) -> torch.Tensor:
-    """The per-call part of a validated grouped call (FP8, BF16 or FP4 weights): its launch at the call's addresses
-    and plan, prepared once (check_grouped_addresses passed, encode(kernel, config, *inputs, d, m, num_groups) then
-    Kernel.prepare) and kept in the signature's launches. inputs: the tensors the kernel reads, named by names,
-    the group layout last; plan: (kernel, config, grid)."""
+                   num_groups: int, c: torch.Tensor = None, tma_read: tuple = TMA_READ) -> torch.Tensor:
+    """The per-call part of a validated grouped call (FP8, BF16 or FP4 weights, M- or k-grouped): its launch at the
+    call's addresses and plan, prepared once (check_grouped_addresses passed, encode(kernel, config, *inputs, d, m,
+    num_groups) then Kernel.prepare) and kept in the signature's launches. inputs: the tensors the kernel reads,
+    named by names, the group layout last; plan: (kernel, config, grid); c: copied into d (unless it is d) once the
+    addresses passed, for a kernel that accumulates into d."""
     device_index = d.get_device()
     key = (*[t.data_ptr() for t in inputs], d.data_ptr(), plan)
     launch = launches.get(key)
     if launch is None:
-        check_grouped_addresses(inputs, names, d)
+        check_grouped_addresses(inputs, names, d, tma_read)
         kernel, config, grid = plan
         encoded = encode(kernel, config, *inputs, d, m, num_groups)
         launch = remember_launch(launches, key, kernel.prepare(grid, device_index, encoded))
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
     launch.launch(current_raw_stream(device_index))
     return d
 

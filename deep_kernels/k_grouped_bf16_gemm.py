@@ -22,12 +22,13 @@ from deep_kernels.bf16_gemm import is_mn_major, operand_map
 from deep_kernels.call_cache import call_signature
 from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import FP8_GEMM
+from deep_kernels.grouped_gemm import check_grouped_addresses, launch_grouped
 from deep_kernels.heuristics import k_grouped_bf16_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.k_grouped_gemm import check_group_sizes, group_size_arguments
 from deep_kernels.validation import (
-    INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_no_overlap, check_rank,
+    INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_rank,
 )
 
 BLOCK_K = heuristics.BLOCK_K
@@ -82,8 +83,12 @@ def _check_call(a, b, d, ks, ks_tensor, c) -> tuple:
     return m, n, total_k, num_groups, mn_major_a, mn_major_b
 
 
-# Signatures of calls that passed validation -> what _check_call returned.
+# Signatures of calls that passed validation (with their number of host group sizes) -> (what _check_call returned,
+# the prepared launches), as in k_grouped_gemm.
 _checked_calls = {}
+
+# What the kernel reads, by name, in launch_grouped's order.
+K_GROUPED_INPUTS = ("a", "b", "ks_tensor")
 
 
 def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks=None,
@@ -123,34 +128,35 @@ def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
         signature = None
     checked = _checked_calls.get(signature)
     if checked is None:
-        checked = _check_call(a, b, d, ks, ks_tensor, c)
+        checked = (_check_call(a, b, d, ks, ks_tensor, c), {})
         if signature is not None:
             _checked_calls[signature] = checked
     else:
         # NOTE: the group sizes change from step to step: checked on every call, never a cache key.
-        check_group_sizes(ks, ks_tensor, checked[2], BLOCK_K)
-    m, n, total_k, num_groups, mn_major_a, mn_major_b = checked
-    if (a.data_ptr() | b.data_ptr() | d.data_ptr()) % 16:
-        raise ValueError("a, b and d must start at 16-byte aligned addresses (TMA)")
+        check_group_sizes(ks, ks_tensor, checked[0][2], BLOCK_K)
+    (m, n, total_k, num_groups, mn_major_a, mn_major_b), launches = checked
     if m == 0:
         return d
-    check_no_overlap([("d", d)], [("a", a), ("b", b), ("ks_tensor", ks_tensor)], "d and the inputs")
-    if c is not None and c.data_ptr() != d.data_ptr():
-        d.copy_(c)
+    inputs = (a, b, ks_tensor)
     if total_k == 0:
-        # Every group is empty: D = C (already copied), or zeros.
-        return d if c is not None else d.zero_()
+        # Every group is empty: D = C, or zeros.
+        check_grouped_addresses(inputs, K_GROUPED_INPUTS, d)
+        if c is None:
+            return d.zero_()
+        return d if c.data_ptr() == d.data_ptr() else d.copy_(c)
+    return launch_grouped(launches, _plan(m, n, total_k, num_groups, c is not None, mn_major_a, mn_major_b), _encode,
+                          inputs, K_GROUPED_INPUTS, d, m, num_groups, c)
 
-    kernel, config, grid = _plan(m, n, total_k, num_groups, c is not None, mn_major_a, mn_major_b)
-    map_a = operand_map(a, config.block_m, mn_major_a)
+
+def _encode(kernel, config, a, b, ks_tensor, d, m: int, num_groups: int) -> bytes:
+    map_a = operand_map(a, config.block_m, is_mn_major(a, "a", "M"))
     # NOTE: the kernel reads no scales with BF16 operands; tmap_sfa and tmap_sfb take A's map so that every parameter
     # is valid.
-    kernel.launch(
-        grid, a.get_device(), tmap_a=map_a, tmap_b=operand_map(b, config.block_n, mn_major_b), tmap_sfa=map_a,
+    return kernel.encode(
+        tmap_a=map_a, tmap_b=operand_map(b, config.block_n, is_mn_major(b, "b", "N")), tmap_sfa=map_a,
         tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=0, shape_m=m, grouped_layout=ks_tensor.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0, tmap_sfb=map_a)
-    return d
 
 
 def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks=None,

@@ -30,11 +30,12 @@ from deep_kernels.gemm import (
     CHANNEL_SCALED, SCALE_BLOCK, apply_config_override, get_gemm_kernel, kernel_spec,
     operands_of_recipe, scale_a, scale_b_channels,
 )
+from deep_kernels.grouped_gemm import check_grouped_addresses, launch_grouped
 from deep_kernels.heuristics import k_grouped_fp8_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import tensor_map
 from deep_kernels.validation import (
-    INT32_LIMIT, check_aligned, check_cuda_device, check_deepgemm_options, check_dtype, check_no_overlap, check_rank,
+    INT32_LIMIT, check_aligned, check_cuda_device, check_deepgemm_options, check_dtype, check_rank,
     check_row_major_rows, deepgemm_alias,
 )
 
@@ -153,8 +154,14 @@ def _split_pairs(a, b) -> tuple:
     return (*a, *b)
 
 
-# Signatures of calls that passed validation -> what _check_call returned.
+# Signatures of calls that passed validation (with their number of host group sizes) -> (what _check_call returned,
+# the prepared launches by address set and plan, as call_cache.checked_call keeps them). The group sizes are checked
+# on every call, so these calls keep a cache of their own.
 _checked_calls = {}
+
+# What the kernel reads, by name, in launch_grouped's order; it reads the four operand tensors by TMA.
+K_GROUPED_INPUTS = ("a", "sfa", "b", "sfb", "ks_tensor")
+_TMA_READ = ("a", "sfa", "b", "sfb")
 
 
 def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks=None, ks_tensor: torch.Tensor = None,
@@ -200,44 +207,38 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks=None, ks_tensor: 
         signature = None
     checked = _checked_calls.get(signature)
     if checked is None:
-        checked = _check_call(a, sfa, b, sfb, d, ks, ks_tensor, c)
+        checked = (_check_call(a, sfa, b, sfb, d, ks, ks_tensor, c), {})
         if signature is not None:
             _checked_calls[signature] = checked
     else:
         # NOTE: the group sizes change from step to step: checked on every call, never a cache key.
-        check_group_sizes(ks, ks_tensor, checked[2])
-    m, n, total_k, num_groups, scales_ready = checked
+        check_group_sizes(ks, ks_tensor, checked[0][2])
+    (m, n, total_k, num_groups, scales_ready), launches = checked
     if not scales_ready:
         sfa = scale_a(sfa, m, total_k // SCALE_BLOCK)
         sfb = scale_b_channels(sfb, n, total_k // SCALE_BLOCK)
-    if (a.data_ptr() | b.data_ptr() | sfa.data_ptr() | sfb.data_ptr()) % 16:
-        raise ValueError("a, b, sfa and sfb must start at 16-byte aligned addresses (TMA)")
-    # The checked call's d may have another address (its signature has no storage offset).
-    check_aligned(d, "d")
     if m == 0:
         return d
-    check_no_overlap([("d", d)], [("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("ks_tensor", ks_tensor)],
-                     "d and the inputs")
-    if c is not None and c.data_ptr() != d.data_ptr():
-        d.copy_(c)
+    inputs = (a, sfa, b, sfb, ks_tensor)
     if total_k == 0:
-        # Every group is empty: D = C (already copied), or zeros.
-        return d if c is not None else d.zero_()
+        # Every group is empty: D = C, or zeros.
+        check_grouped_addresses(inputs, K_GROUPED_INPUTS, d, _TMA_READ)
+        if c is None:
+            return d.zero_()
+        return d if c.data_ptr() == d.data_ptr() else d.copy_(c)
+    return launch_grouped(launches, _plan(m, n, total_k, num_groups, c is not None), _encode, inputs,
+                          K_GROUPED_INPUTS, d, m, num_groups, c, _TMA_READ)
 
-    return _launch(_plan(m, n, total_k, num_groups, c is not None), a, sfa, b, sfb, d, ks_tensor, m, num_groups)
 
-
-def _launch(plan: tuple, a, sfa, b, sfb, d, ks_tensor, m: int, num_groups: int) -> torch.Tensor:
-    kernel, config, grid = plan
-    tmap_sfa = tensor_map(sfa, (config.block_m, 1), transpose=True)
-    kernel.launch(
-        grid, a.get_device(), tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
-        tmap_b=tensor_map(b, (config.block_n, SCALE_BLOCK), 128), tmap_sfa=tmap_sfa,
+def _encode(kernel, config, a, sfa, b, sfb, ks_tensor, d, m: int, num_groups: int) -> bytes:
+    return kernel.encode(
+        tmap_a=tensor_map(a, (config.block_m, SCALE_BLOCK), 128),
+        tmap_b=tensor_map(b, (config.block_n, SCALE_BLOCK), 128),
+        tmap_sfa=tensor_map(sfa, (config.block_m, 1), transpose=True),
         tmap_d=tensor_map(d, (1, 64, config.swizzle_d_bytes // d.element_size()), config.swizzle_d_bytes),
         sfb=sfb.data_ptr(), shape_m=m, grouped_layout=ks_tensor.data_ptr(), num_groups=num_groups, d=d.data_ptr(),
         split_workspace=0, split_tickets=0, num_unsplit_tiles=0,
         tmap_sfb=tensor_map(sfb, (config.block_n, 1), transpose=True))
-    return d
 
 
 def forced_config_call(config, a, b, d: torch.Tensor, ks, ks_tensor: torch.Tensor, c: torch.Tensor = None):
@@ -250,8 +251,9 @@ def forced_config_call(config, a, b, d: torch.Tensor, ks, ks_tensor: torch.Tenso
         raise ValueError("forced_config_call takes kernel-ready scales and a non-empty problem")
     if c is not None and c.data_ptr() != d.data_ptr():
         raise ValueError("forced_config_call accumulates in place only (c is d)")
-    plan = plan_of(config, m, n, num_groups, c is not None, get_num_sms())
-    return lambda: _launch(plan, a, sfa, b, sfb, d, ks_tensor, m, num_groups)
+    plan, launches = plan_of(config, m, n, num_groups, c is not None, get_num_sms()), {}
+    return lambda: launch_grouped(launches, plan, _encode, (a, sfa, b, sfb, ks_tensor), K_GROUPED_INPUTS, d, m,
+                                  num_groups, tma_read=_TMA_READ)
 
 
 def _k_major_view(t, scales, name: str, scale_name: str, rows_name: str) -> tuple:

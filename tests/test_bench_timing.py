@@ -33,3 +33,39 @@ def test_table_prints_rows_without_a_peer_or_roofline(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[3].split()[5:7] == ["-", "-"] and lines[3].endswith("; vs_fp8 0.91")
     assert lines[4].split()[5:7] == ["0.330", "1.500"]
+
+
+def test_host_suite_drops_only_its_own_calls_cache_entries(monkeypatch):
+    # The host suite's "as before" rows drop their own call's launches (encoded each call) or signatures (validated
+    # each call), never another row's: rows timed in any order time what they say.
+    import torch
+
+    from deep_kernels import call_cache
+    from deep_kernels.benchmarks import host
+
+    monkeypatch.setattr(call_cache, "_checked_calls", {})
+    checks = []
+
+    def check(x):
+        checks.append(x.shape)
+        return x.shape
+
+    def gemm_like(x):  # a call on call_cache's path that prepares one launch per address
+        _, launches = call_cache.checked_call(check, (x,))
+        launches.setdefault(x.data_ptr(), object())
+
+    other, own = torch.zeros(4), torch.zeros(8)
+    gemm_like(other)
+    (other_entry,) = call_cache._checked_calls.values()
+    encoding = host._encoding_each_call(lambda: gemm_like(own))
+    validating = host._validating_each_call(lambda: gemm_like(torch.zeros(16)))
+    assert len(call_cache._checked_calls) == 3 and len(checks) == 3
+    own_launches = next(launches for (shape, launches) in call_cache._checked_calls.values() if shape == own.shape)
+    first_launch = own_launches[own.data_ptr()]
+    for _ in range(2):
+        validating()
+        encoding()
+    assert len(checks) == 5  # validated again each call: the 16-element call only
+    assert own_launches[own.data_ptr()] is not first_launch  # prepared again each call
+    assert call_cache._checked_calls[next(iter(call_cache._checked_calls))] is other_entry
+    assert list(other_entry[1]) == [other.data_ptr()]

@@ -1,12 +1,12 @@
 """The lean host path: a call whose signature (dtypes, shapes, strides, devices, arguments) was validated before runs
-no check but the look-up, and the FP8 and BF16 GEMMs (dense and M-grouped) and the FP8 x FP4 decode GEMMs launch from
-parameters encoded once per set of addresses.
+no check but the look-up, and the FP8 and BF16 GEMMs (dense, M-grouped and k-grouped) and the FP8 x FP4 GEMMs launch
+from parameters encoded once per set of addresses.
 
 CPU: the native launcher's encode / launch_encoded (what they check before the driver, the bytes they produce); on
 the kernels' call paths with a fake kernel (no driver), which calls encode, that a cached signature still checks what
 it does not fix (addresses), that each validation error fires on a new signature even after valid calls, and that
-the encodings per signature are bounded. GPU: fp8_gemm_nt, bf16_gemm_nt, the grouped GEMMs and the FP8 x FP4 decode
-GEMM through many address sets of one signature (more than the cache holds) against the reference, eager and in a
+the encodings per signature are bounded. GPU: fp8_gemm_nt, bf16_gemm_nt, the M- and k-grouped GEMMs and the FP8 x FP4
+GEMMs through many address sets of one signature (more than the cache holds) against the reference, eager and in a
 CUDA graph; topk_gate_with_layout's cached plan against the reference.
 """
 
@@ -17,7 +17,9 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels import bf16_gemm, call_cache, fp4_gemm, gemm, grouped_gemm, nvfp4_gemm
+from deep_kernels import (
+    bf16_gemm, call_cache, fp4_gemm, gemm, grouped_gemm, k_grouped_bf16_gemm, k_grouped_gemm, nvfp4_gemm,
+)
 from deep_kernels.jit import launcher, runtime
 from deep_kernels.jit.definition import TENSOR_MAP
 from deep_kernels.moe import gate, layout, routing
@@ -25,11 +27,13 @@ from deep_kernels.quant import fp8
 from deep_kernels.reference import bf16_gemm as reference_bf16
 from deep_kernels.reference import fp4_gemm as reference_fp4
 from deep_kernels.reference import gemm as reference
+from deep_kernels.reference import k_grouped_gemm as reference_k_grouped
 from deep_kernels.reference import moe as reference_moe
 from deep_kernels.testing import assert_bitwise_equal, copy_with_output_over_it, poison_, random_activations
 from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import assert_gemm_close, make_gemm_inputs
 from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs
+from deep_kernels.testing.wgrad import make_k_grouped_bf16_inputs, make_k_grouped_inputs
 
 SLOT_BYTES = 128  # launcher.cpp's ParamSlot: a CUtensorMap's size
 
@@ -396,6 +400,115 @@ def test_fp4_masked_prepared_weights_of_the_other_layout_get_their_own_launch(fa
     call(a, prepared, d, masked_m)
     assert len(fake_grouped.encoded) == 1 and len(fake_grouped.launched) == 2
     assert len(other_layout.encoded) == 1 and len(other_layout.launched) == 1
+
+
+# ---- the k-grouped GEMMs' cached launches, with a fake kernel (CPU) ----
+
+@pytest.fixture
+def fake_k_grouped(monkeypatch):
+    kernel = _FakeKernel()
+    for module, kernel_getter in ((k_grouped_gemm, "get_gemm_kernel"), (k_grouped_bf16_gemm, "get_kernel")):
+        for cache in ("_checked_calls", "_plans"):
+            monkeypatch.setattr(module, cache, {})
+        monkeypatch.setattr(module, "check_cuda_device", lambda *args, **kwargs: None)
+        monkeypatch.setattr(module, "get_num_sms", lambda: 132)
+        monkeypatch.setattr(module, kernel_getter, lambda *args, **kwargs: kernel)
+    monkeypatch.setattr(grouped_gemm, "current_raw_stream", lambda device_index: 0)
+    return kernel
+
+
+def _cpu_k_grouped(bf16: bool, ks=(128, 0, 256), m=8, n=32) -> tuple:
+    """(call(a, b, d, ks, ks_tensor, c=None), a, b, d, ks, ks_tensor) of a small k-grouped problem on the CPU: FP8
+    (tensor, scales) pairs, or the BF16 tn layout's transposes (M- and N-major)."""
+    if bf16:
+        dy, x, ks_tensor = make_k_grouped_bf16_inputs(list(ks), m, n, device="cpu")
+        a, b, call = dy.T, x.T, deep_kernels.k_grouped_bf16_gemm_nt_contiguous
+    else:
+        a, b, ks_tensor = make_k_grouped_inputs(list(ks), m, n, device="cpu")
+        call = deep_kernels.k_grouped_fp8_gemm_nt_contiguous
+    return call, a, b, torch.empty(len(ks), m, n), list(ks), ks_tensor
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_k_grouped_gemm_encodes_once_per_address_set_and_plan(fake_k_grouped, monkeypatch, bf16):
+    call, a, b, d, ks, ks_tensor = _cpu_k_grouped(bf16)
+    call(a, b, d, ks, ks_tensor)
+    call(a, b, d, [256, 0, 128], ks_tensor)  # other group sizes of the same sum: the same launch
+    call(a, b, d, ks, ks_tensor)
+    assert len(fake_k_grouped.encoded) == 1 and len(fake_k_grouped.launched) == 3
+    params = fake_k_grouped.encoded[0]
+    assert params["tmap_a"][0] == _data(a).data_ptr() and params["tmap_b"][0] == _data(b).data_ptr()
+    assert params["tmap_d"][0] == d.data_ptr() and params["grouped_layout"] == ks_tensor.data_ptr()
+    assert params["num_groups"] == 3 and params["shape_m"] == 8
+    if not bf16:
+        assert params["tmap_sfa"][0] == a[1].data_ptr() and params["tmap_sfb"][0] == b[1].data_ptr()
+    call(a, b, torch.empty_like(d), ks, ks_tensor)  # a new address: encoded again, with it
+    call(a, b, d, ks, ks_tensor.clone())
+    assert len(fake_k_grouped.encoded) == 3
+    assert fake_k_grouped.encoded[1]["tmap_d"][0] != d.data_ptr()
+    assert fake_k_grouped.encoded[2]["grouped_layout"] != ks_tensor.data_ptr()
+    for module in (k_grouped_gemm, k_grouped_bf16_gemm):  # a new plan (set_num_sms): encoded again
+        monkeypatch.setattr(module, "get_num_sms", lambda: 1)
+    call(a, b, d, ks, ks_tensor)
+    assert len(fake_k_grouped.encoded) == 4 and len(fake_k_grouped.launched) == 6
+    assert fake_k_grouped.launched[-1] != fake_k_grouped.launched[0]
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_k_grouped_gemm_cached_signature_still_checks_the_addresses(fake_k_grouped, bf16):
+    call, a, b, d, ks, ks_tensor = _cpu_k_grouped(bf16)
+    call(a, b, d, ks, ks_tensor)
+    storage = torch.empty(d.numel() + 1)
+    with pytest.raises(ValueError, match="16-byte aligned addresses"):  # the same signature 4 bytes off
+        call(a, b, storage[1:].view(d.shape), ks, ks_tensor)
+    # The same signature again, d now over a's memory, then over the group sizes'.
+    a_in_shared, d_over_a = copy_with_output_over_it(_data(a).T if bf16 else _data(a), d)
+    a_in_shared = a_in_shared.T if bf16 else a_in_shared
+    call(_with_data(a, a_in_shared), b, d, ks, ks_tensor)
+    with pytest.raises(ValueError, match="d and the inputs must not overlap: d and a"):
+        call(_with_data(a, a_in_shared), b, d_over_a, ks, ks_tensor)
+    sizes_in_shared, d_over_sizes = copy_with_output_over_it(ks_tensor, d)
+    call(a, b, d, ks, sizes_in_shared)
+    with pytest.raises(ValueError, match="d and the inputs must not overlap: d and ks_tensor"):
+        call(a, b, d_over_sizes, ks, sizes_in_shared)
+    assert len(fake_k_grouped.launched) == 3
+
+
+def test_k_grouped_fp8_gemm_checks_the_weight_scales_alignment(fake_k_grouped):
+    # The k-grouped kind reads sfb by TMA: 16 bytes, where the M-grouped kinds need 4.
+    call, a, b, d, ks, ks_tensor = _cpu_k_grouped(False)
+    sfb = b[1]
+    storage = torch.empty(sfb.numel() + 1)
+    misaligned = storage[1:].as_strided(sfb.shape, sfb.stride()).copy_(sfb)
+    with pytest.raises(ValueError, match="a, sfa, b, sfb and d must start at 16-byte aligned addresses"):
+        call(a, (b[0], misaligned), d, ks, ks_tensor)
+    assert not fake_k_grouped.launched
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_k_grouped_gemm_copies_c_after_the_address_checks(fake_k_grouped, bf16):
+    call, a, b, d, ks, ks_tensor = _cpu_k_grouped(bf16)
+    c = torch.randn(d.shape)
+    call(a, b, d, ks, ks_tensor, c)  # the fake kernel adds nothing: d holds c
+    assert_bitwise_equal(d, c)
+    # d.copy_(c) before the address checks would write c over a, then refuse the call.
+    a_in_shared, d_over_a = copy_with_output_over_it(_data(a).T if bf16 else _data(a), d)
+    a_in_shared = a_in_shared.T if bf16 else a_in_shared
+    with pytest.raises(ValueError, match="d and the inputs must not overlap: d and a"):
+        call(_with_data(a, a_in_shared), b, d_over_a, ks, ks_tensor, c)
+    assert_bitwise_equal(a_in_shared, _data(a))
+    assert len(fake_k_grouped.launched) == 1
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_k_grouped_gemm_without_tokens_writes_c_or_zeros(fake_k_grouped, bf16):
+    call, a, b, d, ks, ks_tensor = _cpu_k_grouped(bf16, ks=(0, 0, 0))
+    c = torch.randn(d.shape)
+    call(a, b, d, ks, ks_tensor, c)
+    assert_bitwise_equal(d, c)
+    call(a, b, d, ks, ks_tensor)
+    assert_bitwise_equal(d, torch.zeros_like(d))
+    assert not fake_k_grouped.launched
 
 
 # ---- the FP8 x FP4 decode GEMMs' cached launches, with a fake kernel (CPU) ----
@@ -815,15 +928,15 @@ def _tensors(operand) -> tuple:
     return tuple(operand) if isinstance(operand, tuple) else (operand,)
 
 
-def _check_address_sets(gemm_call, a, b, expected: torch.Tensor) -> None:
+def _check_address_sets(gemm_call, a, b, expected: torch.Tensor, d_dtype=torch.bfloat16) -> None:
     """gemm_call(a_i, b_i, d) over more address sets of one signature than the cache holds, every operand moved (a
-    and b: tensors or (tensor, scales) pairs, cloned with their strides): the first output against its float64
-    reference, the others bitwise equal to it. Every set stays alive (distinct addresses), its inputs poisoned once
-    used, so that a stale encoding reads NaN. Then the original operands, once the cache has filled."""
+    and b: tensors or (tensor, scales) pairs, cloned with their strides; d of d_dtype): the first output against its
+    float64 reference, the others bitwise equal to it. Every set stays alive (distinct addresses), its inputs
+    poisoned once used, so that a stale encoding reads NaN. Then the original operands, once the cache has filled."""
     first, kept = None, []
     for i in range(runtime.LAUNCHES_PER_SIGNATURE + 6):
         a_i, b_i = (tuple(t.clone() for t in _tensors(x)) for x in (a, b))
-        d = poison_(torch.empty(expected.shape, device="cuda", dtype=torch.bfloat16))
+        d = poison_(torch.empty(expected.shape, device="cuda", dtype=d_dtype))
         gemm_call(a_i if isinstance(a, tuple) else a_i[0], b_i if isinstance(b, tuple) else b_i[0], d)
         if first is None:
             assert_gemm_close(d, expected)
@@ -834,7 +947,7 @@ def _check_address_sets(gemm_call, a, b, expected: torch.Tensor) -> None:
             poison_(t)
         kept.append((*a_i, *b_i, d))
     assert len({t.data_ptr() for tensors in kept for t in tensors}) == len(kept[0]) * len(kept)
-    d = poison_(torch.empty(expected.shape, device="cuda", dtype=torch.bfloat16))
+    d = poison_(torch.empty(expected.shape, device="cuda", dtype=d_dtype))
     assert_bitwise_equal(gemm_call(a, b, d), first, "the original set after eviction")
 
 
@@ -899,6 +1012,24 @@ def test_grouped_gemm_over_more_address_sets_than_the_cache_holds(kind):
             b = prepared.data
             call = lambda a, data, d: unprepared(a, dataclasses.replace(prepared, data=data), d)
     _check_address_sets(call, a, b, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", [False, True])
+def test_k_grouped_gemm_over_more_address_sets_than_the_cache_holds(bf16):
+    ks, m, n = [256, 0, 384], 256, 512
+    if bf16:  # the tn layout's operands as nt transposes (M- and N-major)
+        dy, x, ks_tensor = make_k_grouped_bf16_inputs(ks, m, n)
+        a, b, gemm = dy.T, x.T, deep_kernels.k_grouped_bf16_gemm_nt_contiguous
+        expected = reference_k_grouped.k_grouped_bf16_gemm_tn_contiguous(
+            dy, x, torch.empty((len(ks), m, n), device="cuda", dtype=torch.float64), ks)
+    else:
+        a, b, ks_tensor = make_k_grouped_inputs(ks, m, n)
+        gemm = deep_kernels.k_grouped_fp8_gemm_nt_contiguous
+        expected = reference_k_grouped.k_grouped_fp8_gemm_nt_contiguous(
+            a, b, torch.empty((len(ks), m, n), device="cuda", dtype=torch.float64), ks)
+    call = lambda a, b, d: gemm(a, b, d.view(len(ks), m, n), ks, ks_tensor).flatten(0, 1)
+    _check_address_sets(call, a, b, expected.flatten(0, 1), torch.float32)
 
 
 @pytest.mark.gpu

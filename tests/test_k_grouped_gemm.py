@@ -19,7 +19,7 @@ from deep_kernels.heuristics import fp8_gemm
 from deep_kernels.heuristics import k_grouped_bf16_gemm as heuristics_bf16
 from deep_kernels.heuristics import k_grouped_fp8_gemm as heuristics
 from deep_kernels.reference import k_grouped_gemm as reference
-from deep_kernels.testing import assert_bitwise_equal, copy_with_output_over_it, poison_
+from deep_kernels.testing import assert_bitwise_equal, poison_
 from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close
 from deep_kernels.testing.wgrad import group_sizes, make_k_grouped_bf16_inputs, make_k_grouped_inputs
 
@@ -320,21 +320,11 @@ def test_group_sizes_are_checked_on_every_call(monkeypatch):
         deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, t)
     assert not k_grouped_gemm._checked_calls  # an invalid call is not kept
     key = (k_grouped_gemm.call_signature(a[0], a[1], b[0], b[1], d, t, None), len(ks))
-    k_grouped_gemm._checked_calls[key] = (8, 32, 384, 3, True)  # as a valid call on the GPU would leave it
+    k_grouped_gemm._checked_calls[key] = ((8, 32, 384, 3, True), {})  # as a valid call on the GPU leaves it
     with pytest.raises(ValueError, match="ks sums to 512"):
         deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, [128, 128, 256], t)
     with pytest.raises(ValueError, match=r"ks\[1\] = 100"):
         deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, [128, 100, 156], t)
-
-
-def test_d_over_an_input_is_refused(monkeypatch):
-    a, b, d, ks, t = _cpu_call()
-    a_in_shared, d_over_a = copy_with_output_over_it(a[0], d)
-    monkeypatch.setattr(k_grouped_gemm, "_checked_calls", {})
-    key = (k_grouped_gemm.call_signature(a_in_shared, a[1], b[0], b[1], d_over_a, t, None), len(ks))
-    k_grouped_gemm._checked_calls[key] = (8, 32, 384, 3, True)  # as a valid call on the GPU would leave it
-    with pytest.raises(ValueError, match="d and the inputs must not overlap: d and a"):
-        deep_kernels.k_grouped_fp8_gemm_nt_contiguous((a_in_shared, a[1]), b, d_over_a, ks, t)
 
 
 # ---- the k-grouped BF16 GEMM ----
@@ -403,19 +393,9 @@ def test_bf16_rejects_bad_c_and_checks_group_sizes_on_every_call(monkeypatch):
         deep_kernels.k_grouped_bf16_gemm_tn_contiguous(a.T, b.T, d, ks, t)
     monkeypatch.setattr(k_grouped_bf16_gemm, "_checked_calls", {})
     key = (k_grouped_bf16_gemm.call_signature(a, b, d, t, None), len(ks))
-    k_grouped_bf16_gemm._checked_calls[key] = (8, 32, 192, 3, True, True)  # as a valid call on the GPU would leave it
+    k_grouped_bf16_gemm._checked_calls[key] = ((8, 32, 192, 3, True, True), {})  # as a valid GPU call leaves it
     with pytest.raises(ValueError, match="ks sums to 256"):
         deep_kernels.k_grouped_bf16_gemm_nt_contiguous(a, b, d, [64, 64, 128], t)
-
-
-def test_bf16_d_over_an_input_is_refused(monkeypatch):
-    a, b, d, ks, t = _bf16_cpu_call()
-    dy_in_shared, d_over_dy = copy_with_output_over_it(a.T, d)
-    monkeypatch.setattr(k_grouped_bf16_gemm, "_checked_calls", {})
-    key = (k_grouped_bf16_gemm.call_signature(dy_in_shared.T, b, d_over_dy, t, None), len(ks))
-    k_grouped_bf16_gemm._checked_calls[key] = (8, 32, 192, 3, True, True)  # as a valid call on the GPU would leave it
-    with pytest.raises(ValueError, match="d and the inputs must not overlap: d and a"):
-        deep_kernels.k_grouped_bf16_gemm_nt_contiguous(dy_in_shared.T, b, d_over_dy, ks, t)
 
 
 def test_bf16_reference_is_the_per_group_product():
