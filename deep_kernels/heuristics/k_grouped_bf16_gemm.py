@@ -12,6 +12,7 @@ stages), without split-K; 256-row tiles take part in 2-CTA clusters; with an N-m
 from deep_kernels.heuristics import bf16_gemm, fp8_gemm
 from deep_kernels.heuristics.bf16_gemm import Bf16CandidateKernel
 from deep_kernels.heuristics.fp8_gemm import Fp8GemmConfig
+from deep_kernels.heuristics.k_grouped_fp8_gemm import modelled_problem
 
 GEMM_TYPE = "k_grouped"
 OUT_DTYPE_BYTES = 4
@@ -43,15 +44,7 @@ def get_k_grouped_bf16_gemm_config(m: int, n: int, total_k: int, num_groups: int
     Returns:
         A frozen Fp8GemmConfig with block_k 64; equal inputs give equal configs.
     """
-    if not isinstance(num_groups, int) or num_groups < 1:
-        raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
-    if m < 0 or total_k < 0 or total_k % BLOCK_K:
-        raise ValueError(f"m must be >= 0 and total_k a non-negative multiple of {BLOCK_K}, got m={m}, "
-                         f"total_k={total_k}")
-    # The model's K: the average group's, at least one K block.
-    k = max(-(-total_k // num_groups // BLOCK_K), 1) * BLOCK_K
-    fp8_gemm.check_problem(n, k, num_sms)
-    rows = max(m, 1)
+    rows, k = modelled_problem(m, n, total_k, num_groups, num_sms, BLOCK_K)
     candidates = list(candidate_configs(rows, n, num_sms, smem_capacity, mn_major_b))
     if not candidates:
         raise ValueError(f"no BF16 GEMM config fits {smem_capacity} bytes of shared memory")

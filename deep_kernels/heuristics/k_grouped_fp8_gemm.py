@@ -67,6 +67,20 @@ def with_kind_overlap(config: Fp8GemmConfig) -> Fp8GemmConfig:
     return dataclasses.replace(config, overlap_epilogue=config.overlap_epilogue and overlap)
 
 
+def modelled_problem(m: int, n: int, total_k: int, num_groups: int, num_sms: int, block_k: int) -> tuple:
+    """(rows, K) of the one group the model times for a k-grouped problem (the FP8 and BF16 kinds'): at least one
+    row, and the average group's K in whole K blocks of block_k, at least one; a clear ValueError for a problem the
+    heuristics do not take."""
+    if not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
+    if m < 0 or total_k < 0 or total_k % block_k:
+        raise ValueError(f"m must be >= 0 and total_k a non-negative multiple of {block_k}, got m={m}, "
+                         f"total_k={total_k}")
+    k = max(-(-total_k // num_groups // block_k), 1) * block_k
+    fp8_gemm.check_problem(n, k, num_sms)
+    return max(m, 1), k
+
+
 def get_k_grouped_fp8_gemm_config(m: int, n: int, total_k: int, num_groups: int, num_sms: int,
                                   with_accumulation: bool = False,
                                   smem_capacity: int = fp8_gemm.SMEM_CAPACITY_BYTES) -> Fp8GemmConfig:
@@ -84,15 +98,7 @@ def get_k_grouped_fp8_gemm_config(m: int, n: int, total_k: int, num_groups: int,
     Returns:
         A frozen Fp8GemmConfig; equal inputs give equal configs.
     """
-    if not isinstance(num_groups, int) or num_groups < 1:
-        raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
-    if m < 0 or total_k < 0 or total_k % BLOCK_K:
-        raise ValueError(f"m must be >= 0 and total_k a non-negative multiple of {BLOCK_K}, got m={m}, "
-                         f"total_k={total_k}")
-    # The model's K: the average group's, at least one K block.
-    k = max(-(-total_k // num_groups // BLOCK_K), 1) * BLOCK_K
-    fp8_gemm.check_problem(n, k, num_sms)
-    rows = max(m, 1)
+    rows, k = modelled_problem(m, n, total_k, num_groups, num_sms, BLOCK_K)
     candidates = list(candidate_configs(rows, n, num_sms, smem_capacity))
     if not candidates:
         raise ValueError(f"no FP8 GEMM config fits {smem_capacity} bytes of shared memory")
