@@ -1,6 +1,7 @@
 """The torch custom ops (deep_kernels.ops): torch.compile(fullgraph=True) traces every public function to its op with
 no graph break; the ops' fake implementations give the eager functions' outputs (dtype, shape, strides: those of the
-plain-torch references, computed on the CPU); the ops' implementations hand their arguments to the eager functions
+plain-torch references, computed on the CPU) and take symbolic sizes (new token counts reuse one dynamic graph);
+the ops' implementations hand their arguments to the eager functions
 (which then check everything but the device on CPU tensors); and on the GPU compiled code, and its CUDA-graph
 replay, gives the eager bits."""
 
@@ -607,6 +608,27 @@ def test_decode_moe_step_compiles_to_one_graph_of_the_ops():
         "topk_gate_with_layout.default", "moe_expand_cast_to_fp8.default", "m_grouped_fp8_gemm_nt_masked.default",
         "swiglu_cast_to_fp8_masked.default", "m_grouped_fp8_gemm_nt_masked.default", "moe_reduce.default"]
     assert _geometry(out) == (torch.bfloat16, (5, 256), (256, 1))
+
+
+def test_token_counts_share_one_dynamic_graph():
+    """Serving engines call with a new token count at every step: after the first count's graph, dynamo's automatic
+    dynamic shapes give one graph for every other count (the ops' fake implementations take symbolic sizes), so no
+    count recompiles."""
+    (_, _), (b, sfb) = make_gemm_inputs(5, 64, 256, device="cpu")
+    b, sfb = _moved((b, sfb), "meta", {})
+    recorder = GraphRecorder()
+    cast_gemm = _compiled(_cast_gemm, recorder)
+    for num_tokens in (5, 9, 13, 300):
+        d = cast_gemm(_moved(_x(num_tokens, 256), "meta", {}), b, sfb)
+        assert _geometry(d) == (torch.bfloat16, (num_tokens, 64), (64, 1))
+    assert len(recorder.graphs) == 2
+    recorder = GraphRecorder()
+    decode_step = _compiled(_decode_moe_step, recorder)
+    for num_tokens in (5, 9, 13):
+        *tensors, max_tokens = _decode_moe_inputs("cpu", num_tokens=num_tokens)
+        out = decode_step(*_moved(tensors, "meta", {}), max_tokens)
+        assert _geometry(out) == (torch.bfloat16, (num_tokens, 256), (256, 1))
+    assert len(recorder.graphs) == 2
 
 
 def test_traced_calls_raise_the_eager_errors_of_a_bad_layout():
