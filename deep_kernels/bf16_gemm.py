@@ -18,7 +18,6 @@ Constraints: K and N multiples of 16; any M >= 0.
 """
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import gemm
 from deep_kernels.call_cache import checked_call
@@ -33,7 +32,7 @@ from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_la
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
     check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_no_overlap, check_rank,
-    check_row_major_rows,
+    check_row_major_rows, is_traced,
 )
 
 BLOCK_K = heuristics.BLOCK_K
@@ -270,7 +269,7 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         capturing it). No host synchronisation or allocation, so calls can be captured in CUDA graphs.
     """
     check_deepgemm_options(compiled_dims)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.bf16_gemm_nt(a, b, d, c)
     return _launch_dense(a, b, d, c)
@@ -353,7 +352,7 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     check_deepgemm_options(compiled_dims)
     m_indices = call_m_indices(layout_argument(m_indices, grouped_layout), a, b, use_psum_layout, ensure_zero_padding,
                                expected_m_for_psum_layout)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices)
     return _launch_contiguous(a, b, d, m_indices)
@@ -422,7 +421,7 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
         Deterministic.
     """
     check_deepgemm_options(compiled_dims)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m)
     return _launch_masked(a, b, d, masked_m, expected_m)

@@ -27,7 +27,6 @@ dense GEMM only, through deep_kernels.nvfp4_gemm (expanded exactly to f16, f16 t
 """
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import nvfp4_gemm
 from deep_kernels.call_cache import checked_call
@@ -46,8 +45,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    tma_aligned_size, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank,
-    check_row_major_rows, scale_block_sizes,
+    check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank, check_row_major_rows,
+    is_traced, scale_block_sizes, tma_aligned_size,
 )
 
 MXFP4_GROUP_SIZE = 32
@@ -371,7 +370,7 @@ def fp8_fp4_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None, 
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     check_fp4_recipe(recipe, recipe_a, recipe_b, b)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.fp8_fp4_gemm_nt(a, b, d, c)
     return fp8_fp4_gemm_nt_with_config(None, a, b, d, c)
@@ -600,7 +599,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch
     check_fp4_recipe(recipe, recipe_a, recipe_b, b)
     m_indices = call_m_indices(layout_argument(m_indices, grouped_layout), a, b, use_psum_layout, ensure_zero_padding,
                                expected_m_for_psum_layout)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices)
     a, sfa, b, sfb = _split_pairs(a, b)
@@ -658,7 +657,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tens
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     _reject_nvfp4(b)
     check_fp4_recipe(recipe, recipe_a, recipe_b, b)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m)
     return m_grouped_fp8_fp4_gemm_nt_masked_with_config(None, a, b, d, masked_m, expected_m)

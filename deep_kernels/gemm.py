@@ -22,7 +22,6 @@ remaining K % 128 columns, and the kernel zero-fills the rest of its last K bloc
 from dataclasses import dataclass, field
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import envs, tuning
 from deep_kernels.device import get_num_sms, has_gpu, target_arch
@@ -32,8 +31,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch, tensor_map
 from deep_kernels.quant import unpack_ue8m0
 from deep_kernels.validation import (
-    ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_no_overlap, check_rank, check_row_major_rows,
-    deepgemm_recipe, tma_aligned_size,
+    ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_no_overlap, check_rank,
+    check_row_major_rows, deepgemm_recipe, is_traced, tma_aligned_size,
 )
 
 SCALE_BLOCK = 128
@@ -468,7 +467,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor = None, recipe=None, reci
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     recipe = deepgemm_recipe(recipe, recipe_a, recipe_b)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.fp8_gemm_nt(a, b, d, c, recipe)
     if not (isinstance(a, (tuple, list)) and len(a) == 2 and isinstance(b, (tuple, list)) and len(b) == 2):

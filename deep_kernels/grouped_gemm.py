@@ -18,7 +18,6 @@ Constraints: K and N multiples of 16 (K past the last multiple of 128 as in gemm
 """
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms, has_gpu, target_arch
 from deep_kernels import gemm, tuning
@@ -33,8 +32,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import current_raw_stream, remember_launch, tensor_map
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT
 from deep_kernels.validation import (
-    INT32_LIMIT, ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_no_overlap,
-    check_rank, check_row_major_rows, deepgemm_recipe,
+    INT32_LIMIT, ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_int_range,
+    check_no_overlap, check_rank, check_row_major_rows, deepgemm_recipe, is_traced,
 )
 
 CONTIGUOUS = "m_grouped_contiguous"
@@ -287,7 +286,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Ten
         raise TypeError("use_psum_layout=True takes the experts' row ends as the layout argument (grouped_layout), "
                         "without offsets")
     m_indices = call_m_indices(m_indices, a, b, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, offsets)
     a, sfa, b, sfb = _split_pairs(a, b)
@@ -361,7 +360,7 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
     """
     check_deepgemm_options(compiled_dims, disable_ue8m0_cast)
     check_grouped_recipe(recipe, recipe_a, recipe_b)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)
     a, sfa, b, sfb = _split_pairs(a, b)

@@ -16,7 +16,6 @@ Constraints: N a multiple of 16 (an N-major b: tiles of whole 64-column boxes); 
 """
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.bf16_gemm import is_mn_major, operand_map
 from deep_kernels.call_cache import call_signature
@@ -28,7 +27,7 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
 from deep_kernels.k_grouped_gemm import check_group_sizes, group_size_arguments
 from deep_kernels.validation import (
-    INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_rank,
+    INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_rank, is_traced,
 )
 
 BLOCK_K = heuristics.BLOCK_K
@@ -119,7 +118,7 @@ def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     """
     check_deepgemm_options(compiled_dims)
     ks, ks_tensor = group_size_arguments(ks, ks_tensor, ks_cpu, grouped_layout)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.k_grouped_bf16_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c)
     try:

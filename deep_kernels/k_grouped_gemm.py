@@ -21,7 +21,6 @@ Constraints: N a multiple of 16; M >= 0.
 """
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels import gemm
 from deep_kernels.call_cache import call_signature
@@ -36,7 +35,7 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import tensor_map
 from deep_kernels.validation import (
     INT32_LIMIT, check_aligned, check_cuda_device, check_deepgemm_options, check_dtype, check_rank,
-    check_row_major_rows, deepgemm_alias,
+    check_row_major_rows, deepgemm_alias, is_traced,
 )
 
 # The kernel compiles for any K: the groups' sizes come from the device.
@@ -196,7 +195,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks=None, ks_tensor: 
     """
     check_deepgemm_options(compiled_dims)
     ks, ks_tensor = group_size_arguments(ks, ks_tensor, ks_cpu, grouped_layout)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c, recipe)
     a, sfa, b, sfb = _split_pairs(a, b)
@@ -291,7 +290,7 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks=None, ks_tensor: 
     """
     check_deepgemm_options(compiled_dims)
     ks, ks_tensor = group_size_arguments(ks, ks_tensor, ks_cpu, grouped_layout)
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks, ks_tensor, c, recipe)
     a, sfa, b, sfb = _split_pairs(a, b)

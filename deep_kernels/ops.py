@@ -142,7 +142,7 @@ def _m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, d, masked_m, expected_m) -> No
 
 
 _define("m_grouped_fp8_gemm_nt_masked(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, Tensor masked_m, "
-        "int expected_m) -> ()", _m_grouped_fp8_gemm_nt_masked, _writes_only)
+        "SymInt expected_m) -> ()", _m_grouped_fp8_gemm_nt_masked, _writes_only)
 
 
 def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m):
@@ -172,7 +172,7 @@ def m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices):
     return d
 
 
-_define("m_grouped_bf16_gemm_nt_masked(Tensor a, Tensor b, Tensor(a!) d, Tensor masked_m, int expected_m) -> ()",
+_define("m_grouped_bf16_gemm_nt_masked(Tensor a, Tensor b, Tensor(a!) d, Tensor masked_m, SymInt expected_m) -> ()",
         bf16_gemm.m_grouped_bf16_gemm_nt_masked, _writes_only)
 
 
@@ -235,7 +235,7 @@ def _m_grouped_fp8_fp4_gemm_nt_masked(a, sfa, b, sfb, d, masked_m, expected_m) -
 
 
 _define("m_grouped_fp8_fp4_gemm_nt_masked(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, "
-        "Tensor masked_m, int expected_m) -> ()", _m_grouped_fp8_fp4_gemm_nt_masked, _writes_only)
+        "Tensor masked_m, SymInt expected_m) -> ()", _m_grouped_fp8_fp4_gemm_nt_masked, _writes_only)
 
 
 def _m_grouped_fp8_fp4_gemm_nt_masked_prepared(a, sfa, b, n, folds_into_blocks, d, masked_m, expected_m,
@@ -245,7 +245,7 @@ def _m_grouped_fp8_fp4_gemm_nt_masked_prepared(a, sfa, b, n, folds_into_blocks, 
 
 
 _define("m_grouped_fp8_fp4_gemm_nt_masked_prepared(Tensor a, Tensor sfa, Tensor b, int n, bool folds_into_blocks, "
-        "Tensor(a!) d, Tensor masked_m, int expected_m, bool tile_scaled=False) -> ()",
+        "Tensor(a!) d, Tensor masked_m, SymInt expected_m, bool tile_scaled=False) -> ()",
         _m_grouped_fp8_fp4_gemm_nt_masked_prepared,
         _writes_only)
 
@@ -552,7 +552,7 @@ def _moe_layout_fake(topk_idx, num_experts, max_tokens) -> list:
     return _layout_tensors(new_layout(topk_idx, *topk_idx.shape, num_experts, max_tokens))
 
 
-_define("moe_layout(Tensor topk_idx, int num_experts, int? max_tokens) -> Tensor[]", _moe_layout, _moe_layout_fake)
+_define("moe_layout(Tensor topk_idx, int num_experts, SymInt? max_tokens) -> Tensor[]", _moe_layout, _moe_layout_fake)
 
 
 def moe_layout(topk_idx, num_experts, max_tokens):
@@ -573,12 +573,12 @@ def _topk_gate_with_layout_fake(logits, k, scoring, bias, num_groups, topk_group
     return [*gated, *_layout_tensors(new_layout(logits, num_tokens, k, num_experts, max_tokens))]
 
 
-_define(f"topk_gate_with_layout({_GATE_SCHEMA}, int? max_tokens) -> Tensor[]", _topk_gate_with_layout,
+_define(f"topk_gate_with_layout({_GATE_SCHEMA}, SymInt? max_tokens) -> Tensor[]", _topk_gate_with_layout,
         _topk_gate_with_layout_fake)
 
 
 # NOTE: defined apart from _define's .out overloads: the masked layout's tensors are written only with max_tokens.
-_LIBRARY.define(f"topk_gate_with_layout.out({_GATE_SCHEMA}, int? max_tokens, Tensor(a!) weights, Tensor(b!) indices, "
+_LIBRARY.define(f"topk_gate_with_layout.out({_GATE_SCHEMA}, SymInt? max_tokens, Tensor(a!) weights, Tensor(b!) indices, "
                 "Tensor(c!) counts, Tensor(d!) num_rows, Tensor(e!) m_indices, Tensor(f!) row_to_slot, "
                 "Tensor(g!) slot_to_row, Tensor(h!)? masked_slots, Tensor(i!)? masked_m) -> ()")
 _register("topk_gate_with_layout.out",

@@ -3,9 +3,17 @@ argument and says what was expected. Device checks come last, so every other che
 tested) on CPU tensors."""
 
 import torch
+from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 INT32_LIMIT = 2**31 - 1
 FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def is_traced() -> bool:
+    """Whether dynamo or torch.export is tracing the caller. The public functions then call their custom ops
+    (deep_kernels.ops), whose implementations run the eager functions, every check included, when the graph runs;
+    checks that read data pointers cannot run while tracing. Eager calls pay one flag read."""
+    return is_compiling() and (is_dynamo_compiling() or is_exporting())
 
 
 def ceil_div(a: int, b: int) -> int:

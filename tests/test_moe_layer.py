@@ -1,6 +1,6 @@
 """The MoE layer (deep_kernels.nn.MoE): its float reference against a per-token loop written from the layer's
-definition, the shared inputs, the benchmark's peer, and the module's validation (CPU); the module's forward in
-both modes against the reference, in a CUDA graph, and run to run (GPU).
+definition, the shared inputs, the benchmark's peer, the module's validation, and its torch.compile graph (CPU); the
+module's forward in both modes against the reference, compiled, in a CUDA graph, and run to run (GPU).
 
 The GPU check is deep_kernels.testing.moe_layer.assert_layer_close against module_reference (its docstring derives
 the bounds). What the bounds separate (measured on the CPU at the GPU tests' sizes): the FP8 casts of the
@@ -310,6 +310,46 @@ def test_forward_dataflow_on_the_references(kernels_replaced_by_references, mode
     assert module(x[:0]).shape == (0, HIDDEN)
 
 
+class _GraphCounter:
+    """A torch.compile backend (AOTAutograd, eager: the ops' fake implementations run while it traces) that records
+    the deep_kernels ops of each graph dynamo hands it."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, graph_module, example_inputs):
+        self.graphs.append([str(node.target).removeprefix("deep_kernels.") for node in graph_module.graph.nodes
+                            if node.op == "call_function" and str(node.target).startswith("deep_kernels.")])
+        return torch._dynamo.backends.debugging.aot_eager(graph_module, example_inputs)
+
+
+# (mode, max_tokens, the most graphs over COMPILED_TOKEN_COUNTS): the first count's graph, then dynamo's automatic
+# dynamic one; at a capacity of T (max_tokens None) the layout's sizes follow T, and divisibility guards may add one.
+COMPILED_MODES = [("contiguous", None, 2), ("masked", None, 3), ("masked", 12, 2)]
+COMPILED_TOKEN_COUNTS = (64, 40, 17, 300, 96, 5)
+
+
+@pytest.mark.parametrize("mode,max_tokens,most_graphs", COMPILED_MODES)
+def test_module_compiles_to_the_ops_for_every_token_count(mode, max_tokens, most_graphs):
+    # torch.compile(module, fullgraph=True), as frameworks compile a model: one graph of the kernels' ops (x's address
+    # and the devices are the ops' checks while tracing), reused across token counts. On meta tensors (the ops' fake
+    # implementations).
+    module = MoE(HIDDEN, INTERMEDIATE, NUM_EXPERTS, **GATE, mode=mode, max_tokens=max_tokens, device="meta")
+    counter = _GraphCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(module, fullgraph=True, backend=counter)
+    with torch.no_grad():
+        for num_tokens in COMPILED_TOKEN_COUNTS:
+            out = compiled(torch.empty(num_tokens, HIDDEN, dtype=torch.bfloat16, device="meta"))
+            assert out.shape == (num_tokens, HIDDEN) and out.dtype == torch.bfloat16
+    layout = "contiguous" if mode == "contiguous" else "masked"
+    assert counter.graphs[0] == [
+        "topk_gate_with_layout.default", "moe_expand_cast_to_fp8.default", f"m_grouped_fp8_gemm_nt_{layout}.default",
+        "swiglu_cast_to_fp8.default" if mode == "contiguous" else "swiglu_cast_to_fp8_masked.default",
+        f"m_grouped_fp8_gemm_nt_{layout}.default", "moe_reduce.default"]
+    assert len(counter.graphs) <= most_graphs
+
+
 def test_forward_rejects_buffers_cast_to_another_dtype():
     module = _cpu_module().to(torch.bfloat16)  # casts the FP8 weights and FP32 scales too
     with pytest.raises(TypeError, match="correction_bias must be torch.float32"):
@@ -371,6 +411,20 @@ def test_the_check_rejects_planted_bugs():
     capacity = int(torch.bincount(indices.flatten().long(), minlength=NUM_EXPERTS).max()) - 1
     dropped = module_reference(module, x, "contiguous", max_tokens=capacity)
     assert token_diffs(out, dropped).max() > 4 * TOKEN_BOUND
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,max_tokens,most_graphs", COMPILED_MODES)
+def test_compiled_module_matches_eager_bitwise(mode, max_tokens, most_graphs):
+    # torch.compile(module, fullgraph=True) with the default backend (inductor), over token counts that share its
+    # dynamic graph: the eager output, bit for bit.
+    module, _ = _gpu_module(mode, max_tokens, seed=6)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, fullgraph=True)
+    with torch.no_grad():
+        for num_tokens in COMPILED_TOKEN_COUNTS:
+            x = moe_layer_tokens(num_tokens, HIDDEN, "cuda", seed=40 + num_tokens)
+            assert_bitwise_equal(compiled(x), module(x), f"{mode}, max_tokens {max_tokens}: {num_tokens} tokens")
 
 
 @pytest.mark.gpu

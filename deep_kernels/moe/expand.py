@@ -21,7 +21,6 @@ import functools
 from typing import NamedTuple
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
@@ -36,7 +35,7 @@ from deep_kernels.quant.common import (
 )
 from deep_kernels.validation import (
     INT32_LIMIT, ceil_div, check_aligned, check_cuda_device, check_dtype, check_no_overlap, check_rank,
-    check_row_major_rows, tma_aligned_size,
+    check_row_major_rows, is_traced, tma_aligned_size,
 )
 
 GROUP_SIZE = 128
@@ -303,7 +302,7 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
         every output element has one writer: deterministic. No host synchronization or allocation besides
         `out`: CUDA-graph safe.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.moe_expand(x, layout, scales, masked, zero_padding, out)
     return _expand(EXPAND_TILE, x, layout, scales, masked, zero_padding, out)
@@ -445,7 +444,7 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
         from layout.num_rows on are not written. Each token is read and cast once, its codes and scales stored
         to the rows of its slots; every output element has one writer: deterministic. CUDA-graph safe.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.moe_expand_cast_to_fp8(x, layout, masked, ue8m0, scale_layout, amax_clamp, scale_mode, zero_padding,
                                           out)
@@ -542,7 +541,7 @@ def moe_reduce(y: torch.Tensor, layout: MoeLayout, weights: torch.Tensor, scales
         with v_j = y (or float(q) * scale for FP8); out = RNE(acc). A token with no kept slot gets zeros.
         One thread per output vector, no atomics: deterministic. CUDA-graph safe.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.moe_reduce(y, layout, weights, scales, masked, out_dtype, out)
     check_dtype(y, "y", REDUCE_DTYPES)

@@ -8,14 +8,13 @@ so moe_layout(local, n) lays out exactly this rank's slots.
 import functools
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.device import get_num_sms
-from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, INT32_LIMIT
+from deep_kernels.validation import INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_int_range, is_traced
 
 _THREADS = 256
 
@@ -55,7 +54,7 @@ def map_global_to_local_experts(topk_idx: torch.Tensor, num_local_experts: int, 
         One launch, no host synchronization (CUDA-graph safe); bit-exact with
         deep_kernels.reference.moe.map_global_to_local_experts.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.map_global_to_local_experts(topk_idx, num_local_experts, rank, out)
     check_dtype(topk_idx, "topk_idx", (torch.int32, torch.int64))

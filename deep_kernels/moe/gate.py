@@ -15,14 +15,13 @@ import functools
 from typing import NamedTuple
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.validation import (
-    FLOAT32_MAX, INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank,
+    FLOAT32_MAX, INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, is_traced,
 )
 
 MAX_EXPERTS = 512  # csrc/kernels/smxx_moe_slots.cuh: kMaxMoeExperts
@@ -139,7 +138,7 @@ def topk_gate(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torc
     Notes:
         Deterministic; bit-exact with deep_kernels.reference.moe.topk_gate (see the module docstring).
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.topk_gate(logits, k, scoring, bias, num_groups, topk_groups, renormalize, routed_scaling_factor)
     try:
@@ -255,7 +254,7 @@ def topk_gate_backward(grad_weights: torch.Tensor, logits: torch.Tensor, indices
         underflowed to 0). Deterministic; bit-exact with deep_kernels.reference.moe.topk_gate_backward,
         whose docstring gives the operation order.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.topk_gate_backward(grad_weights, logits, indices, scoring, renormalize, routed_scaling_factor, out)
     check_dtype(grad_weights, "grad_weights", (torch.float32,))

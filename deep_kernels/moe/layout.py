@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms
 from deep_kernels.jit.definition import PTR, U32, KernelDef, Param
@@ -23,7 +22,9 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.moe.gate import MAX_EXPERTS
-from deep_kernels.validation import ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, INT32_LIMIT
+from deep_kernels.validation import (
+    INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, is_traced,
+)
 
 CONTIGUOUS_ALIGNMENT = 128
 
@@ -230,7 +231,7 @@ def moe_layout(topk_idx: torch.Tensor, num_experts: int, max_tokens: int = None)
         shape, strides and device of an earlier valid call (same arguments, same SM count) reuses its checks
         and plan.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.moe_layout(topk_idx, num_experts, max_tokens)
     try:

@@ -12,7 +12,6 @@ import functools
 from typing import NamedTuple
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
@@ -25,7 +24,9 @@ from deep_kernels.moe.layout import (
     fill_blocks, moe_layout,
 )
 from deep_kernels.moe.layout import layout_workspace as _workspace
-from deep_kernels.validation import ceil_div, check_aligned, check_cuda_device, check_int_range, check_no_overlap
+from deep_kernels.validation import (
+    ceil_div, check_aligned, check_cuda_device, check_int_range, check_no_overlap, is_traced,
+)
 
 class FusedTile(NamedTuple):
     """The fused kernel's block: `warps` warps, each gating tokens_per_warp tokens at a time (interleaved), at most
@@ -147,7 +148,7 @@ def topk_gate_with_layout(logits: torch.Tensor, k: int, scoring: str = "softmax"
         mostly its allocation and views, which out= saves (a decode loop passes the previous step's outputs). On
         the two-stage path the results are copied into out.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.topk_gate_with_layout(logits, k, scoring, bias, num_groups, topk_groups, renormalize,
                                          routed_scaling_factor, max_tokens, out)

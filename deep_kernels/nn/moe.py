@@ -44,7 +44,7 @@ from deep_kernels.nn.moe_autograd import moe_layer
 from deep_kernels.nn.routed_experts import KERNELS, moe_forward
 from deep_kernels.quant.fp8 import per_block_cast_to_fp8
 from deep_kernels.validation import (
-    INT32_LIMIT, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows,
+    INT32_LIMIT, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows, is_traced,
 )
 
 MODES = ("contiguous", "masked")
@@ -235,16 +235,22 @@ class MoE(torch.nn.Module):
                 raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())}")
 
     def _check_input(self, x, mode) -> None:
+        # NOTE: while dynamo or torch.export traces the forward, x's address and the devices are left to the kernels'
+        # ops, which check them when the graph runs (a data pointer cannot be traced).
+        traced = is_traced()
         _check_mode(mode)
         check_dtype(x, "x", (torch.bfloat16,))
         check_rank(x, "x", 2)
         if x.shape[1] != self.hidden_size:
             raise ValueError(f"x must be [T, hidden_size] = [T, {self.hidden_size}], got shape {tuple(x.shape)}")
-        check_row_major_rows(x, "x")
+        if not traced:
+            check_row_major_rows(x, "x")
         if x.requires_grad and torch.is_grad_enabled() and mode != "contiguous":
             raise ValueError("x requires a gradient: the backward pass takes the contiguous layout "
                              "(mode='contiguous'), or run the masked one under torch.no_grad()")
         self._check_buffers()
+        if traced:
+            return
         check_cuda_device(x, "x")
         for name in self._buffer_specs():
             check_cuda_device(getattr(self, name), name, like=x)

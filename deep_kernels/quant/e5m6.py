@@ -25,7 +25,6 @@ import functools
 import math
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -35,7 +34,7 @@ from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, ScaleMode, check_amax_clamp, output_or_new, parse_scale_mode,
 )
 from deep_kernels.validation import (
-    check_aligned, check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div,
+    ceil_div, check_aligned, check_cuda_device, check_dtype, check_rank, check_row_major_rows, is_traced,
 )
 
 E5M6_MAX = 65024.0
@@ -116,7 +115,7 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
         Numerics in the module docstring. Deterministic; bit-exact with
         deep_kernels.reference.quant.per_token_cast_to_e5m6.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.per_token_cast_to_e5m6(x, ue8m0, amax_clamp, scale_mode, out)
     check_dtype(x, "x", FLOAT_TYPES)
@@ -182,7 +181,7 @@ def per_token_cast_back_e5m6(packed: torch.Tensor, scales: torch.Tensor, out_dty
         times an infinite scale NaN. Deterministic; bit-exact with
         deep_kernels.reference.quant.per_token_cast_back_e5m6.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.per_token_cast_back_e5m6(packed, scales, out_dtype, out)
     check_dtype(packed, "packed", (torch.int32,))

@@ -48,7 +48,6 @@ import functools
 from enum import IntEnum
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -60,8 +59,8 @@ from deep_kernels.quant.common import (
     parse_scale_mode, scale_geometry,
 )
 from deep_kernels.validation import (
-    check_aligned, check_cuda_device, check_dtype, check_rank, check_row_major_rows, check_tensor, ceil_div,
-    tma_aligned_size,
+    ceil_div, check_aligned, check_cuda_device, check_dtype, check_rank, check_row_major_rows, check_tensor,
+    is_traced, tma_aligned_size,
 )
 
 E2M1_MAX = 6.0
@@ -259,7 +258,7 @@ def per_token_cast_to_mxfp4(x: torch.Tensor, scale_layout: str = "row_major",
         Deterministic; bit-exact with deep_kernels.reference.quant.per_token_cast_to_mxfp4. NaN and inf: see
         the module docstring.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.per_token_cast_to_mxfp4(x, scale_layout, amax_clamp, scale_mode, out)
     return _cast_to_fp4(x, None, Fp4Format.mx, scale_layout, amax_clamp, scale_mode, out)
@@ -287,7 +286,7 @@ def per_token_cast_to_nvfp4(x: torch.Tensor, global_scale: torch.Tensor, scale_l
     Notes:
         Deterministic; bit-exact with deep_kernels.reference.quant.per_token_cast_to_nvfp4.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.per_token_cast_to_nvfp4(x, global_scale, scale_layout, amax_clamp, scale_mode, out)
     return _cast_to_fp4(x, global_scale, Fp4Format.nv, scale_layout, amax_clamp, scale_mode, out)
@@ -373,7 +372,7 @@ def mxfp4_cast_back(codes: torch.Tensor, scales: torch.Tensor, out_dtype: torch.
         Scale byte 0xFF (E8M0's NaN) dequantizes to NaN. Bit-exact with
         deep_kernels.reference.quant.mxfp4_cast_back.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.mxfp4_cast_back(codes, scales, out_dtype, out)
     check_tensor(scales, "scales")
@@ -396,7 +395,7 @@ def nvfp4_cast_back(codes: torch.Tensor, scales: torch.Tensor, global_scale: tor
     Notes:
         Bit-exact with deep_kernels.reference.quant.nvfp4_cast_back.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.nvfp4_cast_back(codes, scales, global_scale, scale_layout, out_dtype, out)
     layout = _parse_fp4_layout(scale_layout, Fp4Format.nv)
@@ -441,7 +440,7 @@ def mxfp4_requant_to_fp8(codes: torch.Tensor, scales: torch.Tensor, scale_layout
         scale_layout=scale_layout, amax_clamp=amax_clamp), and exact (no code changes value) when the 32-groups'
         scales of a 128-group are within 2^14 of each other; see the module docstring. Deterministic.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.mxfp4_requant_to_fp8(codes, scales, scale_layout, amax_clamp, out)
     m, k = _check_codes(codes, _REQUANT_GROUP_SIZE)

@@ -20,7 +20,6 @@ import functools
 from typing import NamedTuple
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -32,7 +31,7 @@ from deep_kernels.quant.common import (
     output_or_new, parse_layout, parse_scale_mode, scale_layout_of, supported_group_sizes,
 )
 from deep_kernels.validation import (
-    check_aligned, check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div,
+    ceil_div, check_aligned, check_cuda_device, check_dtype, check_rank, check_row_major_rows, is_traced,
 )
 
 
@@ -124,7 +123,7 @@ def per_token_cast_to_fp8(x: torch.Tensor, group_size=128, ue8m0: bool = False,
     Notes:
         Deterministic; bit-exact with deep_kernels.reference.quant.per_token_cast_to_fp8.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.per_token_cast_to_fp8(x, group_size, ue8m0, scale_layout, amax_clamp, scale_mode, out)
     signature = None
@@ -277,7 +276,7 @@ def per_block_cast_to_fp8(x: torch.Tensor, block_size: int = 128, ue8m0: bool = 
         The numerics of per_token_cast_to_fp8 with amax over the block; the last row block's rows past M
         count as zeros. Deterministic; bit-exact with deep_kernels.reference.quant.per_block_cast_to_fp8.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.per_block_cast_to_fp8(x, block_size, ue8m0, amax_clamp, scale_mode, out)
     check_dtype(x, "x", (torch.bfloat16, torch.float32))
@@ -342,7 +341,7 @@ def per_token_cast_back(q: torch.Tensor, scales: torch.Tensor, group_size: int =
         out_dtype: torch.bfloat16 or torch.float32.
         out: optional contiguous [M, K] tensor of out_dtype to write into.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.per_token_cast_back(q, scales, group_size, out_dtype, out)
     check_dtype(q, "q", (torch.float8_e4m3fn,))

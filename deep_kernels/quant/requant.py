@@ -12,7 +12,6 @@ step of the new scale).
 import functools
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -22,7 +21,7 @@ from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, MAX_ROW_BLOCKS, NUM_WARPS, PASSES, ScaleLayout, ScaleMode, check_amax_clamp, cast_outputs,
     parse_layout, parse_scale_mode, kernel_scale_stride,
 )
-from deep_kernels.validation import check_aligned, check_cuda_device, check_dtype, check_rank, ceil_div
+from deep_kernels.validation import ceil_div, check_aligned, check_cuda_device, check_dtype, check_rank, is_traced
 
 BLOCK_SIZE = 128
 
@@ -62,7 +61,7 @@ def requant_per_block_to_per_token(q: torch.Tensor, scales: torch.Tensor, ue8m0:
         Lossless with power-of-two scales on both sides (the module docstring). Deterministic; bit-exact
         with deep_kernels.reference.quant.requant_per_block_to_per_token.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.requant_per_block_to_per_token(q, scales, ue8m0, scale_layout, amax_clamp, scale_mode, out)
     check_dtype(q, "q", (torch.float8_e4m3fn,))

@@ -28,7 +28,6 @@ import struct
 from dataclasses import dataclass
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.device import get_num_sms
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
@@ -40,7 +39,7 @@ from deep_kernels.quant.common import (
     check_scale_geometry, check_vector_output, kernel_scale_stride, parse_layout, parse_scale_mode, scale_geometry,
 )
 from deep_kernels.validation import (
-    INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows,
+    INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, is_traced,
 )
 
 GROUP_SIZE = 128
@@ -322,7 +321,7 @@ def swiglu_cast_to_fp8(x: torch.Tensor, clamp: float = None, weights: torch.Tens
         The module docstring gives the numerics and the skipped rows. Deterministic; bit-exact with
         deep_kernels.reference.quant.swiglu_cast_to_fp8 evaluated on the GPU.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.swiglu_cast_to_fp8(x, clamp, weights, pos, ue8m0, scale_layout, amax_clamp, scale_mode, check_pos,
                                       out)
@@ -380,7 +379,7 @@ def swiglu_cast_to_fp8_masked(x: torch.Tensor, masked_m: torch.Tensor, clamp: fl
         No host synchronization with check_pos=False (or while capturing): CUDA-graph safe, the grid
         covers T_max rows per expert and blocks past masked_m[e] exit at once. Deterministic.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.swiglu_cast_to_fp8_masked(x, masked_m, clamp, weights, pos, ue8m0, scale_layout, amax_clamp,
                                              scale_mode, check_pos, out)
@@ -438,7 +437,7 @@ def swiglu_forward(x: torch.Tensor, clamp: float = None, weights: torch.Tensor =
         Rows at pos -1 are skipped. Deterministic; bit-exact with
         deep_kernels.reference.quant.swiglu_forward on the GPU.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.swiglu_forward(x, clamp, weights, pos, check_pos, out)
     num_rows, hidden, c, limit = _check_forward_rows(x, clamp, weights, pos, check_pos, FORWARD)
@@ -476,7 +475,7 @@ def swiglu_backward(x: torch.Tensor, dy: torch.Tensor, clamp: float = None, weig
         pos -1 are skipped. Deterministic; bit-exact with deep_kernels.reference.quant.swiglu_backward on
         the GPU.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.swiglu_backward(x, dy, clamp, weights, pos, check_pos, out)
     return _backward(BACKWARD, x, dy, clamp, weights, pos, check_pos, out)

@@ -10,7 +10,6 @@ multiple of 128 the last block's missing rows count as zeros (they never raise a
 import functools
 
 import torch
-from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
 from deep_kernels.jit.definition import F32, PTR, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -20,7 +19,9 @@ from deep_kernels.quant.common import (
     DEFAULT_AMAX_CLAMP, FLOAT_TYPES, MAX_ROW_BLOCKS, ScaleLayout, ScaleMode, cast_outputs, check_amax_clamp,
     output_or_new, parse_layout, parse_scale_mode, kernel_scale_stride,
 )
-from deep_kernels.validation import check_cuda_device, check_dtype, check_rank, check_row_major_rows, ceil_div
+from deep_kernels.validation import (
+    ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, is_traced,
+)
 
 # Rows of x per scale, and the kernels' CTA size (csrc/kernels/smxx_per_channel_cast_transpose.cuh,
 # smxx_batched_transpose.cuh; the loader checks it against their __launch_bounds__): 128-byte tile rows, 64 threads.
@@ -75,7 +76,7 @@ def per_channel_cast_transpose_to_fp8(x: torch.Tensor, ue8m0: bool = False, scal
         otherwise the last block's missing rows count as zeros. Deterministic; bit-exact with
         deep_kernels.reference.quant.per_channel_cast_transpose_to_fp8.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.per_channel_cast_transpose_to_fp8(x, ue8m0, scale_layout, amax_clamp, scale_mode, out)
     check_dtype(x, "x", FLOAT_TYPES)
@@ -140,7 +141,7 @@ def batched_transpose(x: torch.Tensor, out: torch.Tensor = None) -> torch.Tensor
         16-byte loads where N, the strides and x's address allow (whole 16-byte rows), 16-byte stores where M
         does; otherwise the same kernel moves single elements. Deterministic.
     """
-    if is_compiling() and (is_dynamo_compiling() or is_exporting()):  # traced: the custom op (deep_kernels.ops)
+    if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.batched_transpose(x, out)
     check_dtype(x, "x", TRANSPOSE_TYPES)
