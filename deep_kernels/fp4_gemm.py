@@ -33,7 +33,9 @@ from deep_kernels.call_cache import checked_call
 from deep_kernels.contiguous_layout import call_m_indices, layout_argument
 from deep_kernels.device import get_num_sms
 from deep_kernels.fp4_weights import TILE_ROWS as PREPARED_TILE_ROWS, PreparedFp4Weights, check_prepared
-from deep_kernels.gemm import FP8_GEMM, SCALE_BLOCK, _split_workspace, check_d_over_operands, check_output, scale_a
+from deep_kernels.gemm import (
+    FP8_GEMM, SCALE_BLOCK, _split_workspace, check_d_over_operands, check_n, check_output, scale_a,
+)
 from deep_kernels.grouped_gemm import (
     CONTIGUOUS_INPUTS, MASKED_INPUTS, _split_pairs, check_grouped_addresses, launch_grouped,
 )
@@ -97,8 +99,7 @@ def _check_weights(b, sfb, k: int, num_groups) -> int:
     if b.shape[-1] * 2 != k:
         raise ValueError(f"b must hold K / 2 = {k // 2} bytes of e2m1 codes per row (two codes a byte, a is "
                          f"[..., K = {k}]), got shape {tuple(b.shape)}")
-    if n % 16 != 0 or n == 0:
-        raise ValueError(f"N must be a positive multiple of 16, got {n}")
+    check_n(n)
     if not b.is_contiguous():
         raise ValueError(f"b must be contiguous, got strides {tuple(b.stride())}")
     check_dtype(sfb, "sfb", SCALE_DTYPES)

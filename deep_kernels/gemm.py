@@ -32,7 +32,7 @@ from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_la
 from deep_kernels.quant import unpack_ue8m0
 from deep_kernels.validation import (
     ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_no_overlap, check_rank,
-    check_row_major_rows, deepgemm_recipe, is_traced, tma_aligned_size,
+    check_row_major_rows, deepgemm_recipe, int_tuple, is_traced, tma_aligned_size,
 )
 
 SCALE_BLOCK = 128
@@ -104,12 +104,17 @@ def scale_b(sfb, n_blocks: int, k_blocks: int, num_groups: int = None) -> torch.
     return _fp32_scales(sfb, "sfb", n_blocks, k_blocks, num_groups, shape_text).contiguous()
 
 
+def check_n(n: int) -> None:
+    """The output width the GEMM kernels compile for."""
+    if n % 16 != 0 or n == 0:
+        raise ValueError(f"N (the rows of b, the columns of d) must be a positive multiple of 16, got {n}")
+
+
 def check_k_n(k: int, n: int) -> None:
     """The reduction depth and output width the kernel compiles for."""
     if k % 16 != 0 or k == 0:
-        raise ValueError(f"K must be a positive multiple of 16, got {k}")
-    if n % 16 != 0 or n == 0:
-        raise ValueError(f"N must be a positive multiple of 16, got {n}")
+        raise ValueError(f"K (the columns of a and b) must be a positive multiple of 16, got {k}")
+    check_n(n)
 
 
 # DeepGEMM's recipes (scale block sizes along M, N, K) -> the kernel's operands (heuristics.GEMM_OPERANDS).
@@ -122,10 +127,7 @@ def operands_of_recipe(recipe) -> str:
     """The kernel's operands of a DeepGEMM recipe: None or (1, 128, 128) block-scaled B, (1, 1, 128) per-channel."""
     if recipe is None:
         return BLOCK_SCALED
-    try:
-        key = tuple(int(x) for x in recipe)
-    except (TypeError, ValueError):
-        key = None
+    key = int_tuple(recipe)
     if key not in RECIPES:
         raise ValueError(f"recipe must be None, (1, 128, 128) or (1, 1, 128), got {recipe!r}")
     return RECIPES[key]

@@ -20,7 +20,7 @@ import torch
 from deep_kernels.bf16_gemm import is_mn_major, operand_map
 from deep_kernels.call_cache import call_signature
 from deep_kernels.device import get_num_sms
-from deep_kernels.gemm import FP8_GEMM
+from deep_kernels.gemm import FP8_GEMM, check_n
 from deep_kernels.grouped_gemm import check_grouped_addresses, launch_grouped
 from deep_kernels.heuristics import k_grouped_bf16_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
@@ -62,8 +62,7 @@ def _check_call(a, b, d, ks, ks_tensor, c) -> tuple:
     n = b.shape[0]
     if b.shape[1] != total_k:
         raise ValueError(f"a is [M, sum k] = {tuple(a.shape)} but b is [N, sum k] = {tuple(b.shape)}: sum k differs")
-    if n % 16 != 0 or n == 0:
-        raise ValueError(f"N must be a positive multiple of 16, got {n}")
+    check_n(n)
     if total_k > INT32_LIMIT:
         raise ValueError(f"sum k = {total_k} exceeds the int32 range")
     num_groups = check_group_sizes(ks, ks_tensor, total_k, BLOCK_K)

@@ -26,7 +26,7 @@ from deep_kernels import gemm
 from deep_kernels.call_cache import call_signature
 from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import (
-    CHANNEL_SCALED, SCALE_BLOCK, apply_config_override, get_gemm_kernel, kernel_spec,
+    CHANNEL_SCALED, SCALE_BLOCK, apply_config_override, check_n, get_gemm_kernel, kernel_spec,
     operands_of_recipe, scale_a, scale_b_channels,
 )
 from deep_kernels.grouped_gemm import check_grouped_addresses, launch_grouped
@@ -122,8 +122,7 @@ def _check_call(a, sfa, b, sfb, d, ks, ks_tensor, c) -> tuple:
     n, b_k, kernel_sfb = _check_operand(b, sfb, "b", "sfb")
     if b_k != total_k:
         raise ValueError(f"a is [M, sum k] = {tuple(a.shape)} but b is [N, sum k] = {tuple(b.shape)}: sum k differs")
-    if n % 16 != 0 or n == 0:
-        raise ValueError(f"N must be a positive multiple of 16, got {n}")
+    check_n(n)
     num_groups = check_group_sizes(ks, ks_tensor, total_k)
     check_dtype(d, "d", (torch.float32,))
     if tuple(d.shape) != (num_groups, m, n) or not d.is_contiguous():

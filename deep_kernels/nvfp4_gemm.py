@@ -24,7 +24,7 @@ import torch
 
 from deep_kernels.call_cache import checked_call
 from deep_kernels.device import get_num_sms
-from deep_kernels.gemm import SCALE_BLOCK, _split_workspace, check_output, scale_a
+from deep_kernels.gemm import SCALE_BLOCK, _split_workspace, check_n, check_output, scale_a
 from deep_kernels.heuristics import fp8_nvfp4_swap_ab as heuristics
 from deep_kernels.jit.definition import PTR, TENSOR_MAP, U32, KernelDef, Param
 from deep_kernels.jit.registry import precompiled
@@ -57,8 +57,7 @@ def _check_weights(b, sfb, global_scale, k: int) -> int:
     if b.shape[1] * 2 != k:
         raise ValueError(f"b must hold K / 2 = {k // 2} bytes of e2m1 codes per row (two codes a byte, a is "
                          f"[..., K = {k}]), got shape {tuple(b.shape)}")
-    if n % 16 != 0 or n == 0:
-        raise ValueError(f"N must be a positive multiple of 16, got {n}")
+    check_n(n)
     if not b.is_contiguous():
         raise ValueError(f"b must be contiguous, got strides {tuple(b.stride())}")
     check_dtype(sfb, "sfb", (torch.float8_e4m3fn,))

@@ -14,7 +14,7 @@ import torch
 
 from deep_kernels.gemm import SCALE_BLOCK, get_mn_major_tma_aligned_tensor
 from deep_kernels.validation import (
-    INT32_LIMIT, ceil_div, check_deepgemm_options, check_dtype, check_int_range, tma_aligned_size,
+    INT32_LIMIT, ceil_div, check_deepgemm_options, check_dtype, check_int_range, int_tuple, tma_aligned_size,
 )
 
 TMA_ELEMENT_SIZES = (1, 2, 4, 8, 16)
@@ -30,10 +30,7 @@ def get_tma_aligned_size(n: int, element_size: int) -> int:
 
 def _granularity(recipe, is_sfa) -> tuple:
     """(rows, K) of the scale blocks: a recipe (M, N, K) with is_sfa saying which operand, or a pair (rows, K)."""
-    try:
-        sizes = tuple(int(x) for x in recipe)
-    except (TypeError, ValueError):
-        sizes = ()
+    sizes = int_tuple(recipe) or ()
     if len(sizes) == 3:
         if not isinstance(is_sfa, bool):
             raise ValueError(f"a recipe (M, N, K) needs is_sfa (True: a's scales, False: b's), got {is_sfa!r}")

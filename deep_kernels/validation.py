@@ -2,6 +2,8 @@
 argument and says what was expected. Device checks come last, so every other check also runs (and is
 tested) on CPU tensors."""
 
+import operator
+
 import torch
 from torch.compiler import is_compiling, is_dynamo_compiling, is_exporting
 
@@ -24,6 +26,28 @@ def tma_aligned_size(n: int, element_size: int) -> int:
     """n rounded up so that n elements of element_size bytes fill whole 16-byte TMA units."""
     per_unit = 16 // element_size
     return ceil_div(n, per_unit) * per_unit
+
+
+def check_bool(value, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def check_fp32_number(value, name: str, positive: bool = False) -> float:
+    """value as a kernel's FP32 parameter: a number (not a bool) that stays finite in FP32, and above 0 if positive
+    (1e39 is a finite float but inf in FP32)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= FLOAT32_MAX
+            or (positive and not value > 0)):
+        raise ValueError(f"{name} must be a {'positive ' if positive else ''}finite FP32 number, got {value!r}")
+    return float(value)
+
+
+def int_tuple(value):
+    """value's items as a tuple of ints (a recipe's block sizes), or None: never truncated (1.5 is no block size)."""
+    try:
+        return tuple(operator.index(x) for x in value)
+    except TypeError:
+        return None
 
 
 def check_int_range(value, name: str, low: int, high: int) -> None:
@@ -104,8 +128,7 @@ def check_deepgemm_options(compiled_dims: str = "nk", disable_ue8m0_cast: bool =
     unpacked)."""
     if not isinstance(compiled_dims, str) or not set(compiled_dims) <= set("mnk"):
         raise ValueError(f"compiled_dims must be a string of the letters m, n and k, got {compiled_dims!r}")
-    if not isinstance(disable_ue8m0_cast, bool):
-        raise TypeError(f"disable_ue8m0_cast must be a bool, got {type(disable_ue8m0_cast).__name__}")
+    check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
 
 
 def deepgemm_alias(value, alias, name: str, alias_name: str, what: str, required: bool = True):
@@ -122,11 +145,10 @@ def deepgemm_alias(value, alias, name: str, alias_name: str, what: str, required
 
 def scale_block_sizes(value, name: str) -> tuple:
     """A DeepGEMM per-operand recipe (rows, K) as a pair of ints."""
-    try:
-        rows, k = (int(x) for x in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a pair (rows, K) of scale block sizes, got {value!r}") from None
-    return rows, k
+    sizes = int_tuple(value)
+    if sizes is None or len(sizes) != 2:
+        raise ValueError(f"{name} must be a pair (rows, K) of scale block sizes, got {value!r}")
+    return sizes
 
 
 def deepgemm_recipe(recipe, recipe_a, recipe_b):
@@ -149,10 +171,8 @@ def check_psum_options(use_psum_layout: bool, ensure_zero_padding: bool, expecte
     """DeepGEMM's contiguous-layout options: use_psum_layout says the layout argument holds the experts' row ends
     (deep_kernels.contiguous_layout); ensure_zero_padding (whether DeepGEMM's Blackwell kernels may write padding rows
     with zeros) and expected_m_for_psum_layout (a tile-size hint) change nothing here: padding rows are never written."""
-    if not isinstance(use_psum_layout, bool):
-        raise TypeError(f"use_psum_layout must be a bool, got {type(use_psum_layout).__name__}")
-    if not isinstance(ensure_zero_padding, bool):
-        raise TypeError(f"ensure_zero_padding must be a bool, got {type(ensure_zero_padding).__name__}")
+    check_bool(use_psum_layout, "use_psum_layout")
+    check_bool(ensure_zero_padding, "ensure_zero_padding")
     if expected_m_for_psum_layout is not None:
         if not use_psum_layout:
             raise ValueError("expected_m_for_psum_layout is a hint for use_psum_layout=True only")

@@ -146,6 +146,11 @@ def test_recipe_pairs_reach_the_kernels_checks():
         deep_kernels.fp8_gemm_nt(a, b, d, recipe_a=(1, 128), recipe_b=(1, 128))
     with pytest.raises(ValueError, match=r"recipe must be None, \(1, 128, 128\) or \(1, 1, 128\), got \(1, 64, 128\)"):
         deep_kernels.fp8_gemm_nn(a, _transposed(b), d, recipe_a=(1, 128), recipe_b=(64, 128))
+    # Block sizes are ints: 1.5 is refused, not truncated to 1.
+    with pytest.raises(ValueError, match=r"recipe must be None, \(1, 128, 128\) or \(1, 1, 128\), got \(1.5, 1, 128\)"):
+        deep_kernels.fp8_gemm_nt(a, b, d, recipe=(1.5, 1, 128))
+    with pytest.raises(ValueError, match="recipe_b must be a pair"):
+        deep_kernels.fp8_gemm_nt(a, b, d, recipe_a=(1, 128), recipe_b=(1.5, 128))
     wgrad_a, wgrad_b = make_wgrad_inputs(8, 256, 384, device="cpu")
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         deep_kernels.fp8_gemm_tn(_transposed(wgrad_a), _transposed(wgrad_b), d, recipe_a=(1, 128), recipe_b=(1, 128))

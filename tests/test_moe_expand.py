@@ -294,7 +294,7 @@ def test_moe_expand_rejects_bad_input(x, kwargs, error, match):
     (X, {"scale_layout": "col_major"}, ValueError, "scale_layout must be one of"),
     (X, {"scale_layout": "packed_ue8m0"}, ValueError, "needs ue8m0=True"),
     (X, {"scale_mode": "fma"}, ValueError, "scale_mode must be one of"),
-    (X, {"amax_clamp": 0.0}, ValueError, "amax_clamp must be a positive finite number"),
+    (X, {"amax_clamp": 0.0}, ValueError, "amax_clamp must be a positive finite FP32 number"),
     (X, {"layout": OTHER_T}, ValueError, "x has 8 tokens but the layout was built for 9"),
     (X, {"out": (torch.zeros(MAX_ROWS, 256, dtype=torch.float8_e4m3fn), torch.zeros(MAX_ROWS, 2))}, ValueError,
      "out\\[1\\] must have shape \\(" + str(MAX_ROWS) + ", 2\\) with strides \\(1, " + str(MAX_ROWS) + "\\)"),

@@ -169,6 +169,12 @@ def test_reference_per_block_known_values():
     (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": 0.0}, ValueError, "amax_clamp"),
     # format_max / amax of an all-zero group overflows FP32 below about 1.3e-36 (MIN_AMAX_CLAMP's note).
     (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": 1e-37}, ValueError, "amax_clamp must be at least 1e-30"),
+    # Finite in Python, inf as the kernels' FP32 parameter.
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": 1e39}, ValueError,
+     "amax_clamp must be a positive finite FP32 number"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": True}, ValueError, "amax_clamp must be a positive"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"ue8m0": 1}, TypeError, "ue8m0 must be a bool, got int"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"ue8m0": None}, TypeError, "ue8m0 must be a bool, got NoneType"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {}, ValueError, "must be a CUDA tensor"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_mode": "exact"}, ValueError, "scale_mode must be one of"),
     ("not a tensor", {}, TypeError, "torch.Tensor"),
@@ -189,6 +195,7 @@ def test_cast_rejects_bad_input(x, kwargs, error, match):
     (torch.ones(4, 260, dtype=torch.bfloat16)[:, :256], {}, ValueError, "16-byte aligned"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_mode": "exact"}, ValueError, "scale_mode must be one of"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": float("inf")}, ValueError, "amax_clamp"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"ue8m0": "yes"}, TypeError, "ue8m0 must be a bool"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {}, ValueError, "must be a CUDA tensor"),
     ("not a tensor", {}, TypeError, "torch.Tensor"),
 ])

@@ -146,6 +146,7 @@ def test_reference_scale_modes_agree_with_power_of_two_scales():
     (torch.ones(4, 260, dtype=torch.bfloat16)[:, :256], {}, ValueError, "16-byte aligned"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"scale_mode": "exact"}, ValueError, "scale_mode must be one of"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {"amax_clamp": -1.0}, ValueError, "amax_clamp"),
+    (torch.ones(4, 256, dtype=torch.bfloat16), {"ue8m0": 0}, TypeError, "ue8m0 must be a bool"),
     (torch.ones(4, 256, dtype=torch.bfloat16), {}, ValueError, "must be a CUDA tensor"),
     ("not a tensor", {}, TypeError, "torch.Tensor"),
 ])
@@ -334,6 +335,10 @@ def test_bad_out_and_devices_are_rejected():
     shifted = torch.empty(8 * 96 + 1, dtype=torch.int32, device="cuda")[1:].view(8, 96)
     with pytest.raises(ValueError, match="out\\[0\\] must start at a 16-byte aligned address"):
         deep_kernels.per_token_cast_to_e5m6(x, out=(shifted, scales))
+    with pytest.raises(TypeError, match="out\\[0\\] must be a torch.Tensor"):
+        deep_kernels.per_token_cast_to_e5m6(x, out=(None, scales))
+    with pytest.raises(TypeError, match="out must be a pair"):
+        deep_kernels.per_token_cast_to_e5m6(x, out=(packed, scales, scales))
     with pytest.raises(ValueError, match="packed must start at a 16-byte aligned address"):
         deep_kernels.per_token_cast_back_e5m6(shifted, scales)
     with pytest.raises(ValueError, match="scales must be a CUDA tensor"):

@@ -34,7 +34,7 @@ from deep_kernels.quant.common import (
     parse_layout, parse_scale_mode, scale_geometry, scale_layout_of,
 )
 from deep_kernels.validation import (
-    INT32_LIMIT, ceil_div, check_aligned, check_cuda_device, check_dtype, check_no_overlap, check_rank,
+    INT32_LIMIT, ceil_div, check_aligned, check_bool, check_cuda_device, check_dtype, check_no_overlap, check_rank,
     check_row_major_rows, is_traced, tma_aligned_size,
 )
 
@@ -146,7 +146,7 @@ def _layout_sizes(layout, masked: bool) -> tuple:
     """(T, k, E, max_rows, max_tokens) of a consistent MoeLayout; max_tokens None unless masked."""
     if not isinstance(layout, MoeLayout):
         raise TypeError(f"layout must be a MoeLayout (from moe_layout), got {type(layout).__name__}")
-    _check_bool(masked, "masked")
+    check_bool(masked, "masked")
     fields = _LAYOUT_FIELDS + (("masked_slots", "masked_m") if masked else ())
     if masked and layout.masked_slots is None:
         raise ValueError("masked=True needs a layout with the masked tensors: moe_layout(..., max_tokens=...)")
@@ -206,11 +206,6 @@ def _check_out(t, name: str, shape: tuple, dtype: torch.dtype) -> None:
         raise ValueError(f"{name} must be a contiguous tensor of shape {shape}, got shape {tuple(t.shape)} "
                          f"strides {tuple(t.stride())}")
     check_aligned(t, name)
-
-
-def _check_bool(value, name: str) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def _unpack_out(out, count: int) -> tuple:
@@ -311,7 +306,7 @@ def moe_expand(x: torch.Tensor, layout: MoeLayout, scales: torch.Tensor = None, 
 def _expand(tile: ExpandTile, x, layout, scales, masked, zero_padding, out):
     """moe_expand (its arguments in order) by the expand kernel of `tile`."""
     sizes = _check_x(x, layout, masked, EXPAND_DTYPES)
-    _check_bool(zero_padding, "zero_padding")
+    check_bool(zero_padding, "zero_padding")
     num_tokens, k, num_experts, _, max_tokens = sizes
     hidden = x.shape[1]
     shape = _expanded_shape(sizes, hidden, masked)
@@ -449,7 +444,7 @@ def moe_expand_cast_to_fp8(x: torch.Tensor, layout: MoeLayout, masked: bool = Fa
         return ops.moe_expand_cast_to_fp8(x, layout, masked, ue8m0, scale_layout, amax_clamp, scale_mode, zero_padding,
                                           out)
     sizes = _check_x(x, layout, masked, CAST_DTYPES)
-    _check_bool(zero_padding, "zero_padding")
+    check_bool(zero_padding, "zero_padding")
     num_tokens, k, num_experts, _, max_tokens = sizes
     hidden = x.shape[1]
     if hidden % GROUP_SIZE != 0:

@@ -21,7 +21,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import current_raw_stream, get_kernel, remember_launch
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.validation import (
-    FLOAT32_MAX, INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, is_traced,
+    INT32_LIMIT, ceil_div, check_bool, check_cuda_device, check_dtype, check_fp32_number, check_int_range, check_rank,
+    is_traced,
 )
 
 MAX_EXPERTS = 512  # csrc/kernels/smxx_moe_slots.cuh: kMaxMoeExperts
@@ -109,12 +110,8 @@ def _check_logits_strides(logits: torch.Tensor) -> None:
 
 
 def _check_weight_args(renormalize, routed_scaling_factor) -> None:
-    if not isinstance(renormalize, bool):
-        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
-    # The kernel multiplies by it in FP32.
-    if (isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)) or
-            not abs(routed_scaling_factor) <= FLOAT32_MAX):
-        raise ValueError(f"routed_scaling_factor must be a finite FP32 number, got {routed_scaling_factor!r}")
+    check_bool(renormalize, "renormalize")
+    check_fp32_number(routed_scaling_factor, "routed_scaling_factor")  # the kernel multiplies by it in FP32
 
 
 def topk_gate(logits: torch.Tensor, k: int, scoring: str = "softmax", bias: torch.Tensor = None,

@@ -34,8 +34,6 @@ on the host: moe_layout wrote them); masked mode also has shapes that depend on 
 whole forward can be captured in a CUDA graph and replayed with new tokens. Deterministic.
 """
 
-import math
-
 import torch
 
 from deep_kernels.moe.gate import MAX_EXPERTS, MAX_GROUPS, MAX_TOP_K, SCORINGS
@@ -44,7 +42,8 @@ from deep_kernels.nn.moe_autograd import moe_layer
 from deep_kernels.nn.routed_experts import KERNELS, moe_forward
 from deep_kernels.quant.fp8 import per_block_cast_to_fp8
 from deep_kernels.validation import (
-    INT32_LIMIT, check_cuda_device, check_dtype, check_int_range, check_rank, check_row_major_rows, is_traced,
+    INT32_LIMIT, check_bool, check_cuda_device, check_dtype, check_fp32_number, check_int_range, check_rank,
+    check_row_major_rows, is_traced,
 )
 
 MODES = ("contiguous", "masked")
@@ -76,11 +75,8 @@ def _check_config(hidden_size, intermediate_size, num_experts, top_k, num_groups
                              f"experts of the topk_groups={topk_groups} groups")
     if not isinstance(scoring, str) or scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {list(SCORINGS)}, got {scoring!r}")
-    if not isinstance(renormalize, bool):
-        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
-    if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)) \
-            or not math.isfinite(routed_scaling_factor):
-        raise ValueError(f"routed_scaling_factor must be a finite number, got {routed_scaling_factor!r}")
+    check_bool(renormalize, "renormalize")
+    check_fp32_number(routed_scaling_factor, "routed_scaling_factor")
     _check_mode(mode)
     if max_tokens is not None:
         check_int_range(max_tokens, "max_tokens", 1, INT32_LIMIT // num_experts)

@@ -13,7 +13,8 @@ from enum import IntEnum
 import torch
 
 from deep_kernels.validation import (
-    check_aligned, check_cuda_device, check_dtype, check_rank, ceil_div, tma_aligned_size,
+    check_aligned, check_bool, check_cuda_device, check_dtype, check_fp32_number, check_rank, ceil_div,
+    tma_aligned_size,
 )
 
 E4M3_MAX = 448.0
@@ -143,6 +144,7 @@ def parse_layout(scale_layout, ue8m0: bool) -> ScaleLayout:
 
 def parse_scale_mode(scale_mode, ue8m0: bool) -> ScaleMode:
     """The kernel's mode; with ue8m0 both modes give the same bits, so one kernel serves them."""
+    check_bool(ue8m0, "ue8m0")
     try:
         mode = ScaleMode[scale_mode]
     except (KeyError, TypeError):
@@ -153,9 +155,8 @@ def parse_scale_mode(scale_mode, ue8m0: bool) -> ScaleMode:
 
 
 def check_amax_clamp(amax_clamp, minimum: float = MIN_AMAX_CLAMP) -> None:
-    """amax_clamp is a finite number from `minimum` up (MIN_AMAX_CLAMP: the FP8 and E5M6 casts)."""
-    if not (isinstance(amax_clamp, (int, float)) and 0 < amax_clamp < float("inf")):
-        raise ValueError(f"amax_clamp must be a positive finite number, got {amax_clamp!r}")
+    """amax_clamp is a finite FP32 number from `minimum` up (MIN_AMAX_CLAMP: the FP8 and E5M6 casts)."""
+    check_fp32_number(amax_clamp, "amax_clamp", positive=True)
     if amax_clamp < minimum:
         raise ValueError(f"amax_clamp must be at least {minimum:g}, got {amax_clamp!r}")
 

@@ -31,7 +31,8 @@ from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel
 from deep_kernels.jit.source import KernelSpec
 from deep_kernels.quant.common import (
-    DEFAULT_AMAX_CLAMP, FLOAT_TYPES, ScaleMode, check_amax_clamp, output_or_new, parse_scale_mode,
+    DEFAULT_AMAX_CLAMP, FLOAT_TYPES, ScaleMode, check_amax_clamp, check_output, check_vector_output, output_or_new,
+    parse_scale_mode,
 )
 from deep_kernels.validation import (
     ceil_div, check_aligned, check_cuda_device, check_dtype, check_rank, check_row_major_rows, is_traced,
@@ -105,8 +106,8 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
         ue8m0: round each scale up to a power of two.
         amax_clamp: lower bound of amax, so all-zero rows get a finite scale.
         scale_mode: "mul" (code = RNE(x * (65024 / amax))) or "div" (code = RNE(x / scale)).
-        out: optional (packed, scales) to write into, shaped and typed as the ones returned, contiguous
-            and 16-byte aligned.
+        out: optional (packed, scales) to write into, shaped and typed as the ones returned, contiguous, packed
+            16-byte aligned.
 
     Returns:
         (packed, scales): packed int32 [M, 3K/8] (the module docstring's packing), scales FP32 [M].
@@ -133,10 +134,14 @@ def per_token_cast_to_e5m6(x: torch.Tensor, ue8m0: bool = False, amax_clamp: flo
     check_amax_clamp(amax_clamp)
     check_cuda_device(x, "x")
 
-    packed, scales = (None, None) if out is None else out
-    packed = output_or_new(packed, "out[0]", (m, packed_words(k)), torch.int32, x)
-    scales = output_or_new(scales, "out[1]", (m,), torch.float32, x)
-    check_aligned(packed, "out[0]")
+    if out is None:
+        packed, scales = x.new_empty((m, packed_words(k)), dtype=torch.int32), x.new_empty((m,), dtype=torch.float32)
+    else:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(f"out must be a pair (packed, scales), got {type(out).__name__}")
+        packed, scales = out
+        check_vector_output(packed, "out[0]", (m, packed_words(k)), torch.int32, x)
+        check_output(scales, "out[1]", (m,), torch.float32, x)
     if m == 0 or k == 0:
         return packed, scales
 

@@ -39,7 +39,8 @@ from deep_kernels.quant.common import (
     check_scale_geometry, check_vector_output, kernel_scale_stride, parse_layout, parse_scale_mode, scale_geometry,
 )
 from deep_kernels.validation import (
-    INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_rank, check_row_major_rows, is_traced,
+    INT32_LIMIT, ceil_div, check_bool, check_cuda_device, check_dtype, check_fp32_number, check_rank,
+    check_row_major_rows, is_traced,
 )
 
 GROUP_SIZE = 128
@@ -196,13 +197,15 @@ def _check_clamp(clamp) -> float:
     """The clamp as the kernels take it (unused by the unclamped kernels: inf for None)."""
     if clamp is None:
         return float("inf")
-    if isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not 0 < clamp < float("inf"):
-        raise ValueError(f"clamp must be None or a positive finite number, got {clamp!r}")
-    return float(clamp)
+    try:
+        return check_fp32_number(clamp, "clamp", positive=True)
+    except ValueError:
+        raise ValueError(f"clamp must be None or a positive finite FP32 number, got {clamp!r}") from None
 
 
 def _check_rows(weights, pos, rows_shape: tuple, check_pos: bool) -> int:
     """weights and pos fit rows of rows_shape; returns the bound positions must stay below."""
+    check_bool(check_pos, "check_pos")
     num_rows = 1
     for size in rows_shape:
         num_rows *= size
