@@ -428,6 +428,19 @@ def test_compiled_module_matches_eager_bitwise(mode, max_tokens, most_graphs):
 
 
 @pytest.mark.gpu
+def test_compiled_decode_in_cuda_graphs_matches_eager_bitwise():
+    # torch.compile(mode="reduce-overhead"): inductor records the decode step into CUDA graphs (after its warm-up
+    # runs) and replays them for new tokens of the same count.
+    module, _ = _gpu_module("masked", seed=7)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for step in range(4):
+            x = moe_layer_tokens(64, HIDDEN, "cuda", seed=50 + step)
+            assert_bitwise_equal(compiled(x).clone(), module(x), f"step {step}")
+
+
+@pytest.mark.gpu
 def test_masked_forward_replays_in_a_cuda_graph():
     module, _ = _gpu_module("masked", seed=2)
     static_x = moe_layer_tokens(64, HIDDEN, "cuda", seed=10)
