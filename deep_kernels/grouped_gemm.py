@@ -192,11 +192,11 @@ CONTIGUOUS_INPUTS = ("a", "sfa", "b", "sfb", "m_indices")
 MASKED_INPUTS = ("a", "sfa", "b", "sfb", "masked_m")
 # The tensors the grouped kernels read through TMA (16-byte aligned, as d) and by 4-byte words (the weight scales:
 # MXFP4's are bytes); the group layouts are int32, aligned by their dtype. The k-grouped kind reads sfb by TMA too.
-TMA_READ = ("a", "sfa", "b")
+_TMA_READ = ("a", "sfa", "b")
 _WORD_READ = ("sfb",)
 
 
-def check_grouped_addresses(inputs: tuple, names: tuple, d: torch.Tensor, tma_read: tuple = TMA_READ) -> None:
+def check_grouped_addresses(inputs: tuple, names: tuple, d: torch.Tensor, tma_read: tuple = _TMA_READ) -> None:
     """The address checks of a grouped call: the inputs (named by names) and d aligned for the kernel's reads and
     writes (tma_read, _WORD_READ), and d over none of the inputs."""
     tma = [name for name in names if name in tma_read]
@@ -209,7 +209,7 @@ def check_grouped_addresses(inputs: tuple, names: tuple, d: torch.Tensor, tma_re
 
 
 def launch_grouped(launches: dict, plan: tuple, encode, inputs: tuple, names: tuple, d: torch.Tensor, m: int,
-                   num_groups: int, c: torch.Tensor = None, tma_read: tuple = TMA_READ) -> torch.Tensor:
+                   num_groups: int, c: torch.Tensor = None, tma_read: tuple = _TMA_READ) -> torch.Tensor:
     """The per-call part of a validated grouped call (FP8, BF16 or FP4 weights, M- or k-grouped): its launch at the
     call's addresses and plan, prepared once (check_grouped_addresses passed, encode(kernel, config, *inputs, d, m,
     num_groups) then Kernel.prepare) and kept in the signature's launches. inputs: the tensors the kernel reads,
