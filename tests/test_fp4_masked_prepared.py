@@ -178,6 +178,7 @@ def test_masked_is_bitwise_the_dense_kernel_per_expert(warpgroups, ctas):
     prepared = deep_kernels.prepare_fp4_weights(*b)
     config = swap_ab.make_config(32, warpgroups, ctas_per_sm=ctas)
     actual = _run(a, prepared, masked, 32, config)
+    assert_masked_close(actual, _reference(a, b, masked), masked_m)  # rows past masked_m and expert 1 untouched
     for g, rows in enumerate(masked_m):
         if not rows:
             continue

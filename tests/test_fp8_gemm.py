@@ -2,7 +2,7 @@
 dequantized inputs (GPU).
 
 The check is deep_kernels.testing.gemm.assert_gemm_close: calc_diff below 1e-5 for bf16 D (bf16 rounding alone
-gives at most 7.6e-6, 1.4e-6 typically) and 1e-6 for FP32 D, on the whole matrix, every 128 x 128 tile and every
+gives at most 7.6e-6, 1.4e-6 typically) and 2e-7 for FP32 D, on the whole matrix, every 128 x 128 tile and every
 row, with NaN and inf where the reference has them. Outputs are poisoned (NaN) before each launch, so every
 element is checked. Inputs give each 128 x 128 weight block and each activation row its own power-of-two
 magnitude (2^-8 .. 2^8), so a wrong scale choice moves the result far past the bound; the planted-bug tests run
@@ -35,16 +35,18 @@ from deep_kernels.testing.gemm import (
     BF16_BOUND, FP32_BOUND, accumulator_like, assert_gemm_close, cast_activations, cast_weights, gemm_activations,
     gemm_errors, gemm_weights, make_gemm_inputs,
 )
+from deep_kernels.testing.wgrad import make_wgrad_inputs
 
 from conftest import FULL
 
 DEEPSEEK_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 
 
-def _reference(a, b, c: torch.Tensor = None) -> torch.Tensor:
+def _reference(a, b, c: torch.Tensor = None, recipe=None) -> torch.Tensor:
     """The float64 product (+ c) of the dequantized inputs, on a's device."""
     m, n = a[0].shape[0], b[0].shape[0]
-    return reference.fp8_gemm_nt(a, b, torch.empty((m, n), device=a[0].device, dtype=torch.float64), c=c)
+    return reference.fp8_gemm_nt(a, b, torch.empty((m, n), device=a[0].device, dtype=torch.float64), c=c,
+                                 recipe=recipe)
 
 
 def _run(a, b) -> torch.Tensor:
@@ -124,6 +126,28 @@ def test_check_bounds_bf16_rounding_and_flags_nan_and_inf():
         both = expected.clone()
         both[position] = value
         assert_gemm_close(both.bfloat16(), both)
+
+
+def test_calc_diff_scores_non_finite_elements_as_infinitely_far():
+    x = torch.randn(64, 32, dtype=torch.float64)
+    assert calc_diff(x, x) == 0 and calc_diff(torch.zeros(3), torch.zeros(3)) == 0
+    assert 0 < calc_diff(x, x * 1.001) < 1e-6
+    for value in (float("nan"), float("inf"), -float("inf")):
+        poisoned = x.clone()
+        poisoned[5, 7] = value
+        assert calc_diff(poisoned, x) == calc_diff(x, poisoned) == calc_diff(poisoned, poisoned) == float("inf")
+
+
+@pytest.mark.parametrize("m,n,k", [(256, 512, 1024), (64, 2112, 512), (300, 16, 640)])
+@pytest.mark.parametrize("recipe", [None, (1, 1, 128)])
+def test_fp32_bound_rejects_a_c_read_as_bf16(m, n, k, recipe):
+    # What FP32_BOUND must still catch over the whole matrix: the kernels' own error is about 2e-8 (its docstring).
+    a, b = (make_wgrad_inputs if recipe else make_gemm_inputs)(m, n, k, device="cpu")
+    c = accumulator_like(_reference(a, b, recipe=recipe))
+    c_as_bf16 = _reference(a, b, c.bfloat16().float(), recipe=recipe).float()
+    assert gemm_errors(c_as_bf16, _reference(a, b, c, recipe=recipe))["whole"] > 2.5 * FP32_BOUND
+    with pytest.raises(AssertionError, match="over the whole matrix"):
+        assert_gemm_close(c_as_bf16, _reference(a, b, c, recipe=recipe))
 
 
 def test_check_records_its_errors_while_asked(monkeypatch):

@@ -9,7 +9,7 @@ import torch
 import deep_kernels
 from deep_kernels.moe import MAX_EXPERTS, SCORINGS, contiguous_max_rows, fused_max_tokens
 from deep_kernels.reference import moe as reference
-from deep_kernels.testing import assert_bitwise_equal, poison_, poison_cached_memory, random_activations
+from deep_kernels.testing import INT32_POISON_BYTE, assert_bitwise_equal, poison_, poison_cached_memory, random_activations
 
 from conftest import FULL
 
@@ -314,6 +314,7 @@ def _poison_output(t: torch.Tensor) -> torch.Tensor:
 
 def _check_layout(topk_idx, num_experts, max_tokens=None):
     expected = reference.moe_layout(topk_idx, num_experts, max_tokens)
+    poison_cached_memory(INT32_POISON_BYTE)  # the layout's tensors start poisoned, not -1 (a value they hold)
     layout = deep_kernels.moe_layout(topk_idx, num_experts, max_tokens)
     for name in ("counts", "num_rows", "m_indices", "row_to_slot", "slot_to_row", "masked_slots", "masked_m"):
         actual, wanted = getattr(layout, name), getattr(expected, name)
@@ -347,10 +348,8 @@ def test_moe_layout_one_hot_expert_and_all_dropped():
     _check_layout(topk_idx, 256, max_tokens=5000)
     # Every slot dropped, and no token: zero counts the kernels must write (not what the allocator held).
     all_dropped = torch.full((64, 8), -1, dtype=torch.int32, device="cuda")
-    poison_cached_memory()
     _check_layout(all_dropped, 256, max_tokens=64)
     no_tokens = torch.empty((0, 8), dtype=torch.int32, device="cuda")
-    poison_cached_memory()
     layout = _check_layout(no_tokens, 256, max_tokens=4)
     assert layout.m_indices.shape == (0,) and layout.masked_slots.shape == (256, 4)
 
@@ -553,6 +552,7 @@ def _check_layouts_equal(layout, expected, what=""):
 
 def _check_gate_with_layout(logits, k, max_tokens=None, **kwargs):
     weights_ref, indices_ref, layout_ref = reference.topk_gate_with_layout(logits, k, max_tokens=max_tokens, **kwargs)
+    poison_cached_memory(INT32_POISON_BYTE)  # the outputs start poisoned, not -1 (a value the layout holds)
     weights, indices, layout = deep_kernels.topk_gate_with_layout(logits, k, max_tokens=max_tokens, **kwargs)
     assert_bitwise_equal(indices, indices_ref, "indices")
     assert_bitwise_equal(weights, weights_ref, "weights")
@@ -591,7 +591,7 @@ def test_topk_gate_with_layout_matches_reference(num_experts, num_groups, topk_g
 def test_topk_gate_with_layout_row_stride_and_empty():
     wide = torch.randn((300, 320), device="cuda")
     _check_gate_with_layout(wide[:, :256], 8, max_tokens=20, scoring="sigmoid", num_groups=8, topk_groups=4)
-    poison_cached_memory()
+    poison_cached_memory(INT32_POISON_BYTE)
     weights, indices, layout = deep_kernels.topk_gate_with_layout(wide[:0, :256], 8, max_tokens=4)
     assert weights.shape == (0, 8) and indices.shape == (0, 8) and layout.m_indices.shape == (0,)
     assert layout.counts.tolist() == [0] * 256 and (layout.masked_slots == -1).all()

@@ -22,7 +22,7 @@ from deep_kernels.reference.moe import topk_gate
 from deep_kernels.reference.nn import kept_slots, moe_forward, router_logits
 from deep_kernels.reference.quant import per_block_cast_to_fp8
 from deep_kernels.reference.quant import per_token_cast_to_fp8 as reference_per_token_cast_to_fp8
-from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_cached_memory
+from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_, poison_cached_memory
 from deep_kernels.testing.moe_layer import (
     LAYER_BOUND, TOKEN_BOUND, assert_layer_close, dequantized_weights, fp8_exact_weights, module_reference,
     moe_layer_tokens, moe_layer_weights, reference_expert_kernels, token_diffs,
@@ -448,6 +448,7 @@ def test_masked_forward_replays_in_a_cuda_graph():
     outputs = []
     for seed in (11, 12):  # new tokens: new routing, new layouts inside the graph
         static_x.copy_(moe_layer_tokens(64, HIDDEN, "cuda", seed=seed))
+        poison_(static_out)  # what the capture left there must not pass for the replay's output
         replay()
         eager = module(static_x)
         torch.cuda.synchronize()

@@ -1,7 +1,7 @@
 """FP8 x NVFP4 GEMM (fp8_fp4_gemm_nt with b = (codes, sfb, global_scale)): input validation, the heuristics and the
 kernel's shared-memory carve-up (CPU), and the kernel against a float64 reference of the dequantized operands (GPU).
 
-The check is deep_kernels.testing.gemm.assert_gemm_close (calc_diff below 1e-5 for bf16 D, 1e-6 for FP32 D, over
+The check is deep_kernels.testing.gemm.assert_gemm_close (calc_diff below 1e-5 for bf16 D, 2e-7 for FP32 D, over
 the whole matrix, every 128 x 128 tile and every row, outputs poisoned with NaN before each launch). The weights are
 uniform random code bytes (every e2m1 code) with E4M3 group scales of every mantissa (a moderate range by default,
 every positive finite value, subnormals and 448 included, in one test) and a global scale that is not a power of

@@ -18,7 +18,7 @@ from deep_kernels.moe.layout import MoeLayout
 from deep_kernels.reference import gemm as reference_gemm
 from deep_kernels.reference import moe as reference_moe
 from deep_kernels.reference import quant as reference_quant
-from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, random_activations
+from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
 from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import make_gemm_inputs
 from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs, make_weights
@@ -649,7 +649,8 @@ def test_traced_calls_raise_the_eager_errors_of_a_bad_layout():
 
 def _graph_replay(fn, static_inputs: list, new_inputs: list):
     """fn captured in a CUDA graph on static_inputs (after warm-up runs on a side stream, which also compile it and
-    grow the split-K workspace), replayed with new_inputs copied into them; returns the replay's outputs."""
+    grow the split-K workspace), replayed with new_inputs copied into them; returns the replay's outputs (poisoned
+    before the replay: the capture's own values do not pass for it)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -662,6 +663,8 @@ def _graph_replay(fn, static_inputs: list, new_inputs: list):
     for static, new in zip(static_inputs, new_inputs):
         if isinstance(static, torch.Tensor) and static is not new:
             static.copy_(new)
+    for output in _tensors(static_outputs):
+        poison_(output)
     graph.replay()
     torch.cuda.synchronize()
     return static_outputs

@@ -1,7 +1,7 @@
 """The weight-gradient recipe of fp8_gemm_nt (recipe (1, 1, 128): 1 x 128 scales on both operands): validation (CPU)
 and the kernel against a float64 reference of the dequantized inputs (GPU).
 
-The check is testing.gemm.assert_gemm_close (calc_diff below 1e-6 for FP32 D and 1e-5 for bf16 D on the whole
+The check is testing.gemm.assert_gemm_close (calc_diff below 2e-7 for FP32 D and 1e-5 for bf16 D on the whole
 matrix, every 128 x 128 tile and every row) applied to D and to D^T, so every column is checked on its own too: a
 per-column scale that goes wrong shows in its column. Outputs are poisoned (NaN) before each launch (or hold C when
 C is D). Both operands' rows have their own power-of-two magnitudes (testing.wgrad), and the planted-bug tests run

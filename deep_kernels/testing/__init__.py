@@ -4,8 +4,11 @@ import torch
 
 
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Similarity error 1 - 2 sum(xy) / sum(x^2 + y^2) in float64: 0 for equal tensors."""
+    """Similarity error 1 - 2 sum(xy) / sum(x^2 + y^2) in float64: 0 for equal finite tensors (all zeros included),
+    inf where either holds a NaN or an infinity (an unwritten, poisoned element must never score as a match)."""
     x, y = x.double(), y.double()
+    if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+        return float("inf")
     denominator = (x * x + y * y).sum()
     return float(1 - 2 * (x * y).sum() / denominator) if denominator > 0 else 0.0
 
@@ -65,16 +68,20 @@ def copy_with_output_over_it(operand: torch.Tensor, output: torch.Tensor) -> tup
     return copy, shared[:output_bytes].view(output.dtype).view(output.shape)
 
 
-def poison_cached_memory() -> None:
-    """Fills torch's allocator cache with 0xFF bytes (NaN in e4m3, bf16 and FP32; -1 in integers) in both of its
-    pools (blocks up to 1 MiB and larger ones), so that the buffers a call allocates itself most likely start
-    poisoned: an element it returns without writing shows. (Best effort: the allocator decides which blocks it
-    reuses.)"""
+# Poison bytes of int32 outputs whose valid values include -1 (0xFF bytes): 0x80808080 is no index, count or size.
+INT32_POISON_BYTE = 0x80
+
+
+def poison_cached_memory(byte: int = 0xFF) -> None:
+    """Fills torch's allocator cache with `byte` (0xFF: NaN in e4m3, bf16 and FP32, -1 in integers;
+    INT32_POISON_BYTE for int32 outputs that may hold -1) in both of its pools (blocks up to 1 MiB and larger ones),
+    so that the buffers a call allocates itself most likely start poisoned: an element it returns without writing
+    shows. (Best effort: the allocator decides which blocks it reuses.)"""
     torch.cuda.empty_cache()
     blocks = [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in range(64)]
     blocks.append(torch.empty(512 << 20, dtype=torch.uint8, device="cuda"))
     for block in blocks:
-        poison_(block)
+        block.fill_(byte)
     del blocks
 
 

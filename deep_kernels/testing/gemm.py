@@ -13,7 +13,10 @@ at the same positions (with the same signs). Bounds:
             (2^-8)^2 / 2 = 7.6e-6 in any region, whatever the values (1.4e-6 measured over whole matrices);
             the FP32 accumulation adds orders of magnitude less. BF16_BOUND = 1e-5.
     FP32 D: no output rounding; what is left is the tensor cores' accumulation inside each 128-deep K block
-            (about 2^-14 of a block's partial sum), around 1e-8. FP32_BOUND = 1e-6.
+            (about 2^-14 of a block's partial sum): 1.6e-8 to 2.1e-8 over whole matrices on the H200 (the
+            wgrad_gemm and k_grouped_gemm suites' FP8 rows, benchmarks/results/nvidia-h200), 1.2e-11 for BF16
+            operands. FP32_BOUND = 2e-7, ten times that: a C read as bf16 gives 5.8e-7 to 7e-7 over whole matrices
+            of these inputs (tests/test_fp8_gemm.py), a C dropped or doubled far more.
 A wrong scale on one weight block or one activation row gives 1e-3 to 0.5 on the tiles or rows it touches.
 """
 
@@ -22,7 +25,7 @@ import torch
 from deep_kernels.reference.quant import pack_scales, per_block_cast_to_fp8, per_token_cast_to_fp8
 
 BF16_BOUND = 1e-5
-FP32_BOUND = 1e-6
+FP32_BOUND = 2e-7
 TILE = 128
 # While a list, assert_gemm_close appends each comparison to it as (output dtype, bound, gemm_errors()), failing
 # ones too: the errors the kernels really make, to set the bounds by (tests/conftest.py, DK_GEMM_ERRORS_OUT).
