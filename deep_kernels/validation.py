@@ -1,6 +1,6 @@
 """Input checks shared by the public API: each raises before launch with a message that names the
-argument and says what was expected. Device checks come last, so every other check also runs (and is
-tested) on CPU tensors."""
+argument and says what was expected. The inputs' device checks come after their other checks, so those also run
+(and are tested) on CPU tensors; out= tensors are checked after the inputs' devices (their tests run on the GPU)."""
 
 import operator
 
