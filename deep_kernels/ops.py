@@ -266,7 +266,7 @@ def _k_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, d, ks, ks_tensor, c, c_is_
                                                     ks_tensor, d if c_is_d else c, recipe)
 
 
-_define("k_grouped_fp8_gemm_nt_contiguous(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, int[]? ks, "
+_define("k_grouped_fp8_gemm_nt_contiguous(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, SymInt[]? ks, "
         "Tensor ks_tensor, Tensor? c, bool c_is_d, int[] recipe) -> ()", _k_grouped_fp8_gemm_nt_contiguous,
         _writes_only)
 
@@ -283,7 +283,7 @@ def _k_grouped_fp8_gemm_tn_contiguous(a, sfa, b, sfb, d, ks, ks_tensor, c, c_is_
                                                     ks_tensor, d if c_is_d else c, recipe)
 
 
-_define("k_grouped_fp8_gemm_tn_contiguous(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, int[]? ks, "
+_define("k_grouped_fp8_gemm_tn_contiguous(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, SymInt[]? ks, "
         "Tensor ks_tensor, Tensor? c, bool c_is_d, int[] recipe) -> ()", _k_grouped_fp8_gemm_tn_contiguous,
         _writes_only)
 
@@ -299,7 +299,7 @@ def _k_grouped_bf16_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c, c_is_d) -> Non
     k_grouped_bf16_gemm.k_grouped_bf16_gemm_nt_contiguous(a, b, d, list(ks), ks_tensor, d if c_is_d else c)
 
 
-_define("k_grouped_bf16_gemm_nt_contiguous(Tensor a, Tensor b, Tensor(a!) d, int[] ks, Tensor ks_tensor, Tensor? c, "
+_define("k_grouped_bf16_gemm_nt_contiguous(Tensor a, Tensor b, Tensor(a!) d, SymInt[] ks, Tensor ks_tensor, Tensor? c, "
         "bool c_is_d) -> ()", _k_grouped_bf16_gemm_nt_contiguous, _writes_only)
 
 

@@ -22,7 +22,7 @@ from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poiso
 from deep_kernels.testing.fp4_gemm import make_fp4_gemm_inputs, make_nvfp4_gemm_inputs, mxfp4_weights
 from deep_kernels.testing.gemm import make_gemm_inputs
 from deep_kernels.testing.grouped import make_contiguous_inputs, make_masked_inputs, make_weights
-from deep_kernels.testing.wgrad import make_k_grouped_inputs, make_wgrad_inputs
+from deep_kernels.testing.wgrad import make_k_grouped_bf16_inputs, make_k_grouped_inputs, make_wgrad_inputs
 
 # Public functions without an op: they launch nothing of their own (torch ops, or host-side values) and trace as
 # they are.
@@ -628,6 +628,26 @@ def test_token_counts_share_one_dynamic_graph():
         *tensors, max_tokens = _decode_moe_inputs("cpu", num_tokens=num_tokens)
         out = decode_step(*_moved(tensors, "meta", {}), max_tokens)
         assert _geometry(out) == (torch.bfloat16, (num_tokens, 256), (256, 1))
+    assert len(recorder.graphs) == 2
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_k_grouped_group_sizes_reuse_one_dynamic_graph(bf16):
+    """A training step's experts get new token counts every step: the host list ks is symbolic in the op (SymInt[]),
+    so new counts of the same total reuse the dynamic graph instead of compiling one graph per ks."""
+    sizes = [128, 256, 384, 512]
+    if bf16:
+        dy, x, ks_tensor = make_k_grouped_bf16_inputs(sizes, 64, 128, device="cpu")
+        a, b, gemm = dy.T, x.T, deep_kernels.k_grouped_bf16_gemm_nt_contiguous
+    else:
+        a, b, ks_tensor = make_k_grouped_inputs(sizes, 64, 128, device="cpu")
+        gemm = deep_kernels.k_grouped_fp8_gemm_nt_contiguous
+    a, b, ks_tensor = _moved((a, b, ks_tensor), "meta", {})
+    d = torch.empty(len(sizes), 64, 128, device="meta")
+    recorder = GraphRecorder()
+    compiled = _compiled(lambda a, b, d, ks, ks_tensor: gemm(a, b, d, ks, ks_tensor), recorder)
+    for shift in range(4):  # distinct sizes in each list (equal ones would share a symbol, and a guard)
+        assert compiled(a, b, d, sizes[shift:] + sizes[:shift], ks_tensor) is d
     assert len(recorder.graphs) == 2
 
 
