@@ -18,14 +18,15 @@ Constraints: N a multiple of 16 (an N-major b: tiles of whole 64-column boxes); 
 import torch
 
 from deep_kernels.bf16_gemm import is_mn_major, operand_map
-from deep_kernels.call_cache import call_signature
 from deep_kernels.device import get_num_sms
 from deep_kernels.gemm import FP8_GEMM, check_n
-from deep_kernels.grouped_gemm import check_grouped_addresses, launch_grouped
+from deep_kernels.grouped_gemm import launch_grouped
 from deep_kernels.heuristics import k_grouped_bf16_gemm as heuristics
 from deep_kernels.jit.registry import precompiled
 from deep_kernels.jit.runtime import get_kernel, tensor_map
-from deep_kernels.k_grouped_gemm import check_group_sizes, group_size_arguments
+from deep_kernels.k_grouped_gemm import (
+    check_group_sizes, checked_k_grouped_call, group_size_arguments, write_empty_groups,
+)
 from deep_kernels.validation import (
     INT32_LIMIT, check_cuda_device, check_deepgemm_options, check_dtype, check_rank, is_traced,
 )
@@ -85,8 +86,9 @@ def _check_call(a, b, d, ks, ks_tensor, c) -> tuple:
 # the prepared launches), as in k_grouped_gemm.
 _checked_calls = {}
 
-# What the kernel reads, by name, in launch_grouped's order.
+# What the kernel reads, by name, in launch_grouped's order; it reads a and b by TMA.
 K_GROUPED_INPUTS = ("a", "b", "ks_tensor")
+_TMA_READ = ("a", "b")
 
 
 def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks=None,
@@ -120,30 +122,15 @@ def k_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     if is_traced():  # the custom op (deep_kernels.ops)
         from deep_kernels import ops
         return ops.k_grouped_bf16_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c)
-    try:
-        signature = (call_signature(a, b, d, ks_tensor, c), len(ks))
-    except (AttributeError, TypeError):  # not tensors or not a list: the full check says which
-        signature = None
-    checked = _checked_calls.get(signature)
-    if checked is None:
-        checked = (_check_call(a, b, d, ks, ks_tensor, c), {})
-        if signature is not None:
-            _checked_calls[signature] = checked
-    else:
-        # NOTE: the group sizes change from step to step: checked on every call, never a cache key.
-        check_group_sizes(ks, ks_tensor, checked[0][2], BLOCK_K)
-    (m, n, total_k, num_groups, mn_major_a, mn_major_b), launches = checked
+    (m, n, total_k, num_groups, mn_major_a, mn_major_b), launches = checked_k_grouped_call(
+        _checked_calls, _check_call, (a, b, d, ks, ks_tensor, c), (a, b, d, ks_tensor, c), ks, ks_tensor, BLOCK_K)
     if m == 0:
         return d
     inputs = (a, b, ks_tensor)
     if total_k == 0:
-        # Every group is empty: D = C, or zeros.
-        check_grouped_addresses(inputs, K_GROUPED_INPUTS, d)
-        if c is None:
-            return d.zero_()
-        return d if c.data_ptr() == d.data_ptr() else d.copy_(c)
+        return write_empty_groups(inputs, K_GROUPED_INPUTS, d, c, _TMA_READ)
     return launch_grouped(launches, _plan(m, n, total_k, num_groups, c is not None, mn_major_a, mn_major_b), _encode,
-                          inputs, K_GROUPED_INPUTS, d, m, num_groups, c)
+                          inputs, K_GROUPED_INPUTS, d, m, num_groups, c, _TMA_READ)
 
 
 def _encode(kernel, config, a, b, ks_tensor, d, m: int, num_groups: int) -> bytes:

@@ -140,6 +140,34 @@ def _check_call(a, sfa, b, sfb, d, ks, ks_tensor, c) -> tuple:
     return m, n, total_k, num_groups, kernel_sfa is sfa and kernel_sfb is sfb
 
 
+def checked_k_grouped_call(checked_calls: dict, check, args: tuple, signature_tensors: tuple, ks, ks_tensor,
+                           block_k: int) -> tuple:
+    """(check(*args), the prepared launches) of a k-grouped call, kept in checked_calls: the full check once per
+    signature (signature_tensors' call_signature and the number of host group sizes), and the group sizes, which
+    change from step to step, on every call (never a cache key)."""
+    try:
+        signature = (call_signature(*signature_tensors), None if ks is None else len(ks))
+    except (AttributeError, TypeError):  # not tensors or not a list: the full check says which
+        signature = None
+    checked = checked_calls.get(signature)
+    if checked is None:
+        checked = (check(*args), {})
+        if signature is not None:
+            checked_calls[signature] = checked
+    else:
+        check_group_sizes(ks, ks_tensor, checked[0][2], block_k)
+    return checked
+
+
+def write_empty_groups(inputs: tuple, names: tuple, d: torch.Tensor, c: torch.Tensor, tma_read: tuple) -> torch.Tensor:
+    """d of a k-grouped call whose groups are all empty: c (or zeros), once the addresses passed, as launch_grouped
+    would check them."""
+    check_grouped_addresses(inputs, names, d, tma_read)
+    if c is None:
+        return d.zero_()
+    return d if c.data_ptr() == d.data_ptr() else d.copy_(c)
+
+
 def _check_recipe(recipe) -> None:
     if operands_of_recipe(recipe) != CHANNEL_SCALED:
         raise ValueError(f"the k-grouped FP8 GEMM takes recipe (1, 1, 128) (1 x 128 scales on both operands), got "
@@ -199,19 +227,9 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks=None, ks_tensor: 
         return ops.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c, recipe)
     a, sfa, b, sfb = _split_pairs(a, b)
     _check_recipe(recipe)
-    try:
-        signature = (call_signature(a, sfa, b, sfb, d, ks_tensor, c), None if ks is None else len(ks))
-    except (AttributeError, TypeError):  # not tensors or not a list: the full check says which
-        signature = None
-    checked = _checked_calls.get(signature)
-    if checked is None:
-        checked = (_check_call(a, sfa, b, sfb, d, ks, ks_tensor, c), {})
-        if signature is not None:
-            _checked_calls[signature] = checked
-    else:
-        # NOTE: the group sizes change from step to step: checked on every call, never a cache key.
-        check_group_sizes(ks, ks_tensor, checked[0][2])
-    (m, n, total_k, num_groups, scales_ready), launches = checked
+    (m, n, total_k, num_groups, scales_ready), launches = checked_k_grouped_call(
+        _checked_calls, _check_call, (a, sfa, b, sfb, d, ks, ks_tensor, c), (a, sfa, b, sfb, d, ks_tensor, c), ks,
+        ks_tensor, SCALE_BLOCK)
     if not scales_ready:
         sfa = scale_a(sfa, m, total_k // SCALE_BLOCK)
         sfb = scale_b_channels(sfb, n, total_k // SCALE_BLOCK)
@@ -219,11 +237,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks=None, ks_tensor: 
         return d
     inputs = (a, sfa, b, sfb, ks_tensor)
     if total_k == 0:
-        # Every group is empty: D = C, or zeros.
-        check_grouped_addresses(inputs, K_GROUPED_INPUTS, d, _TMA_READ)
-        if c is None:
-            return d.zero_()
-        return d if c.data_ptr() == d.data_ptr() else d.copy_(c)
+        return write_empty_groups(inputs, K_GROUPED_INPUTS, d, c, _TMA_READ)
     return launch_grouped(launches, _plan(m, n, total_k, num_groups, c is not None), _encode, inputs,
                           K_GROUPED_INPUTS, d, m, num_groups, c, _TMA_READ)
 

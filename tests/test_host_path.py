@@ -429,6 +429,15 @@ def _cpu_k_grouped(bf16: bool, ks=(128, 0, 256), m=8, n=32) -> tuple:
     return call, a, b, torch.empty(len(ks), m, n), list(ks), ks_tensor
 
 
+def _a_with_d_over_it(a, d: torch.Tensor) -> tuple:
+    """(a with its data copied into memory that d_over_a then covers, d_over_a): the BF16 kind's M-major a, a
+    transposed view, is copied as the contiguous tensor it views."""
+    data = _data(a)
+    transposed = not data.is_contiguous()
+    shared, d_over_a = copy_with_output_over_it(data.T if transposed else data, d)
+    return _with_data(a, shared.T if transposed else shared), d_over_a
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_k_grouped_gemm_encodes_once_per_address_set_and_plan(fake_k_grouped, monkeypatch, bf16):
     call, a, b, d, ks, ks_tensor = _cpu_k_grouped(bf16)
@@ -462,11 +471,10 @@ def test_k_grouped_gemm_cached_signature_still_checks_the_addresses(fake_k_group
     with pytest.raises(ValueError, match="16-byte aligned addresses"):  # the same signature 4 bytes off
         call(a, b, storage[1:].view(d.shape), ks, ks_tensor)
     # The same signature again, d now over a's memory, then over the group sizes'.
-    a_in_shared, d_over_a = copy_with_output_over_it(_data(a).T if bf16 else _data(a), d)
-    a_in_shared = a_in_shared.T if bf16 else a_in_shared
-    call(_with_data(a, a_in_shared), b, d, ks, ks_tensor)
+    a_in_shared, d_over_a = _a_with_d_over_it(a, d)
+    call(a_in_shared, b, d, ks, ks_tensor)
     with pytest.raises(ValueError, match="d and the inputs must not overlap: d and a"):
-        call(_with_data(a, a_in_shared), b, d_over_a, ks, ks_tensor)
+        call(a_in_shared, b, d_over_a, ks, ks_tensor)
     sizes_in_shared, d_over_sizes = copy_with_output_over_it(ks_tensor, d)
     call(a, b, d, ks, sizes_in_shared)
     with pytest.raises(ValueError, match="d and the inputs must not overlap: d and ks_tensor"):
@@ -492,11 +500,10 @@ def test_k_grouped_gemm_copies_c_after_the_address_checks(fake_k_grouped, bf16):
     call(a, b, d, ks, ks_tensor, c)  # the fake kernel adds nothing: d holds c
     assert_bitwise_equal(d, c)
     # d.copy_(c) before the address checks would write c over a, then refuse the call.
-    a_in_shared, d_over_a = copy_with_output_over_it(_data(a).T if bf16 else _data(a), d)
-    a_in_shared = a_in_shared.T if bf16 else a_in_shared
+    a_in_shared, d_over_a = _a_with_d_over_it(a, d)
     with pytest.raises(ValueError, match="d and the inputs must not overlap: d and a"):
-        call(_with_data(a, a_in_shared), b, d_over_a, ks, ks_tensor, c)
-    assert_bitwise_equal(a_in_shared, _data(a))
+        call(a_in_shared, b, d_over_a, ks, ks_tensor, c)
+    assert_bitwise_equal(_data(a_in_shared), _data(a))
     assert len(fake_k_grouped.launched) == 1
 
 

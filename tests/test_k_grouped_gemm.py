@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import deep_kernels
-from deep_kernels import gemm, k_grouped_bf16_gemm, k_grouped_gemm
+from deep_kernels import call_cache, gemm, k_grouped_bf16_gemm, k_grouped_gemm
 from deep_kernels.heuristics import fp8_gemm
 from deep_kernels.heuristics import k_grouped_bf16_gemm as heuristics_bf16
 from deep_kernels.heuristics import k_grouped_fp8_gemm as heuristics
@@ -392,7 +392,7 @@ def test_bf16_rejects_bad_c_and_checks_group_sizes_on_every_call(monkeypatch):
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         deep_kernels.k_grouped_bf16_gemm_tn_contiguous(a.T, b.T, d, ks, t)
     monkeypatch.setattr(k_grouped_bf16_gemm, "_checked_calls", {})
-    key = (k_grouped_bf16_gemm.call_signature(a, b, d, t, None), len(ks))
+    key = (call_cache.call_signature(a, b, d, t, None), len(ks))
     k_grouped_bf16_gemm._checked_calls[key] = ((8, 32, 192, 3, True, True), {})  # as a valid GPU call leaves it
     with pytest.raises(ValueError, match="ks sums to 256"):
         deep_kernels.k_grouped_bf16_gemm_nt_contiguous(a, b, d, [64, 64, 128], t)
