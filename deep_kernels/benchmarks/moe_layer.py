@@ -29,6 +29,7 @@ import deep_kernels
 from deep_kernels.benchmarks.fp8_gemm import FP8_PEAK_TFLOPS
 from deep_kernels.benchmarks.report import BenchContext
 from deep_kernels.nn import MoE, moe_layer
+from deep_kernels.nn.routed_experts import masked_capacity
 from deep_kernels.reference.nn import moe_forward
 from deep_kernels.testing import calc_diff
 from deep_kernels.testing.bench import time_kernels_us
@@ -300,7 +301,7 @@ def _forward_row(ctx: BenchContext, module: MoE, weights: dict, num_tokens: int,
 
     flops = 2 * num_tokens * module.top_k * 3 * HIDDEN * INTERMEDIATE
     num_bytes = _active_experts(module, x) * EXPERT_BYTES + 2 * 2 * num_tokens * HIDDEN
-    layout = (f"masked layout, capacity {num_tokens} per expert" if mode == "masked"
+    layout = (f"masked layout, capacity {masked_capacity(num_tokens, None)} per expert" if mode == "masked"
               else "contiguous layout (segments padded to 128 rows)")
     return {
         "op": "MoE.forward", "shape": {"t": num_tokens, "world_size": 1, "pass": "forward", "mode": timing},

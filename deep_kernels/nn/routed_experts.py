@@ -14,7 +14,7 @@ from deep_kernels.moe.layout import moe_layout
 from deep_kernels.moe.routing import topk_gate_with_layout
 from deep_kernels.quant.fp8 import per_token_cast_to_fp8
 from deep_kernels.quant.swiglu import swiglu_cast_to_fp8, swiglu_cast_to_fp8_masked
-from deep_kernels.validation import ceil_div
+from deep_kernels.validation import ceil_div, tma_aligned_size
 
 
 class ExpertKernels(NamedTuple):
@@ -68,13 +68,20 @@ def routed_experts(kernels: ExpertKernels, x, weights: torch.Tensor, layout, exp
     return expert_out
 
 
+def masked_capacity(num_tokens: int, max_tokens) -> int:
+    """The masked layout's rows per expert: max_tokens, or T rounded up to a multiple of 4."""
+    # NOTE: a default of whole 16-byte units of FP32 scales leaves the masked activations' MN-major scales unpadded,
+    # so that torch.export and dynamo add no guard on T % 4 through their strides.
+    return max_tokens or tma_aligned_size(num_tokens, 4)
+
+
 def moe_forward(kernels: ExpertKernels, x: torch.Tensor, logits: torch.Tensor, gate_config: tuple, experts: tuple,
                 mode: str, max_tokens) -> torch.Tensor:
     """The single-GPU layer's output [T, H] bf16 from its router logits (nn.MoE.forward without a process group):
-    the gate and layout in one call, the experts' steps, the reduce. The masked capacity is max_tokens, or T."""
+    the gate and layout in one call, the experts' steps, the reduce. The masked capacity is masked_capacity's."""
     num_tokens = x.shape[0]
     masked = mode == "masked"
-    capacity = (max_tokens or num_tokens) if masked else None
+    capacity = masked_capacity(num_tokens, max_tokens) if masked else None
     weights, _, layout = kernels.topk_gate_with_layout(logits, *gate_config, max_tokens=capacity)
     num_experts = logits.shape[1]
     # The tile hint: the average slots per expert (a wrong guess costs time only).
