@@ -16,8 +16,6 @@ enum class GemmOperands : uint32_t {
     Bf16 = 2,
     // e4m3 A with 1x128 scales, e2m1 B with UE8M0 scales per 1x32 (MXFP4), expanded to e4m3 on chip.
     Fp8Mxfp4 = 3,
-    // e4m3 A with 1x128 scales, e2m1 B with E4M3 scales per 1x16 and one FP32 global scale (NVFP4).
-    Fp8Nvfp4 = 4,
 };
 
 }  // namespace deep_kernels

@@ -37,8 +37,8 @@ constexpr uint32_t kMaxFp4SplitBlockN = 96;
 constexpr uint32_t kMaxPipelinedBlockN[2] = {128, 128};
 // Widest tile of 256 rows: each math warpgroup keeps two 64-row sets of final accumulators plus one partial set.
 constexpr uint32_t kMaxTwoWaveBlockN = 128;
-// Widest pipelined tile of 256 rows: two sets of final and two of partial accumulators (2 x BLOCK_N) fit the 232
-// registers.
+// Widest pipelined tile of 256 rows: two sets of final and two of partial accumulators (2 x BLOCK_N) fit the 240
+// registers (the producer warpgroup then keeps 24).
 constexpr uint32_t kMaxPipelinedTwoWaveBlockN = 96;
 // BF16 operands: a stage holds 64 columns (128 bytes a row, the FP8 stage's bytes and swizzle); with no
 // partial accumulator sets a 64-row wave's tile may be as wide as one wgmma (256 columns).
