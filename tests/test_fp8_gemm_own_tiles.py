@@ -46,18 +46,6 @@ def lockstep_twin(block_m, block_n, pipelined, multicast, multicast_on_a, out_by
                                   pipelined=bool(pipelined))
 
 
-def case_specs() -> list:
-    """The kernel specs the GPU tests below launch (for a parallel precompile before them)."""
-    specs = []
-    for block_m, block_n, pipelined, multicast, on_a, accumulate, m, n, k in OWN_TILE_CASES:
-        out_dtype = torch.float32 if accumulate else torch.bfloat16
-        out_bytes = 4 if accumulate else 2
-        configs = (own_tile_config(block_m, block_n, pipelined, multicast, on_a, out_bytes),
-                   lockstep_twin(block_m, block_n, pipelined, multicast, on_a, out_bytes))
-        specs += [gemm.kernel_spec(config, n, k, out_dtype, accumulate) for config in configs]
-    return specs
-
-
 # ---- heuristics (CPU) ----
 
 def _schedule(config) -> str:

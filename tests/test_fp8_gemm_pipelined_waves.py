@@ -38,17 +38,6 @@ def pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes=2, p
                                   overlap_epilogue=overlap, num_stages=num_stages)
 
 
-def case_specs() -> list:
-    """The kernel specs the GPU tests below launch (for a parallel precompile before them)."""
-    specs = []
-    for i, (block_n, multicast, on_a, overlap, accumulate, m, n, k) in enumerate(PIPELINED_WAVE_CASES):
-        out_dtype, out_bytes = (torch.float32, 4) if accumulate else (torch.bfloat16, 2)
-        for pipelined in (True, False):
-            config = pipelined_config(block_n, multicast, on_a, overlap, out_bytes, pipelined, CASE_STAGES.get(i))
-            specs.append(gemm.kernel_spec(config, n, k, out_dtype, accumulate))
-    return specs + staged_in_parts_specs()
-
-
 # 256-row tiles with D staged in parts (plain K loop): (block_n, stages, multicast, multicast_on_a, m, n, k), each against
 # the same tiles with the whole tile staged (3 stages).
 STAGED_IN_PARTS_CASES = [
@@ -61,12 +50,6 @@ def staged_in_parts_configs(block_n, stages, multicast, multicast_on_a):
     """The config staging D in parts and its twin staging the whole tile (3 stages)."""
     return tuple(heuristics.make_config(256, block_n, multicast, bool(multicast_on_a), 2, num_stages=num_stages,
                                         overlap_epilogue=True) for num_stages in (stages, 3))
-
-
-def staged_in_parts_specs() -> list:
-    return [gemm.kernel_spec(config, n, k, torch.bfloat16, False)
-            for block_n, stages, multicast, on_a, m, n, k in STAGED_IN_PARTS_CASES
-            for config in staged_in_parts_configs(block_n, stages, multicast, on_a)]
 
 
 # ---- heuristics (CPU) ----

@@ -112,29 +112,6 @@ def _k_grouped_sizes(num_groups: int, mean_k: int) -> list:
     return group_sizes(num_groups, mean_k, random.Random(5), empty=2)
 
 
-def case_specs(num_sms: int) -> list:
-    """The kernels the GPU cases run (both sfb layouts), for one parallel precompile."""
-    from deep_kernels.heuristics import k_grouped_fp8_gemm as k_heuristics
-
-    specs = []
-    for fields, m, n, k, accumulate in DENSE_CASES.values():
-        out_dtype = torch.float32 if accumulate else torch.bfloat16
-        pick = gemm._choose_config(m, n, k, num_sms, out_dtype.itemsize, accumulate, gemm.CHANNEL_SCALED)
-        for thread_major in (0, 1):
-            config = gemm.apply_config_override(pick, {**fields, "splits": 1, "thread_major_sfb": thread_major},
-                                                out_dtype.itemsize, k, operands=gemm.CHANNEL_SCALED)
-            specs.append(gemm.kernel_spec(config, n, k, out_dtype, accumulate, operands=gemm.CHANNEL_SCALED))
-    for fields, g, m, n, mean in K_GROUPED_CASES.values():
-        total = sum(_k_grouped_sizes(g, mean))
-        pick = k_heuristics.get_k_grouped_fp8_gemm_config(m, n, total, g, num_sms, True)
-        for thread_major in (0, 1):
-            config = k_heuristics.with_kind_overlap(gemm.apply_config_override(
-                pick, {**fields, "splits": 1, "thread_major_sfb": thread_major}, k_heuristics.OUT_DTYPE_BYTES, total,
-                operands=gemm.CHANNEL_SCALED))
-            specs.append(gemm.kernel_spec(config, n, k_grouped_gemm.KERNEL_SHAPE_K, torch.float32, True,
-                                          k_heuristics.GEMM_TYPE, gemm.CHANNEL_SCALED))
-    return specs
-
 def _override(monkeypatch, module, fields: dict) -> None:
     monkeypatch.setattr(gemm, "_config_override", lambda: fields)
     monkeypatch.setattr(module, "_plans", {})

@@ -197,24 +197,6 @@ def masked_problems(nks=MASKED_NKS, groups=MASKED_GROUPS, expected_ms=MASKED_EXP
             for n, k in nks for g in groups for expected_m in expected_ms]
 
 
-def masked_specs(problems, num_sms: int) -> list:
-    """The kernels the masked rows run (ours on tile-scaled weights and our FP8 masked GEMM's picks), to compile them
-    ahead."""
-    from deep_kernels import grouped_gemm
-    from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
-    from deep_kernels.heuristics.grouped_fp8_gemm import get_grouped_fp8_gemm_config
-
-    specs = {}
-    for g, _, n, k, _, _, hint in problems:
-        config = swap_ab.get_masked_config(hint, n, k, g, num_sms)
-        spec = fp4_gemm.swap_ab_kernel_spec(config, torch.bfloat16, False, True, True, tile_scaled=True)
-        specs.setdefault(spec.render(), spec)
-        fp8_config = get_grouped_fp8_gemm_config(fp4_gemm.MASKED, hint, n, k, g, num_sms)
-        spec = grouped_gemm.kernel_spec(fp8_config, n, k, torch.bfloat16, False, fp4_gemm.MASKED)
-        specs.setdefault(spec.render(), spec)
-    return list(specs.values())
-
-
 def masked_rows(ctx: BenchContext, problems) -> list:
     from deep_kernels.heuristics import fp8_fp4_swap_ab as swap_ab
 

@@ -92,8 +92,6 @@ class SwapAbConfig:
 # The most splits one cluster takes (the portable cluster size).
 MAX_CLUSTER_SPLITS = 8
 
-# Dynamic shared memory of each of two CTAs on one SM (the kernel's kMaxSmemBytesOfTwo).
-SMEM_BYTES_OF_TWO = (233472 - 2 * 1024) // 2
 # The most CTAs an SM runs at once (one math warpgroup each; from three on the producer is one warp).
 MAX_CTAS_PER_SM = 4
 

@@ -15,7 +15,6 @@ import torch
 
 E4M3_MAX = 448.0
 DEFAULT_AMAX_CLAMP = 1e-4
-SCALE_LAYOUTS = ("row_major", "mn_major", "packed_ue8m0")
 
 
 def ceil_div(a: int, b: int) -> int:
