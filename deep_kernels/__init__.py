@@ -14,7 +14,8 @@ from deep_kernels.fp4_gemm import (
     fp8_fp4_gemm_nt, m_grouped_fp8_fp4_gemm_nt_contiguous, m_grouped_fp8_fp4_gemm_nt_masked,
 )
 from deep_kernels.fp4_weights import prepare_fp4_weights
-from deep_kernels.gemm import fp8_gemm_nn, fp8_gemm_nt, fp8_gemm_tn, fp8_gemm_tt, get_mn_major_tma_aligned_tensor
+from deep_kernels.gemm import (fp8_gemm_nn, fp8_gemm_nt, fp8_gemm_tn, fp8_gemm_tt, get_col_major_tma_aligned_tensor,
+                               get_mn_major_tma_aligned_tensor)
 from deep_kernels.grouped_gemm import (
     fp8_m_grouped_gemm_nt_masked, get_k_alignment_for_contiguous_layout, get_m_alignment_for_contiguous_layout,
     get_mk_alignment_for_contiguous_layout,
@@ -54,7 +55,7 @@ __all__ = [
     "get_mk_alignment_for_contiguous_layout", "get_tma_aligned_size",
     "get_theoretical_mk_alignment_for_contiguous_layout", "set_mk_alignment_for_contiguous_layout",
     "transform_sf_into_required_layout", "fp8_m_grouped_gemm_nt_masked",
-    "get_mn_major_tma_aligned_tensor", "k_grouped_bf16_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous",
+    "get_col_major_tma_aligned_tensor", "get_mn_major_tma_aligned_tensor", "k_grouped_bf16_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
     "tma_aligned_size",

@@ -72,6 +72,10 @@ def get_mn_major_tma_aligned_tensor(scales: torch.Tensor) -> torch.Tensor:
     return out.copy_(scales)
 
 
+# DeepGEMM's 1.x name of get_mn_major_tma_aligned_tensor.
+get_col_major_tma_aligned_tensor = get_mn_major_tma_aligned_tensor
+
+
 def _fp32_scales(scales, name: str, rows: int, k_blocks: int, num_groups, shape_text: str) -> torch.Tensor:
     """Scales [rows, ceil(K / 128)] (or [G, rows, ceil(K / 128)] with num_groups) checked, as FP32: packed UE8M0 unpacked
     (contiguous), FP32 as given."""

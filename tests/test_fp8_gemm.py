@@ -92,6 +92,8 @@ def test_mn_major_helper_layout():
     out = deep_kernels.get_mn_major_tma_aligned_tensor(scales)
     assert out.stride() == (1, 8) and torch.equal(out, scales)
     assert deep_kernels.get_mn_major_tma_aligned_tensor(out) is out
+    # DeepGEMM 1.x's name, which older callers import.
+    assert torch.equal(deep_kernels.get_col_major_tma_aligned_tensor(scales), out)
 
 
 def test_reference_matches_unquantized_product():

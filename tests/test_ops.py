@@ -31,7 +31,8 @@ NEEDS_NO_OP = {"get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_co
                "get_tma_aligned_size", "transform_sf_into_required_layout",
                "get_theoretical_mk_alignment_for_contiguous_layout", "set_mk_alignment_for_contiguous_layout",
                # DeepGEMM's other name of m_grouped_fp8_gemm_nt_masked, which traces to its op
-               "fp8_m_grouped_gemm_nt_masked", "get_mn_major_tma_aligned_tensor", "get_num_sms",
+               "fp8_m_grouped_gemm_nt_masked", "get_col_major_tma_aligned_tensor", "get_mn_major_tma_aligned_tensor",
+               "get_num_sms",
                "nvfp4_global_scale", "prepare_fp4_weights", "set_num_sms", "tma_aligned_size",
                # transposed views handed to the NT call, which traces to its op
                "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "k_grouped_bf16_gemm_tn_contiguous",
