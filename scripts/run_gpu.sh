@@ -5,7 +5,8 @@
 # Usage (device): DK_COMMIT=<sha> [DK_GPU_TESTS="tests/test_x.py ..."] [DK_TEST_SHARD=i/n]
 #                 [DK_PRECOMPILE_FAMILIES="moe ..."]
 #                 [DK_RUN_BENCH=0] bash scripts/run_gpu.sh [bench suites...]
-# (DK_RUN_BENCH=0: the tests alone, no benchmarks.)
+# (DK_RUN_BENCH=0: the tests alone, no benchmarks. DK_GPU_TESTS takes pytest arguments: with the pytest_xdist and
+# execnet wheels in .whl/, DK_GPU_TESTS="tests -n 8 --dist loadfile" runs the test files in 8 processes.)
 # Exits non-zero when the precompile, any test or the benchmarks fail. The tests run with DK_REQUIRE_GPU=1, so
 # a GPU test that is skipped (no usable GPU, or a test skipping itself) fails; tests without the gpu marker
 # may still skip (CPU-only checks), and the last line counts them apart.
