@@ -50,6 +50,7 @@ from deep_kernels.validation import (
     check_cuda_device, check_deepgemm_options, check_dtype, check_int_range, check_rank, check_row_major_rows,
     is_traced, scale_block_sizes, tma_aligned_size,
 )
+from deep_kernels.workspace import persistent_empty
 
 MXFP4_GROUP_SIZE = 32
 CODE_DTYPES = (torch.float4_e2m1fn_x2, torch.uint8)
@@ -164,9 +165,8 @@ class _ExpansionWorkspace:
     4) at prefill sizes."""
 
     def __init__(self, device_index: int, num_codes: int, num_scales: int):
-        device = torch.device("cuda", device_index)
-        self.codes = torch.empty(num_codes, dtype=torch.uint8, device=device)
-        self.scales = torch.empty(num_scales, dtype=torch.float32, device=device)
+        self.codes = persistent_empty(num_codes, torch.uint8, device_index)
+        self.scales = persistent_empty(num_scales, torch.float32, device_index)
 
 
 _expansion_workspaces = {}

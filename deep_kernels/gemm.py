@@ -34,6 +34,7 @@ from deep_kernels.validation import (
     ceil_div, check_cuda_device, check_deepgemm_options, check_dtype, check_no_overlap, check_rank,
     check_row_major_rows, deepgemm_recipe, int_tuple, is_traced, tma_aligned_size,
 )
+from deep_kernels.workspace import persistent_empty
 
 SCALE_BLOCK = 128
 
@@ -268,9 +269,8 @@ class _SplitWorkspace:
     """One device's split-K buffers: FP32 partial tiles and zeroed uint32 tickets (int32 tensors here)."""
 
     def __init__(self, device_index: int, num_floats: int, num_tickets: int):
-        device = torch.device("cuda", device_index)
-        self.partials = torch.empty(num_floats, dtype=torch.float32, device=device)
-        self.tickets = torch.zeros(num_tickets, dtype=torch.int32, device=device)
+        self.partials = persistent_empty(num_floats, torch.float32, device_index)
+        self.tickets = persistent_empty(num_tickets, torch.int32, device_index).zero_()
 
 
 # Device index -> its _SplitWorkspace; the buffers those replaced (see _split_workspace).

@@ -25,6 +25,7 @@ from deep_kernels.moe.gate import MAX_EXPERTS
 from deep_kernels.validation import (
     INT32_LIMIT, ceil_div, check_cuda_device, check_dtype, check_int_range, check_rank, is_traced,
 )
+from deep_kernels.workspace import persistent_empty
 
 CONTIGUOUS_ALIGNMENT = 128
 
@@ -187,8 +188,7 @@ def layout_workspace(device_index: int, num_block_counts: int, stream: int = Non
     key = (device_index, current_raw_stream(device_index) if stream is None else stream)
     workspace = _workspaces.get(key)
     if workspace is None or workspace.numel() < size:
-        workspace = torch.zeros(size, dtype=torch.int32, device=f"cuda:{device_index}")
-        _workspaces[key] = workspace
+        workspace = _workspaces[key] = persistent_empty(size, torch.int32, device_index).zero_()
     return workspace
 
 
