@@ -11,7 +11,8 @@ down_scales) as the grouped GEMMs take b and sfb:
         m_grouped_fp8_gemm_nt_contiguous(a, gate_up, h, layout.m_indices)                  h bf16 [R, 2I]
         y = swiglu_cast_to_fp8(h, weights=weights, pos=layout.row_to_slot)      (e4m3 [R, I], MN-major)
         m_grouped_fp8_gemm_nt_contiguous(y, down, o, layout.m_indices)                     o bf16 [R, H]
-    masked (decode): capacity C = max_tokens per expert (default T rounded up to a multiple of 4: no slot dropped); shapes fixed by T and C
+    masked (decode): capacity C = max_tokens per expert (default T rounded up to a multiple of 4: no slot dropped);
+    shapes fixed by T and C
         a = moe_expand_cast_to_fp8(x, layout, masked=True)     (e4m3 [E, C, H], FP32 [E, C, H / 128])
         m_grouped_fp8_gemm_nt_masked(a, gate_up, h, layout.masked_m, expected_m)           h bf16 [E, C, 2I]
         y = swiglu_cast_to_fp8_masked(h, layout.masked_m, weights=weights, pos=layout.masked_slots)
@@ -116,8 +117,8 @@ class MoE(torch.nn.Module):
         routed_scaling_factor: multiplies the weights (2.5).
         mode: "contiguous" (prefill, training) or "masked" (decode); forward's `mode` overrides it per call.
         max_tokens: the masked mode's capacity per expert: an expert keeps its first max_tokens slots (in slot
-            order t * k + j) and the others are dropped, adding nothing. None: T rounded up to a multiple of 4, so none is dropped. Memory of the
-            masked buffers grows as E x capacity.
+            order t * k + j) and the others are dropped, adding nothing. None: T rounded up to a multiple of 4, so
+            none is dropped. Memory of the masked buffers grows as E x capacity.
         device: where the buffers are made (zeros); from_float quantizes given weights instead.
         process_group: a torch.distributed group of W ranks for expert parallelism (nn/expert_parallel.py): this
             rank holds experts [r * E / W, (r + 1) * E / W) (E a multiple of W) and routes the tokens it is given.
