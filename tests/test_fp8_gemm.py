@@ -96,6 +96,14 @@ def test_mn_major_helper_layout():
     assert torch.equal(deep_kernels.get_col_major_tma_aligned_tensor(scales), out)
 
 
+@pytest.mark.parametrize("helper", ["get_mn_major_tma_aligned_tensor", "get_col_major_tma_aligned_tensor"])
+def test_mn_major_helper_rejects_bad_scales(helper):
+    with pytest.raises(TypeError, match="scales must be torch.float32, got torch.bfloat16"):
+        getattr(deep_kernels, helper)(torch.ones(4, 2, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"scales must be 2-D \[M, G\] or 3-D \[B, M, G\], got shape \(8,\)"):
+        getattr(deep_kernels, helper)(torch.ones(8))
+
+
 def test_reference_matches_unquantized_product():
     a, b = make_gemm_inputs(64, 256, 512, device="cpu")
     d = torch.empty(64, 256)
