@@ -317,9 +317,40 @@ DK_DEVICE typename Traits::OutputType* staged_element(uint8_t* smem_d, uint32_t 
                                          (((byte / 16) ^ (token % 8)) * 16) + byte % 16);
 }
 
-// The producer warp: per K block of the CTA's split, once the stage is free, lane 0 loads the activation tile, the
-// codes and sfa by TMA and the 32 lanes copy the rows' scale words by cp.async; all complete on the stage's full
-// barrier (1 + 32 arrivals). Rows past N copy zeros.
+// One K block's stage of unprepared weights (the producer warp, every lane): lane 0 loads the activation tile, the
+// codes and sfa by TMA, and the 32 lanes copy each weight row's kWordsPerRow scale words of the block (sfb_words:
+// rows of num_k_blocks * kWordsPerRow words) into smem_words by cp.async, rows past N as zeros; all complete on
+// full_barrier (1 + 32 arrivals).
+template <typename Traits, uint32_t kWordsPerRow>
+DK_DEVICE void load_unprepared_stage(uint8_t* smem, uint32_t stage, uint64_t* full_barrier, uint8_t* smem_words,
+                                     const CUtensorMap* tmap_a, const CUtensorMap* tmap_codes,
+                                     const CUtensorMap* tmap_sfa, const uint32_t* sfb_words, uint32_t shape_n,
+                                     uint32_t num_k_blocks, uint32_t w_first, uint32_t k_block) {
+    const uint32_t lane_idx = threadIdx.x % 32;
+    if (lane_idx == 0) {
+        ptx::mbarrier_arrive_expect_tx(full_barrier, Traits::kStageTxBytes);
+        ptx::tma_load(smem + Traits::kOffsetA + stage * Traits::kStageABytes, tmap_a, full_barrier,
+                      static_cast<int32_t>(k_block * kScaleBlock), 0);
+        ptx::tma_load(smem + Traits::kOffsetCodes + stage * Traits::kStageCodesBytes, tmap_codes, full_barrier,
+                      static_cast<int32_t>(k_block * kScaleBlock / 2), static_cast<int32_t>(w_first));
+        ptx::tma_load(smem + Traits::kOffsetSfa + stage * Traits::kStageSfaBytes, tmap_sfa, full_barrier, 0,
+                      static_cast<int32_t>(k_block));
+    }
+    auto* words = reinterpret_cast<uint32_t*>(smem_words);
+#pragma unroll
+    for (uint32_t i = lane_idx; i < Traits::BLOCK_W * kWordsPerRow; i += 32) {
+        const uint32_t row = i / kWordsPerRow;
+        const bool valid = w_first + row < shape_n;
+        ptx::cp_async_4(words + i,
+                        sfb_words + (valid ? ((w_first + row) * num_k_blocks + k_block) * kWordsPerRow + i % kWordsPerRow
+                                           : 0),
+                        valid ? 4 : 0);
+    }
+    ptx::cp_async_mbarrier_arrive_noinc(full_barrier);
+}
+
+// The producer warp: per K block of the CTA's split, once the stage is free, its loads (load_unprepared_stage, one
+// scale word a row and K block).
 // Prepared weights: lane 0 alone, one bulk copy of each warpgroup's chunk (tiles past the prepared ones are not
 // loaded: their rows lie past N, never stored).
 // Masked layout: the tiles of expert `group` from token t0 (A and sfa by 3-D maps, tokens past M_max zero-filled):
@@ -369,24 +400,9 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
     }
     for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
         ring.producer_acquire(state);
-        uint64_t* full_barrier = ring.full_barriers + state.stage;
-        if (lane_idx == 0) {
-            ptx::mbarrier_arrive_expect_tx(full_barrier, Traits::kStageTxBytes);
-            ptx::tma_load(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes, tmap_a, full_barrier,
-                          static_cast<int32_t>(k_block * kScaleBlock), 0);
-            ptx::tma_load(smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes, tmap_codes,
-                          full_barrier, static_cast<int32_t>(k_block * kScaleBlock / 2), static_cast<int32_t>(w_first));
-            ptx::tma_load(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes, tmap_sfa, full_barrier, 0,
-                          static_cast<int32_t>(k_block));
-        }
-        auto* smem_words = reinterpret_cast<uint32_t*>(smem + Traits::kOffsetWords + state.stage * Traits::kStageWordsBytes);
-#pragma unroll
-        for (uint32_t row = lane_idx; row < Traits::BLOCK_W; row += 32) {
-            const bool valid = w_first + row < shape_n;
-            ptx::cp_async_4(smem_words + row, sfb_words + (valid ? (w_first + row) * num_k_blocks + k_block : 0),
-                            valid ? 4 : 0);
-        }
-        ptx::cp_async_mbarrier_arrive_noinc(full_barrier);
+        load_unprepared_stage<Traits, 1>(smem, state.stage, ring.full_barriers + state.stage,
+                                         smem + Traits::kOffsetWords + state.stage * Traits::kStageWordsBytes, tmap_a,
+                                         tmap_codes, tmap_sfa, sfb_words, shape_n, num_k_blocks, w_first, k_block);
         state.advance();
     }
 }

@@ -109,36 +109,19 @@ struct Sm90Fp8Nvfp4SwapAbTraits {
                      "stages fit in shared memory");
 };
 
-// The producer warp: per K block of the CTA's split, once the stage is free, lane 0 loads the activation tile, the
-// codes and sfa by TMA and the 32 lanes copy the rows' scale bytes by cp.async (two words a row); all complete on
-// the stage's full barrier (1 + 32 arrivals). Rows past N copy zeros.
+// The producer warp: per K block of the CTA's split, once the stage is free, its loads (load_unprepared_stage: the
+// activation tile, the codes, sfa, and each row's E4M3 scale bytes of the block as two words).
 template <typename Traits, typename Ring>
 DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* tmap_a, const CUtensorMap* tmap_codes,
                             const CUtensorMap* tmap_sfa, const uint32_t* sfb_words, uint32_t shape_n,
                             uint32_t num_k_blocks, uint32_t w_first, uint32_t k_block_begin, uint32_t k_block_end) {
-    const uint32_t lane_idx = threadIdx.x % 32;
     PipelineState<Traits::kNumStages> state;
     for (uint32_t k_block = k_block_begin; k_block < k_block_end; ++k_block) {
         ring.producer_acquire(state);
-        uint64_t* full_barrier = ring.full_barriers + state.stage;
-        if (lane_idx == 0) {
-            ptx::mbarrier_arrive_expect_tx(full_barrier, Traits::kStageTxBytes);
-            ptx::tma_load(smem + Traits::kOffsetA + state.stage * Traits::kStageABytes, tmap_a, full_barrier,
-                          static_cast<int32_t>(k_block * kScaleBlock), 0);
-            ptx::tma_load(smem + Traits::kOffsetCodes + state.stage * Traits::kStageCodesBytes, tmap_codes,
-                          full_barrier, static_cast<int32_t>(k_block * kScaleBlock / 2), static_cast<int32_t>(w_first));
-            ptx::tma_load(smem + Traits::kOffsetSfa + state.stage * Traits::kStageSfaBytes, tmap_sfa, full_barrier, 0,
-                          static_cast<int32_t>(k_block));
-        }
-        auto* smem_words = reinterpret_cast<uint32_t*>(smem + Traits::kOffsetScales + state.stage * Traits::kStageScalesBytes);
-#pragma unroll
-        for (uint32_t i = lane_idx; i < Traits::BLOCK_W * 2; i += 32) {
-            const uint32_t row = i / 2;
-            const bool valid = w_first + row < shape_n;
-            ptx::cp_async_4(smem_words + i, sfb_words + (valid ? (w_first + row) * num_k_blocks * 2 + k_block * 2 + i % 2 : 0),
-                            valid ? 4 : 0);
-        }
-        ptx::cp_async_mbarrier_arrive_noinc(full_barrier);
+        sm90_fp8_fp4_swap_ab_detail::load_unprepared_stage<Traits, 2>(
+            smem, state.stage, ring.full_barriers + state.stage,
+            smem + Traits::kOffsetScales + state.stage * Traits::kStageScalesBytes, tmap_a, tmap_codes, tmap_sfa, sfb_words,
+            shape_n, num_k_blocks, w_first, k_block);
         state.advance();
     }
 }
