@@ -9,8 +9,8 @@ import torch
 from deep_kernels import gemm
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
-from deep_kernels.testing import assert_bitwise_equal, poison_
-from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_gemm_inputs
+from deep_kernels.testing import assert_bitwise_equal
+from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, forced_config_product, make_gemm_inputs
 
 NUM_SMS = 132
 
@@ -50,16 +50,6 @@ def test_override_sets_it_and_multicast_drops_it():
 
 # ---- the kernel (GPU) ----
 
-def _product(config, a, b, m: int, n: int, c: torch.Tensor = None) -> torch.Tensor:
-    """fp8_gemm_nt with `config` into a poisoned d (bf16 without c, FP32 d = c + A B^T with it)."""
-    if c is None:
-        d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
-    else:
-        d = c.clone()
-    gemm.forced_config_call(config, a, b, d, c=d if c is not None else None)()
-    return d
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,block_m,block_n,splits,in_cluster,accumulate", [
     (64, 24576, 1536, 64, 96, 1, False, False),     # two tiles a CTA, tiles straddling sfb blocks
@@ -83,10 +73,10 @@ def test_matches_reference_and_twin(m, n, k, block_m, block_n, splits, in_cluste
     c = accumulator_like(expected) if accumulate else None
     if accumulate:
         expected += c.double()
-    runs = [_product(config, a, b, m, n, c) for _ in range(2)]
+    runs = [forced_config_product(config, a, b, c) for _ in range(2)]
     assert_gemm_close(runs[0], expected)
     assert_bitwise_equal(runs[1], runs[0], "d (run 2)")
-    assert_bitwise_equal(runs[0], _product(twin, a, b, m, n, c), "d against the twin without evict-first B")
+    assert_bitwise_equal(runs[0], forced_config_product(twin, a, b, c), "d against the twin without evict-first B")
 
 
 @pytest.mark.gpu
@@ -98,7 +88,7 @@ def test_check_rejects_a_wrong_tile():
     expected = reference.fp8_gemm_nt(a, b, torch.empty((m, n), device="cuda", dtype=torch.float64))
     planted_b = (b[0].clone(), b[1])
     planted_b[0][960:1056] = (-planted_b[0][960:1056].float()).to(planted_b[0].dtype)
-    planted = _product(config, a, planted_b, m, n)
+    planted = forced_config_product(config, a, planted_b)
     assert torch.isfinite(planted).all()
     with pytest.raises(AssertionError, match="calc_diff"):
         assert_gemm_close(planted, expected)

@@ -19,8 +19,8 @@ from deep_kernels import gemm
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
 from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_
-from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, cast_activations, gemm_activations, \
-    make_gemm_inputs
+from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, cast_activations, forced_config_product, \
+    gemm_activations, make_gemm_inputs
 
 # (block_m, block_n, pipelined, multicast, multicast_on_a, accumulate, m, n, k)
 OWN_TILE_CASES = [
@@ -146,19 +146,11 @@ def _reference(a, b) -> torch.Tensor:
     return reference.fp8_gemm_nt(a, b, torch.empty((m, n), device=a[0].device, dtype=torch.float64))
 
 
-def _call(config, a, b, m, n, c=None, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """fp8_gemm_nt with `config` into a poisoned d (or into a copy of c, accumulating)."""
-    d = c.clone() if c is not None else poison_(torch.empty((m, n), device="cuda", dtype=out_dtype))
-    gemm.forced_config_call(config, a, b, d, c=d if c is not None else None)()
-    return d
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_m,block_n,pipelined,multicast,multicast_on_a,accumulate,m,n,k", OWN_TILE_CASES)
 def test_own_tiles_match_reference_and_lockstep(block_m, block_n, pipelined, multicast, multicast_on_a, accumulate,
                                                m, n, k):
     out_bytes = 4 if accumulate else 2
-    out_dtype = torch.float32 if accumulate else torch.bfloat16
     config = own_tile_config(block_m, block_n, pipelined, multicast, multicast_on_a, out_bytes)
     twin = lockstep_twin(block_m, block_n, pipelined, multicast, multicast_on_a, out_bytes)
     a, b = make_gemm_inputs(m, n, k)
@@ -167,11 +159,11 @@ def test_own_tiles_match_reference_and_lockstep(block_m, block_n, pipelined, mul
     if accumulate:
         c = accumulator_like(expected)
         expected += c.double()
-    d = _call(config, a, b, m, n, c, out_dtype)
+    d = forced_config_product(config, a, b, c)
     assert_gemm_close(d, expected)
     assert calc_diff(d, expected) <= 2e-6
-    assert_bitwise_equal(_call(config, a, b, m, n, c, out_dtype), d, "d (own tiles, second run)")
-    assert_bitwise_equal(_call(twin, a, b, m, n, c, out_dtype), d, "d (lockstep twin)")
+    assert_bitwise_equal(forced_config_product(config, a, b, c), d, "d (own tiles, second run)")
+    assert_bitwise_equal(forced_config_product(twin, a, b, c), d, "d (lockstep twin)")
 
 
 @pytest.mark.gpu
@@ -182,7 +174,7 @@ def test_check_rejects_a_misplaced_or_unwritten_own_tile():
     config = own_tile_config(64, 128, 1, 1, 0)
     a, b = make_gemm_inputs(m, n, k)
     expected = _reference(a, b)
-    d = _call(config, a, b, m, n)
+    d = forced_config_product(config, a, b)
     assert_gemm_close(d, expected)
     swapped = d.clone()
     swapped[64:128, :128], swapped[128:192, :128] = d[128:192, :128], d[64:128, :128]

@@ -17,8 +17,8 @@ import torch
 from deep_kernels import gemm
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
-from deep_kernels.testing import assert_bitwise_equal, calc_diff, poison_
-from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_gemm_inputs
+from deep_kernels.testing import assert_bitwise_equal, calc_diff
+from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, forced_config_product, make_gemm_inputs
 
 # (block_n, multicast, multicast_on_a, overlap, accumulate, m, n, k)
 PIPELINED_WAVE_CASES = [
@@ -123,18 +123,11 @@ def _reference(a, b) -> torch.Tensor:
     return reference.fp8_gemm_nt(a, b, torch.empty((m, n), device=a[0].device, dtype=torch.float64))
 
 
-def _call(config, a, b, m, n, c=None, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """fp8_gemm_nt with `config` into a poisoned d (or into a copy of c, accumulating)."""
-    d = c.clone() if c is not None else poison_(torch.empty((m, n), device="cuda", dtype=out_dtype))
-    gemm.forced_config_call(config, a, b, d, c=d if c is not None else None)()
-    return d
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", range(len(PIPELINED_WAVE_CASES)))
 def test_pipelined_waves_match_reference_and_plain_twin(case):
     block_n, multicast, multicast_on_a, overlap, accumulate, m, n, k = PIPELINED_WAVE_CASES[case]
-    out_dtype, out_bytes = (torch.float32, 4) if accumulate else (torch.bfloat16, 2)
+    out_bytes = 4 if accumulate else 2
     stages = CASE_STAGES.get(case)
     config = pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes, num_stages=stages)
     twin = pipelined_config(block_n, multicast, multicast_on_a, overlap, out_bytes, pipelined=False, num_stages=stages)
@@ -144,11 +137,11 @@ def test_pipelined_waves_match_reference_and_plain_twin(case):
     if accumulate:
         c = accumulator_like(expected)
         expected += c.double()
-    d = _call(config, a, b, m, n, c, out_dtype)
+    d = forced_config_product(config, a, b, c)
     assert_gemm_close(d, expected)
     assert calc_diff(d, expected) <= 2e-6
-    assert_bitwise_equal(_call(config, a, b, m, n, c, out_dtype), d, "d (pipelined waves, second run)")
-    assert_bitwise_equal(_call(twin, a, b, m, n, c, out_dtype), d, "d (plain twin)")
+    assert_bitwise_equal(forced_config_product(config, a, b, c), d, "d (pipelined waves, second run)")
+    assert_bitwise_equal(forced_config_product(twin, a, b, c), d, "d (plain twin)")
 
 
 @pytest.mark.gpu
@@ -159,7 +152,7 @@ def test_check_rejects_swapped_waves_or_an_unwritten_wave():
     config = pipelined_config(96, 2, 1, False)
     a, b = make_gemm_inputs(m, n, k)
     expected = _reference(a, b)
-    d = _call(config, a, b, m, n)
+    d = forced_config_product(config, a, b)
     assert_gemm_close(d, expected)
     swapped = d.clone()
     swapped[0:64, :96], swapped[64:128, :96] = d[64:128, :96], d[0:64, :96]
@@ -179,6 +172,6 @@ def test_d_staged_in_parts_matches_reference_and_whole_tile_staging(block_n, sta
     config, twin = staged_in_parts_configs(block_n, stages, multicast, multicast_on_a)
     a, b = make_gemm_inputs(m, n, k)
     expected = _reference(a, b)
-    d = _call(config, a, b, m, n)
+    d = forced_config_product(config, a, b)
     assert_gemm_close(d, expected)
-    assert_bitwise_equal(_call(twin, a, b, m, n), d, "d (the whole tile staged)")
+    assert_bitwise_equal(forced_config_product(twin, a, b), d, "d (the whole tile staged)")

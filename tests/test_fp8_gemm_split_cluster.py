@@ -9,8 +9,8 @@ import torch
 from deep_kernels import gemm
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
-from deep_kernels.testing import assert_bitwise_equal, poison_
-from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, make_gemm_inputs
+from deep_kernels.testing import assert_bitwise_equal
+from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, forced_config_product, make_gemm_inputs
 
 NUM_SMS = 132
 
@@ -70,16 +70,6 @@ def test_decode_rules_leave_large_m_alone():
 
 # ---- the kernel (GPU) ----
 
-def _product(config, a, b, m: int, n: int, c: torch.Tensor = None) -> torch.Tensor:
-    """fp8_gemm_nt with `config` into a poisoned d (bf16 without c, FP32 d = c + A B^T with it)."""
-    if c is None:
-        d = poison_(torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
-    else:
-        d = c.clone()
-    gemm.forced_config_call(config, a, b, d, c=d if c is not None else None)()
-    return d
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,block_m,block_n,splits,accumulate", [
     (64, 4096, 7168, 64, 64, 2, False),     # 64 tiles x 2
@@ -102,11 +92,11 @@ def test_matches_reference_and_workspace_split(m, n, k, block_m, block_n, splits
     c = accumulator_like(expected) if accumulate else None
     if accumulate:
         expected += c.double()
-    runs = [_product(config, a, b, m, n, c) for _ in range(3)]
+    runs = [forced_config_product(config, a, b, c) for _ in range(3)]
     assert_gemm_close(runs[0], expected)
     for i, again in enumerate(runs[1:], 1):
         assert_bitwise_equal(again, runs[0], f"d (run {i + 1})")
-    workspace_split = _product(_config(block_m, block_n, splits, out_bytes, in_cluster=False), a, b, m, n, c)
+    workspace_split = forced_config_product(_config(block_m, block_n, splits, out_bytes, in_cluster=False), a, b, c)
     assert_bitwise_equal(runs[0], workspace_split, "d against the workspace split-K")
 
 
@@ -122,7 +112,7 @@ def test_check_rejects_a_dropped_split():
     dropped = slice(1 * k_blocks // splits * 128, 2 * k_blocks // splits * 128)
     planted_a = (a[0].clone(), a[1])
     planted_a[0][:, dropped] = 0
-    planted = _product(config, planted_a, b, m, n)
+    planted = forced_config_product(config, planted_a, b)
     assert torch.isfinite(planted).all()
     with pytest.raises(AssertionError, match="calc_diff"):
         assert_gemm_close(planted, expected)

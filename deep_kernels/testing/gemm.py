@@ -23,6 +23,7 @@ A wrong scale on one weight block or one activation row gives 1e-3 to 0.5 on the
 import torch
 
 from deep_kernels.reference.quant import pack_scales, per_block_cast_to_fp8, per_token_cast_to_fp8
+from deep_kernels.testing import poison_
 
 BF16_BOUND = 1e-5
 FP32_BOUND = 2e-7
@@ -89,6 +90,19 @@ def make_gemm_inputs(m: int, n: int, k: int, scale_format: str = "fp32", device=
     w[:, k:] = 0
     (qa, sfa), (qb, sfb) = cast_activations(x, scale_format), cast_weights(w, scale_format)
     return (qa[:, :k].contiguous(), sfa), (qb[:, :k].contiguous(), sfb)
+
+
+def forced_config_product(config, a: tuple, b: tuple, c: torch.Tensor = None) -> torch.Tensor:
+    """fp8_gemm_nt of (a, sfa), (b, sfb) with `config` (the heuristics' FP8GemmConfig, gemm.forced_config_call):
+    bf16 D into a poisoned tensor, or with c, FP32 D = c + A B^T into a copy of c."""
+    from deep_kernels import gemm
+
+    if c is None:
+        d = poison_(torch.empty((a[0].shape[0], b[0].shape[0]), device=a[0].device, dtype=torch.bfloat16))
+    else:
+        d = c.clone()
+    gemm.forced_config_call(config, a, b, d, c=d if c is not None else None)()
+    return d
 
 
 def accumulator_like(product: torch.Tensor, seed: int = 2) -> torch.Tensor:
