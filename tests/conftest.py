@@ -16,6 +16,7 @@ import contextlib
 import functools
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +25,12 @@ FULL = os.environ.get("DK_FULL_TEST", "") not in ("", "0")
 REQUIRE_GPU = os.environ.get("DK_REQUIRE_GPU", "") not in ("", "0")
 GEMM_ERRORS_OUT = os.environ.get("DK_GEMM_ERRORS_OUT", "")
 TEST_SHARD = os.environ.get("DK_TEST_SHARD", "")
+
+
+def csrc_source(path: str) -> str:
+    """The text of csrc/<path>: for the tests that replay a kernel's arithmetic in torch, to check that the lines
+    they replay are still the kernel's."""
+    return (Path(__file__).resolve().parent.parent / "csrc" / path).read_text()
 
 
 def in_turns(options, shapes) -> list:

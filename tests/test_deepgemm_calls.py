@@ -311,10 +311,12 @@ def test_transformed_scales_are_the_layouts_the_gemms_read():
     assert deep_kernels.get_tma_aligned_size(17, 1) == 32 and deep_kernels.tma_aligned_size(3, 16) == 3
 
 
-@pytest.mark.parametrize("n,element_size", [(-1, 4), (5.0, 4), (5, 0), (5, 3), (5, 32), (5, True)])
-def test_tma_aligned_size_checks_its_arguments(n, element_size):
+@pytest.mark.parametrize("n,element_size,wrong", [(-1, 4, "n"), (5.0, 4, "n"), (5, 0, "element_size"),
+                                                   (5, 3, "element_size"), (5, 32, "element_size"),
+                                                   (5, True, "element_size")])
+def test_tma_aligned_size_checks_its_arguments(n, element_size, wrong):
     for public in (deep_kernels.get_tma_aligned_size, deep_kernels.tma_aligned_size):
-        with pytest.raises(ValueError, match="must be"):
+        with pytest.raises(ValueError, match=f"^{wrong} must be"):
             public(n, element_size)
 
 

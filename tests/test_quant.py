@@ -14,7 +14,7 @@ from deep_kernels.testing import (
     assert_bitwise_equal, empty_like_strided, poison_, poison_cached_memory, random_activations,
 )
 
-from conftest import FULL, in_turns
+from conftest import FULL, csrc_source, in_turns
 
 LAYOUTS = [(False, "mn_major"), (False, "row_major"), (True, "mn_major"), (True, "row_major"), (True, "packed_ue8m0")]
 
@@ -439,6 +439,20 @@ def _e4m3_codes(values):
     values = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
     codes = values.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
     return torch.where(values.isnan(), 0x7F, codes)
+
+
+def test_division_model_is_the_kernels_code():
+    # _divide_by_scale replays these lines of csrc/common/quant.cuh; the tests below hold for the kernels while
+    # they are there.
+    source = csrc_source("common/quant.cuh")
+    for line in ("const float quotient = __fmul_rn(x, reciprocal);",
+                 "const float residual = __fmaf_rn(quotient, divisor, -x);",
+                 "return __fmaf_rn(-residual, reciprocal, quotient);",
+                 "prescale = magnitude > 0.0f && magnitude < 0x1p-92f ? 0x1p100f : (magnitude >= 0x1p100f ? 0x1p-100f : 1.0f);",
+                 "divisor = isinf(scaled) ? 0.0f : (scaled == 0.0f ? copysignf(1.0f, -scaled) : scaled);",
+                 "reciprocal = __frcp_rn(scaled);",
+                 "return divide_by_scale(x * prescale, divisor, reciprocal);"):
+        assert line in source, line
 
 
 def _check_division(x, scale):

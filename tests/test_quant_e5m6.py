@@ -12,7 +12,7 @@ from deep_kernels.quant.e5m6 import MAX_GROUPS, row_divisor, rows_per_block
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_, poison_cached_memory, random_activations
 
-from conftest import FULL, in_turns
+from conftest import FULL, csrc_source, in_turns
 
 VARIANTS = [(False, "mul"), (False, "div"), (True, "mul"), (True, "div")]
 
@@ -59,6 +59,13 @@ def test_reference_rounding_matches_brute_force():
 def test_kernel_rounding_formulation_matches_reference():
     # csrc/common/e5m6.cuh rounds by adding and subtracting 2^(e + 17) in FP32; the same steps in torch FP32
     # must give the reference's codes (which are computed on the bit pattern).
+    source = csrc_source("common/e5m6.cuh")
+    for line in ("const float magnitude = kSpecials ? fminf(fabsf(value), 65536.0f) : fabsf(value);",
+                 "const float step = fmaxf(__fmul_rn(exponent_only, 131072.0f), 8.0f);",
+                 "const float rounded = __fsub_rn(__fadd_rn(magnitude, step), step);",
+                 "(__float_as_uint(__fmul_rn(rounded, 0x1p-112f)) >> 17) + (__float_as_uint(value) >> 31) * 0x800u;",
+                 "return isnan(value) ? 0x7ffu : code;"):
+        assert line in source, line
     values = torch.cat([_rounding_inputs(), torch.randint(-2**31, 2**31 - 1, (1 << 20,), dtype=torch.int32,
                                                           generator=torch.Generator().manual_seed(1)).view(torch.float32)])
     magnitude = torch.minimum(values.abs(), torch.tensor(65536.0))

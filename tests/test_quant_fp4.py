@@ -14,7 +14,7 @@ from deep_kernels.reference.quant import fp4 as reference
 from deep_kernels.reference.quant import pack_scales, per_token_cast_back, per_token_cast_to_fp8
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
 
-from conftest import FULL, in_turns
+from conftest import FULL, csrc_source, in_turns
 
 MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -60,19 +60,26 @@ def test_reference_e2m1_rounding_matches_brute_force():
 
 
 def test_kernel_e2m1_encoding_formula():
-    # csrc/common/fp4.cuh e2m1_nibble and pack_e2m1, emulated in FP32 (products exact, additions rounding once):
-    # 2^23 + 4 + code is the minimum of RNE(2a), RNE(a) + 2 and RNE(a / 2) + 4 onto 2^23 + 4 (a = min(|v|, 6)),
-    # minus copysign(4, input) adds the sign bit; 2^23 + low + 16 * high is exact.
-    values = _probe_values()
-    magnitude = torch.fmin(values.abs(), torch.full_like(values, 6.0))
+    # csrc/common/fp4.cuh's e2m1_magnitude at step 1, emulated in FP32 (the products exact, each FMA's addition
+    # rounding once): 2^23 + the magnitude code is the least of RNE(2a), RNE(a) + 2 and RNE(a / 2) + 4 onto 2^23
+    # (a = |v|), saturated at 2^23 + 7 (NaN too); pack_e2m1 adds each input's sign bit and packs element 2j into
+    # the low nibble of byte j.
+    source = csrc_source("common/fp4.cuh")
+    for line in ("constexpr float kE2M1Magic = 8388608.0f;",
+                 "fminf(fminf(fmaf(fabsf(x), 2.0f * step, kE2M1Magic), fmaf(fabsf(x), step, kE2M1Magic + 2.0f)),",
+                 "fmaf(fabsf(x), 0.5f * step, kE2M1Magic + 4.0f));",
+                 "return kSaturate ? fminf(code, kE2M1Magic + 7.0f) : code;",
+                 "bytes[j] = __float_as_uint(e2m1_magnitude<kSaturate>(values[2 * j], step)) +"):
+        assert line in source, line
+    values = torch.cat([_probe_values(), _fp32([math.nan, -math.nan])])
+    a = values.abs()
     magic = torch.full_like(values, 2.0 ** 23)
-    code = torch.minimum(torch.minimum(magnitude * 2 + (magic + 4), magnitude + (magic + 6)), magnitude * 0.5 + (magic + 8))
-    nibble = code - torch.copysign(torch.full_like(values, 4.0), values)
-    assert torch.equal(nibble - magic, reference.e2m1_codes(values, values).float())
-    low, high = nibble[0::2], nibble[1::2] - magic[1::2]
-    packed = (high * 16 + low).view(torch.int32)
-    assert torch.equal(packed & 0xFF, reference.pack_e2m1(reference.e2m1_codes(values, values).view(1, -1))
-                       .view(torch.uint8).view(-1).int())
+    code = torch.fmin(torch.minimum(torch.minimum(a * 2 + magic, a + (magic + 2)), a * 0.5 + (magic + 4)), magic + 7)
+    codes = (code - magic).to(torch.int32) + (values.view(torch.int32) < 0).int() * 8
+    assert torch.equal(codes.to(torch.uint8), reference.e2m1_codes(values, values))
+    packed = codes[0::2] + codes[1::2] * 16
+    assert torch.equal(packed.to(torch.uint8), reference.pack_e2m1(codes.to(torch.uint8).view(1, -1))
+                       .view(torch.uint8).view(-1))
 
 
 def test_kernel_e2m1_decoding_formula():

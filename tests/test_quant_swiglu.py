@@ -18,7 +18,7 @@ from deep_kernels.quant import swiglu
 from deep_kernels.reference import quant as reference
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_, random_activations
 
-from conftest import FULL
+from conftest import FULL, csrc_source
 
 LAYOUTS = [(False, "mn_major", "mul"), (False, "row_major", "mul"), (True, "mn_major", "mul"),
            (True, "row_major", "mul"), (True, "packed_ue8m0", "mul"), (False, "mn_major", "div")]
@@ -298,7 +298,7 @@ def test_fast_division_is_ieee_over_its_gate_range():
     # The kernels' fast range (GateRange::fast), and every bf16 gate in it (a sample without DK_FULL_TEST):
     # for each d = 1 + e with e any FP32 within 2 ulp of exp(-g) (CUDA's expf bound) and each rcp.approx
     # estimate within 2 ulp of 1 / d, the quotients g / d and 1 / d are the correctly rounded ones.
-    source = (Path(__file__).resolve().parent.parent / "csrc/common/swiglu.cuh").read_text()
+    source = csrc_source("common/swiglu.cuh")
     assert "smallest >= 0x1p-20f && largest <= 64.0f" in source
     magnitudes = torch.arange(0x3580, 0x4281, 1 if FULL else 7, dtype=torch.int32)  # [2^-20, 64]
     assert magnitudes[0] == 0x3580 and torch.tensor(0x3580, dtype=torch.int16).view(torch.bfloat16) == 2.0**-20
@@ -325,7 +325,7 @@ def test_forward_fast_silu_is_ieee_over_its_gate_range():
     # gates, which the range lets through too, give NaN (q0 = -inf * 0, NaN * 0), as the division does; +inf (inf -
     # inf in the residual) is kept out unless a clamp bounds the gates. test_every_bf16_gate_matches_reference runs
     # every bf16 gate, these included, through the kernels.
-    source = (Path(__file__).resolve().parent.parent / "csrc/common/swiglu.cuh").read_text()
+    source = csrc_source("common/swiglu.cuh")
     assert "return __hbge2(smallest, __float2bfloat162_rn(0x1p-20f)) &&" in source
     assert "(kBounded || __hblt2(largest, __float2bfloat162_rn(__int_as_float(0x7f800000))))" in source
     assert "fminf(__fmaf_rn(expf(-gate), 0.25f, 0.25f), 0x1.fffffep127f)" in source
@@ -381,7 +381,7 @@ def test_scaled_division_is_ieee_for_every_bf16_gate():
     # quotients are the correctly rounded g / d and 1 / d; for the tiny gates (below 2^-64) e = 1, where
     # exp(-g) lies within 2^-64 of 1. Zeros (signs kept by the residual's order), infinities, NaN and an
     # infinite d are IEEE special cases: the GPU test of every bf16 gate checks them and the real expf.
-    source = (Path(__file__).resolve().parent.parent / "csrc/common/swiglu.cuh").read_text()
+    source = csrc_source("common/swiglu.cuh")
     assert "huge(d >= 0x1p64f)" in source and "fabsf(gate) < 0x1p-64f" in source
     scale = Fraction(2) ** 64
     checked = scaled = subnormal = 0
