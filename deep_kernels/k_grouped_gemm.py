@@ -57,15 +57,21 @@ def _plan(m: int, n: int, total_k: int, num_groups: int, accumulate: bool):
     key = (m, n, total_k, num_groups, accumulate, num_sms)
     plan = _plans.get(key)
     if plan is None:
-        config = heuristics.get_k_grouped_fp8_gemm_config(m, n, total_k, num_groups, num_sms, accumulate)
-        override = gemm._config_override()
-        if override:
-            config = heuristics.with_kind_overlap(apply_config_override(
-                config, override, heuristics.OUT_DTYPE_BYTES, max(total_k, SCALE_BLOCK), operands=CHANNEL_SCALED))
-            if config.num_splits != 1:
-                raise ValueError("DK_FP8_GEMM_CONFIG: the k-grouped GEMM takes no split-K")
-        plan = _plans[key] = plan_of(config, m, n, num_groups, accumulate, num_sms)
+        plan = _plans[key] = plan_of(chosen_config(m, n, total_k, num_groups, accumulate, num_sms), m, n, num_groups,
+                                     accumulate, num_sms)
     return plan
+
+
+def chosen_config(m: int, n: int, total_k: int, num_groups: int, accumulate: bool, num_sms: int):
+    """The model's pick for a problem, with DK_FP8_GEMM_CONFIG's fields over it (_plan's config)."""
+    config = heuristics.get_k_grouped_fp8_gemm_config(m, n, total_k, num_groups, num_sms, accumulate)
+    override = gemm._config_override()
+    if override:
+        config = heuristics.with_kind_overlap(apply_config_override(
+            config, override, heuristics.OUT_DTYPE_BYTES, max(total_k, SCALE_BLOCK), operands=CHANNEL_SCALED))
+        if config.num_splits != 1:
+            raise ValueError("DK_FP8_GEMM_CONFIG: the k-grouped GEMM takes no split-K")
+    return config
 
 
 def group_size_arguments(ks, ks_tensor, ks_cpu, grouped_layout) -> tuple:

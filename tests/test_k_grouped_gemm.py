@@ -20,7 +20,7 @@ from deep_kernels.heuristics import k_grouped_bf16_gemm as heuristics_bf16
 from deep_kernels.heuristics import k_grouped_fp8_gemm as heuristics
 from deep_kernels.reference import k_grouped_gemm as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_
-from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close
+from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, untaken_override_fields
 from deep_kernels.testing.wgrad import group_sizes, make_k_grouped_bf16_inputs, make_k_grouped_inputs
 
 
@@ -155,6 +155,45 @@ def _problem(num_groups: int, m: int, n: int, mean_k: int, empty: int, seed: int
     return a, b, ks, ks_tensor
 
 
+# The schedules the GPU tests below force through DK_FP8_GEMM_CONFIG's fields, and their problems (_problem's
+# arguments).
+TWO_WAVE_OVERRIDE = {"block_m": 256, "block_n": 128, "multicast": 2, "multicast_on_a": 0, "splits": 1}
+TWO_WAVE_PROBLEM = (4, 1024, 2048, 1024, 1, 2)
+PING_PONG_TILES = [(128, 192, 1), (256, 128, 2)]
+PING_PONG_PROBLEM = (6, 1000, 2048, 640, 2, 3)
+B_MULTICAST_PROBLEM = (6, 1000, 2048, 640, 2, 6)
+HALVES_PROBLEM = (6, 1000, 2096, 640, 2, 4)
+
+
+def _ping_pong_override(block_m: int, block_n: int, multicast: int, ping_pong: int) -> dict:
+    return {"block_m": block_m, "block_n": block_n, "multicast": multicast, "multicast_on_a": 0, "splits": 1,
+            "pipelined": 0, "overlap_epilogue": int(block_m == 128), "ping_pong": ping_pong}
+
+
+def _b_multicast_override(multicast: int) -> dict:
+    return {"block_m": 128, "block_n": 192, "multicast": multicast, "multicast_on_a": 0, "splits": 1, "pipelined": 0,
+            "overlap_epilogue": 1}
+
+
+def _halves_override(pipelined: int) -> dict:
+    return {"block_m": 128, "block_n": 160, "multicast": 1, "splits": 1, "pipelined": pipelined, "overlap_epilogue": 1}
+
+
+def test_forced_schedules_are_planned(monkeypatch):
+    # Each GPU test below compares a forced schedule with another (or with the reference): the plan must take every
+    # field it forces, or the comparison is of a kernel with itself.
+    forced = [(TWO_WAVE_OVERRIDE, TWO_WAVE_PROBLEM)]
+    forced += [(_ping_pong_override(*tile, ping_pong), PING_PONG_PROBLEM) for tile in PING_PONG_TILES
+               for ping_pong in (1, 0)]
+    forced += [(_b_multicast_override(multicast), B_MULTICAST_PROBLEM) for multicast in (2, 1)]
+    forced += [(_halves_override(pipelined), HALVES_PROBLEM) for pipelined in (1, 0)]
+    for override, (num_groups, m, n, mean_k, empty, seed) in forced:
+        ks = group_sizes(num_groups, mean_k, random.Random(seed), empty=empty)
+        monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
+        config = k_grouped_gemm.chosen_config(m, n, sum(ks), num_groups, True, 132)
+        assert untaken_override_fields(config, override) == {}, (override, m, n, ks)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("c_kind", ["separate", "alias", "none"])
 def test_matches_reference(c_kind):
@@ -176,27 +215,25 @@ def test_tn_views_and_many_groups():
 
 @pytest.mark.gpu
 def test_two_wave_tiles(monkeypatch):
-    monkeypatch.setattr(gemm, "_config_override", lambda: {"block_m": 256, "block_n": 128, "multicast": 2,
-                                                           "multicast_on_a": 0, "splits": 1})
+    monkeypatch.setattr(gemm, "_config_override", lambda: TWO_WAVE_OVERRIDE)
     monkeypatch.setattr(k_grouped_gemm, "_plans", {})
-    a, b, ks, ks_tensor = _problem(4, 1024, 2048, 1024, empty=1, seed=2)
+    a, b, ks, ks_tensor = _problem(*TWO_WAVE_PROBLEM)
     product = _reference(a, b, ks)
     c = accumulator_like(product.flatten(0, 1)).view(product.shape)
     _assert_close(_run(a, b, ks, ks_tensor, c=c), product + c.double())
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_m,block_n,multicast", [(128, 192, 1), (256, 128, 2)])
+@pytest.mark.parametrize("block_m,block_n,multicast", PING_PONG_TILES)
 def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast):
     # The math warpgroups take turns (with the epilogue overlap at 128 rows, over empty groups too): the same bytes as
     # the lockstep schedule's.
-    a, b, ks, ks_tensor = _problem(6, 1000, 2048, 640, empty=2, seed=3)
+    a, b, ks, ks_tensor = _problem(*PING_PONG_PROBLEM)
     product = _reference(a, b, ks)
     c = accumulator_like(product.flatten(0, 1)).view(product.shape)
     outputs = []
     for ping_pong in (1, 0):
-        override = {"block_m": block_m, "block_n": block_n, "multicast": multicast, "multicast_on_a": 0, "splits": 1,
-                    "pipelined": 0, "overlap_epilogue": int(block_m == 128), "ping_pong": ping_pong}
+        override = _ping_pong_override(block_m, block_n, multicast, ping_pong)
         monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
         monkeypatch.setattr(k_grouped_gemm, "_plans", {})
         outputs.append(_run(a, b, ks, ks_tensor, c=c))
@@ -208,13 +245,12 @@ def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast):
 def test_b_multicast_128_row_tiles_match_unclustered(monkeypatch):
     # 128 x 192 tiles in 2-CTA clusters sharing B (two M blocks of a group), with the epilogue overlap, over empty groups
     # too: the same bytes as the same tiles without the cluster.
-    a, b, ks, ks_tensor = _problem(6, 1000, 2048, 640, empty=2, seed=6)
+    a, b, ks, ks_tensor = _problem(*B_MULTICAST_PROBLEM)
     product = _reference(a, b, ks)
     c = accumulator_like(product.flatten(0, 1)).view(product.shape)
     outputs = []
     for multicast in (2, 2, 1):
-        override = {"block_m": 128, "block_n": 192, "multicast": multicast, "multicast_on_a": 0, "splits": 1,
-                    "pipelined": 0, "overlap_epilogue": 1}
+        override = _b_multicast_override(multicast)
         monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
         monkeypatch.setattr(k_grouped_gemm, "_plans", {})
         outputs.append(_run(a, b, ks, ks_tensor, c=c))
@@ -227,13 +263,12 @@ def test_b_multicast_128_row_tiles_match_unclustered(monkeypatch):
 def test_pipelined_halves_match_the_plain_k_loop(monkeypatch):
     # Each K block as two wgmma groups of half the columns, one promoted while the other runs (128 x 160: the kind's
     # widest, with the epilogue overlap), over empty groups too: the same bytes as the plain K loop's.
-    a, b, ks, ks_tensor = _problem(6, 1000, 2096, 640, empty=2, seed=4)
+    a, b, ks, ks_tensor = _problem(*HALVES_PROBLEM)
     product = _reference(a, b, ks)
     c = accumulator_like(product.flatten(0, 1)).view(product.shape)
     outputs = []
     for pipelined in (1, 0):
-        override = {"block_m": 128, "block_n": 160, "multicast": 1, "splits": 1, "pipelined": pipelined,
-                    "overlap_epilogue": 1}
+        override = _halves_override(pipelined)
         monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
         monkeypatch.setattr(k_grouped_gemm, "_plans", {})
         outputs.append(_run(a, b, ks, ks_tensor, c=c))

@@ -16,7 +16,8 @@ from deep_kernels import gemm
 from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
 from deep_kernels.testing import assert_bitwise_equal, poison_
-from deep_kernels.testing.gemm import FP32_BOUND, accumulator_like, assert_gemm_close, gemm_errors
+from deep_kernels.testing.gemm import FP32_BOUND, accumulator_like, assert_gemm_close, gemm_errors, \
+    untaken_override_fields
 from deep_kernels.testing.wgrad import make_wgrad_inputs
 
 RECIPE = (1, 1, 128)
@@ -136,6 +137,46 @@ def _swapped_pairs(sfb: torch.Tensor) -> torch.Tensor:
     return wrong
 
 
+# The schedules the GPU tests below force through DK_FP8_GEMM_CONFIG's fields.
+TWO_WAVE_OVERRIDE = {"block_m": 256, "block_n": 128, "multicast": 2, "multicast_on_a": 1, "splits": 1}
+PING_PONG_CASES = [  # (block_m, block_n, multicast, overlap, m, n, k)
+    (128, 192, 1, 1, 2112, 7168, 1024),  # epilogue overlap, several tiles per CTA, a partial last M tile
+    (128, 160, 1, 1, 777, 2112, 2048),   # tiles straddling 128-column blocks, a partial last N tile
+    (256, 128, 2, 0, 1000, 1536, 640),   # two waves per warpgroup, 2-CTA cluster sharing A
+]
+PIPELINED_HALVES_CASES = [  # (block_n, overlap, m, n, k)
+    (192, 1, 2112, 7168, 1024),  # epilogue overlap (the first half issued ahead), several tiles per CTA
+    (160, 1, 777, 2112, 2048),   # tiles straddling 128-column blocks, a partial last N tile
+    (192, 0, 300, 1536, 1040),   # one K block and a partial one per tile (the loop's other exit), no overlap
+]
+BF16_HALVES_BLOCK_NS = (192, 160)
+
+
+def _ping_pong_override(block_m: int, block_n: int, multicast: int, overlap: int, ping_pong: int) -> dict:
+    return {"block_m": block_m, "block_n": block_n, "multicast": multicast, "multicast_on_a": 1, "splits": 1,
+            "pipelined": 0, "overlap_epilogue": overlap, "ping_pong": ping_pong}
+
+
+def _halves_override(block_n: int, pipelined: int, overlap: int) -> dict:
+    return {"block_m": 128, "block_n": block_n, "multicast": 1, "splits": 1, "pipelined": pipelined,
+            "overlap_epilogue": overlap}
+
+
+def test_forced_schedules_are_planned(monkeypatch):
+    # Each GPU test below compares a forced schedule with another (or with the reference): the plan must take every
+    # field it forces, or the comparison is of a kernel with itself.
+    forced = [(TWO_WAVE_OVERRIDE, 1000, 2048, 1024, 4, True)]
+    forced += [(_ping_pong_override(block_m, block_n, multicast, overlap, ping_pong), m, n, k, 4, True)
+               for block_m, block_n, multicast, overlap, m, n, k in PING_PONG_CASES for ping_pong in (1, 0)]
+    forced += [(_halves_override(block_n, pipelined, overlap), m, n, k, 4, True)
+               for block_n, overlap, m, n, k in PIPELINED_HALVES_CASES for pipelined in (1, 0)]
+    forced += [(_halves_override(block_n, 1, 1), 2112, 1536, 1024, 2, False) for block_n in BF16_HALVES_BLOCK_NS]
+    for override, m, n, k, out_bytes, accumulate in forced:
+        monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
+        config = gemm._choose_config(m, n, k, 132, out_bytes, accumulate, gemm.CHANNEL_SCALED)
+        assert untaken_override_fields(config, override) == {}, (override, m, n, k)
+
+
 # ---- kernel against the reference (GPU) ----
 
 def _run(a, b, out_dtype=torch.float32, c=None, alias=False):
@@ -168,8 +209,7 @@ def test_bf16_output_and_partial_k_block():
 @pytest.mark.gpu
 def test_two_wave_tiles_with_multicast(monkeypatch):
     # 256-row tiles (two 64-row waves per math warpgroup, one B stage each) and a 2-CTA cluster sharing A.
-    monkeypatch.setattr(gemm, "_config_override", lambda: {"block_m": 256, "block_n": 128, "multicast": 2,
-                                                           "multicast_on_a": 1, "splits": 1})
+    monkeypatch.setattr(gemm, "_config_override", lambda: TWO_WAVE_OVERRIDE)
     monkeypatch.setattr(gemm, "_plans", {})
     monkeypatch.setattr(gemm, "_prepared_calls", {})
     a, b = make_wgrad_inputs(1000, 2048, 1024)
@@ -179,11 +219,7 @@ def test_two_wave_tiles_with_multicast(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_m,block_n,multicast,overlap,m,n,k", [
-    (128, 192, 1, 1, 2112, 7168, 1024),  # epilogue overlap, several tiles per CTA, a partial last M tile
-    (128, 160, 1, 1, 777, 2112, 2048),   # tiles straddling 128-column blocks, a partial last N tile
-    (256, 128, 2, 0, 1000, 1536, 640),   # two waves per warpgroup, 2-CTA cluster sharing A
-])
+@pytest.mark.parametrize("block_m,block_n,multicast,overlap,m,n,k", PING_PONG_CASES)
 def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast, overlap, m, n, k):
     # Taking turns changes when each warpgroup runs its wgmma groups, not what it promotes in which order: D is the
     # same bytes as the lockstep schedule's, and the same again on a second run.
@@ -192,8 +228,7 @@ def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast, ov
     c = accumulator_like(product)
     outputs = []
     for ping_pong in (1, 1, 0):
-        override = {"block_m": block_m, "block_n": block_n, "multicast": multicast, "multicast_on_a": 1,
-                    "splits": 1, "pipelined": 0, "overlap_epilogue": overlap, "ping_pong": ping_pong}
+        override = _ping_pong_override(block_m, block_n, multicast, overlap, ping_pong)
         monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
         monkeypatch.setattr(gemm, "_plans", {})
         monkeypatch.setattr(gemm, "_prepared_calls", {})
@@ -204,11 +239,7 @@ def test_ping_pong_matches_lockstep(monkeypatch, block_m, block_n, multicast, ov
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_n,overlap,m,n,k", [
-    (192, 1, 2112, 7168, 1024),  # epilogue overlap (the first half issued ahead), several tiles per CTA
-    (160, 1, 777, 2112, 2048),   # tiles straddling 128-column blocks, a partial last N tile
-    (192, 0, 300, 1536, 1040),   # one K block and a partial one per tile (the loop's other exit), no overlap
-])
+@pytest.mark.parametrize("block_n,overlap,m,n,k", PIPELINED_HALVES_CASES)
 def test_pipelined_halves_match_the_plain_k_loop(monkeypatch, block_n, overlap, m, n, k):
     # Each K block as two wgmma groups of half the columns, one promoted while the other runs: the same products
     # added in the same order as the plain K loop's, so the same bytes.
@@ -217,8 +248,7 @@ def test_pipelined_halves_match_the_plain_k_loop(monkeypatch, block_n, overlap, 
     c = accumulator_like(product)
     outputs = []
     for pipelined in (1, 1, 0):
-        override = {"block_m": 128, "block_n": block_n, "multicast": 1, "splits": 1, "pipelined": pipelined,
-                    "overlap_epilogue": overlap}
+        override = _halves_override(block_n, pipelined, overlap)
         monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
         monkeypatch.setattr(gemm, "_plans", {})
         monkeypatch.setattr(gemm, "_prepared_calls", {})
@@ -229,12 +259,11 @@ def test_pipelined_halves_match_the_plain_k_loop(monkeypatch, block_n, overlap, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_n", [192, 160])
+@pytest.mark.parametrize("block_n", BF16_HALVES_BLOCK_NS)
 def test_pipelined_halves_with_bf16_output(monkeypatch, block_n):
     # The halves with the whole-tile bf16 store (the model's 128 x 192 and 128 x 160 picks for bf16 D too), with the
     # epilogue overlap.
-    monkeypatch.setattr(gemm, "_config_override", lambda: {"block_m": 128, "block_n": block_n, "multicast": 1,
-                                                           "splits": 1, "pipelined": 1, "overlap_epilogue": 1})
+    monkeypatch.setattr(gemm, "_config_override", lambda: _halves_override(block_n, 1, 1))
     monkeypatch.setattr(gemm, "_plans", {})
     monkeypatch.setattr(gemm, "_prepared_calls", {})
     a, b = make_wgrad_inputs(2112, 1536, 1024)

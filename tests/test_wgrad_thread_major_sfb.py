@@ -16,7 +16,7 @@ from deep_kernels.heuristics import fp8_gemm as heuristics
 from deep_kernels.reference import gemm as reference
 from deep_kernels.reference import k_grouped_gemm as k_grouped_reference
 from deep_kernels.testing import assert_bitwise_equal, empty_like_strided, poison_
-from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close
+from deep_kernels.testing.gemm import accumulator_like, assert_gemm_close, untaken_override_fields
 from deep_kernels.testing.wgrad import group_sizes, make_k_grouped_inputs, make_wgrad_inputs
 
 RECIPE = (1, 1, 128)
@@ -110,6 +110,23 @@ K_GROUPED_CASES = {
 
 def _k_grouped_sizes(num_groups: int, mean_k: int) -> list:
     return group_sizes(num_groups, mean_k, random.Random(5), empty=2)
+
+
+def test_forced_schedules_are_planned(monkeypatch):
+    # Each GPU test below compares the thread-major sfb copy with the TMA-loaded stage under a forced schedule: the
+    # plan must take every field it forces, or the comparison is of a kernel with itself.
+    for fields, m, n, k, accumulate in DENSE_CASES.values():
+        for thread_major in (1, 0):
+            override = {**fields, "splits": 1, "thread_major_sfb": thread_major}
+            monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
+            config = gemm._choose_config(m, n, k, 132, 4 if accumulate else 2, accumulate, gemm.CHANNEL_SCALED)
+            assert untaken_override_fields(config, override) == {}, (override, m, n, k)
+    for fields, g, m, n, mean in K_GROUPED_CASES.values():
+        for thread_major in (1, 0):
+            override = {**fields, "splits": 1, "thread_major_sfb": thread_major}
+            monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
+            config = k_grouped_gemm.chosen_config(m, n, sum(_k_grouped_sizes(g, mean)), g, True, 132)
+            assert untaken_override_fields(config, override) == {}, (override, m, n)
 
 
 def _override(monkeypatch, module, fields: dict) -> None:

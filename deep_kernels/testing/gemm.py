@@ -105,6 +105,18 @@ def forced_config_product(config, a: tuple, b: tuple, c: torch.Tensor = None) ->
     return d
 
 
+def untaken_override_fields(config, override: dict) -> dict:
+    """The fields of a DK_FP8_GEMM_CONFIG override (gemm.parse_config_override's names) that `config` does not
+    have, as {field: (asked, planned)}: gemm.apply_config_override drops what a tiling cannot take, and a test that
+    forces a schedule to compare it with another compares nothing if it was dropped."""
+    from deep_kernels import gemm
+    from deep_kernels.heuristics.fp8_gemm import config_fields
+
+    fields = config_fields(config)
+    planned = {key: fields[gemm.OVERRIDE_FIELDS[key]] for key in override}
+    return {key: (value, planned[key]) for key, value in override.items() if int(planned[key]) != int(value)}
+
+
 def accumulator_like(product: torch.Tensor, seed: int = 2) -> torch.Tensor:
     """FP32 C for D = A B^T + C with each row's magnitude that of the product's row, so that a kernel that drops
     C (or adds it twice) is off by far more than the bound."""
