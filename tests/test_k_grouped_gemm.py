@@ -149,8 +149,12 @@ def _run(a, b, ks, ks_tensor, c=None, alias=False, layout="nt"):
     return function(a, b, d, ks, ks_tensor, c=d if alias else c)
 
 
+def _group_sizes(num_groups: int, mean_k: int, empty: int, seed: int) -> list:
+    return group_sizes(num_groups, mean_k, random.Random(seed), empty=empty)
+
+
 def _problem(num_groups: int, m: int, n: int, mean_k: int, empty: int, seed: int = 0) -> tuple:
-    ks = group_sizes(num_groups, mean_k, random.Random(seed), empty=empty)
+    ks = _group_sizes(num_groups, mean_k, empty, seed)
     a, b, ks_tensor = make_k_grouped_inputs(ks, m, n, seed=seed)
     return a, b, ks, ks_tensor
 
@@ -188,7 +192,7 @@ def test_forced_schedules_are_planned(monkeypatch):
     forced += [(_b_multicast_override(multicast), B_MULTICAST_PROBLEM) for multicast in (2, 1)]
     forced += [(_halves_override(pipelined), HALVES_PROBLEM) for pipelined in (1, 0)]
     for override, (num_groups, m, n, mean_k, empty, seed) in forced:
-        ks = group_sizes(num_groups, mean_k, random.Random(seed), empty=empty)
+        ks = _group_sizes(num_groups, mean_k, empty, seed)
         monkeypatch.setattr(gemm, "_config_override", lambda override=override: override)
         config = k_grouped_gemm.chosen_config(m, n, sum(ks), num_groups, True, 132)
         assert untaken_override_fields(config, override) == {}, (override, m, n, ks)

@@ -448,7 +448,8 @@ def test_division_model_is_the_kernels_code():
     for line in ("const float quotient = __fmul_rn(x, reciprocal);",
                  "const float residual = __fmaf_rn(quotient, divisor, -x);",
                  "return __fmaf_rn(-residual, reciprocal, quotient);",
-                 "prescale = magnitude > 0.0f && magnitude < 0x1p-92f ? 0x1p100f : (magnitude >= 0x1p100f ? 0x1p-100f : 1.0f);",
+                 "prescale = magnitude > 0.0f && magnitude < 0x1p-92f ? 0x1p100f : "
+                 "(magnitude >= 0x1p100f ? 0x1p-100f : 1.0f);",
                  "divisor = isinf(scaled) ? 0.0f : (scaled == 0.0f ? copysignf(1.0f, -scaled) : scaled);",
                  "reciprocal = __frcp_rn(scaled);",
                  "return divide_by_scale(x * prescale, divisor, reciprocal);"):

@@ -341,10 +341,8 @@ DK_DEVICE void load_unprepared_stage(uint8_t* smem, uint32_t stage, uint64_t* fu
     for (uint32_t i = lane_idx; i < Traits::BLOCK_W * kWordsPerRow; i += 32) {
         const uint32_t row = i / kWordsPerRow;
         const bool valid = w_first + row < shape_n;
-        ptx::cp_async_4(words + i,
-                        sfb_words + (valid ? ((w_first + row) * num_k_blocks + k_block) * kWordsPerRow + i % kWordsPerRow
-                                           : 0),
-                        valid ? 4 : 0);
+        const uint32_t word = ((w_first + row) * num_k_blocks + k_block) * kWordsPerRow + i % kWordsPerRow;
+        ptx::cp_async_4(words + i, sfb_words + (valid ? word : 0), valid ? 4 : 0);
     }
     ptx::cp_async_mbarrier_arrive_noinc(full_barrier);
 }

@@ -120,8 +120,8 @@ DK_DEVICE void run_producer(const Ring& ring, uint8_t* smem, const CUtensorMap* 
         ring.producer_acquire(state);
         sm90_fp8_fp4_swap_ab_detail::load_unprepared_stage<Traits, 2>(
             smem, state.stage, ring.full_barriers + state.stage,
-            smem + Traits::kOffsetScales + state.stage * Traits::kStageScalesBytes, tmap_a, tmap_codes, tmap_sfa, sfb_words,
-            shape_n, num_k_blocks, w_first, k_block);
+            smem + Traits::kOffsetScales + state.stage * Traits::kStageScalesBytes, tmap_a, tmap_codes, tmap_sfa,
+            sfb_words, shape_n, num_k_blocks, w_first, k_block);
         state.advance();
     }
 }
