@@ -329,7 +329,8 @@ def test_expert_parallel_module_matches_single_gpu_nccl(tmp_path):
 
 @pytest.mark.gpu
 def test_expert_parallel_module_one_rank_matches_module(tmp_path):
-    """One rank over NCCL: every step on the GPU kernels (the exchanges are copies to itself)."""
+    """One rank over NCCL: every step on the GPU kernels, the exchanges (copies to itself) forced; unforced, the
+    module and moe_layer run the single-GPU layer without one."""
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -337,49 +338,66 @@ def test_expert_parallel_module_one_rank_matches_module(tmp_path):
     try:
         g = torch.Generator(device="cuda").manual_seed(0)
         single, parallel = _gpu_layers(g)
-        hidden = single.hidden_size
-        for mode, max_tokens in (("contiguous", None), ("masked", None), ("masked", 5)):
-            single.max_tokens = parallel.max_tokens = max_tokens
-            x = torch.randn((96, hidden), device="cuda", generator=g).bfloat16()
-            with torch.no_grad():
-                expected, out = single(x, mode=mode), parallel(x, mode=mode)
-                assert_layer_close(expected, module_reference(single, x, mode))
-            assert torch.equal(out, expected), f"{mode} max_tokens={max_tokens}"
-        # The contiguous mode's chunks: each chunk's exchanges overlap another's experts, the same bits.
-        with torch.no_grad():
-            for chunks in (2, 3):
-                out = expert_parallel_forward(x, parallel.router_logits(x), parallel.gate_config(), parallel.experts(),
-                                              "contiguous", None, dist.group.WORLD, chunks=chunks)
-                assert torch.equal(out, single(x, mode="contiguous")), f"{chunks} chunks"
-        # The masked mode in a CUDA graph: captured once, replayed with new tokens.
-        parallel.max_tokens = single.max_tokens = None
-        static_x = torch.randn((64, hidden), device="cuda", generator=g).bfloat16()
-        with torch.no_grad():
-            parallel(static_x, mode="masked")  # warm: kernels compiled, the communicator made
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_out = parallel(static_x, mode="masked")
-            for _ in range(2):
-                static_x.copy_(torch.randn((64, hidden), device="cuda", generator=g).bfloat16())
-                static_out.fill_(float("nan"))
-                graph.replay()
-                expected = single(static_x, mode="masked")
-                assert_layer_close(expected, module_reference(single, static_x, "masked"))
-                assert torch.equal(static_out, expected)
-        # Training: the module differentiable in x, and moe_layer with master weights, through the exchanges.
-        x = torch.randn((96, hidden), device="cuda", generator=g).bfloat16()
-        upstream = torch.randn((96, hidden), device="cuda", generator=g).bfloat16()
-        grads = [torch.autograd.grad(layer(x.requires_grad_()), x, upstream)[0] for layer in (single, parallel)]
-        assert grads[0].abs().max() > 0 and torch.equal(grads[1], grads[0])
-        weights = moe_layer_weights(hidden, single.intermediate_size, single.num_experts, "cuda", seed=4)
-        (single_out, single_grads), (out, grads) = (
-            _layer_gradients(x, upstream, weights, slice(None), group, _module_gate(single))
-            for group in (None, dist.group.WORLD))
-        assert torch.equal(out, single_out), "out"
-        for name in LEAVES:
-            assert torch.equal(grads[name], single_grads[name]), name
+        x = torch.randn((96, single.hidden_size), device="cuda", generator=g).bfloat16()
+        weights = moe_layer_weights(single.hidden_size, single.intermediate_size, single.num_experts, "cuda", seed=4)
+        with mock.patch.object(dist, "all_to_all_single", side_effect=AssertionError("an exchange on one rank")):
+            for mode in ("contiguous", "masked"):
+                with torch.no_grad():
+                    assert torch.equal(parallel(x, mode=mode), single(x, mode=mode)), mode
+            (single_out, _), (out, _) = (_layer_gradients(x, x, weights, slice(None), group, _module_gate(single))
+                                         for group in (None, dist.group.WORLD))
+            assert torch.equal(out, single_out)
+        with mock.patch("deep_kernels.nn.moe.exchanging_group", lambda group: group), \
+                mock.patch("deep_kernels.nn.moe_autograd.exchanging_group", lambda group: group), \
+                mock.patch.object(dist, "all_to_all_single", wraps=dist.all_to_all_single) as exchange:
+            _one_rank_exchanges_match(g, single, parallel, weights)
+        assert exchange.call_count > 0
     finally:
         dist.destroy_process_group()
+
+
+def _one_rank_exchanges_match(g, single, parallel, weights) -> None:
+    """The one-rank test's cases through the exchanges: the module's modes, chunks, a CUDA graph and training."""
+    hidden = single.hidden_size
+    for mode, max_tokens in (("contiguous", None), ("masked", None), ("masked", 5)):
+        single.max_tokens = parallel.max_tokens = max_tokens
+        x = torch.randn((96, hidden), device="cuda", generator=g).bfloat16()
+        with torch.no_grad():
+            expected, out = single(x, mode=mode), parallel(x, mode=mode)
+            assert_layer_close(expected, module_reference(single, x, mode))
+        assert torch.equal(out, expected), f"{mode} max_tokens={max_tokens}"
+    # The contiguous mode's chunks: each chunk's exchanges overlap another's experts, the same bits.
+    with torch.no_grad():
+        for chunks in (2, 3):
+            out = expert_parallel_forward(x, parallel.router_logits(x), parallel.gate_config(), parallel.experts(),
+                                          "contiguous", None, dist.group.WORLD, chunks=chunks)
+            assert torch.equal(out, single(x, mode="contiguous")), f"{chunks} chunks"
+    # The masked mode in a CUDA graph: captured once, replayed with new tokens.
+    parallel.max_tokens = single.max_tokens = None
+    static_x = torch.randn((64, hidden), device="cuda", generator=g).bfloat16()
+    with torch.no_grad():
+        parallel(static_x, mode="masked")  # warm: kernels compiled, the communicator made
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = parallel(static_x, mode="masked")
+        for _ in range(2):
+            static_x.copy_(torch.randn((64, hidden), device="cuda", generator=g).bfloat16())
+            static_out.fill_(float("nan"))
+            graph.replay()
+            expected = single(static_x, mode="masked")
+            assert_layer_close(expected, module_reference(single, static_x, "masked"))
+            assert torch.equal(static_out, expected)
+    # Training: the module differentiable in x, and moe_layer with master weights, through the exchanges.
+    x = torch.randn((96, hidden), device="cuda", generator=g).bfloat16()
+    upstream = torch.randn((96, hidden), device="cuda", generator=g).bfloat16()
+    grads = [torch.autograd.grad(layer(x.requires_grad_()), x, upstream)[0] for layer in (single, parallel)]
+    assert grads[0].abs().max() > 0 and torch.equal(grads[1], grads[0])
+    (single_out, single_grads), (out, grads) = (
+        _layer_gradients(x, upstream, weights, slice(None), group, _module_gate(single))
+        for group in (None, dist.group.WORLD))
+    assert torch.equal(out, single_out), "out"
+    for name in LEAVES:
+        assert torch.equal(grads[name], single_grads[name]), name
 
 
 # ---- the expert_parallel benchmark's rank reports (CPU) ----

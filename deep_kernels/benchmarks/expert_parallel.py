@@ -8,7 +8,8 @@ run.
     T = 128 (decode): masked layout, each layer captured in a CUDA graph and replayed
 
 On a machine with one GPU the group has one rank, and the rows price the expert-parallel path where there is nothing
-to exchange (its exchanges are copies to itself): T = 16384 at prefill, the fewest tokens the default chunking moves
+to exchange (called directly: the module runs a one-rank group as the layer without one; its exchanges are copies to
+itself): T = 16384 at prefill, the fewest tokens the default chunking moves
 in two chunks, so that `speedup_vs_one_chunk` is what the chunks cost the GEMMs with nothing to hide.
 
 Each rank times its calls with CUDA events from a barrier (L2 flushed before), the slowest rank's time counts, and
@@ -117,6 +118,10 @@ def _rank_rows(rank: int, world: int) -> list:
     single = MoE.from_float(**weights, **GATE)
     parallel = MoE.from_float(**weights, **GATE, process_group=dist.group.WORLD)
     del weights
+    # One rank: the exchanges called directly, as the module runs a group of one rank without them.
+    forward = parallel if world > 1 else (
+        lambda x, mode: expert_parallel_forward(x, parallel.router_logits(x), parallel.gate_config(),
+                                                parallel.experts(), mode, parallel.max_tokens, dist.group.WORLD))
     flusher = L2Flusher(info(rank).l2_bytes)
     rows = []
     for num_tokens, mode, timing in CASES if world > 1 else ONE_GPU_CASES:
@@ -125,12 +130,12 @@ def _rank_rows(rank: int, world: int) -> list:
         x = x_all[rank * num_tokens:(rank + 1) * num_tokens].contiguous()
         calls = {}
         if timing == "graph":
-            calls["ours"], out = captured_forward(parallel, x, mode)
+            calls["ours"], out = captured_forward(forward, x, mode)
             calls["peer"], out_single = captured_forward(single, x_all, mode)
             calls["ours"]()
             calls["peer"]()
         else:
-            calls["ours"] = lambda: parallel(x, mode)
+            calls["ours"] = lambda: forward(x, mode)
             calls["peer"] = lambda: single(x_all, mode)
             calls["one_chunk"] = lambda: expert_parallel_forward(x, parallel.router_logits(x), parallel.gate_config(),
                                                                  parallel.experts(), mode, None, dist.group.WORLD,

@@ -242,9 +242,10 @@ def torch_fp8_moe_training(x: torch.Tensor, router_weight: torch.Tensor, correct
     return out.bfloat16(), grad_x.bfloat16(), grad_router, grad_gate_up, grad_down
 
 
-def captured_forward(module: MoE, x: torch.Tensor, mode: str):
-    """(replay, output): module(x, mode) captured in a CUDA graph, after an eager call (which compiles every kernel)
-    and a warm-up on a side stream (as torch's CUDA-graph notes advise); replay() reruns it on x's contents."""
+def captured_forward(module, x: torch.Tensor, mode: str):
+    """(replay, output): module(x, mode) (an nn.MoE, or a function of the same arguments) captured in a CUDA graph,
+    after an eager call (which compiles every kernel) and a warm-up on a side stream (as torch's CUDA-graph notes
+    advise); replay() reruns it on x's contents."""
     module(x, mode)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

@@ -69,6 +69,12 @@ def expert_parallel_forward(x: torch.Tensor, logits: torch.Tensor, gate_config: 
     return _contiguous_exchange(x, weights, indices, rank, num_local, experts, routes, group, kernels)
 
 
+def exchanging_group(group):
+    """The group whose ranks exchange tokens: None for no group, and for a group of one rank, which holds every
+    expert: the single-GPU layer gives it the same bits without the exchanges' copies to itself."""
+    return None if group is None or dist.get_world_size(group) == 1 else group
+
+
 def check_local_experts(num_experts: int, num_local: int, group) -> None:
     """A rank's experts are its share of the E the router scores: E / W each."""
     world = dist.get_world_size(group)

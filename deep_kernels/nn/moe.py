@@ -38,7 +38,7 @@ whole forward can be captured in a CUDA graph and replayed with new tokens. Dete
 import torch
 
 from deep_kernels.moe.gate import MAX_EXPERTS, MAX_GROUPS, MAX_TOP_K, SCORINGS
-from deep_kernels.nn.expert_parallel import expert_parallel_forward
+from deep_kernels.nn.expert_parallel import exchanging_group, expert_parallel_forward
 from deep_kernels.nn.moe_autograd import moe_layer
 from deep_kernels.nn.routed_experts import KERNELS, moe_forward
 from deep_kernels.quant.fp8 import per_block_cast_to_fp8
@@ -122,7 +122,7 @@ class MoE(torch.nn.Module):
         device: where the buffers are made (zeros); from_float quantizes given weights instead.
         process_group: a torch.distributed group of W ranks for expert parallelism (nn/expert_parallel.py): this
             rank holds experts [r * E / W, (r + 1) * E / W) (E a multiple of W) and routes the tokens it is given.
-            None: one GPU, every expert.
+            None: one GPU, every expert; a group of one rank runs as None does (the same bits, no exchange).
 
     Buffers (as the kernels read them; state_dict holds them):
         router_weight bf16 [E, H]; correction_bias FP32 [E] (added to the scores for selection only);
@@ -271,16 +271,17 @@ class MoE(torch.nn.Module):
         # Every rank of a process group makes the same exchanges, with or without tokens: with one, the path follows
         # the grad mode alone, which the ranks share (x.requires_grad may differ, on an empty batch say).
         grad = torch.is_grad_enabled() and mode == "contiguous"
-        if grad and (self.process_group is not None or (x.requires_grad and x.shape[0] > 0)):
+        group = exchanging_group(self.process_group)
+        if grad and (group is not None or (x.requires_grad and x.shape[0] > 0)):
             # Differentiable in x (the FP8 experts and the router are buffers: no gradient of their own); training
             # master weights: deep_kernels.nn.moe_autograd.moe_layer.
             return moe_layer(x, self.router_weight, self.correction_bias, None, None, self.top_k, self.num_groups,
                              self.topk_groups, self.scoring, self.renormalize, self.routed_scaling_factor,
                              gate_up=(self.gate_up_weight, self.gate_up_scales),
-                             down=(self.down_weight, self.down_scales), process_group=self.process_group)
-        if self.process_group is not None:
+                             down=(self.down_weight, self.down_scales), process_group=group)
+        if group is not None:
             return expert_parallel_forward(x, self.router_logits(x), self.gate_config(), self.experts(), mode,
-                                           self.max_tokens, self.process_group)
+                                           self.max_tokens, group)
         if x.shape[0] == 0:
             return x.new_empty((0, self.hidden_size))
         return moe_forward(KERNELS, x, self.router_logits(x), self.gate_config(), self.experts(), mode,

@@ -40,7 +40,7 @@ from deep_kernels.moe.expand import moe_expand, moe_expand_cast_to_fp8, moe_redu
 from deep_kernels.moe.gate import topk_gate_backward
 from deep_kernels.moe.layout import CONTIGUOUS_ALIGNMENT, MoeLayout
 from deep_kernels.moe.routing import topk_gate_with_layout
-from deep_kernels.nn.expert_parallel import check_local_experts
+from deep_kernels.nn.expert_parallel import check_local_experts, exchanging_group
 from deep_kernels.quant.fp8 import per_block_cast_to_fp8, per_token_cast_to_fp8
 from deep_kernels.quant.swiglu import swiglu_backward, swiglu_cast_to_fp8, swiglu_forward
 from deep_kernels.quant.transpose import batched_transpose, per_channel_cast_transpose_to_fp8
@@ -196,7 +196,8 @@ def moe_layer(x: torch.Tensor, router_weight: torch.Tensor, correction_bias: tor
             them (quantize_experts): the GEMMs run on them. None: quantized here, on every call.
         process_group: a torch.distributed group of W ranks over which the E experts are spread: then
             gate_up_weight, down_weight, gate_up and down are this rank's E / W experts (rank r's are
-            [r E / W, (r + 1) E / W)), and x this rank's tokens (nn/expert_parallel_autograd.py).
+            [r E / W, (r + 1) E / W)), and x this rank's tokens (nn/expert_parallel_autograd.py). A group of one
+            rank runs as None does (the same bits, no exchange).
 
     Returns:
         [T, H] bfloat16: the layer's output, MoE's contiguous forward on the quantized weights.
@@ -209,6 +210,7 @@ def moe_layer(x: torch.Tensor, router_weight: torch.Tensor, correction_bias: tor
     if process_group is not None:
         check_local_experts(router_weight.shape[0], (gate_up_weight if gate_up is None else gate_up[0]).shape[0],
                             process_group)
+    process_group = exchanging_group(process_group)
     gate_up = quantize_experts(gate_up_weight.detach()) if gate_up is None else gate_up
     down = quantize_experts(down_weight.detach()) if down is None else down
     config = (top_k, num_groups, topk_groups, scoring, renormalize, routed_scaling_factor)
