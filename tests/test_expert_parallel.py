@@ -44,7 +44,7 @@ CASES = (
     ("contiguous", (7, 13), None),
     ("contiguous", (0, 9), None),
     ("contiguous", (1, 12), None),
-    ("masked", (6, 6), None),
+    ("masked", (5, 5), None),  # a capacity of 12 rows: W * T = 10 rounded up
     ("masked", (8, 8), 3),
 )
 

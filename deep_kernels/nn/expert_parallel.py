@@ -24,7 +24,7 @@ contiguous (prefill): one exchange of counts (tokens and slots per rank pair) si
 masked (decode): every rank must pass the same T; a rank sends a block of T rows to each rank (its tokens for
     that rank first) and gets a block of T * k slot rows back from each, so the sizes follow from T and W alone:
     no host synchronization, and the whole forward can be captured in a CUDA graph. The capacity per expert is
-    max_tokens, or W * T (none dropped).
+    max_tokens, or W * T rounded up to a multiple of 4 (none dropped; the single-GPU layer's default over W * T).
 Training (the contiguous layout, differentiable): nn/expert_parallel_autograd.py, on this file's routes.
 """
 
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from deep_kernels.moe.layout import MoeLayout, contiguous_max_rows
-from deep_kernels.nn.routed_experts import ExpertKernels, KERNELS, routed_experts
+from deep_kernels.nn.routed_experts import ExpertKernels, KERNELS, masked_capacity, routed_experts
 from deep_kernels.validation import ceil_div
 
 
@@ -46,7 +46,8 @@ def expert_parallel_forward(x: torch.Tensor, logits: torch.Tensor, gate_config: 
         x: [T, H] bf16 tokens of this rank; logits: their FP32 [T, E] router logits.
         gate_config: topk_gate's arguments after the logits (nn.MoE.gate_config).
         experts: this rank's ((gate_up_weight, gate_up_scales), (down_weight, down_scales)), n experts each.
-        mode: "contiguous" or "masked"; max_tokens: the masked capacity per expert (None: W * T).
+        mode: "contiguous" or "masked"; max_tokens: the masked capacity per expert (None: W * T
+            rounded up to a multiple of 4).
         group: the torch.distributed process group of the W ranks.
         kernels: the functions the steps call (the package's kernels).
         chunks: the contiguous mode's token chunks, the same on every rank (None: OVERLAP_CHUNKS where each gives
@@ -313,7 +314,7 @@ def _masked_exchange(x, weights, indices, world, rank, num_local, experts, max_t
 
     ids_in, weights_in, tokens_in = _received(codes_in, metadata_in, k)
     received = world * num_tokens
-    capacity = max_tokens or received
+    capacity = masked_capacity(received, max_tokens)
     layout = kernels.moe_layout(kernels.map_global_to_local_experts(ids_in, num_local, rank), num_local, capacity)
     expected_m = min(capacity, ceil_div(received * k, num_local * world))
     expert_out = routed_experts(kernels, tokens_in, weights_in, layout, experts, expected_m)
