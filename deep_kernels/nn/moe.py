@@ -134,10 +134,11 @@ class MoE(torch.nn.Module):
         An x that requires a gradient (with grad enabled) runs deep_kernels.nn.moe_autograd.moe_layer: differentiable
         in x, contiguous layout only (the masked one refuses it), with a process group too (through its exchanges:
         nn/expert_parallel_autograd.py); the FP8 experts and the router are buffers and get no gradient (train
-        master weights with moe_layer itself). With a process group the contiguous forward takes that path whenever
-        grad is enabled, so that every rank makes the same exchanges: run inference under torch.no_grad() (or
-        inference_mode), on every rank alike. Moving the module to another dtype (module.to(torch.bfloat16)) would
-        cast the FP8 weights and FP32 scales: forward then raises, naming the buffer.
+        master weights with moe_layer itself). With a process group of two or more ranks the contiguous forward takes
+        that path whenever grad is enabled, so that every rank makes the same exchanges: run inference under
+        torch.no_grad() (or inference_mode), on every rank alike. Moving the module to another dtype
+        (module.to(torch.bfloat16)) would cast the FP8 weights and FP32 scales: forward then raises, naming the
+        buffer.
     """
 
     def __init__(self, hidden_size: int = 7168, intermediate_size: int = 2048, num_experts: int = 256, top_k: int = 8,
