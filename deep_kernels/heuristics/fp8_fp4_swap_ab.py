@@ -256,7 +256,11 @@ def with_pipelined_promotion(config: SwapAbConfig) -> SwapAbConfig:
 # The pipelined picks of two splits put them in one cluster. Measured on the H200 (2026-12-03, prepared tile-scaled
 # weights, in turns with the workspace split on two weight draws, bitwise equal): 1.024-1.037x at N x K 7168 x 16384
 # (1, 16 and 64 tokens). Not elsewhere: clusters of four and eight splits ran 0.54-0.67x (not profiled; a cluster's
-# CTAs must share a GPC), and two splits of 128 tokens 0.96x.
+# CTAs must share a GPC), and two splits of 128 tokens 0.96x. Nor at 1 and 16 tokens on the other decode shapes
+# (H200, 2026-12-05, 30 configs of one or two math warpgroups, one to four CTAs an SM, two to eight splits in a
+# cluster, pipelined or not, timed in turns with the pick): the best of them ran 0.65-1.02x the pick on each of the
+# 12 problems; at 16 x 7168 x 2048 (Nsight Compute) the pick keeps 32% of issue slots busy, its warps stalled on
+# fixed-latency dependencies and loads, DRAM 23% busy.
 def with_splits_in_cluster(config: SwapAbConfig) -> SwapAbConfig:
     """config with its splits in one cluster where it is pipelined and has two splits; else config."""
     return replace(config, splits_in_cluster=True) if config.pipelined and config.num_splits == 2 else config
