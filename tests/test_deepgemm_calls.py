@@ -460,17 +460,20 @@ def test_psum_and_keyword_layout_calls_are_the_m_indices_calls():
     w = random_activations(len(sizes) * 576, 1024, seed=4).view(len(sizes), 576, 1024)
     fp4 = mxfp4_weights(576, 1024, num_groups=len(sizes))
     calls = {
-        "m_grouped_fp8_gemm_nt_contiguous": (deep_kernels.m_grouped_fp8_gemm_nt_contiguous, a, b, {}),
-        "m_grouped_fp8_gemm_nn_contiguous": (deep_kernels.m_grouped_fp8_gemm_nn_contiguous, a, _transposed(b), {}),
-        "m_grouped_bf16_gemm_nt_contiguous": (deep_kernels.m_grouped_bf16_gemm_nt_contiguous, x, w, {}),
-        "m_grouped_bf16_gemm_nn_contiguous": (deep_kernels.m_grouped_bf16_gemm_nn_contiguous, x, w.mT, {}),
-        "m_grouped_fp8_fp4_gemm_nt_contiguous": (deep_kernels.m_grouped_fp8_fp4_gemm_nt_contiguous, a, fp4,
-                                                 dict(expected_m_for_psum_layout=256)),
+        "m_grouped_fp8_gemm_nt_contiguous": (a, b, reference, {}),
+        "m_grouped_fp8_gemm_nn_contiguous": (a, _transposed(b), reference, {}),
+        "m_grouped_bf16_gemm_nt_contiguous": (x, w, reference_bf16, {}),
+        "m_grouped_bf16_gemm_nn_contiguous": (x, w.mT, reference_bf16, {}),
+        "m_grouped_fp8_fp4_gemm_nt_contiguous": (a, fp4, reference_fp4, dict(expected_m_for_psum_layout=256)),
     }
-    for name, (gemm, lhs, rhs, hint) in calls.items():
+    for name, (lhs, rhs, references, hint) in calls.items():
+        gemm = getattr(deep_kernels, name)
         plain = gemm(lhs, rhs, poison_(torch.empty((m_indices.numel(), 576), device="cuda", dtype=torch.bfloat16)),
                      m_indices)
-        assert not plain[valid].isnan().any() and plain[~valid].isnan().all(), f"{name}: rows written"
+        expected = getattr(references, name)(lhs, rhs, poison_(torch.empty(plain.shape, device="cuda",
+                                                                           dtype=torch.float64)), m_indices)
+        assert_gemm_close(plain[valid], expected[valid], name=name)
+        assert plain[~valid].isnan().all(), f"{name}: padding rows written"
         d = poison_(torch.empty_like(plain))
         assert gemm(lhs, rhs, d, ends, use_psum_layout=True, **hint) is d
         assert_bitwise_equal(d, plain, f"{name} with the psum layout")

@@ -5,7 +5,8 @@ Inputs are cast as training casts them (per_channel_cast_transpose_to_fp8 of tok
 with uneven groups and empty ones. Each group's D is checked with testing.gemm.assert_gemm_close (calc_diff below
 2e-7 on the whole matrix, every 128 x 128 tile and every row) and so is its transpose (every column); D is poisoned
 (NaN) before each launch, or holds C when C is D. The planted-bug tests run the real kernel with a group boundary
-moved by one K block in ks_tensor and with one doubled B scale, and show the check rejects each.
+moved by one K block in ks_tensor (both kinds) and with one doubled B scale (FP8) or token (BF16), and show the
+check rejects each where the unplanted run passes it.
 """
 
 import random
@@ -281,37 +282,6 @@ def test_pipelined_halves_match_the_plain_k_loop(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_every_group_empty():
-    a, b, ks, ks_tensor = _problem(3, 64, 128, 0, empty=0)
-    assert ks == [0, 0, 0]
-    c = torch.randn(3, 64, 128, device="cuda")
-    assert torch.equal(_run(a, b, ks, ks_tensor, c=c), c)
-    assert not _run(a, b, ks, ks_tensor).any()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("plant", ["boundary", "scale"])
-def test_check_rejects_planted_bugs(plant):
-    a, b, ks, ks_tensor = _problem(4, 1000, 2048, 1024, empty=1)
-    product = _reference(a, b, ks)
-    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
-    if plant == "boundary":
-        # The first non-empty group ends one K block early on the device (the next one starts early).
-        g = next(i for i, k in enumerate(ks) if k > 128 and i + 1 < len(ks))
-        wrong = ks_tensor.clone()
-        wrong[g] -= 128
-        wrong[g + 1] += 128
-        d = _run(a, b, ks, wrong, c=c)
-    else:
-        sfb = b[1].clone()
-        row, kb = divmod(int(sfb.argmax()), sfb.shape[1])
-        sfb[row, kb] *= 2
-        d = _run(a, (b[0], sfb), ks, ks_tensor, c=c)
-    with pytest.raises(AssertionError, match="calc_diff"):
-        _assert_close(d, product + c.double())
-
-
-@pytest.mark.gpu
 def test_repeated_runs_are_bitwise_equal():
     # Long groups (32 K blocks on average, the producer far ahead of the math) with the model's pick, launched in
     # bursts back to back, each into its own poisoned output.
@@ -335,20 +305,15 @@ def test_repeated_runs_are_bitwise_equal():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replay_reads_the_group_sizes_on_the_device():
-    # Captured once (no host synchronisation inside), replayed with other group sizes of the same total in ks_tensor:
-    # the kernel places the segments from the device's values.
-    a, b, ks, ks_tensor = _problem(4, 512, 2048, 512, empty=0, seed=3)
-    d = torch.zeros((4, 512, 2048), device="cuda")
-    deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        deep_kernels.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor)
-    new_ks = [ks[0] + ks[1], 0, ks[2] - 128, ks[3] + 128]
-    ks_tensor.copy_(torch.tensor(new_ks, dtype=torch.int32))
-    poison_(d)
-    graph.replay()
-    _assert_close(d, _reference(a, b, new_ks))
+def test_check_rejects_a_doubled_b_scale():
+    a, b, ks, ks_tensor = _problem(4, 1000, 2048, 1024, empty=1)
+    product = _reference(a, b, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    sfb = b[1].clone()
+    row, kb = divmod(int(sfb.argmax()), sfb.shape[1])
+    sfb[row, kb] *= 2
+    with pytest.raises(AssertionError, match="calc_diff"):
+        _assert_close(_run(a, (b[0], sfb), ks, ks_tensor, c=c), product + c.double())
 
 
 def test_group_sizes_are_checked_on_every_call(monkeypatch):
@@ -489,49 +454,73 @@ def test_bf16_many_groups_and_128_row_tiles(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_bf16_every_group_empty():
-    dy, x, ks, ks_tensor = _bf16_problem(3, 64, 128, 0, empty=0)
-    assert ks == [0, 0, 0]
-    c = torch.randn(3, 64, 128, device="cuda")
-    assert torch.equal(_bf16_run(dy, x, ks, ks_tensor, c=c), c)
-    assert not _bf16_run(dy, x, ks, ks_tensor).any()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("plant", ["boundary", "token"])
-def test_bf16_check_rejects_planted_bugs(plant):
+def test_bf16_check_rejects_a_doubled_token():
     dy, x, ks, ks_tensor = _bf16_problem(4, 1000, 2048, 1024, empty=1)
     product = _bf16_reference(dy, x, ks)
     c = accumulator_like(product.flatten(0, 1)).view(product.shape)
-    if plant == "boundary":
-        # The first non-empty group ends one K block early on the device (the next one starts early).
-        g = next(i for i, k in enumerate(ks) if k > 64 and i + 1 < len(ks))
-        wrong = ks_tensor.clone()
-        wrong[g] -= 64
-        wrong[g + 1] += 64
-        d = _bf16_run(dy, x, ks, wrong, c=c, alias=True)
-    else:
-        doubled = x.clone()
-        doubled[int(x.float().abs().sum(dim=1).argmax())] *= 2
-        d = _bf16_run(dy, doubled, ks, ks_tensor, c=c, alias=True)
+    doubled = x.clone()
+    doubled[int(x.float().abs().sum(dim=1).argmax())] *= 2
     with pytest.raises(AssertionError, match="calc_diff"):
-        _assert_close(d, product + c.double())
+        _assert_close(_bf16_run(dy, doubled, ks, ks_tensor, c=c, alias=True), product + c.double())
+
+
+# ---- what the two kinds share (GPU) ----
+
+# Each kind's (problem, run on a fresh d, float64 reference, K block, the call on a given d).
+KINDS = {
+    "fp8": (_problem, _run, _reference, 128, deep_kernels.k_grouped_fp8_gemm_nt_contiguous),
+    "bf16": (_bf16_problem, _bf16_run, _bf16_reference, 64, deep_kernels.k_grouped_bf16_gemm_tn_contiguous),
+}
 
 
 @pytest.mark.gpu
-def test_bf16_cuda_graph_replay_reads_the_group_sizes_on_the_device():
-    # Captured once, replayed with other group sizes of the same total in ks_tensor.
-    dy, x, ks, ks_tensor = _bf16_problem(4, 1000, 2048, 512, empty=0, seed=3)
-    d = torch.zeros((4, 1000, 2048), device="cuda")
-    deep_kernels.k_grouped_bf16_gemm_tn_contiguous(dy, x, d, ks, ks_tensor, c=d)
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_group_empty(kind):
+    problem, run = KINDS[kind][:2]
+    lhs, rhs, ks, ks_tensor = problem(3, 64, 128, 0, empty=0)
+    assert ks == [0, 0, 0]
+    c = torch.randn(3, 64, 128, device="cuda")
+    assert torch.equal(run(lhs, rhs, ks, ks_tensor, c=c), c)
+    assert not run(lhs, rhs, ks, ks_tensor).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_check_rejects_a_moved_group_boundary(kind):
+    problem, run, reference_of, block_k, _ = KINDS[kind]
+    lhs, rhs, ks, ks_tensor = problem(4, 1000, 2048, 1024, empty=1)
+    product = reference_of(lhs, rhs, ks)
+    c = accumulator_like(product.flatten(0, 1)).view(product.shape)
+    _assert_close(run(lhs, rhs, ks, ks_tensor, c=c), product + c.double())
+    # The first non-empty group ends one K block early on the device (the next one starts early).
+    g = next(i for i, k in enumerate(ks) if k > block_k and i + 1 < len(ks))
+    wrong = ks_tensor.clone()
+    wrong[g] -= block_k
+    wrong[g + 1] += block_k
+    with pytest.raises(AssertionError, match="calc_diff"):
+        _assert_close(run(lhs, rhs, ks, wrong, c=c), product + c.double())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_graph_replay_reads_the_group_sizes_on_the_device(kind):
+    # Captured once (no host synchronisation inside), replayed with other group sizes of the same total in ks_tensor:
+    # the kernel places the segments from the device's values.
+    problem, _, reference_of, block_k, call = KINDS[kind]
+    lhs, rhs, ks, ks_tensor = problem(4, 512, 2048, 512, empty=0, seed=3)
+    d = torch.zeros((4, 512, 2048), device="cuda")
+    call(lhs, rhs, d, ks, ks_tensor)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        deep_kernels.k_grouped_bf16_gemm_tn_contiguous(dy, x, d, ks, ks_tensor)
-    new_ks = [ks[0] + ks[1], 0, ks[2] - 64, ks[3] + 64]
+        call(lhs, rhs, d, ks, ks_tensor)
+    new_ks = [ks[0] + ks[1], 0, ks[2] - block_k, ks[3] + block_k]
     ks_tensor.copy_(torch.tensor(new_ks, dtype=torch.int32))
     poison_(d)
     graph.replay()
-    _assert_close(d, _bf16_reference(dy, x, new_ks))
+    _assert_close(d, reference_of(lhs, rhs, new_ks))
+
+
+# ---- sizes on the device only ----
 
 def test_sizes_on_the_device_only_check_the_tensor():
     a, b, d, _, t = _cpu_call()
