@@ -119,9 +119,7 @@ def _rank_rows(rank: int, world: int) -> list:
     parallel = MoE.from_float(**weights, **GATE, process_group=dist.group.WORLD)
     del weights
     # One rank: the exchanges called directly, as the module runs a group of one rank without them.
-    forward = parallel if world > 1 else (
-        lambda x, mode: expert_parallel_forward(x, parallel.router_logits(x), parallel.gate_config(),
-                                                parallel.experts(), mode, parallel.max_tokens, dist.group.WORLD))
+    forward = parallel if world > 1 else (lambda x, mode: _exchanged(parallel, x, mode))
     flusher = L2Flusher(info(rank).l2_bytes)
     rows = []
     for num_tokens, mode, timing in CASES if world > 1 else ONE_GPU_CASES:
@@ -137,14 +135,19 @@ def _rank_rows(rank: int, world: int) -> list:
         else:
             calls["ours"] = lambda: forward(x, mode)
             calls["peer"] = lambda: single(x_all, mode)
-            calls["one_chunk"] = lambda: expert_parallel_forward(x, parallel.router_logits(x), parallel.gate_config(),
-                                                                 parallel.experts(), mode, None, dist.group.WORLD,
-                                                                 chunks=1)
+            calls["one_chunk"] = lambda: _exchanged(parallel, x, mode, chunks=1)
             out, out_single = calls["ours"](), calls["peer"]()
         us = _timed_in_turns(calls, flusher)
         check = _check(rank, num_tokens, x, x_all, out, out_single, single, parallel, mode, calls.get("one_chunk"))
         rows.append(_row(num_tokens, world, mode, timing, us, check))
     return rows
+
+
+def _exchanged(parallel: MoE, x, mode: str, logits=None, chunks: int = None):
+    """expert_parallel_forward of the module's experts over the whole group, on its router's logits unless given."""
+    logits = parallel.router_logits(x) if logits is None else logits
+    return expert_parallel_forward(x, logits, parallel.gate_config(), parallel.experts(), mode, parallel.max_tokens,
+                                   dist.group.WORLD, chunks=chunks)
 
 
 def _check(rank: int, num_tokens: int, x, x_all, out, out_single, single: MoE, parallel: MoE, mode: str,
@@ -153,8 +156,7 @@ def _check(rank: int, num_tokens: int, x, x_all, out, out_single, single: MoE, p
     the single-GPU layer's router logits (the router GEMM's rows may follow the token count); and in one chunk."""
     mine = slice(rank * num_tokens, (rank + 1) * num_tokens)
     logits = single.router_logits(x_all)[mine]
-    same_logits_out = expert_parallel_forward(x, logits, parallel.gate_config(), parallel.experts(), mode, None,
-                                              dist.group.WORLD)
+    same_logits_out = _exchanged(parallel, x, mode, logits)
     equal = [torch.equal(out, out_single[mine]), torch.equal(same_logits_out, out_single[mine])]
     if one_chunk is not None:
         equal.append(torch.equal(one_chunk(), out))
