@@ -73,6 +73,8 @@ def _local(experts: tuple, rank: int) -> tuple:
 def _rank_cases(rank: int, store: str, failures) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
+        if expert_parallel.exchanging_group(dist.group.WORLD) is not dist.group.WORLD:
+            failures.append(f"rank {rank}: a group of {WORLD} ranks taken as no group")
         for seed, (mode, tokens, max_tokens) in enumerate(CASES):
             p = _problem(seed, sum(tokens))
             single = moe_forward(REFERENCES, p["x"], p["logits"], p["gate"], (p["gate_up"], p["down"]), mode,
@@ -325,6 +327,17 @@ def _nccl_training_differences(rank: int, single) -> list:
 def test_expert_parallel_module_matches_single_gpu_nccl(tmp_path):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared machines
     _in_processes(_rank_nccl_cases, tmp_path)
+
+
+def test_a_group_of_one_rank_exchanges_nothing(tmp_path):
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    assert expert_parallel.exchanging_group(None) is None
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert expert_parallel.exchanging_group(dist.group.WORLD) is None
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.gpu
